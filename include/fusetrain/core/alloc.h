@@ -1,0 +1,24 @@
+// Aligned memory owned by a unique handle.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+namespace fusetrain {
+
+/// Alignment of every buffer the engine allocates (one cache line, one zmm register).
+constexpr size_t kAlignment = 64;
+
+/// Rounds n up to a multiple of `align` (a power of two).
+constexpr size_t align_up(size_t n, size_t align = kAlignment) { return (n + align - 1) & ~(align - 1); }
+
+struct AlignedFree {
+  void operator()(void* p) const;
+};
+/// Owning pointer to memory from aligned_allocate.
+using AlignedPtr = std::unique_ptr<void, AlignedFree>;
+
+/// Allocates `bytes` (rounded up to kAlignment), zero-filled; throws Error on failure.
+AlignedPtr aligned_allocate(size_t bytes);
+
+}  // namespace fusetrain

@@ -1,0 +1,75 @@
+// A typed front end for building graphs: one method per op.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fusetrain/ir/graph.h"
+
+namespace fusetrain::ir {
+
+/// Builds forward graphs op by op. Shape comments use B batch, T sequence,
+/// C channels, H heads, D head size, V vocabulary.
+class GraphBuilder {
+ public:
+  /// Builds into `graph`; `seed` seeds every dropout stream created here.
+  explicit GraphBuilder(Graph& graph, uint64_t seed = 0) : g_(graph), seed_(seed) {}
+
+  Graph& graph() { return g_; }
+  ValueId input(const std::string& name, Shape shape, DType dtype = DType::f32) { return g_.add_input(name, std::move(shape), dtype); }
+  ValueId param(const std::string& name, Shape shape) { return g_.add_param(name, std::move(shape)); }
+
+  /// A constant tensor filled with `value`.
+  ValueId fill(Shape shape, double value, DType dtype = DType::f32);
+  /// a (..., M, K) x b (..., K, N) -> (..., M, N); trans_a/trans_b read a as (..., K, M), b as (..., N, K).
+  /// Batch dims must match, or one side is 2-D and is broadcast.
+  ValueId matmul(ValueId a, ValueId b, bool trans_a = false, bool trans_b = false);
+  /// x (..., K), w (N, K), optional bias (N) -> x wᵀ + bias (..., N). Pass kNone for no bias.
+  ValueId linear(ValueId x, ValueId w, ValueId bias = kNone);
+  /// Elementwise with numpy broadcasting.
+  ValueId add(ValueId a, ValueId b);
+  ValueId sub(ValueId a, ValueId b);
+  ValueId mul(ValueId a, ValueId b);
+  ValueId div(ValueId a, ValueId b);
+  /// alpha * x.
+  ValueId scale(ValueId x, double alpha);
+  /// GELU; approximate "none" (erf) or "tanh".
+  ValueId gelu(ValueId x, const std::string& approximate = "none");
+  ValueId tanh(ValueId x);
+  ValueId relu(ValueId x);
+  /// Softmax over the last axis.
+  ValueId softmax(ValueId x);
+  /// LayerNorm over the last axis: x (..., C), gamma (C), beta (C).
+  ValueId layer_norm(ValueId x, ValueId gamma, ValueId beta, double eps = 1e-5);
+  /// weight (V, C), ids (...) of i64 or i32 -> (..., C).
+  ValueId embedding(ValueId weight, ValueId ids);
+  /// Inverted dropout with probability p; each call gets its own counter-based stream.
+  ValueId dropout(ValueId x, double p);
+  /// Same elements, new shape; one extent may be -1.
+  ValueId reshape(ValueId x, std::vector<int64_t> shape);
+  /// Permutes axes: output axis i is input axis perm[i].
+  ValueId transpose(ValueId x, std::vector<int64_t> perm);
+  /// Splits along `axis` into pieces of the given sizes.
+  std::vector<ValueId> split(ValueId x, int64_t axis, std::vector<int64_t> sizes);
+  ValueId concat(std::vector<ValueId> xs, int64_t axis);
+  /// Elements [start, end) along axis.
+  ValueId slice(ValueId x, int64_t axis, int64_t start, int64_t end);
+  ValueId reduce_sum(ValueId x, std::vector<int64_t> axes, bool keepdims = false);
+  ValueId reduce_mean(ValueId x, std::vector<int64_t> axes, bool keepdims = false);
+  ValueId cast(ValueId x, DType dtype);
+  /// logits (..., V), targets (...) i64 -> mean loss over targets != ignore_index (scalar f32).
+  ValueId softmax_cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index = -100);
+  /// Scaled dot-product attention. q (B, H, T, D), k/v (B, H, S, D), optional additive
+  /// key mask (B, S) (pass kNone); returns (B, H, T, D).
+  ValueId attention(ValueId q, ValueId k, ValueId v, ValueId mask, double scale, bool causal = false,
+                    double dropout_p = 0.0);
+
+ private:
+  int64_t next_stream() { return static_cast<int64_t>(seed_ * 1000003ull + stream_++); }
+  Graph& g_;
+  uint64_t seed_;
+  uint64_t stream_ = 0;
+};
+
+}  // namespace fusetrain::ir

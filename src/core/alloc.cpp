@@ -1,0 +1,20 @@
+#include "fusetrain/core/alloc.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "fusetrain/core/error.h"
+
+namespace fusetrain {
+
+void AlignedFree::operator()(void* p) const { std::free(p); }
+
+AlignedPtr aligned_allocate(size_t bytes) {
+  size_t size = align_up(bytes == 0 ? 1 : bytes);
+  void* p = std::aligned_alloc(kAlignment, size);
+  FT_CHECK(p != nullptr, "out of memory: could not allocate ", size, " bytes");
+  std::memset(p, 0, size);
+  return AlignedPtr(p);
+}
+
+}  // namespace fusetrain

@@ -1,0 +1,85 @@
+#include "fusetrain/ir/builder.h"
+
+namespace fusetrain::ir {
+
+ValueId GraphBuilder::fill(Shape shape, double value, DType dtype) {
+  return g_.add(OpKind::Fill, {}, {{"shape", shape.dims()}, {"value", value}, {"dtype", std::string(dtype_name(dtype))}});
+}
+
+ValueId GraphBuilder::matmul(ValueId a, ValueId b, bool trans_a, bool trans_b) {
+  return g_.add(OpKind::MatMul, {a, b}, {{"trans_a", int64_t{trans_a}}, {"trans_b", int64_t{trans_b}}});
+}
+
+ValueId GraphBuilder::linear(ValueId x, ValueId w, ValueId bias) {
+  if (bias == kNone) return g_.add(OpKind::Linear, {x, w});
+  return g_.add(OpKind::Linear, {x, w, bias});
+}
+
+ValueId GraphBuilder::add(ValueId a, ValueId b) { return g_.add(OpKind::Add, {a, b}); }
+ValueId GraphBuilder::sub(ValueId a, ValueId b) { return g_.add(OpKind::Sub, {a, b}); }
+ValueId GraphBuilder::mul(ValueId a, ValueId b) { return g_.add(OpKind::Mul, {a, b}); }
+ValueId GraphBuilder::div(ValueId a, ValueId b) { return g_.add(OpKind::Div, {a, b}); }
+ValueId GraphBuilder::scale(ValueId x, double alpha) { return g_.add(OpKind::Scale, {x}, {{"alpha", alpha}}); }
+
+ValueId GraphBuilder::gelu(ValueId x, const std::string& approximate) {
+  return g_.add(OpKind::Gelu, {x}, {{"approximate", approximate}});
+}
+ValueId GraphBuilder::tanh(ValueId x) { return g_.add(OpKind::Tanh, {x}); }
+ValueId GraphBuilder::relu(ValueId x) { return g_.add(OpKind::Relu, {x}); }
+ValueId GraphBuilder::softmax(ValueId x) { return g_.add(OpKind::Softmax, {x}); }
+
+ValueId GraphBuilder::layer_norm(ValueId x, ValueId gamma, ValueId beta, double eps) {
+  return g_.add_node(OpKind::LayerNorm, {x, gamma, beta}, {{"eps", eps}})[0];
+}
+
+ValueId GraphBuilder::embedding(ValueId weight, ValueId ids) { return g_.add(OpKind::Embedding, {weight, ids}); }
+
+ValueId GraphBuilder::dropout(ValueId x, double p) {
+  return g_.add(OpKind::Dropout, {x}, {{"p", p}, {"seed", next_stream()}});
+}
+
+ValueId GraphBuilder::reshape(ValueId x, std::vector<int64_t> shape) {
+  return g_.add(OpKind::Reshape, {x}, {{"shape", std::move(shape)}});
+}
+
+ValueId GraphBuilder::transpose(ValueId x, std::vector<int64_t> perm) {
+  return g_.add(OpKind::Transpose, {x}, {{"perm", std::move(perm)}});
+}
+
+std::vector<ValueId> GraphBuilder::split(ValueId x, int64_t axis, std::vector<int64_t> sizes) {
+  return g_.add_node(OpKind::Split, {x}, {{"axis", axis}, {"sizes", std::move(sizes)}});
+}
+
+ValueId GraphBuilder::concat(std::vector<ValueId> xs, int64_t axis) {
+  return g_.add(OpKind::Concat, std::move(xs), {{"axis", axis}});
+}
+
+ValueId GraphBuilder::slice(ValueId x, int64_t axis, int64_t start, int64_t end) {
+  return g_.add(OpKind::Slice, {x}, {{"axis", axis}, {"start", start}, {"end", end}});
+}
+
+ValueId GraphBuilder::reduce_sum(ValueId x, std::vector<int64_t> axes, bool keepdims) {
+  return g_.add(OpKind::ReduceSum, {x}, {{"axes", std::move(axes)}, {"keepdims", int64_t{keepdims}}});
+}
+
+ValueId GraphBuilder::reduce_mean(ValueId x, std::vector<int64_t> axes, bool keepdims) {
+  return g_.add(OpKind::ReduceMean, {x}, {{"axes", std::move(axes)}, {"keepdims", int64_t{keepdims}}});
+}
+
+ValueId GraphBuilder::cast(ValueId x, DType dtype) {
+  return g_.add(OpKind::Cast, {x}, {{"dtype", std::string(dtype_name(dtype))}});
+}
+
+ValueId GraphBuilder::softmax_cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index) {
+  return g_.add_node(OpKind::SoftmaxCrossEntropy, {logits, targets}, {{"ignore_index", ignore_index}})[0];
+}
+
+ValueId GraphBuilder::attention(ValueId q, ValueId k, ValueId v, ValueId mask, double scale, bool causal,
+                                double dropout_p) {
+  std::vector<ValueId> inputs{q, k, v};
+  if (mask != kNone) inputs.push_back(mask);
+  Attrs attrs{{"scale", scale}, {"causal", int64_t{causal}}, {"dropout_p", dropout_p}, {"seed", next_stream()}};
+  return g_.add_node(OpKind::Attention, std::move(inputs), std::move(attrs))[0];
+}
+
+}  // namespace fusetrain::ir

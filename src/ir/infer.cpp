@@ -1,0 +1,402 @@
+// Shape and dtype inference for every op. The switch has no default, so a new
+// op in ops.def fails to compile until it is handled here (-Werror=switch).
+#include <algorithm>
+#include <numeric>
+
+#include "fusetrain/core/error.h"
+#include "fusetrain/ir/graph.h"
+
+namespace fusetrain::ir {
+namespace {
+
+struct Checker {
+  const Graph& g;
+  OpKind op;
+  const std::vector<ValueId>& in;
+  const std::string& node_name;
+
+  std::string where() const {
+    std::string s = str(op_name(op), node_name.empty() ? "" : str(" \"", node_name, "\""), " (inputs:");
+    for (ValueId v : in) s += str(" ", dtype_name(g.value(v).dtype), g.value(v).shape.to_string());
+    return s + ")";
+  }
+  const Shape& shape(size_t i) const { return g.value(in[i]).shape; }
+  DType dtype(size_t i) const { return g.value(in[i]).dtype; }
+  template <typename... Args>
+  void require(bool cond, Args&&... args) const {
+    if (!cond) throw Error(str(where(), ": ", std::forward<Args>(args)...));
+  }
+  void require_float(size_t i, const char* what) const {
+    require(is_floating(dtype(i)), what, " must be floating point, found ", dtype_name(dtype(i)));
+  }
+  void require_f32(size_t i, const char* what) const {
+    require(dtype(i) == DType::f32, what, " must be f32, found ", dtype_name(dtype(i)));
+  }
+  void require_index(size_t i, const char* what) const {
+    require(dtype(i) == DType::i64 || dtype(i) == DType::i32, what, " must be i64 or i32, found ",
+            dtype_name(dtype(i)));
+  }
+  void require_same_dtype(size_t a, size_t b) const {
+    require(dtype(a) == dtype(b), "input ", a, " is ", dtype_name(dtype(a)), " but input ", b, " is ",
+            dtype_name(dtype(b)));
+  }
+  void require_same_shape(size_t a, size_t b) const {
+    require(shape(a) == shape(b), "input ", a, " has shape ", shape(a).to_string(), " but input ", b, " has ",
+            shape(b).to_string());
+  }
+  int64_t axis(int64_t axis, int64_t rank) const {
+    require(axis >= -rank && axis < rank, "axis ", axis, " is out of range for rank ", rank);
+    return axis < 0 ? axis + rank : axis;
+  }
+};
+
+// Shape of a matmul of a (..., M, K) and b (..., K, N) with transposes.
+Shape matmul_shape(const Checker& c, bool trans_a, bool trans_b) {
+  const Shape& a = c.shape(0);
+  const Shape& b = c.shape(1);
+  c.require(a.rank() >= 2 && b.rank() >= 2, "both operands need rank >= 2");
+  int64_t m = trans_a ? a[-1] : a[-2];
+  int64_t ka = trans_a ? a[-2] : a[-1];
+  int64_t kb = trans_b ? b[-1] : b[-2];
+  int64_t n = trans_b ? b[-2] : b[-1];
+  c.require(ka == kb, "inner dimensions differ: ", ka, " vs ", kb, " (trans_a=", trans_a, ", trans_b=", trans_b, ")");
+  std::vector<int64_t> batch;
+  if (a.rank() > 2 && b.rank() > 2) {
+    c.require(a.rank() == b.rank() && std::equal(a.dims().begin(), a.dims().end() - 2, b.dims().begin()),
+              "batch dimensions differ: ", a.to_string(), " vs ", b.to_string());
+    batch.assign(a.dims().begin(), a.dims().end() - 2);
+  } else if (a.rank() > 2) {
+    batch.assign(a.dims().begin(), a.dims().end() - 2);
+  } else if (b.rank() > 2) {
+    batch.assign(b.dims().begin(), b.dims().end() - 2);
+  }
+  batch.push_back(m);
+  batch.push_back(n);
+  return Shape(batch);
+}
+
+DType parse_dtype_attr(const Checker& c, const std::string& name) {
+  std::optional<DType> t = parse_dtype(name);
+  c.require(t.has_value(), "unknown dtype \"", name, "\"");
+  return *t;
+}
+
+std::vector<int64_t> reduce_axes(const Checker& c, const Attrs& attrs, int64_t rank) {
+  std::vector<int64_t> axes = attrs.get_ints("axes");
+  for (int64_t& a : axes) a = c.axis(a, rank);
+  std::sort(axes.begin(), axes.end());
+  c.require(std::adjacent_find(axes.begin(), axes.end()) == axes.end(), "axes repeat an axis");
+  return axes;
+}
+
+Shape reduced_shape(const Shape& x, const std::vector<int64_t>& axes, bool keepdims) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < x.rank(); ++i) {
+    bool reduced = std::find(axes.begin(), axes.end(), i) != axes.end();
+    if (!reduced) out.push_back(x[i]);
+    else if (keepdims) out.push_back(1);
+  }
+  return Shape(out);
+}
+
+// True if `small` broadcasts to `big` (numpy rules, small may have lower rank).
+bool broadcasts_to(const Shape& small, const Shape& big) {
+  if (small.rank() > big.rank()) return false;
+  int64_t offset = big.rank() - small.rank();
+  for (int64_t i = 0; i < small.rank(); ++i)
+    if (small[i] != 1 && small[i] != big[i + offset]) return false;
+  return true;
+}
+
+std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
+  const size_t n_in = c.in.size();
+  switch (c.op) {
+    case OpKind::Fill: {
+      DType t = parse_dtype_attr(c, attrs.get_string("dtype", "f32"));
+      attrs.get_float("value");
+      return {{Shape(attrs.get_ints("shape")), t}};
+    }
+    case OpKind::MatMul: {
+      c.require_float(0, "a");
+      c.require_same_dtype(0, 1);
+      c.require(c.dtype(0) != DType::f16, "f16 matmul is not supported; use bf16 or f32");
+      DType out = parse_dtype_attr(c, attrs.get_string("out_dtype", "f32"));
+      return {{matmul_shape(c, attrs.get_int("trans_a", 0) != 0, attrs.get_int("trans_b", 0) != 0), out}};
+    }
+    case OpKind::Linear: {
+      const Shape& x = c.shape(0);
+      const Shape& w = c.shape(1);
+      c.require_float(0, "x");
+      c.require_same_dtype(0, 1);
+      c.require(c.dtype(0) != DType::f16, "f16 linear is not supported; use bf16 or f32");
+      c.require(x.rank() >= 1 && w.rank() == 2, "expected x (..., K) and weight (N, K)");
+      c.require(x[-1] == w[1], "x has ", x[-1], " features but weight ", w.to_string(), " expects ", w[1]);
+      if (n_in == 3) {
+        c.require_f32(2, "bias");
+        c.require(c.shape(2) == Shape{w[0]}, "bias shape ", c.shape(2).to_string(), " should be (", w[0], ")");
+      }
+      std::vector<int64_t> out = x.dims();
+      out.back() = w[0];
+      return {{Shape(out), DType::f32}};
+    }
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul:
+    case OpKind::Div: {
+      c.require_float(0, "a");
+      c.require_same_dtype(0, 1);
+      Shape out;
+      try {
+        out = broadcast_shapes(c.shape(0), c.shape(1));
+      } catch (const Error& e) {
+        c.require(false, e.what());
+      }
+      return {{out, c.dtype(0)}};
+    }
+    case OpKind::Scale:
+      attrs.get_float("alpha");
+      c.require_float(0, "x");
+      return {{c.shape(0), c.dtype(0)}};
+    case OpKind::Gelu:
+    case OpKind::GeluBackward: {
+      std::string approximate = attrs.get_string("approximate", "none");
+      c.require(approximate == "none" || approximate == "tanh", "approximate must be \"none\" or \"tanh\", found \"",
+                approximate, "\"");
+      c.require_f32(0, "x");
+      if (n_in == 2) {
+        c.require_same_shape(0, 1);
+        c.require_same_dtype(0, 1);
+      }
+      return {{c.shape(0), DType::f32}};
+    }
+    case OpKind::Tanh:
+    case OpKind::Relu:
+    case OpKind::Softmax:
+    case OpKind::Copy:
+      c.require_float(0, "x");
+      if (c.op == OpKind::Softmax) c.require(c.shape(0).rank() >= 1, "softmax needs rank >= 1");
+      return {{c.shape(0), c.dtype(0)}};
+    case OpKind::TanhBackward:
+    case OpKind::ReluBackward:
+    case OpKind::SoftmaxBackward:
+      c.require_f32(0, "dy");
+      c.require_same_dtype(0, 1);
+      c.require_same_shape(0, 1);
+      return {{c.shape(0), DType::f32}};
+    case OpKind::LayerNorm: {
+      const Shape& x = c.shape(0);
+      c.require_f32(0, "x");
+      c.require_f32(1, "gamma");
+      c.require_f32(2, "beta");
+      c.require(x.rank() >= 1, "x needs rank >= 1");
+      c.require(c.shape(1) == Shape{x[-1]} && c.shape(2) == Shape{x[-1]}, "gamma and beta should be (", x[-1], ")");
+      c.require(attrs.get_float("eps") > 0, "eps must be positive");
+      Shape rows(std::vector<int64_t>(x.dims().begin(), x.dims().end() - 1));
+      return {{x, DType::f32}, {rows, DType::f32}, {rows, DType::f32}};
+    }
+    case OpKind::LayerNormBackward: {
+      // dy, x, gamma, mean, rstd -> dx, dgamma, dbeta
+      const Shape& x = c.shape(1);
+      for (size_t i = 0; i < 5; ++i) c.require_f32(i, "every input");
+      c.require_same_shape(0, 1);
+      c.require(c.shape(2) == Shape{x[-1]}, "gamma should be (", x[-1], ")");
+      Shape rows(std::vector<int64_t>(x.dims().begin(), x.dims().end() - 1));
+      c.require(c.shape(3) == rows && c.shape(4) == rows, "mean and rstd should be ", rows.to_string());
+      return {{x, DType::f32}, {c.shape(2), DType::f32}, {c.shape(2), DType::f32}};
+    }
+    case OpKind::Embedding: {
+      c.require_float(0, "weight");
+      c.require_index(1, "ids");
+      c.require(c.shape(0).rank() == 2, "weight should be (V, C), found ", c.shape(0).to_string());
+      std::vector<int64_t> out = c.shape(1).dims();
+      out.push_back(c.shape(0)[1]);
+      return {{Shape(out), c.dtype(0)}};
+    }
+    case OpKind::EmbeddingBackward: {
+      c.require_f32(0, "dy");
+      c.require_index(1, "ids");
+      int64_t vocab = attrs.get_int("num_embeddings");
+      c.require(vocab > 0, "num_embeddings must be positive");
+      const Shape& dy = c.shape(0);
+      c.require(dy.rank() == c.shape(1).rank() + 1 &&
+                    std::equal(c.shape(1).dims().begin(), c.shape(1).dims().end(), dy.dims().begin()),
+                "dy should be ids.shape + (C,)");
+      return {{Shape{vocab, dy[-1]}, DType::f32}};
+    }
+    case OpKind::Dropout: {
+      double p = attrs.get_float("p");
+      c.require(p >= 0.0 && p < 1.0, "p must be in [0, 1), found ", p);
+      attrs.get_int("seed");
+      c.require_float(0, "x");
+      return {{c.shape(0), c.dtype(0)}};
+    }
+    case OpKind::Reshape: {
+      std::vector<int64_t> out = attrs.get_ints("shape");
+      int64_t known = 1;
+      int infer_at = -1;
+      for (size_t i = 0; i < out.size(); ++i) {
+        if (out[i] == -1) {
+          c.require(infer_at < 0, "at most one extent may be -1");
+          infer_at = static_cast<int>(i);
+        } else {
+          c.require(out[i] >= 0, "negative extent ", out[i]);
+          known *= out[i];
+        }
+      }
+      int64_t total = c.shape(0).numel();
+      if (infer_at >= 0) {
+        c.require(known > 0 && total % known == 0, "cannot infer -1: ", total, " elements into ",
+                  Shape(out).to_string());
+        out[static_cast<size_t>(infer_at)] = total / known;
+      }
+      c.require(Shape(out).numel() == total, "cannot reshape ", total, " elements to ", Shape(out).to_string());
+      return {{Shape(out), c.dtype(0)}};
+    }
+    case OpKind::Transpose: {
+      const std::vector<int64_t>& perm = attrs.get_ints("perm");
+      const Shape& x = c.shape(0);
+      c.require(static_cast<int64_t>(perm.size()) == x.rank(), "perm has ", perm.size(), " entries for rank ",
+                x.rank());
+      std::vector<int64_t> seen(perm.size(), 0), out;
+      for (int64_t p : perm) {
+        c.require(p >= 0 && p < x.rank() && !seen[static_cast<size_t>(p)], "perm is not a permutation");
+        seen[static_cast<size_t>(p)] = 1;
+        out.push_back(x[p]);
+      }
+      return {{Shape(out), c.dtype(0)}};
+    }
+    case OpKind::Split: {
+      const Shape& x = c.shape(0);
+      int64_t axis = c.axis(attrs.get_int("axis"), x.rank());
+      const std::vector<int64_t>& sizes = attrs.get_ints("sizes");
+      c.require(!sizes.empty(), "sizes is empty");
+      int64_t total = 0;
+      std::vector<TypedShape> out;
+      for (int64_t s : sizes) {
+        c.require(s >= 0, "negative split size ", s);
+        total += s;
+        Shape piece = x;
+        piece[axis] = s;
+        out.push_back({piece, c.dtype(0)});
+      }
+      c.require(total == x[axis], "sizes add up to ", total, " but axis ", axis, " has ", x[axis]);
+      return out;
+    }
+    case OpKind::Concat: {
+      const Shape& first = c.shape(0);
+      int64_t axis = c.axis(attrs.get_int("axis"), first.rank());
+      Shape out = first;
+      out[axis] = 0;
+      for (size_t i = 0; i < n_in; ++i) {
+        c.require_same_dtype(0, i);
+        const Shape& s = c.shape(i);
+        c.require(s.rank() == first.rank(), "input ", i, " has rank ", s.rank(), ", expected ", first.rank());
+        for (int64_t d = 0; d < s.rank(); ++d)
+          c.require(d == axis || s[d] == first[d], "input ", i, " differs from input 0 on axis ", d);
+        out[axis] += s[axis];
+      }
+      return {{out, c.dtype(0)}};
+    }
+    case OpKind::Slice:
+    case OpKind::SliceBackward: {
+      Shape full = c.op == OpKind::Slice ? c.shape(0) : Shape(attrs.get_ints("shape"));
+      int64_t axis = c.axis(attrs.get_int("axis"), full.rank());
+      int64_t start = attrs.get_int("start"), end = attrs.get_int("end");
+      c.require(0 <= start && start <= end && end <= full[axis], "slice [", start, ", ", end,
+                ") is outside axis ", axis, " of extent ", full[axis]);
+      Shape part = full;
+      part[axis] = end - start;
+      if (c.op == OpKind::Slice) return {{part, c.dtype(0)}};
+      c.require(c.shape(0) == part, "dy should be ", part.to_string());
+      return {{full, c.dtype(0)}};
+    }
+    case OpKind::ReduceSum:
+    case OpKind::ReduceMean: {
+      c.require_float(0, "x");
+      std::vector<int64_t> axes = reduce_axes(c, attrs, c.shape(0).rank());
+      return {{reduced_shape(c.shape(0), axes, attrs.get_int("keepdims", 0) != 0), c.dtype(0)}};
+    }
+    case OpKind::ExpandTo: {
+      Shape target(attrs.get_ints("shape"));
+      c.require(broadcasts_to(c.shape(0), target), "cannot broadcast ", c.shape(0).to_string(), " to ",
+                target.to_string());
+      return {{target, c.dtype(0)}};
+    }
+    case OpKind::ReduceSumTo: {
+      Shape target(attrs.get_ints("shape"));
+      c.require(broadcasts_to(target, c.shape(0)), "cannot sum ", c.shape(0).to_string(), " down to ",
+                target.to_string());
+      return {{target, c.dtype(0)}};
+    }
+    case OpKind::Cast:
+      return {{c.shape(0), parse_dtype_attr(c, attrs.get_string("dtype"))}};
+    case OpKind::SoftmaxCrossEntropy: {
+      const Shape& logits = c.shape(0);
+      c.require_f32(0, "logits");
+      c.require_index(1, "targets");
+      c.require(logits.rank() >= 2, "logits should be (..., V)");
+      Shape rows(std::vector<int64_t>(logits.dims().begin(), logits.dims().end() - 1));
+      c.require(c.shape(1) == rows, "targets should be ", rows.to_string(), ", found ", c.shape(1).to_string());
+      attrs.get_int("ignore_index", -100);
+      return {{Shape{}, DType::f32}, {rows, DType::f32}};
+    }
+    case OpKind::SoftmaxCrossEntropyBackward: {
+      // dloss, logits, targets, lse -> dlogits
+      c.require_f32(0, "dloss");
+      c.require(c.shape(0).numel() == 1, "dloss should be a scalar");
+      c.require_f32(1, "logits");
+      c.require_index(2, "targets");
+      Shape rows(std::vector<int64_t>(c.shape(1).dims().begin(), c.shape(1).dims().end() - 1));
+      c.require(c.shape(2) == rows && c.shape(3) == rows, "targets and lse should be ", rows.to_string());
+      return {{c.shape(1), DType::f32}};
+    }
+    case OpKind::Attention:
+    case OpKind::AttentionBackward: {
+      // Attention: q, k, v, [mask]; AttentionBackward: dout, q, k, v, out, lse, [mask]
+      size_t q_at = c.op == OpKind::Attention ? 0 : 1;
+      const Shape& q = c.shape(q_at);
+      const Shape& k = c.shape(q_at + 1);
+      const Shape& v = c.shape(q_at + 2);
+      for (size_t i = 0; i < n_in; ++i) c.require_f32(i, "every input");
+      c.require(q.rank() == 4 && k.rank() == 4 && v.rank() == 4, "q, k, v should be (B, H, T, D)");
+      c.require(k == v, "k ", k.to_string(), " and v ", v.to_string(), " differ");
+      c.require(q[0] == k[0] && q[1] == k[1] && q[3] == k[3], "q ", q.to_string(), " does not match k ",
+                k.to_string());
+      attrs.get_float("scale");
+      double p = attrs.get_float("dropout_p", 0.0);
+      c.require(p >= 0.0 && p < 1.0, "dropout_p must be in [0, 1)");
+      if (attrs.get_int("causal", 0)) c.require(q[2] <= k[2], "causal attention needs T <= S");
+      size_t mask_at = c.op == OpKind::Attention ? 3 : 6;
+      if (n_in > mask_at)
+        c.require(c.shape(mask_at) == Shape{q[0], k[2]}, "mask should be (B, S) = (", q[0], ", ", k[2], "), found ",
+                  c.shape(mask_at).to_string());
+      Shape lse{q[0], q[1], q[2]};
+      if (c.op == OpKind::Attention) return {{q, DType::f32}, {lse, DType::f32}};
+      c.require(c.shape(0) == q && c.shape(4) == q, "dout and out should be ", q.to_string());
+      c.require(c.shape(5) == lse, "lse should be ", lse.to_string());
+      return {{q, DType::f32}, {k, DType::f32}, {v, DType::f32}};
+    }
+  }
+  throw Error(str(c.where(), ": no shape inference"));
+}
+
+}  // namespace
+
+std::vector<TypedShape> infer_outputs(const Graph& g, OpKind op, const std::vector<ValueId>& inputs,
+                                      const Attrs& attrs, const std::string& node_name) {
+  const OpInfo& info = op_info(op);
+  Checker c{g, op, inputs, node_name};
+  int n = static_cast<int>(inputs.size());
+  c.require(n >= info.min_inputs && (info.max_inputs < 0 || n <= info.max_inputs), "takes ", info.min_inputs,
+            info.max_inputs == info.min_inputs ? "" : str(" to ", info.max_inputs < 0 ? "any" : std::to_string(info.max_inputs)),
+            " inputs, found ", n);
+  try {
+    return infer(c, attrs);
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    if (msg.rfind(op_name(op), 0) == 0) throw;
+    throw Error(str(c.where(), ": ", msg));
+  }
+}
+
+}  // namespace fusetrain::ir

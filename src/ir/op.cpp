@@ -1,0 +1,24 @@
+#include "fusetrain/ir/op.h"
+
+#include <array>
+
+namespace fusetrain::ir {
+namespace {
+
+constexpr std::array<OpInfo, kNumOps> kOpTable = {{
+#define FT_OP(Name, min_in, max_in, num_out, flags) {OpKind::Name, #Name, min_in, max_in, num_out, flags},
+#include "fusetrain/ir/ops.def"
+#undef FT_OP
+}};
+
+}  // namespace
+
+const OpInfo& op_info(OpKind kind) { return kOpTable[static_cast<size_t>(kind)]; }
+
+std::optional<OpKind> parse_op(std::string_view name) {
+  for (const OpInfo& info : kOpTable)
+    if (name == info.name) return info.kind;
+  return std::nullopt;
+}
+
+}  // namespace fusetrain::ir

@@ -1,0 +1,476 @@
+// Blocked GEMM in the Goto/BLIS style.
+//
+// Legend: M, N, K problem dims; MR x NR register tile of C; KC depth of a packed
+// block; NC width of a packed B block; kd packed depth (KC, or KC/2 for bf16 pairs).
+//
+// Per thread:  for jc (NC):  for pc (KC):  pack B (kc, nc) into NR-wide panels
+//                  for ic (MR):  pack A (mr, kc) into one MR-tall panel (stays in L1)
+//                      for jr (NR):  microkernel, B panels streamed from L2
+// Threads each own a rectangle of C (split along M and/or N), so they share
+// nothing and never synchronise; each packs its own panels in its scratch slice.
+#include "kernels/cpu/gemm.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define FT_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define FT_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define FT_TARGET_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+#define FT_INLINE inline __attribute__((always_inline))
+
+namespace fusetrain::kernels {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+int thread_id() {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+int thread_count() {
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
+float to_f32(float x) { return x; }
+float to_f32(uint16_t x) {
+    uint32_t bits = uint32_t(x) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// ---------------------------------------------------------------------------
+// Operands and packing
+// ---------------------------------------------------------------------------
+
+// A matrix seen as (x, k): element (x, k) is p[x * xs + k * ks]. For A, x = i;
+// for B, x = j. Transposition is just a choice of strides.
+template <typename T>
+struct Operand {
+    const T* p;
+    int64_t xs, ks;
+    const T* at(int64_t x, int64_t k) const { return p + x * xs + k * ks; }
+};
+
+// dst: (kc, R), dst[k * R + x] = src(x, k) for x < w, zero for w <= x < R.
+template <int R, typename T>
+void pack_panel(float* __restrict dst, const T* __restrict src, int64_t xs, int64_t ks, int w, int64_t kc) {
+    if (xs == 1) {
+        for (int64_t k = 0; k < kc; k++) {
+            const T* s = src + k * ks;
+            float* d = dst + k * R;
+            for (int x = 0; x < w; x++) d[x] = to_f32(s[x]);
+            for (int x = w; x < R; x++) d[x] = 0.0f;
+        }
+        return;
+    }
+    for (int x = 0; x < w; x++) {
+        const T* s = src + x * xs;
+        for (int64_t k = 0; k < kc; k++) dst[k * R + x] = to_f32(s[k * ks]);
+    }
+    for (int x = w; x < R; x++)
+        for (int64_t k = 0; k < kc; k++) dst[k * R + x] = 0.0f;
+}
+
+// bf16 pairs along k for vdpbf16ps. dst: (ceil(kc/2), R) of 32-bit words,
+// dst[p * R + x] = src(x, 2p) | src(x, 2p + 1) << 16; odd kc pads the last high half with 0.
+template <int R>
+void pack_panel(uint32_t* __restrict dst, const uint16_t* __restrict src, int64_t xs, int64_t ks, int w, int64_t kc) {
+    int64_t kp = kc / 2;
+    bool odd = kc % 2;
+    if (xs == 1) {
+        for (int64_t p = 0; p < kp; p++) {
+            const uint16_t* s0 = src + 2 * p * ks;
+            const uint16_t* s1 = s0 + ks;
+            uint32_t* d = dst + p * R;
+            for (int x = 0; x < w; x++) d[x] = uint32_t(s0[x]) | uint32_t(s1[x]) << 16;
+            for (int x = w; x < R; x++) d[x] = 0;
+        }
+        if (odd) {
+            const uint16_t* s0 = src + 2 * kp * ks;
+            uint32_t* d = dst + kp * R;
+            for (int x = 0; x < w; x++) d[x] = s0[x];
+            for (int x = w; x < R; x++) d[x] = 0;
+        }
+        return;
+    }
+    for (int x = 0; x < w; x++) {
+        const uint16_t* s = src + x * xs;
+        for (int64_t p = 0; p < kp; p++) dst[p * R + x] = uint32_t(s[2 * p * ks]) | uint32_t(s[(2 * p + 1) * ks]) << 16;
+        if (odd) dst[kp * R + x] = s[2 * kp * ks];
+    }
+    for (int x = w; x < R; x++)
+        for (int64_t p = 0; p < kp + odd; p++) dst[p * R + x] = 0;
+}
+
+// ---------------------------------------------------------------------------
+// Microkernels: c (mr, nr) = alpha * a_pack (kd, MR)^T * b_pack (kd, NR) + beta * c
+// ---------------------------------------------------------------------------
+
+// Scalar write-back of a (MR, NR) accumulator tile.
+template <int MR, int NR>
+void store_tile(const float (&acc)[MR][NR], float* c, int64_t ldc, int mr, int nr, float alpha, float beta) {
+    for (int i = 0; i < mr; i++) {
+        float* ci = c + i * ldc;
+        for (int j = 0; j < nr; j++) {
+            float v = alpha * acc[i][j];
+            ci[j] = beta == 0.0f ? v : v + beta * ci[j];
+        }
+    }
+}
+
+struct KernelF32Portable {
+    using Packed = float;
+    static constexpr int MR = 4, NR = 8, KC = 256, NC = 1024, KSTEP = 1;
+
+    static void micro(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int mr, int nr, float alpha,
+                      float beta) {
+        float acc[MR][NR] = {};
+        for (int64_t k = 0; k < kd; k++, a += MR, b += NR)
+            for (int i = 0; i < MR; i++)
+                for (int j = 0; j < NR; j++) acc[i][j] += a[i] * b[j];
+        store_tile(acc, c, ldc, mr, nr, alpha, beta);
+    }
+};
+
+struct KernelF32Avx2 {
+    using Packed = float;
+    static constexpr int MR = 6, NR = 16, KC = 256, NC = 768, KSTEP = 1;
+
+    FT_TARGET_AVX2 static void micro(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int mr,
+                                     int nr, float alpha, float beta) {
+        __m256 acc[MR][2];
+        for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < kd; k++, a += MR, b += NR) {
+            __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+#pragma GCC unroll 6
+            for (int i = 0; i < MR; i++) {
+                __m256 ai = _mm256_broadcast_ss(a + i);
+                acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+            }
+        }
+        if (mr == MR && nr == NR) {
+            __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+            for (int i = 0; i < MR; i++) {
+                float* ci = c + i * ldc;
+                __m256 r0 = _mm256_mul_ps(va, acc[i][0]), r1 = _mm256_mul_ps(va, acc[i][1]);
+                if (beta != 0.0f) {
+                    r0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci), r0);
+                    r1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci + 8), r1);
+                }
+                _mm256_storeu_ps(ci, r0);
+                _mm256_storeu_ps(ci + 8, r1);
+            }
+            return;
+        }
+        float tile[MR][NR];
+        for (int i = 0; i < MR; i++) {
+            _mm256_storeu_ps(tile[i], acc[i][0]);
+            _mm256_storeu_ps(tile[i] + 8, acc[i][1]);
+        }
+        store_tile(tile, c, ldc, mr, nr, alpha, beta);
+    }
+};
+
+// Write-back of a (MR, 32) tile held in zmm pairs; masked for nr < 32.
+template <int MR>
+FT_TARGET_AVX512 FT_INLINE void store_tile_avx512(__m512 (&acc)[MR][2], float* c, int64_t ldc, int mr, int nr,
+                                                  float alpha, float beta) {
+    __mmask16 m0 = nr >= 16 ? 0xFFFF : (1u << nr) - 1;
+    __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : (1u << (nr - 16)) - 1;
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; i++) {
+        if (i >= mr) break;
+        float* ci = c + i * ldc;
+        __m512 r0 = _mm512_mul_ps(va, acc[i][0]), r1 = _mm512_mul_ps(va, acc[i][1]);
+        if (beta != 0.0f) {
+            r0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, ci), r0);
+            r1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, ci + 16), r1);
+        }
+        _mm512_mask_storeu_ps(ci, m0, r0);
+        _mm512_mask_storeu_ps(ci + 16, m1, r1);
+    }
+}
+
+struct KernelF32Avx512 {
+    using Packed = float;
+    static constexpr int MR = 14, NR = 32, KC = 256, NC = 768, KSTEP = 1;
+
+    FT_TARGET_AVX512 static void micro(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int mr,
+                                       int nr, float alpha, float beta) {
+        __m512 acc[MR][2];
+#pragma GCC unroll 14
+        for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        for (int64_t k = 0; k < kd; k++, a += MR, b += NR) {
+            __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+#pragma GCC unroll 14
+            for (int i = 0; i < MR; i++) {
+                __m512 ai = _mm512_set1_ps(a[i]);
+                acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+                acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+            }
+        }
+        store_tile_avx512(acc, c, ldc, mr, nr, alpha, beta);
+    }
+};
+
+// Each 32-bit lane of a and b holds a bf16 pair along k; vdpbf16ps adds both products.
+struct KernelBf16Avx512 {
+    using Packed = uint32_t;
+    static constexpr int MR = 14, NR = 32, KC = 512, NC = 768, KSTEP = 2;
+
+    FT_TARGET_AVX512_BF16 static void micro(int64_t kd, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
+                                            int mr, int nr, float alpha, float beta) {
+        __m512 acc[MR][2];
+#pragma GCC unroll 14
+        for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        for (int64_t k = 0; k < kd; k++, a += MR, b += NR) {
+            __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 16);
+#pragma GCC unroll 14
+            for (int i = 0; i < MR; i++) {
+                __m512bh ai = (__m512bh)_mm512_set1_epi32(int(a[i]));
+                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
+                acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
+            }
+        }
+        store_tile_avx512(acc, c, ldc, mr, nr, alpha, beta);
+    }
+};
+
+// ---------------------------------------------------------------------------
+// Drivers
+// ---------------------------------------------------------------------------
+
+template <class Kernel>
+size_t kernel_thread_bytes(int64_t N, int64_t K) {
+    int64_t kd = ceil_div(std::min<int64_t>(K, Kernel::KC), Kernel::KSTEP);
+    int64_t b_elems = round_up(kd * round_up(std::min<int64_t>(N, Kernel::NC), Kernel::NR), 16);
+    int64_t a_elems = round_up(kd * Kernel::MR, 16);
+    return size_t(b_elems + a_elems) * sizeof(typename Kernel::Packed);
+}
+
+// Bytes of one thread's slice: the largest any path needs, so the size never depends on the path taken.
+size_t thread_scratch_bytes(const GemmShape& s) {
+    size_t bytes = std::max({kernel_thread_bytes<KernelF32Portable>(s.N, s.K),
+                             kernel_thread_bytes<KernelF32Avx2>(s.N, s.K),
+                             kernel_thread_bytes<KernelF32Avx512>(s.N, s.K),
+                             kernel_thread_bytes<KernelBf16Avx512>(s.N, s.K)});
+    return size_t(round_up(int64_t(bytes), 64));
+}
+
+char* thread_scratch(void* scratch, size_t slice_bytes, int t) {
+    uintptr_t base = (reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63);
+    return reinterpret_cast<char*>(base) + size_t(t) * slice_bytes;
+}
+
+// C (M, N) = alpha * a (M, K) * b (K, N) + beta * C on one thread; requires K > 0.
+template <class Kernel, typename T>
+void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, Operand<T> a, Operand<T> b, float beta, float* C,
+                 int64_t ldc, char* work) {
+    using Packed = typename Kernel::Packed;
+    constexpr int MR = Kernel::MR, NR = Kernel::NR;
+    int64_t kd_max = ceil_div(std::min<int64_t>(K, Kernel::KC), Kernel::KSTEP);
+    Packed* b_pack = reinterpret_cast<Packed*>(work);  // (nc / NR) panels of (kd, NR)
+    Packed* a_pack = b_pack + round_up(kd_max * round_up(std::min<int64_t>(N, Kernel::NC), NR), 16);  // (kd, MR)
+    for (int64_t jc = 0; jc < N; jc += Kernel::NC) {
+        int64_t nc = std::min<int64_t>(Kernel::NC, N - jc);
+        for (int64_t pc = 0; pc < K; pc += Kernel::KC) {
+            int64_t kc = std::min<int64_t>(Kernel::KC, K - pc);
+            int64_t kd = ceil_div(kc, Kernel::KSTEP);
+            for (int64_t jr = 0; jr < nc; jr += NR)
+                pack_panel<NR>(b_pack + jr * kd, b.at(jc + jr, pc), b.xs, b.ks, int(std::min<int64_t>(NR, nc - jr)), kc);
+            float beta_k = pc == 0 ? beta : 1.0f;
+            for (int64_t ic = 0; ic < M; ic += MR) {
+                int mr = int(std::min<int64_t>(MR, M - ic));
+                pack_panel<MR>(a_pack, a.at(ic, pc), a.xs, a.ks, mr, kc);
+                for (int64_t jr = 0; jr < nc; jr += NR)
+                    Kernel::micro(kd, a_pack, b_pack + jr * kd, C + ic * ldc + jc + jr, ldc, mr,
+                                  int(std::min<int64_t>(NR, nc - jr)), alpha, beta_k);
+            }
+        }
+    }
+}
+
+// Splits M into tm and N into tn ranges (tm * tn = threads), minimising the
+// largest per-thread tile (rounded to MR x NR) plus the cost of packing it.
+void choose_grid(int64_t M, int64_t N, int MR, int NR, int threads, int* tm, int* tn) {
+    double best = 0.0;
+    for (int m = 1; m <= threads; m++) {
+        if (threads % m) continue;
+        int n = threads / m;
+        double um = double(ceil_div(ceil_div(M, MR), m) * MR), un = double(ceil_div(ceil_div(N, NR), n) * NR);
+        double cost = um * un + 16.0 * (um + un);
+        if (m == 1 || cost < best) best = cost, *tm = m, *tn = n;
+    }
+}
+
+// [begin, end) of part `index` when `units` of size `unit` are split into `parts`, clamped to `total`.
+void split_range(int64_t total, int64_t unit, int parts, int index, int64_t* begin, int64_t* end) {
+    int64_t units = ceil_div(total, unit);
+    *begin = std::min(total, units * index / parts * unit);
+    *end = std::min(total, units * (index + 1) / parts * unit);
+}
+
+template <class Kernel, typename T>
+void gemm_threads(const GemmShape& s, float alpha, const T* A, const T* B, float beta, float* C, void* scratch,
+                  int threads) {
+    Operand<T> a{A, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1};
+    Operand<T> b{B, s.trans_b ? s.ldb : 1, s.trans_b ? 1 : s.ldb};
+    size_t slice = thread_scratch_bytes(s);
+    if (threads <= 1) {
+        gemm_serial<Kernel>(s.M, s.N, s.K, alpha, a, b, beta, C, s.ldc, thread_scratch(scratch, slice, 0));
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int t = thread_id(), tm = 1, tn = 1;
+        choose_grid(s.M, s.N, Kernel::MR, Kernel::NR, thread_count(), &tm, &tn);
+        int64_t m0, m1, n0, n1;
+        split_range(s.M, Kernel::MR, tm, t / tn, &m0, &m1);
+        split_range(s.N, Kernel::NR, tn, t % tn, &n0, &n1);
+        if (m0 < m1 && n0 < n1) {
+            Operand<T> a_t{a.at(m0, 0), a.xs, a.ks}, b_t{b.at(n0, 0), b.xs, b.ks};
+            gemm_serial<Kernel>(m1 - m0, n1 - n0, s.K, alpha, a_t, b_t, beta, C + m0 * s.ldc + n0, s.ldc,
+                                thread_scratch(scratch, slice, t));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch
+// ---------------------------------------------------------------------------
+
+enum class Isa { portable, avx2, avx512, avx512_bf16 };
+
+Isa detect_isa() {
+    __builtin_cpu_init();
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    if (avx512 && __builtin_cpu_supports("avx512bf16")) return Isa::avx512_bf16;
+    if (avx512) return Isa::avx512;
+    return avx2 ? Isa::avx2 : Isa::portable;
+}
+
+// Best ISA of this CPU, capped by FUSETRAIN_GEMM (portable | avx2 | avx512); read on every call.
+Isa select_isa() {
+    static const Isa best = detect_isa();
+    const char* forced = std::getenv("FUSETRAIN_GEMM");
+    Isa cap = Isa::avx512_bf16;
+    if (forced && std::strcmp(forced, "portable") == 0) cap = Isa::portable;
+    if (forced && std::strcmp(forced, "avx2") == 0) cap = Isa::avx2;
+    if (forced && std::strcmp(forced, "avx512") == 0) cap = Isa::avx512;
+    return std::min(best, cap);
+}
+
+// C = beta * C, the whole result when K == 0 or alpha == 0.
+void scale_c(const GemmShape& s, float beta, float* C) {
+    for (int64_t i = 0; i < s.M; i++) {
+        float* c = C + i * s.ldc;
+        for (int64_t j = 0; j < s.N; j++) c[j] = beta == 0.0f ? 0.0f : beta * c[j];
+    }
+}
+
+template <typename T>
+void gemm_any(Isa isa, const GemmShape& s, float alpha, const T* A, const T* B, float beta, float* C, void* scratch,
+              int threads) {
+    if (s.M <= 0 || s.N <= 0) return;
+    if (s.K <= 0 || alpha == 0.0f) {
+        scale_c(s, beta, C);
+        return;
+    }
+    if (2.0 * double(s.M) * double(s.N) * double(s.K) < 2e5) threads = 1;  // a parallel region costs more
+    constexpr bool is_bf16 = std::is_same_v<T, uint16_t>;
+    if (is_bf16 && isa == Isa::avx512_bf16) {
+        if constexpr (is_bf16) gemm_threads<KernelBf16Avx512>(s, alpha, A, B, beta, C, scratch, threads);
+    } else if (isa >= Isa::avx512) {
+        gemm_threads<KernelF32Avx512>(s, alpha, A, B, beta, C, scratch, threads);
+    } else if (isa == Isa::avx2) {
+        gemm_threads<KernelF32Avx2>(s, alpha, A, B, beta, C, scratch, threads);
+    } else {
+        gemm_threads<KernelF32Portable>(s, alpha, A, B, beta, C, scratch, threads);
+    }
+}
+
+// Whole batches per thread when they divide evenly or are plentiful, else all threads on each batch.
+template <typename T>
+void gemm_batched_any(const GemmShape& s, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
+                      float alpha, const T* A, const T* B, float beta, float* C, void* scratch, int threads) {
+    Isa isa = select_isa();
+    if (threads <= 1 || (batch % threads != 0 && batch < 4 * threads)) {
+        for (int64_t b = 0; b < batch; b++)
+            gemm_any(isa, s, alpha, A + b * stride_a, B + b * stride_b, beta, C + b * stride_c, scratch, threads);
+        return;
+    }
+    size_t slice = thread_scratch_bytes(s);
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t b0, b1;
+        split_range(batch, 1, thread_count(), thread_id(), &b0, &b1);
+        void* work = thread_scratch(scratch, slice, thread_id());
+        for (int64_t b = b0; b < b1; b++)
+            gemm_any(isa, s, alpha, A + b * stride_a, B + b * stride_b, beta, C + b * stride_c, work, 1);
+    }
+}
+
+}  // namespace
+
+size_t gemm_f32_scratch_bytes(const GemmShape& shape, int num_threads) {
+    return size_t(std::max(num_threads, 1)) * thread_scratch_bytes(shape) + 64;
+}
+
+size_t gemm_bf16_scratch_bytes(const GemmShape& shape, int num_threads) {
+    return gemm_f32_scratch_bytes(shape, num_threads);
+}
+
+size_t gemm_f32_batched_scratch_bytes(const GemmShape& shape, int64_t, int num_threads) {
+    return gemm_f32_scratch_bytes(shape, num_threads);
+}
+
+size_t gemm_bf16_batched_scratch_bytes(const GemmShape& shape, int64_t, int num_threads) {
+    return gemm_f32_scratch_bytes(shape, num_threads);
+}
+
+void gemm_f32(const GemmShape& shape, float alpha, const float* A, const float* B, float beta, float* C,
+              void* scratch, int num_threads) {
+    gemm_any(select_isa(), shape, alpha, A, B, beta, C, scratch, num_threads);
+}
+
+void gemm_bf16(const GemmShape& shape, float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C,
+               void* scratch, int num_threads) {
+    gemm_any(select_isa(), shape, alpha, A, B, beta, C, scratch, num_threads);
+}
+
+void gemm_f32_batched(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
+                      float alpha, const float* A, const float* B, float beta, float* C, void* scratch,
+                      int num_threads) {
+    gemm_batched_any(shape, batch, stride_a, stride_b, stride_c, alpha, A, B, beta, C, scratch, num_threads);
+}
+
+void gemm_bf16_batched(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
+                       float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C, void* scratch,
+                       int num_threads) {
+    gemm_batched_any(shape, batch, stride_a, stride_b, stride_c, alpha, A, B, beta, C, scratch, num_threads);
+}
+
+}  // namespace fusetrain::kernels

@@ -1,0 +1,47 @@
+// Dense matrix multiply for the CPU backend.
+//
+// C (M, N) = alpha * op(A) (M, K) * op(B) (K, N) + beta * C, all row-major.
+// trans_a: A is stored (K, M); trans_b: B is stored (N, K). Leading dimensions
+// are in elements. beta == 0 overwrites C without reading it (NaN in C is
+// fine); beta == 1 accumulates. K == 0 or alpha == 0 gives C = beta * C.
+//
+// The calls never allocate: packing workspace comes from `scratch`, which must
+// hold at least the matching *_scratch_bytes() (any alignment). The code path
+// is chosen per call by CPU feature (AVX-512 + AVX512_BF16, AVX-512, portable);
+// FUSETRAIN_GEMM=portable in the environment forces the portable path.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace fusetrain::kernels {
+
+struct GemmShape {
+    int64_t M, N, K;
+    bool trans_a, trans_b;
+    int64_t lda, ldb, ldc;
+};
+
+// Bytes of scratch for one call with num_threads threads (covers all of them).
+size_t gemm_f32_scratch_bytes(const GemmShape& shape, int num_threads);
+void gemm_f32(const GemmShape& shape, float alpha, const float* A, const float* B, float beta, float* C,
+              void* scratch, int num_threads);
+
+// A and B hold bf16 bit patterns; accumulation and C are fp32.
+size_t gemm_bf16_scratch_bytes(const GemmShape& shape, int num_threads);
+void gemm_bf16(const GemmShape& shape, float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C,
+               void* scratch, int num_threads);
+
+// Strided batch: for b in [0, batch), C + b*stride_c = alpha * op(A + b*stride_a) * op(B + b*stride_b)
+// + beta * (C + b*stride_c). stride_a or stride_b may be 0 to broadcast that operand.
+size_t gemm_f32_batched_scratch_bytes(const GemmShape& shape, int64_t batch, int num_threads);
+void gemm_f32_batched(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
+                      float alpha, const float* A, const float* B, float beta, float* C, void* scratch,
+                      int num_threads);
+
+size_t gemm_bf16_batched_scratch_bytes(const GemmShape& shape, int64_t batch, int num_threads);
+void gemm_bf16_batched(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
+                       float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C, void* scratch,
+                       int num_threads);
+
+}  // namespace fusetrain::kernels

@@ -1,0 +1,55 @@
+// Counter-based random numbers (Philox4x32-10): the value at (seed, offset, index)
+// is a pure function, so a mask can be regenerated in backward or after resume.
+#pragma once
+
+#include <cstdint>
+
+namespace fusetrain::kernels {
+
+struct Philox4 {
+  uint32_t v[4];
+};
+
+/// Philox4x32 with 10 rounds; counter (c0..c3), key (k0, k1).
+inline Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
+  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    uint64_t p0 = static_cast<uint64_t>(kMul0) * c0;
+    uint64_t p1 = static_cast<uint64_t>(kMul1) * c2;
+    uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    c0 = n0;
+    c1 = static_cast<uint32_t>(p1);
+    c2 = n2;
+    c3 = static_cast<uint32_t>(p0);
+    k0 += kWeyl0;
+    k1 += kWeyl1;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+/// Uniform float in [0, 1) for element `index` of the stream (seed, offset).
+/// Four consecutive elements share one Philox call; use uniform4 in loops.
+inline float uniform_at(uint64_t seed, uint64_t offset, uint64_t index) {
+  uint64_t block = index >> 2;
+  Philox4 r = philox4x32(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                         static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32),
+                         static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  return static_cast<float>(r.v[index & 3] >> 8) * (1.0f / 16777216.0f);
+}
+
+/// Uniform floats for elements 4*block .. 4*block+3 of the stream (seed, offset).
+inline void uniform4(uint64_t seed, uint64_t offset, uint64_t block, float out[4]) {
+  Philox4 r = philox4x32(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                         static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32),
+                         static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<float>(r.v[i] >> 8) * (1.0f / 16777216.0f);
+}
+
+/// Dropout keeps element `index` when its uniform draw is >= p.
+inline bool dropout_keep(uint64_t seed, uint64_t offset, uint64_t index, float p) {
+  return uniform_at(seed, offset, index) >= p;
+}
+
+}  // namespace fusetrain::kernels
