@@ -28,6 +28,18 @@ constexpr int kNumOps = 0
 #undef FT_OP
     ;
 
+/// Flags of an op, usable in constant expressions.
+constexpr unsigned op_flags(OpKind kind) {
+  switch (kind) {
+#define FT_OP(Name, min_in, max_in, num_out, flags) \
+  case OpKind::Name:                                \
+    return flags;
+#include "fusetrain/ir/ops.def"
+#undef FT_OP
+  }
+  return 0;
+}
+
 /// Static description of an op, one row of ops.def.
 struct OpInfo {
   OpKind kind;

@@ -1,0 +1,77 @@
+// Gradients of elementwise ops: arithmetic with broadcasting, activations,
+// dropout and casts.
+#include "autodiff/grad_context.h"
+
+namespace fusetrain::autodiff {
+
+using ir::OpKind;
+using ir::ValueId;
+
+template <>
+void grad_rule<OpKind::Add>(GradContext& ctx) {
+  ValueId dy = ctx.grad_output(0);
+  if (ctx.needs_grad(0)) ctx.set_grad_input(0, ctx.sum_to(dy, ctx.input_shape(0)));
+  if (ctx.needs_grad(1)) ctx.set_grad_input(1, ctx.sum_to(dy, ctx.input_shape(1)));
+}
+
+template <>
+void grad_rule<OpKind::Sub>(GradContext& ctx) {
+  ValueId dy = ctx.grad_output(0);
+  if (ctx.needs_grad(0)) ctx.set_grad_input(0, ctx.sum_to(dy, ctx.input_shape(0)));
+  if (ctx.needs_grad(1)) ctx.set_grad_input(1, ctx.b.scale(ctx.sum_to(dy, ctx.input_shape(1)), -1.0));
+}
+
+template <>
+void grad_rule<OpKind::Mul>(GradContext& ctx) {
+  ValueId dy = ctx.grad_output(0);
+  if (ctx.needs_grad(0)) ctx.set_grad_input(0, ctx.sum_to(ctx.b.mul(dy, ctx.input(1)), ctx.input_shape(0)));
+  if (ctx.needs_grad(1)) ctx.set_grad_input(1, ctx.sum_to(ctx.b.mul(dy, ctx.input(0)), ctx.input_shape(1)));
+}
+
+// y = a / b:  da = dy / b,  db = -(dy / b) · y
+template <>
+void grad_rule<OpKind::Div>(GradContext& ctx) {
+  ValueId dy_over_b = ctx.b.div(ctx.grad_output(0), ctx.input(1));
+  if (ctx.needs_grad(0)) ctx.set_grad_input(0, ctx.sum_to(dy_over_b, ctx.input_shape(0)));
+  if (ctx.needs_grad(1)) {
+    ValueId db = ctx.b.scale(ctx.b.mul(dy_over_b, ctx.output(0)), -1.0);
+    ctx.set_grad_input(1, ctx.sum_to(db, ctx.input_shape(1)));
+  }
+}
+
+template <>
+void grad_rule<OpKind::Scale>(GradContext& ctx) {
+  ctx.set_grad_input(0, ctx.b.scale(ctx.grad_output(0), ctx.attrs().get_float("alpha")));
+}
+
+template <>
+void grad_rule<OpKind::Gelu>(GradContext& ctx) {
+  ctx.set_grad_input(0, ctx.g.add(OpKind::GeluBackward, {ctx.grad_output(0), ctx.input(0)},
+                                  {{"approximate", ctx.attrs().get_string("approximate", "none")}}));
+}
+
+template <>
+void grad_rule<OpKind::Tanh>(GradContext& ctx) {
+  ctx.set_grad_input(0, ctx.g.add(OpKind::TanhBackward, {ctx.grad_output(0), ctx.output(0)}));
+}
+
+template <>
+void grad_rule<OpKind::Relu>(GradContext& ctx) {
+  ctx.set_grad_input(0, ctx.g.add(OpKind::ReluBackward, {ctx.grad_output(0), ctx.input(0)}));
+}
+
+// The mask is a pure function of (seed, step, element), so dropout with the
+// same attributes applied to dy is exactly the backward.
+template <>
+void grad_rule<OpKind::Dropout>(GradContext& ctx) {
+  ctx.set_grad_input(0, ctx.g.add(OpKind::Dropout, {ctx.grad_output(0)}, ctx.attrs()));
+}
+
+template <>
+void grad_rule<OpKind::Cast>(GradContext& ctx) {
+  ValueId dy = ctx.grad_output(0);
+  DType in = ctx.input_dtype(0);
+  ctx.set_grad_input(0, ctx.g.value(dy).dtype == in ? dy : ctx.b.cast(dy, in));
+}
+
+}  // namespace fusetrain::autodiff

@@ -1,0 +1,28 @@
+// Gradients of the loss and of attention.
+#include "autodiff/grad_context.h"
+#include "fusetrain/core/error.h"
+
+namespace fusetrain::autodiff {
+
+using ir::OpKind;
+using ir::ValueId;
+
+template <>
+void grad_rule<OpKind::SoftmaxCrossEntropy>(GradContext& ctx) {
+  // Input 1 holds target ids and is never differentiated; output 1 (lse) is saved state.
+  ctx.set_grad_input(0, ctx.g.add(OpKind::SoftmaxCrossEntropyBackward,
+                                  {ctx.grad_output(0), ctx.input(0), ctx.input(1), ctx.output(1)}, ctx.attrs()));
+}
+
+template <>
+void grad_rule<OpKind::Attention>(GradContext& ctx) {
+  FT_CHECK(!(ctx.num_inputs() == 4 && ctx.needs_grad(3)), "Attention ", ctx.node().name,
+           ": the additive mask depends on a parameter; masks are not differentiated");
+  std::vector<ValueId> inputs{ctx.grad_output(0), ctx.input(0), ctx.input(1), ctx.input(2), ctx.output(0),
+                              ctx.output(1)};
+  if (ctx.num_inputs() == 4) inputs.push_back(ctx.input(3));  // the additive mask gets no gradient
+  std::vector<ValueId> grads = ctx.g.add_node(OpKind::AttentionBackward, inputs, ctx.attrs());
+  for (size_t i = 0; i < 3; ++i) ctx.set_grad_input(i, grads[i]);
+}
+
+}  // namespace fusetrain::autodiff
