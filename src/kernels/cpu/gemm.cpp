@@ -137,7 +137,15 @@ void store_tile(const float (&acc)[MR][NR], float* c, int64_t ldc, int mr, int n
     }
 }
 
-struct KernelF32Portable {
+// Plain-loop packing; the AVX-512 kernels replace it for operands contiguous along k.
+struct GenericPacking {
+    template <int R, typename Packed, typename T>
+    static void pack(Packed* dst, const T* src, int64_t xs, int64_t ks, int w, int64_t kc) {
+        pack_panel<R>(dst, src, xs, ks, w, kc);
+    }
+};
+
+struct KernelF32Portable : GenericPacking {
     using Packed = float;
     static constexpr int MR = 4, NR = 8, KC = 256, NC = 1024, KSTEP = 1;
 
@@ -151,7 +159,7 @@ struct KernelF32Portable {
     }
 };
 
-struct KernelF32Avx2 {
+struct KernelF32Avx2 : GenericPacking {
     using Packed = float;
     static constexpr int MR = 6, NR = 16, KC = 256, NC = 768, KSTEP = 1;
 
@@ -191,6 +199,44 @@ struct KernelF32Avx2 {
     }
 };
 
+// In-register transpose of 16 rows of 16 32-bit lanes: four rounds of interleaving rows i and i + 8.
+FT_TARGET_AVX512 FT_INLINE void transpose_16x16(__m512 (&v)[16]) {
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+#pragma GCC unroll 4
+    for (int round = 0; round < 4; round++) {
+        __m512 t[16];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            t[2 * i] = _mm512_permutex2var_ps(v[i], lo, v[i + 8]);
+            t[2 * i + 1] = _mm512_permutex2var_ps(v[i], hi, v[i + 8]);
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) v[i] = t[i];
+    }
+}
+
+// Packing of an operand contiguous along k (32-bit lanes: floats or bf16 pairs) by 16x16 transposes.
+// dst: (kd, R), dst[k * R + x] = row x at `src + x * row_bytes`, lane k; rows w <= x < R are zero.
+template <int R>
+FT_TARGET_AVX512 void pack_transposed_avx512(void* dst, const void* src, int64_t row_bytes, int w, int64_t kd) {
+    float* d = static_cast<float*>(dst);
+    const char* s = static_cast<const char*>(src);
+    for (int64_t k0 = 0; k0 < kd; k0 += 16) {
+        int kn = int(std::min<int64_t>(16, kd - k0));
+        __mmask16 load_mask = __mmask16((1u << kn) - 1);
+        for (int g = 0; g < R; g += 16) {
+            __m512 v[16];
+#pragma GCC unroll 16
+            for (int r = 0; r < 16; r++)
+                v[r] = g + r < w ? _mm512_maskz_loadu_ps(load_mask, s + (g + r) * row_bytes + k0 * 4) : _mm512_setzero_ps();
+            transpose_16x16(v);
+            __mmask16 store_mask = __mmask16((1u << std::min(16, R - g)) - 1);
+            for (int k = 0; k < kn; k++) _mm512_mask_storeu_ps(d + (k0 + k) * R + g, store_mask, v[k]);
+        }
+    }
+}
+
 // Write-back of a (MR, 32) tile held in zmm pairs; masked for nr < 32.
 template <int MR>
 FT_TARGET_AVX512 FT_INLINE void store_tile_avx512(__m512 (&acc)[MR][2], float* c, int64_t ldc, int mr, int nr,
@@ -216,6 +262,13 @@ struct KernelF32Avx512 {
     using Packed = float;
     static constexpr int MR = 14, NR = 32, KC = 256, NC = 768, KSTEP = 1;
 
+    template <int R, typename T>
+    static void pack(float* dst, const T* src, int64_t xs, int64_t ks, int w, int64_t kc) {
+        if constexpr (std::is_same_v<T, float>)
+            if (ks == 1 && xs != 1) return pack_transposed_avx512<R>(dst, src, xs * 4, w, kc);
+        pack_panel<R>(dst, src, xs, ks, w, kc);
+    }
+
     FT_TARGET_AVX512 static void micro(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int mr,
                                        int nr, float alpha, float beta) {
         __m512 acc[MR][2];
@@ -238,6 +291,16 @@ struct KernelF32Avx512 {
 struct KernelBf16Avx512 {
     using Packed = uint32_t;
     static constexpr int MR = 14, NR = 32, KC = 512, NC = 768, KSTEP = 2;
+
+    // Contiguous along k, a bf16 pair is one 32-bit word: transpose words, then the odd last k alone.
+    template <int R>
+    static void pack(uint32_t* dst, const uint16_t* src, int64_t xs, int64_t ks, int w, int64_t kc) {
+        if (ks != 1 || xs == 1) return pack_panel<R>(dst, src, xs, ks, w, kc);
+        int64_t kp = kc / 2;
+        pack_transposed_avx512<R>(dst, src, xs * 2, w, kp);
+        if (kc % 2)
+            for (int x = 0; x < R; x++) dst[kp * R + x] = x < w ? src[x * xs + kc - 1] : 0;
+    }
 
     FT_TARGET_AVX512_BF16 static void micro(int64_t kd, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
                                             int mr, int nr, float alpha, float beta) {
@@ -298,11 +361,11 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, Operand<T> a, Ope
             int64_t kc = std::min<int64_t>(Kernel::KC, K - pc);
             int64_t kd = ceil_div(kc, Kernel::KSTEP);
             for (int64_t jr = 0; jr < nc; jr += NR)
-                pack_panel<NR>(b_pack + jr * kd, b.at(jc + jr, pc), b.xs, b.ks, int(std::min<int64_t>(NR, nc - jr)), kc);
+                Kernel::template pack<NR>(b_pack + jr * kd, b.at(jc + jr, pc), b.xs, b.ks, int(std::min<int64_t>(NR, nc - jr)), kc);
             float beta_k = pc == 0 ? beta : 1.0f;
             for (int64_t ic = 0; ic < M; ic += MR) {
                 int mr = int(std::min<int64_t>(MR, M - ic));
-                pack_panel<MR>(a_pack, a.at(ic, pc), a.xs, a.ks, mr, kc);
+                Kernel::template pack<MR>(a_pack, a.at(ic, pc), a.xs, a.ks, mr, kc);
                 for (int64_t jr = 0; jr < nc; jr += NR)
                     Kernel::micro(kd, a_pack, b_pack + jr * kd, C + ic * ldc + jc + jr, ldc, mr,
                                   int(std::min<int64_t>(NR, nc - jr)), alpha, beta_k);

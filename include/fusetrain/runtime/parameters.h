@@ -1,0 +1,61 @@
+// Parameters and their gradients in flat, contiguous buffers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fusetrain/core/alloc.h"
+#include "fusetrain/core/tensor.h"
+#include "fusetrain/ir/graph.h"
+
+namespace fusetrain::runtime {
+
+/// One parameter: a view at `offset` (in elements) of the flat buffers.
+struct ParamSlot {
+  std::string name;
+  Shape shape;
+  int64_t offset = 0;  ///< elements from the start; a multiple of 16 (64 bytes)
+  int64_t numel = 0;
+  bool weight_decay = true;  ///< false for biases and LayerNorm weights
+};
+
+/// All parameters of a model in one f32 buffer and their gradients in another
+/// with the same layout. Zeroing gradients is one memset; the optimizer is one
+/// loop over the buffers; each parameter is a Tensor view at its offset.
+class ParameterStore {
+ public:
+  ParameterStore() = default;
+  /// Lays out the parameters of `graph` (all of them f32), in declaration order.
+  explicit ParameterStore(const ir::Graph& graph);
+  /// Lays out the given named shapes.
+  explicit ParameterStore(const std::vector<std::pair<std::string, Shape>>& params);
+
+  const std::vector<ParamSlot>& slots() const { return slots_; }
+  /// Index of the parameter called `name`; throws Error listing the known names if absent.
+  size_t index(const std::string& name) const;
+  bool contains(const std::string& name) const;
+  Tensor param(size_t i) const;
+  Tensor grad(size_t i) const;
+  Tensor param(const std::string& name) const { return param(index(name)); }
+  Tensor grad(const std::string& name) const { return grad(index(name)); }
+  /// Total elements including alignment padding (the length of the flat buffers).
+  int64_t flat_numel() const { return flat_numel_; }
+  /// Sum of the parameters' element counts.
+  int64_t num_parameters() const;
+  float* params_data() const { return static_cast<float*>(params_.get()); }
+  float* grads_data() const { return static_cast<float*>(grads_.get()); }
+  /// Sets every gradient to zero (one memset).
+  void zero_grads();
+  /// Marks which parameters get weight decay (by default all of them).
+  void set_weight_decay(size_t i, bool decay) { slots_[i].weight_decay = decay; }
+
+ private:
+  void allocate();
+  std::vector<ParamSlot> slots_;
+  int64_t flat_numel_ = 0;
+  AlignedPtr params_;
+  AlignedPtr grads_;
+};
+
+}  // namespace fusetrain::runtime

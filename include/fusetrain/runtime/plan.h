@@ -1,0 +1,111 @@
+// A compiled plan: scheduled nodes, one activation arena, kernels bound to memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusetrain/core/alloc.h"
+#include "fusetrain/core/tensor.h"
+#include "fusetrain/ir/graph.h"
+#include "fusetrain/memory/planner.h"
+#include "fusetrain/runtime/parameters.h"
+
+namespace fusetrain::kernels {
+class Kernel;
+struct KernelArgs;
+enum class Backend;
+}  // namespace fusetrain::kernels
+
+namespace fusetrain::runtime {
+
+/// How a graph is compiled into a plan.
+struct PlanOptions {
+  /// Run the plain-loop reference kernels instead of the tuned ones (tests).
+  bool reference_kernels = false;
+  /// OpenMP threads for the kernels; 0 means omp_get_max_threads().
+  int num_threads = 0;
+};
+
+/// A graph compiled once for fixed input shapes. Compilation schedules the nodes
+/// that the graph outputs need, creates every kernel, plans one arena for all
+/// activations and scratch, and binds each kernel to its memory: parameters and
+/// gradients to the ParameterStore (gradients accumulate), inputs to buffers the
+/// plan owns (or to caller memory via bind_input), the rest to the arena.
+/// After compile, run() performs no heap allocation.
+class Plan {
+ public:
+  /// Compiles `graph` against `params` (which must outlive the plan).
+  /// Gradient values named "grad:<param>" (as autodiff names them) are bound to
+  /// the gradient buffer of <param>.
+  static std::unique_ptr<Plan> compile(const ir::Graph& graph, ParameterStore& params, const PlanOptions& options = {});
+  ~Plan();
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+
+  /// The plan-owned buffer of input `name`; write the step's data into it.
+  Tensor input(const std::string& name) const;
+  /// Points input `name` at caller memory for the following steps (zero copy);
+  /// `data` must hold the input's shape and dtype and stay alive while used.
+  void bind_input(const std::string& name, const void* data);
+  /// Runs every scheduled node once. Dropout streams advance by one step.
+  void run();
+  /// A graph output (loss, logits, ...), readable until the next run().
+  Tensor output(ir::ValueId value) const;
+  /// Number of run() calls so far; dropout masks depend on it.
+  uint64_t step() const { return step_; }
+  /// Sets the step counter (when resuming), so dropout masks continue exactly.
+  void set_step(uint64_t step) { step_ = step; }
+
+  const memory::MemoryReport& memory_report() const { return report_; }
+  /// The arena's buffers and their offsets, for the memory checker.
+  const std::vector<memory::BufferRequest>& buffers() const { return buffers_; }
+  const memory::ArenaPlan& arena_plan() const { return arena_plan_; }
+  /// Nodes in execution order (after dead-node elimination).
+  size_t num_scheduled_nodes() const { return steps_.size(); }
+  int num_threads() const { return num_threads_; }
+  const ir::Graph& graph() const { return graph_; }
+
+ private:
+  Plan() = default;
+  struct Step;
+  struct InputBinding;
+  ir::Graph graph_;
+  std::vector<Step> steps_;
+  std::vector<InputBinding> inputs_;
+  std::vector<Tensor> value_tensors_;  // indexed by ValueId: where each value lives
+  AlignedPtr arena_;
+  AlignedPtr input_memory_;
+  std::vector<memory::BufferRequest> buffers_;
+  memory::ArenaPlan arena_plan_;
+  memory::MemoryReport report_;
+  int num_threads_ = 1;
+  uint64_t step_ = 0;
+};
+
+/// Plans compiled per input-shape signature. Collators pad lengths to a
+/// multiple of 8 so few signatures occur; a lookup allocates nothing.
+class PlanCache {
+ public:
+  /// Builds the graph for a given list of input shapes.
+  using GraphFactory = ir::Graph (*)(const std::vector<Shape>& input_shapes, void* user);
+  PlanCache(GraphFactory factory, void* user, ParameterStore& params, PlanOptions options = {})
+      : factory_(factory), user_(user), params_(params), options_(options) {}
+  /// The plan for these input shapes, compiled on first use.
+  Plan& get(const std::vector<Shape>& input_shapes);
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    std::vector<Shape> shapes;
+    std::unique_ptr<Plan> plan;
+  };
+  GraphFactory factory_;
+  void* user_;
+  ParameterStore& params_;
+  PlanOptions options_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace fusetrain::runtime

@@ -1,0 +1,172 @@
+// Internal header of the tuned CPU kernels for everything but the dense ops
+// (kernels/cpu/registry_cpu.cpp dispatches): one factory per family, the code-path
+// choice (AVX-512 or portable), and the OpenMP row-splitting helper they share.
+//
+// Shape letters: B batch, T sequence, C channels, H heads, D head size,
+// V vocabulary, R rows (product of all leading axes).
+//
+// Every factory returns null for a dtype combination it does not optimise; the
+// registry then binds the plain reference kernel (kernels/ref).
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <memory>
+
+#include "fusetrain/core/shape.h"
+#include "fusetrain/ir/graph.h"
+#include "kernels/kernel.h"
+
+namespace fusetrain::kernels::cpu_basic {
+
+// ---- code path -----------------------------------------------------------------
+
+/// True when run() should take the AVX-512 path: the CPU has AVX-512 F/BW/VL/DQ and
+/// FMA, and the portable path is not forced. Kernels read it once, at construction.
+bool use_avx512();
+
+/// Forces (true) or releases (false) the portable scalar path for kernels created
+/// afterwards. Initialised from FUSETRAIN_KERNELS=portable in the environment.
+void force_portable_path(bool portable);
+
+// ---- threading -------------------------------------------------------------------
+
+/// Below this many elements of work a kernel runs on the calling thread.
+constexpr int64_t kMinParallelWork = 16384;
+
+/// Threads worth using for `work` elements, at most `num_threads`.
+inline int threads_for(int64_t work, int num_threads) {
+  if (work < kMinParallelWork || num_threads <= 1) return 1;
+  return static_cast<int>(std::min<int64_t>(num_threads, std::max<int64_t>(1, work / (kMinParallelWork / 4))));
+}
+
+/// Splits [0, n) into `threads` contiguous static chunks whose boundaries are
+/// multiples of `align`, and calls fn(begin, end, thread) for each, in parallel
+/// when threads > 1. fn must not throw.
+template <typename Fn>
+void parallel_for(int64_t n, int threads, Fn&& fn, int64_t align = 1) {
+  if (n <= 0) return;
+  const int64_t units = (n + align - 1) / align;
+  if (threads > units) threads = static_cast<int>(units);
+  if (threads <= 1) {
+    fn(int64_t{0}, n, 0);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num();
+    const int64_t nt = omp_get_num_threads();
+    const int64_t begin = std::min(n, units * t / nt * align);
+    const int64_t end = std::min(n, units * (t + 1) / nt * align);
+    if (begin < end) fn(begin, end, static_cast<int>(t));
+  }
+}
+
+/// Whether output i of this call adds into its destination.
+inline bool accumulate_flag(const KernelArgs& args, size_t i) {
+  return i < args.accumulate.size() && args.accumulate[i] != 0;
+}
+
+// ---- strided walks (broadcasting, permutations) -------------------------------------
+
+/// Largest rank the strided kernels handle after merging axes; beyond it the
+/// factories return null.
+constexpr int kMaxRank = 8;
+
+/// Up to two operand strides per axis over a row-major iteration space of
+/// `rank` axes (axes that can be merged already merged).
+struct StridedSpace {
+  int rank = 0;
+  std::array<int64_t, kMaxRank> dims{};
+  std::array<int64_t, kMaxRank> stride_a{};
+  std::array<int64_t, kMaxRank> stride_b{};
+};
+
+/// Iteration space of `out` with operand a (and b) broadcast to it by numpy
+/// rules, with adjacent axes merged where both operands allow. False if the
+/// merged rank exceeds kMaxRank.
+bool broadcast_space(const Shape& out, const Shape& a, const Shape* b, StridedSpace* space);
+
+/// Walks the flat output range [begin, end) of `space` (begin, end in output
+/// elements) as contiguous runs along the last axis: fn(position, offset_a,
+/// offset_b, length) per run, offsets in elements of a and b. The runs' own
+/// strides are space.stride_a / stride_b [rank - 1].
+template <typename Fn>
+void for_each_run(const StridedSpace& space, int64_t begin, int64_t end, Fn&& fn) {
+  const int rank = space.rank;
+  const int64_t inner = space.dims[rank - 1];
+  if (begin >= end || inner <= 0) return;
+  std::array<int64_t, kMaxRank> index{};
+  int64_t row = begin / inner, column = begin % inner;
+  int64_t offset_a = 0, offset_b = 0;
+  for (int axis = rank - 2; axis >= 0; --axis) {
+    index[axis] = row % space.dims[axis];
+    row /= space.dims[axis];
+    offset_a += index[axis] * space.stride_a[axis];
+    offset_b += index[axis] * space.stride_b[axis];
+  }
+  for (int64_t position = begin; position < end;) {
+    const int64_t length = std::min(inner - column, end - position);
+    fn(position, offset_a + column * space.stride_a[rank - 1], offset_b + column * space.stride_b[rank - 1], length);
+    position += length;
+    column = 0;
+    for (int axis = rank - 2; axis >= 0; --axis) {
+      offset_a += space.stride_a[axis];
+      offset_b += space.stride_b[axis];
+      if (++index[axis] < space.dims[axis]) break;
+      offset_a -= space.stride_a[axis] * space.dims[axis];
+      offset_b -= space.stride_b[axis] * space.dims[axis];
+      index[axis] = 0;
+    }
+  }
+}
+
+// ---- family factories (registry_cpu.cpp dispatches) ------------------------------------
+
+// elementwise.cpp: Fill Add Sub Mul Div Scale Copy Cast
+std::unique_ptr<Kernel> make_fill_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_binary_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_scale_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_copy_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_cast_kernel(const ir::Graph& g, const ir::Node& n);
+// activation.cpp: Gelu Tanh Relu and their backward ops
+std::unique_ptr<Kernel> make_activation_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_activation_backward_kernel(const ir::Graph& g, const ir::Node& n);
+// softmax.cpp
+std::unique_ptr<Kernel> make_softmax_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_softmax_backward_kernel(const ir::Graph& g, const ir::Node& n);
+// layernorm.cpp
+std::unique_ptr<Kernel> make_layernorm_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_layernorm_backward_kernel(const ir::Graph& g, const ir::Node& n);
+// embedding.cpp
+std::unique_ptr<Kernel> make_embedding_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_embedding_backward_kernel(const ir::Graph& g, const ir::Node& n);
+// dropout.cpp
+std::unique_ptr<Kernel> make_dropout_kernel(const ir::Graph& g, const ir::Node& n);
+// movement.cpp: Reshape Transpose Split Concat Slice SliceBackward ExpandTo
+std::unique_ptr<Kernel> make_reshape_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_transpose_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_split_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_concat_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_slice_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_slice_backward_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_expand_to_kernel(const ir::Graph& g, const ir::Node& n);
+// reduce.cpp: ReduceSum ReduceMean ReduceSumTo
+std::unique_ptr<Kernel> make_reduce_kernel(const ir::Graph& g, const ir::Node& n);
+// loss.cpp
+std::unique_ptr<Kernel> make_cross_entropy_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_cross_entropy_backward_kernel(const ir::Graph& g, const ir::Node& n);
+
+// ---- plan-time graph access ----------------------------------------------------------
+
+inline const Shape& input_shape(const ir::Graph& g, const ir::Node& n, size_t i) { return g.value(n.inputs[i]).shape; }
+inline DType input_dtype(const ir::Graph& g, const ir::Node& n, size_t i) { return g.value(n.inputs[i]).dtype; }
+inline const Shape& output_shape(const ir::Graph& g, const ir::Node& n, size_t i) {
+  return g.value(n.outputs[i]).shape;
+}
+inline DType output_dtype(const ir::Graph& g, const ir::Node& n, size_t i) { return g.value(n.outputs[i]).dtype; }
+
+}  // namespace fusetrain::kernels::cpu_basic

@@ -1,0 +1,17 @@
+// Internal to kernels/cpu: the two halves of make_cpu_dense_kernel.
+#pragma once
+
+#include <memory>
+
+#include "kernels/kernel.h"
+
+namespace fusetrain::kernels {
+
+/// MatMul and Linear on top of kernels/cpu/gemm (kernels/cpu/matmul.cpp). Null for
+/// other ops and for MatMul with out_dtype other than f32.
+std::unique_ptr<Kernel> make_cpu_matmul_kernel(const ir::Graph& graph, const ir::Node& node);
+
+/// Flash-style Attention and AttentionBackward (kernels/cpu/attention.cpp). Null for other ops.
+std::unique_ptr<Kernel> make_cpu_attention_kernel(const ir::Graph& graph, const ir::Node& node);
+
+}  // namespace fusetrain::kernels

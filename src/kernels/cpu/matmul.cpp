@@ -1,0 +1,168 @@
+// MatMul and Linear as calls into kernels/cpu/gemm, planned once per node.
+//
+// Legend: M, N, K matrix dims of one product; R rows of a Linear input (product of
+// its leading axes); batch the product of the leading (batch) axes of a MatMul.
+//
+// Both kernels honour KernelArgs::accumulate themselves (beta = 1), so parameter
+// gradients produced by a MatMul land in their buffers without an extra pass.
+#include <cstdint>
+#include <memory>
+
+#include "kernels/cpu/dense_kernels.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/factories.h"
+
+namespace fusetrain::kernels {
+
+namespace {
+
+// a (..., M, K) x b (..., K, N) -> c (..., M, N), f32 or bf16 operands, f32 result.
+// trans_a: a stored (..., K, M); trans_b: b stored (..., N, K).
+class MatMulKernel final : public Kernel {
+ public:
+  MatMulKernel(const ir::Graph& g, const ir::Node& node) {
+    const Shape& a = g.value(node.inputs[0]).shape;
+    const Shape& b = g.value(node.inputs[1]).shape;
+    bf16_ = g.value(node.inputs[0]).dtype == DType::bf16;
+    bool trans_a = node.attrs.get_int("trans_a", 0) != 0;
+    bool trans_b = node.attrs.get_int("trans_b", 0) != 0;
+    int64_t m = trans_a ? a[-1] : a[-2];
+    int64_t k = trans_a ? a[-2] : a[-1];
+    int64_t n = trans_b ? b[-2] : b[-1];
+    int64_t batch_a = a.numel(0, a.rank() - 2);
+    int64_t batch_b = b.numel(0, b.rank() - 2);
+    shape_ = GemmShape{m, n, k, trans_a, trans_b, a[-1], b[-1], n};
+    if (a.rank() > 2 && b.rank() == 2 && !trans_a) {
+      // a's batch rows are contiguous (batch * M, K): one large GEMM against the shared b.
+      shape_.M = batch_a * m;
+      batch_ = 1;
+    } else {
+      batch_ = a.rank() > 2 ? batch_a : batch_b;
+      stride_a_ = a.rank() > 2 ? m * k : 0;
+      stride_b_ = b.rank() > 2 ? k * n : 0;
+      stride_c_ = m * n;
+    }
+  }
+
+  size_t scratch_bytes(int num_threads) const override {
+    if (batch_ == 1)
+      return bf16_ ? gemm_bf16_scratch_bytes(shape_, num_threads) : gemm_f32_scratch_bytes(shape_, num_threads);
+    return bf16_ ? gemm_bf16_batched_scratch_bytes(shape_, batch_, num_threads)
+                 : gemm_f32_batched_scratch_bytes(shape_, batch_, num_threads);
+  }
+
+  bool accumulates() const override { return true; }
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    float beta = !args.accumulate.empty() && args.accumulate[0] ? 1.0f : 0.0f;
+    const void* a = args.inputs[0].data();
+    const void* b = args.inputs[1].data();
+    float* c = static_cast<float*>(args.outputs[0].data());  // c: (batch, M, N)
+    int threads = ctx.num_threads;
+    if (batch_ == 1) {
+      if (bf16_)
+        gemm_bf16(shape_, 1.0f, static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), beta, c,
+                  args.scratch, threads);
+      else
+        gemm_f32(shape_, 1.0f, static_cast<const float*>(a), static_cast<const float*>(b), beta, c, args.scratch,
+                 threads);
+      return;
+    }
+    if (bf16_)
+      gemm_bf16_batched(shape_, batch_, stride_a_, stride_b_, stride_c_, 1.0f, static_cast<const uint16_t*>(a),
+                        static_cast<const uint16_t*>(b), beta, c, args.scratch, threads);
+    else
+      gemm_f32_batched(shape_, batch_, stride_a_, stride_b_, stride_c_, 1.0f, static_cast<const float*>(a),
+                       static_cast<const float*>(b), beta, c, args.scratch, threads);
+  }
+
+ private:
+  bool bf16_ = false;
+  GemmShape shape_{};
+  int64_t batch_ = 1;
+  int64_t stride_a_ = 0, stride_b_ = 0, stride_c_ = 0;  // elements between consecutive batch matrices
+};
+
+// x (R, K) · w (N, K)ᵀ + bias (N) -> y (R, N); x and w f32 or bf16, y f32.
+class LinearKernel final : public Kernel {
+ public:
+  LinearKernel(const ir::Graph& g, const ir::Node& node) {
+    const Shape& x = g.value(node.inputs[0]).shape;
+    const Shape& w = g.value(node.inputs[1]).shape;
+    bf16_ = g.value(node.inputs[0]).dtype == DType::bf16;
+    has_bias_ = node.inputs.size() == 3;
+    int64_t k = x[-1];
+    int64_t n = w[0];
+    int64_t rows = x.numel(0, x.rank() - 1);
+    shape_ = GemmShape{rows, n, k, false, true, k, k, n};
+  }
+
+  size_t scratch_bytes(int num_threads) const override {
+    return bf16_ ? gemm_bf16_scratch_bytes(shape_, num_threads) : gemm_f32_scratch_bytes(shape_, num_threads);
+  }
+
+  bool accumulates() const override { return true; }
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    bool accumulate = !args.accumulate.empty() && args.accumulate[0];
+    float* y = static_cast<float*>(args.outputs[0].data());  // y: (R, N)
+    const float* bias = has_bias_ ? static_cast<const float*>(args.inputs[2].data()) : nullptr;  // bias: (N)
+    const int64_t rows = shape_.M, n = shape_.N;
+    const int threads = ctx.num_threads;
+    const bool parallel = rows * n >= (int64_t{1} << 16) && threads > 1;
+    float beta = accumulate ? 1.0f : 0.0f;
+    if (bias && !accumulate) {
+      // Seed y with the bias rows; the GEMM then adds x·wᵀ to them.
+#pragma omp parallel for num_threads(threads) if (parallel)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < n; ++j) y[r * n + j] = bias[j];
+      beta = 1.0f;
+    }
+    if (bf16_)
+      gemm_bf16(shape_, 1.0f, static_cast<const uint16_t*>(args.inputs[0].data()),
+                static_cast<const uint16_t*>(args.inputs[1].data()), beta, y, args.scratch, threads);
+    else
+      gemm_f32(shape_, 1.0f, static_cast<const float*>(args.inputs[0].data()),
+               static_cast<const float*>(args.inputs[1].data()), beta, y, args.scratch, threads);
+    if (bias && accumulate) {
+#pragma omp parallel for num_threads(threads) if (parallel)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < n; ++j) y[r * n + j] += bias[j];
+    }
+  }
+
+ private:
+  bool bf16_ = false;
+  bool has_bias_ = false;
+  GemmShape shape_{};
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_cpu_matmul_kernel(const ir::Graph& graph, const ir::Node& node) {
+  switch (node.op) {
+    case ir::OpKind::MatMul:
+      // A bf16 result is rare (inference casts); the reference kernel covers it.
+      if (graph.value(node.outputs[0]).dtype != DType::f32) return nullptr;
+      return std::make_unique<MatMulKernel>(graph, node);
+    case ir::OpKind::Linear:
+      return std::make_unique<LinearKernel>(graph, node);
+    default:
+      return nullptr;
+  }
+}
+
+std::unique_ptr<Kernel> make_cpu_dense_kernel(const ir::Graph& graph, const ir::Node& node) {
+  switch (node.op) {
+    case ir::OpKind::MatMul:
+    case ir::OpKind::Linear:
+      return make_cpu_matmul_kernel(graph, node);
+    case ir::OpKind::Attention:
+    case ir::OpKind::AttentionBackward:
+      return make_cpu_attention_kernel(graph, node);
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace fusetrain::kernels

@@ -1,0 +1,143 @@
+// make_cpu_basic_kernel: the tuned CPU kernel for every op but the dense ones
+// (MatMul, Linear, Attention, AttentionBackward live in matmul.cpp and
+// attention.cpp). Null means "no tuned kernel for this node": the registry
+// falls back to the reference kernel. The switch has no default, so a new op in
+// ops.def is a compile error here until someone decides (-Werror=switch).
+//
+// Shape letters: R rows, C channels (see basic_kernels.h).
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "fusetrain/core/cpu.h"
+#include "kernels/cpu/basic_kernels.h"
+#include "kernels/factories.h"
+
+namespace fusetrain::kernels {
+
+namespace cpu_basic {
+namespace {
+
+std::atomic<bool>& portable_forced() {
+  static std::atomic<bool> forced{[] {
+    const char* env = std::getenv("FUSETRAIN_KERNELS");
+    return env != nullptr && std::strcmp(env, "portable") == 0;
+  }()};
+  return forced;
+}
+
+bool cpu_has_avx512() {
+  static const bool has = [] {
+    const CpuFeatures& f = cpu_features();
+    return f.avx512f && f.avx512bw && f.avx512vl && f.fma && __builtin_cpu_supports("avx512dq");
+  }();
+  return has;
+}
+
+}  // namespace
+
+bool use_avx512() { return cpu_has_avx512() && !portable_forced().load(std::memory_order_relaxed); }
+
+void force_portable_path(bool portable) { portable_forced().store(portable, std::memory_order_relaxed); }
+
+bool broadcast_space(const Shape& out, const Shape& a, const Shape* b, StridedSpace* space) {
+  const int64_t rank = out.rank();
+  // Per output axis: extent and element strides of a and b (0 where broadcast).
+  auto operand_strides = [&](const Shape& s, int64_t* strides) {
+    int64_t lead = rank - s.rank();
+    int64_t stride = 1;
+    for (int64_t axis = rank - 1; axis >= 0; --axis) {
+      int64_t extent = axis >= lead ? s[axis - lead] : 1;
+      strides[axis] = extent == 1 ? 0 : stride;
+      stride *= extent;
+    }
+  };
+  int64_t sa[64], sb[64];
+  if (rank > 64) return false;
+  operand_strides(a, sa);
+  if (b != nullptr) operand_strides(*b, sb);
+  else std::fill(sb, sb + rank, 0);
+
+  // Merge axis i into the run ending at axis j when, for both operands, the
+  // stride of i equals stride(j) * extent(j) (contiguous) or both are 0.
+  StridedSpace merged;
+  int m = 0;
+  for (int64_t axis = 0; axis < rank; ++axis) {
+    int64_t extent = out[axis];
+    if (extent == 1) continue;  // contributes nothing to any offset
+    if (m > 0) {
+      int last = m - 1;
+      bool a_fits = sa[axis] * extent == merged.stride_a[last] || (sa[axis] == 0 && merged.stride_a[last] == 0);
+      bool b_fits = sb[axis] * extent == merged.stride_b[last] || (sb[axis] == 0 && merged.stride_b[last] == 0);
+      if (a_fits && b_fits) {
+        merged.dims[last] *= extent;
+        merged.stride_a[last] = sa[axis];
+        merged.stride_b[last] = sb[axis];
+        continue;
+      }
+    }
+    if (m == kMaxRank) return false;
+    merged.dims[m] = extent;
+    merged.stride_a[m] = sa[axis];
+    merged.stride_b[m] = sb[axis];
+    ++m;
+  }
+  if (m == 0) {  // a scalar, or all extents 1
+    merged.dims[0] = out.numel();
+    merged.stride_a[0] = 0;
+    merged.stride_b[0] = 0;
+    m = 1;
+  }
+  merged.rank = m;
+  *space = merged;
+  return true;
+}
+
+}  // namespace cpu_basic
+
+std::unique_ptr<Kernel> make_cpu_basic_kernel(const ir::Graph& graph, const ir::Node& node) {
+  using ir::OpKind;
+  using namespace cpu_basic;
+  switch (node.op) {
+    case OpKind::MatMul:
+    case OpKind::Linear:
+    case OpKind::Attention:
+    case OpKind::AttentionBackward: return nullptr;  // make_cpu_dense_kernel
+    case OpKind::Fill: return make_fill_kernel(graph, node);
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul:
+    case OpKind::Div: return make_binary_kernel(graph, node);
+    case OpKind::Scale: return make_scale_kernel(graph, node);
+    case OpKind::Copy: return make_copy_kernel(graph, node);
+    case OpKind::Cast: return make_cast_kernel(graph, node);
+    case OpKind::Gelu:
+    case OpKind::Tanh:
+    case OpKind::Relu: return make_activation_kernel(graph, node);
+    case OpKind::GeluBackward:
+    case OpKind::TanhBackward:
+    case OpKind::ReluBackward: return make_activation_backward_kernel(graph, node);
+    case OpKind::Softmax: return make_softmax_kernel(graph, node);
+    case OpKind::SoftmaxBackward: return make_softmax_backward_kernel(graph, node);
+    case OpKind::LayerNorm: return make_layernorm_kernel(graph, node);
+    case OpKind::LayerNormBackward: return make_layernorm_backward_kernel(graph, node);
+    case OpKind::Embedding: return make_embedding_kernel(graph, node);
+    case OpKind::EmbeddingBackward: return make_embedding_backward_kernel(graph, node);
+    case OpKind::Dropout: return make_dropout_kernel(graph, node);
+    case OpKind::Reshape: return make_reshape_kernel(graph, node);
+    case OpKind::Transpose: return make_transpose_kernel(graph, node);
+    case OpKind::Split: return make_split_kernel(graph, node);
+    case OpKind::Concat: return make_concat_kernel(graph, node);
+    case OpKind::Slice: return make_slice_kernel(graph, node);
+    case OpKind::SliceBackward: return make_slice_backward_kernel(graph, node);
+    case OpKind::ExpandTo: return make_expand_to_kernel(graph, node);
+    case OpKind::ReduceSum:
+    case OpKind::ReduceMean:
+    case OpKind::ReduceSumTo: return make_reduce_kernel(graph, node);
+    case OpKind::SoftmaxCrossEntropy: return make_cross_entropy_kernel(graph, node);
+    case OpKind::SoftmaxCrossEntropyBackward: return make_cross_entropy_backward_kernel(graph, node);
+  }
+  return nullptr;
+}
+
+}  // namespace fusetrain::kernels

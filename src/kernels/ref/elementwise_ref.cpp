@@ -1,0 +1,310 @@
+// Reference elementwise kernels: Fill, Add/Sub/Mul/Div (numpy broadcasting),
+// Scale, Gelu, Tanh, Relu and their backward ops, Dropout, Cast, Copy.
+// Values are computed in double and rounded to the output dtype on store.
+//
+// Shape letters: any shape; elementwise ops see tensors as flat arrays of n
+// elements, broadcast ops map each output position to its input elements.
+#include <cmath>
+
+#include "kernels/ref/ref_kernels.h"
+#include "kernels/rng.h"
+
+namespace fusetrain::kernels::ref {
+namespace {
+
+constexpr double kSqrt2 = 1.41421356237309504880;
+constexpr double kSqrt2OverPi = 0.79788456080286535588;   // √(2/π)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;    // 1/√(2π)
+constexpr double kGeluCubic = 0.044715;
+
+double gelu_forward(double x, bool tanh_approximation) {
+  if (tanh_approximation) return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
+  return 0.5 * x * (1.0 + std::erf(x / kSqrt2));
+}
+
+// d gelu(x) / dx for either formula.
+double gelu_derivative(double x, bool tanh_approximation) {
+  if (tanh_approximation) {
+    double t = std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
+    double du_dx = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * x * x);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du_dx;
+  }
+  double cdf = 0.5 * (1.0 + std::erf(x / kSqrt2));
+  double pdf = kInvSqrt2Pi * std::exp(-0.5 * x * x);
+  return cdf + x * pdf;
+}
+
+bool parse_approximate(const ir::Node& node) {
+  return node.attrs.get_string("approximate", "none") == "tanh";
+}
+
+// ---- Fill -------------------------------------------------------------------
+
+// out: `shape` of `dtype`, every element = value (accumulate: += value).
+class FillRef final : public RefKernel {
+ public:
+  FillRef(const ir::Graph& g, const ir::Node& n)
+      : numel_(output_shape(g, n, 0).numel()), dtype_(output_dtype(g, n, 0)), value_(n.attrs.get_float("value")) {}
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    void* out = args.outputs[0].data();
+    const bool acc = accumulate_flag(args, 0);
+    for (int64_t i = 0; i < numel_; ++i) store(out, dtype_, i, value_, acc);
+  }
+
+ private:
+  int64_t numel_;
+  DType dtype_;
+  double value_;
+};
+
+// ---- one-input and two-input maps over equal shapes ---------------------------
+
+// out[i] = f(x[i]); x and out may have different dtypes (both floating).
+template <typename F>
+class UnaryMapRef final : public RefKernel {
+ public:
+  UnaryMapRef(const ir::Graph& g, const ir::Node& n, F f)
+      : numel_(output_shape(g, n, 0).numel()), in_dtype_(input_dtype(g, n, 0)), out_dtype_(output_dtype(g, n, 0)),
+        f_(f) {}
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const void* x = args.inputs[0].data();
+    void* out = args.outputs[0].data();
+    const bool acc = accumulate_flag(args, 0);
+    for (int64_t i = 0; i < numel_; ++i) store(out, out_dtype_, i, f_(load(x, in_dtype_, i)), acc);
+  }
+
+ private:
+  int64_t numel_;
+  DType in_dtype_, out_dtype_;
+  F f_;
+};
+
+// out[i] = f(dy[i], saved[i]) for the backward ops (all f32 by inference).
+template <typename F>
+class BackwardMapRef final : public RefKernel {
+ public:
+  BackwardMapRef(const ir::Graph& g, const ir::Node& n, F f)
+      : numel_(output_shape(g, n, 0).numel()), dy_dtype_(input_dtype(g, n, 0)), saved_dtype_(input_dtype(g, n, 1)),
+        out_dtype_(output_dtype(g, n, 0)), f_(f) {}
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const void* dy = args.inputs[0].data();
+    const void* saved = args.inputs[1].data();
+    void* out = args.outputs[0].data();
+    const bool acc = accumulate_flag(args, 0);
+    for (int64_t i = 0; i < numel_; ++i)
+      store(out, out_dtype_, i, f_(load(dy, dy_dtype_, i), load(saved, saved_dtype_, i)), acc);
+  }
+
+ private:
+  int64_t numel_;
+  DType dy_dtype_, saved_dtype_, out_dtype_;
+  F f_;
+};
+
+template <typename F>
+std::unique_ptr<Kernel> make_unary(const ir::Graph& g, const ir::Node& n, F f) {
+  return std::make_unique<UnaryMapRef<F>>(g, n, f);
+}
+
+template <typename F>
+std::unique_ptr<Kernel> make_backward(const ir::Graph& g, const ir::Node& n, F f) {
+  return std::make_unique<BackwardMapRef<F>>(g, n, f);
+}
+
+// ---- Add, Sub, Mul, Div ---------------------------------------------------------
+
+// a, b broadcast (numpy rules) to out; same floating dtype throughout.
+class BinaryRef final : public RefKernel {
+ public:
+  BinaryRef(const ir::Graph& g, const ir::Node& n)
+      : op_(n.op), numel_(output_shape(g, n, 0).numel()), dtype_(output_dtype(g, n, 0)),
+        a_index_(broadcast_index(input_shape(g, n, 0), output_shape(g, n, 0))),
+        b_index_(broadcast_index(input_shape(g, n, 1), output_shape(g, n, 0))) {}
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const void* a = args.inputs[0].data();
+    const void* b = args.inputs[1].data();
+    void* out = args.outputs[0].data();
+    const bool acc = accumulate_flag(args, 0);
+    for (int64_t i = 0; i < numel_; ++i) {
+      double x = load(a, dtype_, a_index_.offset(i));
+      double y = load(b, dtype_, b_index_.offset(i));
+      store(out, dtype_, i, apply(x, y), acc);
+    }
+  }
+
+ private:
+  double apply(double x, double y) const {
+    switch (op_) {
+      case ir::OpKind::Add: return x + y;
+      case ir::OpKind::Sub: return x - y;
+      case ir::OpKind::Mul: return x * y;
+      case ir::OpKind::Div: return x / y;
+      default: break;
+    }
+    return 0.0;
+  }
+
+  ir::OpKind op_;
+  int64_t numel_;
+  DType dtype_;
+  StridedIndex a_index_, b_index_;
+};
+
+// ---- Dropout ------------------------------------------------------------------
+
+// y[i] = keep(i) ? x[i] / (1 - p) : 0, keep(i) = uniform(seed, rng_offset, i) >= p.
+class DropoutRef final : public RefKernel {
+ public:
+  DropoutRef(const ir::Graph& g, const ir::Node& n)
+      : numel_(output_shape(g, n, 0).numel()), dtype_(output_dtype(g, n, 0)), p_(n.attrs.get_float("p")),
+        seed_(static_cast<uint64_t>(n.attrs.get_int("seed"))) {}
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const void* x = args.inputs[0].data();
+    void* y = args.outputs[0].data();
+    const bool acc = accumulate_flag(args, 0);
+    const float p = static_cast<float>(p_);
+    for (int64_t i = 0; i < numel_; ++i) {
+      bool keep = dropout_keep(seed_, ctx.rng_offset, static_cast<uint64_t>(i), p);
+      store(y, dtype_, i, keep ? load(x, dtype_, i) / (1.0 - p_) : 0.0, acc);
+    }
+  }
+
+ private:
+  int64_t numel_;
+  DType dtype_;
+  double p_;
+  uint64_t seed_;
+};
+
+// ---- Cast -----------------------------------------------------------------------
+
+// Converts between any two of the six dtypes:
+//   float -> float: one rounding (nearest even) from the exact f32 value;
+//   int -> float: one rounding from the integer to f32, then stored;
+//   float -> int: truncation toward zero, saturating, NaN -> 0;
+//   int -> int: two's-complement wrap (i64 -> i32 keeps the low 32 bits).
+// With accumulate the converted value is added in the destination's arithmetic.
+class CastRef final : public RefKernel {
+ public:
+  CastRef(const ir::Graph& g, const ir::Node& n)
+      : numel_(output_shape(g, n, 0).numel()), src_(input_dtype(g, n, 0)), dst_(output_dtype(g, n, 0)) {}
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const void* x = args.inputs[0].data();
+    void* out = args.outputs[0].data();
+    const bool acc = accumulate_flag(args, 0);
+    for (int64_t i = 0; i < numel_; ++i) {
+      if (is_floating(src_)) {
+        store(out, dst_, i, load(x, src_, i), acc);  // load of a float dtype is exact
+      } else if (is_floating(dst_)) {
+        store(out, dst_, i, static_cast<double>(static_cast<float>(load_index(x, src_, i))), acc);
+      } else {
+        store_integer(out, i, load_index(x, src_, i), acc);
+      }
+    }
+  }
+
+ private:
+  void store_integer(void* out, int64_t i, int64_t v, bool acc) const {
+    switch (dst_) {
+      case DType::i64: {
+        int64_t* p = static_cast<int64_t*>(out) + i;
+        *p = acc ? wrapping_add(*p, v) : v;
+        return;
+      }
+      case DType::i32: {
+        int32_t* p = static_cast<int32_t*>(out) + i;
+        *p = acc ? wrapping_add(*p, static_cast<int32_t>(v)) : static_cast<int32_t>(v);
+        return;
+      }
+      case DType::u8: {
+        uint8_t* p = static_cast<uint8_t*>(out) + i;
+        *p = static_cast<uint8_t>(acc ? *p + static_cast<uint8_t>(v) : static_cast<uint8_t>(v));
+        return;
+      }
+      case DType::f32:
+      case DType::bf16:
+      case DType::f16: return;  // handled by store() in run()
+    }
+  }
+
+  int64_t numel_;
+  DType src_, dst_;
+};
+
+// ---- Copy -------------------------------------------------------------------------
+
+// out = x bit for bit (any dtype); accumulate adds.
+class CopyRef final : public RefKernel {
+ public:
+  CopyRef(const ir::Graph& g, const ir::Node& n) : numel_(output_shape(g, n, 0).numel()), dtype_(output_dtype(g, n, 0)) {}
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const void* x = args.inputs[0].data();
+    void* out = args.outputs[0].data();
+    const bool acc = accumulate_flag(args, 0);
+    for (int64_t i = 0; i < numel_; ++i) copy_element(out, i, x, i, dtype_, acc);
+  }
+
+ private:
+  int64_t numel_;
+  DType dtype_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_fill_ref(const ir::Graph& g, const ir::Node& n) { return std::make_unique<FillRef>(g, n); }
+
+std::unique_ptr<Kernel> make_binary_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<BinaryRef>(g, n);
+}
+
+std::unique_ptr<Kernel> make_scale_ref(const ir::Graph& g, const ir::Node& n) {
+  const double alpha = n.attrs.get_float("alpha");
+  return make_unary(g, n, [alpha](double x) { return alpha * x; });
+}
+
+std::unique_ptr<Kernel> make_gelu_ref(const ir::Graph& g, const ir::Node& n) {
+  const bool tanh_approximation = parse_approximate(n);
+  return make_unary(g, n, [tanh_approximation](double x) { return gelu_forward(x, tanh_approximation); });
+}
+
+std::unique_ptr<Kernel> make_gelu_backward_ref(const ir::Graph& g, const ir::Node& n) {
+  // inputs: dy, x (the forward input)
+  const bool tanh_approximation = parse_approximate(n);
+  return make_backward(g, n,
+                       [tanh_approximation](double dy, double x) { return dy * gelu_derivative(x, tanh_approximation); });
+}
+
+std::unique_ptr<Kernel> make_tanh_ref(const ir::Graph& g, const ir::Node& n) {
+  return make_unary(g, n, [](double x) { return std::tanh(x); });
+}
+
+std::unique_ptr<Kernel> make_tanh_backward_ref(const ir::Graph& g, const ir::Node& n) {
+  // inputs: dy, y (the forward output)
+  return make_backward(g, n, [](double dy, double y) { return dy * (1.0 - y * y); });
+}
+
+std::unique_ptr<Kernel> make_relu_ref(const ir::Graph& g, const ir::Node& n) {
+  return make_unary(g, n, [](double x) { return x > 0.0 ? x : 0.0; });
+}
+
+std::unique_ptr<Kernel> make_relu_backward_ref(const ir::Graph& g, const ir::Node& n) {
+  // inputs: dy, x (the forward input)
+  return make_backward(g, n, [](double dy, double x) { return x > 0.0 ? dy : 0.0; });
+}
+
+std::unique_ptr<Kernel> make_dropout_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<DropoutRef>(g, n);
+}
+
+std::unique_ptr<Kernel> make_cast_ref(const ir::Graph& g, const ir::Node& n) { return std::make_unique<CastRef>(g, n); }
+
+std::unique_ptr<Kernel> make_copy_ref(const ir::Graph& g, const ir::Node& n) { return std::make_unique<CopyRef>(g, n); }
+
+}  // namespace fusetrain::kernels::ref

@@ -1,0 +1,125 @@
+// Reference SoftmaxCrossEntropy and its backward. Row log-sum-exps and the
+// loss sum are computed in double.
+//
+// Shape letters: R rows (product of all leading axes), V vocabulary.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/ref/ref_kernels.h"
+
+namespace fusetrain::kernels::ref {
+namespace {
+
+// Reads target r and checks it is ignore_index or lies in [0, V).
+int64_t checked_target(const void* targets, DType dtype, int64_t r, int64_t V, int64_t ignore_index,
+                       const std::string& label) {
+  const int64_t t = load_index(targets, dtype, r);
+  if (t != ignore_index && (t < 0 || t >= V))
+    throw Error(str(label, ": target ", t, " at row ", r, " is outside the vocabulary [0, ", V,
+                    ") and is not ignore_index ", ignore_index));
+  return t;
+}
+
+// loss () = mean over rows with target ≠ ignore_index of lse − logits[target] (0 if none);
+// lse (R) = log Σ_v exp(logits (R, V)) for every row, ignored or not.
+void cross_entropy_forward(float* loss, float* lse, const float* logits, const void* targets, DType targets_dtype,
+                           int64_t R, int64_t V, int64_t ignore_index, const bool accumulate[2],
+                           const std::string& label) {
+  double loss_sum = 0.0;
+  int64_t count = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = logits + r * V;
+    double max = -std::numeric_limits<double>::infinity();
+    for (int64_t v = 0; v < V; ++v) max = std::max(max, static_cast<double>(row[v]));
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - max);
+    const double row_lse = max + std::log(sum);
+    store(lse, DType::f32, r, row_lse, accumulate[1]);
+    const int64_t t = checked_target(targets, targets_dtype, r, V, ignore_index, label);
+    if (t == ignore_index) continue;
+    loss_sum += row_lse - row[t];
+    ++count;
+  }
+  store(loss, DType::f32, 0, count > 0 ? loss_sum / static_cast<double>(count) : 0.0, accumulate[0]);
+}
+
+// dlogits (R, V) = dloss · (exp(logits − lse) − onehot(target)) / count on counted
+// rows, 0 on ignored rows; count = number of rows with target ≠ ignore_index.
+void cross_entropy_backward(float* dlogits, float dloss, const float* logits, const void* targets, DType targets_dtype,
+                            const float* lse, int64_t R, int64_t V, int64_t ignore_index, bool accumulate,
+                            const std::string& label) {
+  int64_t count = 0;
+  for (int64_t r = 0; r < R; ++r)
+    if (checked_target(targets, targets_dtype, r, V, ignore_index, label) != ignore_index) ++count;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t t = load_index(targets, targets_dtype, r);
+    const bool counted = t != ignore_index;
+    for (int64_t v = 0; v < V; ++v) {
+      double d = 0.0;
+      if (counted) {
+        double p = std::exp(static_cast<double>(logits[r * V + v]) - lse[r]);
+        d = static_cast<double>(dloss) * (p - (v == t ? 1.0 : 0.0)) / static_cast<double>(count);
+      }
+      store(dlogits, DType::f32, r * V + v, d, accumulate);
+    }
+  }
+}
+
+class CrossEntropyRef final : public RefKernel {
+ public:
+  CrossEntropyRef(const ir::Graph& g, const ir::Node& n)
+      : label_(node_label(n)), targets_dtype_(input_dtype(g, n, 1)), ignore_index_(n.attrs.get_int("ignore_index", -100)) {
+    const Shape& logits = input_shape(g, n, 0);
+    V_ = logits[-1];
+    R_ = logits.numel(0, logits.rank() - 1);
+  }
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const bool acc[2] = {accumulate_flag(args, 0), accumulate_flag(args, 1)};
+    // inputs: logits, targets; outputs: loss, lse
+    cross_entropy_forward(args.outputs[0].data_as<float>(), args.outputs[1].data_as<float>(),
+                          args.inputs[0].data_as<float>(), args.inputs[1].data(), targets_dtype_, R_, V_,
+                          ignore_index_, acc, label_);
+  }
+
+ private:
+  std::string label_;
+  DType targets_dtype_;
+  int64_t ignore_index_;
+  int64_t R_ = 0, V_ = 0;
+};
+
+class CrossEntropyBackwardRef final : public RefKernel {
+ public:
+  CrossEntropyBackwardRef(const ir::Graph& g, const ir::Node& n)
+      : label_(node_label(n)), targets_dtype_(input_dtype(g, n, 2)), ignore_index_(n.attrs.get_int("ignore_index", -100)) {
+    const Shape& logits = input_shape(g, n, 1);
+    V_ = logits[-1];
+    R_ = logits.numel(0, logits.rank() - 1);
+  }
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    // inputs: dloss, logits, targets, lse; output: dlogits
+    cross_entropy_backward(args.outputs[0].data_as<float>(), args.inputs[0].data_as<float>()[0],
+                           args.inputs[1].data_as<float>(), args.inputs[2].data(), targets_dtype_,
+                           args.inputs[3].data_as<float>(), R_, V_, ignore_index_, accumulate_flag(args, 0), label_);
+  }
+
+ private:
+  std::string label_;
+  DType targets_dtype_;
+  int64_t ignore_index_;
+  int64_t R_ = 0, V_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_cross_entropy_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<CrossEntropyRef>(g, n);
+}
+
+std::unique_ptr<Kernel> make_cross_entropy_backward_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<CrossEntropyBackwardRef>(g, n);
+}
+
+}  // namespace fusetrain::kernels::ref

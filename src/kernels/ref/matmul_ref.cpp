@@ -1,0 +1,105 @@
+// Reference MatMul and Linear: triple loops, inputs converted to double (f32 or
+// bf16), dot products accumulated in double, rounded once on store.
+//
+// Shape letters: M rows of the result, N columns, K the contracted extent,
+// R rows of x (product of its leading axes), batch = product of leading axes.
+#include "kernels/ref/ref_kernels.h"
+
+namespace fusetrain::kernels::ref {
+namespace {
+
+// c[batch] (M, N) = op(a[batch]) · op(b[batch])
+//   a: (batch, M, K), or (batch, K, M) with trans_a; batch stride 0 when a is 2-D
+//   b: (batch, K, N), or (batch, N, K) with trans_b; batch stride 0 when b is 2-D
+void matmul_forward(void* c, DType c_dtype, const void* a, const void* b, DType ab_dtype, int64_t batch, int64_t M,
+                    int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t a_batch_stride, int64_t b_batch_stride,
+                    bool accumulate) {
+  for (int64_t p = 0; p < batch; ++p) {
+    const int64_t a0 = p * a_batch_stride, b0 = p * b_batch_stride, c0 = p * M * N;
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        double sum = 0.0;
+        for (int64_t k = 0; k < K; ++k) {
+          double x = load(a, ab_dtype, a0 + (trans_a ? k * M + m : m * K + k));
+          double y = load(b, ab_dtype, b0 + (trans_b ? n * K + k : k * N + n));
+          sum += x * y;
+        }
+        store(c, c_dtype, c0 + m * N + n, sum, accumulate);
+      }
+    }
+  }
+}
+
+// y (R, N) = x (R, K) · wᵀ + bias;  w: (N, K), bias: (N) f32 or null
+void linear_forward(void* y, const void* x, const void* w, const void* bias, DType xw_dtype, int64_t R, int64_t N,
+                    int64_t K, bool accumulate) {
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t n = 0; n < N; ++n) {
+      double sum = bias != nullptr ? load(bias, DType::f32, n) : 0.0;
+      for (int64_t k = 0; k < K; ++k) sum += load(x, xw_dtype, r * K + k) * load(w, xw_dtype, n * K + k);
+      store(y, DType::f32, r * N + n, sum, accumulate);
+    }
+  }
+}
+
+class MatMulRef final : public RefKernel {
+ public:
+  MatMulRef(const ir::Graph& g, const ir::Node& n)
+      : trans_a_(n.attrs.get_int("trans_a", 0) != 0), trans_b_(n.attrs.get_int("trans_b", 0) != 0),
+        ab_dtype_(input_dtype(g, n, 0)), c_dtype_(output_dtype(g, n, 0)) {
+    const Shape& a = input_shape(g, n, 0);
+    const Shape& b = input_shape(g, n, 1);
+    const Shape& c = output_shape(g, n, 0);
+    M_ = c[-2];
+    N_ = c[-1];
+    K_ = trans_a_ ? a[-2] : a[-1];
+    batch_ = c.numel(0, c.rank() - 2);
+    // A 2-D operand is shared by every batch entry of the other one.
+    a_batch_stride_ = a.rank() > 2 ? M_ * K_ : 0;
+    b_batch_stride_ = b.rank() > 2 ? K_ * N_ : 0;
+  }
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    matmul_forward(args.outputs[0].data(), c_dtype_, args.inputs[0].data(), args.inputs[1].data(), ab_dtype_, batch_,
+                   M_, N_, K_, trans_a_, trans_b_, a_batch_stride_, b_batch_stride_, accumulate_flag(args, 0));
+  }
+
+ private:
+  bool trans_a_, trans_b_;
+  DType ab_dtype_, c_dtype_;
+  int64_t M_ = 0, N_ = 0, K_ = 0, batch_ = 1, a_batch_stride_ = 0, b_batch_stride_ = 0;
+};
+
+class LinearRef final : public RefKernel {
+ public:
+  LinearRef(const ir::Graph& g, const ir::Node& n)
+      : xw_dtype_(input_dtype(g, n, 0)), has_bias_(n.inputs.size() == 3) {
+    const Shape& x = input_shape(g, n, 0);
+    K_ = x[-1];
+    R_ = x.numel(0, x.rank() - 1);
+    N_ = input_shape(g, n, 1)[0];
+  }
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const void* bias = has_bias_ ? args.inputs[2].data() : nullptr;
+    linear_forward(args.outputs[0].data(), args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_, K_,
+                   accumulate_flag(args, 0));
+  }
+
+ private:
+  DType xw_dtype_;
+  bool has_bias_;
+  int64_t R_ = 0, N_ = 0, K_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_matmul_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<MatMulRef>(g, n);
+}
+
+std::unique_ptr<Kernel> make_linear_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<LinearRef>(g, n);
+}
+
+}  // namespace fusetrain::kernels::ref

@@ -1,0 +1,196 @@
+// Reference Softmax and LayerNorm, forward and backward. Row statistics
+// (maxima, softmax denominators, means, variances, column sums) are computed in
+// double; outputs are rounded once on store.
+//
+// Shape letters: R rows (product of all leading axes), C channels (last axis).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/ref/ref_kernels.h"
+
+namespace fusetrain::kernels::ref {
+namespace {
+
+// y (R, C) = softmax(x (R, C)) over C. y may alias x.
+void softmax_forward(void* y, DType y_dtype, const void* x, DType x_dtype, int64_t R, int64_t C, bool accumulate) {
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t row = r * C;
+    double max = -std::numeric_limits<double>::infinity();
+    for (int64_t c = 0; c < C; ++c) max = std::max(max, load(x, x_dtype, row + c));
+    double sum = 0.0;
+    for (int64_t c = 0; c < C; ++c) sum += std::exp(load(x, x_dtype, row + c) - max);
+    for (int64_t c = 0; c < C; ++c) store(y, y_dtype, row + c, std::exp(load(x, x_dtype, row + c) - max) / sum, accumulate);
+  }
+}
+
+// dx (R, C) = y · (dy − Σ_c dy·y), per row. dx may alias dy.
+void softmax_backward(float* dx, const float* dy, const float* y, int64_t R, int64_t C, bool accumulate) {
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t row = r * C;
+    double dot = 0.0;
+    for (int64_t c = 0; c < C; ++c) dot += static_cast<double>(dy[row + c]) * y[row + c];
+    for (int64_t c = 0; c < C; ++c) {
+      double v = static_cast<double>(y[row + c]) * (static_cast<double>(dy[row + c]) - dot);
+      store(dx, DType::f32, row + c, v, accumulate);
+    }
+  }
+}
+
+// y (R, C) = (x − mean) · rstd · gamma + beta; mean (R), rstd (R) = 1/√(var + eps),
+// var the biased variance (two-pass, in double).
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* gamma, const float* beta,
+                       int64_t R, int64_t C, double eps, const bool accumulate[3]) {
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xr = x + r * C;
+    double sum = 0.0;
+    for (int64_t c = 0; c < C; ++c) sum += xr[c];
+    const double m = sum / static_cast<double>(C);
+    double squares = 0.0;
+    for (int64_t c = 0; c < C; ++c) squares += (xr[c] - m) * (xr[c] - m);
+    const double var = squares / static_cast<double>(C);
+    const double s = 1.0 / std::sqrt(var + eps);
+    for (int64_t c = 0; c < C; ++c)
+      store(y, DType::f32, r * C + c, (xr[c] - m) * s * gamma[c] + beta[c], accumulate[0]);
+    store(mean, DType::f32, r, m, accumulate[1]);
+    store(rstd, DType::f32, r, s, accumulate[2]);
+  }
+}
+
+// With x̂ = (x − mean)·rstd and g = dy·gamma, per row:
+//   dx = rstd · (g − mean_C(g) − x̂ · mean_C(g·x̂))
+//   dgamma = Σ_rows dy·x̂,  dbeta = Σ_rows dy   (column sums in double)
+// dy, x, dx: (R, C); gamma, dgamma, dbeta: (C); mean, rstd: (R).
+// column_sums: 2·C doubles of scratch. dx may alias dy.
+void layernorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy, const float* x, const float* gamma,
+                        const float* mean, const float* rstd, int64_t R, int64_t C, const bool accumulate[3],
+                        double* column_sums) {
+  double* dgamma_sum = column_sums;
+  double* dbeta_sum = column_sums + C;
+  for (int64_t c = 0; c < C; ++c) dgamma_sum[c] = dbeta_sum[c] = 0.0;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t row = r * C;
+    const double m = mean[r], s = rstd[r];
+    double g_sum = 0.0, g_xhat_sum = 0.0;
+    for (int64_t c = 0; c < C; ++c) {
+      double xhat = (x[row + c] - m) * s;
+      double g = static_cast<double>(dy[row + c]) * gamma[c];
+      g_sum += g;
+      g_xhat_sum += g * xhat;
+    }
+    const double g_mean = g_sum / static_cast<double>(C);
+    const double g_xhat_mean = g_xhat_sum / static_cast<double>(C);
+    for (int64_t c = 0; c < C; ++c) {
+      const double d = dy[row + c];  // read before dx[row + c] may overwrite it
+      const double xhat = (x[row + c] - m) * s;
+      dgamma_sum[c] += d * xhat;
+      dbeta_sum[c] += d;
+      store(dx, DType::f32, row + c, s * (d * gamma[c] - g_mean - xhat * g_xhat_mean), accumulate[0]);
+    }
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    store(dgamma, DType::f32, c, dgamma_sum[c], accumulate[1]);
+    store(dbeta, DType::f32, c, dbeta_sum[c], accumulate[2]);
+  }
+}
+
+class SoftmaxRef final : public RefKernel {
+ public:
+  SoftmaxRef(const ir::Graph& g, const ir::Node& n)
+      : x_dtype_(input_dtype(g, n, 0)), y_dtype_(output_dtype(g, n, 0)) {
+    const Shape& x = input_shape(g, n, 0);
+    C_ = x[-1];
+    R_ = x.numel(0, x.rank() - 1);
+  }
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    softmax_forward(args.outputs[0].data(), y_dtype_, args.inputs[0].data(), x_dtype_, R_, C_,
+                    accumulate_flag(args, 0));
+  }
+
+ private:
+  DType x_dtype_, y_dtype_;
+  int64_t R_ = 0, C_ = 0;
+};
+
+class SoftmaxBackwardRef final : public RefKernel {
+ public:
+  SoftmaxBackwardRef(const ir::Graph& g, const ir::Node& n) {
+    const Shape& dy = input_shape(g, n, 0);
+    C_ = dy[-1];
+    R_ = dy.numel(0, dy.rank() - 1);
+  }
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    // inputs: dy, y (the forward output)
+    softmax_backward(args.outputs[0].data_as<float>(), args.inputs[0].data_as<float>(),
+                     args.inputs[1].data_as<float>(), R_, C_, accumulate_flag(args, 0));
+  }
+
+ private:
+  int64_t R_ = 0, C_ = 0;
+};
+
+class LayerNormRef final : public RefKernel {
+ public:
+  LayerNormRef(const ir::Graph& g, const ir::Node& n) : eps_(n.attrs.get_float("eps")) {
+    const Shape& x = input_shape(g, n, 0);
+    C_ = x[-1];
+    R_ = x.numel(0, x.rank() - 1);
+  }
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const bool acc[3] = {accumulate_flag(args, 0), accumulate_flag(args, 1), accumulate_flag(args, 2)};
+    // inputs: x, gamma, beta; outputs: y, mean, rstd
+    layernorm_forward(args.outputs[0].data_as<float>(), args.outputs[1].data_as<float>(),
+                      args.outputs[2].data_as<float>(), args.inputs[0].data_as<float>(),
+                      args.inputs[1].data_as<float>(), args.inputs[2].data_as<float>(), R_, C_, eps_, acc);
+  }
+
+ private:
+  double eps_;
+  int64_t R_ = 0, C_ = 0;
+};
+
+class LayerNormBackwardRef final : public RefKernel {
+ public:
+  LayerNormBackwardRef(const ir::Graph& g, const ir::Node& n) {
+    const Shape& x = input_shape(g, n, 1);
+    C_ = x[-1];
+    R_ = x.numel(0, x.rank() - 1);
+  }
+
+  size_t scratch_bytes(int) const override { return 2 * static_cast<size_t>(C_) * sizeof(double); }
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const bool acc[3] = {accumulate_flag(args, 0), accumulate_flag(args, 1), accumulate_flag(args, 2)};
+    // inputs: dy, x, gamma, mean, rstd; outputs: dx, dgamma, dbeta
+    layernorm_backward(args.outputs[0].data_as<float>(), args.outputs[1].data_as<float>(),
+                       args.outputs[2].data_as<float>(), args.inputs[0].data_as<float>(),
+                       args.inputs[1].data_as<float>(), args.inputs[2].data_as<float>(),
+                       args.inputs[3].data_as<float>(), args.inputs[4].data_as<float>(), R_, C_, acc,
+                       static_cast<double*>(args.scratch));
+  }
+
+ private:
+  int64_t R_ = 0, C_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_softmax_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<SoftmaxRef>(g, n);
+}
+
+std::unique_ptr<Kernel> make_softmax_backward_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<SoftmaxBackwardRef>(g, n);
+}
+
+std::unique_ptr<Kernel> make_layernorm_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<LayerNormRef>(g, n);
+}
+
+std::unique_ptr<Kernel> make_layernorm_backward_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<LayerNormBackwardRef>(g, n);
+}
+
+}  // namespace fusetrain::kernels::ref

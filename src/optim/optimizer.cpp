@@ -1,0 +1,130 @@
+// Fused optimizers. Each runs one threaded loop over contiguous ranges of the
+// flat buffers (the CPU form of multi-tensor apply); the per-parameter weight
+// decay flag splits the buffer into ranges, not into per-tensor passes.
+#include <omp.h>
+
+#include <cmath>
+
+#include "fusetrain/core/error.h"
+#include "fusetrain/optim/optimizer.h"
+
+namespace fusetrain::optim {
+namespace {
+
+int threads_or_default(int n) { return n > 0 ? n : omp_get_max_threads(); }
+
+}  // namespace
+
+double grad_norm(const runtime::ParameterStore& params, int num_threads) {
+  const float* g = params.grads_data();
+  const int64_t n = params.flat_numel();  // padding between slots is always zero
+  double sum = 0.0;
+#pragma omp parallel for simd num_threads(threads_or_default(num_threads)) reduction(+ : sum) schedule(static)
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(g[i]) * g[i];
+  return std::sqrt(sum);
+}
+
+double clip_grad_norm(runtime::ParameterStore& params, double max_norm, int num_threads) {
+  double norm = grad_norm(params, num_threads);
+  double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    float* g = params.grads_data();
+    const int64_t n = params.flat_numel();
+    const float c = static_cast<float>(coef);
+#pragma omp parallel for simd num_threads(threads_or_default(num_threads)) schedule(static)
+    for (int64_t i = 0; i < n; ++i) g[i] *= c;
+  }
+  return norm;
+}
+
+AdamW::AdamW(runtime::ParameterStore& params, AdamWConfig config)
+    : params_(params),
+      config_(config),
+      m_(aligned_allocate(static_cast<size_t>(params.flat_numel()) * sizeof(float))),
+      v_(aligned_allocate(static_cast<size_t>(params.flat_numel()) * sizeof(float))) {
+  FT_CHECK(config.lr >= 0, "AdamW: learning rate must be >= 0, found ", config.lr);
+  FT_CHECK(config.beta1 >= 0 && config.beta1 < 1 && config.beta2 >= 0 && config.beta2 < 1,
+           "AdamW: betas must be in [0, 1), found (", config.beta1, ", ", config.beta2, ")");
+  FT_CHECK(config.eps >= 0, "AdamW: eps must be >= 0, found ", config.eps);
+  FT_CHECK(config.weight_decay >= 0, "AdamW: weight_decay must be >= 0, found ", config.weight_decay);
+}
+
+void AdamW::step(double grad_scale, double lr) {
+  ++step_count_;
+  if (lr < 0) lr = config_.lr;
+  const double bias1 = 1.0 - std::pow(config_.beta1, static_cast<double>(step_count_));
+  const double bias2 = 1.0 - std::pow(config_.beta2, static_cast<double>(step_count_));
+  // Same order of operations as torch's single-tensor AdamW, in f32.
+  const float step_size = static_cast<float>(lr / bias1);
+  const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+  const float b1 = static_cast<float>(config_.beta1), b2 = static_cast<float>(config_.beta2);
+  const float one_minus_b1 = static_cast<float>(1.0 - config_.beta1);
+  const float one_minus_b2 = static_cast<float>(1.0 - config_.beta2);
+  const float eps = static_cast<float>(config_.eps);
+  const float scale = static_cast<float>(grad_scale);
+  const float decay = static_cast<float>(1.0 - lr * config_.weight_decay);
+  float* p = params_.params_data();
+  float* g = params_.grads_data();
+  float* m = exp_avg();
+  float* v = exp_avg_sq();
+  const int threads = threads_or_default(num_threads_);
+  for (const runtime::ParamSlot& slot : params_.slots()) {
+    const int64_t begin = slot.offset, end = slot.offset + slot.numel;
+    const float slot_decay = slot.weight_decay ? decay : 1.0f;
+#pragma omp parallel for simd num_threads(threads) schedule(static) if (slot.numel > 65536)
+    for (int64_t i = begin; i < end; ++i) {
+      float grad = g[i] * scale;
+      float param = p[i] * slot_decay;
+      float mi = m[i] * b1 + one_minus_b1 * grad;
+      float vi = v[i] * b2 + one_minus_b2 * grad * grad;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = param - step_size * (mi / (std::sqrt(vi) / bias2_sqrt + eps));
+    }
+  }
+}
+
+double AdamW::clip_and_step(double max_norm, double lr) {
+  double norm = grad_norm(params_, num_threads_);
+  double scale = 1.0;
+  if (max_norm > 0) scale = std::min(1.0, max_norm / (norm + 1e-6));
+  step(scale, lr);
+  return norm;
+}
+
+Sgd::Sgd(runtime::ParameterStore& params, SgdConfig config)
+    : params_(params), config_(config), b_(aligned_allocate(static_cast<size_t>(params.flat_numel()) * sizeof(float))) {
+  FT_CHECK(config.lr >= 0, "SGD: learning rate must be >= 0, found ", config.lr);
+  FT_CHECK(config.momentum >= 0, "SGD: momentum must be >= 0, found ", config.momentum);
+  FT_CHECK(!config.nesterov || (config.momentum > 0 && config.dampening == 0),
+           "SGD: nesterov needs momentum > 0 and dampening == 0");
+}
+
+void Sgd::step(double grad_scale, double lr) {
+  ++step_count_;
+  if (lr < 0) lr = config_.lr;
+  const float lr_f = static_cast<float>(lr), mu = static_cast<float>(config_.momentum);
+  const float damp = static_cast<float>(1.0 - config_.dampening), wd = static_cast<float>(config_.weight_decay);
+  const float scale = static_cast<float>(grad_scale);
+  const bool first = step_count_ == 1, use_momentum = config_.momentum != 0, nesterov = config_.nesterov;
+  float* p = params_.params_data();
+  float* g = params_.grads_data();
+  float* b = momentum_buffer();
+  const int threads = threads_or_default(num_threads_);
+  for (const runtime::ParamSlot& slot : params_.slots()) {
+    const int64_t begin = slot.offset, end = slot.offset + slot.numel;
+    const float slot_wd = slot.weight_decay ? wd : 0.0f;
+#pragma omp parallel for simd num_threads(threads) schedule(static) if (slot.numel > 65536)
+    for (int64_t i = begin; i < end; ++i) {
+      float grad = g[i] * scale + slot_wd * p[i];
+      if (use_momentum) {
+        float buf = first ? grad : mu * b[i] + damp * grad;
+        b[i] = buf;
+        grad = nesterov ? grad + mu * buf : buf;
+      }
+      p[i] -= lr_f * grad;
+    }
+  }
+}
+
+}  // namespace fusetrain::optim
