@@ -51,8 +51,7 @@ Operands& operands() {
 }
 
 void set_flops(benchmark::State& state) {
-    state.counters["GFLOP/s"] =
-        benchmark::Counter(2.0 * kM * kN * kK * double(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
+    state.counters["FLOPS"] = benchmark::Counter(2.0 * kM * kN * kK * double(state.iterations()), benchmark::Counter::kIsRate);
 }
 
 void bm_fusetrain_f32(benchmark::State& state, Layout layout) {

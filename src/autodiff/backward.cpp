@@ -53,7 +53,7 @@ ValueId GradContext::sum_to(ValueId grad, const Shape& shape) {
 }
 
 Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<ValueId>& params) {
-  const ir::Value& loss_value = graph.value(loss);
+  const ir::Value loss_value = graph.value(loss);  // a copy: adding nodes moves value storage
   FT_CHECK(loss_value.shape.numel() == 1 && is_floating(loss_value.dtype), "build_backward: the loss ",
            graph.describe(loss), " must be a floating-point scalar, found shape ", loss_value.shape.to_string());
   for (ValueId p : params)
@@ -119,6 +119,8 @@ Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<Value
       FT_CHECK(gv.shape == in.shape, "gradient rule of ", ir::op_name(node.op), " gave a gradient of shape ",
                gv.shape.to_string(), " for input ", i, " of shape ", in.shape.to_string(), " (node ", node.name,
                ")");
+      FT_CHECK(gv.dtype == DType::f32, "gradient rule of ", ir::op_name(node.op), " gave a ", dtype_name(gv.dtype),
+               " gradient for input ", i, " of node ", node.name, "; gradients are f32");
       contributions[static_cast<size_t>(node.inputs[i])].push_back(grad);
     }
   }
@@ -135,8 +137,7 @@ Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<Value
       if (!shared)
         for (const ir::Node& n : graph.nodes())
           for (ValueId v : n.inputs) shared = shared || v == grad;
-      if (!shared && gv.dtype != DType::f32) shared = true;
-      if (shared) grad = gv.dtype == DType::f32 ? graph.add(OpKind::Copy, {grad}) : b.cast(grad, DType::f32);
+      if (shared) grad = graph.add(OpKind::Copy, {grad});
       if (static_cast<size_t>(grad) >= taken.size()) taken.resize(static_cast<size_t>(grad) + 1, false);
       taken[static_cast<size_t>(grad)] = true;
       graph.value(grad).name = "grad:" + graph.value(p).name;

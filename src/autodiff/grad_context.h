@@ -25,7 +25,7 @@ class GradContext {
   ir::ValueId output(size_t i) const { return node_.outputs[i]; }
   size_t num_inputs() const { return node_.inputs.size(); }
   size_t num_outputs() const { return node_.outputs.size(); }
-  const Shape& input_shape(size_t i) const { return g.value(node_.inputs[i]).shape; }
+  Shape input_shape(size_t i) const { return g.value(node_.inputs[i]).shape; }
   DType input_dtype(size_t i) const { return g.value(node_.inputs[i]).dtype; }
   /// Gradient that reached output i; kNone if none did.
   ir::ValueId grad_output(size_t i) const { return output_grads_[i]; }

@@ -55,6 +55,8 @@ void add_into(float* dest, const float* src, int64_t n, int num_threads) {
 
 Plan::~Plan() = default;
 
+size_t Plan::num_scheduled_nodes() const { return steps_.size(); }
+
 std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& params, const PlanOptions& options) {
   std::unique_ptr<Plan> plan(new Plan());
   Plan& p = *plan;

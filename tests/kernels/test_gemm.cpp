@@ -180,7 +180,7 @@ TEST_P(GemmPath, BlockEdgesAndThreads) {
     ScopedPath path(GetParam());
     // Shapes crossing the register tile, KC and NC block edges, run with several thread counts.
     const int64_t shapes[][3] = {{64, 64, 64}, {255, 255, 255}, {129, 255, 64}, {64, 17, 600},
-                                 {300, 1030, 33}, {2, 1100, 70}, {1, 255, 513}, {255, 3, 129}};
+                                 {300, 1030, 33}, {2, 1100, 70}, {1, 255, 513}, {255, 3, 129}, {33, 40, 801}};
     for (bool bf16 : {false, true})
         for (auto& sh : shapes)
             for (int threads : {1, 2, 3})

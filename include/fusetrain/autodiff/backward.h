@@ -21,7 +21,8 @@ bool has_grad_rule(ir::OpKind op);
 /// Appends the backward pass for `loss` with respect to `params` to `graph`:
 /// one gradient rule per differentiable op (autodiff/grads), only along paths
 /// from a parameter to the loss, summing contributions of values read by several
-/// nodes. Each returned gradient is produced by a node of its own and marked as
+/// nodes. Gradients are f32 whatever the forward precision (low-precision
+/// GEMMs in backward still accumulate in f32). Each returned gradient is produced by a node of its own and marked as
 /// a graph output, so a plan can bind it to the flat gradient buffer.
 /// Throws Error if the loss is not a scalar or a non-differentiable op lies on a
 /// path from a parameter to the loss.

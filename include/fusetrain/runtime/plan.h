@@ -63,7 +63,7 @@ class Plan {
   const std::vector<memory::BufferRequest>& buffers() const { return buffers_; }
   const memory::ArenaPlan& arena_plan() const { return arena_plan_; }
   /// Nodes in execution order (after dead-node elimination).
-  size_t num_scheduled_nodes() const { return steps_.size(); }
+  size_t num_scheduled_nodes() const;
   int num_threads() const { return num_threads_; }
   const ir::Graph& graph() const { return graph_; }
 

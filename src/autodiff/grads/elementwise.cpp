@@ -67,11 +67,12 @@ void grad_rule<OpKind::Dropout>(GradContext& ctx) {
   ctx.set_grad_input(0, ctx.g.add(OpKind::Dropout, {ctx.grad_output(0)}, ctx.attrs()));
 }
 
+// Gradients are kept in f32 whatever the forward precision, so a cast passes
+// its gradient through (converting a low-precision one to f32).
 template <>
 void grad_rule<OpKind::Cast>(GradContext& ctx) {
   ValueId dy = ctx.grad_output(0);
-  DType in = ctx.input_dtype(0);
-  ctx.set_grad_input(0, ctx.g.value(dy).dtype == in ? dy : ctx.b.cast(dy, in));
+  ctx.set_grad_input(0, ctx.g.value(dy).dtype == DType::f32 ? dy : ctx.b.cast(dy, DType::f32));
 }
 
 }  // namespace fusetrain::autodiff

@@ -51,7 +51,6 @@ void grad_rule<OpKind::Embedding>(GradContext& ctx) {
   if (ctx.g.value(dy).dtype != DType::f32) dy = ctx.b.cast(dy, DType::f32);
   ValueId dw = ctx.g.add(OpKind::EmbeddingBackward, {dy, ctx.input(1)},
                          {{"num_embeddings", ctx.input_shape(0)[0]}});
-  if (ctx.input_dtype(0) != DType::f32) dw = ctx.b.cast(dw, ctx.input_dtype(0));
   ctx.set_grad_input(0, dw);
 }
 

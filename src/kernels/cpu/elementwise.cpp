@@ -4,6 +4,8 @@
 // Shape legend: any shape; n elements in total. Binary ops walk the merged
 // broadcast space of out as runs along its last axis, each operand with stride
 // 0 (broadcast) or 1 within a run.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "fusetrain/core/half.h"

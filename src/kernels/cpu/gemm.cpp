@@ -237,6 +237,38 @@ FT_TARGET_AVX512 void pack_transposed_avx512(void* dst, const void* src, int64_t
     }
 }
 
+// Packing of an fp32 operand contiguous along x: dst[k * R + x] = src[k * ks + x], zero for x >= w.
+template <int R>
+FT_TARGET_AVX512 void pack_rows_avx512(float* dst, const float* src, int64_t ks, int w, int64_t kc) {
+    for (int64_t k = 0; k < kc; k++, dst += R) {
+#pragma GCC unroll 2
+        for (int g = 0; g < R; g += 16) {
+            __mmask16 load_mask = __mmask16((1u << std::clamp(w - g, 0, 16)) - 1);
+            __mmask16 store_mask = __mmask16((1u << std::min(16, R - g)) - 1);
+            _mm512_mask_storeu_ps(dst + g, store_mask, _mm512_maskz_loadu_ps(load_mask, src + k * ks + g));
+        }
+    }
+}
+
+// bf16 packing of an operand contiguous along x: interleave rows k and k + 1 into 32-bit pairs.
+// dst: (ceil(kc/2), R) words, as pack_panel; R <= 32.
+template <int R>
+FT_TARGET_AVX512 void pack_interleaved_avx512(uint32_t* dst, const uint16_t* src, int64_t ks, int w, int64_t kc) {
+    static const uint16_t order[64] = {
+        0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+        11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53,
+        22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+    const __m512i lo = _mm512_loadu_si512(order), hi = _mm512_loadu_si512(order + 32);
+    __mmask32 row_mask = __mmask32((uint64_t(1) << w) - 1);
+    __mmask16 lo_mask = __mmask16((1u << std::min(R, 16)) - 1), hi_mask = __mmask16((1u << std::max(R - 16, 0)) - 1);
+    for (int64_t k = 0; k < kc; k += 2, dst += R) {
+        __m512i r0 = _mm512_maskz_loadu_epi16(row_mask, src + k * ks);
+        __m512i r1 = k + 1 < kc ? _mm512_maskz_loadu_epi16(row_mask, src + (k + 1) * ks) : _mm512_setzero_si512();
+        _mm512_mask_storeu_epi32(dst, lo_mask, _mm512_permutex2var_epi16(r0, lo, r1));
+        if (R > 16) _mm512_mask_storeu_epi32(dst + 16, hi_mask, _mm512_permutex2var_epi16(r0, hi, r1));
+    }
+}
+
 // Write-back of a (MR, 32) tile held in zmm pairs; masked for nr < 32.
 template <int MR>
 FT_TARGET_AVX512 FT_INLINE void store_tile_avx512(__m512 (&acc)[MR][2], float* c, int64_t ldc, int mr, int nr,
@@ -260,12 +292,14 @@ FT_TARGET_AVX512 FT_INLINE void store_tile_avx512(__m512 (&acc)[MR][2], float* c
 
 struct KernelF32Avx512 {
     using Packed = float;
-    static constexpr int MR = 14, NR = 32, KC = 256, NC = 768, KSTEP = 1;
+    static constexpr int MR = 14, NR = 32, KC = 384, NC = 768, KSTEP = 1;
 
     template <int R, typename T>
     static void pack(float* dst, const T* src, int64_t xs, int64_t ks, int w, int64_t kc) {
-        if constexpr (std::is_same_v<T, float>)
-            if (ks == 1 && xs != 1) return pack_transposed_avx512<R>(dst, src, xs * 4, w, kc);
+        if constexpr (std::is_same_v<T, float>) {
+            if (xs == 1) return pack_rows_avx512<R>(dst, src, ks, w, kc);
+            if (ks == 1) return pack_transposed_avx512<R>(dst, src, xs * 4, w, kc);
+        }
         pack_panel<R>(dst, src, xs, ks, w, kc);
     }
 
@@ -290,12 +324,14 @@ struct KernelF32Avx512 {
 // Each 32-bit lane of a and b holds a bf16 pair along k; vdpbf16ps adds both products.
 struct KernelBf16Avx512 {
     using Packed = uint32_t;
-    static constexpr int MR = 14, NR = 32, KC = 512, NC = 768, KSTEP = 2;
+    static constexpr int MR = 14, NR = 32, KC = 768, NC = 768, KSTEP = 2;
 
-    // Contiguous along k, a bf16 pair is one 32-bit word: transpose words, then the odd last k alone.
+    // Contiguous along x: interleave rows. Contiguous along k, a pair is one 32-bit word: transpose
+    // words, then the odd last k alone.
     template <int R>
     static void pack(uint32_t* dst, const uint16_t* src, int64_t xs, int64_t ks, int w, int64_t kc) {
-        if (ks != 1 || xs == 1) return pack_panel<R>(dst, src, xs, ks, w, kc);
+        if (xs == 1) return pack_interleaved_avx512<R>(dst, src, ks, w, kc);
+        if (ks != 1) return pack_panel<R>(dst, src, xs, ks, w, kc);
         int64_t kp = kc / 2;
         pack_transposed_avx512<R>(dst, src, xs * 2, w, kp);
         if (kc % 2)

@@ -10,7 +10,13 @@
 //   tanh16  absolute error < 1e-7 (odd polynomial below 0.625, 1 - 2/(e^2x + 1) above)
 #pragma once
 
+// GCC 12 warns about the deliberately undefined registers inside its own
+// AVX-512 intrinsics (_mm512_undefined_*); silence that for the header only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 #include <cstdint>
 

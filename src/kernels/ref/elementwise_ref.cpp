@@ -242,7 +242,8 @@ class CastRef final : public RefKernel {
 // out = x bit for bit (any dtype); accumulate adds.
 class CopyRef final : public RefKernel {
  public:
-  CopyRef(const ir::Graph& g, const ir::Node& n) : numel_(output_shape(g, n, 0).numel()), dtype_(output_dtype(g, n, 0)) {}
+  CopyRef(const ir::Graph& g, const ir::Node& n)
+      : numel_(output_shape(g, n, 0).numel()), dtype_(output_dtype(g, n, 0)) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
     const void* x = args.inputs[0].data();
@@ -277,8 +278,9 @@ std::unique_ptr<Kernel> make_gelu_ref(const ir::Graph& g, const ir::Node& n) {
 std::unique_ptr<Kernel> make_gelu_backward_ref(const ir::Graph& g, const ir::Node& n) {
   // inputs: dy, x (the forward input)
   const bool tanh_approximation = parse_approximate(n);
-  return make_backward(g, n,
-                       [tanh_approximation](double dy, double x) { return dy * gelu_derivative(x, tanh_approximation); });
+  return make_backward(g, n, [tanh_approximation](double dy, double x) {
+    return dy * gelu_derivative(x, tanh_approximation);
+  });
 }
 
 std::unique_ptr<Kernel> make_tanh_ref(const ir::Graph& g, const ir::Node& n) {

@@ -68,7 +68,8 @@ void cross_entropy_backward(float* dlogits, float dloss, const float* logits, co
 class CrossEntropyRef final : public RefKernel {
  public:
   CrossEntropyRef(const ir::Graph& g, const ir::Node& n)
-      : label_(node_label(n)), targets_dtype_(input_dtype(g, n, 1)), ignore_index_(n.attrs.get_int("ignore_index", -100)) {
+      : label_(node_label(n)), targets_dtype_(input_dtype(g, n, 1)),
+        ignore_index_(n.attrs.get_int("ignore_index", -100)) {
     const Shape& logits = input_shape(g, n, 0);
     V_ = logits[-1];
     R_ = logits.numel(0, logits.rank() - 1);
@@ -92,7 +93,8 @@ class CrossEntropyRef final : public RefKernel {
 class CrossEntropyBackwardRef final : public RefKernel {
  public:
   CrossEntropyBackwardRef(const ir::Graph& g, const ir::Node& n)
-      : label_(node_label(n)), targets_dtype_(input_dtype(g, n, 2)), ignore_index_(n.attrs.get_int("ignore_index", -100)) {
+      : label_(node_label(n)), targets_dtype_(input_dtype(g, n, 2)),
+        ignore_index_(n.attrs.get_int("ignore_index", -100)) {
     const Shape& logits = input_shape(g, n, 1);
     V_ = logits[-1];
     R_ = logits.numel(0, logits.rank() - 1);

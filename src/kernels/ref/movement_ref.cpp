@@ -268,13 +268,17 @@ std::unique_ptr<Kernel> make_transpose_ref(const ir::Graph& g, const ir::Node& n
   return std::make_unique<TransposeRef>(g, n);
 }
 
-std::unique_ptr<Kernel> make_split_ref(const ir::Graph& g, const ir::Node& n) { return std::make_unique<SplitRef>(g, n); }
+std::unique_ptr<Kernel> make_split_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<SplitRef>(g, n);
+}
 
 std::unique_ptr<Kernel> make_concat_ref(const ir::Graph& g, const ir::Node& n) {
   return std::make_unique<ConcatRef>(g, n);
 }
 
-std::unique_ptr<Kernel> make_slice_ref(const ir::Graph& g, const ir::Node& n) { return std::make_unique<SliceRef>(g, n); }
+std::unique_ptr<Kernel> make_slice_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<SliceRef>(g, n);
+}
 
 std::unique_ptr<Kernel> make_slice_backward_ref(const ir::Graph& g, const ir::Node& n) {
   return std::make_unique<SliceRef>(g, n);

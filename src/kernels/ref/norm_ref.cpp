@@ -19,7 +19,8 @@ void softmax_forward(void* y, DType y_dtype, const void* x, DType x_dtype, int64
     for (int64_t c = 0; c < C; ++c) max = std::max(max, load(x, x_dtype, row + c));
     double sum = 0.0;
     for (int64_t c = 0; c < C; ++c) sum += std::exp(load(x, x_dtype, row + c) - max);
-    for (int64_t c = 0; c < C; ++c) store(y, y_dtype, row + c, std::exp(load(x, x_dtype, row + c) - max) / sum, accumulate);
+    for (int64_t c = 0; c < C; ++c)
+      store(y, y_dtype, row + c, std::exp(load(x, x_dtype, row + c) - max) / sum, accumulate);
   }
 }
 

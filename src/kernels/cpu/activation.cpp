@@ -1,0 +1,219 @@
+// Tuned activation kernels, f32: Gelu (erf and tanh forms), Tanh, Relu and
+// GeluBackward (dy, x), TanhBackward (dy, y), ReluBackward (dy, x).
+//
+// Shape legend: any shape, seen as n contiguous elements; out may alias the
+// first input (kInPlace), which is safe because element i is read before it
+// is written.
+#include <cmath>
+
+#include "kernels/cpu/basic_kernels.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace fusetrain::kernels::cpu_basic {
+namespace {
+
+enum class Act { GeluErf, GeluTanh, Tanh, Relu };
+
+constexpr float kInvSqrt2 = 0.70710678118654752440f;
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // √(2/π)
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;   // 1/√(2π)
+constexpr float kGeluCubic = 0.044715f;
+
+// ---- scalar formulas (portable path) ----------------------------------------------
+
+template <Act A>
+float act_forward(float x) {
+  if constexpr (A == Act::GeluErf) return 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
+  else if constexpr (A == Act::GeluTanh) return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
+  else if constexpr (A == Act::Tanh) return std::tanh(x);
+  else return x > 0.0f ? x : 0.0f;
+}
+
+// dy * f'(.) where `saved` is x (Gelu, Relu) or y = tanh(x) (Tanh).
+template <Act A>
+float act_backward(float dy, float saved) {
+  const float x = saved;
+  if constexpr (A == Act::GeluErf) {
+    float cdf = 0.5f * (1.0f + std::erf(x * kInvSqrt2));
+    float pdf = kInvSqrt2Pi * std::exp(-0.5f * x * x);
+    return dy * (cdf + x * pdf);
+  } else if constexpr (A == Act::GeluTanh) {
+    float t = std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
+    float du_dx = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
+    return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du_dx);
+  } else if constexpr (A == Act::Tanh) {
+    return dy * (1.0f - saved * saved);
+  } else {
+    return x > 0.0f ? dy : 0.0f;
+  }
+}
+
+template <Act A>
+void forward_portable(float* out, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = act_forward<A>(x[i]);
+}
+
+template <Act A>
+void backward_portable(float* out, const float* dy, const float* saved, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = act_backward<A>(dy[i], saved[i]);
+}
+
+// ---- AVX-512 ------------------------------------------------------------------------
+
+template <Act A>
+FT_AVX512_INLINE __m512 act_forward16(__m512 x) {
+  const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+  if constexpr (A == Act::GeluErf) {
+    __m512 e = erf16(_mm512_mul_ps(x, _mm512_set1_ps(kInvSqrt2)));
+    return _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, e));
+  } else if constexpr (A == Act::GeluTanh) {
+    __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+    __m512 u = _mm512_mul_ps(_mm512_set1_ps(kSqrt2OverPi), _mm512_fmadd_ps(_mm512_set1_ps(kGeluCubic), x3, x));
+    return _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, tanh16(u)));
+  } else if constexpr (A == Act::Tanh) {
+    return tanh16(x);
+  } else {
+    return _mm512_max_ps(x, _mm512_setzero_ps());  // NaN -> 0 like x > 0 ? x : 0
+  }
+}
+
+template <Act A>
+FT_AVX512_INLINE __m512 act_backward16(__m512 dy, __m512 saved) {
+  const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+  const __m512 x = saved;
+  if constexpr (A == Act::GeluErf) {
+    __m512 cdf = _mm512_mul_ps(half, _mm512_add_ps(one, erf16(_mm512_mul_ps(x, _mm512_set1_ps(kInvSqrt2)))));
+    __m512 pdf = _mm512_mul_ps(_mm512_set1_ps(kInvSqrt2Pi), exp16(_mm512_mul_ps(_mm512_set1_ps(-0.5f), _mm512_mul_ps(x, x))));
+    return _mm512_mul_ps(dy, _mm512_fmadd_ps(x, pdf, cdf));
+  } else if constexpr (A == Act::GeluTanh) {
+    __m512 x2 = _mm512_mul_ps(x, x);
+    __m512 u = _mm512_mul_ps(_mm512_set1_ps(kSqrt2OverPi), _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(kGeluCubic), x2), x, x));
+    __m512 t = tanh16(u);
+    __m512 du_dx = _mm512_mul_ps(_mm512_set1_ps(kSqrt2OverPi), _mm512_fmadd_ps(_mm512_set1_ps(3.0f * kGeluCubic), x2, one));
+    __m512 sech2 = _mm512_fnmadd_ps(t, t, one);
+    __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(half, x), sech2), du_dx, _mm512_mul_ps(half, _mm512_add_ps(one, t)));
+    return _mm512_mul_ps(dy, d);
+  } else if constexpr (A == Act::Tanh) {
+    return _mm512_mul_ps(dy, _mm512_fnmadd_ps(saved, saved, one));
+  } else {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), dy);
+  }
+}
+
+template <Act A>
+FT_AVX512 void forward_avx512(float* out, const float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, act_forward16<A>(_mm512_loadu_ps(x + i)));
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm512_mask_storeu_ps(out + i, m, act_forward16<A>(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+
+template <Act A>
+FT_AVX512 void backward_avx512(float* out, const float* dy, const float* saved, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, act_backward16<A>(_mm512_loadu_ps(dy + i), _mm512_loadu_ps(saved + i)));
+  if (i < n) {
+    const __mmask16 m = tail_mask(n - i);
+    _mm512_mask_storeu_ps(out + i, m,
+                          act_backward16<A>(_mm512_maskz_loadu_ps(m, dy + i), _mm512_maskz_loadu_ps(m, saved + i)));
+  }
+}
+
+// ---- kernels ------------------------------------------------------------------------
+
+using ForwardFn = void (*)(float* out, const float* x, int64_t n);
+using BackwardFn = void (*)(float* out, const float* dy, const float* saved, int64_t n);
+
+// out (R...) = f(x), n elements.
+class ActivationKernel final : public Kernel {
+ public:
+  ActivationKernel(int64_t numel, ForwardFn fn) : numel_(numel), fn_(fn) {}
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const float* x = static_cast<const float*>(args.inputs[0].data());
+    float* out = static_cast<float*>(args.outputs[0].data());
+    parallel_for(numel_, threads_for(numel_, ctx.num_threads),
+                 [&](int64_t begin, int64_t end, int) { fn_(out + begin, x + begin, end - begin); }, 16);
+  }
+
+ private:
+  int64_t numel_;
+  ForwardFn fn_;
+};
+
+// dx = dy * f'(saved), n elements.
+class ActivationBackwardKernel final : public Kernel {
+ public:
+  ActivationBackwardKernel(int64_t numel, BackwardFn fn) : numel_(numel), fn_(fn) {}
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const float* dy = static_cast<const float*>(args.inputs[0].data());
+    const float* saved = static_cast<const float*>(args.inputs[1].data());
+    float* out = static_cast<float*>(args.outputs[0].data());
+    parallel_for(numel_, threads_for(numel_, ctx.num_threads),
+                 [&](int64_t begin, int64_t end, int) { fn_(out + begin, dy + begin, saved + begin, end - begin); }, 16);
+  }
+
+ private:
+  int64_t numel_;
+  BackwardFn fn_;
+};
+
+bool parse_act(const ir::Node& n, Act* act) {
+  switch (n.op) {
+    case ir::OpKind::Gelu:
+    case ir::OpKind::GeluBackward:
+      *act = n.attrs.get_string("approximate", "none") == "tanh" ? Act::GeluTanh : Act::GeluErf;
+      return true;
+    case ir::OpKind::Tanh:
+    case ir::OpKind::TanhBackward: *act = Act::Tanh; return true;
+    case ir::OpKind::Relu:
+    case ir::OpKind::ReluBackward: *act = Act::Relu; return true;
+    default: return false;
+  }
+}
+
+template <Act A>
+ForwardFn forward_fn(bool avx512) {
+  return avx512 ? forward_avx512<A> : forward_portable<A>;
+}
+
+template <Act A>
+BackwardFn backward_fn(bool avx512) {
+  return avx512 ? backward_avx512<A> : backward_portable<A>;
+}
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_activation_kernel(const ir::Graph& g, const ir::Node& n) {
+  Act act;
+  if (!parse_act(n, &act) || input_dtype(g, n, 0) != DType::f32 || output_dtype(g, n, 0) != DType::f32) return nullptr;
+  const bool avx512 = use_avx512();
+  ForwardFn fn = nullptr;
+  switch (act) {
+    case Act::GeluErf: fn = forward_fn<Act::GeluErf>(avx512); break;
+    case Act::GeluTanh: fn = forward_fn<Act::GeluTanh>(avx512); break;
+    case Act::Tanh: fn = forward_fn<Act::Tanh>(avx512); break;
+    case Act::Relu: fn = forward_fn<Act::Relu>(avx512); break;
+  }
+  return std::make_unique<ActivationKernel>(output_shape(g, n, 0).numel(), fn);
+}
+
+std::unique_ptr<Kernel> make_activation_backward_kernel(const ir::Graph& g, const ir::Node& n) {
+  Act act;
+  if (!parse_act(n, &act) || input_dtype(g, n, 0) != DType::f32 || input_dtype(g, n, 1) != DType::f32) return nullptr;
+  const bool avx512 = use_avx512();
+  BackwardFn fn = nullptr;
+  switch (act) {
+    case Act::GeluErf: fn = backward_fn<Act::GeluErf>(avx512); break;
+    case Act::GeluTanh: fn = backward_fn<Act::GeluTanh>(avx512); break;
+    case Act::Tanh: fn = backward_fn<Act::Tanh>(avx512); break;
+    case Act::Relu: fn = backward_fn<Act::Relu>(avx512); break;
+  }
+  return std::make_unique<ActivationBackwardKernel>(output_shape(g, n, 0).numel(), fn);
+}
+
+}  // namespace fusetrain::kernels::cpu_basic

@@ -1,0 +1,646 @@
+// Flash-style scaled dot-product attention, forward and backward, for the CPU.
+//
+// Legend: B batch, H heads, T query length, S key length, D head size; bh = b·H + h
+// indexes one (batch, head) pair; BQ query rows and BK keys per tile.
+//   q, out, dq, dout: (B, H, T, D)   k, v, dk, dv: (B, H, S, D)   mask: (B, S)   lse: (B, H, T)
+//
+// Forward, one task per (bh, query block): Qt (D, BQ) is the transposed query block; for
+// each key block St (BK, BQ) = scale·K_blk·Qt + mask, an online softmax runs down the
+// columns (running max m and sum l per query), and out_blk (BQ, D) = corr·out_blk + Stᵀ·V_blk.
+// Working on Sᵀ makes the per-query max and sum plain vector operations across queries.
+//
+// Backward, one task per (bh, run of key blocks): Kt, Vt (D, BK) are transposed once per key
+// block; for each query block S (BQ, BK) is recomputed, P = exp(S − lse), dP = dO·Vt,
+// dS = P⊙(dP − Di) with Di = rowsum(dO⊙out); dV += Pᵀ·dO and dK += scale·dSᵀ·Q go to rows the
+// task owns, dQ += scale·dS·K to the task's dq (or its private partial, summed afterwards
+// in a fixed order when B·H is below the thread count). No atomics: results are
+// deterministic for a given thread count.
+//
+// Dropout keeps probability (b, h, t, s) when uniform_at(seed, rng_offset, ((bh·T)+t)·S+s) ≥ p
+// and scales it by 1/(1−p); lse and the softmax sum are taken before dropout.
+// A query row that sees no key (all masked with −inf) gets out 0 and lse 0.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kernels/cpu/basic_kernels.h"
+#include "kernels/cpu/dense_kernels.h"
+#include "kernels/cpu/vec_math.h"
+#include "kernels/rng.h"
+
+// GCC 12 flags the _mm512_undefined_ps() inside its own intrinsics as maybe-uninitialized.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace fusetrain::kernels {
+
+namespace {
+
+constexpr int64_t kBlockQ = 64;  // BQ
+constexpr int64_t kBlockK = 64;  // BK
+// A causal offset that never masks anything (j − offset and i + offset stay in range).
+constexpr int64_t kNoCausal = int64_t{1} << 40;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int thread_index() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+// Floats rounded up to whole 64-byte lines, so every scratch slice stays aligned.
+int64_t line_floats(int64_t n) { return (n + 15) / 16 * 16; }
+
+// The arithmetic of one tile, in a portable and an AVX-512 flavour (TileOps below).
+//
+// matmul: C (m, n) = alpha·A·B, plus C's old contents if `accumulate`. A (m, k) has element
+//   (i, p) at a[i·a_rs + p·a_cs] (any strides, so Aᵀ is free); B (k, n) has contiguous rows
+//   b + p·ldb; C rows are c + i·ldc.
+// forward_softmax: st (nk, mq), row j = key, column i = query, holds scale·q·k. Adds
+//   mask[j], sets query i < j − causal_offset to −inf, then updates m, l (mq) and writes
+//   corr (mq) = exp(m_old − m_new) and st = exp(st − m_new).
+// scale_rows: x (rows, n) row i *= factor[i].
+// backward_probs: s (mq, nk), row i = query, holds scale·q·k; s = exp(s + mask[j] − lse[i]) for
+//   keys j <= i + causal_offset, else 0.
+// backward_ds_row: with keep (n) multipliers: dp *= keep; then dp = p·(dp − di); p *= keep.
+// dropout_row: out[j] = 1/(1−p) or 0 for elements first .. first+n−1 of the stream.
+struct TileOps {
+  void (*matmul)(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
+                 const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
+  void (*forward_softmax)(float* st, int64_t ld, int64_t nk, int64_t mq, const float* mask, int64_t causal_offset,
+                          float* m, float* l, float* corr);
+  void (*scale_rows)(float* x, int64_t ld, int64_t rows, int64_t n, const float* factor);
+  void (*backward_probs)(float* s, int64_t ld, int64_t mq, int64_t nk, const float* mask, int64_t causal_offset,
+                         const float* lse);
+  void (*backward_ds_row)(float* p, float* dp, int64_t n, float di, const float* keep);
+  void (*dropout_row)(uint64_t seed, uint64_t offset, uint64_t first, int64_t n, float p, float* out);
+};
+
+// ---------------------------------------------------------------------------
+// Portable tile ops
+// ---------------------------------------------------------------------------
+
+void matmul_portable(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
+                     const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* crow = c + i * ldc;
+    float acc[kBlockK > 64 ? kBlockK : 64];
+    for (int64_t j0 = 0; j0 < n; j0 += 64) {
+      const int64_t nj = std::min<int64_t>(64, n - j0);
+      for (int64_t j = 0; j < nj; ++j) acc[j] = 0.0f;
+      for (int64_t p = 0; p < k; ++p) {
+        const float av = a[i * a_rs + p * a_cs];
+        const float* brow = b + p * ldb + j0;
+        for (int64_t j = 0; j < nj; ++j) acc[j] += av * brow[j];
+      }
+      for (int64_t j = 0; j < nj; ++j) crow[j0 + j] = alpha * acc[j] + (accumulate ? crow[j0 + j] : 0.0f);
+    }
+  }
+}
+
+void forward_softmax_portable(float* st, int64_t ld, int64_t nk, int64_t mq, const float* mask,
+                              int64_t causal_offset, float* m, float* l, float* corr) {
+  for (int64_t j = 0; j < nk; ++j) {
+    float* row = st + j * ld;
+    if (mask)
+      for (int64_t i = 0; i < mq; ++i) row[i] += mask[j];
+    const int64_t hidden = std::clamp<int64_t>(j - causal_offset, 0, mq);
+    for (int64_t i = 0; i < hidden; ++i) row[i] = kNegInf;
+  }
+  for (int64_t i = 0; i < mq; ++i) {
+    float m_new = m[i];
+    for (int64_t j = 0; j < nk; ++j) m_new = std::max(m_new, st[j * ld + i]);
+    const float base = m_new == kNegInf ? 0.0f : m_new;  // no key seen yet: every p is 0
+    corr[i] = std::exp(m[i] - base);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < nk; ++j) {
+      float p = std::exp(st[j * ld + i] - base);
+      st[j * ld + i] = p;
+      sum += p;
+    }
+    l[i] = l[i] * corr[i] + sum;
+    m[i] = m_new;
+  }
+}
+
+void scale_rows_portable(float* x, int64_t ld, int64_t rows, int64_t n, const float* factor) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < n; ++j) x[i * ld + j] *= factor[i];
+}
+
+void backward_probs_portable(float* s, int64_t ld, int64_t mq, int64_t nk, const float* mask, int64_t causal_offset,
+                             const float* lse) {
+  for (int64_t i = 0; i < mq; ++i) {
+    float* row = s + i * ld;
+    const int64_t visible = std::clamp<int64_t>(i + causal_offset + 1, 0, nk);
+    for (int64_t j = 0; j < visible; ++j) row[j] = std::exp(row[j] + (mask ? mask[j] : 0.0f) - lse[i]);
+    for (int64_t j = visible; j < nk; ++j) row[j] = 0.0f;
+  }
+}
+
+void backward_ds_row_portable(float* p, float* dp, int64_t n, float di, const float* keep) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float k = keep ? keep[j] : 1.0f;
+    dp[j] = p[j] * (dp[j] * k - di);
+    p[j] *= k;
+  }
+}
+
+void dropout_row_portable(uint64_t seed, uint64_t offset, uint64_t first, int64_t n, float p, float* out) {
+  const float keep_scale = 1.0f / (1.0f - p);
+  const uint64_t end = first + static_cast<uint64_t>(n);
+  for (uint64_t block = first >> 2; block * 4 < end; ++block) {
+    float u[4];
+    uniform4(seed, offset, block, u);
+    for (uint64_t e = std::max(block * 4, first); e < std::min(block * 4 + 4, end); ++e)
+      out[e - first] = u[e & 3] >= p ? keep_scale : 0.0f;
+  }
+}
+
+constexpr TileOps kPortableOps{matmul_portable,          forward_softmax_portable, scale_rows_portable,
+                               backward_probs_portable,  backward_ds_row_portable, dropout_row_portable};
+
+// ---------------------------------------------------------------------------
+// AVX-512 tile ops
+// ---------------------------------------------------------------------------
+
+using cpu_basic::exp16;
+using cpu_basic::tail_mask;
+
+// R rows × NV vectors of 16 columns of C; the last vector is masked by `last`.
+template <int R, int NV>
+FT_AVX512 void matmul_block_avx512(int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
+                                   const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+                                   __mmask16 last) {
+  __m512 acc[R][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k; ++p) {
+    const float* brow = b + p * ldb;
+    const float* acol = a + p * a_cs;
+    __m512 bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      bv[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, brow + 16 * v) : _mm512_loadu_ps(brow + 16 * v);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(acol[r * a_rs]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(alpha);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    float* crow = c + r * ldc;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 lanes = v == NV - 1 ? last : __mmask16(0xFFFF);
+      __m512 x = _mm512_mul_ps(acc[r][v], scale);
+      if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(lanes, crow + 16 * v));
+      _mm512_mask_storeu_ps(crow + 16 * v, lanes, x);
+    }
+  }
+}
+
+using MatmulBlock = void (*)(int64_t, float, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t,
+                             bool, __mmask16);
+
+template <int R>
+constexpr MatmulBlock kBlocksOfRows[4] = {matmul_block_avx512<R, 1>, matmul_block_avx512<R, 2>,
+                                          matmul_block_avx512<R, 3>, matmul_block_avx512<R, 4>};
+constexpr const MatmulBlock* kMatmulBlocks[4] = {kBlocksOfRows<1>, kBlocksOfRows<2>, kBlocksOfRows<3>,
+                                                 kBlocksOfRows<4>};
+
+FT_AVX512 void matmul_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs,
+                             int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  for (int64_t j0 = 0; j0 < n; j0 += 64) {
+    const int64_t nj = std::min<int64_t>(64, n - j0);
+    const int64_t vectors = (nj + 15) / 16;
+    const __mmask16 last = tail_mask(nj - 16 * (vectors - 1));
+    for (int64_t i0 = 0; i0 < m; i0 += 4) {
+      const int64_t rows = std::min<int64_t>(4, m - i0);
+      kMatmulBlocks[rows - 1][vectors - 1](k, alpha, a + i0 * a_rs, a_rs, a_cs, b + j0, ldb, c + i0 * ldc + j0, ldc,
+                                           accumulate, last);
+    }
+  }
+}
+
+FT_AVX512 void forward_softmax_avx512(float* st, int64_t ld, int64_t nk, int64_t mq, const float* mask,
+                                      int64_t causal_offset, float* m, float* l, float* corr) {
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  for (int64_t j = 0; j < nk; ++j) {
+    float* row = st + j * ld;
+    const int64_t hidden = std::clamp<int64_t>(j - causal_offset, 0, mq);
+    if (!mask && hidden == 0) continue;
+    const __m512 bias = _mm512_set1_ps(mask ? mask[j] : 0.0f);
+    for (int64_t i = 0; i < mq; i += 16) {
+      const __mmask16 lanes = tail_mask(mq - i);
+      __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, row + i), bias);
+      x = _mm512_mask_mov_ps(x, tail_mask(std::clamp<int64_t>(hidden - i, 0, 16)), neg_inf);
+      _mm512_mask_storeu_ps(row + i, lanes, x);
+    }
+  }
+  for (int64_t i = 0; i < mq; i += 16) {
+    const __mmask16 lanes = tail_mask(mq - i);
+    const __m512 m_old = _mm512_mask_loadu_ps(neg_inf, lanes, m + i);
+    __m512 m_new = m_old;
+    for (int64_t j = 0; j < nk; ++j) m_new = _mm512_max_ps(m_new, _mm512_mask_loadu_ps(neg_inf, lanes, st + j * ld + i));
+    // Queries that have seen no key yet keep base 0, so exp(−inf − 0) = 0 and no NaN appears.
+    const __m512 base = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
+    const __m512 c = exp16(_mm512_sub_ps(m_old, base));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < nk; ++j) {
+      float* x = st + j * ld + i;
+      const __m512 p = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, x), base));
+      _mm512_mask_storeu_ps(x, lanes, p);
+      sum = _mm512_add_ps(sum, p);
+    }
+    _mm512_mask_storeu_ps(corr + i, lanes, c);
+    _mm512_mask_storeu_ps(l + i, lanes, _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes, l + i), c, sum));
+    _mm512_mask_storeu_ps(m + i, lanes, m_new);
+  }
+}
+
+FT_AVX512 void scale_rows_avx512(float* x, int64_t ld, int64_t rows, int64_t n, const float* factor) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const __m512 f = _mm512_set1_ps(factor[i]);
+    float* row = x + i * ld;
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 lanes = tail_mask(n - j);
+      _mm512_mask_storeu_ps(row + j, lanes, _mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, row + j), f));
+    }
+  }
+}
+
+FT_AVX512 void backward_probs_avx512(float* s, int64_t ld, int64_t mq, int64_t nk, const float* mask,
+                                     int64_t causal_offset, const float* lse) {
+  for (int64_t i = 0; i < mq; ++i) {
+    float* row = s + i * ld;
+    const int64_t visible = std::clamp<int64_t>(i + causal_offset + 1, 0, nk);
+    const __m512 shift = _mm512_set1_ps(lse[i]);
+    for (int64_t j = 0; j < nk; j += 16) {
+      const __mmask16 lanes = tail_mask(nk - j);
+      __m512 x = _mm512_maskz_loadu_ps(lanes, row + j);
+      if (mask) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(lanes, mask + j));
+      const __m512 p = _mm512_maskz_mov_ps(tail_mask(std::clamp<int64_t>(visible - j, 0, 16)),
+                                           exp16(_mm512_sub_ps(x, shift)));
+      _mm512_mask_storeu_ps(row + j, lanes, p);
+    }
+  }
+}
+
+FT_AVX512 void backward_ds_row_avx512(float* p, float* dp, int64_t n, float di, const float* keep) {
+  const __m512 d = _mm512_set1_ps(di);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 lanes = tail_mask(n - j);
+    __m512 pv = _mm512_maskz_loadu_ps(lanes, p + j);
+    __m512 dv = _mm512_maskz_loadu_ps(lanes, dp + j);
+    if (keep) {
+      const __m512 k = _mm512_maskz_loadu_ps(lanes, keep + j);
+      dv = _mm512_mul_ps(dv, k);
+      _mm512_mask_storeu_ps(p + j, lanes, _mm512_mul_ps(pv, k));
+    }
+    _mm512_mask_storeu_ps(dp + j, lanes, _mm512_mul_ps(pv, _mm512_sub_ps(dv, d)));
+  }
+}
+
+// High 32 bits of the 32×32-bit products of each lane of a with m.
+FT_AVX512_INLINE __m512i mulhi_epu32(__m512i a, __m512i m) {
+  const __m512i even = _mm512_srli_epi64(_mm512_mul_epu32(a, m), 32);
+  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
+  return _mm512_mask_blend_epi32(0xAAAA, even, odd);
+}
+
+// Philox4x32-10 of kernels/rng.h on 16 consecutive counter blocks at once.
+FT_AVX512 void dropout_row_avx512(uint64_t seed, uint64_t offset, uint64_t first, int64_t n, float p, float* out) {
+  const __m512 keep_scale = _mm512_set1_ps(1.0f / (1.0f - p));
+  const __m512 threshold = _mm512_set1_ps(p);
+  const __m512 unit = _mm512_set1_ps(1.0f / 16777216.0f);
+  const __m512i mul0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
+  const __m512i mul1 = _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u));
+  const uint64_t end = first + static_cast<uint64_t>(n);
+  for (uint64_t block0 = first >> 2; block0 * 4 < end; block0 += 16) {
+    alignas(64) uint32_t lo[16], hi[16];
+    for (int lane = 0; lane < 16; ++lane) {
+      lo[lane] = static_cast<uint32_t>(block0 + lane);
+      hi[lane] = static_cast<uint32_t>((block0 + lane) >> 32);
+    }
+    __m512i c0 = _mm512_load_si512(lo), c1 = _mm512_load_si512(hi);
+    __m512i c2 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset)));
+    __m512i c3 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset >> 32)));
+    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+    for (int round = 0; round < 10; ++round) {
+      const __m512i hi0 = mulhi_epu32(c0, mul0), lo0 = _mm512_mullo_epi32(c0, mul0);
+      const __m512i hi1 = mulhi_epu32(c2, mul1), lo1 = _mm512_mullo_epi32(c2, mul1);
+      c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32(static_cast<int>(k0)));
+      c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32(static_cast<int>(k1)));
+      c1 = lo1;
+      c3 = lo0;
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    // Word w of block b is element 4·b + w: interleave the four words into element order.
+    const __m512i words[4] = {c0, c1, c2, c3};
+    __m512 mult[4];
+    for (int w = 0; w < 4; ++w) {
+      const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(words[w], 8)), unit);
+      mult[w] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, threshold, _CMP_GE_OQ), keep_scale);
+    }
+    const __m512i pair_lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i pair_hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    const __m512i quad_lo = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
+    const __m512i quad_hi = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
+    const __m512d w01[2] = {_mm512_castps_pd(_mm512_permutex2var_ps(mult[0], pair_lo, mult[1])),
+                            _mm512_castps_pd(_mm512_permutex2var_ps(mult[0], pair_hi, mult[1]))};
+    const __m512d w23[2] = {_mm512_castps_pd(_mm512_permutex2var_ps(mult[2], pair_lo, mult[3])),
+                            _mm512_castps_pd(_mm512_permutex2var_ps(mult[2], pair_hi, mult[3]))};
+    alignas(64) float ordered[64];
+    for (int half = 0; half < 2; ++half) {
+      _mm512_store_ps(ordered + 32 * half, _mm512_castpd_ps(_mm512_permutex2var_pd(w01[half], quad_lo, w23[half])));
+      _mm512_store_ps(ordered + 32 * half + 16,
+                      _mm512_castpd_ps(_mm512_permutex2var_pd(w01[half], quad_hi, w23[half])));
+    }
+    const uint64_t lo_e = std::max(block0 * 4, first), hi_e = std::min(block0 * 4 + 64, end);
+    std::memcpy(out + (lo_e - first), ordered + (lo_e - block0 * 4), (hi_e - lo_e) * sizeof(float));
+  }
+}
+
+constexpr TileOps kAvx512Ops{matmul_avx512,          forward_softmax_avx512, scale_rows_avx512,
+                             backward_probs_avx512,  backward_ds_row_avx512, dropout_row_avx512};
+
+const TileOps& select_ops() { return cpu_basic::use_avx512() ? kAvx512Ops : kPortableOps; }
+
+// ---------------------------------------------------------------------------
+// Kernels
+// ---------------------------------------------------------------------------
+
+// Attributes and extents shared by forward and backward, read at plan time.
+struct AttentionPlan {
+  int64_t B = 0, H = 0, T = 0, S = 0, D = 0;
+  float scale = 1.0f;
+  bool causal = false;
+  bool has_mask = false;
+  float dropout_p = 0.0f;
+  uint64_t seed = 0;
+  const TileOps* ops = nullptr;
+
+  AttentionPlan(const ir::Graph& g, const ir::Node& node, size_t q_at, size_t mask_at) {
+    const Shape& q = g.value(node.inputs[q_at]).shape;
+    const Shape& k = g.value(node.inputs[q_at + 1]).shape;
+    B = q[0], H = q[1], T = q[2], S = k[2], D = q[3];
+    scale = static_cast<float>(node.attrs.get_float("scale"));
+    causal = node.attrs.get_int("causal", 0) != 0;
+    dropout_p = static_cast<float>(node.attrs.get_float("dropout_p", 0.0));
+    seed = static_cast<uint64_t>(node.attrs.get_int("seed", 0));
+    has_mask = node.inputs.size() > mask_at;
+    ops = &select_ops();
+  }
+  // Local causal offset of a (query block t0, key block kb) tile: key j is visible to
+  // query i when j <= i + offset.
+  int64_t causal_offset(int64_t t0, int64_t kb) const { return causal ? t0 + S - T - kb : kNoCausal; }
+  // Dropout stream index of (bh, t, s).
+  uint64_t drop_index(int64_t bh, int64_t t, int64_t s) const {
+    return static_cast<uint64_t>((bh * T + t) * S + s);
+  }
+};
+
+// dst (cols, ld): dst[c·ld + r] = src[r·src_ld + c] for r < rows.
+void transpose_block(float* dst, int64_t ld, const float* src, int64_t src_ld, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld + r] = src[r * src_ld + c];
+}
+
+class AttentionForwardKernel final : public Kernel {
+ public:
+  AttentionForwardKernel(const ir::Graph& g, const ir::Node& node) : plan_(g, node, 0, 3) {}
+
+  size_t scratch_bytes(int num_threads) const override {
+    return static_cast<size_t>(std::max(num_threads, 1)) * thread_floats() * sizeof(float);
+  }
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const AttentionPlan& p = plan_;
+    const int64_t query_blocks = (p.T + kBlockQ - 1) / kBlockQ;
+    const int64_t tasks = p.B * p.H * query_blocks;
+    if (tasks == 0) return;
+    const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(ctx.num_threads, tasks)));
+    float* scratch = static_cast<float*>(args.scratch);
+#pragma omp parallel num_threads(threads)
+    {
+      float* work = scratch + thread_index() * thread_floats();
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < tasks; ++task)
+        forward_block(args, ctx, task / query_blocks, (task % query_blocks) * kBlockQ, work);
+    }
+  }
+
+ private:
+  // Per thread: Qt (D, BQ), St (BK, BQ), m, l, corr (BQ), keep (BK).
+  int64_t thread_floats() const {
+    return line_floats(plan_.D * kBlockQ) + line_floats(kBlockK * kBlockQ) + 3 * line_floats(kBlockQ) +
+           line_floats(kBlockK);
+  }
+
+  void forward_block(const KernelArgs& args, const StepContext& ctx, int64_t bh, int64_t t0, float* work) const {
+    const AttentionPlan& p = plan_;
+    const TileOps& ops = *p.ops;
+    const int64_t D = p.D, S = p.S, T = p.T;
+    const int64_t mq = std::min(kBlockQ, T - t0);
+    const float* q = static_cast<const float*>(args.inputs[0].data()) + (bh * T + t0) * D;  // q_blk: (mq, D)
+    const float* k = static_cast<const float*>(args.inputs[1].data()) + bh * S * D;         // k: (S, D)
+    const float* v = static_cast<const float*>(args.inputs[2].data()) + bh * S * D;         // v: (S, D)
+    const float* mask = p.has_mask ? static_cast<const float*>(args.inputs[3].data()) + (bh / p.H) * S : nullptr;
+    float* out = static_cast<float*>(args.outputs[0].data()) + (bh * T + t0) * D;  // out_blk: (mq, D)
+    float* lse = static_cast<float*>(args.outputs[1].data()) + bh * T + t0;        // lse_blk: (mq)
+
+    float* qt = work;                                    // (D, BQ)
+    float* st = qt + line_floats(D * kBlockQ);           // (BK, BQ)
+    float* m = st + line_floats(kBlockK * kBlockQ);      // (BQ)
+    float* l = m + line_floats(kBlockQ);                 // (BQ)
+    float* corr = l + line_floats(kBlockQ);              // (BQ)
+    float* keep = corr + line_floats(kBlockQ);           // (BK)
+
+    transpose_block(qt, kBlockQ, q, D, mq, D);
+    std::fill(m, m + mq, kNegInf);
+    std::fill(l, l + mq, 0.0f);
+    std::fill(out, out + mq * D, 0.0f);
+    // Keys past the last query's causal limit are never visible to this block.
+    const int64_t key_end = p.causal ? std::min(S, t0 + mq + S - T) : S;
+    for (int64_t kb = 0; kb < key_end; kb += kBlockK) {
+      const int64_t nk = std::min(kBlockK, key_end - kb);
+      ops.matmul(nk, mq, D, p.scale, k + kb * D, D, 1, qt, kBlockQ, st, kBlockQ, false);
+      ops.forward_softmax(st, kBlockQ, nk, mq, mask ? mask + kb : nullptr, p.causal_offset(t0, kb), m, l, corr);
+      if (kb > 0) ops.scale_rows(out, D, mq, D, corr);
+      if (p.dropout_p > 0.0f) {
+        for (int64_t i = 0; i < mq; ++i) {
+          ops.dropout_row(p.seed, ctx.rng_offset, p.drop_index(bh, t0 + i, kb), nk, p.dropout_p, keep);
+          for (int64_t j = 0; j < nk; ++j) st[j * kBlockQ + i] *= keep[j];
+        }
+      }
+      ops.matmul(mq, D, nk, 1.0f, st, 1, kBlockQ, v + kb * D, D, out, D, true);  // out += Stᵀ·V_blk
+    }
+    for (int64_t i = 0; i < mq; ++i) {
+      const bool seen = l[i] > 0.0f;
+      corr[i] = seen ? 1.0f / l[i] : 0.0f;
+      lse[i] = seen ? m[i] + std::log(l[i]) : 0.0f;
+    }
+    ops.scale_rows(out, D, mq, D, corr);
+  }
+
+  AttentionPlan plan_;
+};
+
+class AttentionBackwardKernel final : public Kernel {
+ public:
+  AttentionBackwardKernel(const ir::Graph& g, const ir::Node& node) : plan_(g, node, 1, 6) {}
+
+  size_t scratch_bytes(int num_threads) const override {
+    const int threads = std::max(num_threads, 1);
+    const int64_t chunks = key_chunks(threads);
+    int64_t floats = threads * thread_floats();
+    if (chunks > 1) floats += chunks * plan_.B * plan_.H * plan_.T * plan_.D;  // private dq partials
+    return static_cast<size_t>(floats) * sizeof(float);
+  }
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const AttentionPlan& p = plan_;
+    const int64_t BH = p.B * p.H;
+    if (BH == 0) return;
+    const int threads = std::max(ctx.num_threads, 1);
+    const int64_t chunks = key_chunks(threads);
+    const int64_t tasks = BH * chunks;
+    float* scratch = static_cast<float*>(args.scratch);
+    float* partials = scratch + threads * thread_floats();  // (chunks, B·H, T, D) when chunks > 1
+    float* dq = static_cast<float*>(args.outputs[0].data());
+    const int64_t rows = BH * p.T;
+#pragma omp parallel num_threads(threads)
+    {
+      float* work = scratch + thread_index() * thread_floats();
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < tasks; ++task) {
+        const int64_t bh = task / chunks, chunk = task % chunks;
+        float* dq_target = chunks == 1 ? dq + bh * p.T * p.D : partials + (chunk * BH + bh) * p.T * p.D;
+        backward_chunk(args, ctx, bh, chunk, chunks, dq_target, work);
+      }
+      if (chunks > 1) {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; ++r) {
+          float* dst = dq + r * p.D;
+          std::copy(partials + r * p.D, partials + (r + 1) * p.D, dst);
+          for (int64_t c = 1; c < chunks; ++c) {
+            const float* src = partials + (c * BH * p.T + r) * p.D;
+            for (int64_t d = 0; d < p.D; ++d) dst[d] += src[d];
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  // Splits each (b, h) into runs of key blocks only when B·H alone cannot occupy the threads.
+  int64_t key_chunks(int threads) const {
+    const int64_t BH = plan_.B * plan_.H;
+    const int64_t key_blocks = (plan_.S + kBlockK - 1) / kBlockK;
+    if (BH == 0 || BH >= threads) return 1;
+    return std::max<int64_t>(1, std::min<int64_t>(key_blocks, (threads + BH - 1) / BH));
+  }
+
+  // Per thread: Kt, Vt (D, BK), P, dP (BQ, BK), Di (T), keep (BK).
+  int64_t thread_floats() const {
+    return 2 * line_floats(plan_.D * kBlockK) + 2 * line_floats(kBlockQ * kBlockK) + line_floats(plan_.T) +
+           line_floats(kBlockK);
+  }
+
+  void backward_chunk(const KernelArgs& args, const StepContext& ctx, int64_t bh, int64_t chunk, int64_t chunks,
+                      float* dq, float* work) const {
+    const AttentionPlan& p = plan_;
+    const TileOps& ops = *p.ops;
+    const int64_t D = p.D, S = p.S, T = p.T;
+    const float* dout = static_cast<const float*>(args.inputs[0].data()) + bh * T * D;  // dout: (T, D)
+    const float* q = static_cast<const float*>(args.inputs[1].data()) + bh * T * D;     // q: (T, D)
+    const float* k = static_cast<const float*>(args.inputs[2].data()) + bh * S * D;     // k: (S, D)
+    const float* v = static_cast<const float*>(args.inputs[3].data()) + bh * S * D;     // v: (S, D)
+    const float* out = static_cast<const float*>(args.inputs[4].data()) + bh * T * D;   // out: (T, D)
+    const float* lse = static_cast<const float*>(args.inputs[5].data()) + bh * T;       // lse: (T)
+    const float* mask = p.has_mask ? static_cast<const float*>(args.inputs[6].data()) + (bh / p.H) * S : nullptr;
+    float* dk = static_cast<float*>(args.outputs[1].data()) + bh * S * D;  // dk: (S, D)
+    float* dv = static_cast<float*>(args.outputs[2].data()) + bh * S * D;  // dv: (S, D)
+
+    float* kt = work;                                  // (D, BK)
+    float* vt = kt + line_floats(D * kBlockK);         // (D, BK)
+    float* pt = vt + line_floats(D * kBlockK);         // P then P·keep: (BQ, BK)
+    float* dp = pt + line_floats(kBlockQ * kBlockK);   // dP then dS: (BQ, BK)
+    float* di = dp + line_floats(kBlockQ * kBlockK);   // (T)
+    float* keep = di + line_floats(T);                 // (BK)
+
+    std::fill(dq, dq + T * D, 0.0f);
+    for (int64_t t = 0; t < T; ++t) {
+      float sum = 0.0f;
+      for (int64_t d = 0; d < D; ++d) sum += dout[t * D + d] * out[t * D + d];
+      di[t] = sum;
+    }
+    const int64_t key_blocks = (S + kBlockK - 1) / kBlockK;
+    const int64_t per_chunk = (key_blocks + chunks - 1) / chunks;
+    const int64_t block_end = std::min(key_blocks, (chunk + 1) * per_chunk);
+    for (int64_t block = chunk * per_chunk; block < block_end; ++block) {
+      const int64_t kb = block * kBlockK, nk = std::min(kBlockK, S - kb);
+      float* dk_blk = dk + kb * D;  // (nk, D)
+      float* dv_blk = dv + kb * D;  // (nk, D)
+      std::fill(dk_blk, dk_blk + nk * D, 0.0f);
+      std::fill(dv_blk, dv_blk + nk * D, 0.0f);
+      transpose_block(kt, kBlockK, k + kb * D, D, nk, D);
+      transpose_block(vt, kBlockK, v + kb * D, D, nk, D);
+      // Queries before t_begin cannot see any key of this block.
+      const int64_t t_begin = p.causal ? std::max<int64_t>(0, kb - (S - T)) : 0;
+      for (int64_t t0 = t_begin; t0 < T; t0 += kBlockQ) {
+        const int64_t mq = std::min(kBlockQ, T - t0);
+        const float* q_blk = q + t0 * D;        // (mq, D)
+        const float* dout_blk = dout + t0 * D;  // (mq, D)
+        ops.matmul(mq, nk, D, p.scale, q_blk, D, 1, kt, kBlockK, pt, kBlockK, false);
+        ops.backward_probs(pt, kBlockK, mq, nk, mask ? mask + kb : nullptr, p.causal_offset(t0, kb), lse + t0);
+        ops.matmul(mq, nk, D, 1.0f, dout_blk, D, 1, vt, kBlockK, dp, kBlockK, false);
+        for (int64_t i = 0; i < mq; ++i) {
+          const float* row_keep = nullptr;
+          if (p.dropout_p > 0.0f) {
+            ops.dropout_row(p.seed, ctx.rng_offset, p.drop_index(bh, t0 + i, kb), nk, p.dropout_p, keep);
+            row_keep = keep;
+          }
+          ops.backward_ds_row(pt + i * kBlockK, dp + i * kBlockK, nk, di[t0 + i], row_keep);
+        }
+        ops.matmul(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, D, dv_blk, D, true);         // dV += Pᵀ·dO
+        ops.matmul(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, D, dk_blk, D, true);         // dK += scale·dSᵀ·Q
+        ops.matmul(mq, D, nk, p.scale, dp, kBlockK, 1, k + kb * D, D, dq + t0 * D, D, true);  // dQ += scale·dS·K
+      }
+    }
+  }
+
+  AttentionPlan plan_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_cpu_attention_kernel(const ir::Graph& graph, const ir::Node& node) {
+  switch (node.op) {
+    case ir::OpKind::Attention:
+      return std::make_unique<AttentionForwardKernel>(graph, node);
+    case ir::OpKind::AttentionBackward:
+      return std::make_unique<AttentionBackwardKernel>(graph, node);
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace fusetrain::kernels

@@ -1,0 +1,221 @@
+// Reference scaled dot-product attention, forward and backward, one query row at
+// a time. Scores, softmax denominators and every dot product are computed in
+// double. Dropout on probability (b, h, t, s) uses element index
+// ((b·H + h)·T + t)·S + s of the stream (seed, rng_offset), as docs/ops.md says.
+//
+// Shape letters: B batch, H heads, T query length, S key length, D head size.
+//   q, out, dout, dq: (B, H, T, D)   k, v, dk, dv: (B, H, S, D)
+//   lse: (B, H, T)                   mask: (B, S) additive, optional
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/ref/ref_kernels.h"
+#include "kernels/rng.h"
+
+namespace fusetrain::kernels::ref {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+struct AttentionDims {
+  int64_t B = 0, H = 0, T = 0, S = 0, D = 0;
+  double scale = 1.0;
+  bool causal = false;
+  double dropout_p = 0.0;
+  uint64_t seed = 0;
+};
+
+AttentionDims parse_attention(const ir::Graph& g, const ir::Node& n, size_t q_input) {
+  const Shape& q = input_shape(g, n, q_input);
+  const Shape& k = input_shape(g, n, q_input + 1);
+  AttentionDims a;
+  a.B = q[0];
+  a.H = q[1];
+  a.T = q[2];
+  a.D = q[3];
+  a.S = k[2];
+  a.scale = n.attrs.get_float("scale");
+  a.causal = n.attrs.get_int("causal", 0) != 0;
+  a.dropout_p = n.attrs.get_float("dropout_p", 0.0);
+  a.seed = static_cast<uint64_t>(n.attrs.get_int("seed", 0));
+  return a;
+}
+
+// Query t sees key s unless causal and s > t + S − T.
+bool key_allowed(const AttentionDims& a, int64_t t, int64_t s) { return !a.causal || s <= t + a.S - a.T; }
+
+// scores (S) for query row t of head (b, h): scale·q·k + mask[b, s] on allowed
+// keys, −inf on the others. Returns the maximum (−inf if no key counts).
+double attention_scores(double* scores, const float* q_row, const float* k_head, const float* mask,
+                        const AttentionDims& a, int64_t b, int64_t t) {
+  double max = kNegInf;
+  for (int64_t s = 0; s < a.S; ++s) {
+    if (!key_allowed(a, t, s)) {
+      scores[s] = kNegInf;
+      continue;
+    }
+    double dot = 0.0;
+    for (int64_t d = 0; d < a.D; ++d) dot += static_cast<double>(q_row[d]) * k_head[s * a.D + d];
+    scores[s] = a.scale * dot + (mask != nullptr ? static_cast<double>(mask[b * a.S + s]) : 0.0);
+    max = std::max(max, scores[s]);
+  }
+  return max;
+}
+
+// The dropout factor of probability (b, h, t, s): 1/(1−p) if kept, 0 if dropped.
+double dropout_factor(const AttentionDims& a, uint64_t rng_offset, int64_t b, int64_t h, int64_t t, int64_t s) {
+  if (a.dropout_p == 0.0) return 1.0;
+  const uint64_t index = static_cast<uint64_t>(((b * a.H + h) * a.T + t) * a.S + s);
+  return dropout_keep(a.seed, rng_offset, index, static_cast<float>(a.dropout_p)) ? 1.0 / (1.0 - a.dropout_p) : 0.0;
+}
+
+// out = dropout(softmax(scale·q·kᵀ + mask)) · v;  lse = log Σ_s exp(scores) over allowed keys.
+// A row with no allowed key (or only −inf scores) has no softmax: its output is 0
+// and its lse is stored as 0 (not −inf), so backward recomputes all-zero
+// probabilities for it. probs: S doubles of scratch.
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, const float* mask,
+                       const AttentionDims& a, uint64_t rng_offset, const bool accumulate[2], double* probs) {
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t h = 0; h < a.H; ++h) {
+      const int64_t head = b * a.H + h;
+      const float* k_head = k + head * a.S * a.D;
+      const float* v_head = v + head * a.S * a.D;
+      for (int64_t t = 0; t < a.T; ++t) {
+        const int64_t row = head * a.T + t;
+        const double max = attention_scores(probs, q + row * a.D, k_head, mask, a, b, t);
+        double row_lse = 0.0;
+        if (max == kNegInf) {
+          for (int64_t s = 0; s < a.S; ++s) probs[s] = 0.0;
+        } else {
+          double sum = 0.0;
+          for (int64_t s = 0; s < a.S; ++s) sum += std::exp(probs[s] - max);
+          row_lse = max + std::log(sum);
+          for (int64_t s = 0; s < a.S; ++s)
+            probs[s] = std::exp(probs[s] - row_lse) * dropout_factor(a, rng_offset, b, h, t, s);
+        }
+        store(lse, DType::f32, row, row_lse, accumulate[1]);
+        for (int64_t d = 0; d < a.D; ++d) {
+          double sum = 0.0;
+          for (int64_t s = 0; s < a.S; ++s) sum += probs[s] * v_head[s * a.D + d];
+          store(out, DType::f32, row * a.D + d, sum, accumulate[0]);
+        }
+      }
+    }
+}
+
+// With P = exp(scores − lse) (recomputed from the saved lse), m the dropout
+// factor (keep/(1−p)) and Pd = P·m the probabilities the forward pass used:
+//   dV = Pdᵀ·dO
+//   dPd = (dO·Vᵀ)·m                         (gradient w.r.t. P through dropout)
+//   dS = P ⊙ (dPd − Σ_s P·dPd)              (Σ_s P·dPd equals rowsum(dO ⊙ out))
+//   dQ = scale·dS·K,  dK = scale·dSᵀ·Q
+// Scratch: probs, dprobs_dropped, probs_dropped (S each), dk_sum, dv_sum (S·D each).
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                        const float* v, const float* lse, const float* mask, const AttentionDims& a,
+                        uint64_t rng_offset, const bool accumulate[3], double* scratch) {
+  double* probs = scratch;
+  double* probs_dropped = probs + a.S;
+  double* dprobs_dropped = probs_dropped + a.S;
+  double* dk_sum = dprobs_dropped + a.S;
+  double* dv_sum = dk_sum + a.S * a.D;
+  for (int64_t b = 0; b < a.B; ++b)
+    for (int64_t h = 0; h < a.H; ++h) {
+      const int64_t head = b * a.H + h;
+      const float* k_head = k + head * a.S * a.D;
+      const float* v_head = v + head * a.S * a.D;
+      for (int64_t e = 0; e < a.S * a.D; ++e) dk_sum[e] = dv_sum[e] = 0.0;
+      for (int64_t t = 0; t < a.T; ++t) {
+        const int64_t row = head * a.T + t;
+        const float* q_row = q + row * a.D;
+        const float* dout_row = dout + row * a.D;
+        attention_scores(probs, q_row, k_head, mask, a, b, t);
+        double row_term = 0.0;  // Σ_s P·dPd
+        for (int64_t s = 0; s < a.S; ++s) {
+          const double factor = dropout_factor(a, rng_offset, b, h, t, s);
+          probs[s] = probs[s] == kNegInf ? 0.0 : std::exp(probs[s] - static_cast<double>(lse[row]));
+          probs_dropped[s] = probs[s] * factor;
+          double dot = 0.0;  // (dO·Vᵀ)[t, s]
+          for (int64_t d = 0; d < a.D; ++d) dot += static_cast<double>(dout_row[d]) * v_head[s * a.D + d];
+          dprobs_dropped[s] = dot * factor;
+          row_term += probs[s] * dprobs_dropped[s];
+        }
+        for (int64_t s = 0; s < a.S; ++s) {
+          const double dscore = probs[s] * (dprobs_dropped[s] - row_term);
+          for (int64_t d = 0; d < a.D; ++d) {
+            dv_sum[s * a.D + d] += probs_dropped[s] * dout_row[d];
+            dk_sum[s * a.D + d] += a.scale * dscore * q_row[d];
+          }
+          probs[s] = dscore;  // probs now holds dS for the dQ loop below
+        }
+        for (int64_t d = 0; d < a.D; ++d) {
+          double sum = 0.0;
+          for (int64_t s = 0; s < a.S; ++s) sum += probs[s] * k_head[s * a.D + d];
+          store(dq, DType::f32, row * a.D + d, a.scale * sum, accumulate[0]);
+        }
+      }
+      for (int64_t e = 0; e < a.S * a.D; ++e) {
+        store(dk, DType::f32, head * a.S * a.D + e, dk_sum[e], accumulate[1]);
+        store(dv, DType::f32, head * a.S * a.D + e, dv_sum[e], accumulate[2]);
+      }
+    }
+}
+
+class AttentionRef final : public RefKernel {
+ public:
+  AttentionRef(const ir::Graph& g, const ir::Node& n)
+      : dims_(parse_attention(g, n, 0)), has_mask_(n.inputs.size() == 4) {}
+
+  size_t scratch_bytes(int) const override { return static_cast<size_t>(dims_.S) * sizeof(double); }
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const bool acc[2] = {accumulate_flag(args, 0), accumulate_flag(args, 1)};
+    // inputs: q, k, v, [mask]; outputs: out, lse
+    const float* mask = has_mask_ ? args.inputs[3].data_as<float>() : nullptr;
+    attention_forward(args.outputs[0].data_as<float>(), args.outputs[1].data_as<float>(),
+                      args.inputs[0].data_as<float>(), args.inputs[1].data_as<float>(),
+                      args.inputs[2].data_as<float>(), mask, dims_, ctx.rng_offset, acc,
+                      static_cast<double*>(args.scratch));
+  }
+
+ private:
+  AttentionDims dims_;
+  bool has_mask_;
+};
+
+class AttentionBackwardRef final : public RefKernel {
+ public:
+  AttentionBackwardRef(const ir::Graph& g, const ir::Node& n)
+      : dims_(parse_attention(g, n, 1)), has_mask_(n.inputs.size() == 7) {}
+
+  size_t scratch_bytes(int) const override {
+    return static_cast<size_t>(3 * dims_.S + 2 * dims_.S * dims_.D) * sizeof(double);
+  }
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const bool acc[3] = {accumulate_flag(args, 0), accumulate_flag(args, 1), accumulate_flag(args, 2)};
+    // inputs: dout, q, k, v, out, lse, [mask]; outputs: dq, dk, dv. `out` is not
+    // needed: the row term Σ_s P·dPd is computed directly.
+    const float* mask = has_mask_ ? args.inputs[6].data_as<float>() : nullptr;
+    attention_backward(args.outputs[0].data_as<float>(), args.outputs[1].data_as<float>(),
+                       args.outputs[2].data_as<float>(), args.inputs[0].data_as<float>(),
+                       args.inputs[1].data_as<float>(), args.inputs[2].data_as<float>(),
+                       args.inputs[3].data_as<float>(), args.inputs[5].data_as<float>(), mask, dims_, ctx.rng_offset,
+                       acc, static_cast<double*>(args.scratch));
+  }
+
+ private:
+  AttentionDims dims_;
+  bool has_mask_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_attention_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<AttentionRef>(g, n);
+}
+
+std::unique_ptr<Kernel> make_attention_backward_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<AttentionBackwardRef>(g, n);
+}
+
+}  // namespace fusetrain::kernels::ref

@@ -1,0 +1,420 @@
+// Tuned CPU MatMul, Linear, Attention and AttentionBackward (make_cpu_dense_kernel)
+// against the reference kernels (make_ref_kernel) on random inputs, one-node graphs.
+//
+// Shape letters: B batch, H heads, T query length, S key length, D head size,
+// M/N/K matmul extents, R rows of a Linear input.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fusetrain/core/alloc.h"
+#include "fusetrain/core/half.h"
+#include "fusetrain/ir/builder.h"
+#include "kernels/cpu/basic_kernels.h"
+#include "kernels/factories.h"
+
+namespace fusetrain::kernels {
+namespace {
+
+using ir::OpKind;
+using ir::ValueId;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+const int64_t kSizes[] = {1, 3, 17, 129};
+
+// Forces the portable tile code for kernels created while it lives.
+class ScopedPortable {
+ public:
+  explicit ScopedPortable(bool portable) { cpu_basic::force_portable_path(portable); }
+  ~ScopedPortable() { cpu_basic::force_portable_path(false); }
+};
+
+// Uniform [-1, 1) values; bf16 tensors get the nearest bf16.
+Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937& rng) {
+  Tensor t = Tensor::zeros(shape, dtype);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (dtype == DType::bf16) static_cast<uint16_t*>(t.data())[i] = float_to_bf16(dist(rng));
+    else static_cast<float*>(t.data())[i] = dist(rng);
+  }
+  return t;
+}
+
+// Runs `kernel` on `inputs`. Without `initial` the outputs start as NaN (a kernel must
+// overwrite them); with it they start as copies of `initial` and the accumulate flags are set.
+std::vector<Tensor> run_kernel(Kernel& kernel, const ir::Graph& g, const ir::Node& node,
+                               const std::vector<Tensor>& inputs, int threads, uint64_t rng_offset = 0,
+                               const std::vector<Tensor>* initial = nullptr) {
+  KernelArgs args;
+  args.inputs = inputs;
+  for (size_t i = 0; i < node.outputs.size(); ++i) {
+    const ir::Value& out = g.value(node.outputs[i]);
+    Tensor t = initial ? (*initial)[i].clone() : Tensor::zeros(out.shape, out.dtype);
+    if (!initial)
+      for (int64_t e = 0; e < t.numel(); ++e) t.set_item(e, kNaN);
+    args.outputs.push_back(t);
+    args.accumulate.push_back(initial ? 1 : 0);
+  }
+  AlignedPtr scratch = aligned_allocate(std::max<size_t>(kernel.scratch_bytes(threads), 64));
+  args.scratch = scratch.get();
+  StepContext ctx;
+  ctx.num_threads = threads;
+  ctx.rng_offset = rng_offset;
+  kernel.run(args, ctx);
+  return args.outputs;
+}
+
+// Largest |a − b| divided by max(1, largest |b|); NaN anywhere gives infinity.
+double scaled_max_error(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  double worst = 0.0, scale = 1.0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    double x = a.item(i), y = b.item(i);
+    if (std::isnan(x) || std::isnan(y)) return kInf;
+    worst = std::max(worst, std::abs(x - y));
+    scale = std::max(scale, std::abs(y));
+  }
+  return worst / scale;
+}
+
+// ‖a − b‖ / ‖b‖ (‖b‖ floored at 1e-30).
+double relative_norm_error(const Tensor& a, const Tensor& b) {
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    double x = a.item(i), y = b.item(i);
+    if (std::isnan(x) || std::isnan(y)) return kInf;
+    diff += (x - y) * (x - y);
+    norm += y * y;
+  }
+  return std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+}
+
+// Random inputs for `node`, runs tuned and reference kernels, compares every output.
+void expect_matches_reference(const ir::Graph& g, const ir::Node& node, int threads, double tolerance,
+                              bool accumulate, std::mt19937& rng, const std::string& label, bool norm_wise = false) {
+  std::vector<Tensor> inputs;
+  for (ValueId v : node.inputs) inputs.push_back(random_tensor(g.value(v).shape, g.value(v).dtype, rng));
+  std::vector<Tensor> initial;
+  for (ValueId v : node.outputs) initial.push_back(random_tensor(g.value(v).shape, g.value(v).dtype, rng));
+  std::unique_ptr<Kernel> tuned = make_cpu_dense_kernel(g, node);
+  ASSERT_NE(tuned, nullptr) << label;
+  EXPECT_TRUE(tuned->accumulates()) << label;  // MatMul and Linear handle the flag themselves
+  std::unique_ptr<Kernel> reference = make_ref_kernel(g, node);
+  std::vector<Tensor> got = run_kernel(*tuned, g, node, inputs, threads, 0, accumulate ? &initial : nullptr);
+  std::vector<Tensor> want = run_kernel(*reference, g, node, inputs, 1, 0, accumulate ? &initial : nullptr);
+  for (size_t i = 0; i < got.size(); ++i) {
+    double error = norm_wise ? relative_norm_error(got[i], want[i]) : scaled_max_error(got[i], want[i]);
+    EXPECT_LE(error, tolerance) << label << " output " << i;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// MatMul and Linear
+// ---------------------------------------------------------------------------
+
+// a, b dims as stored (transposes already applied by the caller).
+void check_matmul(std::vector<int64_t> a_dims, std::vector<int64_t> b_dims, bool trans_a, bool trans_b, DType dtype,
+                  int threads, bool accumulate, std::mt19937& rng) {
+  ir::Graph g;
+  ir::GraphBuilder builder(g);
+  ValueId a = builder.input("a", Shape(a_dims), dtype);
+  ValueId b = builder.input("b", Shape(b_dims), dtype);
+  builder.matmul(a, b, trans_a, trans_b);
+  std::string label = "MatMul " + Shape(a_dims).to_string() + " x " + Shape(b_dims).to_string() +
+                      " trans_a=" + std::to_string(trans_a) + " trans_b=" + std::to_string(trans_b) + " " +
+                      dtype_name(dtype) + " threads=" + std::to_string(threads) +
+                      (accumulate ? " accumulate" : "");
+  bool bf16 = dtype == DType::bf16;
+  expect_matches_reference(g, g.nodes().back(), threads, bf16 ? 2e-3 : 2e-6, accumulate, rng, label, bf16);
+}
+
+// Stored dims of an (M, K) operand (or (K, M) when transposed), with leading batch dims.
+std::vector<int64_t> stored(std::vector<int64_t> batch, int64_t rows, int64_t cols, bool transposed) {
+  batch.push_back(transposed ? cols : rows);
+  batch.push_back(transposed ? rows : cols);
+  return batch;
+}
+
+TEST(CpuDenseKernels, MatMulEveryTransposeAndSize) {
+  std::mt19937 rng(1);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int64_t m : kSizes)
+        for (int64_t n : kSizes)
+          for (int64_t k : kSizes)
+            check_matmul(stored({}, m, k, ta), stored({}, k, n, tb), ta, tb, DType::f32, m == 129 ? 2 : 1, false,
+                         rng);
+}
+
+TEST(CpuDenseKernels, MatMulBatchedAndBroadcast) {
+  std::mt19937 rng(2);
+  for (int threads : {1, 2})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (int64_t size : {3, 17, 129}) {
+          int64_t m = size, n = 17, k = size == 3 ? 1 : 33;
+          // both batched, a broadcast over b's batch, b broadcast over a's batch (folded when !ta)
+          check_matmul(stored({2, 3}, m, k, ta), stored({2, 3}, k, n, tb), ta, tb, DType::f32, threads, false, rng);
+          check_matmul(stored({}, m, k, ta), stored({2, 3}, k, n, tb), ta, tb, DType::f32, threads, false, rng);
+          check_matmul(stored({2, 3}, m, k, ta), stored({}, k, n, tb), ta, tb, DType::f32, threads, false, rng);
+        }
+}
+
+TEST(CpuDenseKernels, MatMulBf16) {
+  std::mt19937 rng(3);
+  for (int threads : {1, 2})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (int64_t size : kSizes) {
+          check_matmul(stored({}, size, 129, ta), stored({}, 129, 17, tb), ta, tb, DType::bf16, threads, false, rng);
+          check_matmul(stored({4}, 17, size, ta), stored({}, size, 3, tb), ta, tb, DType::bf16, threads, false, rng);
+          check_matmul(stored({}, 3, size, ta), stored({4}, size, 129, tb), ta, tb, DType::bf16, threads, false, rng);
+        }
+}
+
+TEST(CpuDenseKernels, MatMulAccumulates) {
+  std::mt19937 rng(4);
+  for (int threads : {1, 2})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        check_matmul(stored({}, 17, 129, ta), stored({}, 129, 3, tb), ta, tb, DType::f32, threads, true, rng);
+        check_matmul(stored({2}, 129, 17, ta), stored({}, 17, 33, tb), ta, tb, DType::f32, threads, true, rng);
+        check_matmul(stored({2}, 3, 17, ta), stored({2}, 17, 129, tb), ta, tb, DType::bf16, threads, true, rng);
+      }
+}
+
+TEST(CpuDenseKernels, MatMulBf16ResultFallsBackToReference) {
+  ir::Graph g;
+  ir::GraphBuilder builder(g);
+  ValueId a = builder.input("a", Shape{3, 4}, DType::bf16);
+  ValueId b = builder.input("b", Shape{4, 5}, DType::bf16);
+  g.add(OpKind::MatMul, {a, b}, {{"out_dtype", std::string("bf16")}});
+  EXPECT_EQ(make_cpu_dense_kernel(g, g.nodes().back()), nullptr);
+  builder.add(a, a);
+  EXPECT_EQ(make_cpu_dense_kernel(g, g.nodes().back()), nullptr);
+}
+
+void check_linear(std::vector<int64_t> x_dims, int64_t n, bool bias, DType dtype, int threads, bool accumulate,
+                  std::mt19937& rng) {
+  ir::Graph g;
+  ir::GraphBuilder builder(g);
+  ValueId x = builder.input("x", Shape(x_dims), dtype);
+  ValueId w = builder.input("w", Shape{n, x_dims.back()}, dtype);
+  ValueId b = bias ? builder.input("bias", Shape{n}) : ir::kNone;
+  builder.linear(x, w, b);
+  std::string label = "Linear x" + Shape(x_dims).to_string() + " N=" + std::to_string(n) + " " +
+                      dtype_name(dtype) + (bias ? " bias" : "") + (accumulate ? " accumulate" : "") +
+                      " threads=" + std::to_string(threads);
+  bool bf16 = dtype == DType::bf16;
+  expect_matches_reference(g, g.nodes().back(), threads, bf16 ? 2e-3 : 2e-6, accumulate, rng, label, bf16);
+}
+
+TEST(CpuDenseKernels, Linear) {
+  std::mt19937 rng(5);
+  for (int threads : {1, 2})
+    for (bool bias : {false, true})
+      for (bool accumulate : {false, true})
+        for (DType dtype : {DType::f32, DType::bf16})
+          for (int64_t size : kSizes) {
+            check_linear({size, 17}, 129, bias, dtype, threads, accumulate, rng);
+            check_linear({2, 3, 129}, size, bias, dtype, threads, accumulate, rng);
+            check_linear({size}, 3, bias, dtype, threads, accumulate, rng);
+          }
+  // Large enough for the parallel bias pass.
+  check_linear({300, 64}, 257, true, DType::f32, 2, false, rng);
+  check_linear({300, 64}, 257, true, DType::f32, 2, true, rng);
+}
+
+// ---------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------
+
+struct AttentionCase {
+  int64_t B = 2, H = 2, T = 3, S = 3, D = 8;
+  bool mask = false;
+  bool causal = false;
+  double dropout = 0.0;
+  int threads = 1;
+  bool dead_row = false;  // batch 0's mask is −inf everywhere: no query there sees a key
+
+  std::string label() const {
+    return "Attention B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
+           " S=" + std::to_string(S) + " D=" + std::to_string(D) + (mask ? " mask" : "") +
+           (causal ? " causal" : "") + " dropout=" + std::to_string(dropout) +
+           " threads=" + std::to_string(threads) + (dead_row ? " dead-row" : "");
+  }
+};
+
+// q, k, v uniform in [-2, 2) (sharper softmax than [-1, 1)); mask 0 or −3 per key,
+// −inf for batch 0 when dead_row.
+std::vector<Tensor> attention_inputs(const AttentionCase& c, std::mt19937& rng) {
+  std::vector<Tensor> in;
+  for (Shape s : {Shape{c.B, c.H, c.T, c.D}, Shape{c.B, c.H, c.S, c.D}, Shape{c.B, c.H, c.S, c.D}}) {
+    Tensor t = random_tensor(s, DType::f32, rng);
+    for (int64_t i = 0; i < t.numel(); ++i) t.set_item(i, 2.0 * t.item(i));
+    in.push_back(t);
+  }
+  if (c.mask) {
+    Tensor m = Tensor::zeros(Shape{c.B, c.S}, DType::f32);
+    std::bernoulli_distribution masked(0.3);
+    for (int64_t i = 0; i < m.numel(); ++i) m.set_item(i, masked(rng) ? -3.0 : 0.0);
+    if (c.dead_row)
+      for (int64_t s = 0; s < c.S; ++s) m.set_item(s, -kInf);
+    in.push_back(m);
+  }
+  return in;
+}
+
+// Forward and backward of one case, tuned against reference. The backward nodes read
+// the reference forward's out and lse, as they would after a reference forward pass.
+void check_attention(const AttentionCase& c, std::mt19937& rng) {
+  const std::string label = c.label();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+  const uint64_t rng_offset = 7;
+  ir::Graph g;
+  ir::GraphBuilder builder(g, 11);
+  ValueId q = builder.input("q", Shape{c.B, c.H, c.T, c.D});
+  ValueId k = builder.input("k", Shape{c.B, c.H, c.S, c.D});
+  ValueId v = builder.input("v", Shape{c.B, c.H, c.S, c.D});
+  ValueId mask = c.mask ? builder.input("mask", Shape{c.B, c.S}) : ir::kNone;
+  builder.attention(q, k, v, mask, scale, c.causal, c.dropout);
+  const ir::Node forward = g.nodes().back();
+  ValueId dout = builder.input("dout", Shape{c.B, c.H, c.T, c.D});
+  ValueId out = builder.input("out", Shape{c.B, c.H, c.T, c.D});
+  ValueId lse = builder.input("lse", Shape{c.B, c.H, c.T});
+  std::vector<ValueId> backward_inputs{dout, q, k, v, out, lse};
+  if (c.mask) backward_inputs.push_back(mask);
+  g.add_node(OpKind::AttentionBackward, backward_inputs, forward.attrs);
+  const ir::Node backward = g.nodes().back();
+
+  std::vector<Tensor> inputs = attention_inputs(c, rng);
+  std::unique_ptr<Kernel> tuned = make_cpu_dense_kernel(g, forward);
+  ASSERT_NE(tuned, nullptr) << label;
+  std::unique_ptr<Kernel> reference = make_ref_kernel(g, forward);
+  std::vector<Tensor> got = run_kernel(*tuned, g, forward, inputs, c.threads, rng_offset);
+  std::vector<Tensor> want = run_kernel(*reference, g, forward, inputs, 1, rng_offset);
+  EXPECT_LE(scaled_max_error(got[0], want[0]), 1e-5) << label << " out";
+  EXPECT_LE(scaled_max_error(got[1], want[1]), 1e-5) << label << " lse";
+  if (c.dead_row) {
+    for (int64_t i = 0; i < c.H * c.T * c.D; ++i) ASSERT_EQ(got[0].item(i), 0.0) << label;
+    for (int64_t i = 0; i < c.H * c.T; ++i) ASSERT_EQ(got[1].item(i), 0.0) << label;
+  }
+
+  std::vector<Tensor> backward_in{random_tensor(Shape{c.B, c.H, c.T, c.D}, DType::f32, rng), inputs[0], inputs[1],
+                                  inputs[2], want[0], want[1]};
+  if (c.mask) backward_in.push_back(inputs[3]);
+  std::unique_ptr<Kernel> tuned_backward = make_cpu_dense_kernel(g, backward);
+  ASSERT_NE(tuned_backward, nullptr) << label;
+  EXPECT_FALSE(tuned_backward->accumulates());
+  std::unique_ptr<Kernel> reference_backward = make_ref_kernel(g, backward);
+  std::vector<Tensor> grads = run_kernel(*tuned_backward, g, backward, backward_in, c.threads, rng_offset);
+  std::vector<Tensor> want_grads = run_kernel(*reference_backward, g, backward, backward_in, 1, rng_offset);
+  const char* names[] = {" dq", " dk", " dv"};
+  for (int i = 0; i < 3; ++i)
+    EXPECT_LE(scaled_max_error(grads[i], want_grads[i]), 2e-5) << label << names[i];
+}
+
+// T, S in {1, 3, 17, 129}, D in {8, 64}, with and without mask, causal where T <= S,
+// dropout 0 and 0.1, on the given thread count.
+void check_attention_grid(int threads, std::mt19937& rng) {
+  for (int64_t T : kSizes)
+    for (int64_t S : kSizes)
+      for (int64_t D : {8, 64})
+        for (bool mask : {false, true})
+          for (bool causal : {false, true})
+            for (double dropout : {0.0, 0.1}) {
+              if (causal && T > S) continue;
+              AttentionCase c;
+              c.T = T, c.S = S, c.D = D, c.mask = mask, c.causal = causal, c.dropout = dropout, c.threads = threads;
+              check_attention(c, rng);
+            }
+}
+
+TEST(CpuDenseKernels, AttentionOneThread) {
+  std::mt19937 rng(6);
+  check_attention_grid(1, rng);
+}
+
+TEST(CpuDenseKernels, AttentionTwoThreads) {
+  std::mt19937 rng(7);
+  check_attention_grid(2, rng);
+}
+
+TEST(CpuDenseKernels, AttentionPortablePath) {
+  ScopedPortable portable(true);
+  std::mt19937 rng(8);
+  for (int64_t T : {1, 17, 129})
+    for (int64_t S : {3, 129})
+      for (bool causal : {false, true})
+        for (double dropout : {0.0, 0.1}) {
+          if (causal && T > S) continue;
+          AttentionCase c;
+          c.T = T, c.S = S, c.D = 64, c.mask = true, c.causal = causal, c.dropout = dropout, c.threads = 2;
+          check_attention(c, rng);
+        }
+}
+
+// Fewer (b, h) pairs than threads: backward splits keys and sums private dq partials.
+TEST(CpuDenseKernels, AttentionFewHeadsManyThreads) {
+  std::mt19937 rng(9);
+  for (int threads : {2, 3, 4})
+    for (bool causal : {false, true})
+      for (double dropout : {0.0, 0.1}) {
+        AttentionCase c;
+        c.B = 1, c.H = 1, c.T = 129, c.S = 200, c.D = 64, c.causal = causal, c.dropout = dropout;
+        c.threads = threads;
+        check_attention(c, rng);
+      }
+}
+
+TEST(CpuDenseKernels, AttentionOddHeadSizes) {
+  std::mt19937 rng(12);
+  for (int64_t D : {1, 5, 80, 128})
+    for (bool portable : {false, true}) {
+      ScopedPortable path(portable);
+      AttentionCase c;
+      c.T = 33, c.S = 70, c.D = D, c.mask = true, c.causal = true, c.dropout = 0.1, c.threads = 2;
+      check_attention(c, rng);
+    }
+}
+
+TEST(CpuDenseKernels, AttentionRowWithoutKeys) {
+  std::mt19937 rng(10);
+  for (int threads : {1, 2})
+    for (bool causal : {false, true}) {
+      AttentionCase c;
+      c.T = 17, c.S = 70, c.D = 8, c.mask = true, c.dead_row = true, c.causal = causal, c.threads = threads;
+      check_attention(c, rng);
+    }
+}
+
+TEST(CpuDenseKernels, AttentionBackwardIsDeterministic) {
+  std::mt19937 rng(11);
+  ir::Graph g;
+  ir::GraphBuilder builder(g);
+  const Shape q_shape{1, 1, 100, 16}, kv_shape{1, 1, 300, 16};
+  std::vector<ValueId> in{builder.input("dout", q_shape), builder.input("q", q_shape), builder.input("k", kv_shape),
+                          builder.input("v", kv_shape),   builder.input("out", q_shape),
+                          builder.input("lse", Shape{1, 1, 100})};
+  g.add_node(OpKind::AttentionBackward, in, {{"scale", 0.25}, {"causal", int64_t{0}}, {"dropout_p", 0.0}});
+  const ir::Node& node = g.nodes().back();
+  std::vector<Tensor> inputs;
+  for (ValueId v : node.inputs) inputs.push_back(random_tensor(g.value(v).shape, DType::f32, rng));
+  std::unique_ptr<Kernel> kernel = make_cpu_dense_kernel(g, node);
+  std::vector<Tensor> first = run_kernel(*kernel, g, node, inputs, 4);
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    std::vector<Tensor> again = run_kernel(*kernel, g, node, inputs, 4);
+    for (size_t i = 0; i < first.size(); ++i)
+      ASSERT_EQ(std::memcmp(first[i].data(), again[i].data(), first[i].nbytes()), 0) << "output " << i;
+  }
+}
+
+}  // namespace
+}  // namespace fusetrain::kernels

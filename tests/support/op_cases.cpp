@@ -1,0 +1,190 @@
+#include "support/op_cases.h"
+
+#include <cmath>
+#include <random>
+
+namespace fusetrain::testing {
+
+using ir::GraphBuilder;
+using ir::OpKind;
+using ir::ValueId;
+using Outs = std::vector<ValueId>;
+
+namespace {
+
+std::vector<OpCase> make_cases() {
+  std::vector<OpCase> c;
+  auto add = [&](std::string name, OpKind op, std::function<Outs(GraphBuilder&, int64_t)> build,
+                 std::map<std::string, Fill> fills = {}) -> OpCase& {
+    c.push_back({std::move(name), op, std::move(build), std::move(fills)});
+    return c.back();
+  };
+
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      add("matmul_2d_ta" + std::to_string(ta) + "_tb" + std::to_string(tb), OpKind::MatMul,
+          [ta, tb](GraphBuilder& b, int64_t n) {
+            ValueId a = b.param("a", ta ? Shape{5, n} : Shape{n, 5});
+            ValueId w = b.param("b", tb ? Shape{4, 5} : Shape{5, 4});
+            return Outs{b.matmul(a, w, ta, tb)};
+          });
+  add("matmul_batched", OpKind::MatMul, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.matmul(b.param("a", {2, 3, n, 4}), b.param("b", {2, 3, 5, 4}), false, true)};
+  });
+  add("matmul_broadcast_b", OpKind::MatMul, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.matmul(b.param("a", {2, n, 4}), b.param("b", {4, 3}))};
+  });
+  add("matmul_broadcast_a", OpKind::MatMul, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.matmul(b.param("a", {n, 4}), b.param("b", {2, 4, 3}))};
+  });
+  {
+    // Values on a 1/16 grid in [-1, 1] and steps of 1/16 stay exact in bf16; the
+    // loss is linear in each element, so central differences are exact too.
+    OpCase& bf16 = add("matmul_bf16", OpKind::MatMul, [](GraphBuilder& b, int64_t n) {
+      ValueId a = b.cast(b.param("a", {n, 8}), DType::bf16);
+      ValueId w = b.cast(b.param("b", {8, 4}), DType::bf16);
+      return Outs{b.matmul(a, w)};
+    }, {{"a", {-1, 1, 0, 0, 1.0 / 16}}, {"b", {-1, 1, 0, 0, 1.0 / 16}}});
+    bf16.eps = 1.0 / 16;
+  }
+  add("linear_bias", OpKind::Linear, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.linear(b.param("x", {2, n, 6}), b.param("w", {4, 6}), b.param("bias", {4}))};
+  });
+  add("linear_no_bias", OpKind::Linear, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.linear(b.param("x", {n, 5}), b.param("w", {3, 5}))};
+  });
+
+  add("add_broadcast", OpKind::Add, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.add(b.param("a", {n, 4}), b.param("b", {4}))};
+  });
+  add("add_both_broadcast", OpKind::Add, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.add(b.param("a", {n, 1}), b.param("b", {1, 3}))};
+  });
+  add("add_same_value", OpKind::Add, [](GraphBuilder& b, int64_t n) {
+    ValueId x = b.param("x", {n, 3});
+    return Outs{b.add(x, x)};
+  });
+  add("sub_broadcast", OpKind::Sub, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.sub(b.param("a", {2, n}), b.param("b", {2, 1}))};
+  });
+  add("mul_broadcast", OpKind::Mul, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.mul(b.param("a", {n, 4}), b.param("b", {1, 4}))};
+  });
+  add("div_broadcast", OpKind::Div, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.div(b.param("a", {n, 3}), b.param("b", {3}))};
+  }, {{"b", {0.5, 1.5}}});
+  add("scale", OpKind::Scale, [](GraphBuilder& b, int64_t n) { return Outs{b.scale(b.param("x", {n, 3}), -2.5)}; });
+  add("gelu_erf", OpKind::Gelu, [](GraphBuilder& b, int64_t n) { return Outs{b.gelu(b.param("x", {n, 5}), "none")}; },
+      {{"x", {-3, 3}}});
+  add("gelu_tanh", OpKind::Gelu, [](GraphBuilder& b, int64_t n) { return Outs{b.gelu(b.param("x", {n, 5}), "tanh")}; },
+      {{"x", {-3, 3}}});
+  add("tanh", OpKind::Tanh, [](GraphBuilder& b, int64_t n) { return Outs{b.tanh(b.param("x", {n, 4}))}; },
+      {{"x", {-2, 2}}});
+  add("relu", OpKind::Relu, [](GraphBuilder& b, int64_t n) { return Outs{b.relu(b.param("x", {n, 4}))}; });
+  add("softmax", OpKind::Softmax, [](GraphBuilder& b, int64_t n) { return Outs{b.softmax(b.param("x", {n, 7}))}; },
+      {{"x", {-3, 3}}});
+  add("layer_norm", OpKind::LayerNorm, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.layer_norm(b.param("x", {2, n, 8}), b.param("gamma", {8}), b.param("beta", {8}), 1e-5)};
+  }, {{"gamma", {0.5, 1.5}}});
+  add("embedding", OpKind::Embedding, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.embedding(b.param("weight", {11, 6}), b.input("ids", {2, n}, DType::i64))};
+  }, {{"ids", {0, 0, 11}}});
+  add("embedding_i32", OpKind::Embedding, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.embedding(b.param("weight", {5, 3}), b.input("ids", {n}, DType::i32))};
+  }, {{"ids", {0, 0, 5}}});
+  add("dropout", OpKind::Dropout, [](GraphBuilder& b, int64_t n) { return Outs{b.dropout(b.param("x", {n, 8}), 0.3)}; });
+  add("reshape", OpKind::Reshape, [](GraphBuilder& b, int64_t n) {
+    ValueId y = b.reshape(b.param("x", {n, 6}), {-1, 2, 3});
+    return Outs{b.mul(y, y)};  // a non-linear use so the gradient depends on x
+  });
+  add("transpose_0213", OpKind::Transpose, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.transpose(b.param("x", {2, n, 3, 4}), {0, 2, 1, 3})};
+  });
+  add("transpose_last_two", OpKind::Transpose, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.transpose(b.param("x", {n, 5}), {1, 0})};
+  });
+  add("split", OpKind::Split, [](GraphBuilder& b, int64_t n) { return b.split(b.param("x", {n, 9}), 1, {2, 3, 4}); });
+  add("split_unused_piece", OpKind::Split, [](GraphBuilder& b, int64_t n) {
+    std::vector<ValueId> pieces = b.split(b.param("x", {4, n}), 0, {1, 3});
+    return Outs{pieces[1]};
+  });
+  add("concat", OpKind::Concat, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.concat({b.param("a", {n, 2}), b.param("b", {n, 3}), b.param("c", {n, 1})}, -1)};
+  });
+  add("slice", OpKind::Slice, [](GraphBuilder& b, int64_t n) { return Outs{b.slice(b.param("x", {n, 7}), 1, 2, 5)}; });
+  add("reduce_sum", OpKind::ReduceSum, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.reduce_sum(b.param("x", {2, n, 3}), {1})};
+  });
+  add("reduce_sum_keepdims", OpKind::ReduceSum, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.reduce_sum(b.param("x", {n, 4, 3}), {0, 2}, true)};
+  });
+  add("reduce_mean", OpKind::ReduceMean, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.reduce_mean(b.param("x", {n, 5}), {-1})};
+  });
+  {
+    // Values on a 1/8 grid are exact in bf16, and a step of 1/8 keeps them exact.
+    OpCase& cast = add("cast_bf16_round_trip", OpKind::Cast, [](GraphBuilder& b, int64_t n) {
+      ValueId x = b.param("x", {n, 4});
+      ValueId y = b.cast(b.cast(x, DType::bf16), DType::f32);
+      return Outs{b.mul(y, y)};
+    }, {{"x", {-2, 2, 0, 0, 0.125}}});
+    cast.eps = 0.125;
+  }
+  add("softmax_cross_entropy", OpKind::SoftmaxCrossEntropy, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.softmax_cross_entropy(b.param("logits", {n, 7}), b.input("targets", {n}, DType::i64))};
+  }, {{"logits", {-2, 2}}, {"targets", {0, 0, 7, 0.25}}});
+  add("softmax_cross_entropy_3d", OpKind::SoftmaxCrossEntropy, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.softmax_cross_entropy(b.param("logits", {2, n, 5}), b.input("targets", {2, n}, DType::i64))};
+  }, {{"logits", {-2, 2}}, {"targets", {0, 0, 5}}});
+  add("attention", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
+    ValueId q = b.param("q", {2, 2, n, 4}), k = b.param("k", {2, 2, 5, 4}), v = b.param("v", {2, 2, 5, 4});
+    return Outs{b.attention(q, k, v, ir::kNone, 0.5)};
+  });
+  add("attention_mask", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
+    ValueId q = b.param("q", {2, 2, n, 4}), k = b.param("k", {2, 2, 6, 4}), v = b.param("v", {2, 2, 6, 4});
+    return Outs{b.attention(q, k, v, b.input("mask", {2, 6}), 0.5)};
+  }, {{"mask", {0, 0, 0, 0, 0, 0.3}}});
+  add("attention_causal", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
+    ValueId q = b.param("q", {1, 3, n, 4}), k = b.param("k", {1, 3, n + 2, 4}), v = b.param("v", {1, 3, n + 2, 4});
+    return Outs{b.attention(q, k, v, ir::kNone, 0.5, true)};
+  });
+  add("attention_dropout", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
+    ValueId q = b.param("q", {1, 2, n, 8}), k = b.param("k", {1, 2, 4, 8}), v = b.param("v", {1, 2, 4, 8});
+    return Outs{b.attention(q, k, v, ir::kNone, 0.35, false, 0.2)};
+  });
+  return c;
+}
+
+}  // namespace
+
+const std::vector<OpCase>& op_cases() {
+  static const std::vector<OpCase> cases = make_cases();
+  return cases;
+}
+
+std::map<std::string, std::vector<double>> random_values(const ir::Graph& graph, const std::map<std::string, Fill>& fills,
+                                                         uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::map<std::string, std::vector<double>> out;
+  for (const ir::Value& v : graph.values()) {
+    if (v.kind == ir::ValueKind::Activation) continue;
+    auto it = fills.find(v.name);
+    Fill f = it == fills.end() ? Fill{} : it->second;
+    std::vector<double> data(static_cast<size_t>(v.shape.numel()));
+    for (double& x : data) {
+      if (!is_floating(v.dtype)) {
+        std::uniform_int_distribution<int64_t> pick(0, std::max<int64_t>(f.int_high, 1) - 1);
+        x = static_cast<double>(pick(rng));
+        if (f.ignore_fraction > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < f.ignore_fraction) x = -100;
+      } else {
+        x = std::uniform_real_distribution<double>(f.low, f.high)(rng);
+        if (f.quantum > 0) x = std::round(x / f.quantum) * f.quantum;
+        if (f.mask_fraction > 0) x = std::uniform_real_distribution<double>(0, 1)(rng) < f.mask_fraction ? -10000.0 : 0.0;
+      }
+    }
+    out[v.name] = std::move(data);
+  }
+  return out;
+}
+
+}  // namespace fusetrain::testing
