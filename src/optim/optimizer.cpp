@@ -13,6 +13,19 @@ namespace {
 
 int threads_or_default(int n) { return n > 0 ? n : omp_get_max_threads(); }
 
+// Applies fn to [begin, end): serially for small ranges, else with the whole
+// team (never a smaller team: libgomp allocates when team sizes change).
+template <typename Fn>
+void for_range(int64_t begin, int64_t end, int threads, Fn&& fn) {
+  if (end - begin <= 65536 || threads <= 1) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) fn(i);
+    return;
+  }
+#pragma omp parallel for simd num_threads(threads) schedule(static)
+  for (int64_t i = begin; i < end; ++i) fn(i);
+}
+
 }  // namespace
 
 double grad_norm(const runtime::ParameterStore& params, int num_threads) {
@@ -71,8 +84,7 @@ void AdamW::step(double grad_scale, double lr) {
   for (const runtime::ParamSlot& slot : params_.slots()) {
     const int64_t begin = slot.offset, end = slot.offset + slot.numel;
     const float slot_decay = slot.weight_decay ? decay : 1.0f;
-#pragma omp parallel for simd num_threads(threads) schedule(static) if (slot.numel > 65536)
-    for (int64_t i = begin; i < end; ++i) {
+    auto update = [&](int64_t i) {
       float grad = g[i] * scale;
       float param = p[i] * slot_decay;
       float mi = m[i] * b1 + one_minus_b1 * grad;
@@ -80,7 +92,8 @@ void AdamW::step(double grad_scale, double lr) {
       m[i] = mi;
       v[i] = vi;
       p[i] = param - step_size * (mi / (std::sqrt(vi) / bias2_sqrt + eps));
-    }
+    };
+    for_range(begin, end, threads, update);
   }
 }
 
@@ -114,8 +127,7 @@ void Sgd::step(double grad_scale, double lr) {
   for (const runtime::ParamSlot& slot : params_.slots()) {
     const int64_t begin = slot.offset, end = slot.offset + slot.numel;
     const float slot_wd = slot.weight_decay ? wd : 0.0f;
-#pragma omp parallel for simd num_threads(threads) schedule(static) if (slot.numel > 65536)
-    for (int64_t i = begin; i < end; ++i) {
+    auto update = [&](int64_t i) {
       float grad = g[i] * scale + slot_wd * p[i];
       if (use_momentum) {
         float buf = first ? grad : mu * b[i] + damp * grad;
@@ -123,7 +135,8 @@ void Sgd::step(double grad_scale, double lr) {
         grad = nesterov ? grad + mu * buf : buf;
       }
       p[i] -= lr_f * grad;
-    }
+    };
+    for_range(begin, end, threads, update);
   }
 }
 

@@ -46,8 +46,14 @@ struct Storage {
   std::string name;
 };
 
+// Serial below a size where threads pay off; otherwise the whole team (libgomp
+// allocates when team sizes change between regions, so no `if` clauses).
 void add_into(float* dest, const float* src, int64_t n, int num_threads) {
-#pragma omp parallel for simd num_threads(num_threads) schedule(static) if (n > 32768)
+  if (n <= 32768 || num_threads <= 1) {
+    for (int64_t i = 0; i < n; ++i) dest[i] += src[i];
+    return;
+  }
+#pragma omp parallel for simd num_threads(num_threads) schedule(static)
   for (int64_t i = 0; i < n; ++i) dest[i] += src[i];
 }
 

@@ -1,6 +1,7 @@
 // After the first step, a training step (zero gradients, forward, backward,
 // clipped AdamW update) performs no heap allocation. Every malloc-family call
 // and operator new in the process is counted; this binary holds only this test.
+// FUSETRAIN_TRAP_ON_ALLOCATION=1 stops at the first counted allocation (run under gdb).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -24,11 +25,11 @@ void __libc_free(void*);
 namespace {
 std::atomic<long> g_allocations{0};
 std::atomic<bool> g_counting{false};
-bool getenv_trap = false;
+bool trap_on_allocation = false;
 void count() {
   if (g_counting.load(std::memory_order_relaxed)) {
     g_allocations.fetch_add(1, std::memory_order_relaxed);
-    if (getenv_trap) __builtin_trap();
+    if (trap_on_allocation) __builtin_trap();
   }
 }
 }  // namespace
@@ -108,7 +109,7 @@ TEST(NoAllocation, SteadyStateTrainingStep) {
     plan->run();
     optimizer.clip_and_step(1.0);
   };
-  getenv_trap = std::getenv("FT_TRAP") != nullptr;
+  trap_on_allocation = std::getenv("FUSETRAIN_TRAP_ON_ALLOCATION") != nullptr;
   step();  // warm-up: the OpenMP pool starts here
   step();
   long n = allocations_during([&] {

@@ -94,7 +94,7 @@ void matmul_portable(int64_t m, int64_t n, int64_t k, float alpha, const float* 
                      const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   for (int64_t i = 0; i < m; ++i) {
     float* crow = c + i * ldc;
-    float acc[kBlockK > 64 ? kBlockK : 64];
+    float acc[64];  // one 64-column strip of C row i
     for (int64_t j0 = 0; j0 < n; j0 += 64) {
       const int64_t nj = std::min<int64_t>(64, n - j0);
       for (int64_t j = 0; j < nj; ++j) acc[j] = 0.0f;
@@ -436,8 +436,13 @@ class AttentionForwardKernel final : public Kernel {
     const int64_t query_blocks = (p.T + kBlockQ - 1) / kBlockQ;
     const int64_t tasks = p.B * p.H * query_blocks;
     if (tasks == 0) return;
-    const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(ctx.num_threads, tasks)));
     float* scratch = static_cast<float*>(args.scratch);
+    if (tasks == 1 || ctx.num_threads <= 1) {  // serially, without entering OpenMP
+      for (int64_t task = 0; task < tasks; ++task)
+        forward_block(args, ctx, task / query_blocks, (task % query_blocks) * kBlockQ, scratch);
+      return;
+    }
+    const int threads = ctx.num_threads;  // always the whole team: changing team sizes makes libgomp allocate
 #pragma omp parallel num_threads(threads)
     {
       float* work = scratch + thread_index() * thread_floats();

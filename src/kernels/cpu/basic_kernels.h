@@ -38,9 +38,12 @@ void force_portable_path(bool portable);
 constexpr int64_t kMinParallelWork = 16384;
 
 /// Threads worth using for `work` elements, at most `num_threads`.
+/// Either 1 (run serially, no OpenMP call at all) or the whole team: libgomp
+/// allocates when consecutive parallel regions change team size, and a
+/// training step must not allocate.
 inline int threads_for(int64_t work, int num_threads) {
   if (work < kMinParallelWork || num_threads <= 1) return 1;
-  return static_cast<int>(std::min<int64_t>(num_threads, std::max<int64_t>(1, work / (kMinParallelWork / 4))));
+  return num_threads;
 }
 
 /// Splits [0, n) into `threads` contiguous static chunks whose boundaries are
@@ -50,8 +53,7 @@ template <typename Fn>
 void parallel_for(int64_t n, int threads, Fn&& fn, int64_t align = 1) {
   if (n <= 0) return;
   const int64_t units = (n + align - 1) / align;
-  if (threads > units) threads = static_cast<int>(units);
-  if (threads <= 1) {
+  if (threads <= 1 || units <= 1) {
     fn(int64_t{0}, n, 0);
     return;
   }

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -62,7 +63,7 @@ float to_f32(uint16_t x) {
 // ---------------------------------------------------------------------------
 
 // A matrix seen as (x, k): element (x, k) is p[x * xs + k * ks]. For A, x = i;
-// for B, x = j. Transposition is just a choice of strides.
+// for B, x = j. Transposition is just a choice of strides; one of xs, ks is always 1.
 template <typename T>
 struct Operand {
     const T* p;
@@ -84,41 +85,10 @@ void pack_panel(float* __restrict dst, const T* __restrict src, int64_t xs, int6
     }
     for (int x = 0; x < w; x++) {
         const T* s = src + x * xs;
-        for (int64_t k = 0; k < kc; k++) dst[k * R + x] = to_f32(s[k * ks]);
+        for (int64_t k = 0; k < kc; k++) dst[k * R + x] = to_f32(s[k]);
     }
     for (int x = w; x < R; x++)
         for (int64_t k = 0; k < kc; k++) dst[k * R + x] = 0.0f;
-}
-
-// bf16 pairs along k for vdpbf16ps. dst: (ceil(kc/2), R) of 32-bit words,
-// dst[p * R + x] = src(x, 2p) | src(x, 2p + 1) << 16; odd kc pads the last high half with 0.
-template <int R>
-void pack_panel(uint32_t* __restrict dst, const uint16_t* __restrict src, int64_t xs, int64_t ks, int w, int64_t kc) {
-    int64_t kp = kc / 2;
-    bool odd = kc % 2;
-    if (xs == 1) {
-        for (int64_t p = 0; p < kp; p++) {
-            const uint16_t* s0 = src + 2 * p * ks;
-            const uint16_t* s1 = s0 + ks;
-            uint32_t* d = dst + p * R;
-            for (int x = 0; x < w; x++) d[x] = uint32_t(s0[x]) | uint32_t(s1[x]) << 16;
-            for (int x = w; x < R; x++) d[x] = 0;
-        }
-        if (odd) {
-            const uint16_t* s0 = src + 2 * kp * ks;
-            uint32_t* d = dst + kp * R;
-            for (int x = 0; x < w; x++) d[x] = s0[x];
-            for (int x = w; x < R; x++) d[x] = 0;
-        }
-        return;
-    }
-    for (int x = 0; x < w; x++) {
-        const uint16_t* s = src + x * xs;
-        for (int64_t p = 0; p < kp; p++) dst[p * R + x] = uint32_t(s[2 * p * ks]) | uint32_t(s[(2 * p + 1) * ks]) << 16;
-        if (odd) dst[kp * R + x] = s[2 * kp * ks];
-    }
-    for (int x = w; x < R; x++)
-        for (int64_t p = 0; p < kp + odd; p++) dst[p * R + x] = 0;
 }
 
 // ---------------------------------------------------------------------------
@@ -228,8 +198,13 @@ FT_TARGET_AVX512 void pack_transposed_avx512(void* dst, const void* src, int64_t
         for (int g = 0; g < R; g += 16) {
             __m512 v[16];
 #pragma GCC unroll 16
-            for (int r = 0; r < 16; r++)
-                v[r] = g + r < w ? _mm512_maskz_loadu_ps(load_mask, s + (g + r) * row_bytes + k0 * 4) : _mm512_setzero_ps();
+            for (int r = 0; r < 16; r++) {
+                v[r] = _mm512_setzero_ps();
+                if (g + r >= w) continue;
+                const char* row = s + (g + r) * row_bytes + k0 * 4;
+                _mm_prefetch(row + 128, _MM_HINT_T0);  // two lines ahead: 16 rows are more streams than hardware tracks
+                v[r] = _mm512_maskz_loadu_ps(load_mask, row);
+            }
             transpose_16x16(v);
             __mmask16 store_mask = __mmask16((1u << std::min(16, R - g)) - 1);
             for (int k = 0; k < kn; k++) _mm512_mask_storeu_ps(d + (k0 + k) * R + g, store_mask, v[k]);
@@ -251,7 +226,7 @@ FT_TARGET_AVX512 void pack_rows_avx512(float* dst, const float* src, int64_t ks,
 }
 
 // bf16 packing of an operand contiguous along x: interleave rows k and k + 1 into 32-bit pairs.
-// dst: (ceil(kc/2), R) words, as pack_panel; R <= 32.
+// dst: (ceil(kc/2), R) words as in KernelBf16Avx512::pack; R <= 32.
 template <int R>
 FT_TARGET_AVX512 void pack_interleaved_avx512(uint32_t* dst, const uint16_t* src, int64_t ks, int w, int64_t kc) {
     static const uint16_t order[64] = {
@@ -269,16 +244,15 @@ FT_TARGET_AVX512 void pack_interleaved_avx512(uint32_t* dst, const uint16_t* src
     }
 }
 
-// Write-back of a (MR, 32) tile held in zmm pairs; masked for nr < 32.
-template <int MR>
-FT_TARGET_AVX512 FT_INLINE void store_tile_avx512(__m512 (&acc)[MR][2], float* c, int64_t ldc, int mr, int nr,
-                                                  float alpha, float beta) {
+// Write-back of a (ROWS, 32) tile held in zmm pairs; masked for nr < 32.
+template <int ROWS>
+FT_TARGET_AVX512 FT_INLINE void store_tile_avx512(__m512 (&acc)[ROWS][2], float* c, int64_t ldc, int nr, float alpha,
+                                                  float beta) {
     __mmask16 m0 = nr >= 16 ? 0xFFFF : (1u << nr) - 1;
     __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : (1u << (nr - 16)) - 1;
     __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; i++) {
-        if (i >= mr) break;
+    for (int i = 0; i < ROWS; i++) {
         float* ci = c + i * ldc;
         __m512 r0 = _mm512_mul_ps(va, acc[i][0]), r1 = _mm512_mul_ps(va, acc[i][1]);
         if (beta != 0.0f) {
@@ -288,6 +262,19 @@ FT_TARGET_AVX512 FT_INLINE void store_tile_avx512(__m512 (&acc)[MR][2], float* c
         _mm512_mask_storeu_ps(ci, m0, r0);
         _mm512_mask_storeu_ps(ci + 16, m1, r1);
     }
+}
+
+// Kernel::micro_rows<mr> for a runtime mr in [1, Kernel::MR].
+template <class Kernel, int... Rows>
+auto row_kernel_table(std::integer_sequence<int, Rows...>) {
+    using Fn = decltype(&Kernel::template micro_rows<1>);
+    static constexpr Fn table[] = {&Kernel::template micro_rows<Rows + 1>...};
+    return table;
+}
+
+template <class Kernel>
+auto row_kernel(int mr) {
+    return row_kernel_table<Kernel>(std::make_integer_sequence<int, Kernel::MR>{})[mr - 1];
 }
 
 struct KernelF32Avx512 {
@@ -303,21 +290,28 @@ struct KernelF32Avx512 {
         pack_panel<R>(dst, src, xs, ks, w, kc);
     }
 
-    FT_TARGET_AVX512 static void micro(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int mr,
-                                       int nr, float alpha, float beta) {
-        __m512 acc[MR][2];
+    // Tiles of mr < MR rows run a kernel with only mr accumulator rows (see row_kernel).
+    template <int ROWS>
+    FT_TARGET_AVX512 static void micro_rows(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int nr,
+                                            float alpha, float beta) {
+        __m512 acc[ROWS][2];
 #pragma GCC unroll 14
-        for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
         for (int64_t k = 0; k < kd; k++, a += MR, b += NR) {
             __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
 #pragma GCC unroll 14
-            for (int i = 0; i < MR; i++) {
+            for (int i = 0; i < ROWS; i++) {
                 __m512 ai = _mm512_set1_ps(a[i]);
                 acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
                 acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
             }
         }
-        store_tile_avx512(acc, c, ldc, mr, nr, alpha, beta);
+        store_tile_avx512(acc, c, ldc, nr, alpha, beta);
+    }
+
+    static void micro(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int mr, int nr, float alpha,
+                      float beta) {
+        row_kernel<KernelF32Avx512>(mr)(kd, a, b, c, ldc, nr, alpha, beta);
     }
 };
 
@@ -327,32 +321,37 @@ struct KernelBf16Avx512 {
     static constexpr int MR = 14, NR = 32, KC = 768, NC = 768, KSTEP = 2;
 
     // Contiguous along x: interleave rows. Contiguous along k, a pair is one 32-bit word: transpose
-    // words, then the odd last k alone.
+    // words, then the odd last k alone. dst: (ceil(kc/2), R) words, dst[p * R + x] = src(x, 2p) | src(x, 2p + 1) << 16.
     template <int R>
     static void pack(uint32_t* dst, const uint16_t* src, int64_t xs, int64_t ks, int w, int64_t kc) {
         if (xs == 1) return pack_interleaved_avx512<R>(dst, src, ks, w, kc);
-        if (ks != 1) return pack_panel<R>(dst, src, xs, ks, w, kc);
         int64_t kp = kc / 2;
         pack_transposed_avx512<R>(dst, src, xs * 2, w, kp);
         if (kc % 2)
             for (int x = 0; x < R; x++) dst[kp * R + x] = x < w ? src[x * xs + kc - 1] : 0;
     }
 
-    FT_TARGET_AVX512_BF16 static void micro(int64_t kd, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
-                                            int mr, int nr, float alpha, float beta) {
-        __m512 acc[MR][2];
+    template <int ROWS>
+    FT_TARGET_AVX512_BF16 static void micro_rows(int64_t kd, const uint32_t* a, const uint32_t* b, float* c,
+                                                 int64_t ldc, int nr, float alpha, float beta) {
+        __m512 acc[ROWS][2];
 #pragma GCC unroll 14
-        for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+        for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
         for (int64_t k = 0; k < kd; k++, a += MR, b += NR) {
             __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 16);
 #pragma GCC unroll 14
-            for (int i = 0; i < MR; i++) {
+            for (int i = 0; i < ROWS; i++) {
                 __m512bh ai = (__m512bh)_mm512_set1_epi32(int(a[i]));
                 acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
                 acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
             }
         }
-        store_tile_avx512(acc, c, ldc, mr, nr, alpha, beta);
+        store_tile_avx512(acc, c, ldc, nr, alpha, beta);
+    }
+
+    static void micro(int64_t kd, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, int mr, int nr,
+                      float alpha, float beta) {
+        row_kernel<KernelBf16Avx512>(mr)(kd, a, b, c, ldc, nr, alpha, beta);
     }
 };
 

@@ -191,7 +191,7 @@ class LayerNormBackwardKernel final : public Kernel {
     buf.acc_dgamma = accumulate_flag(args, 1);
     buf.acc_dbeta = accumulate_flag(args, 2);
 
-    int threads = static_cast<int>(std::min<int64_t>(threads_for(rows_ * C_, ctx.num_threads), std::max<int64_t>(rows_, 1)));
+    int threads = rows_ < ctx.num_threads ? 1 : threads_for(rows_ * C_, ctx.num_threads);
     if (threads <= 1) {
       rows_chunk(buf, 0, 1);
       reduce_columns(buf, 0, 1, 1);

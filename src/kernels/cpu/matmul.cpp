@@ -84,6 +84,20 @@ class MatMulKernel final : public Kernel {
 };
 
 // x (R, K) · w (N, K)ᵀ + bias (N) -> y (R, N); x and w f32 or bf16, y f32.
+// y (R, N) = bias (N) broadcast over rows, or y += bias. Serial when threads == 1
+// (no OpenMP call, so the team size never changes between regions).
+void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t n, bool add, int threads) {
+  auto body = [&](int64_t r) {
+    for (int64_t j = 0; j < n; ++j) y[r * n + j] = (add ? y[r * n + j] : 0.0f) + bias[j];
+  };
+  if (threads <= 1) {
+    for (int64_t r = 0; r < rows; ++r) body(r);
+    return;
+  }
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) body(r);
+}
+
 class LinearKernel final : public Kernel {
  public:
   LinearKernel(const ir::Graph& g, const ir::Node& node) {
@@ -113,9 +127,7 @@ class LinearKernel final : public Kernel {
     float beta = accumulate ? 1.0f : 0.0f;
     if (bias && !accumulate) {
       // Seed y with the bias rows; the GEMM then adds x·wᵀ to them.
-#pragma omp parallel for num_threads(threads) if (parallel)
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < n; ++j) y[r * n + j] = bias[j];
+      add_bias_rows(y, bias, rows, n, false, parallel ? threads : 1);
       beta = 1.0f;
     }
     if (bf16_)
@@ -125,9 +137,7 @@ class LinearKernel final : public Kernel {
       gemm_f32(shape_, 1.0f, static_cast<const float*>(args.inputs[0].data()),
                static_cast<const float*>(args.inputs[1].data()), beta, y, args.scratch, threads);
     if (bias && accumulate) {
-#pragma omp parallel for num_threads(threads) if (parallel)
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < n; ++j) y[r * n + j] += bias[j];
+      add_bias_rows(y, bias, rows, n, true, parallel ? threads : 1);
     }
   }
 
