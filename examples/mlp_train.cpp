@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
     auto train = ft::runtime::Plan::compile(train_graph, params, options);
     auto eval = ft::runtime::Plan::compile(eval_graph, params, options);
     ft::optim::AdamW optimizer(params, {.lr = 1e-2, .weight_decay = 0.01});
+    train->set_optimizer_state_bytes(optimizer.state_bytes());
 
     float* x = train->input("x").data_as<float>();
     int64_t* labels = train->input("labels").data_as<int64_t>();

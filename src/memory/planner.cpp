@@ -95,18 +95,22 @@ size_t naive_bytes(const std::vector<BufferRequest>& requests, size_t alignment)
 }
 
 std::string MemoryReport::to_string() const {
-  auto mib = [](size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0); };
-  char buf[640];
-  std::snprintf(buf, sizeof buf,
-                "parameters        %10.2f MiB\n"
-                "gradients         %10.2f MiB\n"
-                "optimizer state   %10.2f MiB\n"
-                "inputs            %10.2f MiB\n"
-                "activation peak   %10.2f MiB  (arena; %zu buffers, %zu in place)\n"
-                "activations naive %10.2f MiB  (every activation in its own buffer)\n",
-                mib(parameter_bytes), mib(gradient_bytes), mib(optimizer_state_bytes), mib(input_bytes),
-                mib(activation_peak_bytes), num_buffers, num_in_place, mib(activation_naive_bytes));
-  return buf;
+  auto size = [](size_t bytes) {
+    char buf[32];
+    if (bytes >= (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%10.2f MiB", bytes / 1048576.0);
+    else std::snprintf(buf, sizeof buf, "%10.2f KiB", bytes / 1024.0);
+    return std::string(buf);
+  };
+  char buf[160];
+  std::string out;
+  out += "parameters        " + size(parameter_bytes) + "\n";
+  out += "gradients         " + size(gradient_bytes) + "\n";
+  out += "optimizer state   " + size(optimizer_state_bytes) + "\n";
+  out += "inputs            " + size(input_bytes) + "\n";
+  std::snprintf(buf, sizeof buf, "  (one arena: %zu buffers, %zu in place)\n", num_buffers, num_in_place);
+  out += "activation peak   " + size(activation_peak_bytes) + buf;
+  out += "activations naive " + size(activation_naive_bytes) + "  (every activation in its own buffer)\n";
+  return out;
 }
 
 }  // namespace fusetrain::memory

@@ -59,6 +59,8 @@ class Plan {
   void set_step(uint64_t step) { step_ = step; }
 
   const memory::MemoryReport& memory_report() const { return report_; }
+  /// Records the optimizer's state size in the report (the plan does not own it).
+  void set_optimizer_state_bytes(size_t bytes) { report_.optimizer_state_bytes = bytes; }
   /// The arena's buffers and their offsets, for the memory checker.
   const std::vector<memory::BufferRequest>& buffers() const { return buffers_; }
   const memory::ArenaPlan& arena_plan() const { return arena_plan_; }
