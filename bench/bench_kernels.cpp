@@ -163,8 +163,11 @@ void BM_onednn_layernorm_forward(benchmark::State& state) {
   auto src = d.make(md), dst = d.make(md), ss = d.make(pd.weights_desc()), mean = d.make(pd.mean_desc()),
        var = d.make(pd.variance_desc());
   layer_normalization_forward prim(pd);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCALE_SHIFT, ss},
-                                       {DNNL_ARG_MEAN, mean}, {DNNL_ARG_VARIANCE, var}};
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
+                                       {DNNL_ARG_DST, dst},
+                                       {DNNL_ARG_SCALE_SHIFT, ss},
+                                       {DNNL_ARG_MEAN, mean},
+                                       {DNNL_ARG_VARIANCE, var}};
   for (auto _ : state) prim.execute(d.stream, args);
   d.stream.wait();
   report(state, 2.0 * kRows * kC * 4 + 2.0 * kRows * 4 + 2.0 * kC * 4);
@@ -185,10 +188,10 @@ void BM_onednn_layernorm_backward(benchmark::State& state) {
        diff_ss = d.make(pd.diff_weights_desc()), mean = d.make(pd.mean_desc()), var = d.make(pd.variance_desc());
   for (float& v : d.buffers.back()) v = std::abs(v) + 0.1f;  // variance > 0
   layer_normalization_backward prim(pd);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},           {DNNL_ARG_DIFF_DST, diff_dst},
-                                       {DNNL_ARG_DIFF_SRC, diff_src}, {DNNL_ARG_SCALE_SHIFT, ss},
-                                       {DNNL_ARG_DIFF_SCALE_SHIFT, diff_ss}, {DNNL_ARG_MEAN, mean},
-                                       {DNNL_ARG_VARIANCE, var}};
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, src},        {DNNL_ARG_DIFF_DST, diff_dst},        {DNNL_ARG_DIFF_SRC, diff_src},
+      {DNNL_ARG_SCALE_SHIFT, ss}, {DNNL_ARG_DIFF_SCALE_SHIFT, diff_ss}, {DNNL_ARG_MEAN, mean},
+      {DNNL_ARG_VARIANCE, var}};
   for (auto _ : state) prim.execute(d.stream, args);
   d.stream.wait();
   report(state, 3.0 * kRows * kC * 4 + 2.0 * kRows * 4 + 3.0 * kC * 4);
@@ -208,8 +211,8 @@ void eltwise_gelu(benchmark::State& state, bool backward) {
     for (auto _ : state) prim.execute(d.stream, args);
     report(state, 2.0 * kRows * 4 * kC * 4);
   } else {
-    auto pd = eltwise_backward::primitive_desc(
-        eltwise_backward::desc(algorithm::eltwise_gelu_erf, md, md, 0.f, 0.f), d.engine, fwd);
+    auto pd = eltwise_backward::primitive_desc(eltwise_backward::desc(algorithm::eltwise_gelu_erf, md, md, 0.f, 0.f),
+                                               d.engine, fwd);
     eltwise_backward prim(pd);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff}, {DNNL_ARG_DIFF_SRC, diff_src}};
     for (auto _ : state) prim.execute(d.stream, args);

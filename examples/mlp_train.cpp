@@ -87,11 +87,15 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(value("--steps"));
-    else if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(value("--threads"));
-    else if (!std::strcmp(argv[i], "--min-accuracy")) min_accuracy = std::atof(value("--min-accuracy"));
+    if (!std::strcmp(argv[i], "--steps"))
+      steps = std::atoi(value("--steps"));
+    else if (!std::strcmp(argv[i], "--threads"))
+      threads = std::atoi(value("--threads"));
+    else if (!std::strcmp(argv[i], "--min-accuracy"))
+      min_accuracy = std::atof(value("--min-accuracy"));
     else {
-      std::fprintf(stderr, "mlp_train: unknown argument \"%s\" (expected --steps, --threads, --min-accuracy)\n", argv[i]);
+      std::fprintf(stderr, "mlp_train: unknown argument \"%s\" (expected --steps, --threads, --min-accuracy)\n",
+                   argv[i]);
       return 2;
     }
   }

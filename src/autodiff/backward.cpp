@@ -17,8 +17,10 @@ using GradRule = void (*)(GradContext&);
 
 template <OpKind K>
 constexpr GradRule rule_for() {
-  if constexpr ((ir::op_flags(K) & ir::kDifferentiable) != 0) return &grad_rule<K>;
-  else return nullptr;
+  if constexpr ((ir::op_flags(K) & ir::kDifferentiable) != 0)
+    return &grad_rule<K>;
+  else
+    return nullptr;
 }
 
 // One entry per op: its gradient rule, or null for ops without one. Referencing
@@ -57,8 +59,7 @@ Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<Value
   FT_CHECK(loss_value.shape.numel() == 1 && is_floating(loss_value.dtype), "build_backward: the loss ",
            graph.describe(loss), " must be a floating-point scalar, found shape ", loss_value.shape.to_string());
   for (ValueId p : params)
-    FT_CHECK(graph.value(p).kind == ir::ValueKind::Param, "build_backward: ", graph.describe(p),
-             " is not a parameter");
+    FT_CHECK(graph.value(p).kind == ir::ValueKind::Param, "build_backward: ", graph.describe(p), " is not a parameter");
 
   const size_t num_values = graph.values().size();
   const NodeId num_forward_nodes = static_cast<NodeId>(graph.nodes().size());
@@ -112,13 +113,12 @@ Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<Value
     for (size_t i = 0; i < node.inputs.size(); ++i) {
       ValueId grad = ctx.input_grads()[i];
       if (!needs[i]) continue;
-      FT_CHECK(grad != kNone, "gradient rule of ", ir::op_name(node.op), " gave no gradient for input ", i,
-               " of node ", node.name);
+      FT_CHECK(grad != kNone, "gradient rule of ", ir::op_name(node.op), " gave no gradient for input ", i, " of node ",
+               node.name);
       const ir::Value& in = graph.value(node.inputs[i]);
       const ir::Value& gv = graph.value(grad);
       FT_CHECK(gv.shape == in.shape, "gradient rule of ", ir::op_name(node.op), " gave a gradient of shape ",
-               gv.shape.to_string(), " for input ", i, " of shape ", in.shape.to_string(), " (node ", node.name,
-               ")");
+               gv.shape.to_string(), " for input ", i, " of shape ", in.shape.to_string(), " (node ", node.name, ")");
       FT_CHECK(gv.dtype == DType::f32, "gradient rule of ", ir::op_name(node.op), " gave a ", dtype_name(gv.dtype),
                " gradient for input ", i, " of node ", node.name, "; gradients are f32");
       contributions[static_cast<size_t>(node.inputs[i])].push_back(grad);

@@ -13,8 +13,12 @@ class GradContext {
  public:
   GradContext(ir::Graph& graph, const ir::Node& node, std::vector<ir::ValueId> output_grads,
               std::vector<bool> input_needs_grad)
-      : b(graph), g(graph), node_(node), output_grads_(std::move(output_grads)),
-        needs_grad_(std::move(input_needs_grad)), input_grads_(node.inputs.size(), ir::kNone) {}
+      : b(graph),
+        g(graph),
+        node_(node),
+        output_grads_(std::move(output_grads)),
+        needs_grad_(std::move(input_needs_grad)),
+        input_grads_(node.inputs.size(), ir::kNone) {}
 
   ir::GraphBuilder b;  ///< emits backward nodes
   ir::Graph& g;

@@ -11,10 +11,10 @@ uint16_t float_to_f16(float f) {
   std::memcpy(&x, &f, 4);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t abs = x & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow (incl. inf) after rounding
-  if (abs < 0x38800000u) {  // subnormal or zero in f16
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);  // below half the smallest subnormal
+  if (abs < 0x38800000u) {                                               // subnormal or zero in f16
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);           // below half the smallest subnormal
     uint32_t exponent = abs >> 23;
     uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
     uint32_t shift = 126 - exponent;  // 14 + (112 - exponent) + 1 - 1
@@ -43,7 +43,10 @@ float f16_to_float(uint16_t h) {
     bits = sign;
   } else {  // subnormal: normalise
     int e = -1;
-    do { ++e; mantissa <<= 1; } while ((mantissa & 0x400u) == 0);
+    do {
+      ++e;
+      mantissa <<= 1;
+    } while ((mantissa & 0x400u) == 0);
     bits = sign | ((112u - static_cast<uint32_t>(e)) << 23) | ((mantissa & 0x3ffu) << 13);
   }
   float f;
@@ -53,8 +56,8 @@ float f16_to_float(uint16_t h) {
 
 namespace {
 
-__attribute__((target("avx512f,avx512bf16,avx512vl")))
-void float_to_bf16_avx512(uint16_t* out, const float* in, size_t n) {
+__attribute__((target("avx512f,avx512bf16,avx512vl"))) void float_to_bf16_avx512(uint16_t* out, const float* in,
+                                                                                 size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(in + i));

@@ -53,7 +53,9 @@ const std::string& Attrs::get_string(const std::string& name) const {
 }
 
 int64_t Attrs::get_int(const std::string& name, int64_t fallback) const { return has(name) ? get_int(name) : fallback; }
-double Attrs::get_float(const std::string& name, double fallback) const { return has(name) ? get_float(name) : fallback; }
+double Attrs::get_float(const std::string& name, double fallback) const {
+  return has(name) ? get_float(name) : fallback;
+}
 std::string Attrs::get_string(const std::string& name, const std::string& fallback) const {
   return has(name) ? get_string(name) : fallback;
 }
@@ -65,9 +67,12 @@ std::string Attrs::to_string() const {
     if (!first) out << ", ";
     first = false;
     out << key << '=';
-    if (auto* i = std::get_if<int64_t>(&v)) out << *i;
-    else if (auto* d = std::get_if<double>(&v)) out << *d;
-    else if (auto* s = std::get_if<std::string>(&v)) out << '"' << *s << '"';
+    if (auto* i = std::get_if<int64_t>(&v))
+      out << *i;
+    else if (auto* d = std::get_if<double>(&v))
+      out << *d;
+    else if (auto* s = std::get_if<std::string>(&v))
+      out << '"' << *s << '"';
     else {
       const auto& list = std::get<std::vector<int64_t>>(v);
       out << '[';

@@ -3,7 +3,8 @@
 namespace fusetrain::ir {
 
 ValueId GraphBuilder::fill(Shape shape, double value, DType dtype) {
-  return g_.add(OpKind::Fill, {}, {{"shape", shape.dims()}, {"value", value}, {"dtype", std::string(dtype_name(dtype))}});
+  return g_.add(OpKind::Fill, {},
+                {{"shape", shape.dims()}, {"value", value}, {"dtype", std::string(dtype_name(dtype))}});
 }
 
 ValueId GraphBuilder::matmul(ValueId a, ValueId b, bool trans_a, bool trans_b) {
@@ -72,6 +73,10 @@ ValueId GraphBuilder::cast(ValueId x, DType dtype) {
 
 ValueId GraphBuilder::softmax_cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index) {
   return g_.add_node(OpKind::SoftmaxCrossEntropy, {logits, targets}, {{"ignore_index", ignore_index}})[0];
+}
+
+ValueId GraphBuilder::sigmoid_cross_entropy(ValueId logits, ValueId targets) {
+  return g_.add(OpKind::SigmoidCrossEntropy, {logits, targets});
 }
 
 ValueId GraphBuilder::attention(ValueId q, ValueId k, ValueId v, ValueId mask, double scale, bool causal,

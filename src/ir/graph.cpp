@@ -7,8 +7,7 @@
 namespace fusetrain::ir {
 
 ValueId Graph::new_value(const std::string& name, Shape shape, DType dtype, ValueKind kind) {
-  for (int64_t d : shape.dims())
-    FT_CHECK(d >= 0, "value \"", name, "\": negative extent in shape ", shape.to_string());
+  for (int64_t d : shape.dims()) FT_CHECK(d >= 0, "value \"", name, "\": negative extent in shape ", shape.to_string());
   Value v;
   v.id = static_cast<ValueId>(values_.size());
   v.shape = std::move(shape);
@@ -42,8 +41,8 @@ std::vector<ValueId> Graph::add_node(OpKind op, std::vector<ValueId> inputs, Att
   n.attrs = std::move(attrs);
   n.name = name.empty() ? str(op_name(op), "_", n.id) : std::move(name);
   for (size_t i = 0; i < outs.size(); ++i) {
-    ValueId v = new_value(outs.size() == 1 ? n.name : str(n.name, ":", i), outs[i].shape, outs[i].dtype,
-                          ValueKind::Activation);
+    ValueId v =
+        new_value(outs.size() == 1 ? n.name : str(n.name, ":", i), outs[i].shape, outs[i].dtype, ValueKind::Activation);
     values_[static_cast<size_t>(v)].producer = n.id;
     values_[static_cast<size_t>(v)].output_index = static_cast<int>(i);
     n.outputs.push_back(v);
@@ -156,8 +155,7 @@ void Graph::verify() const {
 
 std::string Graph::describe(ValueId id) const {
   const Value& v = value(id);
-  return str("%", id, (v.name.empty() ? "" : str(" \"", v.name, "\"")), ":", dtype_name(v.dtype),
-             v.shape.to_string());
+  return str("%", id, (v.name.empty() ? "" : str(" \"", v.name, "\"")), ":", dtype_name(v.dtype), v.shape.to_string());
 }
 
 std::string Graph::dump() const {

@@ -93,8 +93,10 @@ Shape reduced_shape(const Shape& x, const std::vector<int64_t>& axes, bool keepd
   std::vector<int64_t> out;
   for (int64_t i = 0; i < x.rank(); ++i) {
     bool reduced = std::find(axes.begin(), axes.end(), i) != axes.end();
-    if (!reduced) out.push_back(x[i]);
-    else if (keepdims) out.push_back(1);
+    if (!reduced)
+      out.push_back(x[i]);
+    else if (keepdims)
+      out.push_back(1);
   }
   return Shape(out);
 }
@@ -302,8 +304,8 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       Shape full = c.op == OpKind::Slice ? c.shape(0) : Shape(attrs.get_ints("shape"));
       int64_t axis = c.axis(attrs.get_int("axis"), full.rank());
       int64_t start = attrs.get_int("start"), end = attrs.get_int("end");
-      c.require(0 <= start && start <= end && end <= full[axis], "slice [", start, ", ", end,
-                ") is outside axis ", axis, " of extent ", full[axis]);
+      c.require(0 <= start && start <= end && end <= full[axis], "slice [", start, ", ", end, ") is outside axis ",
+                axis, " of extent ", full[axis]);
       Shape part = full;
       part[axis] = end - start;
       if (c.op == OpKind::Slice) return {{part, c.dtype(0)}};
@@ -350,6 +352,20 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       c.require(c.shape(2) == rows && c.shape(3) == rows, "targets and lse should be ", rows.to_string());
       return {{c.shape(1), DType::f32}};
     }
+    case OpKind::SigmoidCrossEntropy:
+      c.require_f32(0, "logits");
+      c.require_f32(1, "targets");
+      c.require_same_shape(0, 1);
+      return {{Shape{}, DType::f32}};
+    case OpKind::SigmoidCrossEntropyBackward:
+      // dloss, logits, targets -> dlogits
+      c.require_f32(0, "dloss");
+      c.require(c.shape(0).numel() == 1, "dloss should be a scalar");
+      c.require_f32(1, "logits");
+      c.require_f32(2, "targets");
+      c.require(c.shape(1) == c.shape(2), "logits ", c.shape(1).to_string(), " and targets ", c.shape(2).to_string(),
+                " differ");
+      return {{c.shape(1), DType::f32}};
     case OpKind::Attention:
     case OpKind::AttentionBackward: {
       // Attention: q, k, v, [mask]; AttentionBackward: dout, q, k, v, out, lse, [mask]
@@ -360,8 +376,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       for (size_t i = 0; i < n_in; ++i) c.require_f32(i, "every input");
       c.require(q.rank() == 4 && k.rank() == 4 && v.rank() == 4, "q, k, v should be (B, H, T, D)");
       c.require(k == v, "k ", k.to_string(), " and v ", v.to_string(), " differ");
-      c.require(q[0] == k[0] && q[1] == k[1] && q[3] == k[3], "q ", q.to_string(), " does not match k ",
-                k.to_string());
+      c.require(q[0] == k[0] && q[1] == k[1] && q[3] == k[3], "q ", q.to_string(), " does not match k ", k.to_string());
       attrs.get_float("scale");
       double p = attrs.get_float("dropout_p", 0.0);
       c.require(p >= 0.0 && p < 1.0, "dropout_p must be in [0, 1)");
@@ -382,13 +397,15 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
 
 }  // namespace
 
-std::vector<TypedShape> infer_outputs(const Graph& g, OpKind op, const std::vector<ValueId>& inputs,
-                                      const Attrs& attrs, const std::string& node_name) {
+std::vector<TypedShape> infer_outputs(const Graph& g, OpKind op, const std::vector<ValueId>& inputs, const Attrs& attrs,
+                                      const std::string& node_name) {
   const OpInfo& info = op_info(op);
   Checker c{g, op, inputs, node_name};
   int n = static_cast<int>(inputs.size());
   c.require(n >= info.min_inputs && (info.max_inputs < 0 || n <= info.max_inputs), "takes ", info.min_inputs,
-            info.max_inputs == info.min_inputs ? "" : str(" to ", info.max_inputs < 0 ? "any" : std::to_string(info.max_inputs)),
+            info.max_inputs == info.min_inputs
+                ? ""
+                : str(" to ", info.max_inputs < 0 ? "any" : std::to_string(info.max_inputs)),
             " inputs, found ", n);
   try {
     return infer(c, attrs);

@@ -33,17 +33,17 @@ inline Philox4 philox4x32(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, ui
 /// Four consecutive elements share one Philox call; use uniform4 in loops.
 inline float uniform_at(uint64_t seed, uint64_t offset, uint64_t index) {
   uint64_t block = index >> 2;
-  Philox4 r = philox4x32(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                         static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32),
-                         static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  Philox4 r =
+      philox4x32(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), static_cast<uint32_t>(offset),
+                 static_cast<uint32_t>(offset >> 32), static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
   return static_cast<float>(r.v[index & 3] >> 8) * (1.0f / 16777216.0f);
 }
 
 /// Uniform floats for elements 4*block .. 4*block+3 of the stream (seed, offset).
 inline void uniform4(uint64_t seed, uint64_t offset, uint64_t block, float out[4]) {
-  Philox4 r = philox4x32(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                         static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32),
-                         static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  Philox4 r =
+      philox4x32(static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), static_cast<uint32_t>(offset),
+                 static_cast<uint32_t>(offset >> 32), static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
   for (int i = 0; i < 4; ++i) out[i] = static_cast<float>(r.v[i] >> 8) * (1.0f / 16777216.0f);
 }
 

@@ -82,8 +82,8 @@ void check_arena(const std::vector<BufferRequest>& requests, const ArenaPlan& pl
       const BufferRequest& b = requests[order[j]];
       if (a.bytes == 0 || b.bytes == 0) continue;
       FT_CHECK(!lifetimes_overlap(a, b), "memory plan is unsound: ", a.name, " (bytes ", plan.offsets[order[i]], "..",
-               a_end, ", steps ", a.first, "..", a.last, ") overlaps ", b.name, " (bytes ", plan.offsets[order[j]], "..",
-               plan.offsets[order[j]] + b.bytes, ", steps ", b.first, "..", b.last, ")");
+               a_end, ", steps ", a.first, "..", a.last, ") overlaps ", b.name, " (bytes ", plan.offsets[order[j]],
+               "..", plan.offsets[order[j]] + b.bytes, ", steps ", b.first, "..", b.last, ")");
     }
   }
 }
@@ -97,8 +97,10 @@ size_t naive_bytes(const std::vector<BufferRequest>& requests, size_t alignment)
 std::string MemoryReport::to_string() const {
   auto size = [](size_t bytes) {
     char buf[32];
-    if (bytes >= (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%10.2f MiB", bytes / 1048576.0);
-    else std::snprintf(buf, sizeof buf, "%10.2f KiB", bytes / 1024.0);
+    if (bytes >= (size_t{1} << 20))
+      std::snprintf(buf, sizeof buf, "%10.2f MiB", bytes / 1048576.0);
+    else
+      std::snprintf(buf, sizeof buf, "%10.2f KiB", bytes / 1024.0);
     return std::string(buf);
   };
   char buf[160];

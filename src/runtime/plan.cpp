@@ -31,7 +31,7 @@ struct Plan::Step {
 struct Plan::InputBinding {
   std::string name;
   ValueId value = kNone;
-  void* owned = nullptr;                            // the plan's own buffer for this input
+  void* owned = nullptr;                           // the plan's own buffer for this input
   std::vector<std::pair<size_t, size_t>> readers;  // (step index, input slot)
 };
 
@@ -95,9 +95,8 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
   for (const ir::Value& v : g.values()) {
     if (v.kind == ValueKind::Param) {
       Tensor t = params.param(v.name);
-      FT_CHECK(t.shape() == v.shape && v.dtype == DType::f32, "parameter \"", v.name, "\" is ",
-               dtype_name(v.dtype), v.shape.to_string(), " in the graph but f32", t.shape().to_string(),
-               " in the parameter store");
+      FT_CHECK(t.shape() == v.shape && v.dtype == DType::f32, "parameter \"", v.name, "\" is ", dtype_name(v.dtype),
+               v.shape.to_string(), " in the graph but f32", t.shape().to_string(), " in the parameter store");
       p.value_tensors_[static_cast<size_t>(v.id)] = t;
     } else if (v.kind == ValueKind::Activation && v.name.rfind("grad:", 0) == 0 && g.is_output(v.id) &&
                params.contains(v.name.substr(5))) {
@@ -193,7 +192,8 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
   auto storage_ptr = [&](int s) { return arena + p.arena_plan_.offsets[static_cast<size_t>(s)]; };
   for (const ir::Value& v : g.values())
     if (storage_of[static_cast<size_t>(v.id)] >= 0)
-      p.value_tensors_[static_cast<size_t>(v.id)] = Tensor::view(storage_ptr(storage_of[static_cast<size_t>(v.id)]), v.shape, v.dtype);
+      p.value_tensors_[static_cast<size_t>(v.id)] =
+          Tensor::view(storage_ptr(storage_of[static_cast<size_t>(v.id)]), v.shape, v.dtype);
 
   // Inputs: one plan-owned buffer each, inside a single allocation.
   size_t input_bytes = 0;
@@ -237,7 +237,8 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
       step.args.outputs.push_back(out);
       step.args.accumulate.push_back(accumulate);
     }
-    if (scratch_storage[static_cast<size_t>(i)] >= 0) step.args.scratch = storage_ptr(scratch_storage[static_cast<size_t>(i)]);
+    if (scratch_storage[static_cast<size_t>(i)] >= 0)
+      step.args.scratch = storage_ptr(scratch_storage[static_cast<size_t>(i)]);
   }
   p.report_.input_bytes = input_bytes;
   p.report_.parameter_bytes = static_cast<size_t>(params.flat_numel()) * sizeof(float);

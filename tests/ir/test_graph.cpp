@@ -69,8 +69,9 @@ TEST(ShapeInference, ArityAndAttributes) {
   EXPECT_NE(error_of([&] { b.transpose(x, {0, 0}); }).find("not a permutation"), std::string::npos);
   EXPECT_NE(error_of([&] { b.dropout(x, 1.5); }).find("p must be in [0, 1)"), std::string::npos);
   EXPECT_NE(error_of([&] { b.split(x, 1, {2, 2}); }).find("sizes add up to 4"), std::string::npos);
-  EXPECT_NE(error_of([&] { g.add(OpKind::Gelu, {x}, {{"approximate", std::string("fast")}}); })
-                .find("approximate must be"),
+  EXPECT_NE(error_of([&] {
+              g.add(OpKind::Gelu, {x}, {{"approximate", std::string("fast")}});
+            }).find("approximate must be"),
             std::string::npos);
 }
 

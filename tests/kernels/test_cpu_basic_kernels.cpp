@@ -56,9 +56,12 @@ Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937& rng, double 
   std::uniform_real_distribution<double> real(lo, hi);
   std::uniform_int_distribution<int64_t> index(0, std::max<int64_t>(index_range - 1, 0));
   for (int64_t i = 0; i < t.numel(); ++i) {
-    if (is_floating(dtype)) t.set_item(i, real(rng));
-    else if (dtype == DType::u8) t.set_item(i, static_cast<double>(index(rng) % 256));
-    else t.set_item(i, static_cast<double>(index(rng)));
+    if (is_floating(dtype))
+      t.set_item(i, real(rng));
+    else if (dtype == DType::u8)
+      t.set_item(i, static_cast<double>(index(rng) % 256));
+    else
+      t.set_item(i, static_cast<double>(index(rng)));
   }
   return t;
 }
@@ -82,8 +85,10 @@ std::vector<Tensor> run_node(Kernel& kernel, const Graph& g, const ir::Node& nod
   for (size_t i = 0; i < node.outputs.size(); ++i) {
     const ir::Value& v = g.value(node.outputs[i]);
     Tensor out = Tensor::zeros(v.shape, v.dtype);
-    if (initial != nullptr) out.copy_from((*initial)[i]);
-    else poison(out);
+    if (initial != nullptr)
+      out.copy_from((*initial)[i]);
+    else
+      poison(out);
     args.outputs.push_back(out);
     args.accumulate.push_back(initial != nullptr ? 1 : 0);
   }
@@ -117,7 +122,7 @@ double relative_error(const Tensor& a, const Tensor& b, double floor = 1e-30) {
 }
 
 struct CheckOptions {
-  double tolerance = 1e-5;   // relative to the reference's max |value|; kExact: bit for bit
+  double tolerance = 1e-5;  // relative to the reference's max |value|; kExact: bit for bit
   uint64_t rng_offset = 0;
   bool expect_accumulates = false;
   double norm_floor = 1e-30;  // the norm errors are relative to is at least this
@@ -146,8 +151,8 @@ void check_node(const Graph& g, const ir::Node& node, const std::vector<Tensor>&
     for (int threads : {1, 2}) {
       for (bool accumulate : {false, true}) {
         if (accumulate && !cpu->accumulates()) continue;
-        SCOPED_TRACE(str(ir::op_name(node.op), " path=", path.name, " threads=", threads,
-                         " accumulate=", accumulate, " inputs:", [&] {
+        SCOPED_TRACE(str(ir::op_name(node.op), " path=", path.name, " threads=", threads, " accumulate=", accumulate,
+                         " inputs:", [&] {
                            std::string s;
                            for (ValueId v : node.inputs) s += " " + g.value(v).shape.to_string();
                            return s;
@@ -184,8 +189,8 @@ std::vector<Tensor> random_inputs(const Graph& g, const ir::Node& node, std::mt1
   return out;
 }
 
-const std::vector<Shape> kShapes = {Shape{1}, Shape{3}, Shape{17}, Shape{129}, Shape{3, 17}, Shape{17, 129},
-                                    Shape{129, 257}, Shape{2, 3, 17, 129}};
+const std::vector<Shape> kShapes = {Shape{1},     Shape{3},       Shape{17},       Shape{129},
+                                    Shape{3, 17}, Shape{17, 129}, Shape{129, 257}, Shape{2, 3, 17, 129}};
 
 // ---- elementwise ------------------------------------------------------------------------------
 
@@ -198,11 +203,16 @@ TEST(CpuBasicKernels, Fill) {
 }
 
 TEST(CpuBasicKernels, BinaryBroadcast) {
-  const std::vector<std::pair<Shape, Shape>> cases = {
-      {Shape{1}, Shape{1}},         {Shape{3}, Shape{3}},           {Shape{17, 129}, Shape{129}},
-      {Shape{129, 257}, Shape{257}}, {Shape{129, 1}, Shape{1, 257}}, {Shape{3, 1, 17}, Shape{1, 129, 1}},
-      {Shape{1}, Shape{3, 17}},     {Shape{129, 257}, Shape{129, 257}}, {Shape{2, 3, 17, 129}, Shape{3, 1, 129}},
-      {Shape{}, Shape{17}}};
+  const std::vector<std::pair<Shape, Shape>> cases = {{Shape{1}, Shape{1}},
+                                                      {Shape{3}, Shape{3}},
+                                                      {Shape{17, 129}, Shape{129}},
+                                                      {Shape{129, 257}, Shape{257}},
+                                                      {Shape{129, 1}, Shape{1, 257}},
+                                                      {Shape{3, 1, 17}, Shape{1, 129, 1}},
+                                                      {Shape{1}, Shape{3, 17}},
+                                                      {Shape{129, 257}, Shape{129, 257}},
+                                                      {Shape{2, 3, 17, 129}, Shape{3, 1, 129}},
+                                                      {Shape{}, Shape{17}}};
   std::mt19937 rng(1);
   for (OpKind op : {OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div}) {
     for (const auto& [a, b] : cases) {
@@ -231,8 +241,8 @@ TEST(CpuBasicKernels, CopyAndCast) {
       const ir::Node& n = one_node(g, OpKind::Copy, {{shape, t}});
       check_node(g, n, random_inputs(g, n, rng), {kExact, 0, true});
     }
-    for (auto [from, to] : {std::pair{DType::f32, DType::bf16}, std::pair{DType::bf16, DType::f32},
-                            std::pair{DType::f32, DType::f32}}) {
+    for (auto [from, to] :
+         {std::pair{DType::f32, DType::bf16}, std::pair{DType::bf16, DType::f32}, std::pair{DType::f32, DType::f32}}) {
       Graph g;
       const ir::Node& n = one_node(g, OpKind::Cast, {{shape, from}}, {{"dtype", std::string(dtype_name(to))}});
       std::vector<Tensor> in = random_inputs(g, n, rng, -1e3, 1e3);
@@ -299,8 +309,8 @@ TEST(CpuBasicKernels, GeluErfAccuracySweep) {
 
 // ---- softmax, layernorm -------------------------------------------------------------------------
 
-const std::vector<Shape> kRowShapes = {Shape{1, 1}, Shape{3, 17}, Shape{17, 129}, Shape{129, 129},
-                                       Shape{2, 3, 1000}, Shape{5, 4099}};
+const std::vector<Shape> kRowShapes = {Shape{1, 1},     Shape{3, 17},      Shape{17, 129},
+                                       Shape{129, 129}, Shape{2, 3, 1000}, Shape{5, 4099}};
 
 TEST(CpuBasicKernels, Softmax) {
   std::mt19937 rng(5);
@@ -320,17 +330,17 @@ TEST(CpuBasicKernels, LayerNorm) {
     const Shape C{shape[-1]};
     const Shape rows(std::vector<int64_t>(shape.dims().begin(), shape.dims().end() - 1));
     Graph g;
-    const ir::Node& n = one_node(g, OpKind::LayerNorm, {{shape, DType::f32}, {C, DType::f32}, {C, DType::f32}},
-                                 {{"eps", 1e-5}});
+    const ir::Node& n =
+        one_node(g, OpKind::LayerNorm, {{shape, DType::f32}, {C, DType::f32}, {C, DType::f32}}, {{"eps", 1e-5}});
     std::vector<Tensor> in = random_inputs(g, n, rng);
     // A large common offset: one-pass statistics must not cancel.
     for (int64_t i = 0; i < in[0].numel(); ++i) in[0].set_item(i, in[0].item(i) + 300.0);
     check_node(g, n, in, {2e-5});
 
     Graph gb;
-    const ir::Node& nb = one_node(gb, OpKind::LayerNormBackward,
-                                  {{shape, DType::f32}, {shape, DType::f32}, {C, DType::f32}, {rows, DType::f32},
-                                   {rows, DType::f32}});
+    const ir::Node& nb =
+        one_node(gb, OpKind::LayerNormBackward,
+                 {{shape, DType::f32}, {shape, DType::f32}, {C, DType::f32}, {rows, DType::f32}, {rows, DType::f32}});
     std::vector<Tensor> inb = random_inputs(gb, nb, rng);
     for (int64_t i = 0; i < inb[4].numel(); ++i) inb[4].set_item(i, 0.5 + std::abs(inb[4].item(i)));  // rstd > 0
     check_node(gb, nb, inb, {1e-5, 0, true});
@@ -350,16 +360,17 @@ TEST(CpuBasicKernels, Embedding) {
           check_node(g, n, random_inputs(g, n, rng, -2.0, 2.0, V), {kExact});
         }
         Graph gb;
-        const ir::Node& nb = one_node(gb, OpKind::EmbeddingBackward, {{Shape{3, 17, C}, DType::f32}, {Shape{3, 17}, ids_t}},
-                                      {{"num_embeddings", V}});
+        const ir::Node& nb = one_node(gb, OpKind::EmbeddingBackward,
+                                      {{Shape{3, 17, C}, DType::f32}, {Shape{3, 17}, ids_t}}, {{"num_embeddings", V}});
         check_node(gb, nb, random_inputs(gb, nb, rng, -2.0, 2.0, V), {1e-6, 0, true});
       }
     }
   }
   // Enough rows and columns for two threads.
   Graph gb;
-  const ir::Node& nb = one_node(gb, OpKind::EmbeddingBackward, {{Shape{4, 129, 257}, DType::f32}, {Shape{4, 129}, DType::i64}},
-                                {{"num_embeddings", int64_t{17}}});
+  const ir::Node& nb =
+      one_node(gb, OpKind::EmbeddingBackward, {{Shape{4, 129, 257}, DType::f32}, {Shape{4, 129}, DType::i64}},
+               {{"num_embeddings", int64_t{17}}});
   check_node(gb, nb, random_inputs(gb, nb, rng, -2.0, 2.0, 17), {1e-6, 0, true});
 }
 
@@ -367,9 +378,9 @@ TEST(CpuBasicKernels, EmbeddingRejectsOutOfRangeIds) {
   PathGuard guard;
   for (OpKind op : {OpKind::Embedding, OpKind::EmbeddingBackward}) {
     Graph g;
-    const ir::Node& n = op == OpKind::Embedding
-                            ? one_node(g, op, {{Shape{5, 3}, DType::f32}, {Shape{4}, DType::i64}})
-                            : one_node(g, op, {{Shape{4, 3}, DType::f32}, {Shape{4}, DType::i64}}, {{"num_embeddings", int64_t{5}}});
+    const ir::Node& n = op == OpKind::Embedding ? one_node(g, op, {{Shape{5, 3}, DType::f32}, {Shape{4}, DType::i64}})
+                                                : one_node(g, op, {{Shape{4, 3}, DType::f32}, {Shape{4}, DType::i64}},
+                                                           {{"num_embeddings", int64_t{5}}});
     std::unique_ptr<Kernel> k = make_cpu_basic_kernel(g, n);
     ASSERT_TRUE(k != nullptr);
     Tensor first = Tensor::zeros(op == OpKind::Embedding ? Shape{5, 3} : Shape{4, 3}, DType::f32);
@@ -418,7 +429,8 @@ TEST(CpuBasicKernels, DropoutMatchesRngBitForBit) {
 TEST(CpuBasicKernels, ReshapeCopiesOrAliases) {
   std::mt19937 rng(9);
   Graph g;
-  const ir::Node& n = one_node(g, OpKind::Reshape, {{Shape{17, 129}, DType::f32}}, {{"shape", std::vector<int64_t>{129, -1}}});
+  const ir::Node& n =
+      one_node(g, OpKind::Reshape, {{Shape{17, 129}, DType::f32}}, {{"shape", std::vector<int64_t>{129, -1}}});
   std::vector<Tensor> in = random_inputs(g, n, rng);
   check_node(g, n, in, {kExact});
   std::unique_ptr<Kernel> k = make_cpu_basic_kernel(g, n);
@@ -440,11 +452,11 @@ TEST(CpuBasicKernels, Transpose) {
       {Shape{17}, {0}},
       {Shape{3, 17}, {1, 0}},
       {Shape{129, 257}, {1, 0}},
-      {Shape{2, 17, 3, 129}, {0, 2, 1, 3}},   // (B, T, H, D) -> (B, H, T, D)
+      {Shape{2, 17, 3, 129}, {0, 2, 1, 3}},  // (B, T, H, D) -> (B, H, T, D)
       {Shape{2, 129, 4, 33}, {0, 2, 1, 3}},
-      {Shape{3, 17, 129}, {0, 2, 1}},         // swap the last two
-      {Shape{2, 3, 17, 5}, {3, 1, 0, 2}},     // general
-      {Shape{1, 17, 1, 3}, {3, 2, 0, 1}},     // extent-1 axes
+      {Shape{3, 17, 129}, {0, 2, 1}},      // swap the last two
+      {Shape{2, 3, 17, 5}, {3, 1, 0, 2}},  // general
+      {Shape{1, 17, 1, 3}, {3, 2, 0, 1}},  // extent-1 axes
       {Shape{4, 3, 2, 5, 3}, {4, 0, 3, 1, 2}},
       {Shape{2, 3, 4, 5, 6}, {0, 1, 2, 3, 4}},
   };
@@ -482,7 +494,8 @@ TEST(CpuBasicKernels, SplitConcatSlice) {
 
       const int64_t start = 1, end = extent;
       Graph gl;
-      const ir::Node& slice = one_node(gl, OpKind::Slice, {{shape, t}}, {{"axis", axis}, {"start", start}, {"end", end}});
+      const ir::Node& slice =
+          one_node(gl, OpKind::Slice, {{shape, t}}, {{"axis", axis}, {"start", start}, {"end", end}});
       check_node(gl, slice, random_inputs(gl, slice, rng), {kExact});
 
       Shape part = shape;
@@ -502,9 +515,9 @@ TEST(CpuBasicKernels, SplitConcatSlice) {
 
 TEST(CpuBasicKernels, ExpandTo) {
   std::mt19937 rng(12);
-  const std::vector<std::pair<Shape, Shape>> cases = {{Shape{17, 1}, Shape{3, 17, 129}}, {Shape{129}, Shape{3, 129}},
-                                                      {Shape{1}, Shape{17, 3}},          {Shape{3, 1, 129}, Shape{2, 3, 17, 129}},
-                                                      {Shape{}, Shape{129, 257}},       {Shape{1, 257}, Shape{129, 257}}};
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {Shape{17, 1}, Shape{3, 17, 129}},        {Shape{129}, Shape{3, 129}}, {Shape{1}, Shape{17, 3}},
+      {Shape{3, 1, 129}, Shape{2, 3, 17, 129}}, {Shape{}, Shape{129, 257}},  {Shape{1, 257}, Shape{129, 257}}};
   for (const auto& [from, to] : cases) {
     for (DType t : {DType::f32, DType::bf16}) {
       Graph g;
@@ -522,11 +535,13 @@ TEST(CpuBasicKernels, ReduceSumAndMean) {
     Shape shape;
     std::vector<int64_t> axes;
   };
-  const std::vector<Case> cases = {
-      {Shape{1}, {0}},           {Shape{129}, {0}},           {Shape{3, 17}, {1}},        {Shape{3, 17}, {0}},
-      {Shape{129, 257}, {0}},    {Shape{129, 257}, {1}},      {Shape{129, 257}, {0, 1}},  {Shape{3, 17, 129}, {1}},
-      {Shape{3, 17, 129}, {-1}}, {Shape{2, 3, 17, 129}, {0, 1, 2}}, {Shape{3, 1, 17}, {1}}, {Shape{17, 4099}, {0}},
-      {Shape{5, 40000}, {1}},    {Shape{3, 17}, {}}};
+  const std::vector<Case> cases = {{Shape{1}, {0}},           {Shape{129}, {0}},
+                                   {Shape{3, 17}, {1}},       {Shape{3, 17}, {0}},
+                                   {Shape{129, 257}, {0}},    {Shape{129, 257}, {1}},
+                                   {Shape{129, 257}, {0, 1}}, {Shape{3, 17, 129}, {1}},
+                                   {Shape{3, 17, 129}, {-1}}, {Shape{2, 3, 17, 129}, {0, 1, 2}},
+                                   {Shape{3, 1, 17}, {1}},    {Shape{17, 4099}, {0}},
+                                   {Shape{5, 40000}, {1}},    {Shape{3, 17}, {}}};
   for (const Case& c : cases) {
     for (OpKind op : {OpKind::ReduceSum, OpKind::ReduceMean}) {
       for (int64_t keepdims : {0, 1}) {
@@ -537,8 +552,10 @@ TEST(CpuBasicKernels, ReduceSumAndMean) {
     }
   }
   // Reduced axes on both sides of a kept one (the generic walk).
-  for (const Case& c : std::vector<Case>{{Shape{3, 17, 5}, {0, 2}}, {Shape{3, 4, 17, 5, 129}, {0, 2, 4}},
-                                         {Shape{2, 3, 4, 5}, {1, 3}}, {Shape{129, 3, 129}, {0, 2}}}) {
+  for (const Case& c : std::vector<Case>{{Shape{3, 17, 5}, {0, 2}},
+                                         {Shape{3, 4, 17, 5, 129}, {0, 2, 4}},
+                                         {Shape{2, 3, 4, 5}, {1, 3}},
+                                         {Shape{129, 3, 129}, {0, 2}}}) {
     Graph g;
     const ir::Node& n = one_node(g, OpKind::ReduceMean, {{c.shape, DType::f32}}, {{"axes", c.axes}});
     check_node(g, n, random_inputs(g, n, rng), {1e-5, 0, true});
@@ -547,10 +564,14 @@ TEST(CpuBasicKernels, ReduceSumAndMean) {
 
 TEST(CpuBasicKernels, ReduceSumTo) {
   std::mt19937 rng(14);
-  const std::vector<std::pair<Shape, Shape>> cases = {
-      {Shape{3, 17, 129}, Shape{17, 1}}, {Shape{3, 17, 129}, Shape{129}},     {Shape{3, 17, 129}, Shape{1, 1, 1}},
-      {Shape{3, 17, 129}, Shape{3, 1, 129}}, {Shape{129, 257}, Shape{257}},   {Shape{129, 257}, Shape{129, 1}},
-      {Shape{17}, Shape{17}},            {Shape{2, 3, 17, 129}, Shape{1, 129}}};
+  const std::vector<std::pair<Shape, Shape>> cases = {{Shape{3, 17, 129}, Shape{17, 1}},
+                                                      {Shape{3, 17, 129}, Shape{129}},
+                                                      {Shape{3, 17, 129}, Shape{1, 1, 1}},
+                                                      {Shape{3, 17, 129}, Shape{3, 1, 129}},
+                                                      {Shape{129, 257}, Shape{257}},
+                                                      {Shape{129, 257}, Shape{129, 1}},
+                                                      {Shape{17}, Shape{17}},
+                                                      {Shape{2, 3, 17, 129}, Shape{1, 129}}};
   for (const auto& [from, to] : cases) {
     Graph g;
     const ir::Node& n = one_node(g, OpKind::ReduceSumTo, {{from, DType::f32}}, {{"shape", to.dims()}});
@@ -576,9 +597,10 @@ TEST(CpuBasicKernels, SoftmaxCrossEntropy) {
         check_node(g, n, in, {1e-5});
 
         Graph gb;
-        const ir::Node& nb = one_node(gb, OpKind::SoftmaxCrossEntropyBackward,
-                                      {{Shape{}, DType::f32}, {shape, DType::f32}, {rows, targets_t}, {rows, DType::f32}},
-                                      {{"ignore_index", int64_t{-1}}});
+        const ir::Node& nb =
+            one_node(gb, OpKind::SoftmaxCrossEntropyBackward,
+                     {{Shape{}, DType::f32}, {shape, DType::f32}, {rows, targets_t}, {rows, DType::f32}},
+                     {{"ignore_index", int64_t{-1}}});
         // lse from the reference forward, so softmax is normalised.
         std::unique_ptr<Kernel> ref = make_ref_kernel(g, n);
         std::vector<Tensor> fwd = run_node(*ref, g, n, in, nullptr, 1, 0);
@@ -605,7 +627,8 @@ TEST(CpuBasicKernels, SoftmaxCrossEntropyRejectsBadTargets) {
 TEST(CpuBasicKernels, CrossEntropyLossIsStableAcrossThreads) {
   std::mt19937 rng(16);
   Graph g;
-  const ir::Node& n = one_node(g, OpKind::SoftmaxCrossEntropy, {{Shape{64, 1000}, DType::f32}, {Shape{64}, DType::i64}});
+  const ir::Node& n =
+      one_node(g, OpKind::SoftmaxCrossEntropy, {{Shape{64, 1000}, DType::f32}, {Shape{64}, DType::i64}});
   std::vector<Tensor> in = random_inputs(g, n, rng, -6.0, 6.0, 1000);
   std::unique_ptr<Kernel> k = make_cpu_basic_kernel(g, n);
   std::vector<Tensor> one = run_node(*k, g, n, in, nullptr, 1, 0);

@@ -41,8 +41,10 @@ Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937& rng) {
   Tensor t = Tensor::zeros(shape, dtype);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (int64_t i = 0; i < t.numel(); ++i) {
-    if (dtype == DType::bf16) static_cast<uint16_t*>(t.data())[i] = float_to_bf16(dist(rng));
-    else static_cast<float*>(t.data())[i] = dist(rng);
+    if (dtype == DType::bf16)
+      static_cast<uint16_t*>(t.data())[i] = float_to_bf16(dist(rng));
+    else
+      static_cast<float*>(t.data())[i] = dist(rng);
   }
   return t;
 }
@@ -97,8 +99,8 @@ double relative_norm_error(const Tensor& a, const Tensor& b) {
 }
 
 // Random inputs for `node`, runs tuned and reference kernels, compares every output.
-void expect_matches_reference(const ir::Graph& g, const ir::Node& node, int threads, double tolerance,
-                              bool accumulate, std::mt19937& rng, const std::string& label, bool norm_wise = false) {
+void expect_matches_reference(const ir::Graph& g, const ir::Node& node, int threads, double tolerance, bool accumulate,
+                              std::mt19937& rng, const std::string& label, bool norm_wise = false) {
   std::vector<Tensor> inputs;
   for (ValueId v : node.inputs) inputs.push_back(random_tensor(g.value(v).shape, g.value(v).dtype, rng));
   std::vector<Tensor> initial;
@@ -129,8 +131,7 @@ void check_matmul(std::vector<int64_t> a_dims, std::vector<int64_t> b_dims, bool
   builder.matmul(a, b, trans_a, trans_b);
   std::string label = "MatMul " + Shape(a_dims).to_string() + " x " + Shape(b_dims).to_string() +
                       " trans_a=" + std::to_string(trans_a) + " trans_b=" + std::to_string(trans_b) + " " +
-                      dtype_name(dtype) + " threads=" + std::to_string(threads) +
-                      (accumulate ? " accumulate" : "");
+                      dtype_name(dtype) + " threads=" + std::to_string(threads) + (accumulate ? " accumulate" : "");
   bool bf16 = dtype == DType::bf16;
   expect_matches_reference(g, g.nodes().back(), threads, bf16 ? 2e-3 : 2e-6, accumulate, rng, label, bf16);
 }
@@ -149,8 +150,7 @@ TEST(CpuDenseKernels, MatMulEveryTransposeAndSize) {
       for (int64_t m : kSizes)
         for (int64_t n : kSizes)
           for (int64_t k : kSizes)
-            check_matmul(stored({}, m, k, ta), stored({}, k, n, tb), ta, tb, DType::f32, m == 129 ? 2 : 1, false,
-                         rng);
+            check_matmul(stored({}, m, k, ta), stored({}, k, n, tb), ta, tb, DType::f32, m == 129 ? 2 : 1, false, rng);
 }
 
 TEST(CpuDenseKernels, MatMulBatchedAndBroadcast) {
@@ -209,9 +209,8 @@ void check_linear(std::vector<int64_t> x_dims, int64_t n, bool bias, DType dtype
   ValueId w = builder.input("w", Shape{n, x_dims.back()}, dtype);
   ValueId b = bias ? builder.input("bias", Shape{n}) : ir::kNone;
   builder.linear(x, w, b);
-  std::string label = "Linear x" + Shape(x_dims).to_string() + " N=" + std::to_string(n) + " " +
-                      dtype_name(dtype) + (bias ? " bias" : "") + (accumulate ? " accumulate" : "") +
-                      " threads=" + std::to_string(threads);
+  std::string label = "Linear x" + Shape(x_dims).to_string() + " N=" + std::to_string(n) + " " + dtype_name(dtype) +
+                      (bias ? " bias" : "") + (accumulate ? " accumulate" : "") + " threads=" + std::to_string(threads);
   bool bf16 = dtype == DType::bf16;
   expect_matches_reference(g, g.nodes().back(), threads, bf16 ? 2e-3 : 2e-6, accumulate, rng, label, bf16);
 }
@@ -246,9 +245,9 @@ struct AttentionCase {
 
   std::string label() const {
     return "Attention B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
-           " S=" + std::to_string(S) + " D=" + std::to_string(D) + (mask ? " mask" : "") +
-           (causal ? " causal" : "") + " dropout=" + std::to_string(dropout) +
-           " threads=" + std::to_string(threads) + (dead_row ? " dead-row" : "");
+           " S=" + std::to_string(S) + " D=" + std::to_string(D) + (mask ? " mask" : "") + (causal ? " causal" : "") +
+           " dropout=" + std::to_string(dropout) + " threads=" + std::to_string(threads) +
+           (dead_row ? " dead-row" : "");
   }
 };
 
@@ -307,8 +306,8 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
     for (int64_t i = 0; i < c.H * c.T; ++i) ASSERT_EQ(got[1].item(i), 0.0) << label;
   }
 
-  std::vector<Tensor> backward_in{random_tensor(Shape{c.B, c.H, c.T, c.D}, DType::f32, rng), inputs[0], inputs[1],
-                                  inputs[2], want[0], want[1]};
+  std::vector<Tensor> backward_in{
+      random_tensor(Shape{c.B, c.H, c.T, c.D}, DType::f32, rng), inputs[0], inputs[1], inputs[2], want[0], want[1]};
   if (c.mask) backward_in.push_back(inputs[3]);
   std::unique_ptr<Kernel> tuned_backward = make_cpu_dense_kernel(g, backward);
   ASSERT_NE(tuned_backward, nullptr) << label;
@@ -317,8 +316,7 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
   std::vector<Tensor> grads = run_kernel(*tuned_backward, g, backward, backward_in, c.threads, rng_offset);
   std::vector<Tensor> want_grads = run_kernel(*reference_backward, g, backward, backward_in, 1, rng_offset);
   const char* names[] = {" dq", " dk", " dv"};
-  for (int i = 0; i < 3; ++i)
-    EXPECT_LE(scaled_max_error(grads[i], want_grads[i]), 2e-5) << label << names[i];
+  for (int i = 0; i < 3; ++i) EXPECT_LE(scaled_max_error(grads[i], want_grads[i]), 2e-5) << label << names[i];
 }
 
 // T, S in {1, 3, 17, 129}, D in {8, 64}, with and without mask, causal where T <= S,
@@ -400,9 +398,9 @@ TEST(CpuDenseKernels, AttentionBackwardIsDeterministic) {
   ir::Graph g;
   ir::GraphBuilder builder(g);
   const Shape q_shape{1, 1, 100, 16}, kv_shape{1, 1, 300, 16};
-  std::vector<ValueId> in{builder.input("dout", q_shape), builder.input("q", q_shape), builder.input("k", kv_shape),
-                          builder.input("v", kv_shape),   builder.input("out", q_shape),
-                          builder.input("lse", Shape{1, 1, 100})};
+  std::vector<ValueId> in{builder.input("dout", q_shape), builder.input("q", q_shape),
+                          builder.input("k", kv_shape),   builder.input("v", kv_shape),
+                          builder.input("out", q_shape),  builder.input("lse", Shape{1, 1, 100})};
   g.add_node(OpKind::AttentionBackward, in, {{"scale", 0.25}, {"causal", int64_t{0}}, {"dropout_p", 0.0}});
   const ir::Node& node = g.nodes().back();
   std::vector<Tensor> inputs;

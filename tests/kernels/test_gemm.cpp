@@ -19,256 +19,258 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr unsigned char kCanary = 0xA5;
 
 uint16_t f32_to_bf16(float f) {
-    uint32_t bits;
-    std::memcpy(&bits, &f, sizeof bits);
-    bits += 0x7FFF + ((bits >> 16) & 1);  // round to nearest even
-    return uint16_t(bits >> 16);
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits += 0x7FFF + ((bits >> 16) & 1);  // round to nearest even
+  return uint16_t(bits >> 16);
 }
 
 // Forces a code path through FUSETRAIN_GEMM for the lifetime of the object.
 class ScopedPath {
-public:
-    explicit ScopedPath(const std::string& path) {
-        if (path == "default") unsetenv("FUSETRAIN_GEMM");
-        else setenv("FUSETRAIN_GEMM", path.c_str(), 1);
-    }
-    ~ScopedPath() { unsetenv("FUSETRAIN_GEMM"); }
+ public:
+  explicit ScopedPath(const std::string& path) {
+    if (path == "default")
+      unsetenv("FUSETRAIN_GEMM");
+    else
+      setenv("FUSETRAIN_GEMM", path.c_str(), 1);
+  }
+  ~ScopedPath() { unsetenv("FUSETRAIN_GEMM"); }
 };
 
 bool path_supported(const std::string& path) {
-    if (path == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (path == "avx512") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-    return true;
+  if (path == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (path == "avx512") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return true;
 }
 
 // A matrix of `rows` x `cols` with leading dimension ld; the padding columns hold NaN
 // so any read outside the logical matrix poisons the result.
 std::vector<float> random_matrix(int64_t rows, int64_t cols, int64_t ld, std::mt19937& rng, bool round_bf16) {
-    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    std::vector<float> m(size_t(std::max<int64_t>(rows * ld, 1)), kNaN);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) {
-            float v = dist(rng);
-            if (round_bf16) {
-                uint32_t bits = uint32_t(f32_to_bf16(v)) << 16;
-                std::memcpy(&v, &bits, sizeof v);
-            }
-            m[size_t(r * ld + c)] = v;
-        }
-    return m;
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> m(size_t(std::max<int64_t>(rows * ld, 1)), kNaN);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) {
+      float v = dist(rng);
+      if (round_bf16) {
+        uint32_t bits = uint32_t(f32_to_bf16(v)) << 16;
+        std::memcpy(&v, &bits, sizeof v);
+      }
+      m[size_t(r * ld + c)] = v;
+    }
+  return m;
 }
 
 std::vector<uint16_t> to_bf16(const std::vector<float>& m) {
-    std::vector<uint16_t> out(m.size());
-    for (size_t i = 0; i < m.size(); i++) out[i] = f32_to_bf16(m[i]);
-    return out;
+  std::vector<uint16_t> out(m.size());
+  for (size_t i = 0; i < m.size(); i++) out[i] = f32_to_bf16(m[i]);
+  return out;
 }
 
 // Scratch of exactly `bytes` at an address 4 bytes past a 64-byte boundary, followed by a canary.
 struct Scratch {
-    std::vector<unsigned char> storage;
-    size_t bytes;
-    explicit Scratch(size_t n) : storage(n + 64 + 4 + 256, kCanary), bytes(n) {}
-    void* data() {
-        uintptr_t base = (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t(63);
-        return reinterpret_cast<void*>(base + 4);
-    }
-    bool canary_intact() {
-        auto* end = static_cast<unsigned char*>(data()) + bytes;
-        for (int i = 0; i < 256; i++)
-            if (end[i] != kCanary) return false;
-        return true;
-    }
+  std::vector<unsigned char> storage;
+  size_t bytes;
+  explicit Scratch(size_t n) : storage(n + 64 + 4 + 256, kCanary), bytes(n) {}
+  void* data() {
+    uintptr_t base = (reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t(63);
+    return reinterpret_cast<void*>(base + 4);
+  }
+  bool canary_intact() {
+    auto* end = static_cast<unsigned char*>(data()) + bytes;
+    for (int i = 0; i < 256; i++)
+      if (end[i] != kCanary) return false;
+    return true;
+  }
 };
 
 // Compares the logical (M, N) part of C with the reference and checks padding was left alone.
 void expect_close(const float* got, const float* want, const GemmShape& s, double tol) {
-    double diff = 0.0, norm = 0.0;
-    for (int64_t i = 0; i < s.M; i++)
-        for (int64_t j = 0; j < s.N; j++) {
-            double g = got[i * s.ldc + j], w = want[i * s.ldc + j];
-            ASSERT_FALSE(std::isnan(g)) << "C(" << i << ", " << j << ") is NaN";
-            diff += (g - w) * (g - w);
-            norm += w * w;
-        }
-    EXPECT_LE(std::sqrt(diff), tol * std::sqrt(norm) + 1e-30) << "relative error too large";
-    for (int64_t i = 0; i < s.M; i++)
-        for (int64_t j = s.N; j < s.ldc; j++)
-            ASSERT_EQ(std::memcmp(&got[i * s.ldc + j], &want[i * s.ldc + j], sizeof(float)), 0)
-                << "padding of C written at (" << i << ", " << j << ")";
+  double diff = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < s.M; i++)
+    for (int64_t j = 0; j < s.N; j++) {
+      double g = got[i * s.ldc + j], w = want[i * s.ldc + j];
+      ASSERT_FALSE(std::isnan(g)) << "C(" << i << ", " << j << ") is NaN";
+      diff += (g - w) * (g - w);
+      norm += w * w;
+    }
+  EXPECT_LE(std::sqrt(diff), tol * std::sqrt(norm) + 1e-30) << "relative error too large";
+  for (int64_t i = 0; i < s.M; i++)
+    for (int64_t j = s.N; j < s.ldc; j++)
+      ASSERT_EQ(std::memcmp(&got[i * s.ldc + j], &want[i * s.ldc + j], sizeof(float)), 0)
+          << "padding of C written at (" << i << ", " << j << ")";
 }
 
 struct Case {
-    int64_t M, N, K;
-    bool trans_a, trans_b;
-    int64_t pad;  // added to every leading dimension
-    float alpha, beta;
-    bool nan_c;  // C starts as NaN (only meaningful with beta == 0)
-    int threads;
+  int64_t M, N, K;
+  bool trans_a, trans_b;
+  int64_t pad;  // added to every leading dimension
+  float alpha, beta;
+  bool nan_c;  // C starts as NaN (only meaningful with beta == 0)
+  int threads;
 };
 
 GemmShape shape_of(const Case& c) {
-    int64_t lda = (c.trans_a ? c.M : c.K) + c.pad, ldb = (c.trans_b ? c.K : c.N) + c.pad;
-    return {c.M, c.N, c.K, c.trans_a, c.trans_b, std::max<int64_t>(lda, 1), std::max<int64_t>(ldb, 1), c.N + c.pad};
+  int64_t lda = (c.trans_a ? c.M : c.K) + c.pad, ldb = (c.trans_b ? c.K : c.N) + c.pad;
+  return {c.M, c.N, c.K, c.trans_a, c.trans_b, std::max<int64_t>(lda, 1), std::max<int64_t>(ldb, 1), c.N + c.pad};
 }
 
 std::string describe(const Case& c) {
-    return "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
-           (c.trans_a ? " TA" : "") + (c.trans_b ? " TB" : "") + " pad=" + std::to_string(c.pad) +
-           " alpha=" + std::to_string(c.alpha) + " beta=" + std::to_string(c.beta) + (c.nan_c ? " nanC" : "") +
-           " threads=" + std::to_string(c.threads);
+  return "M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+         (c.trans_a ? " TA" : "") + (c.trans_b ? " TB" : "") + " pad=" + std::to_string(c.pad) +
+         " alpha=" + std::to_string(c.alpha) + " beta=" + std::to_string(c.beta) + (c.nan_c ? " nanC" : "") +
+         " threads=" + std::to_string(c.threads);
 }
 
 void run_case(const Case& c, bool bf16) {
-    SCOPED_TRACE(describe(c) + (bf16 ? " bf16" : " f32"));
-    GemmShape s = shape_of(c);
-    std::mt19937 rng(uint32_t(c.M * 1000003 + c.N * 1009 + c.K * 7 + c.trans_a * 2 + c.trans_b));
-    auto A = random_matrix(c.trans_a ? c.K : c.M, c.trans_a ? c.M : c.K, s.lda, rng, bf16);
-    auto B = random_matrix(c.trans_b ? c.N : c.K, c.trans_b ? c.K : c.N, s.ldb, rng, bf16);
-    auto C0 = random_matrix(c.M, c.N, s.ldc, rng, false);
+  SCOPED_TRACE(describe(c) + (bf16 ? " bf16" : " f32"));
+  GemmShape s = shape_of(c);
+  std::mt19937 rng(uint32_t(c.M * 1000003 + c.N * 1009 + c.K * 7 + c.trans_a * 2 + c.trans_b));
+  auto A = random_matrix(c.trans_a ? c.K : c.M, c.trans_a ? c.M : c.K, s.lda, rng, bf16);
+  auto B = random_matrix(c.trans_b ? c.N : c.K, c.trans_b ? c.K : c.N, s.ldb, rng, bf16);
+  auto C0 = random_matrix(c.M, c.N, s.ldc, rng, false);
+  for (int64_t i = 0; i < c.M; i++)
+    for (int64_t j = c.N; j < s.ldc; j++) C0[size_t(i * s.ldc + j)] = 123.0f;  // padding sentinel
+  if (c.nan_c)
     for (int64_t i = 0; i < c.M; i++)
-        for (int64_t j = c.N; j < s.ldc; j++) C0[size_t(i * s.ldc + j)] = 123.0f;  // padding sentinel
-    if (c.nan_c)
-        for (int64_t i = 0; i < c.M; i++)
-            for (int64_t j = 0; j < c.N; j++) C0[size_t(i * s.ldc + j)] = kNaN;
-    auto want = C0, got = C0;
-    size_t bytes = bf16 ? gemm_bf16_scratch_bytes(s, c.threads) : gemm_f32_scratch_bytes(s, c.threads);
-    Scratch scratch(bytes);
-    if (bf16) {
-        auto A16 = to_bf16(A), B16 = to_bf16(B);
-        gemm_bf16_ref(s, c.alpha, A16.data(), B16.data(), c.beta, want.data());
-        gemm_bf16(s, c.alpha, A16.data(), B16.data(), c.beta, got.data(), scratch.data(), c.threads);
-    } else {
-        gemm_f32_ref(s, c.alpha, A.data(), B.data(), c.beta, want.data());
-        gemm_f32(s, c.alpha, A.data(), B.data(), c.beta, got.data(), scratch.data(), c.threads);
-    }
-    EXPECT_TRUE(scratch.canary_intact()) << "wrote past the reported scratch size";
-    expect_close(got.data(), want.data(), s, bf16 ? 2e-5 : 1e-5);
+      for (int64_t j = 0; j < c.N; j++) C0[size_t(i * s.ldc + j)] = kNaN;
+  auto want = C0, got = C0;
+  size_t bytes = bf16 ? gemm_bf16_scratch_bytes(s, c.threads) : gemm_f32_scratch_bytes(s, c.threads);
+  Scratch scratch(bytes);
+  if (bf16) {
+    auto A16 = to_bf16(A), B16 = to_bf16(B);
+    gemm_bf16_ref(s, c.alpha, A16.data(), B16.data(), c.beta, want.data());
+    gemm_bf16(s, c.alpha, A16.data(), B16.data(), c.beta, got.data(), scratch.data(), c.threads);
+  } else {
+    gemm_f32_ref(s, c.alpha, A.data(), B.data(), c.beta, want.data());
+    gemm_f32(s, c.alpha, A.data(), B.data(), c.beta, got.data(), scratch.data(), c.threads);
+  }
+  EXPECT_TRUE(scratch.canary_intact()) << "wrote past the reported scratch size";
+  expect_close(got.data(), want.data(), s, bf16 ? 2e-5 : 1e-5);
 }
 
 class GemmPath : public ::testing::TestWithParam<std::string> {
-protected:
-    void SetUp() override {
-        if (!path_supported(GetParam())) GTEST_SKIP() << GetParam() << " not supported by this CPU";
-    }
+ protected:
+  void SetUp() override {
+    if (!path_supported(GetParam())) GTEST_SKIP() << GetParam() << " not supported by this CPU";
+  }
 };
 
 std::vector<Case> all_transposes(Case c) {
-    std::vector<Case> out;
-    for (int t = 0; t < 4; t++) {
-        c.trans_a = t & 1;
-        c.trans_b = t & 2;
-        out.push_back(c);
-    }
-    return out;
+  std::vector<Case> out;
+  for (int t = 0; t < 4; t++) {
+    c.trans_a = t & 1;
+    c.trans_b = t & 2;
+    out.push_back(c);
+  }
+  return out;
 }
 
 TEST_P(GemmPath, SmallShapesAllTransposes) {
-    ScopedPath path(GetParam());
-    const int64_t sizes[] = {1, 3, 17, 129};
-    for (bool bf16 : {false, true})
-        for (int64_t M : sizes)
-            for (int64_t N : sizes)
-                for (int64_t K : sizes)
-                    for (const Case& c : all_transposes({M, N, K, false, false, 0, 1.0f, 0.0f, false, 1})) {
-                        run_case(c, bf16);
-                        if (HasFailure()) return;
-                    }
+  ScopedPath path(GetParam());
+  const int64_t sizes[] = {1, 3, 17, 129};
+  for (bool bf16 : {false, true})
+    for (int64_t M : sizes)
+      for (int64_t N : sizes)
+        for (int64_t K : sizes)
+          for (const Case& c : all_transposes({M, N, K, false, false, 0, 1.0f, 0.0f, false, 1})) {
+            run_case(c, bf16);
+            if (HasFailure()) return;
+          }
 }
 
 TEST_P(GemmPath, BlockEdgesAndThreads) {
-    ScopedPath path(GetParam());
-    // Shapes crossing the register tile, KC and NC block edges, run with several thread counts.
-    const int64_t shapes[][3] = {{64, 64, 64}, {255, 255, 255}, {129, 255, 64}, {64, 17, 600},
-                                 {300, 1030, 33}, {2, 1100, 70}, {1, 255, 513}, {255, 3, 129}, {33, 40, 801}};
-    for (bool bf16 : {false, true})
-        for (auto& sh : shapes)
-            for (int threads : {1, 2, 3})
-                for (const Case& c : all_transposes({sh[0], sh[1], sh[2], false, false, 0, 1.0f, 0.0f, false, threads})) {
-                    run_case(c, bf16);
-                    if (HasFailure()) return;
-                }
+  ScopedPath path(GetParam());
+  // Shapes crossing the register tile, KC and NC block edges, run with several thread counts.
+  const int64_t shapes[][3] = {{64, 64, 64},  {255, 255, 255}, {129, 255, 64}, {64, 17, 600}, {300, 1030, 33},
+                               {2, 1100, 70}, {1, 255, 513},   {255, 3, 129},  {33, 40, 801}};
+  for (bool bf16 : {false, true})
+    for (auto& sh : shapes)
+      for (int threads : {1, 2, 3})
+        for (const Case& c : all_transposes({sh[0], sh[1], sh[2], false, false, 0, 1.0f, 0.0f, false, threads})) {
+          run_case(c, bf16);
+          if (HasFailure()) return;
+        }
 }
 
 TEST_P(GemmPath, AlphaBetaAndLeadingDimensions) {
-    ScopedPath path(GetParam());
-    struct AlphaBeta {
-        float alpha, beta;
-        bool nan_c;
-    };
-    const AlphaBeta variants[] = {{1.0f, 1.0f, false}, {0.5f, -2.0f, false}, {-1.5f, 0.0f, true}, {0.0f, 0.5f, false},
-                                  {0.0f, 0.0f, true}};
-    const int64_t shapes[][3] = {{17, 33, 17}, {129, 64, 255}, {3, 129, 1}, {40, 70, 300}};
-    for (bool bf16 : {false, true})
-        for (auto& sh : shapes)
-            for (const AlphaBeta& ab : variants)
-                for (int64_t pad : {0, 7})
-                    for (const Case& c :
-                         all_transposes({sh[0], sh[1], sh[2], false, false, pad, ab.alpha, ab.beta, ab.nan_c, 2})) {
-                        run_case(c, bf16);
-                        if (HasFailure()) return;
-                    }
+  ScopedPath path(GetParam());
+  struct AlphaBeta {
+    float alpha, beta;
+    bool nan_c;
+  };
+  const AlphaBeta variants[] = {
+      {1.0f, 1.0f, false}, {0.5f, -2.0f, false}, {-1.5f, 0.0f, true}, {0.0f, 0.5f, false}, {0.0f, 0.0f, true}};
+  const int64_t shapes[][3] = {{17, 33, 17}, {129, 64, 255}, {3, 129, 1}, {40, 70, 300}};
+  for (bool bf16 : {false, true})
+    for (auto& sh : shapes)
+      for (const AlphaBeta& ab : variants)
+        for (int64_t pad : {0, 7})
+          for (const Case& c :
+               all_transposes({sh[0], sh[1], sh[2], false, false, pad, ab.alpha, ab.beta, ab.nan_c, 2})) {
+            run_case(c, bf16);
+            if (HasFailure()) return;
+          }
 }
 
 TEST_P(GemmPath, EmptyK) {
-    ScopedPath path(GetParam());
-    for (bool bf16 : {false, true}) {
-        run_case({17, 33, 0, false, false, 3, 1.0f, 0.0f, true, 2}, bf16);
-        run_case({17, 33, 0, true, true, 0, 1.0f, 0.5f, false, 2}, bf16);
-        run_case({5, 3, 0, false, true, 0, 2.0f, 1.0f, false, 1}, bf16);
-    }
+  ScopedPath path(GetParam());
+  for (bool bf16 : {false, true}) {
+    run_case({17, 33, 0, false, false, 3, 1.0f, 0.0f, true, 2}, bf16);
+    run_case({17, 33, 0, true, true, 0, 1.0f, 0.5f, false, 2}, bf16);
+    run_case({5, 3, 0, false, true, 0, 2.0f, 1.0f, false, 1}, bf16);
+  }
 }
 
 // Batched products against per-batch references, with either operand broadcast (stride 0).
 template <typename T>
 void run_batched(const Case& c, int64_t batch, bool broadcast_a, bool broadcast_b) {
-    constexpr bool bf16 = std::is_same_v<T, uint16_t>;
-    SCOPED_TRACE(describe(c) + " batch=" + std::to_string(batch) + (broadcast_a ? " bcastA" : "") +
-                 (broadcast_b ? " bcastB" : "") + (bf16 ? " bf16" : " f32"));
-    GemmShape s = shape_of(c);
-    std::mt19937 rng(uint32_t(batch * 31 + c.M));
-    int64_t size_a = (c.trans_a ? c.K : c.M) * s.lda, size_b = (c.trans_b ? c.N : c.K) * s.ldb, size_c = c.M * s.ldc;
-    int64_t stride_a = broadcast_a ? 0 : size_a + 5, stride_b = broadcast_b ? 0 : size_b + 3, stride_c = size_c + 1;
-    int64_t total_a = stride_a * (batch - 1) + size_a, total_b = stride_b * (batch - 1) + size_b;
-    auto A = random_matrix(1, total_a, total_a, rng, bf16);
-    auto B = random_matrix(1, total_b, total_b, rng, bf16);
-    auto C0 = random_matrix(1, stride_c * batch, stride_c * batch, rng, false);
-    if (c.nan_c)
-        for (float& v : C0) v = kNaN;
-    auto want = C0, got = C0;
-    Scratch scratch(bf16 ? gemm_bf16_batched_scratch_bytes(s, batch, c.threads)
-                         : gemm_f32_batched_scratch_bytes(s, batch, c.threads));
-    if constexpr (bf16) {
-        auto A16 = to_bf16(A), B16 = to_bf16(B);
-        for (int64_t b = 0; b < batch; b++)
-            gemm_bf16_ref(s, c.alpha, A16.data() + b * stride_a, B16.data() + b * stride_b, c.beta,
-                          want.data() + b * stride_c);
-        gemm_bf16_batched(s, batch, stride_a, stride_b, stride_c, c.alpha, A16.data(), B16.data(), c.beta, got.data(),
-                          scratch.data(), c.threads);
-    } else {
-        for (int64_t b = 0; b < batch; b++)
-            gemm_f32_ref(s, c.alpha, A.data() + b * stride_a, B.data() + b * stride_b, c.beta,
-                         want.data() + b * stride_c);
-        gemm_f32_batched(s, batch, stride_a, stride_b, stride_c, c.alpha, A.data(), B.data(), c.beta, got.data(),
-                         scratch.data(), c.threads);
-    }
-    EXPECT_TRUE(scratch.canary_intact()) << "wrote past the reported scratch size";
-    for (int64_t b = 0; b < batch; b++) expect_close(got.data() + b * stride_c, want.data() + b * stride_c, s, bf16 ? 2e-5 : 1e-5);
+  constexpr bool bf16 = std::is_same_v<T, uint16_t>;
+  SCOPED_TRACE(describe(c) + " batch=" + std::to_string(batch) + (broadcast_a ? " bcastA" : "") +
+               (broadcast_b ? " bcastB" : "") + (bf16 ? " bf16" : " f32"));
+  GemmShape s = shape_of(c);
+  std::mt19937 rng(uint32_t(batch * 31 + c.M));
+  int64_t size_a = (c.trans_a ? c.K : c.M) * s.lda, size_b = (c.trans_b ? c.N : c.K) * s.ldb, size_c = c.M * s.ldc;
+  int64_t stride_a = broadcast_a ? 0 : size_a + 5, stride_b = broadcast_b ? 0 : size_b + 3, stride_c = size_c + 1;
+  int64_t total_a = stride_a * (batch - 1) + size_a, total_b = stride_b * (batch - 1) + size_b;
+  auto A = random_matrix(1, total_a, total_a, rng, bf16);
+  auto B = random_matrix(1, total_b, total_b, rng, bf16);
+  auto C0 = random_matrix(1, stride_c * batch, stride_c * batch, rng, false);
+  if (c.nan_c)
+    for (float& v : C0) v = kNaN;
+  auto want = C0, got = C0;
+  Scratch scratch(bf16 ? gemm_bf16_batched_scratch_bytes(s, batch, c.threads)
+                       : gemm_f32_batched_scratch_bytes(s, batch, c.threads));
+  if constexpr (bf16) {
+    auto A16 = to_bf16(A), B16 = to_bf16(B);
+    for (int64_t b = 0; b < batch; b++)
+      gemm_bf16_ref(s, c.alpha, A16.data() + b * stride_a, B16.data() + b * stride_b, c.beta,
+                    want.data() + b * stride_c);
+    gemm_bf16_batched(s, batch, stride_a, stride_b, stride_c, c.alpha, A16.data(), B16.data(), c.beta, got.data(),
+                      scratch.data(), c.threads);
+  } else {
+    for (int64_t b = 0; b < batch; b++)
+      gemm_f32_ref(s, c.alpha, A.data() + b * stride_a, B.data() + b * stride_b, c.beta, want.data() + b * stride_c);
+    gemm_f32_batched(s, batch, stride_a, stride_b, stride_c, c.alpha, A.data(), B.data(), c.beta, got.data(),
+                     scratch.data(), c.threads);
+  }
+  EXPECT_TRUE(scratch.canary_intact()) << "wrote past the reported scratch size";
+  for (int64_t b = 0; b < batch; b++)
+    expect_close(got.data() + b * stride_c, want.data() + b * stride_c, s, bf16 ? 2e-5 : 1e-5);
 }
 
 TEST_P(GemmPath, Batched) {
-    ScopedPath path(GetParam());
-    for (int64_t batch : {1, 3, 8})
-        for (int threads : {1, 2})
-            for (const Case& c : all_transposes({33, 70, 129, false, false, 2, 0.7f, 0.0f, true, threads}))
-                for (int bcast = 0; bcast < 3; bcast++) {
-                    run_batched<float>(c, batch, bcast == 1, bcast == 2);
-                    run_batched<uint16_t>(c, batch, bcast == 1, bcast == 2);
-                    if (HasFailure()) return;
-                }
-    Case accumulate{64, 64, 64, false, true, 0, 1.0f, 1.0f, false, 2};
-    run_batched<float>(accumulate, 4, false, true);
-    run_batched<uint16_t>(accumulate, 4, true, false);
+  ScopedPath path(GetParam());
+  for (int64_t batch : {1, 3, 8})
+    for (int threads : {1, 2})
+      for (const Case& c : all_transposes({33, 70, 129, false, false, 2, 0.7f, 0.0f, true, threads}))
+        for (int bcast = 0; bcast < 3; bcast++) {
+          run_batched<float>(c, batch, bcast == 1, bcast == 2);
+          run_batched<uint16_t>(c, batch, bcast == 1, bcast == 2);
+          if (HasFailure()) return;
+        }
+  Case accumulate{64, 64, 64, false, true, 0, 1.0f, 1.0f, false, 2};
+  run_batched<float>(accumulate, 4, false, true);
+  run_batched<uint16_t>(accumulate, 4, true, false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, GemmPath, ::testing::Values("default", "avx512", "avx2", "portable"),
@@ -277,18 +279,18 @@ INSTANTIATE_TEST_SUITE_P(Paths, GemmPath, ::testing::Values("default", "avx512",
 // The forced path must really change the code taken: vdpbf16ps adds each k pair before
 // accumulating, the portable path adds products one k at a time, so some element differs.
 TEST(GemmDispatch, PortableOverrideTakesEffect) {
-    if (!__builtin_cpu_supports("avx512bf16")) GTEST_SKIP() << "needs AVX512_BF16 to compare against";
-    GemmShape s{64, 64, 300, false, false, 300, 64, 64};
-    std::mt19937 rng(7);
-    auto A = to_bf16(random_matrix(64, 300, 300, rng, true)), B = to_bf16(random_matrix(300, 64, 64, rng, true));
-    std::vector<float> fast(64 * 64), slow(64 * 64);
-    Scratch scratch(gemm_bf16_scratch_bytes(s, 1));
-    gemm_bf16(s, 1.0f, A.data(), B.data(), 0.0f, fast.data(), scratch.data(), 1);
-    {
-        ScopedPath path("portable");
-        gemm_bf16(s, 1.0f, A.data(), B.data(), 0.0f, slow.data(), scratch.data(), 1);
-    }
-    EXPECT_NE(std::memcmp(fast.data(), slow.data(), fast.size() * sizeof(float)), 0);
+  if (!__builtin_cpu_supports("avx512bf16")) GTEST_SKIP() << "needs AVX512_BF16 to compare against";
+  GemmShape s{64, 64, 300, false, false, 300, 64, 64};
+  std::mt19937 rng(7);
+  auto A = to_bf16(random_matrix(64, 300, 300, rng, true)), B = to_bf16(random_matrix(300, 64, 64, rng, true));
+  std::vector<float> fast(64 * 64), slow(64 * 64);
+  Scratch scratch(gemm_bf16_scratch_bytes(s, 1));
+  gemm_bf16(s, 1.0f, A.data(), B.data(), 0.0f, fast.data(), scratch.data(), 1);
+  {
+    ScopedPath path("portable");
+    gemm_bf16(s, 1.0f, A.data(), B.data(), 0.0f, slow.data(), scratch.data(), 1);
+  }
+  EXPECT_NE(std::memcmp(fast.data(), slow.data(), fast.size() * sizeof(float)), 0);
 }
 
 }  // namespace

@@ -54,8 +54,7 @@ std::vector<double> values(const Tensor& t) {
 
 void expect_values(const Tensor& t, const std::vector<double>& want, double tol = 1e-6) {
   ASSERT_EQ(t.numel(), static_cast<int64_t>(want.size()));
-  for (int64_t i = 0; i < t.numel(); ++i)
-    EXPECT_NEAR(t.item(i), want[static_cast<size_t>(i)], tol) << "element " << i;
+  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_NEAR(t.item(i), want[static_cast<size_t>(i)], tol) << "element " << i;
 }
 
 // Runs the reference kernel of the last node of `g`. Outputs are fresh tensors
@@ -187,9 +186,7 @@ TEST(RefKernels, GeluBackwardMatchesKnownDerivatives) {
   expect_values(run_ref(g, {tensor({2}, {2, 1}), tensor({2}, {0, 1})})[0], {1.0, 1.0833154705876864});
 
   // tanh form against central differences of the forward formula
-  auto gelu_tanh = [](double v) {
-    return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
-  };
+  auto gelu_tanh = [](double v) { return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))); };
   Graph h;
   ValueId hdy = h.add_input("dy", {3}, DType::f32), hx = h.add_input("x", {3}, DType::f32);
   h.add(OpKind::GeluBackward, {hdy, hx}, {{"approximate", std::string("tanh")}});
@@ -372,10 +369,9 @@ TEST(RefKernels, LayerNormBackwardMatchesFiniteDifferences) {
   auto fwd = run_ref(g, in);
 
   Graph b;
-  b.add_node(OpKind::LayerNormBackward,
-             {b.add_input("dy", {3, 5}, DType::f32), b.add_input("x", {3, 5}, DType::f32),
-              b.add_input("gamma", {5}, DType::f32), b.add_input("mean", {3}, DType::f32),
-              b.add_input("rstd", {3}, DType::f32)});
+  b.add_node(OpKind::LayerNormBackward, {b.add_input("dy", {3, 5}, DType::f32), b.add_input("x", {3, 5}, DType::f32),
+                                         b.add_input("gamma", {5}, DType::f32), b.add_input("mean", {3}, DType::f32),
+                                         b.add_input("rstd", {3}, DType::f32)});
   // dx aliases dy in place (kInPlace): run with the output bound to dy's memory.
   Tensor dy_copy = dy.clone();
   Tensor dgamma = Tensor::zeros({5}, DType::f32), dbeta = Tensor::zeros({5}, DType::f32);

@@ -11,8 +11,8 @@ namespace fusetrain::testing {
 namespace {
 
 runtime::ParameterStore make_store() {
-  return runtime::ParameterStore(std::vector<std::pair<std::string, Shape>>{
-      {"w", {17, 3}}, {"b", {3}}, {"big", {300, 250}}});
+  return runtime::ParameterStore(
+      std::vector<std::pair<std::string, Shape>>{{"w", {17, 3}}, {"b", {3}}, {"big", {300, 250}}});
 }
 
 void fill_grads(runtime::ParameterStore& s, std::mt19937& rng, double scale) {

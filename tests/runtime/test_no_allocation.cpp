@@ -6,8 +6,8 @@
 
 #include <atomic>
 #include <cmath>
-#include <functional>
 #include <cstdlib>
+#include <functional>
 #include <new>
 #include <vector>
 
@@ -92,7 +92,8 @@ TEST(NoAllocation, SteadyStateTrainingStep) {
   graph.mark_output(loss);
   autodiff::build_backward(graph, loss, graph.params());
   runtime::ParameterStore params(graph);
-  for (int64_t i = 0; i < params.flat_numel(); ++i) params.params_data()[i] = 0.02f * static_cast<float>((i * 7919) % 101 - 50) / 50.0f;
+  for (int64_t i = 0; i < params.flat_numel(); ++i)
+    params.params_data()[i] = 0.02f * static_cast<float>((i * 7919) % 101 - 50) / 50.0f;
   runtime::PlanOptions options;
   options.num_threads = 2;
   auto plan = runtime::Plan::compile(graph, params, options);

@@ -109,7 +109,8 @@ TEST(Plan, ReferenceAndTunedKernelsAgreeOnATrainingStep) {
   std::vector<std::vector<float>> grads;
   for (bool reference : {true, false}) {
     runtime::ParameterStore params(net.graph);
-    for (int64_t i = 0; i < params.flat_numel(); ++i) params.params_data()[i] = 0.1f * static_cast<float>(i % 13) - 0.6f;
+    for (int64_t i = 0; i < params.flat_numel(); ++i)
+      params.params_data()[i] = 0.1f * static_cast<float>(i % 13) - 0.6f;
     runtime::PlanOptions options;
     options.reference_kernels = reference;
     auto plan = runtime::Plan::compile(net.graph, params, options);

@@ -40,11 +40,13 @@ std::vector<OpCase> make_cases() {
   {
     // Values on a 1/16 grid in [-1, 1] and steps of 1/16 stay exact in bf16; the
     // loss is linear in each element, so central differences are exact too.
-    OpCase& bf16 = add("matmul_bf16", OpKind::MatMul, [](GraphBuilder& b, int64_t n) {
-      ValueId a = b.cast(b.param("a", {n, 8}), DType::bf16);
-      ValueId w = b.cast(b.param("b", {8, 4}), DType::bf16);
-      return Outs{b.matmul(a, w)};
-    }, {{"a", {-1, 1, 0, 0, 1.0 / 16}}, {"b", {-1, 1, 0, 0, 1.0 / 16}}});
+    OpCase& bf16 = add("matmul_bf16", OpKind::MatMul,
+                       [](GraphBuilder& b, int64_t n) {
+                         ValueId a = b.cast(b.param("a", {n, 8}), DType::bf16);
+                         ValueId w = b.cast(b.param("b", {8, 4}), DType::bf16);
+                         return Outs{b.matmul(a, w)};
+                       },
+                       {{"a", {-1, 1, 0, 0, 1.0 / 16}}, {"b", {-1, 1, 0, 0, 1.0 / 16}}});
     bf16.eps = 1.0 / 16;
   }
   add("linear_bias", OpKind::Linear, [](GraphBuilder& b, int64_t n) {
@@ -70,29 +72,51 @@ std::vector<OpCase> make_cases() {
   add("mul_broadcast", OpKind::Mul, [](GraphBuilder& b, int64_t n) {
     return Outs{b.mul(b.param("a", {n, 4}), b.param("b", {1, 4}))};
   });
-  add("div_broadcast", OpKind::Div, [](GraphBuilder& b, int64_t n) {
-    return Outs{b.div(b.param("a", {n, 3}), b.param("b", {3}))};
-  }, {{"b", {0.5, 1.5}}});
+  add("div_broadcast", OpKind::Div,
+      [](GraphBuilder& b, int64_t n) {
+        return Outs{b.div(b.param("a", {n, 3}), b.param("b", {3}))};
+      },
+      {{"b", {0.5, 1.5}}});
   add("scale", OpKind::Scale, [](GraphBuilder& b, int64_t n) { return Outs{b.scale(b.param("x", {n, 3}), -2.5)}; });
-  add("gelu_erf", OpKind::Gelu, [](GraphBuilder& b, int64_t n) { return Outs{b.gelu(b.param("x", {n, 5}), "none")}; },
+  add("gelu_erf", OpKind::Gelu,
+      [](GraphBuilder& b, int64_t n) {
+        return Outs{b.gelu(b.param("x", {n, 5}), "none")};
+      },
       {{"x", {-3, 3}}});
-  add("gelu_tanh", OpKind::Gelu, [](GraphBuilder& b, int64_t n) { return Outs{b.gelu(b.param("x", {n, 5}), "tanh")}; },
+  add("gelu_tanh", OpKind::Gelu,
+      [](GraphBuilder& b, int64_t n) {
+        return Outs{b.gelu(b.param("x", {n, 5}), "tanh")};
+      },
       {{"x", {-3, 3}}});
-  add("tanh", OpKind::Tanh, [](GraphBuilder& b, int64_t n) { return Outs{b.tanh(b.param("x", {n, 4}))}; },
+  add("tanh", OpKind::Tanh,
+      [](GraphBuilder& b, int64_t n) {
+        return Outs{b.tanh(b.param("x", {n, 4}))};
+      },
       {{"x", {-2, 2}}});
   add("relu", OpKind::Relu, [](GraphBuilder& b, int64_t n) { return Outs{b.relu(b.param("x", {n, 4}))}; });
-  add("softmax", OpKind::Softmax, [](GraphBuilder& b, int64_t n) { return Outs{b.softmax(b.param("x", {n, 7}))}; },
+  add("softmax", OpKind::Softmax,
+      [](GraphBuilder& b, int64_t n) {
+        return Outs{b.softmax(b.param("x", {n, 7}))};
+      },
       {{"x", {-3, 3}}});
-  add("layer_norm", OpKind::LayerNorm, [](GraphBuilder& b, int64_t n) {
-    return Outs{b.layer_norm(b.param("x", {2, n, 8}), b.param("gamma", {8}), b.param("beta", {8}), 1e-5)};
-  }, {{"gamma", {0.5, 1.5}}});
-  add("embedding", OpKind::Embedding, [](GraphBuilder& b, int64_t n) {
-    return Outs{b.embedding(b.param("weight", {11, 6}), b.input("ids", {2, n}, DType::i64))};
-  }, {{"ids", {0, 0, 11}}});
-  add("embedding_i32", OpKind::Embedding, [](GraphBuilder& b, int64_t n) {
-    return Outs{b.embedding(b.param("weight", {5, 3}), b.input("ids", {n}, DType::i32))};
-  }, {{"ids", {0, 0, 5}}});
-  add("dropout", OpKind::Dropout, [](GraphBuilder& b, int64_t n) { return Outs{b.dropout(b.param("x", {n, 8}), 0.3)}; });
+  add("layer_norm", OpKind::LayerNorm,
+      [](GraphBuilder& b, int64_t n) {
+        return Outs{b.layer_norm(b.param("x", {2, n, 8}), b.param("gamma", {8}), b.param("beta", {8}), 1e-5)};
+      },
+      {{"gamma", {0.5, 1.5}}});
+  add("embedding", OpKind::Embedding,
+      [](GraphBuilder& b, int64_t n) {
+        return Outs{b.embedding(b.param("weight", {11, 6}), b.input("ids", {2, n}, DType::i64))};
+      },
+      {{"ids", {0, 0, 11}}});
+  add("embedding_i32", OpKind::Embedding,
+      [](GraphBuilder& b, int64_t n) {
+        return Outs{b.embedding(b.param("weight", {5, 3}), b.input("ids", {n}, DType::i32))};
+      },
+      {{"ids", {0, 0, 5}}});
+  add("dropout", OpKind::Dropout, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.dropout(b.param("x", {n, 8}), 0.3)};
+  });
   add("reshape", OpKind::Reshape, [](GraphBuilder& b, int64_t n) {
     ValueId y = b.reshape(b.param("x", {n, 6}), {-1, 2, 3});
     return Outs{b.mul(y, y)};  // a non-linear use so the gradient depends on x
@@ -123,27 +147,40 @@ std::vector<OpCase> make_cases() {
   });
   {
     // Values on a 1/8 grid are exact in bf16, and a step of 1/8 keeps them exact.
-    OpCase& cast = add("cast_bf16_round_trip", OpKind::Cast, [](GraphBuilder& b, int64_t n) {
-      ValueId x = b.param("x", {n, 4});
-      ValueId y = b.cast(b.cast(x, DType::bf16), DType::f32);
-      return Outs{b.mul(y, y)};
-    }, {{"x", {-2, 2, 0, 0, 0.125}}});
+    OpCase& cast = add("cast_bf16_round_trip", OpKind::Cast,
+                       [](GraphBuilder& b, int64_t n) {
+                         ValueId x = b.param("x", {n, 4});
+                         ValueId y = b.cast(b.cast(x, DType::bf16), DType::f32);
+                         return Outs{b.mul(y, y)};
+                       },
+                       {{"x", {-2, 2, 0, 0, 0.125}}});
     cast.eps = 0.125;
   }
-  add("softmax_cross_entropy", OpKind::SoftmaxCrossEntropy, [](GraphBuilder& b, int64_t n) {
-    return Outs{b.softmax_cross_entropy(b.param("logits", {n, 7}), b.input("targets", {n}, DType::i64))};
-  }, {{"logits", {-2, 2}}, {"targets", {0, 0, 7, 0.25}}});
-  add("softmax_cross_entropy_3d", OpKind::SoftmaxCrossEntropy, [](GraphBuilder& b, int64_t n) {
-    return Outs{b.softmax_cross_entropy(b.param("logits", {2, n, 5}), b.input("targets", {2, n}, DType::i64))};
-  }, {{"logits", {-2, 2}}, {"targets", {0, 0, 5}}});
+  add("softmax_cross_entropy", OpKind::SoftmaxCrossEntropy,
+      [](GraphBuilder& b, int64_t n) {
+        return Outs{b.softmax_cross_entropy(b.param("logits", {n, 7}), b.input("targets", {n}, DType::i64))};
+      },
+      {{"logits", {-2, 2}}, {"targets", {0, 0, 7, 0.25}}});
+  add("softmax_cross_entropy_3d", OpKind::SoftmaxCrossEntropy,
+      [](GraphBuilder& b, int64_t n) {
+        return Outs{b.softmax_cross_entropy(b.param("logits", {2, n, 5}), b.input("targets", {2, n}, DType::i64))};
+      },
+      {{"logits", {-2, 2}}, {"targets", {0, 0, 5}}});
+  add("sigmoid_cross_entropy", OpKind::SigmoidCrossEntropy,
+      [](GraphBuilder& b, int64_t n) {
+        return Outs{b.sigmoid_cross_entropy(b.param("logits", {n, 3}), b.param("targets", {n, 3}))};
+      },
+      {{"logits", {-3, 3}}, {"targets", {0, 1}}});
   add("attention", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
     ValueId q = b.param("q", {2, 2, n, 4}), k = b.param("k", {2, 2, 5, 4}), v = b.param("v", {2, 2, 5, 4});
     return Outs{b.attention(q, k, v, ir::kNone, 0.5)};
   });
-  add("attention_mask", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
-    ValueId q = b.param("q", {2, 2, n, 4}), k = b.param("k", {2, 2, 6, 4}), v = b.param("v", {2, 2, 6, 4});
-    return Outs{b.attention(q, k, v, b.input("mask", {2, 6}), 0.5)};
-  }, {{"mask", {0, 0, 0, 0, 0, 0.3}}});
+  add("attention_mask", OpKind::Attention,
+      [](GraphBuilder& b, int64_t n) {
+        ValueId q = b.param("q", {2, 2, n, 4}), k = b.param("k", {2, 2, 6, 4}), v = b.param("v", {2, 2, 6, 4});
+        return Outs{b.attention(q, k, v, b.input("mask", {2, 6}), 0.5)};
+      },
+      {{"mask", {0, 0, 0, 0, 0, 0.3}}});
   add("attention_causal", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
     ValueId q = b.param("q", {1, 3, n, 4}), k = b.param("k", {1, 3, n + 2, 4}), v = b.param("v", {1, 3, n + 2, 4});
     return Outs{b.attention(q, k, v, ir::kNone, 0.5, true)};
@@ -162,8 +199,8 @@ const std::vector<OpCase>& op_cases() {
   return cases;
 }
 
-std::map<std::string, std::vector<double>> random_values(const ir::Graph& graph, const std::map<std::string, Fill>& fills,
-                                                         uint64_t seed) {
+std::map<std::string, std::vector<double>> random_values(const ir::Graph& graph,
+                                                         const std::map<std::string, Fill>& fills, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::map<std::string, std::vector<double>> out;
   for (const ir::Value& v : graph.values()) {
@@ -179,7 +216,8 @@ std::map<std::string, std::vector<double>> random_values(const ir::Graph& graph,
       } else {
         x = std::uniform_real_distribution<double>(f.low, f.high)(rng);
         if (f.quantum > 0) x = std::round(x / f.quantum) * f.quantum;
-        if (f.mask_fraction > 0) x = std::uniform_real_distribution<double>(0, 1)(rng) < f.mask_fraction ? -10000.0 : 0.0;
+        if (f.mask_fraction > 0)
+          x = std::uniform_real_distribution<double>(0, 1)(rng) < f.mask_fraction ? -10000.0 : 0.0;
       }
     }
     out[v.name] = std::move(data);

@@ -37,7 +37,7 @@ struct OpCase {
 const std::vector<OpCase>& op_cases();
 
 /// Fills the inputs and parameters of `graph` named in `fills` (or with the default).
-std::map<std::string, std::vector<double>> random_values(const ir::Graph& graph, const std::map<std::string, Fill>& fills,
-                                                         uint64_t seed);
+std::map<std::string, std::vector<double>> random_values(const ir::Graph& graph,
+                                                         const std::map<std::string, Fill>& fills, uint64_t seed);
 
 }  // namespace fusetrain::testing

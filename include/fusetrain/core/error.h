@@ -24,8 +24,8 @@ std::string str(Args&&... args) {
 }
 
 /// Throws fusetrain::Error with the streamed message when `cond` is false.
-#define FT_CHECK(cond, ...)                                  \
-  do {                                                       \
+#define FT_CHECK(cond, ...)                                               \
+  do {                                                                    \
     if (!(cond)) throw ::fusetrain::Error(::fusetrain::str(__VA_ARGS__)); \
   } while (0)
 

@@ -18,6 +18,9 @@ class Tensor {
   Tensor() = default;
   /// A view of `data`; the caller keeps the memory alive.
   static Tensor view(void* data, Shape shape, DType dtype);
+  /// A view of `data` that also holds `keep_alive` (a file mapping, a parent buffer) for as long as any copy of
+  /// the tensor lives; owns_memory() is then true.
+  static Tensor view_shared(void* data, Shape shape, DType dtype, std::shared_ptr<void> keep_alive);
   /// A new owning tensor, zero-filled.
   static Tensor zeros(Shape shape, DType dtype);
   /// Same as zeros (memory is always initialised).
@@ -28,8 +31,8 @@ class Tensor {
   /// Typed pointer; throws if T does not match the dtype's size class.
   template <typename T>
   T* data_as() const {
-    FT_CHECK(sizeof(T) == dtype_size(dtype_), "tensor of dtype ", dtype_name(dtype_), " accessed as a ",
-             sizeof(T), "-byte type");
+    FT_CHECK(sizeof(T) == dtype_size(dtype_), "tensor of dtype ", dtype_name(dtype_), " accessed as a ", sizeof(T),
+             "-byte type");
     return static_cast<T*>(data_);
   }
   const Shape& shape() const { return shape_; }

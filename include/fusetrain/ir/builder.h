@@ -17,7 +17,9 @@ class GraphBuilder {
   explicit GraphBuilder(Graph& graph, uint64_t seed = 0) : g_(graph), seed_(seed) {}
 
   Graph& graph() { return g_; }
-  ValueId input(const std::string& name, Shape shape, DType dtype = DType::f32) { return g_.add_input(name, std::move(shape), dtype); }
+  ValueId input(const std::string& name, Shape shape, DType dtype = DType::f32) {
+    return g_.add_input(name, std::move(shape), dtype);
+  }
   ValueId param(const std::string& name, Shape shape) { return g_.add_param(name, std::move(shape)); }
 
   /// A constant tensor filled with `value`.
@@ -60,6 +62,8 @@ class GraphBuilder {
   ValueId cast(ValueId x, DType dtype);
   /// logits (..., V), targets (...) i64 -> mean loss over targets != ignore_index (scalar f32).
   ValueId softmax_cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index = -100);
+  /// logits and targets in [0, 1], same shape -> mean binary cross-entropy with logits (scalar f32).
+  ValueId sigmoid_cross_entropy(ValueId logits, ValueId targets);
   /// Scaled dot-product attention. q (B, H, T, D), k/v (B, H, S, D), optional additive
   /// key mask (B, S) (pass kNone); returns (B, H, T, D).
   ValueId attention(ValueId q, ValueId k, ValueId v, ValueId mask, double scale, bool causal = false,

@@ -106,7 +106,7 @@ struct TypedShape {
 
 /// Infers the outputs of `op` applied to `inputs` with `attrs`; throws Error
 /// naming the op, the node name and the input shapes if they are invalid.
-std::vector<TypedShape> infer_outputs(const Graph& g, OpKind op, const std::vector<ValueId>& inputs,
-                                      const Attrs& attrs, const std::string& node_name);
+std::vector<TypedShape> infer_outputs(const Graph& g, OpKind op, const std::vector<ValueId>& inputs, const Attrs& attrs,
+                                      const std::string& node_name);
 
 }  // namespace fusetrain::ir

@@ -15,11 +15,26 @@ void grad_rule<OpKind::SoftmaxCrossEntropy>(GradContext& ctx) {
 }
 
 template <>
+void grad_rule<OpKind::SigmoidCrossEntropy>(GradContext& ctx) {
+  ctx.set_grad_input(0,
+                     ctx.g.add(OpKind::SigmoidCrossEntropyBackward, {ctx.grad_output(0), ctx.input(0), ctx.input(1)}));
+  if (ctx.needs_grad(1)) {
+    // d/dy of mean(max(x,0) − x·y + log(1+e^−|x|)) = −x / N
+    double n = static_cast<double>(ctx.input_shape(1).numel());
+    ValueId dy =
+        ctx.b.scale(ctx.b.mul(ctx.g.add(OpKind::ExpandTo, {ctx.grad_output(0)}, {{"shape", ctx.input_shape(0).dims()}}),
+                              ctx.input(0)),
+                    -1.0 / n);
+    ctx.set_grad_input(1, dy);
+  }
+}
+
+template <>
 void grad_rule<OpKind::Attention>(GradContext& ctx) {
   FT_CHECK(!(ctx.num_inputs() == 4 && ctx.needs_grad(3)), "Attention ", ctx.node().name,
            ": the additive mask depends on a parameter; masks are not differentiated");
-  std::vector<ValueId> inputs{ctx.grad_output(0), ctx.input(0), ctx.input(1), ctx.input(2), ctx.output(0),
-                              ctx.output(1)};
+  std::vector<ValueId> inputs{ctx.grad_output(0), ctx.input(0),  ctx.input(1),
+                              ctx.input(2),       ctx.output(0), ctx.output(1)};
   if (ctx.num_inputs() == 4) inputs.push_back(ctx.input(3));  // the additive mask gets no gradient
   std::vector<ValueId> grads = ctx.g.add_node(OpKind::AttentionBackward, inputs, ctx.attrs());
   for (size_t i = 0; i < 3; ++i) ctx.set_grad_input(i, grads[i]);

@@ -57,7 +57,8 @@ void grad_rule<OpKind::Linear>(GradContext& ctx) {
     ctx.set_grad_input(0, ctx.b.reshape(dx2, sx.dims()));
   }
   if (ctx.needs_grad(1))
-    ctx.set_grad_input(1, ctx.b.matmul(ctx.b.reshape(dy_gemm, {rows, sw[0]}), ctx.b.reshape(x, {rows, sx[-1]}), true, false));
+    ctx.set_grad_input(
+        1, ctx.b.matmul(ctx.b.reshape(dy_gemm, {rows, sw[0]}), ctx.b.reshape(x, {rows, sx[-1]}), true, false));
   if (ctx.num_inputs() == 3 && ctx.needs_grad(2))
     ctx.set_grad_input(2, ctx.b.reduce_sum(ctx.b.reshape(dy, {rows, sw[0]}), {0}));
 }

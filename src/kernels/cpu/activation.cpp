@@ -23,10 +23,14 @@ constexpr float kGeluCubic = 0.044715f;
 
 template <Act A>
 float act_forward(float x) {
-  if constexpr (A == Act::GeluErf) return 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
-  else if constexpr (A == Act::GeluTanh) return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
-  else if constexpr (A == Act::Tanh) return std::tanh(x);
-  else return x > 0.0f ? x : 0.0f;
+  if constexpr (A == Act::GeluErf)
+    return 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
+  else if constexpr (A == Act::GeluTanh)
+    return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
+  else if constexpr (A == Act::Tanh)
+    return std::tanh(x);
+  else
+    return x > 0.0f ? x : 0.0f;
 }
 
 // dy * f'(.) where `saved` is x (Gelu, Relu) or y = tanh(x) (Tanh).
@@ -83,15 +87,19 @@ FT_AVX512_INLINE __m512 act_backward16(__m512 dy, __m512 saved) {
   const __m512 x = saved;
   if constexpr (A == Act::GeluErf) {
     __m512 cdf = _mm512_mul_ps(half, _mm512_add_ps(one, erf16(_mm512_mul_ps(x, _mm512_set1_ps(kInvSqrt2)))));
-    __m512 pdf = _mm512_mul_ps(_mm512_set1_ps(kInvSqrt2Pi), exp16(_mm512_mul_ps(_mm512_set1_ps(-0.5f), _mm512_mul_ps(x, x))));
+    __m512 pdf =
+        _mm512_mul_ps(_mm512_set1_ps(kInvSqrt2Pi), exp16(_mm512_mul_ps(_mm512_set1_ps(-0.5f), _mm512_mul_ps(x, x))));
     return _mm512_mul_ps(dy, _mm512_fmadd_ps(x, pdf, cdf));
   } else if constexpr (A == Act::GeluTanh) {
     __m512 x2 = _mm512_mul_ps(x, x);
-    __m512 u = _mm512_mul_ps(_mm512_set1_ps(kSqrt2OverPi), _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(kGeluCubic), x2), x, x));
+    __m512 u = _mm512_mul_ps(_mm512_set1_ps(kSqrt2OverPi),
+                             _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(kGeluCubic), x2), x, x));
     __m512 t = tanh16(u);
-    __m512 du_dx = _mm512_mul_ps(_mm512_set1_ps(kSqrt2OverPi), _mm512_fmadd_ps(_mm512_set1_ps(3.0f * kGeluCubic), x2, one));
+    __m512 du_dx =
+        _mm512_mul_ps(_mm512_set1_ps(kSqrt2OverPi), _mm512_fmadd_ps(_mm512_set1_ps(3.0f * kGeluCubic), x2, one));
     __m512 sech2 = _mm512_fnmadd_ps(t, t, one);
-    __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(half, x), sech2), du_dx, _mm512_mul_ps(half, _mm512_add_ps(one, t)));
+    __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(half, x), sech2), du_dx,
+                               _mm512_mul_ps(half, _mm512_add_ps(one, t)));
     return _mm512_mul_ps(dy, d);
   } else if constexpr (A == Act::Tanh) {
     return _mm512_mul_ps(dy, _mm512_fnmadd_ps(saved, saved, one));
@@ -135,8 +143,9 @@ class ActivationKernel final : public Kernel {
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const float* x = static_cast<const float*>(args.inputs[0].data());
     float* out = static_cast<float*>(args.outputs[0].data());
-    parallel_for(numel_, threads_for(numel_, ctx.num_threads),
-                 [&](int64_t begin, int64_t end, int) { fn_(out + begin, x + begin, end - begin); }, 16);
+    parallel_for(
+        numel_, threads_for(numel_, ctx.num_threads),
+        [&](int64_t begin, int64_t end, int) { fn_(out + begin, x + begin, end - begin); }, 16);
   }
 
  private:
@@ -153,8 +162,9 @@ class ActivationBackwardKernel final : public Kernel {
     const float* dy = static_cast<const float*>(args.inputs[0].data());
     const float* saved = static_cast<const float*>(args.inputs[1].data());
     float* out = static_cast<float*>(args.outputs[0].data());
-    parallel_for(numel_, threads_for(numel_, ctx.num_threads),
-                 [&](int64_t begin, int64_t end, int) { fn_(out + begin, dy + begin, saved + begin, end - begin); }, 16);
+    parallel_for(
+        numel_, threads_for(numel_, ctx.num_threads),
+        [&](int64_t begin, int64_t end, int) { fn_(out + begin, dy + begin, saved + begin, end - begin); }, 16);
   }
 
  private:
@@ -169,10 +179,15 @@ bool parse_act(const ir::Node& n, Act* act) {
       *act = n.attrs.get_string("approximate", "none") == "tanh" ? Act::GeluTanh : Act::GeluErf;
       return true;
     case ir::OpKind::Tanh:
-    case ir::OpKind::TanhBackward: *act = Act::Tanh; return true;
+    case ir::OpKind::TanhBackward:
+      *act = Act::Tanh;
+      return true;
     case ir::OpKind::Relu:
-    case ir::OpKind::ReluBackward: *act = Act::Relu; return true;
-    default: return false;
+    case ir::OpKind::ReluBackward:
+      *act = Act::Relu;
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -194,10 +209,18 @@ std::unique_ptr<Kernel> make_activation_kernel(const ir::Graph& g, const ir::Nod
   const bool avx512 = use_avx512();
   ForwardFn fn = nullptr;
   switch (act) {
-    case Act::GeluErf: fn = forward_fn<Act::GeluErf>(avx512); break;
-    case Act::GeluTanh: fn = forward_fn<Act::GeluTanh>(avx512); break;
-    case Act::Tanh: fn = forward_fn<Act::Tanh>(avx512); break;
-    case Act::Relu: fn = forward_fn<Act::Relu>(avx512); break;
+    case Act::GeluErf:
+      fn = forward_fn<Act::GeluErf>(avx512);
+      break;
+    case Act::GeluTanh:
+      fn = forward_fn<Act::GeluTanh>(avx512);
+      break;
+    case Act::Tanh:
+      fn = forward_fn<Act::Tanh>(avx512);
+      break;
+    case Act::Relu:
+      fn = forward_fn<Act::Relu>(avx512);
+      break;
   }
   return std::make_unique<ActivationKernel>(output_shape(g, n, 0).numel(), fn);
 }
@@ -208,10 +231,18 @@ std::unique_ptr<Kernel> make_activation_backward_kernel(const ir::Graph& g, cons
   const bool avx512 = use_avx512();
   BackwardFn fn = nullptr;
   switch (act) {
-    case Act::GeluErf: fn = backward_fn<Act::GeluErf>(avx512); break;
-    case Act::GeluTanh: fn = backward_fn<Act::GeluTanh>(avx512); break;
-    case Act::Tanh: fn = backward_fn<Act::Tanh>(avx512); break;
-    case Act::Relu: fn = backward_fn<Act::Relu>(avx512); break;
+    case Act::GeluErf:
+      fn = backward_fn<Act::GeluErf>(avx512);
+      break;
+    case Act::GeluTanh:
+      fn = backward_fn<Act::GeluTanh>(avx512);
+      break;
+    case Act::Tanh:
+      fn = backward_fn<Act::Tanh>(avx512);
+      break;
+    case Act::Relu:
+      fn = backward_fn<Act::Relu>(avx512);
+      break;
   }
   return std::make_unique<ActivationBackwardKernel>(output_shape(g, n, 0).numel(), fn);
 }

@@ -108,8 +108,8 @@ void matmul_portable(int64_t m, int64_t n, int64_t k, float alpha, const float* 
   }
 }
 
-void forward_softmax_portable(float* st, int64_t ld, int64_t nk, int64_t mq, const float* mask,
-                              int64_t causal_offset, float* m, float* l, float* corr) {
+void forward_softmax_portable(float* st, int64_t ld, int64_t nk, int64_t mq, const float* mask, int64_t causal_offset,
+                              float* m, float* l, float* corr) {
   for (int64_t j = 0; j < nk; ++j) {
     float* row = st + j * ld;
     if (mask)
@@ -167,8 +167,8 @@ void dropout_row_portable(uint64_t seed, uint64_t offset, uint64_t first, int64_
   }
 }
 
-constexpr TileOps kPortableOps{matmul_portable,          forward_softmax_portable, scale_rows_portable,
-                               backward_probs_portable,  backward_ds_row_portable, dropout_row_portable};
+constexpr TileOps kPortableOps{matmul_portable,         forward_softmax_portable, scale_rows_portable,
+                               backward_probs_portable, backward_ds_row_portable, dropout_row_portable};
 
 // ---------------------------------------------------------------------------
 // AVX-512 tile ops
@@ -179,9 +179,8 @@ using cpu_basic::tail_mask;
 
 // R rows × NV vectors of 16 columns of C; the last vector is masked by `last`.
 template <int R, int NV>
-FT_AVX512 void matmul_block_avx512(int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
-                                   const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
-                                   __mmask16 last) {
+FT_AVX512 void matmul_block_avx512(int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                                   int64_t ldb, float* c, int64_t ldc, bool accumulate, __mmask16 last) {
   __m512 acc[R][NV];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -224,8 +223,8 @@ constexpr MatmulBlock kBlocksOfRows[4] = {matmul_block_avx512<R, 1>, matmul_bloc
 constexpr const MatmulBlock* kMatmulBlocks[4] = {kBlocksOfRows<1>, kBlocksOfRows<2>, kBlocksOfRows<3>,
                                                  kBlocksOfRows<4>};
 
-FT_AVX512 void matmul_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs,
-                             int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+FT_AVX512 void matmul_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
+                             const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   for (int64_t j0 = 0; j0 < n; j0 += 64) {
     const int64_t nj = std::min<int64_t>(64, n - j0);
     const int64_t vectors = (nj + 15) / 16;
@@ -257,7 +256,8 @@ FT_AVX512 void forward_softmax_avx512(float* st, int64_t ld, int64_t nk, int64_t
     const __mmask16 lanes = tail_mask(mq - i);
     const __m512 m_old = _mm512_mask_loadu_ps(neg_inf, lanes, m + i);
     __m512 m_new = m_old;
-    for (int64_t j = 0; j < nk; ++j) m_new = _mm512_max_ps(m_new, _mm512_mask_loadu_ps(neg_inf, lanes, st + j * ld + i));
+    for (int64_t j = 0; j < nk; ++j)
+      m_new = _mm512_max_ps(m_new, _mm512_mask_loadu_ps(neg_inf, lanes, st + j * ld + i));
     // Queries that have seen no key yet keep base 0, so exp(−inf − 0) = 0 and no NaN appears.
     const __m512 base = _mm512_mask_mov_ps(m_new, _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ), _mm512_setzero_ps());
     const __m512 c = exp16(_mm512_sub_ps(m_old, base));
@@ -295,8 +295,8 @@ FT_AVX512 void backward_probs_avx512(float* s, int64_t ld, int64_t mq, int64_t n
       const __mmask16 lanes = tail_mask(nk - j);
       __m512 x = _mm512_maskz_loadu_ps(lanes, row + j);
       if (mask) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(lanes, mask + j));
-      const __m512 p = _mm512_maskz_mov_ps(tail_mask(std::clamp<int64_t>(visible - j, 0, 16)),
-                                           exp16(_mm512_sub_ps(x, shift)));
+      const __m512 p =
+          _mm512_maskz_mov_ps(tail_mask(std::clamp<int64_t>(visible - j, 0, 16)), exp16(_mm512_sub_ps(x, shift)));
       _mm512_mask_storeu_ps(row + j, lanes, p);
     }
   }
@@ -378,8 +378,8 @@ FT_AVX512 void dropout_row_avx512(uint64_t seed, uint64_t offset, uint64_t first
   }
 }
 
-constexpr TileOps kAvx512Ops{matmul_avx512,          forward_softmax_avx512, scale_rows_avx512,
-                             backward_probs_avx512,  backward_ds_row_avx512, dropout_row_avx512};
+constexpr TileOps kAvx512Ops{matmul_avx512,         forward_softmax_avx512, scale_rows_avx512,
+                             backward_probs_avx512, backward_ds_row_avx512, dropout_row_avx512};
 
 const TileOps& select_ops() { return cpu_basic::use_avx512() ? kAvx512Ops : kPortableOps; }
 
@@ -412,9 +412,7 @@ struct AttentionPlan {
   // query i when j <= i + offset.
   int64_t causal_offset(int64_t t0, int64_t kb) const { return causal ? t0 + S - T - kb : kNoCausal; }
   // Dropout stream index of (bh, t, s).
-  uint64_t drop_index(int64_t bh, int64_t t, int64_t s) const {
-    return static_cast<uint64_t>((bh * T + t) * S + s);
-  }
+  uint64_t drop_index(int64_t bh, int64_t t, int64_t s) const { return static_cast<uint64_t>((bh * T + t) * S + s); }
 };
 
 // dst (cols, ld): dst[c·ld + r] = src[r·src_ld + c] for r < rows.
@@ -471,12 +469,12 @@ class AttentionForwardKernel final : public Kernel {
     float* out = static_cast<float*>(args.outputs[0].data()) + (bh * T + t0) * D;  // out_blk: (mq, D)
     float* lse = static_cast<float*>(args.outputs[1].data()) + bh * T + t0;        // lse_blk: (mq)
 
-    float* qt = work;                                    // (D, BQ)
-    float* st = qt + line_floats(D * kBlockQ);           // (BK, BQ)
-    float* m = st + line_floats(kBlockK * kBlockQ);      // (BQ)
-    float* l = m + line_floats(kBlockQ);                 // (BQ)
-    float* corr = l + line_floats(kBlockQ);              // (BQ)
-    float* keep = corr + line_floats(kBlockQ);           // (BK)
+    float* qt = work;                                // (D, BQ)
+    float* st = qt + line_floats(D * kBlockQ);       // (BK, BQ)
+    float* m = st + line_floats(kBlockK * kBlockQ);  // (BQ)
+    float* l = m + line_floats(kBlockQ);             // (BQ)
+    float* corr = l + line_floats(kBlockQ);          // (BQ)
+    float* keep = corr + line_floats(kBlockQ);       // (BK)
 
     transpose_block(qt, kBlockQ, q, D, mq, D);
     std::fill(m, m + mq, kNegInf);
@@ -584,12 +582,12 @@ class AttentionBackwardKernel final : public Kernel {
     float* dk = static_cast<float*>(args.outputs[1].data()) + bh * S * D;  // dk: (S, D)
     float* dv = static_cast<float*>(args.outputs[2].data()) + bh * S * D;  // dv: (S, D)
 
-    float* kt = work;                                  // (D, BK)
-    float* vt = kt + line_floats(D * kBlockK);         // (D, BK)
-    float* pt = vt + line_floats(D * kBlockK);         // P then P·keep: (BQ, BK)
-    float* dp = pt + line_floats(kBlockQ * kBlockK);   // dP then dS: (BQ, BK)
-    float* di = dp + line_floats(kBlockQ * kBlockK);   // (T)
-    float* keep = di + line_floats(T);                 // (BK)
+    float* kt = work;                                 // (D, BK)
+    float* vt = kt + line_floats(D * kBlockK);        // (D, BK)
+    float* pt = vt + line_floats(D * kBlockK);        // P then P·keep: (BQ, BK)
+    float* dp = pt + line_floats(kBlockQ * kBlockK);  // dP then dS: (BQ, BK)
+    float* di = dp + line_floats(kBlockQ * kBlockK);  // (T)
+    float* keep = di + line_floats(T);                // (BK)
 
     std::fill(dq, dq + T * D, 0.0f);
     for (int64_t t = 0; t < T; ++t) {
@@ -625,8 +623,8 @@ class AttentionBackwardKernel final : public Kernel {
           }
           ops.backward_ds_row(pt + i * kBlockK, dp + i * kBlockK, nk, di[t0 + i], row_keep);
         }
-        ops.matmul(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, D, dv_blk, D, true);         // dV += Pᵀ·dO
-        ops.matmul(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, D, dk_blk, D, true);         // dK += scale·dSᵀ·Q
+        ops.matmul(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, D, dv_blk, D, true);            // dV += Pᵀ·dO
+        ops.matmul(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, D, dk_blk, D, true);            // dK += scale·dSᵀ·Q
         ops.matmul(mq, D, nk, p.scale, dp, kBlockK, 1, k + kb * D, D, dq + t0 * D, D, true);  // dQ += scale·dS·K
       }
     }

@@ -98,7 +98,10 @@ FT_AVX512 void dropout_avx512(float* y, const float* x, int64_t begin, int64_t e
 class DropoutKernel final : public Kernel {
  public:
   DropoutKernel(int64_t numel, double p, uint64_t seed)
-      : numel_(numel), p_(static_cast<float>(p)), scale_(static_cast<float>(1.0 / (1.0 - p))), seed_(seed),
+      : numel_(numel),
+        p_(static_cast<float>(p)),
+        scale_(static_cast<float>(1.0 / (1.0 - p))),
+        seed_(seed),
         fn_(use_avx512() ? dropout_avx512 : dropout_portable) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
@@ -106,9 +109,9 @@ class DropoutKernel final : public Kernel {
     float* y = static_cast<float*>(args.outputs[0].data());
     const uint64_t offset = ctx.rng_offset;
     // Philox costs far more than the memory traffic: parallelise earlier.
-    parallel_for(numel_, threads_for(numel_ * 8, ctx.num_threads), [&](int64_t begin, int64_t end, int) {
-      fn_(y, x, begin, end, seed_, offset, p_, scale_);
-    }, 64);
+    parallel_for(
+        numel_, threads_for(numel_ * 8, ctx.num_threads),
+        [&](int64_t begin, int64_t end, int) { fn_(y, x, begin, end, seed_, offset, p_, scale_); }, 64);
   }
 
  private:

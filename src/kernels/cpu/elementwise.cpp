@@ -19,18 +19,26 @@ enum class BinaryOp { Add, Sub, Mul, Div };
 
 template <BinaryOp Op>
 inline float apply(float x, float y) {
-  if constexpr (Op == BinaryOp::Add) return x + y;
-  else if constexpr (Op == BinaryOp::Sub) return x - y;
-  else if constexpr (Op == BinaryOp::Mul) return x * y;
-  else return x / y;
+  if constexpr (Op == BinaryOp::Add)
+    return x + y;
+  else if constexpr (Op == BinaryOp::Sub)
+    return x - y;
+  else if constexpr (Op == BinaryOp::Mul)
+    return x * y;
+  else
+    return x / y;
 }
 
 template <BinaryOp Op>
 FT_AVX512_INLINE __m512 apply16(__m512 x, __m512 y) {
-  if constexpr (Op == BinaryOp::Add) return _mm512_add_ps(x, y);
-  else if constexpr (Op == BinaryOp::Sub) return _mm512_sub_ps(x, y);
-  else if constexpr (Op == BinaryOp::Mul) return _mm512_mul_ps(x, y);
-  else return _mm512_div_ps(x, y);
+  if constexpr (Op == BinaryOp::Add)
+    return _mm512_add_ps(x, y);
+  else if constexpr (Op == BinaryOp::Sub)
+    return _mm512_sub_ps(x, y);
+  else if constexpr (Op == BinaryOp::Mul)
+    return _mm512_mul_ps(x, y);
+  else
+    return _mm512_div_ps(x, y);
 }
 
 // One run: out[i] (+)= a[i * sa] op b[i * sb], sa and sb in {0, 1}.
@@ -84,11 +92,14 @@ class BinaryKernel final : public Kernel {
     BinaryRunFn fn = accumulate_flag(args, 0) ? add_ : write_;
     const StridedSpace& s = space_;
     const int64_t sa = s.stride_a[s.rank - 1], sb = s.stride_b[s.rank - 1];
-    parallel_for(numel_, threads_for(numel_, ctx.num_threads), [&](int64_t begin, int64_t end, int) {
-      for_each_run(s, begin, end, [&](int64_t pos, int64_t off_a, int64_t off_b, int64_t len) {
-        fn(out + pos, a + off_a, sa, b + off_b, sb, len);
-      });
-    }, 16);
+    parallel_for(
+        numel_, threads_for(numel_, ctx.num_threads),
+        [&](int64_t begin, int64_t end, int) {
+          for_each_run(s, begin, end, [&](int64_t pos, int64_t off_a, int64_t off_b, int64_t len) {
+            fn(out + pos, a + off_a, sa, b + off_b, sb, len);
+          });
+        },
+        16);
   }
 
  private:
@@ -127,8 +138,9 @@ class ScaleKernel final : public Kernel {
     const bool acc = accumulate_flag(args, 0);
     auto fn = avx512_ ? (acc ? scale_avx512<true> : scale_avx512<false>)
                       : (acc ? scale_portable<true> : scale_portable<false>);
-    parallel_for(numel_, threads_for(numel_, ctx.num_threads),
-                 [&](int64_t begin, int64_t end, int) { fn(out + begin, x + begin, alpha_, end - begin); }, 16);
+    parallel_for(
+        numel_, threads_for(numel_, ctx.num_threads),
+        [&](int64_t begin, int64_t end, int) { fn(out + begin, x + begin, alpha_, end - begin); }, 16);
   }
 
  private:
@@ -147,15 +159,18 @@ class FillKernel final : public Kernel {
     float* out = static_cast<float*>(args.outputs[0].data());
     const bool acc = accumulate_flag(args, 0);
     const float value = value_;
-    parallel_for(numel_, threads_for(numel_, ctx.num_threads), [&](int64_t begin, int64_t end, int) {
-      if (acc) {
-        for (int64_t i = begin; i < end; ++i) out[i] += value;
-      } else if (value == 0.0f && !std::signbit(value)) {
-        std::memset(out + begin, 0, static_cast<size_t>(end - begin) * sizeof(float));
-      } else {
-        std::fill(out + begin, out + end, value);
-      }
-    }, 16);
+    parallel_for(
+        numel_, threads_for(numel_, ctx.num_threads),
+        [&](int64_t begin, int64_t end, int) {
+          if (acc) {
+            for (int64_t i = begin; i < end; ++i) out[i] += value;
+          } else if (value == 0.0f && !std::signbit(value)) {
+            std::memset(out + begin, 0, static_cast<size_t>(end - begin) * sizeof(float));
+          } else {
+            std::fill(out + begin, out + end, value);
+          }
+        },
+        16);
   }
 
  private:
@@ -213,18 +228,21 @@ class CopyKernel final : public Kernel {
     const bool acc = accumulate_flag(args, 0);
     if (!acc && out == x) return;
     const size_t size = dtype_size(dtype_);
-    parallel_for(numel_, threads_for(numel_, ctx.num_threads), [&](int64_t begin, int64_t end, int) {
-      const int64_t n = end - begin;
-      if (!acc) {
-        std::memcpy(static_cast<char*>(out) + begin * size, static_cast<const char*>(x) + begin * size, n * size);
-      } else if (dtype_ == DType::f32) {
-        (avx512_ ? scale_avx512<true> : scale_portable<true>)(static_cast<float*>(out) + begin,
-                                                               static_cast<const float*>(x) + begin, 1.0f, n);
-      } else {
-        (avx512_ ? bf16_add_avx512 : bf16_add_portable)(static_cast<uint16_t*>(out) + begin,
-                                                        static_cast<const uint16_t*>(x) + begin, n);
-      }
-    }, 16);
+    parallel_for(
+        numel_, threads_for(numel_, ctx.num_threads),
+        [&](int64_t begin, int64_t end, int) {
+          const int64_t n = end - begin;
+          if (!acc) {
+            std::memcpy(static_cast<char*>(out) + begin * size, static_cast<const char*>(x) + begin * size, n * size);
+          } else if (dtype_ == DType::f32) {
+            (avx512_ ? scale_avx512<true> : scale_portable<true>)(static_cast<float*>(out) + begin,
+                                                                  static_cast<const float*>(x) + begin, 1.0f, n);
+          } else {
+            (avx512_ ? bf16_add_avx512 : bf16_add_portable)(static_cast<uint16_t*>(out) + begin,
+                                                            static_cast<const uint16_t*>(x) + begin, n);
+          }
+        },
+        16);
   }
 
  private:
@@ -243,19 +261,22 @@ class CastKernel final : public Kernel {
     const void* x = args.inputs[0].data();
     void* out = args.outputs[0].data();
     if (from_ == to_ && out == x) return;
-    parallel_for(numel_, threads_for(numel_, ctx.num_threads), [&](int64_t begin, int64_t end, int) {
-      const int64_t n = end - begin;
-      if (from_ == to_) {
-        const size_t size = dtype_size(from_);
-        std::memcpy(static_cast<char*>(out) + begin * size, static_cast<const char*>(x) + begin * size, n * size);
-      } else if (from_ == DType::f32) {
-        (avx512_ ? f32_to_bf16_avx512 : f32_to_bf16_portable)(static_cast<uint16_t*>(out) + begin,
-                                                              static_cast<const float*>(x) + begin, n);
-      } else {
-        (avx512_ ? bf16_to_f32_avx512 : bf16_to_f32_portable)(static_cast<float*>(out) + begin,
-                                                              static_cast<const uint16_t*>(x) + begin, n);
-      }
-    }, 16);
+    parallel_for(
+        numel_, threads_for(numel_, ctx.num_threads),
+        [&](int64_t begin, int64_t end, int) {
+          const int64_t n = end - begin;
+          if (from_ == to_) {
+            const size_t size = dtype_size(from_);
+            std::memcpy(static_cast<char*>(out) + begin * size, static_cast<const char*>(x) + begin * size, n * size);
+          } else if (from_ == DType::f32) {
+            (avx512_ ? f32_to_bf16_avx512 : f32_to_bf16_portable)(static_cast<uint16_t*>(out) + begin,
+                                                                  static_cast<const float*>(x) + begin, n);
+          } else {
+            (avx512_ ? bf16_to_f32_avx512 : bf16_to_f32_portable)(static_cast<float*>(out) + begin,
+                                                                  static_cast<const uint16_t*>(x) + begin, n);
+          }
+        },
+        16);
   }
 
  private:
@@ -280,11 +301,20 @@ std::unique_ptr<Kernel> make_binary_kernel(const ir::Graph& g, const ir::Node& n
   const bool avx512 = use_avx512();
   BinaryRunFn write = nullptr, add = nullptr;
   switch (n.op) {
-    case ir::OpKind::Add: pick_binary<BinaryOp::Add>(avx512, &write, &add); break;
-    case ir::OpKind::Sub: pick_binary<BinaryOp::Sub>(avx512, &write, &add); break;
-    case ir::OpKind::Mul: pick_binary<BinaryOp::Mul>(avx512, &write, &add); break;
-    case ir::OpKind::Div: pick_binary<BinaryOp::Div>(avx512, &write, &add); break;
-    default: return nullptr;
+    case ir::OpKind::Add:
+      pick_binary<BinaryOp::Add>(avx512, &write, &add);
+      break;
+    case ir::OpKind::Sub:
+      pick_binary<BinaryOp::Sub>(avx512, &write, &add);
+      break;
+    case ir::OpKind::Mul:
+      pick_binary<BinaryOp::Mul>(avx512, &write, &add);
+      break;
+    case ir::OpKind::Div:
+      pick_binary<BinaryOp::Div>(avx512, &write, &add);
+      break;
+    default:
+      return nullptr;
   }
   return std::make_unique<BinaryKernel>(space, output_shape(g, n, 0).numel(), write, add);
 }

@@ -64,7 +64,8 @@ void add_row_portable(float* dst, const float* src, int64_t n) {
 FT_AVX512 void add_row_avx512(float* dst, const float* src, int64_t n) {
   for (int64_t c = 0; c < n; c += 16) {
     const __mmask16 m = tail_mask(n - c);
-    _mm512_mask_storeu_ps(dst + c, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + c), _mm512_maskz_loadu_ps(m, src + c)));
+    _mm512_mask_storeu_ps(dst + c, m,
+                          _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + c), _mm512_maskz_loadu_ps(m, src + c)));
   }
 }
 
@@ -72,7 +73,11 @@ FT_AVX512 void add_row_avx512(float* dst, const float* src, int64_t n) {
 class EmbeddingBackwardKernel final : public Kernel {
  public:
   EmbeddingBackwardKernel(int64_t N, int64_t V, int64_t C, bool ids_i64, std::string name)
-      : N_(N), V_(V), C_(C), ids_i64_(ids_i64), name_(std::move(name)),
+      : N_(N),
+        V_(V),
+        C_(C),
+        ids_i64_(ids_i64),
+        name_(std::move(name)),
         add_row_(use_avx512() ? add_row_avx512 : add_row_portable) {}
   bool accumulates() const override { return true; }
 
@@ -83,15 +88,21 @@ class EmbeddingBackwardKernel final : public Kernel {
     check_ids("EmbeddingBackward", name_, ids, ids_i64_, N_, V_);
     const int64_t C = C_;
     if (!accumulate_flag(args, 0)) {
-      parallel_for(V_ * C, threads_for(V_ * C, ctx.num_threads), [&](int64_t begin, int64_t end, int) {
-        std::memset(dweight + begin, 0, static_cast<size_t>(end - begin) * sizeof(float));
-      }, 16);
+      parallel_for(
+          V_ * C, threads_for(V_ * C, ctx.num_threads),
+          [&](int64_t begin, int64_t end, int) {
+            std::memset(dweight + begin, 0, static_cast<size_t>(end - begin) * sizeof(float));
+          },
+          16);
     }
     // Columns split in multiples of 16 floats; every thread reads all ids.
-    parallel_for(C, threads_for(N_ * C, ctx.num_threads), [&](int64_t begin, int64_t end, int) {
-      for (int64_t i = 0; i < N_; ++i)
-        add_row_(dweight + load_id(ids, ids_i64_, i) * C + begin, dy + i * C + begin, end - begin);
-    }, 16);
+    parallel_for(
+        C, threads_for(N_ * C, ctx.num_threads),
+        [&](int64_t begin, int64_t end, int) {
+          for (int64_t i = 0; i < N_; ++i)
+            add_row_(dweight + load_id(ids, ids_i64_, i) * C + begin, dy + i * C + begin, end - begin);
+        },
+        16);
   }
 
  private:

@@ -4,8 +4,8 @@
 // block; NC width of a packed B block; kd packed depth (KC, or KC/2 for bf16 pairs).
 //
 // Per thread:  for jc (NC):  for pc (KC):  pack B (kc, nc) into NR-wide panels
-//                  for ic (MR):  pack A (mr, kc) into one MR-tall panel (stays in L1)
-//                      for jr (NR):  microkernel, B panels streamed from L2
+//                  for ic (MR):  pack A (mr, kc) into one MR-tall panel (reused from L1)
+//                      for jr (NR):  microkernel, B panels streamed from L2/L3
 // Threads each own a rectangle of C (split along M and/or N), so they share
 // nothing and never synchronise; each packs its own panels in its scratch slice.
 #include "kernels/cpu/gemm.h"
@@ -36,26 +36,26 @@ int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 int thread_id() {
 #ifdef _OPENMP
-    return omp_get_thread_num();
+  return omp_get_thread_num();
 #else
-    return 0;
+  return 0;
 #endif
 }
 
 int thread_count() {
 #ifdef _OPENMP
-    return omp_get_num_threads();
+  return omp_get_num_threads();
 #else
-    return 1;
+  return 1;
 #endif
 }
 
 float to_f32(float x) { return x; }
 float to_f32(uint16_t x) {
-    uint32_t bits = uint32_t(x) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
+  uint32_t bits = uint32_t(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
 }
 
 // ---------------------------------------------------------------------------
@@ -66,29 +66,29 @@ float to_f32(uint16_t x) {
 // for B, x = j. Transposition is just a choice of strides; one of xs, ks is always 1.
 template <typename T>
 struct Operand {
-    const T* p;
-    int64_t xs, ks;
-    const T* at(int64_t x, int64_t k) const { return p + x * xs + k * ks; }
+  const T* p;
+  int64_t xs, ks;
+  const T* at(int64_t x, int64_t k) const { return p + x * xs + k * ks; }
 };
 
 // dst: (kc, R), dst[k * R + x] = src(x, k) for x < w, zero for w <= x < R.
 template <int R, typename T>
 void pack_panel(float* __restrict dst, const T* __restrict src, int64_t xs, int64_t ks, int w, int64_t kc) {
-    if (xs == 1) {
-        for (int64_t k = 0; k < kc; k++) {
-            const T* s = src + k * ks;
-            float* d = dst + k * R;
-            for (int x = 0; x < w; x++) d[x] = to_f32(s[x]);
-            for (int x = w; x < R; x++) d[x] = 0.0f;
-        }
-        return;
+  if (xs == 1) {
+    for (int64_t k = 0; k < kc; k++) {
+      const T* s = src + k * ks;
+      float* d = dst + k * R;
+      for (int x = 0; x < w; x++) d[x] = to_f32(s[x]);
+      for (int x = w; x < R; x++) d[x] = 0.0f;
     }
-    for (int x = 0; x < w; x++) {
-        const T* s = src + x * xs;
-        for (int64_t k = 0; k < kc; k++) dst[k * R + x] = to_f32(s[k]);
-    }
-    for (int x = w; x < R; x++)
-        for (int64_t k = 0; k < kc; k++) dst[k * R + x] = 0.0f;
+    return;
+  }
+  for (int x = 0; x < w; x++) {
+    const T* s = src + x * xs;
+    for (int64_t k = 0; k < kc; k++) dst[k * R + x] = to_f32(s[k]);
+  }
+  for (int x = w; x < R; x++)
+    for (int64_t k = 0; k < kc; k++) dst[k * R + x] = 0.0f;
 }
 
 // ---------------------------------------------------------------------------
@@ -98,261 +98,261 @@ void pack_panel(float* __restrict dst, const T* __restrict src, int64_t xs, int6
 // Scalar write-back of a (MR, NR) accumulator tile.
 template <int MR, int NR>
 void store_tile(const float (&acc)[MR][NR], float* c, int64_t ldc, int mr, int nr, float alpha, float beta) {
-    for (int i = 0; i < mr; i++) {
-        float* ci = c + i * ldc;
-        for (int j = 0; j < nr; j++) {
-            float v = alpha * acc[i][j];
-            ci[j] = beta == 0.0f ? v : v + beta * ci[j];
-        }
+  for (int i = 0; i < mr; i++) {
+    float* ci = c + i * ldc;
+    for (int j = 0; j < nr; j++) {
+      float v = alpha * acc[i][j];
+      ci[j] = beta == 0.0f ? v : v + beta * ci[j];
     }
+  }
 }
 
 // Plain-loop packing; the AVX-512 kernels replace it for operands contiguous along k.
 struct GenericPacking {
-    template <int R, typename Packed, typename T>
-    static void pack(Packed* dst, const T* src, int64_t xs, int64_t ks, int w, int64_t kc) {
-        pack_panel<R>(dst, src, xs, ks, w, kc);
-    }
+  template <int R, typename Packed, typename T>
+  static void pack(Packed* dst, const T* src, int64_t xs, int64_t ks, int w, int64_t kc) {
+    pack_panel<R>(dst, src, xs, ks, w, kc);
+  }
 };
 
 struct KernelF32Portable : GenericPacking {
-    using Packed = float;
-    static constexpr int MR = 4, NR = 8, KC = 256, NC = 1024, KSTEP = 1;
+  using Packed = float;
+  static constexpr int MR = 4, NR = 8, KC = 256, NC = 1024, KSTEP = 1;
 
-    static void micro(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int mr, int nr, float alpha,
-                      float beta) {
-        float acc[MR][NR] = {};
-        for (int64_t k = 0; k < kd; k++, a += MR, b += NR)
-            for (int i = 0; i < MR; i++)
-                for (int j = 0; j < NR; j++) acc[i][j] += a[i] * b[j];
-        store_tile(acc, c, ldc, mr, nr, alpha, beta);
-    }
+  static void micro(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int mr, int nr, float alpha,
+                    float beta) {
+    float acc[MR][NR] = {};
+    for (int64_t k = 0; k < kd; k++, a += MR, b += NR)
+      for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] += a[i] * b[j];
+    store_tile(acc, c, ldc, mr, nr, alpha, beta);
+  }
 };
 
 struct KernelF32Avx2 : GenericPacking {
-    using Packed = float;
-    static constexpr int MR = 6, NR = 16, KC = 256, NC = 768, KSTEP = 1;
+  using Packed = float;
+  static constexpr int MR = 6, NR = 16, KC = 256, NC = 768, KSTEP = 1;
 
-    FT_TARGET_AVX2 static void micro(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int mr,
-                                     int nr, float alpha, float beta) {
-        __m256 acc[MR][2];
-        for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-        for (int64_t k = 0; k < kd; k++, a += MR, b += NR) {
-            __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+  FT_TARGET_AVX2 static void micro(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int mr, int nr,
+                                   float alpha, float beta) {
+    __m256 acc[MR][2];
+    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < kd; k++, a += MR, b += NR) {
+      __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
 #pragma GCC unroll 6
-            for (int i = 0; i < MR; i++) {
-                __m256 ai = _mm256_broadcast_ss(a + i);
-                acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
-                acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
-            }
-        }
-        if (mr == MR && nr == NR) {
-            __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
-            for (int i = 0; i < MR; i++) {
-                float* ci = c + i * ldc;
-                __m256 r0 = _mm256_mul_ps(va, acc[i][0]), r1 = _mm256_mul_ps(va, acc[i][1]);
-                if (beta != 0.0f) {
-                    r0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci), r0);
-                    r1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci + 8), r1);
-                }
-                _mm256_storeu_ps(ci, r0);
-                _mm256_storeu_ps(ci + 8, r1);
-            }
-            return;
-        }
-        float tile[MR][NR];
-        for (int i = 0; i < MR; i++) {
-            _mm256_storeu_ps(tile[i], acc[i][0]);
-            _mm256_storeu_ps(tile[i] + 8, acc[i][1]);
-        }
-        store_tile(tile, c, ldc, mr, nr, alpha, beta);
+      for (int i = 0; i < MR; i++) {
+        __m256 ai = _mm256_broadcast_ss(a + i);
+        acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+        acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+      }
     }
+    if (mr == MR && nr == NR) {
+      __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+      for (int i = 0; i < MR; i++) {
+        float* ci = c + i * ldc;
+        __m256 r0 = _mm256_mul_ps(va, acc[i][0]), r1 = _mm256_mul_ps(va, acc[i][1]);
+        if (beta != 0.0f) {
+          r0 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci), r0);
+          r1 = _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci + 8), r1);
+        }
+        _mm256_storeu_ps(ci, r0);
+        _mm256_storeu_ps(ci + 8, r1);
+      }
+      return;
+    }
+    float tile[MR][NR];
+    for (int i = 0; i < MR; i++) {
+      _mm256_storeu_ps(tile[i], acc[i][0]);
+      _mm256_storeu_ps(tile[i] + 8, acc[i][1]);
+    }
+    store_tile(tile, c, ldc, mr, nr, alpha, beta);
+  }
 };
 
 // In-register transpose of 16 rows of 16 32-bit lanes: four rounds of interleaving rows i and i + 8.
 FT_TARGET_AVX512 FT_INLINE void transpose_16x16(__m512 (&v)[16]) {
-    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
 #pragma GCC unroll 4
-    for (int round = 0; round < 4; round++) {
-        __m512 t[16];
+  for (int round = 0; round < 4; round++) {
+    __m512 t[16];
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) {
-            t[2 * i] = _mm512_permutex2var_ps(v[i], lo, v[i + 8]);
-            t[2 * i + 1] = _mm512_permutex2var_ps(v[i], hi, v[i + 8]);
-        }
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; i++) v[i] = t[i];
+    for (int i = 0; i < 8; i++) {
+      t[2 * i] = _mm512_permutex2var_ps(v[i], lo, v[i + 8]);
+      t[2 * i + 1] = _mm512_permutex2var_ps(v[i], hi, v[i + 8]);
     }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) v[i] = t[i];
+  }
 }
 
 // Packing of an operand contiguous along k (32-bit lanes: floats or bf16 pairs) by 16x16 transposes.
 // dst: (kd, R), dst[k * R + x] = row x at `src + x * row_bytes`, lane k; rows w <= x < R are zero.
 template <int R>
 FT_TARGET_AVX512 void pack_transposed_avx512(void* dst, const void* src, int64_t row_bytes, int w, int64_t kd) {
-    float* d = static_cast<float*>(dst);
-    const char* s = static_cast<const char*>(src);
-    for (int64_t k0 = 0; k0 < kd; k0 += 16) {
-        int kn = int(std::min<int64_t>(16, kd - k0));
-        __mmask16 load_mask = __mmask16((1u << kn) - 1);
-        for (int g = 0; g < R; g += 16) {
-            __m512 v[16];
+  float* d = static_cast<float*>(dst);
+  const char* s = static_cast<const char*>(src);
+  for (int64_t k0 = 0; k0 < kd; k0 += 16) {
+    int kn = int(std::min<int64_t>(16, kd - k0));
+    __mmask16 load_mask = __mmask16((1u << kn) - 1);
+    for (int g = 0; g < R; g += 16) {
+      __m512 v[16];
 #pragma GCC unroll 16
-            for (int r = 0; r < 16; r++) {
-                v[r] = _mm512_setzero_ps();
-                if (g + r >= w) continue;
-                const char* row = s + (g + r) * row_bytes + k0 * 4;
-                _mm_prefetch(row + 128, _MM_HINT_T0);  // two lines ahead: 16 rows are more streams than hardware tracks
-                v[r] = _mm512_maskz_loadu_ps(load_mask, row);
-            }
-            transpose_16x16(v);
-            __mmask16 store_mask = __mmask16((1u << std::min(16, R - g)) - 1);
-            for (int k = 0; k < kn; k++) _mm512_mask_storeu_ps(d + (k0 + k) * R + g, store_mask, v[k]);
-        }
+      for (int r = 0; r < 16; r++) {
+        v[r] = _mm512_setzero_ps();
+        if (g + r >= w) continue;
+        const char* row = s + (g + r) * row_bytes + k0 * 4;
+        _mm_prefetch(row + 128, _MM_HINT_T0);  // two lines ahead: 16 rows are more streams than hardware tracks
+        v[r] = _mm512_maskz_loadu_ps(load_mask, row);
+      }
+      transpose_16x16(v);
+      __mmask16 store_mask = __mmask16((1u << std::min(16, R - g)) - 1);
+      for (int k = 0; k < kn; k++) _mm512_mask_storeu_ps(d + (k0 + k) * R + g, store_mask, v[k]);
     }
+  }
 }
 
 // Packing of an fp32 operand contiguous along x: dst[k * R + x] = src[k * ks + x], zero for x >= w.
 template <int R>
 FT_TARGET_AVX512 void pack_rows_avx512(float* dst, const float* src, int64_t ks, int w, int64_t kc) {
-    for (int64_t k = 0; k < kc; k++, dst += R) {
+  for (int64_t k = 0; k < kc; k++, dst += R) {
 #pragma GCC unroll 2
-        for (int g = 0; g < R; g += 16) {
-            __mmask16 load_mask = __mmask16((1u << std::clamp(w - g, 0, 16)) - 1);
-            __mmask16 store_mask = __mmask16((1u << std::min(16, R - g)) - 1);
-            _mm512_mask_storeu_ps(dst + g, store_mask, _mm512_maskz_loadu_ps(load_mask, src + k * ks + g));
-        }
+    for (int g = 0; g < R; g += 16) {
+      __mmask16 load_mask = __mmask16((1u << std::clamp(w - g, 0, 16)) - 1);
+      __mmask16 store_mask = __mmask16((1u << std::min(16, R - g)) - 1);
+      _mm512_mask_storeu_ps(dst + g, store_mask, _mm512_maskz_loadu_ps(load_mask, src + k * ks + g));
     }
+  }
 }
 
 // bf16 packing of an operand contiguous along x: interleave rows k and k + 1 into 32-bit pairs.
 // dst: (ceil(kc/2), R) words as in KernelBf16Avx512::pack; R <= 32.
 template <int R>
 FT_TARGET_AVX512 void pack_interleaved_avx512(uint32_t* dst, const uint16_t* src, int64_t ks, int w, int64_t kc) {
-    static const uint16_t order[64] = {
-        0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
-        11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53,
-        22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-    const __m512i lo = _mm512_loadu_si512(order), hi = _mm512_loadu_si512(order + 32);
-    __mmask32 row_mask = __mmask32((uint64_t(1) << w) - 1);
-    __mmask16 lo_mask = __mmask16((1u << std::min(R, 16)) - 1), hi_mask = __mmask16((1u << std::max(R - 16, 0)) - 1);
-    for (int64_t k = 0; k < kc; k += 2, dst += R) {
-        __m512i r0 = _mm512_maskz_loadu_epi16(row_mask, src + k * ks);
-        __m512i r1 = k + 1 < kc ? _mm512_maskz_loadu_epi16(row_mask, src + (k + 1) * ks) : _mm512_setzero_si512();
-        _mm512_mask_storeu_epi32(dst, lo_mask, _mm512_permutex2var_epi16(r0, lo, r1));
-        if (R > 16) _mm512_mask_storeu_epi32(dst + 16, hi_mask, _mm512_permutex2var_epi16(r0, hi, r1));
-    }
+  static const uint16_t order[64] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                     8,  40, 9,  41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47,
+                                     16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                     24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i lo = _mm512_loadu_si512(order), hi = _mm512_loadu_si512(order + 32);
+  __mmask32 row_mask = __mmask32((uint64_t(1) << w) - 1);
+  __mmask16 lo_mask = __mmask16((1u << std::min(R, 16)) - 1), hi_mask = __mmask16((1u << std::max(R - 16, 0)) - 1);
+  for (int64_t k = 0; k < kc; k += 2, dst += R) {
+    __m512i r0 = _mm512_maskz_loadu_epi16(row_mask, src + k * ks);
+    __m512i r1 = k + 1 < kc ? _mm512_maskz_loadu_epi16(row_mask, src + (k + 1) * ks) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi32(dst, lo_mask, _mm512_permutex2var_epi16(r0, lo, r1));
+    if (R > 16) _mm512_mask_storeu_epi32(dst + 16, hi_mask, _mm512_permutex2var_epi16(r0, hi, r1));
+  }
 }
 
 // Write-back of a (ROWS, 32) tile held in zmm pairs; masked for nr < 32.
 template <int ROWS>
 FT_TARGET_AVX512 FT_INLINE void store_tile_avx512(__m512 (&acc)[ROWS][2], float* c, int64_t ldc, int nr, float alpha,
                                                   float beta) {
-    __mmask16 m0 = nr >= 16 ? 0xFFFF : (1u << nr) - 1;
-    __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : (1u << (nr - 16)) - 1;
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  __mmask16 m0 = nr >= 16 ? 0xFFFF : (1u << nr) - 1;
+  __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 : (1u << (nr - 16)) - 1;
+  __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
 #pragma GCC unroll 16
-    for (int i = 0; i < ROWS; i++) {
-        float* ci = c + i * ldc;
-        __m512 r0 = _mm512_mul_ps(va, acc[i][0]), r1 = _mm512_mul_ps(va, acc[i][1]);
-        if (beta != 0.0f) {
-            r0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, ci), r0);
-            r1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, ci + 16), r1);
-        }
-        _mm512_mask_storeu_ps(ci, m0, r0);
-        _mm512_mask_storeu_ps(ci + 16, m1, r1);
+  for (int i = 0; i < ROWS; i++) {
+    float* ci = c + i * ldc;
+    __m512 r0 = _mm512_mul_ps(va, acc[i][0]), r1 = _mm512_mul_ps(va, acc[i][1]);
+    if (beta != 0.0f) {
+      r0 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m0, ci), r0);
+      r1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, ci + 16), r1);
     }
+    _mm512_mask_storeu_ps(ci, m0, r0);
+    _mm512_mask_storeu_ps(ci + 16, m1, r1);
+  }
 }
 
 // Kernel::micro_rows<mr> for a runtime mr in [1, Kernel::MR].
 template <class Kernel, int... Rows>
 auto row_kernel_table(std::integer_sequence<int, Rows...>) {
-    using Fn = decltype(&Kernel::template micro_rows<1>);
-    static constexpr Fn table[] = {&Kernel::template micro_rows<Rows + 1>...};
-    return table;
+  using Fn = decltype(&Kernel::template micro_rows<1>);
+  static constexpr Fn table[] = {&Kernel::template micro_rows<Rows + 1>...};
+  return table;
 }
 
 template <class Kernel>
 auto row_kernel(int mr) {
-    return row_kernel_table<Kernel>(std::make_integer_sequence<int, Kernel::MR>{})[mr - 1];
+  return row_kernel_table<Kernel>(std::make_integer_sequence<int, Kernel::MR>{})[mr - 1];
 }
 
 struct KernelF32Avx512 {
-    using Packed = float;
-    static constexpr int MR = 14, NR = 32, KC = 384, NC = 768, KSTEP = 1;
+  using Packed = float;
+  static constexpr int MR = 14, NR = 32, KC = 384, NC = 768, KSTEP = 1;
 
-    template <int R, typename T>
-    static void pack(float* dst, const T* src, int64_t xs, int64_t ks, int w, int64_t kc) {
-        if constexpr (std::is_same_v<T, float>) {
-            if (xs == 1) return pack_rows_avx512<R>(dst, src, ks, w, kc);
-            if (ks == 1) return pack_transposed_avx512<R>(dst, src, xs * 4, w, kc);
-        }
-        pack_panel<R>(dst, src, xs, ks, w, kc);
+  template <int R, typename T>
+  static void pack(float* dst, const T* src, int64_t xs, int64_t ks, int w, int64_t kc) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (xs == 1) return pack_rows_avx512<R>(dst, src, ks, w, kc);
+      if (ks == 1) return pack_transposed_avx512<R>(dst, src, xs * 4, w, kc);
     }
+    pack_panel<R>(dst, src, xs, ks, w, kc);
+  }
 
-    // Tiles of mr < MR rows run a kernel with only mr accumulator rows (see row_kernel).
-    template <int ROWS>
-    FT_TARGET_AVX512 static void micro_rows(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int nr,
-                                            float alpha, float beta) {
-        __m512 acc[ROWS][2];
+  // Tiles of mr < MR rows run a kernel with only mr accumulator rows (see row_kernel).
+  template <int ROWS>
+  FT_TARGET_AVX512 static void micro_rows(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int nr,
+                                          float alpha, float beta) {
+    __m512 acc[ROWS][2];
 #pragma GCC unroll 14
-        for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-        for (int64_t k = 0; k < kd; k++, a += MR, b += NR) {
-            __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+    for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kd; k++, a += MR, b += NR) {
+      __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
 #pragma GCC unroll 14
-            for (int i = 0; i < ROWS; i++) {
-                __m512 ai = _mm512_set1_ps(a[i]);
-                acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
-                acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
-            }
-        }
-        store_tile_avx512(acc, c, ldc, nr, alpha, beta);
+      for (int i = 0; i < ROWS; i++) {
+        __m512 ai = _mm512_set1_ps(a[i]);
+        acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+        acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+      }
     }
+    store_tile_avx512(acc, c, ldc, nr, alpha, beta);
+  }
 
-    static void micro(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int mr, int nr, float alpha,
-                      float beta) {
-        row_kernel<KernelF32Avx512>(mr)(kd, a, b, c, ldc, nr, alpha, beta);
-    }
+  static void micro(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int mr, int nr, float alpha,
+                    float beta) {
+    row_kernel<KernelF32Avx512>(mr)(kd, a, b, c, ldc, nr, alpha, beta);
+  }
 };
 
 // Each 32-bit lane of a and b holds a bf16 pair along k; vdpbf16ps adds both products.
 struct KernelBf16Avx512 {
-    using Packed = uint32_t;
-    static constexpr int MR = 14, NR = 32, KC = 768, NC = 768, KSTEP = 2;
+  using Packed = uint32_t;
+  static constexpr int MR = 14, NR = 32, KC = 768, NC = 768, KSTEP = 2;
 
-    // Contiguous along x: interleave rows. Contiguous along k, a pair is one 32-bit word: transpose
-    // words, then the odd last k alone. dst: (ceil(kc/2), R) words, dst[p * R + x] = src(x, 2p) | src(x, 2p + 1) << 16.
-    template <int R>
-    static void pack(uint32_t* dst, const uint16_t* src, int64_t xs, int64_t ks, int w, int64_t kc) {
-        if (xs == 1) return pack_interleaved_avx512<R>(dst, src, ks, w, kc);
-        int64_t kp = kc / 2;
-        pack_transposed_avx512<R>(dst, src, xs * 2, w, kp);
-        if (kc % 2)
-            for (int x = 0; x < R; x++) dst[kp * R + x] = x < w ? src[x * xs + kc - 1] : 0;
-    }
+  // Contiguous along x: interleave rows. Contiguous along k, a pair is one 32-bit word: transpose
+  // words, then the odd last k alone. dst: (ceil(kc/2), R) words, dst[p * R + x] = src(x, 2p) | src(x, 2p + 1) << 16.
+  template <int R>
+  static void pack(uint32_t* dst, const uint16_t* src, int64_t xs, int64_t ks, int w, int64_t kc) {
+    if (xs == 1) return pack_interleaved_avx512<R>(dst, src, ks, w, kc);
+    int64_t kp = kc / 2;
+    pack_transposed_avx512<R>(dst, src, xs * 2, w, kp);
+    if (kc % 2)
+      for (int x = 0; x < R; x++) dst[kp * R + x] = x < w ? src[x * xs + kc - 1] : 0;
+  }
 
-    template <int ROWS>
-    FT_TARGET_AVX512_BF16 static void micro_rows(int64_t kd, const uint32_t* a, const uint32_t* b, float* c,
-                                                 int64_t ldc, int nr, float alpha, float beta) {
-        __m512 acc[ROWS][2];
+  template <int ROWS>
+  FT_TARGET_AVX512_BF16 static void micro_rows(int64_t kd, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
+                                               int nr, float alpha, float beta) {
+    __m512 acc[ROWS][2];
 #pragma GCC unroll 14
-        for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-        for (int64_t k = 0; k < kd; k++, a += MR, b += NR) {
-            __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 16);
+    for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kd; k++, a += MR, b += NR) {
+      __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 16);
 #pragma GCC unroll 14
-            for (int i = 0; i < ROWS; i++) {
-                __m512bh ai = (__m512bh)_mm512_set1_epi32(int(a[i]));
-                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
-                acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
-            }
-        }
-        store_tile_avx512(acc, c, ldc, nr, alpha, beta);
+      for (int i = 0; i < ROWS; i++) {
+        __m512bh ai = (__m512bh)_mm512_set1_epi32(int(a[i]));
+        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
+        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
+      }
     }
+    store_tile_avx512(acc, c, ldc, nr, alpha, beta);
+  }
 
-    static void micro(int64_t kd, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, int mr, int nr,
-                      float alpha, float beta) {
-        row_kernel<KernelBf16Avx512>(mr)(kd, a, b, c, ldc, nr, alpha, beta);
-    }
+  static void micro(int64_t kd, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, int mr, int nr,
+                    float alpha, float beta) {
+    row_kernel<KernelBf16Avx512>(mr)(kd, a, b, c, ldc, nr, alpha, beta);
+  }
 };
 
 // ---------------------------------------------------------------------------
@@ -361,97 +361,97 @@ struct KernelBf16Avx512 {
 
 template <class Kernel>
 size_t kernel_thread_bytes(int64_t N, int64_t K) {
-    int64_t kd = ceil_div(std::min<int64_t>(K, Kernel::KC), Kernel::KSTEP);
-    int64_t b_elems = round_up(kd * round_up(std::min<int64_t>(N, Kernel::NC), Kernel::NR), 16);
-    int64_t a_elems = round_up(kd * Kernel::MR, 16);
-    return size_t(b_elems + a_elems) * sizeof(typename Kernel::Packed);
+  int64_t kd = ceil_div(std::min<int64_t>(K, Kernel::KC), Kernel::KSTEP);
+  int64_t b_elems = round_up(kd * round_up(std::min<int64_t>(N, Kernel::NC), Kernel::NR), 16);
+  int64_t a_elems = round_up(kd * Kernel::MR, 16);
+  return size_t(b_elems + a_elems) * sizeof(typename Kernel::Packed);
 }
 
 // Bytes of one thread's slice: the largest any path needs, so the size never depends on the path taken.
 size_t thread_scratch_bytes(const GemmShape& s) {
-    size_t bytes = std::max({kernel_thread_bytes<KernelF32Portable>(s.N, s.K),
-                             kernel_thread_bytes<KernelF32Avx2>(s.N, s.K),
-                             kernel_thread_bytes<KernelF32Avx512>(s.N, s.K),
-                             kernel_thread_bytes<KernelBf16Avx512>(s.N, s.K)});
-    return size_t(round_up(int64_t(bytes), 64));
+  size_t bytes =
+      std::max({kernel_thread_bytes<KernelF32Portable>(s.N, s.K), kernel_thread_bytes<KernelF32Avx2>(s.N, s.K),
+                kernel_thread_bytes<KernelF32Avx512>(s.N, s.K), kernel_thread_bytes<KernelBf16Avx512>(s.N, s.K)});
+  return size_t(round_up(int64_t(bytes), 64));
 }
 
 char* thread_scratch(void* scratch, size_t slice_bytes, int t) {
-    uintptr_t base = (reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63);
-    return reinterpret_cast<char*>(base) + size_t(t) * slice_bytes;
+  uintptr_t base = (reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63);
+  return reinterpret_cast<char*>(base) + size_t(t) * slice_bytes;
 }
 
 // C (M, N) = alpha * a (M, K) * b (K, N) + beta * C on one thread; requires K > 0.
 template <class Kernel, typename T>
 void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, Operand<T> a, Operand<T> b, float beta, float* C,
                  int64_t ldc, char* work) {
-    using Packed = typename Kernel::Packed;
-    constexpr int MR = Kernel::MR, NR = Kernel::NR;
-    int64_t kd_max = ceil_div(std::min<int64_t>(K, Kernel::KC), Kernel::KSTEP);
-    Packed* b_pack = reinterpret_cast<Packed*>(work);  // (nc / NR) panels of (kd, NR)
-    Packed* a_pack = b_pack + round_up(kd_max * round_up(std::min<int64_t>(N, Kernel::NC), NR), 16);  // (kd, MR)
-    for (int64_t jc = 0; jc < N; jc += Kernel::NC) {
-        int64_t nc = std::min<int64_t>(Kernel::NC, N - jc);
-        for (int64_t pc = 0; pc < K; pc += Kernel::KC) {
-            int64_t kc = std::min<int64_t>(Kernel::KC, K - pc);
-            int64_t kd = ceil_div(kc, Kernel::KSTEP);
-            for (int64_t jr = 0; jr < nc; jr += NR)
-                Kernel::template pack<NR>(b_pack + jr * kd, b.at(jc + jr, pc), b.xs, b.ks, int(std::min<int64_t>(NR, nc - jr)), kc);
-            float beta_k = pc == 0 ? beta : 1.0f;
-            for (int64_t ic = 0; ic < M; ic += MR) {
-                int mr = int(std::min<int64_t>(MR, M - ic));
-                Kernel::template pack<MR>(a_pack, a.at(ic, pc), a.xs, a.ks, mr, kc);
-                for (int64_t jr = 0; jr < nc; jr += NR)
-                    Kernel::micro(kd, a_pack, b_pack + jr * kd, C + ic * ldc + jc + jr, ldc, mr,
-                                  int(std::min<int64_t>(NR, nc - jr)), alpha, beta_k);
-            }
-        }
+  using Packed = typename Kernel::Packed;
+  constexpr int MR = Kernel::MR, NR = Kernel::NR;
+  int64_t kd_max = ceil_div(std::min<int64_t>(K, Kernel::KC), Kernel::KSTEP);
+  Packed* b_pack = reinterpret_cast<Packed*>(work);  // (nc / NR) panels of (kd, NR)
+  Packed* a_pack = b_pack + round_up(kd_max * round_up(std::min<int64_t>(N, Kernel::NC), NR), 16);  // (kd, MR)
+  for (int64_t jc = 0; jc < N; jc += Kernel::NC) {
+    int64_t nc = std::min<int64_t>(Kernel::NC, N - jc);
+    for (int64_t pc = 0; pc < K; pc += Kernel::KC) {
+      int64_t kc = std::min<int64_t>(Kernel::KC, K - pc);
+      int64_t kd = ceil_div(kc, Kernel::KSTEP);
+      for (int64_t jr = 0; jr < nc; jr += NR)
+        Kernel::template pack<NR>(b_pack + jr * kd, b.at(jc + jr, pc), b.xs, b.ks, int(std::min<int64_t>(NR, nc - jr)),
+                                  kc);
+      float beta_k = pc == 0 ? beta : 1.0f;
+      for (int64_t ic = 0; ic < M; ic += MR) {
+        int mr = int(std::min<int64_t>(MR, M - ic));
+        Kernel::template pack<MR>(a_pack, a.at(ic, pc), a.xs, a.ks, mr, kc);
+        for (int64_t jr = 0; jr < nc; jr += NR)
+          Kernel::micro(kd, a_pack, b_pack + jr * kd, C + ic * ldc + jc + jr, ldc, mr,
+                        int(std::min<int64_t>(NR, nc - jr)), alpha, beta_k);
+      }
     }
+  }
 }
 
 // Splits M into tm and N into tn ranges (tm * tn = threads), minimising the
 // largest per-thread tile (rounded to MR x NR) plus the cost of packing it.
 void choose_grid(int64_t M, int64_t N, int MR, int NR, int threads, int* tm, int* tn) {
-    double best = 0.0;
-    for (int m = 1; m <= threads; m++) {
-        if (threads % m) continue;
-        int n = threads / m;
-        double um = double(ceil_div(ceil_div(M, MR), m) * MR), un = double(ceil_div(ceil_div(N, NR), n) * NR);
-        double cost = um * un + 16.0 * (um + un);
-        if (m == 1 || cost < best) best = cost, *tm = m, *tn = n;
-    }
+  double best = 0.0;
+  for (int m = 1; m <= threads; m++) {
+    if (threads % m) continue;
+    int n = threads / m;
+    double um = double(ceil_div(ceil_div(M, MR), m) * MR), un = double(ceil_div(ceil_div(N, NR), n) * NR);
+    double cost = um * un + 16.0 * (um + un);
+    if (m == 1 || cost < best) best = cost, *tm = m, *tn = n;
+  }
 }
 
 // [begin, end) of part `index` when `units` of size `unit` are split into `parts`, clamped to `total`.
 void split_range(int64_t total, int64_t unit, int parts, int index, int64_t* begin, int64_t* end) {
-    int64_t units = ceil_div(total, unit);
-    *begin = std::min(total, units * index / parts * unit);
-    *end = std::min(total, units * (index + 1) / parts * unit);
+  int64_t units = ceil_div(total, unit);
+  *begin = std::min(total, units * index / parts * unit);
+  *end = std::min(total, units * (index + 1) / parts * unit);
 }
 
 template <class Kernel, typename T>
 void gemm_threads(const GemmShape& s, float alpha, const T* A, const T* B, float beta, float* C, void* scratch,
                   int threads) {
-    Operand<T> a{A, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1};
-    Operand<T> b{B, s.trans_b ? s.ldb : 1, s.trans_b ? 1 : s.ldb};
-    size_t slice = thread_scratch_bytes(s);
-    if (threads <= 1) {
-        gemm_serial<Kernel>(s.M, s.N, s.K, alpha, a, b, beta, C, s.ldc, thread_scratch(scratch, slice, 0));
-        return;
-    }
+  Operand<T> a{A, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1};
+  Operand<T> b{B, s.trans_b ? s.ldb : 1, s.trans_b ? 1 : s.ldb};
+  size_t slice = thread_scratch_bytes(s);
+  if (threads <= 1) {
+    gemm_serial<Kernel>(s.M, s.N, s.K, alpha, a, b, beta, C, s.ldc, thread_scratch(scratch, slice, 0));
+    return;
+  }
 #pragma omp parallel num_threads(threads)
-    {
-        int t = thread_id(), tm = 1, tn = 1;
-        choose_grid(s.M, s.N, Kernel::MR, Kernel::NR, thread_count(), &tm, &tn);
-        int64_t m0, m1, n0, n1;
-        split_range(s.M, Kernel::MR, tm, t / tn, &m0, &m1);
-        split_range(s.N, Kernel::NR, tn, t % tn, &n0, &n1);
-        if (m0 < m1 && n0 < n1) {
-            Operand<T> a_t{a.at(m0, 0), a.xs, a.ks}, b_t{b.at(n0, 0), b.xs, b.ks};
-            gemm_serial<Kernel>(m1 - m0, n1 - n0, s.K, alpha, a_t, b_t, beta, C + m0 * s.ldc + n0, s.ldc,
-                                thread_scratch(scratch, slice, t));
-        }
+  {
+    int t = thread_id(), tm = 1, tn = 1;
+    choose_grid(s.M, s.N, Kernel::MR, Kernel::NR, thread_count(), &tm, &tn);
+    int64_t m0, m1, n0, n1;
+    split_range(s.M, Kernel::MR, tm, t / tn, &m0, &m1);
+    split_range(s.N, Kernel::NR, tn, t % tn, &n0, &n1);
+    if (m0 < m1 && n0 < n1) {
+      Operand<T> a_t{a.at(m0, 0), a.xs, a.ks}, b_t{b.at(n0, 0), b.xs, b.ks};
+      gemm_serial<Kernel>(m1 - m0, n1 - n0, s.K, alpha, a_t, b_t, beta, C + m0 * s.ldc + n0, s.ldc,
+                          thread_scratch(scratch, slice, t));
     }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -461,114 +461,115 @@ void gemm_threads(const GemmShape& s, float alpha, const T* A, const T* B, float
 enum class Isa { portable, avx2, avx512, avx512_bf16 };
 
 Isa detect_isa() {
-    __builtin_cpu_init();
-    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    if (avx512 && __builtin_cpu_supports("avx512bf16")) return Isa::avx512_bf16;
-    if (avx512) return Isa::avx512;
-    return avx2 ? Isa::avx2 : Isa::portable;
+  __builtin_cpu_init();
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (avx512 && __builtin_cpu_supports("avx512bf16")) return Isa::avx512_bf16;
+  if (avx512) return Isa::avx512;
+  return avx2 ? Isa::avx2 : Isa::portable;
 }
 
 // Best ISA of this CPU, capped by FUSETRAIN_GEMM (portable | avx2 | avx512); read on every call.
 Isa select_isa() {
-    static const Isa best = detect_isa();
-    const char* forced = std::getenv("FUSETRAIN_GEMM");
-    Isa cap = Isa::avx512_bf16;
-    if (forced && std::strcmp(forced, "portable") == 0) cap = Isa::portable;
-    if (forced && std::strcmp(forced, "avx2") == 0) cap = Isa::avx2;
-    if (forced && std::strcmp(forced, "avx512") == 0) cap = Isa::avx512;
-    return std::min(best, cap);
+  static const Isa best = detect_isa();
+  const char* forced = std::getenv("FUSETRAIN_GEMM");
+  Isa cap = Isa::avx512_bf16;
+  if (forced && std::strcmp(forced, "portable") == 0) cap = Isa::portable;
+  if (forced && std::strcmp(forced, "avx2") == 0) cap = Isa::avx2;
+  if (forced && std::strcmp(forced, "avx512") == 0) cap = Isa::avx512;
+  return std::min(best, cap);
 }
 
 // C = beta * C, the whole result when K == 0 or alpha == 0.
 void scale_c(const GemmShape& s, float beta, float* C) {
-    for (int64_t i = 0; i < s.M; i++) {
-        float* c = C + i * s.ldc;
-        for (int64_t j = 0; j < s.N; j++) c[j] = beta == 0.0f ? 0.0f : beta * c[j];
-    }
+  for (int64_t i = 0; i < s.M; i++) {
+    float* c = C + i * s.ldc;
+    for (int64_t j = 0; j < s.N; j++) c[j] = beta == 0.0f ? 0.0f : beta * c[j];
+  }
 }
 
 template <typename T>
 void gemm_any(Isa isa, const GemmShape& s, float alpha, const T* A, const T* B, float beta, float* C, void* scratch,
               int threads) {
-    if (s.M <= 0 || s.N <= 0) return;
-    if (s.K <= 0 || alpha == 0.0f) {
-        scale_c(s, beta, C);
-        return;
-    }
-    if (2.0 * double(s.M) * double(s.N) * double(s.K) < 2e5) threads = 1;  // a parallel region costs more
-    constexpr bool is_bf16 = std::is_same_v<T, uint16_t>;
-    if (is_bf16 && isa == Isa::avx512_bf16) {
-        if constexpr (is_bf16) gemm_threads<KernelBf16Avx512>(s, alpha, A, B, beta, C, scratch, threads);
-    } else if (isa >= Isa::avx512) {
-        gemm_threads<KernelF32Avx512>(s, alpha, A, B, beta, C, scratch, threads);
-    } else if (isa == Isa::avx2) {
-        gemm_threads<KernelF32Avx2>(s, alpha, A, B, beta, C, scratch, threads);
-    } else {
-        gemm_threads<KernelF32Portable>(s, alpha, A, B, beta, C, scratch, threads);
-    }
+  if (s.M <= 0 || s.N <= 0) return;
+  if (s.K <= 0 || alpha == 0.0f) {
+    scale_c(s, beta, C);
+    return;
+  }
+  if (2.0 * double(s.M) * double(s.N) * double(s.K) < 2e5) threads = 1;  // a parallel region costs more
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    if (isa == Isa::avx512_bf16) return gemm_threads<KernelBf16Avx512>(s, alpha, A, B, beta, C, scratch, threads);
+  }
+  // Without vdpbf16ps, bf16 operands are widened to fp32 while packing.
+  if (isa >= Isa::avx512) {
+    gemm_threads<KernelF32Avx512>(s, alpha, A, B, beta, C, scratch, threads);
+  } else if (isa == Isa::avx2) {
+    gemm_threads<KernelF32Avx2>(s, alpha, A, B, beta, C, scratch, threads);
+  } else {
+    gemm_threads<KernelF32Portable>(s, alpha, A, B, beta, C, scratch, threads);
+  }
 }
 
 // Whole batches per thread when they divide evenly or are plentiful, else all threads on each batch.
 template <typename T>
 void gemm_batched_any(const GemmShape& s, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
                       float alpha, const T* A, const T* B, float beta, float* C, void* scratch, int threads) {
-    Isa isa = select_isa();
-    if (threads <= 1 || (batch % threads != 0 && batch < 4 * threads)) {
-        for (int64_t b = 0; b < batch; b++)
-            gemm_any(isa, s, alpha, A + b * stride_a, B + b * stride_b, beta, C + b * stride_c, scratch, threads);
-        return;
-    }
-    size_t slice = thread_scratch_bytes(s);
+  Isa isa = select_isa();
+  if (threads <= 1 || (batch % threads != 0 && batch < 4 * threads)) {
+    for (int64_t b = 0; b < batch; b++)
+      gemm_any(isa, s, alpha, A + b * stride_a, B + b * stride_b, beta, C + b * stride_c, scratch, threads);
+    return;
+  }
+  size_t slice = thread_scratch_bytes(s);
 #pragma omp parallel num_threads(threads)
-    {
-        int64_t b0, b1;
-        split_range(batch, 1, thread_count(), thread_id(), &b0, &b1);
-        void* work = thread_scratch(scratch, slice, thread_id());
-        for (int64_t b = b0; b < b1; b++)
-            gemm_any(isa, s, alpha, A + b * stride_a, B + b * stride_b, beta, C + b * stride_c, work, 1);
-    }
+  {
+    int64_t b0, b1;
+    split_range(batch, 1, thread_count(), thread_id(), &b0, &b1);
+    void* work = thread_scratch(scratch, slice, thread_id());
+    for (int64_t b = b0; b < b1; b++)
+      gemm_any(isa, s, alpha, A + b * stride_a, B + b * stride_b, beta, C + b * stride_c, work, 1);
+  }
 }
 
 }  // namespace
 
 size_t gemm_f32_scratch_bytes(const GemmShape& shape, int num_threads) {
-    return size_t(std::max(num_threads, 1)) * thread_scratch_bytes(shape) + 64;
+  return size_t(std::max(num_threads, 1)) * thread_scratch_bytes(shape) + 64;
 }
 
 size_t gemm_bf16_scratch_bytes(const GemmShape& shape, int num_threads) {
-    return gemm_f32_scratch_bytes(shape, num_threads);
+  return gemm_f32_scratch_bytes(shape, num_threads);
 }
 
 size_t gemm_f32_batched_scratch_bytes(const GemmShape& shape, int64_t, int num_threads) {
-    return gemm_f32_scratch_bytes(shape, num_threads);
+  return gemm_f32_scratch_bytes(shape, num_threads);
 }
 
 size_t gemm_bf16_batched_scratch_bytes(const GemmShape& shape, int64_t, int num_threads) {
-    return gemm_f32_scratch_bytes(shape, num_threads);
+  return gemm_f32_scratch_bytes(shape, num_threads);
 }
 
-void gemm_f32(const GemmShape& shape, float alpha, const float* A, const float* B, float beta, float* C,
-              void* scratch, int num_threads) {
-    gemm_any(select_isa(), shape, alpha, A, B, beta, C, scratch, num_threads);
+void gemm_f32(const GemmShape& shape, float alpha, const float* A, const float* B, float beta, float* C, void* scratch,
+              int num_threads) {
+  gemm_any(select_isa(), shape, alpha, A, B, beta, C, scratch, num_threads);
 }
 
 void gemm_bf16(const GemmShape& shape, float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C,
                void* scratch, int num_threads) {
-    gemm_any(select_isa(), shape, alpha, A, B, beta, C, scratch, num_threads);
+  gemm_any(select_isa(), shape, alpha, A, B, beta, C, scratch, num_threads);
 }
 
 void gemm_f32_batched(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
                       float alpha, const float* A, const float* B, float beta, float* C, void* scratch,
                       int num_threads) {
-    gemm_batched_any(shape, batch, stride_a, stride_b, stride_c, alpha, A, B, beta, C, scratch, num_threads);
+  gemm_batched_any(shape, batch, stride_a, stride_b, stride_c, alpha, A, B, beta, C, scratch, num_threads);
 }
 
 void gemm_bf16_batched(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
                        float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C, void* scratch,
                        int num_threads) {
-    gemm_batched_any(shape, batch, stride_a, stride_b, stride_c, alpha, A, B, beta, C, scratch, num_threads);
+  gemm_batched_any(shape, batch, stride_a, stride_b, stride_c, alpha, A, B, beta, C, scratch, num_threads);
 }
 
 }  // namespace fusetrain::kernels

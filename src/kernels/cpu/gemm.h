@@ -7,8 +7,8 @@
 //
 // The calls never allocate: packing workspace comes from `scratch`, which must
 // hold at least the matching *_scratch_bytes() (any alignment). The code path
-// is chosen per call by CPU feature (AVX-512 + AVX512_BF16, AVX-512, portable);
-// FUSETRAIN_GEMM=portable in the environment forces the portable path.
+// is chosen per call by CPU feature (AVX-512 with AVX512_BF16, AVX-512, AVX2,
+// portable); FUSETRAIN_GEMM=portable|avx2|avx512 in the environment caps it.
 #pragma once
 
 #include <cstddef>
@@ -17,15 +17,15 @@
 namespace fusetrain::kernels {
 
 struct GemmShape {
-    int64_t M, N, K;
-    bool trans_a, trans_b;
-    int64_t lda, ldb, ldc;
+  int64_t M, N, K;
+  bool trans_a, trans_b;
+  int64_t lda, ldb, ldc;
 };
 
 // Bytes of scratch for one call with num_threads threads (covers all of them).
 size_t gemm_f32_scratch_bytes(const GemmShape& shape, int num_threads);
-void gemm_f32(const GemmShape& shape, float alpha, const float* A, const float* B, float beta, float* C,
-              void* scratch, int num_threads);
+void gemm_f32(const GemmShape& shape, float alpha, const float* A, const float* B, float beta, float* C, void* scratch,
+              int num_threads);
 
 // A and B hold bf16 bit patterns; accumulation and C are fp32.
 size_t gemm_bf16_scratch_bytes(const GemmShape& shape, int num_threads);

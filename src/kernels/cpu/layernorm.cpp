@@ -85,8 +85,8 @@ FT_AVX512 void layernorm_row_avx512(float* y, float* mean_out, float* rstd_out, 
 
 // dx: (C); dgamma_part, dbeta_part: (C) per-thread sums; dy, x: (C); gamma: (C)
 template <bool AccDx>
-void layernorm_backward_row_portable(float* dx, float* dgamma_part, float* dbeta_part, const float* dy,
-                                     const float* x, const float* gamma, float mean, float rstd, int64_t C) {
+void layernorm_backward_row_portable(float* dx, float* dgamma_part, float* dbeta_part, const float* dy, const float* x,
+                                     const float* gamma, float mean, float rstd, int64_t C) {
   float sum_g = 0.0f, sum_gx = 0.0f;
   for (int64_t c = 0; c < C; ++c) {
     float xhat = (x[c] - mean) * rstd;
@@ -145,12 +145,12 @@ class LayerNormKernel final : public Kernel {
       : rows_(rows), C_(C), eps_(eps), row_fn_(use_avx512() ? layernorm_row_avx512 : layernorm_row_portable) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
-    const float* x = static_cast<const float*>(args.inputs[0].data());        // (R, C)
-    const float* gamma = static_cast<const float*>(args.inputs[1].data());    // (C)
-    const float* beta = static_cast<const float*>(args.inputs[2].data());     // (C)
-    float* y = static_cast<float*>(args.outputs[0].data());                   // (R, C)
-    float* mean = static_cast<float*>(args.outputs[1].data());                // (R)
-    float* rstd = static_cast<float*>(args.outputs[2].data());                // (R)
+    const float* x = static_cast<const float*>(args.inputs[0].data());      // (R, C)
+    const float* gamma = static_cast<const float*>(args.inputs[1].data());  // (C)
+    const float* beta = static_cast<const float*>(args.inputs[2].data());   // (C)
+    float* y = static_cast<float*>(args.outputs[0].data());                 // (R, C)
+    float* mean = static_cast<float*>(args.outputs[1].data());              // (R)
+    float* rstd = static_cast<float*>(args.outputs[2].data());              // (R)
     const int64_t C = C_;
     parallel_for(rows_, threads_for(rows_ * C, ctx.num_threads), [&](int64_t begin, int64_t end, int) {
       for (int64_t r = begin; r < end; ++r) row_fn_(y + r * C, mean + r, rstd + r, x + r * C, gamma, beta, C, eps_);

@@ -94,7 +94,11 @@ FT_AVX512 void row_grad_avx512(float* d, const float* x, int64_t V, float lse, f
 class CrossEntropyKernel final : public Kernel {
  public:
   CrossEntropyKernel(int64_t N, int64_t V, int64_t ignore_index, bool i64, std::string name)
-      : N_(N), V_(V), ignore_index_(ignore_index), i64_(i64), name_(std::move(name)),
+      : N_(N),
+        V_(V),
+        ignore_index_(ignore_index),
+        i64_(i64),
+        name_(std::move(name)),
         row_lse_(use_avx512() ? row_lse_avx512 : row_lse_portable) {}
 
   size_t scratch_bytes(int num_threads) const override {
@@ -138,15 +142,19 @@ class CrossEntropyKernel final : public Kernel {
 class CrossEntropyBackwardKernel final : public Kernel {
  public:
   CrossEntropyBackwardKernel(int64_t N, int64_t V, int64_t ignore_index, bool i64, std::string name)
-      : N_(N), V_(V), ignore_index_(ignore_index), i64_(i64), name_(std::move(name)),
+      : N_(N),
+        V_(V),
+        ignore_index_(ignore_index),
+        i64_(i64),
+        name_(std::move(name)),
         row_grad_(use_avx512() ? row_grad_avx512 : row_grad_portable) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
-    const float dloss = *static_cast<const float*>(args.inputs[0].data());  // ()
-    const float* logits = static_cast<const float*>(args.inputs[1].data()); // (N, V)
-    const void* targets = args.inputs[2].data();                            // (N)
-    const float* lse = static_cast<const float*>(args.inputs[3].data());    // (N)
-    float* dlogits = static_cast<float*>(args.outputs[0].data());           // (N, V)
+    const float dloss = *static_cast<const float*>(args.inputs[0].data());   // ()
+    const float* logits = static_cast<const float*>(args.inputs[1].data());  // (N, V)
+    const void* targets = args.inputs[2].data();                             // (N)
+    const float* lse = static_cast<const float*>(args.inputs[3].data());     // (N)
+    float* dlogits = static_cast<float*>(args.outputs[0].data());            // (N, V)
     const int64_t count = count_targets("SoftmaxCrossEntropyBackward", name_, targets, i64_, N_, V_, ignore_index_);
     const float scale = count > 0 ? static_cast<float>(static_cast<double>(dloss) / static_cast<double>(count)) : 0.0f;
     const int64_t V = V_;

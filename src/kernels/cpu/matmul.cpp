@@ -61,8 +61,8 @@ class MatMulKernel final : public Kernel {
     int threads = ctx.num_threads;
     if (batch_ == 1) {
       if (bf16_)
-        gemm_bf16(shape_, 1.0f, static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), beta, c,
-                  args.scratch, threads);
+        gemm_bf16(shape_, 1.0f, static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), beta, c, args.scratch,
+                  threads);
       else
         gemm_f32(shape_, 1.0f, static_cast<const float*>(a), static_cast<const float*>(b), beta, c, args.scratch,
                  threads);
@@ -119,7 +119,7 @@ class LinearKernel final : public Kernel {
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     bool accumulate = !args.accumulate.empty() && args.accumulate[0];
-    float* y = static_cast<float*>(args.outputs[0].data());  // y: (R, N)
+    float* y = static_cast<float*>(args.outputs[0].data());                                      // y: (R, N)
     const float* bias = has_bias_ ? static_cast<const float*>(args.inputs[2].data()) : nullptr;  // bias: (N)
     const int64_t rows = shape_.M, n = shape_.N;
     const int threads = ctx.num_threads;

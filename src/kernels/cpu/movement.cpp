@@ -22,15 +22,20 @@ void move_rows(char* dst, int64_t dst_stride, const char* src, int64_t src_strid
                int num_threads) {
   const int64_t total = rows * row_bytes;
   if (total <= 0) return;
-  parallel_for(total, threads_for(total / 4, num_threads), [&](int64_t begin, int64_t end, int) {
-    int64_t r = begin / row_bytes, column = begin % row_bytes;
-    for (int64_t at = begin; at < end; ++r, column = 0) {
-      const int64_t length = std::min(row_bytes - column, end - at);
-      if (src != nullptr) std::memcpy(dst + r * dst_stride + column, src + r * src_stride + column, length);
-      else std::memset(dst + r * dst_stride + column, 0, length);
-      at += length;
-    }
-  }, 64);
+  parallel_for(
+      total, threads_for(total / 4, num_threads),
+      [&](int64_t begin, int64_t end, int) {
+        int64_t r = begin / row_bytes, column = begin % row_bytes;
+        for (int64_t at = begin; at < end; ++r, column = 0) {
+          const int64_t length = std::min(row_bytes - column, end - at);
+          if (src != nullptr)
+            std::memcpy(dst + r * dst_stride + column, src + r * src_stride + column, length);
+          else
+            std::memset(dst + r * dst_stride + column, 0, length);
+          at += length;
+        }
+      },
+      64);
 }
 
 // ---- Reshape -------------------------------------------------------------------------------
@@ -57,9 +62,9 @@ struct Piece {
 };
 
 struct AxisLayout {
-  int64_t outer = 1;       // O
-  int64_t full_bytes = 0;  // A * I * E
-  int64_t inner_bytes = 0; // I * E
+  int64_t outer = 1;        // O
+  int64_t full_bytes = 0;   // A * I * E
+  int64_t inner_bytes = 0;  // I * E
 };
 
 AxisLayout axis_layout(const Shape& full, int64_t axis, size_t element_size) {
@@ -85,8 +90,8 @@ class PiecesKernel final : public Kernel {
                   layout_.outer, piece.piece_bytes, ctx.num_threads);
       } else {  // Slice / Split: columns of input 0 -> output i
         const char* x = static_cast<const char*>(args.inputs[0].data()) + piece.column_bytes;
-        move_rows(static_cast<char*>(args.outputs[i].data()), piece.piece_bytes, x, layout_.full_bytes,
-                  layout_.outer, piece.piece_bytes, ctx.num_threads);
+        move_rows(static_cast<char*>(args.outputs[i].data()), piece.piece_bytes, x, layout_.full_bytes, layout_.outer,
+                  piece.piece_bytes, ctx.num_threads);
       }
     }
   }
@@ -107,10 +112,9 @@ class SliceBackwardKernel final : public Kernel {
     const char* dy = static_cast<const char*>(args.inputs[0].data());
     const int64_t after = piece_.column_bytes + piece_.piece_bytes;
     move_rows(out, layout_.full_bytes, nullptr, 0, layout_.outer, piece_.column_bytes, ctx.num_threads);
-    move_rows(out + piece_.column_bytes, layout_.full_bytes, dy, piece_.piece_bytes, layout_.outer,
-              piece_.piece_bytes, ctx.num_threads);
-    move_rows(out + after, layout_.full_bytes, nullptr, 0, layout_.outer, layout_.full_bytes - after,
+    move_rows(out + piece_.column_bytes, layout_.full_bytes, dy, piece_.piece_bytes, layout_.outer, piece_.piece_bytes,
               ctx.num_threads);
+    move_rows(out + after, layout_.full_bytes, nullptr, 0, layout_.outer, layout_.full_bytes - after, ctx.num_threads);
   }
 
  private:
@@ -159,11 +163,14 @@ class TransposeKernel final : public Kernel {
     T* out = static_cast<T*>(args.outputs[0].data());
     const int threads = threads_for(numel_ * static_cast<int64_t>(sizeof(T)) / 4, ctx.num_threads);
     if (!tiled_) {
-      parallel_for(numel_, threads, [&](int64_t begin, int64_t end, int) {
-        for_each_run(space_, begin, end, [&](int64_t pos, int64_t off_x, int64_t, int64_t len) {
-          std::memcpy(out + pos, x + off_x, static_cast<size_t>(len) * sizeof(T));
-        });
-      }, 16);
+      parallel_for(
+          numel_, threads,
+          [&](int64_t begin, int64_t end, int) {
+            for_each_run(space_, begin, end, [&](int64_t pos, int64_t off_x, int64_t, int64_t len) {
+              std::memcpy(out + pos, x + off_x, static_cast<size_t>(len) * sizeof(T));
+            });
+          },
+          16);
       return;
     }
     // Jobs: (outer index, strip of kTile rows along axis q).
@@ -247,12 +254,17 @@ class ExpandKernel final : public Kernel {
     const T* x = static_cast<const T*>(args.inputs[0].data());
     T* out = static_cast<T*>(args.outputs[0].data());
     const int64_t inner_stride = space_.stride_a[space_.rank - 1];
-    parallel_for(numel_, threads_for(numel_, ctx.num_threads), [&](int64_t begin, int64_t end, int) {
-      for_each_run(space_, begin, end, [&](int64_t pos, int64_t off_x, int64_t, int64_t len) {
-        if (inner_stride != 0) std::memcpy(out + pos, x + off_x, static_cast<size_t>(len) * sizeof(T));
-        else std::fill(out + pos, out + pos + len, x[off_x]);
-      });
-    }, 16);
+    parallel_for(
+        numel_, threads_for(numel_, ctx.num_threads),
+        [&](int64_t begin, int64_t end, int) {
+          for_each_run(space_, begin, end, [&](int64_t pos, int64_t off_x, int64_t, int64_t len) {
+            if (inner_stride != 0)
+              std::memcpy(out + pos, x + off_x, static_cast<size_t>(len) * sizeof(T));
+            else
+              std::fill(out + pos, out + pos + len, x[off_x]);
+          });
+        },
+        16);
   }
 
  private:
@@ -263,11 +275,16 @@ class ExpandKernel final : public Kernel {
 template <template <typename> class K, typename... Args>
 std::unique_ptr<Kernel> by_element_size(size_t size, Args&&... args) {
   switch (size) {
-    case 1: return std::make_unique<K<uint8_t>>(std::forward<Args>(args)...);
-    case 2: return std::make_unique<K<uint16_t>>(std::forward<Args>(args)...);
-    case 4: return std::make_unique<K<uint32_t>>(std::forward<Args>(args)...);
-    case 8: return std::make_unique<K<uint64_t>>(std::forward<Args>(args)...);
-    default: return nullptr;
+    case 1:
+      return std::make_unique<K<uint8_t>>(std::forward<Args>(args)...);
+    case 2:
+      return std::make_unique<K<uint16_t>>(std::forward<Args>(args)...);
+    case 4:
+      return std::make_unique<K<uint32_t>>(std::forward<Args>(args)...);
+    case 8:
+      return std::make_unique<K<uint64_t>>(std::forward<Args>(args)...);
+    default:
+      return nullptr;
   }
 }
 
@@ -330,7 +347,8 @@ std::unique_ptr<Kernel> make_slice_backward_kernel(const ir::Graph& g, const ir:
   const int64_t axis = node_axis(n, full.rank());
   AxisLayout layout = axis_layout(full, axis, dtype_size(output_dtype(g, n, 0)));
   const int64_t start = n.attrs.get_int("start"), end = n.attrs.get_int("end");
-  return std::make_unique<SliceBackwardKernel>(layout, Piece{start * layout.inner_bytes, (end - start) * layout.inner_bytes});
+  return std::make_unique<SliceBackwardKernel>(layout,
+                                               Piece{start * layout.inner_bytes, (end - start) * layout.inner_bytes});
 }
 
 std::unique_ptr<Kernel> make_expand_to_kernel(const ir::Graph& g, const ir::Node& n) {

@@ -106,8 +106,10 @@ class ReduceKernel final : public Kernel {
     float* out = static_cast<float*>(args.outputs[0].data());           // (O, I)
     const bool acc = accumulate_flag(args, 0);
     const int threads = threads_for(O_ * R_ * I_, ctx.num_threads);
-    if (I_ == 1) row_sums(out, x, acc, threads, args.scratch);
-    else column_sums(out, x, acc, threads, args.scratch);
+    if (I_ == 1)
+      row_sums(out, x, acc, threads, args.scratch);
+    else
+      column_sums(out, x, acc, threads, args.scratch);
   }
 
  private:
@@ -131,9 +133,10 @@ class ReduceKernel final : public Kernel {
     double* partial = static_cast<double*>(scratch);
     for (int64_t o = 0; o < O_; ++o) {
       for (int t = 0; t < threads; ++t) partial[t * kSlot] = 0.0;
-      parallel_for(R, threads, [&](int64_t begin, int64_t end, int t) {
-        partial[t * kSlot] = row_sum_(x + o * R + begin, end - begin);
-      }, 16);
+      parallel_for(
+          R, threads,
+          [&](int64_t begin, int64_t end, int t) { partial[t * kSlot] = row_sum_(x + o * R + begin, end - begin); },
+          16);
       double sum = 0.0;
       for (int t = 0; t < threads; ++t) sum += partial[t * kSlot];
       finish(out, o, static_cast<float>(sum), acc);
@@ -195,7 +198,11 @@ struct GroupLayout {
 class GenericReduceKernel final : public Kernel {
  public:
   GenericReduceKernel(GroupLayout kept, GroupLayout reduced, int64_t outputs, int64_t count, float scale)
-      : kept_(kept), reduced_(reduced), outputs_(outputs), count_(count), scale_(scale),
+      : kept_(kept),
+        reduced_(reduced),
+        outputs_(outputs),
+        count_(count),
+        scale_(scale),
         row_sum_(use_avx512() ? row_sum_avx512 : row_sum_portable) {}
   bool accumulates() const override { return true; }
 
@@ -270,8 +277,10 @@ std::unique_ptr<Kernel> make_reduce_kernel(const ir::Graph& g, const ir::Node& n
   for (int64_t a = 0; a < rank; ++a) {
     if (reduced[a]) count *= x[a];
     if (x[a] == 1) continue;
-    if (!groups.empty() && groups.back().second == reduced[a]) groups.back().first *= x[a];
-    else groups.push_back({x[a], reduced[a]});
+    if (!groups.empty() && groups.back().second == reduced[a])
+      groups.back().first *= x[a];
+    else
+      groups.push_back({x[a], reduced[a]});
   }
   int64_t O = 1, R = 1, I = 1;
   size_t at = 0;

@@ -55,8 +55,10 @@ bool broadcast_space(const Shape& out, const Shape& a, const Shape* b, StridedSp
   int64_t sa[64], sb[64];
   if (rank > 64) return false;
   operand_strides(a, sa);
-  if (b != nullptr) operand_strides(*b, sb);
-  else std::fill(sb, sb + rank, 0);
+  if (b != nullptr)
+    operand_strides(*b, sb);
+  else
+    std::fill(sb, sb + rank, 0);
 
   // Merge axis i into the run ending at axis j when, for both operands, the
   // stride of i equals stride(j) * extent(j) (contiguous) or both are 0.
@@ -102,40 +104,68 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const ir::Graph& graph, const ir::
     case OpKind::MatMul:
     case OpKind::Linear:
     case OpKind::Attention:
-    case OpKind::AttentionBackward: return nullptr;  // make_cpu_dense_kernel
-    case OpKind::Fill: return make_fill_kernel(graph, node);
+    case OpKind::AttentionBackward:
+      return nullptr;  // make_cpu_dense_kernel
+    case OpKind::SigmoidCrossEntropy:
+    case OpKind::SigmoidCrossEntropyBackward:
+      return nullptr;  // small (B, labels) tensors: the reference is enough
+    case OpKind::Fill:
+      return make_fill_kernel(graph, node);
     case OpKind::Add:
     case OpKind::Sub:
     case OpKind::Mul:
-    case OpKind::Div: return make_binary_kernel(graph, node);
-    case OpKind::Scale: return make_scale_kernel(graph, node);
-    case OpKind::Copy: return make_copy_kernel(graph, node);
-    case OpKind::Cast: return make_cast_kernel(graph, node);
+    case OpKind::Div:
+      return make_binary_kernel(graph, node);
+    case OpKind::Scale:
+      return make_scale_kernel(graph, node);
+    case OpKind::Copy:
+      return make_copy_kernel(graph, node);
+    case OpKind::Cast:
+      return make_cast_kernel(graph, node);
     case OpKind::Gelu:
     case OpKind::Tanh:
-    case OpKind::Relu: return make_activation_kernel(graph, node);
+    case OpKind::Relu:
+      return make_activation_kernel(graph, node);
     case OpKind::GeluBackward:
     case OpKind::TanhBackward:
-    case OpKind::ReluBackward: return make_activation_backward_kernel(graph, node);
-    case OpKind::Softmax: return make_softmax_kernel(graph, node);
-    case OpKind::SoftmaxBackward: return make_softmax_backward_kernel(graph, node);
-    case OpKind::LayerNorm: return make_layernorm_kernel(graph, node);
-    case OpKind::LayerNormBackward: return make_layernorm_backward_kernel(graph, node);
-    case OpKind::Embedding: return make_embedding_kernel(graph, node);
-    case OpKind::EmbeddingBackward: return make_embedding_backward_kernel(graph, node);
-    case OpKind::Dropout: return make_dropout_kernel(graph, node);
-    case OpKind::Reshape: return make_reshape_kernel(graph, node);
-    case OpKind::Transpose: return make_transpose_kernel(graph, node);
-    case OpKind::Split: return make_split_kernel(graph, node);
-    case OpKind::Concat: return make_concat_kernel(graph, node);
-    case OpKind::Slice: return make_slice_kernel(graph, node);
-    case OpKind::SliceBackward: return make_slice_backward_kernel(graph, node);
-    case OpKind::ExpandTo: return make_expand_to_kernel(graph, node);
+    case OpKind::ReluBackward:
+      return make_activation_backward_kernel(graph, node);
+    case OpKind::Softmax:
+      return make_softmax_kernel(graph, node);
+    case OpKind::SoftmaxBackward:
+      return make_softmax_backward_kernel(graph, node);
+    case OpKind::LayerNorm:
+      return make_layernorm_kernel(graph, node);
+    case OpKind::LayerNormBackward:
+      return make_layernorm_backward_kernel(graph, node);
+    case OpKind::Embedding:
+      return make_embedding_kernel(graph, node);
+    case OpKind::EmbeddingBackward:
+      return make_embedding_backward_kernel(graph, node);
+    case OpKind::Dropout:
+      return make_dropout_kernel(graph, node);
+    case OpKind::Reshape:
+      return make_reshape_kernel(graph, node);
+    case OpKind::Transpose:
+      return make_transpose_kernel(graph, node);
+    case OpKind::Split:
+      return make_split_kernel(graph, node);
+    case OpKind::Concat:
+      return make_concat_kernel(graph, node);
+    case OpKind::Slice:
+      return make_slice_kernel(graph, node);
+    case OpKind::SliceBackward:
+      return make_slice_backward_kernel(graph, node);
+    case OpKind::ExpandTo:
+      return make_expand_to_kernel(graph, node);
     case OpKind::ReduceSum:
     case OpKind::ReduceMean:
-    case OpKind::ReduceSumTo: return make_reduce_kernel(graph, node);
-    case OpKind::SoftmaxCrossEntropy: return make_cross_entropy_kernel(graph, node);
-    case OpKind::SoftmaxCrossEntropyBackward: return make_cross_entropy_backward_kernel(graph, node);
+    case OpKind::ReduceSumTo:
+      return make_reduce_kernel(graph, node);
+    case OpKind::SoftmaxCrossEntropy:
+      return make_cross_entropy_kernel(graph, node);
+    case OpKind::SoftmaxCrossEntropyBackward:
+      return make_cross_entropy_backward_kernel(graph, node);
   }
   return nullptr;
 }

@@ -26,9 +26,7 @@
 namespace fusetrain::kernels::cpu_basic {
 
 /// Mask of the first n (0..16) lanes.
-FT_AVX512_INLINE __mmask16 tail_mask(int64_t n) {
-  return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
-}
+FT_AVX512_INLINE __mmask16 tail_mask(int64_t n) { return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u); }
 
 /// e^x for 16 lanes.
 FT_AVX512_INLINE __m512 exp16(__m512 x) {
@@ -85,9 +83,10 @@ FT_AVX512_INLINE __m512 tanh16(__m512 x) {
   p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(-3.33332819422e-1f));
   const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(p, s), x, x);
   // otherwise: 1 - 2 / (e^{2|x|} + 1), sign of x (tanh(9) rounds to 1)
-  const __m512 e = exp16(_mm512_add_ps(_mm512_min_ps(_mm512_set1_ps(9.0f), ax), _mm512_min_ps(_mm512_set1_ps(9.0f), ax)));
-  const __m512 large_abs = _mm512_sub_ps(_mm512_set1_ps(1.0f),
-                                         _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+  const __m512 e =
+      exp16(_mm512_add_ps(_mm512_min_ps(_mm512_set1_ps(9.0f), ax), _mm512_min_ps(_mm512_set1_ps(9.0f), ax)));
+  const __m512 large_abs =
+      _mm512_sub_ps(_mm512_set1_ps(1.0f), _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
   const __m512 large = _mm512_or_ps(large_abs, _mm512_and_ps(x, sign));
   const __mmask16 is_small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.625f), _CMP_LT_OQ);
   return _mm512_mask_blend_ps(is_small, large, small);

@@ -172,9 +172,8 @@ class AttentionRef final : public RefKernel {
     // inputs: q, k, v, [mask]; outputs: out, lse
     const float* mask = has_mask_ ? args.inputs[3].data_as<float>() : nullptr;
     attention_forward(args.outputs[0].data_as<float>(), args.outputs[1].data_as<float>(),
-                      args.inputs[0].data_as<float>(), args.inputs[1].data_as<float>(),
-                      args.inputs[2].data_as<float>(), mask, dims_, ctx.rng_offset, acc,
-                      static_cast<double*>(args.scratch));
+                      args.inputs[0].data_as<float>(), args.inputs[1].data_as<float>(), args.inputs[2].data_as<float>(),
+                      mask, dims_, ctx.rng_offset, acc, static_cast<double*>(args.scratch));
   }
 
  private:

@@ -13,8 +13,8 @@ namespace fusetrain::kernels::ref {
 namespace {
 
 constexpr double kSqrt2 = 1.41421356237309504880;
-constexpr double kSqrt2OverPi = 0.79788456080286535588;   // √(2/π)
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;    // 1/√(2π)
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // √(2/π)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/√(2π)
 constexpr double kGeluCubic = 0.044715;
 
 double gelu_forward(double x, bool tanh_approximation) {
@@ -34,9 +34,7 @@ double gelu_derivative(double x, bool tanh_approximation) {
   return cdf + x * pdf;
 }
 
-bool parse_approximate(const ir::Node& node) {
-  return node.attrs.get_string("approximate", "none") == "tanh";
-}
+bool parse_approximate(const ir::Node& node) { return node.attrs.get_string("approximate", "none") == "tanh"; }
 
 // ---- Fill -------------------------------------------------------------------
 
@@ -65,7 +63,9 @@ template <typename F>
 class UnaryMapRef final : public RefKernel {
  public:
   UnaryMapRef(const ir::Graph& g, const ir::Node& n, F f)
-      : numel_(output_shape(g, n, 0).numel()), in_dtype_(input_dtype(g, n, 0)), out_dtype_(output_dtype(g, n, 0)),
+      : numel_(output_shape(g, n, 0).numel()),
+        in_dtype_(input_dtype(g, n, 0)),
+        out_dtype_(output_dtype(g, n, 0)),
         f_(f) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
@@ -86,8 +86,11 @@ template <typename F>
 class BackwardMapRef final : public RefKernel {
  public:
   BackwardMapRef(const ir::Graph& g, const ir::Node& n, F f)
-      : numel_(output_shape(g, n, 0).numel()), dy_dtype_(input_dtype(g, n, 0)), saved_dtype_(input_dtype(g, n, 1)),
-        out_dtype_(output_dtype(g, n, 0)), f_(f) {}
+      : numel_(output_shape(g, n, 0).numel()),
+        dy_dtype_(input_dtype(g, n, 0)),
+        saved_dtype_(input_dtype(g, n, 1)),
+        out_dtype_(output_dtype(g, n, 0)),
+        f_(f) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
     const void* dy = args.inputs[0].data();
@@ -120,7 +123,9 @@ std::unique_ptr<Kernel> make_backward(const ir::Graph& g, const ir::Node& n, F f
 class BinaryRef final : public RefKernel {
  public:
   BinaryRef(const ir::Graph& g, const ir::Node& n)
-      : op_(n.op), numel_(output_shape(g, n, 0).numel()), dtype_(output_dtype(g, n, 0)),
+      : op_(n.op),
+        numel_(output_shape(g, n, 0).numel()),
+        dtype_(output_dtype(g, n, 0)),
         a_index_(broadcast_index(input_shape(g, n, 0), output_shape(g, n, 0))),
         b_index_(broadcast_index(input_shape(g, n, 1), output_shape(g, n, 0))) {}
 
@@ -139,11 +144,16 @@ class BinaryRef final : public RefKernel {
  private:
   double apply(double x, double y) const {
     switch (op_) {
-      case ir::OpKind::Add: return x + y;
-      case ir::OpKind::Sub: return x - y;
-      case ir::OpKind::Mul: return x * y;
-      case ir::OpKind::Div: return x / y;
-      default: break;
+      case ir::OpKind::Add:
+        return x + y;
+      case ir::OpKind::Sub:
+        return x - y;
+      case ir::OpKind::Mul:
+        return x * y;
+      case ir::OpKind::Div:
+        return x / y;
+      default:
+        break;
     }
     return 0.0;
   }
@@ -160,7 +170,9 @@ class BinaryRef final : public RefKernel {
 class DropoutRef final : public RefKernel {
  public:
   DropoutRef(const ir::Graph& g, const ir::Node& n)
-      : numel_(output_shape(g, n, 0).numel()), dtype_(output_dtype(g, n, 0)), p_(n.attrs.get_float("p")),
+      : numel_(output_shape(g, n, 0).numel()),
+        dtype_(output_dtype(g, n, 0)),
+        p_(n.attrs.get_float("p")),
         seed_(static_cast<uint64_t>(n.attrs.get_int("seed"))) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
@@ -229,7 +241,8 @@ class CastRef final : public RefKernel {
       }
       case DType::f32:
       case DType::bf16:
-      case DType::f16: return;  // handled by store() in run()
+      case DType::f16:
+        return;  // handled by store() in run()
     }
   }
 
@@ -278,9 +291,8 @@ std::unique_ptr<Kernel> make_gelu_ref(const ir::Graph& g, const ir::Node& n) {
 std::unique_ptr<Kernel> make_gelu_backward_ref(const ir::Graph& g, const ir::Node& n) {
   // inputs: dy, x (the forward input)
   const bool tanh_approximation = parse_approximate(n);
-  return make_backward(g, n, [tanh_approximation](double dy, double x) {
-    return dy * gelu_derivative(x, tanh_approximation);
-  });
+  return make_backward(
+      g, n, [tanh_approximation](double dy, double x) { return dy * gelu_derivative(x, tanh_approximation); });
 }
 
 std::unique_ptr<Kernel> make_tanh_ref(const ir::Graph& g, const ir::Node& n) {

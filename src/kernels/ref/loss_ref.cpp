@@ -68,7 +68,8 @@ void cross_entropy_backward(float* dlogits, float dloss, const float* logits, co
 class CrossEntropyRef final : public RefKernel {
  public:
   CrossEntropyRef(const ir::Graph& g, const ir::Node& n)
-      : label_(node_label(n)), targets_dtype_(input_dtype(g, n, 1)),
+      : label_(node_label(n)),
+        targets_dtype_(input_dtype(g, n, 1)),
         ignore_index_(n.attrs.get_int("ignore_index", -100)) {
     const Shape& logits = input_shape(g, n, 0);
     V_ = logits[-1];
@@ -79,8 +80,8 @@ class CrossEntropyRef final : public RefKernel {
     const bool acc[2] = {accumulate_flag(args, 0), accumulate_flag(args, 1)};
     // inputs: logits, targets; outputs: loss, lse
     cross_entropy_forward(args.outputs[0].data_as<float>(), args.outputs[1].data_as<float>(),
-                          args.inputs[0].data_as<float>(), args.inputs[1].data(), targets_dtype_, R_, V_,
-                          ignore_index_, acc, label_);
+                          args.inputs[0].data_as<float>(), args.inputs[1].data(), targets_dtype_, R_, V_, ignore_index_,
+                          acc, label_);
   }
 
  private:
@@ -93,7 +94,8 @@ class CrossEntropyRef final : public RefKernel {
 class CrossEntropyBackwardRef final : public RefKernel {
  public:
   CrossEntropyBackwardRef(const ir::Graph& g, const ir::Node& n)
-      : label_(node_label(n)), targets_dtype_(input_dtype(g, n, 2)),
+      : label_(node_label(n)),
+        targets_dtype_(input_dtype(g, n, 2)),
         ignore_index_(n.attrs.get_int("ignore_index", -100)) {
     const Shape& logits = input_shape(g, n, 1);
     V_ = logits[-1];
@@ -114,7 +116,56 @@ class CrossEntropyBackwardRef final : public RefKernel {
   int64_t R_ = 0, V_ = 0;
 };
 
+// loss () = mean over all N elements of max(x, 0) − x·y + log(1 + exp(−|x|)).
+class SigmoidCrossEntropyRef final : public RefKernel {
+ public:
+  SigmoidCrossEntropyRef(const ir::Graph& g, const ir::Node& n) : N_(input_shape(g, n, 0).numel()) {}
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const float* x = args.inputs[0].data_as<float>();
+    const float* y = args.inputs[1].data_as<float>();
+    double sum = 0.0;
+    for (int64_t i = 0; i < N_; ++i) {
+      double xi = x[i];
+      sum += std::max(xi, 0.0) - xi * y[i] + std::log1p(std::exp(-std::abs(xi)));
+    }
+    store(args.outputs[0].data(), DType::f32, 0, N_ > 0 ? sum / static_cast<double>(N_) : 0.0,
+          accumulate_flag(args, 0));
+  }
+
+ private:
+  int64_t N_;
+};
+
+// dlogits = dloss · (sigmoid(x) − y) / N.
+class SigmoidCrossEntropyBackwardRef final : public RefKernel {
+ public:
+  SigmoidCrossEntropyBackwardRef(const ir::Graph& g, const ir::Node& n) : N_(input_shape(g, n, 1).numel()) {}
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const double dloss = args.inputs[0].data_as<float>()[0];
+    const float* x = args.inputs[1].data_as<float>();
+    const float* y = args.inputs[2].data_as<float>();
+    for (int64_t i = 0; i < N_; ++i) {
+      double sigmoid = 1.0 / (1.0 + std::exp(-static_cast<double>(x[i])));
+      store(args.outputs[0].data(), DType::f32, i, dloss * (sigmoid - y[i]) / static_cast<double>(N_),
+            accumulate_flag(args, 0));
+    }
+  }
+
+ private:
+  int64_t N_;
+};
+
 }  // namespace
+
+std::unique_ptr<Kernel> make_sigmoid_cross_entropy_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<SigmoidCrossEntropyRef>(g, n);
+}
+
+std::unique_ptr<Kernel> make_sigmoid_cross_entropy_backward_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<SigmoidCrossEntropyBackwardRef>(g, n);
+}
 
 std::unique_ptr<Kernel> make_cross_entropy_ref(const ir::Graph& g, const ir::Node& n) {
   return std::make_unique<CrossEntropyRef>(g, n);

@@ -45,8 +45,10 @@ void linear_forward(void* y, const void* x, const void* w, const void* bias, DTy
 class MatMulRef final : public RefKernel {
  public:
   MatMulRef(const ir::Graph& g, const ir::Node& n)
-      : trans_a_(n.attrs.get_int("trans_a", 0) != 0), trans_b_(n.attrs.get_int("trans_b", 0) != 0),
-        ab_dtype_(input_dtype(g, n, 0)), c_dtype_(output_dtype(g, n, 0)) {
+      : trans_a_(n.attrs.get_int("trans_a", 0) != 0),
+        trans_b_(n.attrs.get_int("trans_b", 0) != 0),
+        ab_dtype_(input_dtype(g, n, 0)),
+        c_dtype_(output_dtype(g, n, 0)) {
     const Shape& a = input_shape(g, n, 0);
     const Shape& b = input_shape(g, n, 1);
     const Shape& c = output_shape(g, n, 0);
@@ -72,8 +74,7 @@ class MatMulRef final : public RefKernel {
 
 class LinearRef final : public RefKernel {
  public:
-  LinearRef(const ir::Graph& g, const ir::Node& n)
-      : xw_dtype_(input_dtype(g, n, 0)), has_bias_(n.inputs.size() == 3) {
+  LinearRef(const ir::Graph& g, const ir::Node& n) : xw_dtype_(input_dtype(g, n, 0)), has_bias_(n.inputs.size() == 3) {
     const Shape& x = input_shape(g, n, 0);
     K_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);

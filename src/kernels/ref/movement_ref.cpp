@@ -134,8 +134,10 @@ class ConcatRef final : public RefKernel {
 class SliceRef final : public RefKernel {
  public:
   SliceRef(const ir::Graph& g, const ir::Node& n)
-      : backward_(n.op == ir::OpKind::SliceBackward), dtype_(output_dtype(g, n, 0)),
-        start_(n.attrs.get_int("start")), end_(n.attrs.get_int("end")) {
+      : backward_(n.op == ir::OpKind::SliceBackward),
+        dtype_(output_dtype(g, n, 0)),
+        start_(n.attrs.get_int("start")),
+        end_(n.attrs.get_int("end")) {
     const Shape& full = backward_ ? output_shape(g, n, 0) : input_shape(g, n, 0);
     full_view_ = view_around(full, n.attrs.get_int("axis"));
     part_view_ = {full_view_.outer, end_ - start_, full_view_.inner};
@@ -170,7 +172,8 @@ class SliceRef final : public RefKernel {
 class ExpandToRef final : public RefKernel {
  public:
   ExpandToRef(const ir::Graph& g, const ir::Node& n)
-      : numel_(output_shape(g, n, 0).numel()), dtype_(output_dtype(g, n, 0)),
+      : numel_(output_shape(g, n, 0).numel()),
+        dtype_(output_dtype(g, n, 0)),
         index_(broadcast_index(input_shape(g, n, 0), output_shape(g, n, 0))) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
@@ -191,8 +194,7 @@ class ExpandToRef final : public RefKernel {
 int64_t checked_id(const void* ids, DType ids_dtype, int64_t position, int64_t V, const std::string& label) {
   const int64_t id = load_index(ids, ids_dtype, position);
   if (id < 0 || id >= V)
-    throw Error(str(label, ": id ", id, " at position ", position, " is outside the vocabulary [0, ", V,
-                    ")"));
+    throw Error(str(label, ": id ", id, " at position ", position, " is outside the vocabulary [0, ", V, ")"));
   return id;
 }
 
@@ -200,8 +202,12 @@ int64_t checked_id(const void* ids, DType ids_dtype, int64_t position, int64_t V
 class EmbeddingRef final : public RefKernel {
  public:
   EmbeddingRef(const ir::Graph& g, const ir::Node& n)
-      : label_(node_label(n)), weight_dtype_(input_dtype(g, n, 0)), ids_dtype_(input_dtype(g, n, 1)),
-        V_(input_shape(g, n, 0)[0]), C_(input_shape(g, n, 0)[1]), N_(input_shape(g, n, 1).numel()) {}
+      : label_(node_label(n)),
+        weight_dtype_(input_dtype(g, n, 0)),
+        ids_dtype_(input_dtype(g, n, 1)),
+        V_(input_shape(g, n, 0)[0]),
+        C_(input_shape(g, n, 0)[1]),
+        N_(input_shape(g, n, 1).numel()) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
     const void* weight = args.inputs[0].data();
@@ -226,8 +232,11 @@ class EmbeddingRef final : public RefKernel {
 class EmbeddingBackwardRef final : public RefKernel {
  public:
   EmbeddingBackwardRef(const ir::Graph& g, const ir::Node& n)
-      : label_(node_label(n)), ids_dtype_(input_dtype(g, n, 1)), V_(n.attrs.get_int("num_embeddings")),
-        C_(input_shape(g, n, 0)[-1]), N_(input_shape(g, n, 1).numel()) {}
+      : label_(node_label(n)),
+        ids_dtype_(input_dtype(g, n, 1)),
+        V_(n.attrs.get_int("num_embeddings")),
+        C_(input_shape(g, n, 0)[-1]),
+        N_(input_shape(g, n, 1).numel()) {}
 
   size_t scratch_bytes(int) const override { return static_cast<size_t>(C_) * sizeof(double); }
 

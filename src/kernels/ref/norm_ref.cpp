@@ -96,8 +96,7 @@ void layernorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy,
 
 class SoftmaxRef final : public RefKernel {
  public:
-  SoftmaxRef(const ir::Graph& g, const ir::Node& n)
-      : x_dtype_(input_dtype(g, n, 0)), y_dtype_(output_dtype(g, n, 0)) {
+  SoftmaxRef(const ir::Graph& g, const ir::Node& n) : x_dtype_(input_dtype(g, n, 0)), y_dtype_(output_dtype(g, n, 0)) {
     const Shape& x = input_shape(g, n, 0);
     C_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);
@@ -123,8 +122,8 @@ class SoftmaxBackwardRef final : public RefKernel {
 
   void run(const KernelArgs& args, const StepContext&) override {
     // inputs: dy, y (the forward output)
-    softmax_backward(args.outputs[0].data_as<float>(), args.inputs[0].data_as<float>(),
-                     args.inputs[1].data_as<float>(), R_, C_, accumulate_flag(args, 0));
+    softmax_backward(args.outputs[0].data_as<float>(), args.inputs[0].data_as<float>(), args.inputs[1].data_as<float>(),
+                     R_, C_, accumulate_flag(args, 0));
   }
 
  private:

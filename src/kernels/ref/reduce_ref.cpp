@@ -21,8 +21,11 @@ class ReduceRef final : public RefKernel {
  public:
   // mean: divide by the number of elements summed into each output (ReduceMean).
   ReduceRef(const ir::Graph& g, const ir::Node& n, const Shape& kept_shape, bool mean)
-      : x_dtype_(input_dtype(g, n, 0)), out_dtype_(output_dtype(g, n, 0)), n_in_(input_shape(g, n, 0).numel()),
-        n_out_(output_shape(g, n, 0).numel()), index_(broadcast_index(kept_shape, input_shape(g, n, 0))) {
+      : x_dtype_(input_dtype(g, n, 0)),
+        out_dtype_(output_dtype(g, n, 0)),
+        n_in_(input_shape(g, n, 0).numel()),
+        n_out_(output_shape(g, n, 0).numel()),
+        index_(broadcast_index(kept_shape, input_shape(g, n, 0))) {
     if (mean) divisor_ = static_cast<double>(input_shape(g, n, 0).numel()) / static_cast<double>(kept_shape.numel());
   }
 

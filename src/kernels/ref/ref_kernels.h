@@ -32,12 +32,18 @@ namespace fusetrain::kernels::ref {
 /// Element i of a floating or integer tensor, converted to double.
 inline double load(const void* data, DType dtype, int64_t i) {
   switch (dtype) {
-    case DType::f32: return static_cast<const float*>(data)[i];
-    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(data)[i]);
-    case DType::f16: return f16_to_float(static_cast<const uint16_t*>(data)[i]);
-    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case DType::i32: return static_cast<const int32_t*>(data)[i];
-    case DType::u8: return static_cast<const uint8_t*>(data)[i];
+    case DType::f32:
+      return static_cast<const float*>(data)[i];
+    case DType::bf16:
+      return bf16_to_float(static_cast<const uint16_t*>(data)[i]);
+    case DType::f16:
+      return f16_to_float(static_cast<const uint16_t*>(data)[i]);
+    case DType::i64:
+      return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::i32:
+      return static_cast<const int32_t*>(data)[i];
+    case DType::u8:
+      return static_cast<const uint8_t*>(data)[i];
   }
   return 0.0;
 }
@@ -45,12 +51,16 @@ inline double load(const void* data, DType dtype, int64_t i) {
 /// Element i of an integer tensor (ids, targets) as int64.
 inline int64_t load_index(const void* data, DType dtype, int64_t i) {
   switch (dtype) {
-    case DType::i64: return static_cast<const int64_t*>(data)[i];
-    case DType::i32: return static_cast<const int32_t*>(data)[i];
-    case DType::u8: return static_cast<const uint8_t*>(data)[i];
+    case DType::i64:
+      return static_cast<const int64_t*>(data)[i];
+    case DType::i32:
+      return static_cast<const int32_t*>(data)[i];
+    case DType::u8:
+      return static_cast<const uint8_t*>(data)[i];
     case DType::f32:
     case DType::bf16:
-    case DType::f16: return static_cast<int64_t>(load(data, dtype, i));
+    case DType::f16:
+      return static_cast<int64_t>(load(data, dtype, i));
   }
   return 0;
 }
@@ -140,7 +150,9 @@ inline void copy_element(void* out, int64_t out_i, const void* in, int64_t in_i,
     }
     case DType::f32:
     case DType::bf16:
-    case DType::f16: store(out, dtype, out_i, load(in, dtype, in_i), true); return;
+    case DType::f16:
+      store(out, dtype, out_i, load(in, dtype, in_i), true);
+      return;
   }
 }
 
@@ -177,9 +189,7 @@ StridedIndex broadcast_index(const Shape& in, const Shape& out);
 
 // ---- graph access at plan time -----------------------------------------------
 
-inline const Shape& input_shape(const ir::Graph& g, const ir::Node& n, size_t i) {
-  return g.value(n.inputs[i]).shape;
-}
+inline const Shape& input_shape(const ir::Graph& g, const ir::Node& n, size_t i) { return g.value(n.inputs[i]).shape; }
 inline DType input_dtype(const ir::Graph& g, const ir::Node& n, size_t i) { return g.value(n.inputs[i]).dtype; }
 inline const Shape& output_shape(const ir::Graph& g, const ir::Node& n, size_t i) {
   return g.value(n.outputs[i]).shape;
@@ -213,6 +223,9 @@ std::unique_ptr<Kernel> make_copy_ref(const ir::Graph& g, const ir::Node& n);
 
 // matmul_ref.cpp
 std::unique_ptr<Kernel> make_matmul_ref(const ir::Graph& g, const ir::Node& n);
+// loss_ref.cpp (binary cross-entropy with logits)
+std::unique_ptr<Kernel> make_sigmoid_cross_entropy_ref(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_sigmoid_cross_entropy_backward_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_linear_ref(const ir::Graph& g, const ir::Node& n);
 
 // norm_ref.cpp

@@ -40,47 +40,83 @@ std::unique_ptr<Kernel> make_ref_kernel(const ir::Graph& graph, const ir::Node& 
   using ir::OpKind;
   switch (node.op) {
     // forward ops
-    case OpKind::Fill: return ref::make_fill_ref(graph, node);
-    case OpKind::MatMul: return ref::make_matmul_ref(graph, node);
-    case OpKind::Linear: return ref::make_linear_ref(graph, node);
+    case OpKind::Fill:
+      return ref::make_fill_ref(graph, node);
+    case OpKind::MatMul:
+      return ref::make_matmul_ref(graph, node);
+    case OpKind::Linear:
+      return ref::make_linear_ref(graph, node);
     case OpKind::Add:
     case OpKind::Sub:
     case OpKind::Mul:
-    case OpKind::Div: return ref::make_binary_ref(graph, node);
-    case OpKind::Scale: return ref::make_scale_ref(graph, node);
-    case OpKind::Gelu: return ref::make_gelu_ref(graph, node);
-    case OpKind::Tanh: return ref::make_tanh_ref(graph, node);
-    case OpKind::Relu: return ref::make_relu_ref(graph, node);
-    case OpKind::Softmax: return ref::make_softmax_ref(graph, node);
-    case OpKind::LayerNorm: return ref::make_layernorm_ref(graph, node);
-    case OpKind::Embedding: return ref::make_embedding_ref(graph, node);
-    case OpKind::Dropout: return ref::make_dropout_ref(graph, node);
-    case OpKind::Reshape: return ref::make_reshape_ref(graph, node);
-    case OpKind::Transpose: return ref::make_transpose_ref(graph, node);
-    case OpKind::Split: return ref::make_split_ref(graph, node);
-    case OpKind::Concat: return ref::make_concat_ref(graph, node);
-    case OpKind::Slice: return ref::make_slice_ref(graph, node);
+    case OpKind::Div:
+      return ref::make_binary_ref(graph, node);
+    case OpKind::Scale:
+      return ref::make_scale_ref(graph, node);
+    case OpKind::Gelu:
+      return ref::make_gelu_ref(graph, node);
+    case OpKind::Tanh:
+      return ref::make_tanh_ref(graph, node);
+    case OpKind::Relu:
+      return ref::make_relu_ref(graph, node);
+    case OpKind::Softmax:
+      return ref::make_softmax_ref(graph, node);
+    case OpKind::LayerNorm:
+      return ref::make_layernorm_ref(graph, node);
+    case OpKind::Embedding:
+      return ref::make_embedding_ref(graph, node);
+    case OpKind::Dropout:
+      return ref::make_dropout_ref(graph, node);
+    case OpKind::Reshape:
+      return ref::make_reshape_ref(graph, node);
+    case OpKind::Transpose:
+      return ref::make_transpose_ref(graph, node);
+    case OpKind::Split:
+      return ref::make_split_ref(graph, node);
+    case OpKind::Concat:
+      return ref::make_concat_ref(graph, node);
+    case OpKind::Slice:
+      return ref::make_slice_ref(graph, node);
     case OpKind::ReduceSum:
-    case OpKind::ReduceMean: return ref::make_reduce_ref(graph, node);
-    case OpKind::Cast: return ref::make_cast_ref(graph, node);
-    case OpKind::SoftmaxCrossEntropy: return ref::make_cross_entropy_ref(graph, node);
-    case OpKind::Attention: return ref::make_attention_ref(graph, node);
+    case OpKind::ReduceMean:
+      return ref::make_reduce_ref(graph, node);
+    case OpKind::Cast:
+      return ref::make_cast_ref(graph, node);
+    case OpKind::SoftmaxCrossEntropy:
+      return ref::make_cross_entropy_ref(graph, node);
+    case OpKind::Attention:
+      return ref::make_attention_ref(graph, node);
     // ops that gradient rules emit
-    case OpKind::Copy: return ref::make_copy_ref(graph, node);
-    case OpKind::ExpandTo: return ref::make_expand_to_ref(graph, node);
-    case OpKind::ReduceSumTo: return ref::make_reduce_sum_to_ref(graph, node);
-    case OpKind::GeluBackward: return ref::make_gelu_backward_ref(graph, node);
-    case OpKind::TanhBackward: return ref::make_tanh_backward_ref(graph, node);
-    case OpKind::ReluBackward: return ref::make_relu_backward_ref(graph, node);
-    case OpKind::SoftmaxBackward: return ref::make_softmax_backward_ref(graph, node);
-    case OpKind::LayerNormBackward: return ref::make_layernorm_backward_ref(graph, node);
-    case OpKind::EmbeddingBackward: return ref::make_embedding_backward_ref(graph, node);
-    case OpKind::SliceBackward: return ref::make_slice_backward_ref(graph, node);
-    case OpKind::SoftmaxCrossEntropyBackward: return ref::make_cross_entropy_backward_ref(graph, node);
-    case OpKind::AttentionBackward: return ref::make_attention_backward_ref(graph, node);
+    case OpKind::Copy:
+      return ref::make_copy_ref(graph, node);
+    case OpKind::ExpandTo:
+      return ref::make_expand_to_ref(graph, node);
+    case OpKind::ReduceSumTo:
+      return ref::make_reduce_sum_to_ref(graph, node);
+    case OpKind::GeluBackward:
+      return ref::make_gelu_backward_ref(graph, node);
+    case OpKind::TanhBackward:
+      return ref::make_tanh_backward_ref(graph, node);
+    case OpKind::ReluBackward:
+      return ref::make_relu_backward_ref(graph, node);
+    case OpKind::SoftmaxBackward:
+      return ref::make_softmax_backward_ref(graph, node);
+    case OpKind::LayerNormBackward:
+      return ref::make_layernorm_backward_ref(graph, node);
+    case OpKind::EmbeddingBackward:
+      return ref::make_embedding_backward_ref(graph, node);
+    case OpKind::SliceBackward:
+      return ref::make_slice_backward_ref(graph, node);
+    case OpKind::SoftmaxCrossEntropyBackward:
+      return ref::make_cross_entropy_backward_ref(graph, node);
+    case OpKind::SigmoidCrossEntropy:
+      return ref::make_sigmoid_cross_entropy_ref(graph, node);
+    case OpKind::SigmoidCrossEntropyBackward:
+      return ref::make_sigmoid_cross_entropy_backward_ref(graph, node);
+    case OpKind::AttentionBackward:
+      return ref::make_attention_backward_ref(graph, node);
   }
-  throw Error(str("make_ref_kernel: ", ref::node_label(node), " has an unknown op kind ",
-                  static_cast<int>(node.op)));
+  throw Error(str("make_ref_kernel: ", ref::node_label(node), " has an unknown op kind ", static_cast<int>(node.op)));
 }
 
 }  // namespace fusetrain::kernels
