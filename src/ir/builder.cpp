@@ -33,7 +33,10 @@ ValueId GraphBuilder::layer_norm(ValueId x, ValueId gamma, ValueId beta, double 
   return g_.add_node(OpKind::LayerNorm, {x, gamma, beta}, {{"eps", eps}})[0];
 }
 
-ValueId GraphBuilder::embedding(ValueId weight, ValueId ids) { return g_.add(OpKind::Embedding, {weight, ids}); }
+ValueId GraphBuilder::embedding(ValueId weight, ValueId ids, int64_t padding_idx) {
+  if (padding_idx < 0) return g_.add(OpKind::Embedding, {weight, ids});
+  return g_.add(OpKind::Embedding, {weight, ids}, {{"padding_idx", padding_idx}});
+}
 
 ValueId GraphBuilder::dropout(ValueId x, double p) {
   return g_.add(OpKind::Dropout, {x}, {{"p", p}, {"seed", next_stream()}});

@@ -109,6 +109,15 @@ std::vector<OpCase> make_cases() {
         return Outs{b.embedding(b.param("weight", {11, 6}), b.input("ids", {2, n}, DType::i64))};
       },
       {{"ids", {0, 0, 11}}});
+  {
+    // Ids in {0, 1}: the padding row 1 is read by the forward but gets no gradient.
+    OpCase& padding = add("embedding_padding_idx", OpKind::Embedding, [](GraphBuilder& b, int64_t n) {
+      return Outs{b.embedding(b.param("weight", {4, 3}), b.input("ids", {2, n}, DType::i64), 1)};
+    }, {{"ids", {0, 0, 2}}});
+    padding.expected_from_numeric = [](size_t, std::vector<double>& numeric) {
+      for (size_t c = 3; c < 6; ++c) numeric[c] = 0.0;
+    };
+  }
   add("embedding_i32", OpKind::Embedding,
       [](GraphBuilder& b, int64_t n) {
         return Outs{b.embedding(b.param("weight", {5, 3}), b.input("ids", {n}, DType::i32))};

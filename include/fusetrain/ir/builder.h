@@ -44,8 +44,9 @@ class GraphBuilder {
   ValueId softmax(ValueId x);
   /// LayerNorm over the last axis: x (..., C), gamma (C), beta (C).
   ValueId layer_norm(ValueId x, ValueId gamma, ValueId beta, double eps = 1e-5);
-  /// weight (V, C), ids (...) of i64 or i32 -> (..., C).
-  ValueId embedding(ValueId weight, ValueId ids);
+  /// weight (V, C), ids (...) of i64 or i32 -> (..., C). Row `padding_idx` (if >= 0)
+  /// receives no gradient, as torch.nn.Embedding(padding_idx=...).
+  ValueId embedding(ValueId weight, ValueId ids, int64_t padding_idx = -1);
   /// Inverted dropout with probability p; each call gets its own counter-based stream.
   ValueId dropout(ValueId x, double p);
   /// Same elements, new shape; one extent may be -1.

@@ -49,7 +49,9 @@ void grad_rule<OpKind::Embedding>(GradContext& ctx) {
   // Input 1 holds token ids and is never differentiated.
   ValueId dy = ctx.grad_output(0);
   if (ctx.g.value(dy).dtype != DType::f32) dy = ctx.b.cast(dy, DType::f32);
-  ValueId dw = ctx.g.add(OpKind::EmbeddingBackward, {dy, ctx.input(1)}, {{"num_embeddings", ctx.input_shape(0)[0]}});
+  ValueId dw = ctx.g.add(OpKind::EmbeddingBackward, {dy, ctx.input(1)},
+                         {{"num_embeddings", ctx.input_shape(0)[0]},
+                          {"padding_idx", ctx.attrs().get_int("padding_idx", -1)}});
   ctx.set_grad_input(0, dw);
 }
 

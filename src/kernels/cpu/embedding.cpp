@@ -72,8 +72,9 @@ FT_AVX512 void add_row_avx512(float* dst, const float* src, int64_t n) {
 // dweight (V, C) (+)= scatter of dy (N, C) rows at ids (N).
 class EmbeddingBackwardKernel final : public Kernel {
  public:
-  EmbeddingBackwardKernel(int64_t N, int64_t V, int64_t C, bool ids_i64, std::string name)
+  EmbeddingBackwardKernel(int64_t N, int64_t V, int64_t C, bool ids_i64, int64_t padding_idx, std::string name)
       : N_(N),
+        padding_idx_(padding_idx),
         V_(V),
         C_(C),
         ids_i64_(ids_i64),
@@ -99,14 +100,16 @@ class EmbeddingBackwardKernel final : public Kernel {
     parallel_for(
         C, threads_for(N_ * C, ctx.num_threads),
         [&](int64_t begin, int64_t end, int) {
-          for (int64_t i = 0; i < N_; ++i)
-            add_row_(dweight + load_id(ids, ids_i64_, i) * C + begin, dy + i * C + begin, end - begin);
+          for (int64_t i = 0; i < N_; ++i) {
+            const int64_t id = load_id(ids, ids_i64_, i);
+            if (id != padding_idx_) add_row_(dweight + id * C + begin, dy + i * C + begin, end - begin);
+          }
         },
         16);
   }
 
  private:
-  int64_t N_, V_, C_;
+  int64_t N_, padding_idx_, V_, C_;
   bool ids_i64_;
   std::string name_;
   void (*add_row_)(float*, const float*, int64_t);
@@ -132,7 +135,8 @@ std::unique_ptr<Kernel> make_embedding_backward_kernel(const ir::Graph& g, const
   const Shape& dweight = output_shape(g, n, 0);
   bool i64;
   if (!ids_dtype(input_dtype(g, n, 1), &i64) || input_dtype(g, n, 0) != DType::f32) return nullptr;
-  return std::make_unique<EmbeddingBackwardKernel>(input_shape(g, n, 1).numel(), dweight[0], dweight[1], i64, n.name);
+  return std::make_unique<EmbeddingBackwardKernel>(input_shape(g, n, 1).numel(), dweight[0], dweight[1], i64,
+                                                   n.attrs.get_int("padding_idx", -1), n.name);
 }
 
 }  // namespace fusetrain::kernels::cpu_basic

@@ -235,6 +235,7 @@ class EmbeddingBackwardRef final : public RefKernel {
       : label_(node_label(n)),
         ids_dtype_(input_dtype(g, n, 1)),
         V_(n.attrs.get_int("num_embeddings")),
+        padding_idx_(n.attrs.get_int("padding_idx", -1)),
         C_(input_shape(g, n, 0)[-1]),
         N_(input_shape(g, n, 1).numel()) {}
 
@@ -252,7 +253,7 @@ class EmbeddingBackwardRef final : public RefKernel {
       const int64_t id = load_index(ids, ids_dtype_, i);
       bool seen_before = false;
       for (int64_t j = 0; j < i && !seen_before; ++j) seen_before = load_index(ids, ids_dtype_, j) == id;
-      if (seen_before) continue;  // this id's row was summed at its first position
+      if (seen_before || id == padding_idx_) continue;  // summed at its first position / never updated
       for (int64_t c = 0; c < C_; ++c) row_sum[c] = 0.0;
       for (int64_t j = i; j < N_; ++j)
         if (load_index(ids, ids_dtype_, j) == id)
@@ -264,7 +265,7 @@ class EmbeddingBackwardRef final : public RefKernel {
  private:
   std::string label_;
   DType ids_dtype_;
-  int64_t V_, C_, N_;
+  int64_t V_, padding_idx_, C_, N_;
 };
 
 }  // namespace
