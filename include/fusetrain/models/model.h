@@ -1,0 +1,142 @@
+// Hugging Face architectures as fusetrain graphs: BERT, RoBERTa, DistilBERT, GPT-2.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fusetrain/core/tensor.h"
+#include "fusetrain/ir/graph.h"
+#include "fusetrain/runtime/parameters.h"
+#include "fusetrain/runtime/plan.h"
+
+namespace fusetrain::models {
+
+/// What the labels of a batch are, which decides the loss.
+enum class LabelKind : uint8_t {
+  None,         ///< no labels: logits only
+  TokenIds,     ///< (B, T) i64, -100 ignored: masked/causal LM, token classification
+  ClassIds,     ///< (B) i64: single-label sequence classification
+  Values,       ///< (B, L) f32: regression (L == 1, MSE) or multi-label (BCE with logits)
+  Spans,        ///< start_positions, end_positions (B) i64: question answering
+};
+
+/// The shape of a batch; a plan is compiled once per distinct spec.
+struct BatchSpec {
+  int64_t batch = 1;
+  int64_t seq = 1;
+  bool attention_mask = false;
+  bool token_type_ids = false;
+  bool position_ids = false;
+  LabelKind labels = LabelKind::None;
+  bool training = false;  ///< dropout active
+  bool operator==(const BatchSpec&) const = default;
+};
+
+/// Graph values a built model exposes.
+struct BuiltGraph {
+  ir::Graph graph;
+  ir::ValueId logits = ir::kNone;        ///< (B, T, V), (B, L), (B, T, L); for QA start logits (B, T)
+  ir::ValueId end_logits = ir::kNone;    ///< QA only: (B, T)
+  ir::ValueId hidden_states = ir::kNone; ///< last hidden states (B, T, C)
+  ir::ValueId loss = ir::kNone;          ///< scalar when labels are given
+};
+
+/// One batch of inputs, as views of caller memory (i64 ids, f32 values).
+struct Batch {
+  Tensor input_ids;          ///< (B, T) i64
+  Tensor attention_mask;     ///< (B, T) i64 1/0, optional (undefined Tensor if absent)
+  Tensor token_type_ids;     ///< (B, T) i64, optional
+  Tensor position_ids;       ///< (B, T) i64, optional
+  Tensor labels;             ///< see LabelKind; optional
+  Tensor start_positions;    ///< QA, (B) i64
+  Tensor end_positions;      ///< QA, (B) i64
+};
+
+/// Outputs of a run, valid until the next run of the same model.
+struct ModelOutput {
+  Tensor logits;
+  Tensor end_logits;  ///< QA only
+  std::optional<double> loss;
+};
+
+/// A Hugging Face model: config, parameters under their Hugging Face names in
+/// one flat buffer, and graphs built per batch shape. Tied weights (the LM head
+/// and the word embeddings) are one parameter known under both names.
+class Model {
+ public:
+  /// Loads config.json and safetensors weights from a model directory. `architecture`
+  /// ("BertForSequenceClassification", ...) overrides config["architectures"][0];
+  /// `config_overrides` (e.g. {"num_labels": 2}) are merged into the config first.
+  /// Weights of a head missing from the checkpoint are freshly initialised and
+  /// listed by missing_keys(); unexpected tensors are an error listing them.
+  static std::unique_ptr<Model> from_pretrained(const std::string& dir, const std::string& architecture = "",
+                                                const nlohmann::json& config_overrides = nlohmann::json::object());
+  /// Fresh weights from a config (a JSON object or a config.json path), initialised as the
+  /// architecture does in transformers (normal(0, initializer_range), zero biases, unit LayerNorm).
+  static std::unique_ptr<Model> from_config(const nlohmann::json& config, uint64_t seed = 0,
+                                            const std::string& architecture = "");
+  ~Model();
+
+  const nlohmann::json& config() const { return config_; }
+  /// The transformers class this model mirrors, e.g. "GPT2LMHeadModel".
+  const std::string& architecture() const { return architecture_; }
+  /// "bert", "roberta", "distilbert" or "gpt2".
+  const std::string& model_type() const { return model_type_; }
+  runtime::ParameterStore& params() { return *params_; }
+  const runtime::ParameterStore& params() const { return *params_; }
+
+  /// Every Hugging Face parameter name (tied names included), in transformers' order.
+  std::vector<std::string> state_dict_names() const;
+  /// The parameter under a Hugging Face name (a view into the flat buffer).
+  Tensor parameter(const std::string& hf_name) const;
+  /// The gradient of that parameter (a view into the flat gradient buffer).
+  Tensor gradient(const std::string& hf_name) const;
+  /// Copies tensors into parameters by Hugging Face name (f32, bf16 or f16 sources).
+  /// With strict, missing or unexpected names are an error listing them.
+  void load_state_dict(const std::map<std::string, Tensor>& tensors, bool strict = true);
+  /// Writes config.json and model.safetensors (f32) in transformers' layout; tied
+  /// weights are written once, under the name transformers keeps.
+  void save_pretrained(const std::string& dir) const;
+  /// Parameters the checkpoint did not provide (freshly initialised).
+  const std::vector<std::string>& missing_keys() const { return missing_keys_; }
+
+  /// Builds the forward graph (and loss, when spec has labels) for a batch shape.
+  BuiltGraph build(const BatchSpec& spec) const;
+
+  /// Runs a forward pass (dropout per `training`), with the loss when labels are given.
+  ModelOutput forward(const Batch& batch, bool training = false);
+  /// Zeroes the gradients, runs forward and backward, and returns the loss;
+  /// gradients are then readable through gradient(name).
+  double loss_and_grads(const Batch& batch, bool training = false);
+  /// Forward + backward without zeroing gradients first (gradient accumulation).
+  double accumulate_grads(const Batch& batch, bool training = false);
+  /// Threads used by the kernels (0: all cores).
+  void set_num_threads(int n) { num_threads_ = n; }
+  /// The compiled plan for the most recent batch shape, for reports.
+  const runtime::Plan* last_plan() const { return last_plan_; }
+
+ private:
+  Model() = default;
+  struct Entry;
+  Entry& plan_for(const Batch& batch, bool training, bool with_backward);
+  ModelOutput run(const Batch& batch, bool training, bool with_backward, bool zero_grads);
+
+  nlohmann::json config_;
+  std::string architecture_;
+  std::string model_type_;
+  std::unique_ptr<runtime::ParameterStore> params_;
+  std::map<std::string, std::string> aliases_;  // tied name -> stored name
+  std::vector<std::string> missing_keys_;
+  std::vector<std::unique_ptr<Entry>> plans_;
+  const runtime::Plan* last_plan_ = nullptr;
+  int num_threads_ = 0;
+};
+
+/// The transformers classes fusetrain implements, for error messages.
+std::vector<std::string> supported_architectures();
+
+}  // namespace fusetrain::models

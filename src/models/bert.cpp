@@ -1,0 +1,207 @@
+// BERT and RoBERTa: BertModel / RobertaModel bodies with masked-LM, sequence-,
+// token-classification and question-answering heads, named as transformers
+// names them. RoBERTa differs in its position ids (offset past padding_idx),
+// its heads, and in having no pooler under its heads.
+//
+// Shape letters: B batch, T sequence, C hidden, H heads, D head size, I intermediate,
+// V vocabulary, L labels.
+#include <cmath>
+
+#include "fusetrain/core/error.h"
+#include "models/family.h"
+
+namespace fusetrain::models {
+namespace {
+
+using ir::ValueId;
+
+class BertFamily final : public Family {
+ public:
+  BertFamily(bool roberta, Head head, const nlohmann::json& json) : roberta_(roberta), config_(json) {
+    head_ = head;
+    ConfigReader c(config_);
+    V_ = c.positive("vocab_size");
+    C_ = c.positive("hidden_size");
+    layers_ = c.positive("num_hidden_layers");
+    H_ = c.positive("num_attention_heads");
+    I_ = c.positive("intermediate_size");
+    P_ = c.positive("max_position_embeddings");
+    TV_ = c.get_int("type_vocab_size", 2);
+    FT_CHECK(C_ % H_ == 0, "config.json: \"hidden_size\" is ", C_, " but \"num_attention_heads\" ", H_,
+             " does not divide it");
+    pad_ = c.get_int("pad_token_id", roberta ? 1 : 0);
+    eps_ = c.get_float("layer_norm_eps", 1e-12);
+    hidden_dropout_ = c.get_float("hidden_dropout_prob", 0.1);
+    attention_dropout_ = c.get_float("attention_probs_dropout_prob", 0.1);
+    classifier_dropout_ = c.get_float("classifier_dropout", hidden_dropout_);
+    init_std_ = c.get_float("initializer_range", 0.02);
+    act_ = c.get_string("hidden_act", "gelu");
+    check_activation(act_, "hidden_act");
+    num_labels_ = c.num_labels();
+    tie_ = c.get_bool("tie_word_embeddings", true);
+    std::string position_type = c.get_string("position_embedding_type", "absolute");
+    FT_CHECK(position_type == "absolute", "config.json: \"position_embedding_type\" is \"", position_type,
+             "\"; fusetrain supports \"absolute\"");
+    FT_CHECK(!c.get_bool("is_decoder", false) && !c.get_bool("add_cross_attention", false),
+             "config.json: decoder BERT/RoBERTa (is_decoder / add_cross_attention) is not supported");
+    FT_CHECK(pad_ >= 0 && pad_ < V_, "config.json: \"pad_token_id\" ", pad_, " is outside the vocabulary [0, ", V_, ")");
+    if (roberta_) FT_CHECK(P_ > pad_ + 1, "config.json: \"max_position_embeddings\" must exceed pad_token_id + 1");
+    prefix_ = head == Head::Base ? "" : (roberta ? "roberta." : "bert.");
+  }
+
+  BuiltGraph build(const BatchSpec& spec) const override {
+    BuiltGraph out;
+    ir::GraphBuilder b(out.graph, 0x5eed);
+    const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
+    const bool train = spec.training;
+    ValueId ids = b.input(InputNames::input_ids, {B, T}, DType::i64);
+    ValueId mask = b.input(InputNames::attention_mask, {B, T}, DType::i64);
+    ValueId token_types = b.input(InputNames::token_type_ids, {B, T}, DType::i64);
+    ValueId positions = b.input(InputNames::position_ids, {B, T}, DType::i64);
+
+    // Embeddings.
+    ValueId word = b.param(p("embeddings.word_embeddings.weight"), {V_, C});
+    ValueId position = b.param(p("embeddings.position_embeddings.weight"), {P_, C});
+    ValueId token_type = b.param(p("embeddings.token_type_embeddings.weight"), {TV_, C});
+    ValueId x = b.add(b.embedding(word, ids, pad_), b.embedding(token_type, token_types));
+    x = b.add(x, b.embedding(position, positions, roberta_ ? pad_ : -1));
+    x = layer_norm(b, x, p("embeddings.LayerNorm"));
+    x = maybe_dropout(b, x, hidden_dropout_, train);
+    ValueId mask_add = additive_mask(b, mask, B, T);
+
+    // Encoder.
+    for (int64_t l = 0; l < layers_; ++l) {
+      std::string layer = p("encoder.layer." + std::to_string(l) + ".");
+      ValueId q = split_heads(b, linear(b, x, layer + "attention.self.query", C, C), B, T, H_, D);
+      ValueId k = split_heads(b, linear(b, x, layer + "attention.self.key", C, C), B, T, H_, D);
+      ValueId v = split_heads(b, linear(b, x, layer + "attention.self.value", C, C), B, T, H_, D);
+      ValueId context = b.attention(q, k, v, mask_add, 1.0 / std::sqrt(static_cast<double>(D)), false,
+                                    train ? attention_dropout_ : 0.0);
+      ValueId attn = linear(b, merge_heads(b, context, B, T, H_, D), layer + "attention.output.dense", C, C);
+      attn = maybe_dropout(b, attn, hidden_dropout_, train);
+      x = layer_norm(b, b.add(attn, x), layer + "attention.output.LayerNorm");
+      ValueId h = activation(b, linear(b, x, layer + "intermediate.dense", I_, C), act_);
+      h = maybe_dropout(b, linear(b, h, layer + "output.dense", C, I_), hidden_dropout_, train);
+      x = layer_norm(b, b.add(h, x), layer + "output.LayerNorm");
+    }
+    out.hidden_states = x;
+
+    switch (head_) {
+      case Head::Base:
+        pooler(b, x, B, T);  // BertModel and RobertaModel carry a pooler; the hidden states are the output
+        out.logits = x;
+        break;
+      case Head::MaskedLM: out.logits = masked_lm_head(b, x, word); break;
+      case Head::SequenceClassification: {
+        ValueId logits;
+        if (roberta_) {
+          // RobertaClassificationHead: dropout, dense, tanh, dropout, out_proj on the <s> token.
+          ValueId h = maybe_dropout(b, first_token(b, x, B, T, C), classifier_dropout_, train);
+          h = b.tanh(linear(b, h, "classifier.dense", C, C));
+          h = maybe_dropout(b, h, classifier_dropout_, train);
+          logits = linear(b, h, "classifier.out_proj", num_labels_, C);
+        } else {
+          ValueId pooled = maybe_dropout(b, pooler(b, x, B, T), classifier_dropout_, train);
+          logits = linear(b, pooled, "classifier", num_labels_, C);
+        }
+        out.logits = logits;
+        if (spec.labels != LabelKind::None)
+          out.loss = sequence_classification_loss(b, logits, spec, ConfigReader(config_), num_labels_);
+        break;
+      }
+      case Head::TokenClassification:
+        out.logits = linear(b, maybe_dropout(b, x, classifier_dropout_, train), "classifier", num_labels_, C);
+        if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
+        break;
+      case Head::QuestionAnswering:
+        question_answering_outputs(b, linear(b, x, "qa_outputs", 2, C), spec, out);
+        break;
+      case Head::CausalLM: throw Error("BERT/RoBERTa have no causal-LM head in fusetrain");
+    }
+    if (head_ == Head::MaskedLM && spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
+    return out;
+  }
+
+  ParamInit init(const std::string& name) const override {
+    auto ends_with = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with("bias")) return {Init::Zeros};
+    if (ends_with("LayerNorm.weight") || ends_with("layer_norm.weight")) return {Init::Ones};
+    if (ends_with("word_embeddings.weight")) return {Init::Normal, init_std_, pad_};
+    if (ends_with("position_embeddings.weight") && roberta_) return {Init::Normal, init_std_, pad_};
+    return {Init::Normal, init_std_};
+  }
+
+  std::map<std::string, std::string> tied() const override {
+    if (head_ != Head::MaskedLM) return {};
+    std::string head = roberta_ ? "lm_head." : "cls.predictions.";
+    std::map<std::string, std::string> t{{head + "decoder.bias", head + "bias"}};
+    if (tie_) t[head + "decoder.weight"] = p("embeddings.word_embeddings.weight");
+    return t;
+  }
+
+  std::string base_prefix() const override { return roberta_ ? "roberta" : "bert"; }
+  std::vector<std::string> head_prefixes() const override {
+    return {"cls.", "lm_head.", "classifier.", "qa_outputs.", "pooler.", base_prefix() + ".pooler."};
+  }
+  int64_t max_positions() const override { return roberta_ ? P_ - pad_ - 1 : P_; }
+
+  // RoBERTa: positions count non-padding tokens from padding_idx + 1; padding keeps padding_idx.
+  void default_position_ids(const int64_t* ids, int64_t B, int64_t T, int64_t* out) const override {
+    if (!roberta_) return Family::default_position_ids(ids, B, T, out);
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t count = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        bool real = ids[b * T + t] != pad_;
+        count += real;
+        out[b * T + t] = real ? count + pad_ : pad_;
+      }
+    }
+  }
+
+ private:
+  std::string p(const std::string& name) const { return prefix_ + name; }
+
+  // Parameters are declared weight first, as transformers orders them.
+  ValueId linear(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t out, int64_t in) const {
+    ValueId weight = b.param(name + ".weight", {out, in});
+    ValueId bias = b.param(name + ".bias", {out});
+    return b.linear(x, weight, bias);
+  }
+  ValueId layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {
+    ValueId weight = b.param(name + ".weight", {C_});
+    ValueId bias = b.param(name + ".bias", {C_});
+    return b.layer_norm(x, weight, bias, eps_);
+  }
+  ValueId pooler(ir::GraphBuilder& b, ValueId x, int64_t B, int64_t T) const {
+    return b.tanh(linear(b, first_token(b, x, B, T, C_), p("pooler.dense"), C_, C_));
+  }
+  // BERT: transform (dense, act, LayerNorm), decoder tied to the word embeddings + bias.
+  // RoBERTa: dense, gelu, layer_norm, decoder + bias.
+  ValueId masked_lm_head(ir::GraphBuilder& b, ValueId x, ValueId word) const {
+    std::string head = roberta_ ? "lm_head." : "cls.predictions.";
+    ValueId bias = b.param(head + "bias", {V_});
+    ValueId h = roberta_ ? linear(b, x, "lm_head.dense", C_, C_) : linear(b, x, head + "transform.dense", C_, C_);
+    h = activation(b, h, roberta_ ? "gelu" : act_);
+    h = roberta_ ? layer_norm(b, h, "lm_head.layer_norm") : layer_norm(b, h, head + "transform.LayerNorm");
+    ValueId decoder = tie_ ? word : b.param(head + "decoder.weight", {V_, C_});
+    return b.linear(h, decoder, bias);
+  }
+
+  bool roberta_;
+  nlohmann::json config_;
+  std::string prefix_;
+  int64_t V_, C_, layers_, H_, I_, P_, TV_, pad_, num_labels_;
+  double eps_, hidden_dropout_, attention_dropout_, classifier_dropout_, init_std_;
+  std::string act_;
+  bool tie_;
+};
+
+}  // namespace
+
+std::unique_ptr<Family> make_bert_family(bool roberta, Head head, const nlohmann::json& config) {
+  return std::make_unique<BertFamily>(roberta, head, config);
+}
+
+}  // namespace fusetrain::models

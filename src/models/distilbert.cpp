@@ -1,0 +1,147 @@
+// DistilBERT: DistilBertModel with masked-LM and sequence-classification heads.
+//
+// Shape letters: B batch, T sequence, C dim, H heads, D head size, F hidden_dim,
+// V vocabulary, L labels.
+#include <cmath>
+
+#include "fusetrain/core/error.h"
+#include "models/family.h"
+
+namespace fusetrain::models {
+namespace {
+
+using ir::ValueId;
+
+constexpr double kLayerNormEps = 1e-12;  // fixed in transformers' DistilBERT
+
+class DistilBertFamily final : public Family {
+ public:
+  DistilBertFamily(Head head, const nlohmann::json& json) : config_(json) {
+    head_ = head;
+    ConfigReader c(config_);
+    V_ = c.positive("vocab_size");
+    C_ = c.positive("dim");
+    layers_ = c.positive("n_layers");
+    H_ = c.positive("n_heads");
+    F_ = c.positive("hidden_dim");
+    P_ = c.positive("max_position_embeddings");
+    FT_CHECK(C_ % H_ == 0, "config.json: \"dim\" is ", C_, " but \"n_heads\" ", H_, " does not divide it");
+    pad_ = c.get_int("pad_token_id", 0);
+    FT_CHECK(pad_ >= 0 && pad_ < V_, "config.json: \"pad_token_id\" ", pad_, " is outside the vocabulary [0, ", V_, ")");
+    dropout_ = c.get_float("dropout", 0.1);
+    attention_dropout_ = c.get_float("attention_dropout", 0.1);
+    classifier_dropout_ = c.get_float("seq_classif_dropout", 0.2);
+    init_std_ = c.get_float("initializer_range", 0.02);
+    act_ = c.get_string("activation", "gelu");
+    check_activation(act_, "activation");
+    FT_CHECK(!c.get_bool("sinusoidal_pos_embds", false),
+             "config.json: \"sinusoidal_pos_embds\": true is not supported; fusetrain learns position embeddings");
+    num_labels_ = c.num_labels();
+    tie_ = c.get_bool("tie_word_embeddings", true);
+    prefix_ = head == Head::Base ? "" : "distilbert.";
+  }
+
+  BuiltGraph build(const BatchSpec& spec) const override {
+    BuiltGraph out;
+    ir::GraphBuilder b(out.graph, 0x5eed);
+    const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
+    const bool train = spec.training;
+    ValueId ids = b.input(InputNames::input_ids, {B, T}, DType::i64);
+    ValueId mask = b.input(InputNames::attention_mask, {B, T}, DType::i64);
+    ValueId positions = b.input(InputNames::position_ids, {B, T}, DType::i64);
+
+    ValueId word = b.param(p("embeddings.word_embeddings.weight"), {V_, C});
+    ValueId position = b.param(p("embeddings.position_embeddings.weight"), {P_, C});
+    ValueId x = b.add(b.embedding(word, ids, pad_), b.embedding(position, positions));
+    x = maybe_dropout(b, layer_norm(b, x, p("embeddings.LayerNorm")), dropout_, train);
+    ValueId mask_add = additive_mask(b, mask, B, T);
+
+    for (int64_t l = 0; l < layers_; ++l) {
+      std::string layer = p("transformer.layer." + std::to_string(l) + ".");
+      ValueId q = split_heads(b, linear(b, x, layer + "attention.q_lin", C, C), B, T, H_, D);
+      ValueId k = split_heads(b, linear(b, x, layer + "attention.k_lin", C, C), B, T, H_, D);
+      ValueId v = split_heads(b, linear(b, x, layer + "attention.v_lin", C, C), B, T, H_, D);
+      ValueId context = b.attention(q, k, v, mask_add, 1.0 / std::sqrt(static_cast<double>(D)), false,
+                                    train ? attention_dropout_ : 0.0);
+      ValueId attn = linear(b, merge_heads(b, context, B, T, H_, D), layer + "attention.out_lin", C, C);
+      x = layer_norm(b, b.add(attn, x), layer + "sa_layer_norm");
+      ValueId h = activation(b, linear(b, x, layer + "ffn.lin1", F_, C), act_);
+      h = maybe_dropout(b, linear(b, h, layer + "ffn.lin2", C, F_), dropout_, train);
+      x = layer_norm(b, b.add(h, x), layer + "output_layer_norm");
+    }
+    out.hidden_states = x;
+
+    switch (head_) {
+      case Head::Base: out.logits = x; break;
+      case Head::MaskedLM: {
+        ValueId h = activation(b, linear(b, x, "vocab_transform", C, C), act_);
+        h = layer_norm(b, h, "vocab_layer_norm");
+        ValueId projector = tie_ ? word : b.param("vocab_projector.weight", {V_, C});
+        out.logits = b.linear(h, projector, b.param("vocab_projector.bias", {V_}));
+        if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
+        break;
+      }
+      case Head::SequenceClassification: {
+        ValueId pooled = b.relu(linear(b, first_token(b, x, B, T, C), "pre_classifier", C, C));
+        pooled = maybe_dropout(b, pooled, classifier_dropout_, train);
+        out.logits = linear(b, pooled, "classifier", num_labels_, C);
+        if (spec.labels != LabelKind::None)
+          out.loss = sequence_classification_loss(b, out.logits, spec, ConfigReader(config_), num_labels_);
+        break;
+      }
+      default: throw Error("DistilBERT in fusetrain has masked-LM and sequence-classification heads only");
+    }
+    return out;
+  }
+
+  ParamInit init(const std::string& name) const override {
+    auto ends_with = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with("bias")) return {Init::Zeros};
+    if (ends_with("LayerNorm.weight") || ends_with("layer_norm.weight")) return {Init::Ones};
+    if (ends_with("word_embeddings.weight")) return {Init::Normal, init_std_, pad_};
+    return {Init::Normal, init_std_};
+  }
+
+  std::map<std::string, std::string> tied() const override {
+    if (head_ != Head::MaskedLM || !tie_) return {};
+    return {{"vocab_projector.weight", p("embeddings.word_embeddings.weight")}};
+  }
+  std::string base_prefix() const override { return "distilbert"; }
+  std::vector<std::string> head_prefixes() const override {
+    return {"vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "pre_classifier.", "classifier.",
+            "qa_outputs."};
+  }
+  bool uses_token_type_ids() const override { return false; }
+  int64_t max_positions() const override { return P_; }
+
+ private:
+  std::string p(const std::string& name) const { return prefix_ + name; }
+  // Parameters are declared weight first, as transformers orders them.
+  ValueId linear(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t out, int64_t in) const {
+    ValueId weight = b.param(name + ".weight", {out, in});
+    ValueId bias = b.param(name + ".bias", {out});
+    return b.linear(x, weight, bias);
+  }
+  ValueId layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {
+    ValueId weight = b.param(name + ".weight", {C_});
+    ValueId bias = b.param(name + ".bias", {C_});
+    return b.layer_norm(x, weight, bias, kLayerNormEps);
+  }
+
+  nlohmann::json config_;
+  std::string prefix_;
+  int64_t V_, C_, layers_, H_, F_, P_, pad_, num_labels_;
+  double dropout_, attention_dropout_, classifier_dropout_, init_std_;
+  std::string act_;
+  bool tie_;
+};
+
+}  // namespace
+
+std::unique_ptr<Family> make_distilbert_family(Head head, const nlohmann::json& config) {
+  return std::make_unique<DistilBertFamily>(head, config);
+}
+
+}  // namespace fusetrain::models

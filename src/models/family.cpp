@@ -1,0 +1,159 @@
+#include "models/family.h"
+
+#include <cmath>
+#include <limits>
+
+#include "fusetrain/core/error.h"
+
+namespace fusetrain::models {
+
+using ir::ValueId;
+
+void Family::default_position_ids(const int64_t* input_ids, int64_t B, int64_t T, int64_t* out) const {
+  (void)input_ids;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) out[b * T + t] = t;
+}
+
+// ---- config ----------------------------------------------------------------------------------
+
+int64_t ConfigReader::get_int(const std::string& key) const {
+  FT_CHECK(has(key), "config.json: missing required field \"", key, "\"");
+  const nlohmann::json& v = config_[key];
+  FT_CHECK(v.is_number_integer() || (v.is_number_float() && v.get<double>() == std::floor(v.get<double>())),
+           "config.json: \"", key, "\" should be an integer, found ", v.dump());
+  return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
+}
+
+int64_t ConfigReader::get_int(const std::string& key, int64_t fallback) const {
+  return has(key) ? get_int(key) : fallback;
+}
+
+double ConfigReader::get_float(const std::string& key, double fallback) const {
+  if (!has(key)) return fallback;
+  const nlohmann::json& v = config_[key];
+  FT_CHECK(v.is_number(), "config.json: \"", key, "\" should be a number, found ", v.dump());
+  return v.get<double>();
+}
+
+std::string ConfigReader::get_string(const std::string& key, const std::string& fallback) const {
+  if (!has(key)) return fallback;
+  const nlohmann::json& v = config_[key];
+  FT_CHECK(v.is_string(), "config.json: \"", key, "\" should be a string, found ", v.dump());
+  return v.get<std::string>();
+}
+
+bool ConfigReader::get_bool(const std::string& key, bool fallback) const {
+  if (!has(key)) return fallback;
+  const nlohmann::json& v = config_[key];
+  FT_CHECK(v.is_boolean(), "config.json: \"", key, "\" should be true or false, found ", v.dump());
+  return v.get<bool>();
+}
+
+int64_t ConfigReader::num_labels() const {
+  if (has("id2label")) {
+    FT_CHECK(config_["id2label"].is_object(), "config.json: \"id2label\" should be an object");
+    return static_cast<int64_t>(config_["id2label"].size());
+  }
+  return get_int("num_labels", 2);
+}
+
+int64_t ConfigReader::positive(const std::string& key) const {
+  int64_t v = get_int(key);
+  FT_CHECK(v > 0, "config.json: \"", key, "\" must be positive, found ", v);
+  return v;
+}
+
+// ---- graph pieces ----------------------------------------------------------------------------
+
+ValueId maybe_dropout(ir::GraphBuilder& b, ValueId x, double p, bool training) {
+  return training && p > 0 ? b.dropout(x, p) : x;
+}
+
+void check_activation(const std::string& name, const char* field) {
+  static const char* kSupported[] = {"gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "tanh"};
+  for (const char* s : kSupported)
+    if (name == s) return;
+  throw Error(str("config.json: \"", field, "\" is \"", name,
+                  "\", which fusetrain does not support (supported: gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, "
+                  "relu, tanh)"));
+}
+
+ValueId activation(ir::GraphBuilder& b, ValueId x, const std::string& name) {
+  if (name == "gelu") return b.gelu(x, "none");
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast") return b.gelu(x, "tanh");
+  if (name == "relu") return b.relu(x);
+  if (name == "tanh") return b.tanh(x);
+  check_activation(name, "activation");
+  return x;
+}
+
+ValueId additive_mask(ir::GraphBuilder& b, ValueId mask, int64_t B, int64_t T) {
+  ValueId keep = b.cast(mask, DType::f32);
+  ValueId dropped = b.sub(b.fill(Shape{B, T}, 1.0), keep);
+  return b.scale(dropped, static_cast<double>(std::numeric_limits<float>::lowest()));
+}
+
+ValueId split_heads(ir::GraphBuilder& b, ValueId x, int64_t B, int64_t T, int64_t H, int64_t D) {
+  return b.transpose(b.reshape(x, {B, T, H, D}), {0, 2, 1, 3});
+}
+
+ValueId merge_heads(ir::GraphBuilder& b, ValueId x, int64_t B, int64_t T, int64_t H, int64_t D) {
+  return b.reshape(b.transpose(x, {0, 2, 1, 3}), {B, T, H * D});
+}
+
+ValueId first_token(ir::GraphBuilder& b, ValueId x, int64_t B, int64_t T, int64_t C) {
+  (void)T;
+  return b.reshape(b.slice(x, 1, 0, 1), {B, C});
+}
+
+ValueId sequence_classification_loss(ir::GraphBuilder& b, ValueId logits, const BatchSpec& spec,
+                                     const ConfigReader& config, int64_t num_labels) {
+  std::string problem = config.get_string("problem_type", "");
+  if (problem.empty()) {
+    if (num_labels == 1) problem = "regression";
+    else if (spec.labels == LabelKind::ClassIds) problem = "single_label_classification";
+    else problem = "multi_label_classification";
+  }
+  if (problem == "regression") {
+    FT_CHECK(spec.labels == LabelKind::Values, "regression (num_labels == 1 or problem_type \"regression\") needs ",
+             "float labels");
+    ValueId labels = b.input(InputNames::labels, {spec.batch, num_labels}, DType::f32);
+    ValueId diff = b.sub(logits, labels);
+    return b.reduce_mean(b.mul(diff, diff), {0, 1});
+  }
+  if (problem == "single_label_classification") {
+    FT_CHECK(spec.labels == LabelKind::ClassIds, "single-label classification needs integer class labels of shape (",
+             spec.batch, ")");
+    return b.softmax_cross_entropy(logits, b.input(InputNames::labels, {spec.batch}, DType::i64));
+  }
+  if (problem == "multi_label_classification") {
+    FT_CHECK(spec.labels == LabelKind::Values, "multi-label classification needs float labels of shape (",
+             spec.batch, ", ", num_labels, ")");
+    return b.sigmoid_cross_entropy(logits, b.input(InputNames::labels, {spec.batch, num_labels}, DType::f32));
+  }
+  throw Error(str("config.json: \"problem_type\" is \"", problem,
+                  "\" (expected regression, single_label_classification or multi_label_classification)"));
+}
+
+ValueId token_loss(ir::GraphBuilder& b, ValueId logits, const BatchSpec& spec) {
+  FT_CHECK(spec.labels == LabelKind::TokenIds, "this head needs integer token labels of shape (", spec.batch, ", ",
+           spec.seq, ")");
+  return b.softmax_cross_entropy(logits, b.input(InputNames::labels, {spec.batch, spec.seq}, DType::i64));
+}
+
+void question_answering_outputs(ir::GraphBuilder& b, ValueId logits, const BatchSpec& spec, BuiltGraph& out) {
+  std::vector<ValueId> parts = b.split(logits, -1, {1, 1});
+  out.logits = b.reshape(parts[0], {spec.batch, spec.seq});
+  out.end_logits = b.reshape(parts[1], {spec.batch, spec.seq});
+  if (spec.labels == LabelKind::None) return;
+  FT_CHECK(spec.labels == LabelKind::Spans, "question answering needs start_positions and end_positions");
+  // Positions arrive clamped to [0, T]; T is ignored, as in transformers.
+  ValueId start = b.input(InputNames::start_positions, {spec.batch}, DType::i64);
+  ValueId end = b.input(InputNames::end_positions, {spec.batch}, DType::i64);
+  ValueId start_loss = b.softmax_cross_entropy(out.logits, start, spec.seq);
+  ValueId end_loss = b.softmax_cross_entropy(out.end_logits, end, spec.seq);
+  out.loss = b.scale(b.add(start_loss, end_loss), 0.5);
+}
+
+}  // namespace fusetrain::models

@@ -1,0 +1,125 @@
+// What every architecture family provides to models::Model, and the building
+// blocks they share. Shape letters: B batch, T sequence, C hidden, H heads,
+// D head size, V vocabulary, L labels.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "fusetrain/ir/builder.h"
+#include "fusetrain/models/model.h"
+
+namespace fusetrain::models {
+
+/// How a parameter is initialised from scratch (transformers' _init_weights).
+enum class Init : uint8_t { Normal, Zeros, Ones };
+
+struct ParamInit {
+  Init kind = Init::Normal;
+  double stddev = 0.02;
+  int64_t zero_row = -1;  ///< embeddings: padding_idx row set to zero
+};
+
+/// Graph inputs every family reads (all i64 (B, T) unless noted).
+struct InputNames {
+  static constexpr const char* input_ids = "input_ids";
+  static constexpr const char* attention_mask = "attention_mask";
+  static constexpr const char* token_type_ids = "token_type_ids";
+  static constexpr const char* position_ids = "position_ids";
+  static constexpr const char* labels = "labels";
+  static constexpr const char* start_positions = "start_positions";
+  static constexpr const char* end_positions = "end_positions";
+  static constexpr const char* pool_index = "pool_index";  ///< (B): flat row b·T + t of the pooled token
+};
+
+/// The task a head solves, which decides outputs and loss.
+enum class Head : uint8_t { Base, MaskedLM, CausalLM, SequenceClassification, TokenClassification, QuestionAnswering };
+
+/// An architecture family (BERT, RoBERTa, DistilBERT, GPT-2) with one head.
+class Family {
+ public:
+  virtual ~Family() = default;
+  /// Builds the graph for a batch shape; parameters are declared with their
+  /// Hugging Face names, in transformers' module order.
+  virtual BuiltGraph build(const BatchSpec& spec) const = 0;
+  /// Initialisation of a (stored) parameter by name.
+  virtual ParamInit init(const std::string& name) const = 0;
+  /// Tied names -> the stored name transformers keeps (e.g. lm_head.weight -> transformer.wte.weight).
+  virtual std::map<std::string, std::string> tied() const = 0;
+  /// Prefix of the base model's names in head models ("bert", "roberta", "distilbert", "transformer").
+  virtual std::string base_prefix() const = 0;
+  /// Name prefixes of heads this family has (checkpoint tensors under them are
+  /// dropped when loading into another head, as transformers does).
+  virtual std::vector<std::string> head_prefixes() const = 0;
+  /// Position ids the model uses when none are given.
+  virtual void default_position_ids(const int64_t* input_ids, int64_t B, int64_t T, int64_t* out) const;
+  /// Row to pool per sequence for sequence classification (GPT-2: the last non-pad token).
+  virtual int64_t pool_position(const int64_t* ids, int64_t T) const {
+    (void)ids;
+    (void)T;
+    return 0;
+  }
+  virtual bool uses_token_type_ids() const { return true; }
+  virtual int64_t max_positions() const = 0;
+  Head head() const { return head_; }
+
+ protected:
+  Head head_ = Head::Base;
+};
+
+/// Creates the family and head for a transformers class name and config; throws
+/// Error naming the unsupported architecture, model_type or config value.
+std::unique_ptr<Family> make_family(const std::string& architecture, const nlohmann::json& config);
+
+// ---- config access ------------------------------------------------------------------------
+
+/// Reads typed config fields with defaults; errors name config.json and the field.
+class ConfigReader {
+ public:
+  explicit ConfigReader(const nlohmann::json& config) : config_(config) {}
+  int64_t get_int(const std::string& key) const;
+  int64_t get_int(const std::string& key, int64_t fallback) const;
+  double get_float(const std::string& key, double fallback) const;
+  std::string get_string(const std::string& key, const std::string& fallback) const;
+  bool get_bool(const std::string& key, bool fallback) const;
+  bool has(const std::string& key) const { return config_.contains(key) && !config_[key].is_null(); }
+  /// num_labels as transformers derives it: len(id2label), else "num_labels", else 2.
+  int64_t num_labels() const;
+  /// Throws unless `value` is positive.
+  int64_t positive(const std::string& key) const;
+  const nlohmann::json& json() const { return config_; }
+
+ private:
+  const nlohmann::json& config_;
+};
+
+// ---- shared graph pieces ------------------------------------------------------------------
+
+/// Dropout only while training and only for p > 0.
+ir::ValueId maybe_dropout(ir::GraphBuilder& b, ir::ValueId x, double p, bool training);
+/// transformers' ACT2FN for the supported names ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "tanh").
+ir::ValueId activation(ir::GraphBuilder& b, ir::ValueId x, const std::string& name);
+/// Throws unless `name` is an activation `activation` supports.
+void check_activation(const std::string& name, const char* field);
+/// (B, T) i64 1/0 mask -> additive (B, T) f32: 0 where 1, the lowest float where 0.
+ir::ValueId additive_mask(ir::GraphBuilder& b, ir::ValueId mask, int64_t B, int64_t T);
+/// (B, T, C) -> (B, H, T, D)
+ir::ValueId split_heads(ir::GraphBuilder& b, ir::ValueId x, int64_t B, int64_t T, int64_t H, int64_t D);
+/// (B, H, T, D) -> (B, T, C)
+ir::ValueId merge_heads(ir::GraphBuilder& b, ir::ValueId x, int64_t B, int64_t T, int64_t H, int64_t D);
+/// x (B, T, C) -> x[:, 0] (B, C)
+ir::ValueId first_token(ir::GraphBuilder& b, ir::ValueId x, int64_t B, int64_t T, int64_t C);
+/// Declares the label inputs for `spec` and returns the sequence-classification
+/// loss for logits (B, L), following transformers' problem_type rules.
+ir::ValueId sequence_classification_loss(ir::GraphBuilder& b, ir::ValueId logits, const BatchSpec& spec,
+                                         const ConfigReader& config, int64_t num_labels);
+/// Token-level loss: logits (B, T, L) against labels (B, T), -100 ignored.
+ir::ValueId token_loss(ir::GraphBuilder& b, ir::ValueId logits, const BatchSpec& spec);
+/// QA: logits (B, T, 2) -> start/end logits (B, T) in `out`; loss with the
+/// positions clamped to [0, T] and T ignored, as transformers does.
+void question_answering_outputs(ir::GraphBuilder& b, ir::ValueId logits, const BatchSpec& spec, BuiltGraph& out);
+
+}  // namespace fusetrain::models

@@ -1,0 +1,159 @@
+// GPT-2: GPT2Model with the causal-LM head (tied to the token embeddings) and
+// the sequence-classification head (scores the last non-padding token).
+// Conv1D weights are stored (in, out), so projections are x·W + b (MatMul + Add).
+//
+// Shape letters: B batch, T sequence, C n_embd, H heads, D head size, F n_inner,
+// V vocabulary, L labels.
+#include <cmath>
+
+#include "fusetrain/core/error.h"
+#include "models/family.h"
+
+namespace fusetrain::models {
+namespace {
+
+using ir::ValueId;
+
+class Gpt2Family final : public Family {
+ public:
+  Gpt2Family(Head head, const nlohmann::json& json) : config_(json) {
+    head_ = head;
+    ConfigReader c(config_);
+    V_ = c.positive("vocab_size");
+    C_ = c.positive("n_embd");
+    layers_ = c.positive("n_layer");
+    H_ = c.positive("n_head");
+    P_ = c.positive("n_positions");
+    F_ = c.has("n_inner") ? c.positive("n_inner") : 4 * C_;
+    FT_CHECK(C_ % H_ == 0, "config.json: \"n_embd\" is ", C_, " but \"n_head\" ", H_, " does not divide it");
+    eps_ = c.get_float("layer_norm_epsilon", 1e-5);
+    embd_dropout_ = c.get_float("embd_pdrop", 0.1);
+    attn_dropout_ = c.get_float("attn_pdrop", 0.1);
+    resid_dropout_ = c.get_float("resid_pdrop", 0.1);
+    init_std_ = c.get_float("initializer_range", 0.02);
+    act_ = c.get_string("activation_function", "gelu_new");
+    check_activation(act_, "activation_function");
+    scale_attn_ = c.get_bool("scale_attn_weights", true);
+    scale_by_layer_ = c.get_bool("scale_attn_by_inverse_layer_idx", false);
+    FT_CHECK(!c.get_bool("add_cross_attention", false), "config.json: GPT-2 cross-attention is not supported");
+    pad_ = c.get_int("pad_token_id", -1);
+    num_labels_ = c.num_labels();
+    tie_ = c.get_bool("tie_word_embeddings", true);
+    prefix_ = head == Head::Base ? "" : "transformer.";
+  }
+
+  BuiltGraph build(const BatchSpec& spec) const override {
+    BuiltGraph out;
+    ir::GraphBuilder b(out.graph, 0x5eed);
+    const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
+    const bool train = spec.training;
+    ValueId ids = b.input(InputNames::input_ids, {B, T}, DType::i64);
+    ValueId mask = b.input(InputNames::attention_mask, {B, T}, DType::i64);
+    ValueId positions = b.input(InputNames::position_ids, {B, T}, DType::i64);
+
+    ValueId wte = b.param(p("wte.weight"), {V_, C});
+    ValueId wpe = b.param(p("wpe.weight"), {P_, C});
+    ValueId x = maybe_dropout(b, b.add(b.embedding(wte, ids), b.embedding(wpe, positions)), embd_dropout_, train);
+    ValueId mask_add = additive_mask(b, mask, B, T);
+
+    for (int64_t l = 0; l < layers_; ++l) {
+      std::string block = p("h." + std::to_string(l) + ".");
+      ValueId a = layer_norm(b, x, block + "ln_1");
+      std::vector<ValueId> qkv = b.split(conv1d(b, a, block + "attn.c_attn", C, 3 * C), -1, {C, C, C});
+      double scale = scale_attn_ ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
+      if (scale_by_layer_) scale /= static_cast<double>(l + 1);
+      ValueId context = b.attention(split_heads(b, qkv[0], B, T, H_, D), split_heads(b, qkv[1], B, T, H_, D),
+                                    split_heads(b, qkv[2], B, T, H_, D), mask_add, scale, true,
+                                    train ? attn_dropout_ : 0.0);
+      ValueId attn = conv1d(b, merge_heads(b, context, B, T, H_, D), block + "attn.c_proj", C, C);
+      x = b.add(x, maybe_dropout(b, attn, resid_dropout_, train));
+      ValueId h = activation(b, conv1d(b, layer_norm(b, x, block + "ln_2"), block + "mlp.c_fc", C, F_), act_);
+      h = conv1d(b, h, block + "mlp.c_proj", F_, C);
+      x = b.add(x, maybe_dropout(b, h, resid_dropout_, train));
+    }
+    x = layer_norm(b, x, p("ln_f"));
+    out.hidden_states = x;
+
+    switch (head_) {
+      case Head::Base: out.logits = x; break;
+      case Head::CausalLM: {
+        ValueId lm_head = tie_ ? wte : b.param("lm_head.weight", {V_, C});
+        out.logits = b.linear(x, lm_head);
+        // Labels arrive shifted left by one (the last position ignored), so every
+        // position predicts the next token without slicing the logits.
+        if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
+        break;
+      }
+      case Head::SequenceClassification: {
+        ValueId scores = b.linear(x, b.param("score.weight", {num_labels_, C}));  // (B, T, L)
+        // Gather row b·T + t of the flattened scores: an embedding lookup, whose
+        // backward scatters the gradient back to that row.
+        ValueId rows = b.reshape(scores, {B * T, num_labels_});
+        out.logits = b.embedding(rows, b.input(InputNames::pool_index, {B}, DType::i64));
+        if (spec.labels != LabelKind::None)
+          out.loss = sequence_classification_loss(b, out.logits, spec, ConfigReader(config_), num_labels_);
+        break;
+      }
+      default: throw Error("GPT-2 in fusetrain has causal-LM and sequence-classification heads only");
+    }
+    return out;
+  }
+
+  ParamInit init(const std::string& name) const override {
+    auto ends_with = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with("bias")) return {Init::Zeros};
+    if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || ends_with("ln_f.weight")) return {Init::Ones};
+    // Residual projections are scaled by 1/sqrt(2 · n_layer), as in GPT-2.
+    if (ends_with("c_proj.weight")) return {Init::Normal, init_std_ / std::sqrt(2.0 * static_cast<double>(layers_))};
+    return {Init::Normal, init_std_};
+  }
+
+  std::map<std::string, std::string> tied() const override {
+    if (head_ != Head::CausalLM || !tie_) return {};
+    return {{"lm_head.weight", p("wte.weight")}};
+  }
+  std::string base_prefix() const override { return "transformer"; }
+  std::vector<std::string> head_prefixes() const override { return {"lm_head.", "score."}; }
+  bool uses_token_type_ids() const override { return false; }
+  int64_t max_positions() const override { return P_; }
+
+  // transformers' GPT2ForSequenceClassification pools the last non-padding token
+  // (the last token when pad_token_id is unset).
+  int64_t pool_position(const int64_t* ids, int64_t T) const override {
+    if (pad_ < 0) return T - 1;
+    int64_t last = 0;
+    for (int64_t t = 0; t < T; ++t)
+      if (ids[t] != pad_) last = t;
+    return last;
+  }
+
+ private:
+  std::string p(const std::string& name) const { return prefix_ + name; }
+  ValueId conv1d(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t in, int64_t out) const {
+    ValueId w = b.param(name + ".weight", {in, out});
+    ValueId bias = b.param(name + ".bias", {out});
+    return b.add(b.matmul(x, w), bias);
+  }
+  ValueId layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {
+    ValueId weight = b.param(name + ".weight", {C_});
+    ValueId bias = b.param(name + ".bias", {C_});
+    return b.layer_norm(x, weight, bias, eps_);
+  }
+
+  nlohmann::json config_;
+  std::string prefix_;
+  int64_t V_, C_, layers_, H_, P_, F_, pad_, num_labels_;
+  double eps_, embd_dropout_, attn_dropout_, resid_dropout_, init_std_;
+  std::string act_;
+  bool scale_attn_, scale_by_layer_, tie_;
+};
+
+}  // namespace
+
+std::unique_ptr<Family> make_gpt2_family(Head head, const nlohmann::json& config) {
+  return std::make_unique<Gpt2Family>(head, config);
+}
+
+}  // namespace fusetrain::models

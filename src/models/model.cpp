@@ -1,0 +1,433 @@
+// models::Model: loading, saving, parameter naming, and running batches through
+// plans compiled per batch shape.
+#include "fusetrain/models/model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "fusetrain/autodiff/backward.h"
+#include "fusetrain/core/error.h"
+#include "fusetrain/core/half.h"
+#include "fusetrain/io/hf_dir.h"
+#include "models/family.h"
+
+namespace fusetrain::models {
+
+std::unique_ptr<Family> make_bert_family(bool roberta, Head head, const nlohmann::json& config);
+std::unique_ptr<Family> make_distilbert_family(Head head, const nlohmann::json& config);
+std::unique_ptr<Family> make_gpt2_family(Head head, const nlohmann::json& config);
+
+namespace {
+
+struct ArchitectureInfo {
+  const char* name;
+  const char* model_type;
+  Head head;
+};
+
+constexpr ArchitectureInfo kArchitectures[] = {
+    {"BertModel", "bert", Head::Base},
+    {"BertForMaskedLM", "bert", Head::MaskedLM},
+    {"BertForSequenceClassification", "bert", Head::SequenceClassification},
+    {"BertForTokenClassification", "bert", Head::TokenClassification},
+    {"BertForQuestionAnswering", "bert", Head::QuestionAnswering},
+    {"RobertaModel", "roberta", Head::Base},
+    {"RobertaForMaskedLM", "roberta", Head::MaskedLM},
+    {"RobertaForSequenceClassification", "roberta", Head::SequenceClassification},
+    {"RobertaForTokenClassification", "roberta", Head::TokenClassification},
+    {"RobertaForQuestionAnswering", "roberta", Head::QuestionAnswering},
+    {"DistilBertModel", "distilbert", Head::Base},
+    {"DistilBertForMaskedLM", "distilbert", Head::MaskedLM},
+    {"DistilBertForSequenceClassification", "distilbert", Head::SequenceClassification},
+    {"GPT2Model", "gpt2", Head::Base},
+    {"GPT2LMHeadModel", "gpt2", Head::CausalLM},
+    {"GPT2ForSequenceClassification", "gpt2", Head::SequenceClassification},
+};
+
+std::string join(const std::vector<std::string>& items) {
+  std::string s;
+  for (const std::string& item : items) s += (s.empty() ? "" : ", ") + item;
+  return s;
+}
+
+const ArchitectureInfo& find_architecture(const std::string& name) {
+  for (const ArchitectureInfo& a : kArchitectures)
+    if (name == a.name) return a;
+  throw Error(str("architecture \"", name, "\" is not supported (supported: ", join(supported_architectures()), ")"));
+}
+
+// The architecture to build: explicit, else config["architectures"][0], else the base model of model_type.
+std::string choose_architecture(const nlohmann::json& config, const std::string& requested) {
+  FT_CHECK(config.is_object(), "config.json: expected a JSON object");
+  FT_CHECK(config.contains("model_type") && config["model_type"].is_string(),
+           "config.json: missing \"model_type\" (expected one of bert, roberta, distilbert, gpt2)");
+  std::string model_type = config["model_type"].get<std::string>();
+  bool known = false;
+  for (const ArchitectureInfo& a : kArchitectures) known = known || model_type == a.model_type;
+  FT_CHECK(known, "config.json: unknown model_type \"", model_type, "\" (supported: bert, roberta, distilbert, gpt2)");
+  std::string name = requested;
+  if (name.empty() && config.contains("architectures") && config["architectures"].is_array() &&
+      !config["architectures"].empty() && config["architectures"][0].is_string())
+    name = config["architectures"][0].get<std::string>();
+  if (name.empty())
+    for (const ArchitectureInfo& a : kArchitectures)
+      if (model_type == a.model_type && a.head == Head::Base) name = a.name;
+  const ArchitectureInfo& info = find_architecture(name);
+  FT_CHECK(model_type == info.model_type, "architecture ", name, " is a ", info.model_type,
+           " model but config.json has model_type \"", model_type, "\"");
+  return name;
+}
+
+std::unique_ptr<Family> family_for(const std::string& architecture, const nlohmann::json& config) {
+  const ArchitectureInfo& info = find_architecture(architecture);
+  std::string type = info.model_type;
+  if (type == "bert" || type == "roberta") return make_bert_family(type == "roberta", info.head, config);
+  if (type == "distilbert") return make_distilbert_family(info.head, config);
+  return make_gpt2_family(info.head, config);
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+void copy_converted(float* dst, const Tensor& src) {
+  switch (src.dtype()) {
+    case DType::f32: std::memcpy(dst, src.data(), src.nbytes()); return;
+    case DType::bf16: bf16_to_float(dst, static_cast<const uint16_t*>(src.data()), static_cast<size_t>(src.numel())); return;
+    case DType::f16: f16_to_float(dst, static_cast<const uint16_t*>(src.data()), static_cast<size_t>(src.numel())); return;
+    default: throw Error(str("expected a floating-point tensor, found ", dtype_name(src.dtype())));
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> supported_architectures() {
+  std::vector<std::string> names;
+  for (const ArchitectureInfo& a : kArchitectures) names.push_back(a.name);
+  return names;
+}
+
+// A compiled plan for one batch spec, with where its outputs live.
+struct Model::Entry {
+  BatchSpec spec;
+  bool with_backward = false;
+  BuiltGraph built;
+  std::unique_ptr<runtime::Plan> plan;
+};
+
+Model::~Model() = default;
+
+namespace {
+
+// Fills every parameter as the architecture initialises it, from one seeded stream.
+void initialise(runtime::ParameterStore& params, const Family& family, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i < params.slots().size(); ++i) {
+    const runtime::ParamSlot& slot = params.slots()[i];
+    float* p = params.param(i).data_as<float>();
+    ParamInit init = family.init(slot.name);
+    switch (init.kind) {
+      case Init::Zeros: std::fill(p, p + slot.numel, 0.0f); break;
+      case Init::Ones: std::fill(p, p + slot.numel, 1.0f); break;
+      case Init::Normal: {
+        std::normal_distribution<float> normal(0.0f, static_cast<float>(init.stddev));
+        for (int64_t k = 0; k < slot.numel; ++k) p[k] = normal(rng);
+        if (init.zero_row >= 0 && slot.shape.rank() == 2 && init.zero_row < slot.shape[0])
+          std::fill(p + init.zero_row * slot.shape[1], p + (init.zero_row + 1) * slot.shape[1], 0.0f);
+        break;
+      }
+    }
+  }
+}
+
+std::unique_ptr<runtime::ParameterStore> layout_parameters(const Family& family) {
+  BatchSpec probe;
+  BuiltGraph built = family.build(probe);
+  return std::make_unique<runtime::ParameterStore>(built.graph);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::from_config(const nlohmann::json& config_or_path, uint64_t seed,
+                                          const std::string& architecture) {
+  nlohmann::json config = config_or_path.is_string() ? io::read_json_file(config_or_path.get<std::string>())
+                                                     : config_or_path;
+  std::unique_ptr<Model> m(new Model());
+  m->architecture_ = choose_architecture(config, architecture);
+  m->model_type_ = config["model_type"].get<std::string>();
+  m->config_ = config;
+  m->config_["architectures"] = nlohmann::json::array({m->architecture_});
+  std::unique_ptr<Family> family = family_for(m->architecture_, m->config_);
+  m->params_ = layout_parameters(*family);
+  m->aliases_ = family->tied();
+  initialise(*m->params_, *family, seed);
+  return m;
+}
+
+std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std::string& architecture,
+                                              const nlohmann::json& config_overrides) {
+  io::HfModelDir hf = io::read_hf_dir(dir);
+  nlohmann::json config = hf.config;
+  FT_CHECK(config_overrides.is_object(), "config overrides must be a JSON object");
+  for (auto it = config_overrides.begin(); it != config_overrides.end(); ++it) config[it.key()] = it.value();
+  if (config_overrides.contains("num_labels")) config.erase("id2label"), config.erase("label2id");
+  std::unique_ptr<Model> m = from_config(config, 0, architecture);
+  std::unique_ptr<Family> family = family_for(m->architecture_, m->config_);
+  const std::string prefix = family->base_prefix() + ".";
+  const bool head_model = family->head() != Head::Base;
+  runtime::ParameterStore& params = *m->params_;
+
+  auto known = [&](const std::string& name) { return params.contains(name) || m->aliases_.count(name) > 0; };
+  auto droppable = [&](const std::string& name) {
+    std::string local = starts_with(name, prefix) ? name.substr(prefix.size()) : name;
+    for (const std::string& head : family->head_prefixes())
+      if (starts_with(name, head) || starts_with(local, head)) return true;
+    // Buffers older checkpoints carry.
+    for (const char* buffer : {"position_ids", "attn.bias", "attn.masked_bias", "token_type_ids"})
+      if (local.size() >= std::strlen(buffer) &&
+          local.compare(local.size() - std::strlen(buffer), std::strlen(buffer), buffer) == 0)
+        return true;
+    return false;
+  };
+
+  std::set<std::string> loaded;
+  std::vector<std::string> unexpected;
+  std::string file_of_first_problem;
+  for (const std::string& name : hf.tensor_names()) {
+    std::string target;
+    if (known(name)) target = name;
+    else if (head_model && known(prefix + name)) target = prefix + name;
+    else if (!head_model && starts_with(name, prefix) && known(name.substr(prefix.size())))
+      target = name.substr(prefix.size());
+    if (target.empty()) {
+      if (!droppable(name)) unexpected.push_back(name);
+      continue;
+    }
+    auto alias = m->aliases_.find(target);
+    if (alias != m->aliases_.end()) {
+      if (hf.tensor_file.count(alias->second) || hf.tensor_file.count(alias->second.substr(
+                                                     starts_with(alias->second, prefix) ? prefix.size() : 0)))
+        continue;  // a tied duplicate of a tensor the checkpoint also holds
+      target = alias->second;
+    }
+    Tensor source = hf.tensor(name);
+    Tensor dest = params.param(target);
+    const std::string& file = hf.files[hf.tensor_file.at(name)].path();
+    FT_CHECK(source.shape() == dest.shape(), file, ": tensor \"", name, "\" has shape ", source.shape().to_string(),
+             " but the config (", m->architecture_, ") expects ", dest.shape().to_string());
+    FT_CHECK(is_floating(source.dtype()), file, ": tensor \"", name, "\" is ", dtype_name(source.dtype()),
+             "; weights must be F32, BF16 or F16");
+    copy_converted(dest.data_as<float>(), source);
+    loaded.insert(target);
+  }
+  std::vector<std::string> missing_required;
+  for (const runtime::ParamSlot& slot : params.slots()) {
+    if (loaded.count(slot.name)) continue;
+    bool head_parameter = (head_model && !starts_with(slot.name, prefix)) || slot.name.find("pooler.") != std::string::npos;
+    if (head_parameter) m->missing_keys_.push_back(slot.name);
+    else missing_required.push_back(slot.name);
+  }
+  if (!unexpected.empty() || !missing_required.empty()) {
+    std::string msg = str(dir, ": the weights do not match ", m->architecture_, " with this config.json");
+    if (!missing_required.empty()) msg += str("; missing tensors: ", join(missing_required));
+    if (!unexpected.empty()) msg += str("; unexpected tensors: ", join(unexpected));
+    throw Error(msg);
+  }
+  return m;
+}
+
+std::vector<std::string> Model::state_dict_names() const {
+  std::vector<std::string> names;
+  for (const runtime::ParamSlot& slot : params_->slots()) names.push_back(slot.name);
+  for (const auto& [alias, stored] : aliases_) names.push_back(alias);
+  return names;
+}
+
+Tensor Model::parameter(const std::string& hf_name) const {
+  auto alias = aliases_.find(hf_name);
+  return params_->param(alias == aliases_.end() ? hf_name : alias->second);
+}
+
+Tensor Model::gradient(const std::string& hf_name) const {
+  auto alias = aliases_.find(hf_name);
+  return params_->grad(alias == aliases_.end() ? hf_name : alias->second);
+}
+
+void Model::load_state_dict(const std::map<std::string, Tensor>& tensors, bool strict) {
+  std::vector<std::string> unexpected, missing;
+  std::set<std::string> seen;
+  for (const auto& [name, tensor] : tensors) {
+    if (!params_->contains(name) && !aliases_.count(name)) {
+      unexpected.push_back(name);
+      continue;
+    }
+    Tensor dest = parameter(name);
+    FT_CHECK(tensor.shape() == dest.shape(), "load_state_dict: \"", name, "\" has shape ", tensor.shape().to_string(),
+             " but the model expects ", dest.shape().to_string());
+    copy_converted(dest.data_as<float>(), tensor);
+    seen.insert(aliases_.count(name) ? aliases_.at(name) : name);
+  }
+  for (const runtime::ParamSlot& slot : params_->slots())
+    if (!seen.count(slot.name)) missing.push_back(slot.name);
+  if (strict && (!unexpected.empty() || !missing.empty()))
+    throw Error(str("load_state_dict: ", missing.empty() ? "" : "missing keys: " + join(missing),
+                    !missing.empty() && !unexpected.empty() ? "; " : "",
+                    unexpected.empty() ? "" : "unexpected keys: " + join(unexpected)));
+}
+
+void Model::save_pretrained(const std::string& dir) const {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (size_t i = 0; i < params_->slots().size(); ++i)
+    tensors.emplace_back(params_->slots()[i].name, params_->param(i));
+  nlohmann::json config = config_;
+  config["architectures"] = nlohmann::json::array({architecture_});
+  if (!config.contains("torch_dtype")) config["torch_dtype"] = "float32";
+  io::write_hf_dir(dir, config, tensors);
+}
+
+BuiltGraph Model::build(const BatchSpec& spec) const { return family_for(architecture_, config_)->build(spec); }
+
+Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backward) {
+  BatchSpec spec;
+  spec.batch = batch.input_ids.shape()[0];
+  spec.seq = batch.input_ids.shape()[1];
+  spec.training = training;
+  if (batch.start_positions.defined() || batch.end_positions.defined()) spec.labels = LabelKind::Spans;
+  else if (batch.labels.defined() && batch.labels.data() != nullptr) {
+    if (batch.labels.dtype() == DType::f32) spec.labels = LabelKind::Values;
+    else spec.labels = batch.labels.shape().rank() == 2 ? LabelKind::TokenIds : LabelKind::ClassIds;
+  }
+  for (const std::unique_ptr<Entry>& e : plans_)
+    if (e->spec == spec && e->with_backward == with_backward) return *e;
+  auto entry = std::make_unique<Entry>();
+  entry->spec = spec;
+  entry->with_backward = with_backward;
+  entry->built = build(spec);
+  ir::Graph& g = entry->built.graph;
+  for (ir::ValueId v : {entry->built.logits, entry->built.end_logits, entry->built.loss})
+    if (v != ir::kNone) g.mark_output(v);
+  if (with_backward) {
+    FT_CHECK(entry->built.loss != ir::kNone, architecture_, ": gradients need labels (no loss without them)");
+    autodiff::build_backward(g, entry->built.loss, g.params());
+  }
+  runtime::PlanOptions options;
+  options.num_threads = num_threads_;
+  entry->plan = runtime::Plan::compile(g, *params_, options);
+  // Defaults for inputs the caller may leave out: all-ones mask, zero token types.
+  Tensor mask = entry->plan->input(InputNames::attention_mask);
+  std::fill(mask.data_as<int64_t>(), mask.data_as<int64_t>() + mask.numel(), int64_t{1});
+  plans_.push_back(std::move(entry));
+  return *plans_.back();
+}
+
+namespace {
+
+void require_ids(const Tensor& t, const char* what, int64_t B, int64_t T) {
+  FT_CHECK(t.dtype() == DType::i64, what, " must be int64, found ", dtype_name(t.dtype()));
+  FT_CHECK(t.shape() == Shape({B, T}), what, " has shape ", t.shape().to_string(), ", expected (", B, ", ", T,
+           ") like input_ids");
+}
+
+}  // namespace
+
+ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bool zero_grads) {
+  const Tensor& ids = batch.input_ids;
+  FT_CHECK(ids.data() != nullptr && ids.shape().rank() == 2, "input_ids must have shape (batch, sequence), found ",
+           ids.shape().to_string());
+  FT_CHECK(ids.dtype() == DType::i64, "input_ids must be int64, found ", dtype_name(ids.dtype()));
+  const int64_t B = ids.shape()[0], T = ids.shape()[1];
+  FT_CHECK(B > 0 && T > 0, "input_ids is empty: shape ", ids.shape().to_string());
+  std::unique_ptr<Family> family = family_for(architecture_, config_);
+  FT_CHECK(T <= family->max_positions(), "sequence length ", T, " exceeds the model's maximum of ",
+           family->max_positions(), " positions");
+  Entry& e = plan_for(batch, training, with_backward);
+  runtime::Plan& plan = *e.plan;
+  const int64_t* id_data = ids.data_as<int64_t>();
+  plan.bind_input(InputNames::input_ids, ids.data());
+
+  auto bind_optional = [&](const char* name, const Tensor& t) {
+    if (t.data() == nullptr) {
+      plan.bind_input(name, nullptr);
+      return;
+    }
+    require_ids(t, name, B, T);
+    plan.bind_input(name, t.data());
+  };
+  bind_optional(InputNames::attention_mask, batch.attention_mask);
+  if (family->uses_token_type_ids()) bind_optional(InputNames::token_type_ids, batch.token_type_ids);
+  else
+    FT_CHECK(batch.token_type_ids.data() == nullptr, architecture_, " does not take token_type_ids");
+  if (batch.position_ids.data() != nullptr) {
+    require_ids(batch.position_ids, "position_ids", B, T);
+    plan.bind_input(InputNames::position_ids, batch.position_ids.data());
+  } else {
+    plan.bind_input(InputNames::position_ids, nullptr);
+    family->default_position_ids(id_data, B, T, plan.input(InputNames::position_ids).data_as<int64_t>());
+  }
+  if (family->head() == Head::SequenceClassification && model_type_ == "gpt2") {
+    int64_t* rows = plan.input(InputNames::pool_index).data_as<int64_t>();
+    for (int64_t b = 0; b < B; ++b) rows[b] = b * T + family->pool_position(id_data + b * T, T);
+  }
+
+  switch (e.spec.labels) {
+    case LabelKind::None: break;
+    case LabelKind::TokenIds: {
+      require_ids(batch.labels, "labels", B, T);
+      if (family->head() == Head::CausalLM) {
+        // Shift left: position t predicts token t + 1; the last position is ignored.
+        int64_t* shifted = plan.input(InputNames::labels).data_as<int64_t>();
+        const int64_t* labels = batch.labels.data_as<int64_t>();
+        for (int64_t b = 0; b < B; ++b) {
+          for (int64_t t = 0; t + 1 < T; ++t) shifted[b * T + t] = labels[b * T + t + 1];
+          shifted[b * T + T - 1] = -100;
+        }
+      } else {
+        plan.bind_input(InputNames::labels, batch.labels.data());
+      }
+      break;
+    }
+    case LabelKind::ClassIds:
+      FT_CHECK(batch.labels.dtype() == DType::i64 && batch.labels.shape() == Shape({B}), "labels have shape ",
+               batch.labels.shape().to_string(), "; class labels must be int64 of shape (", B, ")");
+      plan.bind_input(InputNames::labels, batch.labels.data());
+      break;
+    case LabelKind::Values: {
+      Tensor dest = plan.input(InputNames::labels);
+      FT_CHECK(batch.labels.numel() == dest.numel(), "float labels have shape ", batch.labels.shape().to_string(),
+               ", expected ", dest.shape().to_string());
+      plan.bind_input(InputNames::labels, batch.labels.data());
+      break;
+    }
+    case LabelKind::Spans: {
+      FT_CHECK(batch.start_positions.defined() && batch.end_positions.defined(),
+               "question answering needs both start_positions and end_positions");
+      for (auto [name, t] : {std::pair{InputNames::start_positions, &batch.start_positions},
+                             std::pair{InputNames::end_positions, &batch.end_positions}}) {
+        FT_CHECK(t->dtype() == DType::i64 && t->shape() == Shape({B}), name, " must be int64 of shape (", B, ")");
+        int64_t* dest = plan.input(name).data_as<int64_t>();
+        for (int64_t b = 0; b < B; ++b) dest[b] = std::clamp<int64_t>(t->data_as<int64_t>()[b], 0, T);
+      }
+      break;
+    }
+  }
+
+  if (zero_grads) params_->zero_grads();
+  plan.run();
+  last_plan_ = &plan;
+  ModelOutput out;
+  out.logits = plan.output(e.built.logits);
+  if (e.built.end_logits != ir::kNone) out.end_logits = plan.output(e.built.end_logits);
+  if (e.built.loss != ir::kNone) out.loss = plan.output(e.built.loss).item();
+  return out;
+}
+
+ModelOutput Model::forward(const Batch& batch, bool training) { return run(batch, training, false, false); }
+
+double Model::loss_and_grads(const Batch& batch, bool training) { return *run(batch, training, true, true).loss; }
+
+double Model::accumulate_grads(const Batch& batch, bool training) {
+  return *run(batch, training, true, false).loss;
+}
+
+}  // namespace fusetrain::models
