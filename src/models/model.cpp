@@ -413,6 +413,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
   }
 
   if (zero_grads) params_->zero_grads();
+  if (training) plan.set_step(rng_step_++);
   plan.run();
   last_plan_ = &plan;
   ModelOutput out;

@@ -114,6 +114,10 @@ class Model {
   double loss_and_grads(const Batch& batch, bool training = false);
   /// Forward + backward without zeroing gradients first (gradient accumulation).
   double accumulate_grads(const Batch& batch, bool training = false);
+  /// Training runs draw dropout masks from a counter shared by all of this model's
+  /// plans: run k uses stream offset k. Resuming restores it, so masks continue exactly.
+  uint64_t rng_step() const { return rng_step_; }
+  void set_rng_step(uint64_t step) { rng_step_ = step; }
   /// Threads used by the kernels (0: all cores).
   void set_num_threads(int n) { num_threads_ = n; }
   /// The compiled plan for the most recent batch shape, for reports.
@@ -134,6 +138,7 @@ class Model {
   std::vector<std::unique_ptr<Entry>> plans_;
   const runtime::Plan* last_plan_ = nullptr;
   int num_threads_ = 0;
+  uint64_t rng_step_ = 0;
 };
 
 /// The transformers classes fusetrain implements, for error messages.
