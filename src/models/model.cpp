@@ -370,10 +370,19 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     for (int64_t b = 0; b < B; ++b) rows[b] = b * T + family->pool_position(id_data + b * T, T);
   }
 
+  // Integer labels must name a class of the logits (or be -100, ignored).
+  auto check_classes = [&](const Tensor& labels) {
+    const int64_t classes = e.built.graph.value(e.built.logits).shape[-1];
+    const int64_t* l = labels.data_as<int64_t>();
+    for (int64_t i = 0; i < labels.numel(); ++i)
+      FT_CHECK(l[i] == -100 || (l[i] >= 0 && l[i] < classes), "labels: value ", l[i], " at position ", i,
+               " is outside [0, ", classes, ") (the model has ", classes, " classes; -100 marks ignored positions)");
+  };
   switch (e.spec.labels) {
     case LabelKind::None: break;
     case LabelKind::TokenIds: {
       require_ids(batch.labels, "labels", B, T);
+      check_classes(batch.labels);
       if (family->head() == Head::CausalLM) {
         // Shift left: position t predicts token t + 1; the last position is ignored.
         int64_t* shifted = plan.input(InputNames::labels).data_as<int64_t>();
@@ -390,6 +399,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     case LabelKind::ClassIds:
       FT_CHECK(batch.labels.dtype() == DType::i64 && batch.labels.shape() == Shape({B}), "labels have shape ",
                batch.labels.shape().to_string(), "; class labels must be int64 of shape (", B, ")");
+      check_classes(batch.labels);
       plan.bind_input(InputNames::labels, batch.labels.data());
       break;
     case LabelKind::Values: {

@@ -182,7 +182,7 @@ TEST(Models, BadBatchesGiveClearErrors) {
   ids[3] = 3;
   std::vector<int64_t> labels{0, 7};
   batch.labels = Tensor::view(labels.data(), {2}, DType::i64);
-  EXPECT_NE(error_of([&] { model->loss_and_grads(batch); }).find("target 7"), std::string::npos);
+  EXPECT_NE(error_of([&] { model->loss_and_grads(batch); }).find("labels: value 7"), std::string::npos);
 }
 
 TEST(Models, HeadMissingFromCheckpointIsInitialisedAndReported) {

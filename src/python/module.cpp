@@ -1,0 +1,681 @@
+// fusetrain._core: the Python binding of models::Model and the optimizers.
+//
+// Inputs are numpy arrays. An aligned, C-contiguous int64 array is handed to the
+// engine as a Tensor view of its own memory (no copy); anything else is converted
+// once with numpy. Outputs (logits, gradients, state dicts) are copies owned by
+// the returned numpy arrays, because the engine's buffers are reused by the next
+// run. Runs release the GIL; a per-model mutex keeps two threads from running
+// (or stepping an optimizer over) the same model at once. The mutex is only ever
+// taken with the GIL released, so the two locks cannot deadlock.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "fusetrain/core/cpu.h"
+#include "fusetrain/core/error.h"
+#include "fusetrain/core/half.h"
+#include "fusetrain/core/tensor.h"
+#include "fusetrain/models/model.h"
+#include "fusetrain/optim/optimizer.h"
+
+#ifndef FUSETRAIN_VERSION
+#define FUSETRAIN_VERSION "0.0.0"
+#endif
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace fusetrain::python {
+namespace {
+
+// ---------------------------------------------------------------- JSON <-> Python
+
+nlohmann::json to_json(py::handle obj, const std::string& where) {
+  if (obj.is_none()) return nullptr;
+  if (py::isinstance<py::bool_>(obj)) return obj.cast<bool>();  // before int: bool is an int
+  if (py::isinstance<py::int_>(obj)) {
+    if (obj.cast<py::int_>() < py::int_(0)) return obj.cast<int64_t>();
+    return obj.cast<uint64_t>();
+  }
+  if (py::isinstance<py::float_>(obj)) return obj.cast<double>();
+  if (py::isinstance<py::str>(obj)) return obj.cast<std::string>();
+  if (py::isinstance<py::dict>(obj)) {
+    nlohmann::json out = nlohmann::json::object();
+    for (auto [key, value] : obj.cast<py::dict>()) {
+      // Keys become strings as json.dumps writes them: transformers' id2label has int keys.
+      std::string name;
+      if (py::isinstance<py::str>(key))
+        name = key.cast<std::string>();
+      else if (py::isinstance<py::bool_>(key))
+        name = key.cast<bool>() ? "true" : "false";
+      else if (py::isinstance<py::int_>(key) || py::isinstance<py::float_>(key))
+        name = py::str(key).cast<std::string>();
+      else
+        throw Error(str(where, ": keys must be strings or numbers; found ", py::repr(key).cast<std::string>()));
+      out[name] = to_json(value, where + "." + name);
+    }
+    return out;
+  }
+  if (py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj)) {
+    nlohmann::json out = nlohmann::json::array();
+    size_t i = 0;
+    for (py::handle item : obj) out.push_back(to_json(item, str(where, "[", i++, "]")));
+    return out;
+  }
+  if (py::hasattr(obj, "item") && py::hasattr(obj, "dtype")) return to_json(obj.attr("item")(), where);  // numpy scalar
+  throw Error(str(where, ": a value of type ", py::type::of(obj).attr("__name__").cast<std::string>(),
+                  " cannot be written to config.json (expected None, bool, int, float, str, list or dict)"));
+}
+
+py::object to_python(const nlohmann::json& j) {
+  if (j.is_boolean()) return py::bool_(j.get<bool>());
+  if (j.is_number_unsigned()) return py::int_(j.get<uint64_t>());
+  if (j.is_number_integer()) return py::int_(j.get<int64_t>());
+  if (j.is_number_float()) return py::float_(j.get<double>());
+  if (j.is_string()) return py::str(j.get<std::string>());
+  if (j.is_array()) {
+    py::list out;
+    for (const auto& item : j) out.append(to_python(item));
+    return out;
+  }
+  if (j.is_object()) {
+    py::dict out;
+    for (const auto& [key, value] : j.items()) out[py::str(key)] = to_python(value);
+    return out;
+  }
+  return py::none();
+}
+
+// ---------------------------------------------------------------- numpy <-> Tensor
+
+py::module_& numpy() {
+  static py::module_ np = py::module_::import("numpy");
+  return np;
+}
+
+// "(2, 8)", "(8,)", "()" as numpy prints shapes.
+std::string shape_string(const py::array& a) {
+  std::string s = "(";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+  return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+std::vector<int64_t> dims_of(const py::array& a) { return std::vector<int64_t>(a.shape(), a.shape() + a.ndim()); }
+
+bool is_plain(const py::array& a) {
+  return (a.flags() & py::array::c_style) && (a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_) &&
+         (a.dtype().byteorder() == '=' || a.dtype().byteorder() == '|' || a.dtype().byteorder() == '<');
+}
+
+py::array as_array(py::handle obj) {
+  if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
+  return numpy().attr("asarray")(obj);
+}
+
+/// An input of a batch: the numpy array that owns the memory and the engine's view of it.
+struct Input {
+  py::array array;
+  Tensor tensor;
+};
+
+/// Integer ids or positions as i64 (zero copy when already int64, contiguous and aligned);
+/// `allow_bool` admits boolean masks.
+Input int64_input(py::handle obj, const char* name, bool allow_bool = false) {
+  py::array a = as_array(obj);
+  char kind = a.dtype().kind();
+  FT_CHECK(kind == 'i' || kind == 'u' || (allow_bool && kind == 'b'), name, " must be an integer array; got dtype ",
+           py::str(a.dtype()).cast<std::string>());
+  if (!(py::array_t<int64_t>::check_(a) && is_plain(a)))
+    a = numpy().attr("ascontiguousarray")(a, "dtype"_a = numpy().attr("int64"));
+  return {a, Tensor::view(const_cast<void*>(a.data()), Shape(dims_of(a)), DType::i64)};
+}
+
+/// Labels: integer class or token ids become i64; floating values (regression,
+/// multi-label) become f32, and a (B) vector becomes (B, 1).
+Input label_input(py::handle obj) {
+  py::array a = as_array(obj);
+  char kind = a.dtype().kind();
+  if (kind != 'f') return int64_input(a, "labels");
+  if (!(py::array_t<float>::check_(a) && is_plain(a)))
+    a = numpy().attr("ascontiguousarray")(a, "dtype"_a = numpy().attr("float32"));
+  std::vector<int64_t> dims = dims_of(a);
+  if (dims.size() == 1) dims.push_back(1);
+  return {a, Tensor::view(const_cast<void*>(a.data()), Shape(dims), DType::f32)};
+}
+
+/// A batch's arrays (kept alive for the run) and the engine's views of them.
+struct PreparedBatch {
+  models::Batch batch;
+  std::vector<py::array> keep_alive;
+  bool has_labels = false;
+};
+
+/// Converts and checks the keyword arguments of forward / loss_and_grads.
+PreparedBatch prepare_batch(py::handle input_ids, py::handle attention_mask, py::handle token_type_ids,
+                            py::handle position_ids, py::handle labels, py::handle start_positions,
+                            py::handle end_positions) {
+  PreparedBatch out;
+  FT_CHECK(!input_ids.is_none(), "input_ids is required");
+  Input ids = int64_input(input_ids, "input_ids");
+  FT_CHECK(ids.array.ndim() == 2, "input_ids must have shape (batch, sequence); got shape ", shape_string(ids.array));
+  FT_CHECK(ids.array.size() > 0, "input_ids is empty: shape ", shape_string(ids.array));
+  const std::string ids_shape = shape_string(ids.array);
+  const int64_t batch = ids.array.shape(0);
+  out.batch.input_ids = ids.tensor;
+  out.keep_alive.push_back(ids.array);
+
+  auto like_ids = [&](py::handle obj, const char* name, bool allow_bool, Tensor& slot) {
+    if (obj.is_none()) return;
+    Input in = int64_input(obj, name, allow_bool);
+    FT_CHECK(in.array.ndim() == 2 && shape_string(in.array) == ids_shape, name, " must have the shape of input_ids ",
+             ids_shape, "; got shape ", shape_string(in.array));
+    slot = in.tensor;
+    out.keep_alive.push_back(in.array);
+  };
+  like_ids(attention_mask, "attention_mask", true, out.batch.attention_mask);
+  like_ids(token_type_ids, "token_type_ids", false, out.batch.token_type_ids);
+  like_ids(position_ids, "position_ids", false, out.batch.position_ids);
+
+  if (!labels.is_none()) {
+    Input in = label_input(labels);
+    FT_CHECK((in.array.ndim() == 1 || in.array.ndim() == 2) && in.array.shape(0) == batch,
+             "labels must have shape (batch,) or (batch, n) with batch ", batch, "; got shape ",
+             shape_string(in.array));
+    out.batch.labels = in.tensor;
+    out.keep_alive.push_back(in.array);
+    out.has_labels = true;
+  }
+
+  auto position = [&](py::handle obj, const char* name, Tensor& slot) {
+    Input in = int64_input(obj, name);
+    FT_CHECK((in.array.ndim() == 1 || (in.array.ndim() == 2 && in.array.shape(1) == 1)) && in.array.shape(0) == batch,
+             name, " must have shape (batch,) with batch ", batch, "; got shape ", shape_string(in.array));
+    slot = in.tensor.reshaped(Shape{batch});
+    out.keep_alive.push_back(in.array);
+  };
+  FT_CHECK(start_positions.is_none() == end_positions.is_none(),
+           "start_positions and end_positions must be given together");
+  if (!start_positions.is_none()) {
+    FT_CHECK(labels.is_none(), "give either labels or start_positions/end_positions, not both");
+    position(start_positions, "start_positions", out.batch.start_positions);
+    position(end_positions, "end_positions", out.batch.end_positions);
+    out.has_labels = true;
+  }
+  return out;
+}
+
+/// An owning f32 copy of an engine tensor (which the next run overwrites).
+Tensor f32_copy(const Tensor& t) {
+  if (t.dtype() == DType::f32) return t.clone();
+  Tensor out = Tensor::zeros(t.shape(), DType::f32);
+  const auto n = static_cast<size_t>(t.numel());
+  if (t.dtype() == DType::bf16)
+    bf16_to_float(out.data_as<float>(), t.data_as<uint16_t>(), n);
+  else if (t.dtype() == DType::f16)
+    f16_to_float(out.data_as<float>(), t.data_as<uint16_t>(), n);
+  else
+    for (int64_t i = 0; i < t.numel(); ++i) out.data_as<float>()[i] = static_cast<float>(t.item(i));
+  return out;
+}
+
+/// A numpy array over an owning f32 Tensor's memory; the array keeps the Tensor alive.
+py::array to_numpy(Tensor t) {
+  auto holder = std::make_unique<Tensor>(std::move(t));
+  float* data = holder->data_as<float>();
+  std::vector<py::ssize_t> shape(holder->shape().dims().begin(), holder->shape().dims().end());
+  py::capsule owner(holder.get(), [](void* p) { delete static_cast<Tensor*>(p); });
+  holder.release();
+  return py::array_t<float>(shape, data, owner);
+}
+
+/// A state-dict value as a Tensor view: float32 / float16 / bfloat16 pass through,
+/// other floating types become float32. Torch tensors are accepted directly.
+Input weight_input(py::handle obj, const std::string& name) {
+  py::object value = py::reinterpret_borrow<py::object>(obj);
+  bool torch_bf16 = false;
+  if (py::hasattr(value, "detach") && py::hasattr(value, "cpu") && py::hasattr(value, "numpy")) {
+    value = value.attr("detach")().attr("cpu")();
+    if (py::str(value.attr("dtype")).cast<std::string>() == "torch.bfloat16") {
+      value = value.attr("view")(py::module_::import("torch").attr("int16"));
+      torch_bf16 = true;
+    }
+    value = value.attr("numpy")();
+  }
+  py::array a = as_array(value);
+  if (!is_plain(a)) a = numpy().attr("ascontiguousarray")(a);
+  const std::string dtype = py::str(a.dtype()).cast<std::string>();
+  DType type;
+  if (torch_bf16 || dtype == "bfloat16")
+    type = DType::bf16;  // ml_dtypes.bfloat16 shows as "bfloat16"
+  else if (dtype == "float32")
+    type = DType::f32;
+  else if (dtype == "float16")
+    type = DType::f16;
+  else if (a.dtype().kind() == 'f') {
+    a = numpy().attr("ascontiguousarray")(a, "dtype"_a = numpy().attr("float32"));
+    type = DType::f32;
+  } else {
+    throw Error(str("state_dict[\"", name, "\"]: expected a floating-point array (float32, float16 or bfloat16); got ",
+                    dtype, " with shape ", shape_string(a)));
+  }
+  return {a, Tensor::view(const_cast<void*>(a.data()), Shape(dims_of(a)), type)};
+}
+
+// ---------------------------------------------------------------- Model
+
+/// models::Model plus the Python-side state: the training flag and the run lock.
+struct PyModel {
+  std::unique_ptr<models::Model> model;
+  bool training = false;
+  int num_threads = 0;
+  std::mutex mutex;
+};
+
+nlohmann::json config_argument(py::handle config) {
+  if (py::isinstance<py::str>(config) || py::hasattr(config, "__fspath__"))
+    return py::str(py::module_::import("os").attr("fspath")(config)).cast<std::string>();  // a config.json path
+  FT_CHECK(py::isinstance<py::dict>(config), "config must be a dict or the path of a config.json; got ",
+           py::type::of(config).attr("__name__").cast<std::string>());
+  return to_json(config, "config");
+}
+
+std::unique_ptr<PyModel> wrap(std::unique_ptr<models::Model> model) {
+  auto out = std::make_unique<PyModel>();
+  out->model = std::move(model);
+  return out;
+}
+
+/// Runs `f` with the GIL released and the model's lock held (in that order, always).
+template <typename F>
+auto locked(PyModel& self, F&& f) {
+  py::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(self.mutex);
+  self.model->set_num_threads(self.num_threads);
+  return f();
+}
+
+py::dict forward(PyModel& self, const PreparedBatch& prepared) {
+  auto [logits, end_logits, hidden, loss] = locked(self, [&] {
+    models::ModelOutput out = self.model->forward(prepared.batch, self.training);
+    Tensor logits = out.logits.defined() ? f32_copy(out.logits) : Tensor();
+    Tensor end = out.end_logits.defined() ? f32_copy(out.end_logits) : Tensor();
+    // A model without a head (BertModel, GPT2Model, ...) returns its last hidden states.
+    const std::string& arch = self.model->architecture();
+    bool base = arch.size() > 5 && arch.compare(arch.size() - 5, 5, "Model") == 0 && arch != "GPT2LMHeadModel";
+    Tensor hidden = base ? logits : Tensor();
+    if (base) logits = Tensor();
+    return std::make_tuple(logits, end, hidden, out.loss);
+  });
+  py::dict result;
+  if (loss) result["loss"] = py::float_(*loss);
+  if (end_logits.defined()) {
+    result["start_logits"] = to_numpy(std::move(logits));
+    result["end_logits"] = to_numpy(std::move(end_logits));
+  } else if (logits.defined()) {
+    result["logits"] = to_numpy(std::move(logits));
+  } else if (hidden.defined()) {
+    result["last_hidden_state"] = to_numpy(std::move(hidden));
+  }
+  return result;
+}
+
+/// Parameters (or their gradients) as a dict of float32 copies in state_dict_names order.
+py::dict named_copies(const std::vector<std::string>& names, std::vector<Tensor>& values) {
+  py::dict out;
+  for (size_t i = 0; i < names.size(); ++i) out[py::str(names[i])] = to_numpy(std::move(values[i]));
+  return out;
+}
+
+py::tuple loss_and_grads(PyModel& self, const PreparedBatch& prepared) {
+  FT_CHECK(prepared.has_labels, "loss_and_grads needs labels (or start_positions and end_positions)");
+  std::vector<std::string> names;
+  std::vector<Tensor> grads;
+  double loss = locked(self, [&] {
+    double value = self.model->loss_and_grads(prepared.batch, self.training);
+    names = self.model->state_dict_names();
+    for (const auto& name : names) grads.push_back(self.model->gradient(name).clone());
+    return value;
+  });
+  return py::make_tuple(loss, named_copies(names, grads));
+}
+
+double accumulate_grads(PyModel& self, const PreparedBatch& prepared) {
+  FT_CHECK(prepared.has_labels, "accumulate_grads needs labels (or start_positions and end_positions)");
+  return locked(self, [&] { return self.model->accumulate_grads(prepared.batch, self.training); });
+}
+
+py::dict state_dict(PyModel& self) {
+  std::vector<std::string> names;
+  std::vector<Tensor> values;
+  locked(self, [&] {
+    names = self.model->state_dict_names();
+    for (const auto& name : names) values.push_back(f32_copy(self.model->parameter(name)));
+  });
+  return named_copies(names, values);
+}
+
+void load_state_dict(PyModel& self, const py::dict& tensors, bool strict) {
+  std::vector<py::array> keep_alive;
+  std::map<std::string, Tensor> views;
+  for (auto [key, value] : tensors) {
+    FT_CHECK(py::isinstance<py::str>(key), "state_dict keys must be parameter names (str); found ",
+             py::repr(key).cast<std::string>());
+    std::string name = key.cast<std::string>();
+    Input in = weight_input(value, name);
+    views.emplace(name, in.tensor);
+    keep_alive.push_back(std::move(in.array));
+  }
+  locked(self, [&] { self.model->load_state_dict(views, strict); });
+}
+
+std::string model_repr(const PyModel& self) {
+  const auto n = static_cast<double>(self.model->params().num_parameters());
+  std::ostringstream count;
+  count.precision(3);
+  if (n >= 1e6)
+    count << n / 1e6 << "M";
+  else if (n >= 1e3)
+    count << n / 1e3 << "K";
+  else
+    count << n;
+  return str("<fusetrain.Model ", self.model->architecture(), " (", self.model->model_type(), "), ", count.str(),
+             " parameters, ", self.training ? "training" : "eval", ">");
+}
+
+/// Defines a method taking a batch's keyword arguments (input_ids, ..., end_positions);
+/// `f(model, prepared_batch)` does the work.
+template <typename F>
+void def_batch_method(py::class_<PyModel>& cls, const char* name, F f, const char* doc) {
+  auto method = [f](PyModel& self, py::handle input_ids, py::handle attention_mask, py::handle token_type_ids,
+                    py::handle position_ids, py::handle labels, py::handle start_positions, py::handle end_positions) {
+    return f(self, prepare_batch(input_ids, attention_mask, token_type_ids, position_ids, labels, start_positions,
+                                 end_positions));
+  };
+  cls.def(name, method, "input_ids"_a, "attention_mask"_a = py::none(), "token_type_ids"_a = py::none(),
+          "position_ids"_a = py::none(), "labels"_a = py::none(), "start_positions"_a = py::none(),
+          "end_positions"_a = py::none(), doc);
+}
+
+// ---------------------------------------------------------------- optimizers
+
+/// optim::AdamW over a model's flat buffers; holds the model (keep_alive) for its lock.
+struct PyAdamW {
+  PyAdamW(PyModel& m, optim::AdamWConfig config) : model(m), optimizer(m.model->params(), config) {}
+  PyModel& model;
+  optim::AdamW optimizer;
+};
+
+/// optim::Sgd over a model's flat buffers; the learning rate lives here so it can change.
+struct PySgd {
+  PySgd(PyModel& m, optim::SgdConfig config) : model(m), optimizer(m.model->params(), config), lr(config.lr) {}
+  PyModel& model;
+  optim::Sgd optimizer;
+  double lr;
+};
+
+void check_hyperparameters(double lr, double weight_decay) {
+  FT_CHECK(lr >= 0 && std::isfinite(lr), "lr must be a non-negative number; got ", lr);
+  FT_CHECK(weight_decay >= 0, "weight_decay must be non-negative; got ", weight_decay);
+}
+
+void zero_grads(PyModel& model) {
+  locked(model, [&] { model.model->params().zero_grads(); });
+}
+
+void adamw_step(PyAdamW& self) {
+  locked(self.model, [&] {
+    self.optimizer.set_num_threads(self.model.num_threads);
+    self.optimizer.step();
+  });
+}
+
+double adamw_clip_and_step(PyAdamW& self, double max_norm) {
+  return locked(self.model, [&] {
+    self.optimizer.set_num_threads(self.model.num_threads);
+    return self.optimizer.clip_and_step(max_norm);
+  });
+}
+
+void sgd_step(PySgd& self) {
+  locked(self.model, [&] {
+    self.optimizer.set_num_threads(self.model.num_threads);
+    self.optimizer.step(1.0, self.lr);
+  });
+}
+
+}  // namespace
+}  // namespace fusetrain::python
+
+// ---------------------------------------------------------------- module
+
+PYBIND11_MODULE(_core, m) {
+  using namespace fusetrain;
+  using namespace fusetrain::python;
+  m.doc() = "fusetrain's C++ engine: Hugging Face transformer models compiled into static training plans.";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      py::set_error(PyExc_ValueError, e.what());
+    } catch (const nlohmann::json::exception& e) {
+      py::set_error(PyExc_ValueError, str("invalid config: ", e.what()).c_str());
+    }
+    // Anything else falls through to pybind11's own translators (std::exception -> RuntimeError).
+  });
+
+  m.attr("__version__") = FUSETRAIN_VERSION;
+  m.def(
+      "cpu_features", [] { return cpu_features().to_string(); },
+      "Instruction-set features the kernels use on this CPU, e.g. \"avx2 fma avx512f avx512_bf16\".");
+  m.def("supported_architectures", &models::supported_architectures,
+        "The transformers classes fusetrain implements, e.g. [\"BertForSequenceClassification\", ...].");
+  m.def(
+      "_input_address",
+      [](py::handle array, const char* name) {
+        return reinterpret_cast<uintptr_t>(int64_input(array, name).tensor.data());
+      },
+      "array"_a, "name"_a = "input_ids",
+      "Address of the memory the engine would read for an id array (equal to the array's own "
+      "address when it is passed without a copy). For tests.");
+
+  py::class_<PyModel> model_class(m, "Model", R"doc(
+A Hugging Face transformer (BERT, RoBERTa, DistilBERT, GPT-2 and their heads) run by
+fusetrain. Parameters live under their Hugging Face names; a plan is compiled per batch
+shape on first use and cached. Create one with Model.from_pretrained or Model.from_config.
+The model starts in eval mode (no dropout), as transformers models do after from_pretrained.
+)doc");
+  model_class
+      .def_static(
+          "from_pretrained",
+          [](const std::filesystem::path& path, std::optional<std::string> architecture, py::kwargs overrides) {
+            nlohmann::json config_overrides = to_json(overrides, "config_overrides");
+            std::unique_ptr<models::Model> model;
+            {
+              py::gil_scoped_release release;
+              model = models::Model::from_pretrained(path.string(), architecture.value_or(""), config_overrides);
+            }
+            return wrap(std::move(model));
+          },
+          "path"_a, "architecture"_a = py::none(), R"doc(
+Loads config.json and *.safetensors from a local model directory.
+
+architecture: the transformers class to build (e.g. "BertForSequenceClassification");
+    defaults to config["architectures"][0].
+**config_overrides: merged into the config first, e.g. num_labels=2.
+Head weights missing from the checkpoint are freshly initialised and listed in missing_keys.
+)doc")
+      .def_static(
+          "from_config",
+          [](py::handle config, uint64_t seed, std::optional<std::string> architecture) {
+            nlohmann::json json = config_argument(config);
+            std::unique_ptr<models::Model> model;
+            {
+              py::gil_scoped_release release;
+              model = models::Model::from_config(json, seed, architecture.value_or(""));
+            }
+            return wrap(std::move(model));
+          },
+          "config"_a, "seed"_a = 0, "architecture"_a = py::none(), R"doc(
+A model with fresh weights, initialised as transformers does.
+
+config: a dict (the contents of a config.json) or the path of a config.json.
+seed: seeds the initialisation.
+architecture: the transformers class to build; defaults to config["architectures"][0].
+)doc")
+      .def("zero_grad", &zero_grads, "Sets every gradient to zero.")
+      .def("state_dict", &state_dict,
+           "Every parameter as a float32 numpy copy, keyed by its Hugging Face name, in transformers' order "
+           "(tied weights appear under each of their names).")
+      .def("load_state_dict", &load_state_dict, "state_dict"_a, "strict"_a = true, R"doc(
+Copies arrays into the parameters by Hugging Face name. Values may be numpy arrays (float32,
+float16, bfloat16 via ml_dtypes, or other floats, converted), anything numpy.asarray accepts,
+or torch tensors. With strict, missing or unexpected names raise ValueError listing them.
+)doc")
+      .def(
+          "save_pretrained",
+          [](PyModel& self, const std::filesystem::path& path) {
+            locked(self, [&] { self.model->save_pretrained(path.string()); });
+          },
+          "path"_a, "Writes config.json and model.safetensors (float32) in transformers' layout.")
+      .def(
+          "train",
+          [](PyModel& self, bool mode) -> PyModel& {
+            self.training = mode;
+            return self;
+          },
+          "mode"_a = true, py::return_value_policy::reference,
+          "Training mode (dropout active) when mode is true, eval otherwise; returns the model.")
+      .def(
+          "eval",
+          [](PyModel& self) -> PyModel& {
+            self.training = false;
+            return self;
+          },
+          py::return_value_policy::reference, "Eval mode (no dropout); returns the model.")
+      .def_property_readonly(
+          "training", [](const PyModel& self) { return self.training; }, "True in train() mode (dropout active).")
+      .def(
+          "set_num_threads",
+          [](PyModel& self, int n) {
+            FT_CHECK(n >= 0, "set_num_threads: n must be >= 0 (0 means all cores); got ", n);
+            self.num_threads = n;
+          },
+          "n"_a, "Threads the kernels and optimizers use; 0 means all cores.")
+      .def_property_readonly(
+          "config", [](const PyModel& self) { return to_python(self.model->config()); },
+          "The model's config as a dict (a copy).")
+      .def_property_readonly(
+          "architecture", [](const PyModel& self) { return self.model->architecture(); },
+          "The transformers class this model mirrors, e.g. \"BertForSequenceClassification\".")
+      .def_property_readonly(
+          "model_type", [](const PyModel& self) { return self.model->model_type(); },
+          "\"bert\", \"roberta\", \"distilbert\" or \"gpt2\".")
+      .def_property_readonly(
+          "missing_keys", [](const PyModel& self) { return self.model->missing_keys(); },
+          "Parameters the checkpoint did not provide (freshly initialised).")
+      .def_property_readonly(
+          "num_parameters", [](const PyModel& self) { return self.model->params().num_parameters(); },
+          "Number of parameters (tied weights counted once).")
+      .def("__repr__", &model_repr);
+
+  constexpr const char* kForwardDoc = R"doc(
+Runs the model on one batch and returns a dict.
+
+input_ids, attention_mask, token_type_ids, position_ids: integer arrays of shape (batch, sequence).
+    int64 C-contiguous arrays are read in place; other integer types are converted.
+labels: int (batch,) class ids or (batch, sequence) token ids (-100 ignored), or float
+    (batch,) / (batch, n) values for regression and multi-label classification.
+start_positions, end_positions: (batch,) for question answering.
+Returns {"logits": float32 array} ({"start_logits", "end_logits"} for question answering)
+plus "loss" (a float) when labels are given. Dropout is active in train() mode.
+)doc";
+  def_batch_method(model_class, "forward", &forward, kForwardDoc);
+  def_batch_method(model_class, "__call__", &forward, "Same as forward.");
+  def_batch_method(model_class, "loss_and_grads", &loss_and_grads, R"doc(
+Zeroes the gradients, runs forward and backward, and returns (loss, grads): grads maps every
+name in state_dict() to a float32 copy of its gradient. The gradients also stay in the model
+for an optimizer's step(). Arguments as for forward; labels (or spans) are required.
+)doc");
+  def_batch_method(model_class, "accumulate_grads", &accumulate_grads,
+                   "Forward and backward adding into the current gradients (gradient accumulation); returns the loss.");
+
+  py::class_<PyAdamW>(m, "AdamW", R"doc(
+AdamW over all of a model's parameters, the same update as torch.optim.AdamW, fused into one
+pass over the flat parameter, gradient and state buffers. step() uses the gradients currently
+in the model (from loss_and_grads or accumulate_grads).
+)doc")
+      .def(py::init([](PyModel& model, double lr, std::pair<double, double> betas, double eps, double weight_decay) {
+             check_hyperparameters(lr, weight_decay);
+             FT_CHECK(betas.first >= 0 && betas.first < 1 && betas.second >= 0 && betas.second < 1,
+                      "betas must lie in [0, 1); got (", betas.first, ", ", betas.second, ")");
+             FT_CHECK(eps >= 0, "eps must be non-negative; got ", eps);
+             return std::make_unique<PyAdamW>(
+                 model,
+                 optim::AdamWConfig{
+                     .lr = lr, .beta1 = betas.first, .beta2 = betas.second, .eps = eps, .weight_decay = weight_decay});
+           }),
+           "model"_a, "lr"_a = 1e-3, "betas"_a = std::make_pair(0.9, 0.999), "eps"_a = 1e-8, "weight_decay"_a = 0.01,
+           py::keep_alive<1, 2>())
+      .def("step", &adamw_step, "One update of every parameter with the current gradients.")
+      .def("clip_and_step", &adamw_clip_and_step, "max_norm"_a,
+           "Clips the gradients to a global norm of max_norm (if > 0) and steps; returns the norm before clipping.")
+      .def(
+          "zero_grad", [](PyAdamW& self) { zero_grads(self.model); }, "Sets the model's gradients to zero.")
+      .def_property(
+          "lr", [](const PyAdamW& self) { return self.optimizer.config().lr; },
+          [](PyAdamW& self, double lr) {
+            check_hyperparameters(lr, 0);
+            self.optimizer.config().lr = lr;
+          },
+          "The learning rate of the next step (settable, for schedules).")
+      .def_property_readonly(
+          "step_count", [](const PyAdamW& self) { return self.optimizer.step_count(); },
+          "Steps taken so far (drives bias correction).");
+
+  py::class_<PySgd>(m, "SGD", R"doc(
+SGD with momentum over all of a model's parameters, the same update as torch.optim.SGD, fused
+into one pass over the flat buffers. step() uses the gradients currently in the model.
+)doc")
+      .def(py::init(
+               [](PyModel& model, double lr, double momentum, double dampening, double weight_decay, bool nesterov) {
+                 check_hyperparameters(lr, weight_decay);
+                 FT_CHECK(momentum >= 0, "momentum must be non-negative; got ", momentum);
+                 FT_CHECK(!nesterov || (momentum > 0 && dampening == 0),
+                          "nesterov momentum requires a momentum > 0 and zero dampening; got momentum ", momentum,
+                          ", dampening ", dampening);
+                 return std::make_unique<PySgd>(model, optim::SgdConfig{.lr = lr,
+                                                                        .momentum = momentum,
+                                                                        .dampening = dampening,
+                                                                        .weight_decay = weight_decay,
+                                                                        .nesterov = nesterov});
+               }),
+           "model"_a, "lr"_a, "momentum"_a = 0.0, "dampening"_a = 0.0, "weight_decay"_a = 0.0, "nesterov"_a = false,
+           py::keep_alive<1, 2>())
+      .def("step", &sgd_step, "One update of every parameter with the current gradients.")
+      .def(
+          "zero_grad", [](PySgd& self) { zero_grads(self.model); }, "Sets the model's gradients to zero.")
+      .def_property(
+          "lr", [](const PySgd& self) { return self.lr; },
+          [](PySgd& self, double lr) {
+            check_hyperparameters(lr, 0);
+            self.lr = lr;
+          },
+          "The learning rate of the next step (settable, for schedules).")
+      .def_property_readonly(
+          "step_count", [](const PySgd& self) { return self.optimizer.step_count(); }, "Steps taken so far.");
+}
