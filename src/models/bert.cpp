@@ -136,9 +136,8 @@ class BertFamily final : public Family {
   std::map<std::string, std::string> tied() const override {
     if (head_ != Head::MaskedLM) return {};
     std::string head = roberta_ ? "lm_head." : "cls.predictions.";
-    std::map<std::string, std::string> t{{head + "decoder.bias", head + "bias"}};
-    if (tie_) t[head + "decoder.weight"] = p("embeddings.word_embeddings.weight");
-    return t;
+    if (!tie_) return {};
+    return {{head + "decoder.bias", head + "bias"}, {head + "decoder.weight", p("embeddings.word_embeddings.weight")}};
   }
 
   std::string base_prefix() const override { return roberta_ ? "roberta" : "bert"; }
@@ -185,8 +184,10 @@ class BertFamily final : public Family {
     ValueId h = roberta_ ? linear(b, x, "lm_head.dense", C_, C_) : linear(b, x, head + "transform.dense", C_, C_);
     h = activation(b, h, roberta_ ? "gelu" : act_);
     h = roberta_ ? layer_norm(b, h, "lm_head.layer_norm") : layer_norm(b, h, head + "transform.LayerNorm");
-    ValueId decoder = tie_ ? word : b.param(head + "decoder.weight", {V_, C_});
-    return b.linear(h, decoder, bias);
+    if (tie_) return b.linear(h, word, bias);
+    // Untied, transformers gives the decoder its own weight and bias; `bias` stays an unused parameter.
+    ValueId decoder = b.param(head + "decoder.weight", {V_, C_});
+    return b.linear(h, decoder, b.param(head + "decoder.bias", {V_}));
   }
 
   bool roberta_;

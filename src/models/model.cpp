@@ -237,6 +237,13 @@ std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std:
   return m;
 }
 
+bool Model::decays(const std::string& name) const {
+  if (name.find("bias") != std::string::npos) return false;
+  for (const char* norm : {"LayerNorm", "layer_norm", "ln_1.", "ln_2.", "ln_f."})
+    if (name.find(norm) != std::string::npos) return false;
+  return true;
+}
+
 std::vector<std::string> Model::state_dict_names() const {
   std::vector<std::string> names;
   for (const runtime::ParamSlot& slot : params_->slots()) names.push_back(slot.name);

@@ -97,11 +97,11 @@ void AdamW::step(double grad_scale, double lr) {
   }
 }
 
-double AdamW::clip_and_step(double max_norm, double lr) {
-  double norm = grad_norm(params_, num_threads_);
-  double scale = 1.0;
-  if (max_norm > 0) scale = std::min(1.0, max_norm / (norm + 1e-6));
-  step(scale, lr);
+double AdamW::clip_and_step(double max_norm, double lr, double grad_scale) {
+  double norm = grad_norm(params_, num_threads_) * grad_scale;
+  double clip = 1.0;
+  if (max_norm > 0) clip = std::min(1.0, max_norm / (norm + 1e-6));
+  step(grad_scale * clip, lr);
   return norm;
 }
 

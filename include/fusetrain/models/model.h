@@ -86,6 +86,11 @@ class Model {
   const std::string& architecture() const { return architecture_; }
   /// "bert", "roberta", "distilbert" or "gpt2".
   const std::string& model_type() const { return model_type_; }
+  /// Whether the architecture reads token_type_ids (BERT and RoBERTa do).
+  bool uses_token_type_ids() const { return model_type_ == "bert" || model_type_ == "roberta"; }
+  /// Names of parameters that get no weight decay under transformers' Trainer:
+  /// biases and LayerNorm weights.
+  bool decays(const std::string& stored_name) const;
   runtime::ParameterStore& params() { return *params_; }
   const runtime::ParameterStore& params() const { return *params_; }
 

@@ -36,8 +36,9 @@ class AdamW {
   /// is read (clipping fused into the pass); `lr` overrides config.lr when >= 0.
   void step(double grad_scale = 1.0, double lr = -1.0);
   /// Clips to `max_norm` (if > 0) and steps, reading each gradient once for the
-  /// norm and once for the update. Returns the gradient norm before clipping.
-  double clip_and_step(double max_norm, double lr = -1.0);
+  /// norm and once for the update. Gradients are first multiplied by `grad_scale`
+  /// (1 / accumulation steps). Returns the (scaled) gradient norm before clipping.
+  double clip_and_step(double max_norm, double lr = -1.0, double grad_scale = 1.0);
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t t) { step_count_ = t; }
   const AdamWConfig& config() const { return config_; }

@@ -1,0 +1,64 @@
+// Collators: examples to a padded batch (dynamic padding to a multiple of 8), and masked-LM masking.
+//
+//   Batch batch = collate_padded(dataset, indices, 8, tokenizer.pad_id());   // (B, T), T a multiple of 8
+//   apply_mlm_mask(batch, mask_spec(tokenizer), seed, step);                  // for masked LM
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "fusetrain/data/dataset.h"
+
+namespace fusetrain::data {
+
+/// Label value the losses ignore (PyTorch's and transformers' ignore_index).
+constexpr int64_t kIgnoreIndex = -100;
+
+/// One batch as plain data. Token tensors are row-major (B, T) with B = batch_size, T = seq_len.
+struct Batch {
+  int64_t batch_size = 0;
+  int64_t seq_len = 0;
+  std::vector<int64_t> input_ids;       ///< (B, T), padding = the pad id
+  std::vector<int64_t> attention_mask;  ///< (B, T), 1 on tokens, 0 on padding
+  std::vector<int64_t> token_type_ids;  ///< (B, T), 0 on padding
+  /// (B) class labels; or (B, T) token labels with kIgnoreIndex on padding (language modelling); or empty.
+  std::vector<int64_t> labels;
+  std::vector<float> float_labels;  ///< (B) regression targets, or empty
+};
+
+/// Collates examples `indices` of `dataset` with dynamic padding: T is the longest example in the batch rounded up
+/// to a multiple of `pad_to_multiple_of` (1 or 0: no rounding; at least 1), padded on the right with `pad_id`,
+/// attention mask 0 and type id 0. Labels follow dataset.label_kind(): Class gives (B) labels, Regression (B)
+/// float_labels, Tokens (B, T) labels = input_ids with kIgnoreIndex on padding (causal LM; apply_mlm_mask turns
+/// them into masked-LM labels). Throws Error on an empty or out-of-range index list.
+Batch collate_padded(const TokenizedDataset& dataset, std::span<const int64_t> indices, int64_t pad_to_multiple_of = 8,
+                     int64_t pad_id = 0);
+
+/// Sets (B, T) labels for causal LM: the input ids, kIgnoreIndex where attention_mask is 0.
+void apply_clm_labels(Batch& batch);
+
+/// What masked-LM masking needs from the tokenizer.
+struct MaskSpec {
+  int64_t mask_id = 0;                    ///< the [MASK] / <mask> token
+  int64_t vocab_size = 0;                 ///< random replacements are drawn from [0, vocab_size)
+  std::vector<int64_t> special_ids = {};  ///< never selected ([CLS], [SEP], [PAD], ...)
+  double probability = 0.15;              ///< chance each other token is selected
+};
+
+/// The MaskSpec of a data::Tokenizer (anything with mask_id(), vocab_size() and special_ids()).
+template <typename TokenizerT>
+MaskSpec mask_spec(const TokenizerT& tokenizer, double probability = 0.15) {
+  const auto& specials = tokenizer.special_ids();
+  return MaskSpec{tokenizer.mask_id(), tokenizer.vocab_size(), std::vector<int64_t>(specials.begin(), specials.end()),
+                  probability};
+}
+
+/// transformers' DataCollatorForLanguageModeling (mlm=True): every token that is neither special nor padding is
+/// selected with spec.probability; labels become the original id where selected and kIgnoreIndex elsewhere; of the
+/// selected, 80% become mask_id, 10% a random id in [0, vocab_size), 10% stay unchanged. The draws are a pure
+/// function of (seed, batch_index, row, column) (splitmix64 counters), so a resumed run reproduces its masks and a
+/// token's fate does not depend on how far the batch is padded.
+void apply_mlm_mask(Batch& batch, const MaskSpec& spec, uint64_t seed, uint64_t batch_index);
+
+}  // namespace fusetrain::data

@@ -1,0 +1,219 @@
+// Datasets: tables read from TSV, CSV, JSON Lines or plain text, and tokenized examples kept in flat buffers.
+//
+//   Table table = read_table("sst2/train.tsv");                        // columns "label", "sentence"
+//   TextDataset train(table, {.text = "sentence", .label = "label"}, tokenize_with(tokenizer),
+//                     {.max_length = 128, .num_labels = 2});
+//   train.ids(0);                                                      // [CLS] ... [SEP], at most 128 ids
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace fusetrain::data {
+
+/// File formats read_table understands.
+enum class Format {
+  Auto,       ///< chosen from the extension: .tsv, .csv, .jsonl or .json, .txt
+  Tsv,        ///< tab-separated with a header row and no quoting, as GLUE writes it
+  Csv,        ///< comma-separated with a header row, RFC 4180 quoting (embedded commas, quotes, newlines)
+  JsonLines,  ///< one JSON object per line; its keys are the columns
+  Text,       ///< plain text: one column "text", one row per line
+};
+
+/// Options for read_table and parse_table.
+struct ReadOptions {
+  /// Text format only: keep empty lines as rows with an empty "text" (as Hugging Face datasets' text loader does)
+  /// instead of skipping them.
+  bool keep_empty_lines = false;
+};
+
+/// A table of strings: the column names and rows with exactly one field per column. Numbers and booleans read
+/// from JSON are kept as their text ("3", "0.5", "true"), null as an empty string.
+struct Table {
+  /// Where the table came from (the path given to read_table), used to prefix error messages.
+  std::string source = "table";
+  std::vector<std::string> columns;
+  std::vector<std::vector<std::string>> rows;
+  /// The 1-based line of the file where each row starts. May be left empty for tables built by hand; row i is
+  /// then reported as line i + 2 (after a header line).
+  std::vector<int64_t> row_lines;
+
+  /// Position of the column named `name`; throws Error `<source>: no column "x" (columns: sentence, label)`.
+  size_t column(const std::string& name) const;
+  /// Number of rows (the header is not a row).
+  size_t num_rows() const { return rows.size(); }
+  /// The 1-based line in the source file where row `row` starts.
+  int64_t line_of(size_t row) const;
+  /// "<source>:<line>" of row `row`, the prefix of errors about that row.
+  std::string where(size_t row) const;
+};
+
+/// Reads a table from `path`, validating UTF-8 (a UTF-8 byte-order mark at the start is skipped). The format comes
+/// from the extension unless given. Throws Error, one clear line each, on: a missing or unreadable file; an empty
+/// file (`<path>: empty`); invalid UTF-8 (`<path>:<line>: invalid UTF-8 at byte N`, N the 0-based offset in the
+/// file); a row with the wrong number of fields (`<path>:<line>: expected 2 fields, found 3`); malformed CSV
+/// quoting; a JSON line that is not an object, has a nested value, or lacks or adds a key; duplicate column names.
+/// Blank lines between TSV, CSV and JSON Lines rows are skipped.
+Table read_table(const std::string& path, Format format = Format::Auto, const ReadOptions& options = {});
+
+/// The same as read_table, for a file's content already in memory; `source` names it in errors and chooses the
+/// format when `format` is Auto.
+Table parse_table(std::string_view content, const std::string& source, Format format = Format::Auto,
+                  const ReadOptions& options = {});
+
+/// The format an extension stands for (".tsv" -> Tsv, ".csv" -> Csv, ".jsonl"/".json" -> JsonLines,
+/// ".txt" -> Text); throws Error naming `path` for any other.
+Format format_from_extension(const std::string& path);
+
+/// Byte offset of the first invalid UTF-8 sequence in `bytes` (overlong forms, surrogates, code points above
+/// U+10FFFF and truncated sequences are invalid), or nullopt if it is all valid.
+std::optional<size_t> find_invalid_utf8(std::string_view bytes);
+
+/// One example as a tokenizer returns it: ids including the special tokens the tokenizer adds, their segment
+/// (token type) ids, and 1 where a position holds a special token. type_ids and special_tokens_mask may be left
+/// empty, meaning all 0.
+struct TokenizedText {
+  std::vector<int64_t> ids = {};
+  std::vector<int64_t> type_ids = {};
+  std::vector<uint8_t> special_tokens_mask = {};
+};
+
+/// The tokenization step datasets use: `text`, and `pair` for sentence-pair datasets, to tokens with the special
+/// tokens added and without truncation (datasets truncate, see truncate_tokens). It is called from several threads
+/// at once, so it must be safe to call concurrently. Tests pass a fake; real code passes tokenize_with(tokenizer).
+using TokenizeFn = std::function<TokenizedText(std::string_view text, std::optional<std::string_view> pair)>;
+
+/// Adapts a data::Tokenizer (anything with `encode(text, add_special_tokens)` and
+/// `encode_pair(first, second, add_special_tokens)` returning an Encoding with ids, type_ids and
+/// special_tokens_mask) to a TokenizeFn. The tokenizer is held by reference and must outlive the function; leave
+/// its own truncation off, since grouped language-modelling data must not be truncated per line.
+template <typename TokenizerT>
+TokenizeFn tokenize_with(const TokenizerT& tokenizer, bool add_special_tokens = true) {
+  return [&tokenizer, add_special_tokens](std::string_view text, std::optional<std::string_view> pair) {
+    auto encoding =
+        pair ? tokenizer.encode_pair(text, *pair, add_special_tokens) : tokenizer.encode(text, add_special_tokens);
+    return TokenizedText{std::move(encoding.ids), std::move(encoding.type_ids),
+                         std::move(encoding.special_tokens_mask)};
+  };
+}
+
+/// Truncates `tokens` to at most `max_length` ids as transformers does with truncation=True: special tokens stay,
+/// content tokens are removed from the end. A pair (two runs of content, told apart by their type ids or by the
+/// special tokens between them) is truncated "longest_first": the longer side is cut first, both sides end up
+/// within one token of each other when both are long. Without special tokens to separate a pair, the content is
+/// cut from the end. Throws Error if `max_length` cannot hold the special tokens alone.
+void truncate_tokens(TokenizedText& tokens, int64_t max_length);
+
+/// What a dataset's labels are.
+enum class LabelKind {
+  None,        ///< no labels
+  Class,       ///< one integer class per example
+  Regression,  ///< one float per example
+  Tokens,      ///< language modelling: the labels are the input ids themselves (collators derive them)
+};
+
+/// Tokenized examples in flat buffers: example i is ids()[offsets[i], offsets[i+1]). The base of TextDataset and
+/// LmDataset, and what collators read.
+class TokenizedDataset {
+ public:
+  /// Number of examples.
+  int64_t size() const { return static_cast<int64_t>(offsets_.size()) - 1; }
+  /// Token ids of example i (special tokens included).
+  std::span<const int64_t> ids(int64_t i) const;
+  /// Token type ids of example i; empty when every type id in the dataset is 0.
+  std::span<const int64_t> type_ids(int64_t i) const;
+  /// Number of tokens in example i.
+  int64_t length(int64_t i) const;
+  /// Length of the longest example (0 for an empty dataset).
+  int64_t longest() const { return longest_; }
+  /// Total tokens over all examples.
+  int64_t num_tokens() const { return static_cast<int64_t>(ids_.size()); }
+  /// The offsets array: size() + 1 entries, offsets()[i] the first token of example i.
+  const std::vector<int64_t>& offsets() const { return offsets_; }
+  /// What the labels are.
+  LabelKind label_kind() const { return label_kind_; }
+  /// The class of example i (LabelKind::Class only).
+  int64_t label(int64_t i) const;
+  /// The regression target of example i (LabelKind::Regression only).
+  float float_label(int64_t i) const;
+
+ protected:
+  /// Appends one example; type ids are materialised only once a non-zero one appears.
+  void append(std::span<const int64_t> ids, std::span<const int64_t> type_ids);
+  void check_index(int64_t i) const;
+
+  std::vector<int64_t> offsets_{0};
+  std::vector<int64_t> ids_;
+  std::vector<int64_t> type_ids_;  // empty, or one per entry of ids_
+  std::vector<int64_t> labels_;
+  std::vector<float> float_labels_;
+  LabelKind label_kind_ = LabelKind::None;
+  int64_t longest_ = 0;
+};
+
+/// Which columns of a table a TextDataset reads.
+struct TextColumns {
+  std::string text = {};       ///< the text (first sentence)
+  std::string text_pair = {};  ///< the second sentence of a pair task; empty for single-sentence tasks
+  std::string label = {};      ///< the label; empty for unlabelled data (prediction)
+};
+
+/// Options for TextDataset.
+struct TextDatasetOptions {
+  /// Examples longer than this are truncated (special tokens kept), never rejected.
+  int64_t max_length = 128;
+  /// When > 0, class labels must lie in [0, num_labels).
+  int64_t num_labels = 0;
+  /// Float labels (regression, e.g. STS-B) instead of integer classes.
+  bool regression = false;
+  /// Threads tokenizing at once; 0 uses every hardware thread.
+  int num_threads = 0;
+};
+
+/// A text classification (or regression) dataset: one example per table row, tokenized in parallel and truncated
+/// to max_length. Labels are parsed before tokenizing; errors name the row's line: `<file>:<line>: label "pos" is
+/// not an integer`, `<file>:<line>: label 3 is out of range [0, 2)`, `<file>:<line>: label "x" is not a number`.
+class TextDataset : public TokenizedDataset {
+ public:
+  TextDataset(const Table& table, const TextColumns& columns, const TokenizeFn& tokenize,
+              const TextDatasetOptions& options = {});
+  /// num_labels as given, else the largest class label + 1 (0 without class labels).
+  int64_t num_labels() const { return num_labels_; }
+
+ private:
+  int64_t num_labels_ = 0;
+};
+
+/// Options for LmDataset.
+struct LmDatasetOptions {
+  /// One example per non-blank line, truncated to max_length (run_mlm's --line_by_line). Otherwise all lines are
+  /// tokenized, concatenated and cut into blocks of block_size, dropping the remainder (group_texts).
+  bool line_by_line = false;
+  /// Block length when grouping.
+  int64_t block_size = 128;
+  /// Example length limit when line by line.
+  int64_t max_length = 128;
+  /// Grouping only: lines concatenated together before the remainder is dropped; 0 groups all lines at once.
+  /// 1000 reproduces transformers' scripts exactly (group_texts runs per datasets.map batch of 1000 lines).
+  int64_t lines_per_group = 0;
+  /// Threads tokenizing at once; 0 uses every hardware thread.
+  int num_threads = 0;
+};
+
+/// A language-modelling dataset (causal or masked) from a text column, e.g. read_table("input.txt")'s "text".
+/// Every line is tokenized as the tokenizer does it (BERT adds [CLS] ... [SEP] per line, GPT-2 adds nothing).
+/// label_kind() is Tokens: collate_padded sets labels to the ids, apply_mlm_mask replaces them for MLM.
+class LmDataset : public TokenizedDataset {
+ public:
+  LmDataset(const Table& table, const std::string& text_column, const TokenizeFn& tokenize,
+            const LmDatasetOptions& options = {});
+};
+
+}  // namespace fusetrain::data

@@ -1,0 +1,115 @@
+// The Trainer: the training loop with gradient accumulation, schedules,
+// evaluation and metrics, logging, checkpoints and resume, early stopping.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fusetrain/data/collator.h"
+#include "fusetrain/data/dataset.h"
+#include "fusetrain/models/model.h"
+#include "fusetrain/train/training_args.h"
+
+namespace fusetrain::train {
+
+/// What is trained, which decides collation, labels and metrics.
+enum class Task { SequenceClassification, TokenClassification, MaskedLM, CausalLM };
+
+/// Parses "seq-cls", "token-cls", "mlm", "clm"; throws Error listing them otherwise.
+Task parse_task(const std::string& name);
+
+/// Progress of a run, saved as trainer_state.json in transformers' layout.
+struct TrainerState {
+  int64_t global_step = 0;
+  double epoch = 0.0;
+  int64_t max_steps = 0;
+  std::optional<double> best_metric;
+  std::optional<std::string> best_model_checkpoint;
+  nlohmann::json log_history = nlohmann::json::array();
+  bool should_stop = false;
+  nlohmann::json to_json(const TrainingArguments& args) const;
+  static TrainerState from_json(const nlohmann::json& json);
+};
+
+/// Hooks called at the points transformers' TrainerCallback names.
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  virtual void on_train_begin(const TrainerState&) {}
+  virtual void on_step_end(const TrainerState&) {}
+  virtual void on_log(const TrainerState&, const nlohmann::json& logs) { (void)logs; }
+  virtual void on_evaluate(const TrainerState&, const std::map<std::string, double>& metrics) { (void)metrics; }
+  virtual void on_save(const TrainerState&, const std::string& checkpoint_dir) { (void)checkpoint_dir; }
+  virtual void on_train_end(const TrainerState&) {}
+};
+
+/// Model outputs over a dataset: logits rows (N, K) for sequence classification,
+/// (N·T, K) token rows for the others (ignored positions dropped), with labels.
+struct Predictions {
+  std::vector<float> logits;
+  int64_t rows = 0;
+  int64_t classes = 0;
+  std::vector<int64_t> labels;  ///< one per row; empty without labels
+  std::map<std::string, double> metrics;
+};
+
+/// What the Trainer needs from the tokenizer for collation.
+struct CollationIds {
+  int64_t pad_id = 0;
+  std::optional<data::MaskSpec> mlm;  ///< set for masked LM
+};
+
+/// Trains `model` on tokenized datasets. Datasets and the model are held by
+/// reference and must outlive the Trainer.
+class Trainer {
+ public:
+  Trainer(models::Model& model, TrainingArguments args, Task task, const data::TokenizedDataset* train_dataset,
+          const data::TokenizedDataset* eval_dataset, CollationIds ids);
+  ~Trainer();
+
+  /// Runs training (resuming from args.resume_from_checkpoint when set); returns
+  /// the final metrics ("train_loss", "train_runtime", "train_samples_per_second", ...).
+  std::map<std::string, double> train();
+  /// Loss and task metrics on the eval dataset (or `dataset`), keys prefixed "eval_".
+  std::map<std::string, double> evaluate(const data::TokenizedDataset* dataset = nullptr);
+  /// Logits (and metrics when the dataset has labels) over `dataset`.
+  Predictions predict(const data::TokenizedDataset& dataset);
+  /// Writes the model (config.json + model.safetensors) to `dir` (default output_dir).
+  void save_model(const std::string& dir = "");
+
+  const TrainerState& state() const { return state_; }
+  const TrainingArguments& args() const { return args_; }
+  void add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
+  /// Receives every log line (also written to output_dir/log.jsonl).
+  void set_log_sink(std::function<void(const nlohmann::json&)> sink) { log_sink_ = std::move(sink); }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  models::Model& model_;
+  TrainingArguments args_;
+  Task task_;
+  const data::TokenizedDataset* train_;
+  const data::TokenizedDataset* eval_;
+  CollationIds ids_;
+  TrainerState state_;
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  std::function<void(const nlohmann::json&)> log_sink_;
+
+  void log(nlohmann::json entry);
+  std::string save_checkpoint();
+  void load_checkpoint(const std::string& dir);
+  void rotate_checkpoints();
+  models::Batch view_of(const data::Batch& batch) const;
+};
+
+/// Accuracy and F1 (binary F1 of class 1 for two classes, macro F1 otherwise)
+/// of argmax(logits) against labels.
+std::map<std::string, double> classification_metrics(const Predictions& predictions);
+
+}  // namespace fusetrain::train

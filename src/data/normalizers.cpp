@@ -1,0 +1,388 @@
+// Normalizers: BertNormalizer, Lowercase, NFD/NFC/NFKD/NFKC, StripAccents, Strip, Replace, Prepend, Sequence.
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "data/tokenizer_impl.h"
+#include "data/unicode.h"
+#include "fusetrain/core/error.h"
+
+namespace fusetrain::data::detail {
+namespace {
+
+using nlohmann::json;
+
+bool all_ascii(const PreTokenized& text) {
+  for (const Piece& piece : text.pieces) {
+    if (piece.added_id >= 0) continue;
+    for (uint32_t i = piece.begin; i < piece.end; ++i) {
+      if (static_cast<unsigned char>(text.text[i]) >= 0x80) return false;
+    }
+  }
+  return true;
+}
+
+void lowercase_pass(PreTokenized& text) {
+  text.rewrite([](Rewriter& out) {
+    std::string_view s = out.source();
+    while (out.position() < s.size()) {
+      size_t next = out.position();
+      const char32_t c = unicode::next_char(s, next);
+      char32_t lower[3];
+      const int n = unicode::to_lower(c, lower);
+      if (n == 1 && lower[0] == c) {
+        out.keep();
+        continue;
+      }
+      out.emit(lower[0], 0);
+      for (int k = 1; k < n; ++k) out.emit(lower[k], 1);
+    }
+  });
+}
+
+// Removes the characters for which `drop` holds.
+template <typename Drop>
+void filter_pass(PreTokenized& text, Drop drop) {
+  text.rewrite([&](Rewriter& out) {
+    std::string_view s = out.source();
+    while (out.position() < s.size()) {
+      size_t next = out.position();
+      const char32_t c = unicode::next_char(s, next);
+      if (drop(c)) {
+        out.skip(1);
+      } else {
+        out.keep();
+      }
+    }
+  });
+}
+
+// Unicode normalization of each piece: full decomposition with canonical ordering, then (NFC/NFKC) canonical
+// composition. A decomposed character keeps its source's alignment; a composite keeps its starter's.
+void unicode_normalize_pass(PreTokenized& text, bool compat, bool compose) {
+  struct Item {
+    char32_t c;
+    uint8_t ccc;
+    Align align;
+  };
+  thread_local std::vector<Item> items;
+  text.rewrite([&](Rewriter& out) {
+    std::string_view s = out.source();
+    // Unchanged when every character is below U+0300 and has no decomposition (ASCII, most Latin-1 text).
+    items.clear();
+    bool changed = false;
+    size_t i = 0;
+    while (i < s.size()) {
+      const size_t at = i;
+      const char32_t c = unicode::next_char(s, i);
+      char32_t parts[18];
+      const int n = unicode::decompose(c, compat, parts);
+      // align.start holds the source byte offset until the items are written out.
+      if (n == 0) {
+        items.push_back(Item{c, unicode::combining_class(c), Align{static_cast<uint32_t>(at), 0}});
+      } else {
+        changed = true;
+        for (int k = 0; k < n; ++k) {
+          items.push_back(Item{parts[k], unicode::combining_class(parts[k]), Align{static_cast<uint32_t>(at), 0}});
+        }
+      }
+    }
+    // Canonical ordering: stable sort of each run of non-starters by combining class.
+    for (size_t a = 0; a < items.size();) {
+      if (items[a].ccc == 0) {
+        ++a;
+        continue;
+      }
+      size_t b = a;
+      while (b < items.size() && items[b].ccc != 0) ++b;
+      if (b - a > 1 && !std::is_sorted(items.begin() + a, items.begin() + b,
+                                       [](const Item& x, const Item& y) { return x.ccc < y.ccc; })) {
+        std::stable_sort(items.begin() + a, items.begin() + b,
+                         [](const Item& x, const Item& y) { return x.ccc < y.ccc; });
+        changed = true;
+      }
+      a = b;
+    }
+    if (compose) {
+      size_t kept = 0;
+      ptrdiff_t starter = -1;
+      uint8_t last_ccc = 0;
+      for (size_t k = 0; k < items.size(); ++k) {
+        const Item item = items[k];
+        if (starter >= 0) {
+          const bool adjacent = kept == static_cast<size_t>(starter) + 1;
+          if (adjacent || (last_ccc != 0 && last_ccc < item.ccc)) {
+            const char32_t composite = unicode::compose(items[starter].c, item.c);
+            if (composite != 0) {
+              items[starter].c = composite;
+              changed = true;
+              continue;
+            }
+          }
+        }
+        if (item.ccc == 0) starter = static_cast<ptrdiff_t>(kept);
+        last_ccc = item.ccc;
+        items[kept++] = item;
+      }
+      items.resize(kept);
+    }
+    if (!changed) {
+      out.keep_rest();
+      return;
+    }
+    // Write through the rewriter: the first character derived from a source character replaces it, the rest are
+    // inserted after it; a source character whose derived characters all vanished (composed away) is dropped.
+    size_t source_at = 0;  // byte offset of the next source character to consume
+    for (size_t k = 0; k < items.size(); ++k) {
+      const uint32_t from = items[k].align.start;
+      if (from >= source_at) {
+        while (out.position() < from) out.skip(1);
+        out.emit(items[k].c, 0);
+        source_at = out.position();
+      } else {
+        out.emit(items[k].c, 1);
+      }
+    }
+    while (out.position() < s.size()) out.skip(1);
+  });
+}
+
+void strip_accents_pass(PreTokenized& text) {
+  filter_pass(text, [](char32_t c) { return unicode::has(c, unicode::kMarkNonspacing); });
+}
+
+class BertNormalizer final : public Normalizer {
+ public:
+  BertNormalizer(bool clean_text, bool chinese, bool strip_accents, bool lowercase)
+      : clean_text_(clean_text), chinese_(chinese), strip_accents_(strip_accents), lowercase_(lowercase) {}
+
+  void normalize(PreTokenized& text) const override {
+    if (all_ascii(text)) {
+      // One pass: ASCII has no Chinese characters, accents or multi-character lower case.
+      text.rewrite([&](Rewriter& out) {
+        std::string_view s = out.source();
+        while (out.position() < s.size()) {
+          const auto c = static_cast<unsigned char>(s[out.position()]);
+          if (clean_text_ && (c == 0 || unicode::has(c, unicode::kControl))) {
+            out.skip(1);
+          } else if (clean_text_ && (c == '\t' || c == '\n' || c == '\r')) {
+            out.emit(' ', 0);
+          } else if (lowercase_ && c >= 'A' && c <= 'Z') {
+            out.emit(c + 32, 0);
+          } else {
+            out.keep();
+          }
+        }
+      });
+      return;
+    }
+    if (clean_text_) {
+      text.rewrite([](Rewriter& out) {
+        std::string_view s = out.source();
+        while (out.position() < s.size()) {
+          size_t next = out.position();
+          const char32_t c = unicode::next_char(s, next);
+          if (c == 0 || c == 0xFFFD || unicode::has(c, unicode::kControl)) {
+            out.skip(1);
+          } else if (c != ' ' && unicode::is_whitespace(c)) {
+            out.emit(' ', 0);
+          } else {
+            out.keep();
+          }
+        }
+      });
+    }
+    if (chinese_) {
+      text.rewrite([](Rewriter& out) {
+        std::string_view s = out.source();
+        while (out.position() < s.size()) {
+          size_t next = out.position();
+          const char32_t c = unicode::next_char(s, next);
+          if (unicode::has(c, unicode::kCjk)) {
+            out.emit(' ', 1);
+            out.emit(c, 0);
+            out.emit(' ', 1);
+          } else {
+            out.keep();
+          }
+        }
+      });
+    }
+    if (strip_accents_) {
+      unicode_normalize_pass(text, /*compat=*/false, /*compose=*/false);
+      strip_accents_pass(text);
+    }
+    if (lowercase_) lowercase_pass(text);
+  }
+
+ private:
+  bool clean_text_, chinese_, strip_accents_, lowercase_;
+};
+
+class Lowercase final : public Normalizer {
+ public:
+  void normalize(PreTokenized& text) const override { lowercase_pass(text); }
+};
+
+class UnicodeNormalizer final : public Normalizer {
+ public:
+  UnicodeNormalizer(bool compat, bool compose) : compat_(compat), compose_(compose) {}
+  void normalize(PreTokenized& text) const override {
+    if (all_ascii(text)) return;
+    unicode_normalize_pass(text, compat_, compose_);
+  }
+
+ private:
+  bool compat_, compose_;
+};
+
+class StripAccents final : public Normalizer {
+ public:
+  void normalize(PreTokenized& text) const override {
+    if (!all_ascii(text)) strip_accents_pass(text);
+  }
+};
+
+class Strip final : public Normalizer {
+ public:
+  Strip(bool left, bool right) : left_(left), right_(right) {}
+  void normalize(PreTokenized& text) const override {
+    text.rewrite([&](Rewriter& out) {
+      std::string_view s = out.source();
+      // Byte offsets of the kept middle [keep_begin, keep_end).
+      size_t keep_begin = 0, keep_end = s.size();
+      if (left_) {
+        while (keep_begin < s.size()) {
+          size_t next = keep_begin;
+          if (!unicode::is_whitespace(unicode::next_char(s, next))) break;
+          keep_begin = next;
+        }
+      }
+      if (right_) {
+        while (keep_end > 0) {
+          size_t start = keep_end - 1;
+          while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+          size_t probe = start;
+          if (!unicode::is_whitespace(unicode::next_char(s, probe))) break;
+          keep_end = start;
+        }
+      }
+      if (keep_end <= keep_begin) return;  // all whitespace: the piece vanishes
+      while (out.position() < keep_begin) out.skip(1);
+      while (out.position() < keep_end) out.keep();
+    });
+  }
+
+ private:
+  bool left_, right_;
+};
+
+class Replace final : public Normalizer {
+ public:
+  Replace(std::string pattern, std::string content) : pattern_(std::move(pattern)), content_(std::move(content)) {}
+  void normalize(PreTokenized& text) const override {
+    if (pattern_.empty()) return;
+    text.rewrite([&](Rewriter& out) {
+      std::string_view s = out.source();
+      size_t at = 0;
+      while (true) {
+        const size_t found = s.find(pattern_, at);
+        const size_t stop = found == std::string_view::npos ? s.size() : found;
+        while (out.position() < stop) out.keep();
+        if (found == std::string_view::npos) break;
+        // The replacement takes the alignment of the last replaced byte (tokenizers' replace()).
+        size_t chars = 0;
+        for (size_t i = found; i < found + pattern_.size(); i += unicode::char_length(s[i])) ++chars;
+        out.skip(chars);
+        size_t i = 0;
+        while (i < content_.size()) out.emit(unicode::next_char(content_, i), 1);
+        at = found + pattern_.size();
+      }
+    });
+  }
+
+ private:
+  std::string pattern_, content_;
+};
+
+class Prepend final : public Normalizer {
+ public:
+  explicit Prepend(std::string prefix) : prefix_(std::move(prefix)) {}
+  void normalize(PreTokenized& text) const override {
+    if (prefix_.empty()) return;
+    text.rewrite([&](Rewriter& out) {
+      std::string_view s = out.source();
+      size_t next = 0;
+      const char32_t first = unicode::next_char(s, next);
+      size_t i = 0;
+      bool head = true;
+      while (i < prefix_.size()) {
+        out.emit(unicode::next_char(prefix_, i), head ? 0 : 1);
+        head = false;
+      }
+      out.emit(first, 1);
+      out.keep_rest();
+    });
+  }
+
+ private:
+  std::string prefix_;
+};
+
+class SequenceNormalizer final : public Normalizer {
+ public:
+  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> steps) : steps_(std::move(steps)) {}
+  void normalize(PreTokenized& text) const override {
+    for (const auto& step : steps_) step->normalize(text);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Normalizer>> steps_;
+};
+
+bool flag(const json& config, const char* key, bool fallback) {
+  auto it = config.find(key);
+  return (it == config.end() || it->is_null()) ? fallback : it->get<bool>();
+}
+
+std::string string_pattern(const json& config, const std::string& where, const std::string& component) {
+  const json& pattern = config.at("pattern");
+  if (pattern.contains("String")) return pattern.at("String").get<std::string>();
+  throw Error(str(where, ": ", component, " with pattern ", pattern.dump(),
+                  " is not supported (only {\"String\": ...} patterns are)"));
+}
+
+}  // namespace
+
+std::unique_ptr<Normalizer> make_normalizer(const json& config, const std::string& where) {
+  if (config.is_null()) return nullptr;
+  const std::string type = config.value("type", "");
+  if (type == "BertNormalizer") {
+    const bool lowercase = flag(config, "lowercase", true);
+    return std::make_unique<BertNormalizer>(flag(config, "clean_text", true), flag(config, "handle_chinese_chars", true),
+                                            flag(config, "strip_accents", lowercase), lowercase);
+  }
+  if (type == "Lowercase") return std::make_unique<Lowercase>();
+  if (type == "NFD") return std::make_unique<UnicodeNormalizer>(false, false);
+  if (type == "NFKD") return std::make_unique<UnicodeNormalizer>(true, false);
+  if (type == "NFC") return std::make_unique<UnicodeNormalizer>(false, true);
+  if (type == "NFKC") return std::make_unique<UnicodeNormalizer>(true, true);
+  if (type == "StripAccents") return std::make_unique<StripAccents>();
+  if (type == "Strip") return std::make_unique<Strip>(flag(config, "strip_left", true), flag(config, "strip_right", true));
+  if (type == "Replace") {
+    return std::make_unique<Replace>(string_pattern(config, where, "Replace normalizer"),
+                                     config.value("content", std::string()));
+  }
+  if (type == "Prepend") return std::make_unique<Prepend>(config.value("prepend", std::string()));
+  if (type == "Sequence") {
+    std::vector<std::unique_ptr<Normalizer>> steps;
+    for (const json& step : config.at("normalizers")) {
+      if (auto normalizer = make_normalizer(step, where)) steps.push_back(std::move(normalizer));
+    }
+    return std::make_unique<SequenceNormalizer>(std::move(steps));
+  }
+  throw Error(str(where, ": normalizer type \"", type,
+                  "\" is not supported (supported: BertNormalizer, Lowercase, NFD, NFC, NFKD, NFKC, StripAccents, "
+                  "Strip, Replace, Prepend, Sequence)"));
+}
+
+}  // namespace fusetrain::data::detail

@@ -1,0 +1,317 @@
+// The training loop, evaluation and metrics.
+#include "fusetrain/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "fusetrain/core/error.h"
+#include "fusetrain/data/loader.h"
+#include "fusetrain/optim/optimizer.h"
+#include "fusetrain/train/schedule.h"
+#include "train/checkpoint.h"
+#include "train/progress.h"
+#include "train/trainer_impl.h"
+
+namespace fusetrain::train {
+
+namespace fs = std::filesystem;
+
+Task parse_task(const std::string& name) {
+  if (name == "seq-cls") return Task::SequenceClassification;
+  if (name == "token-cls") return Task::TokenClassification;
+  if (name == "mlm") return Task::MaskedLM;
+  if (name == "clm") return Task::CausalLM;
+  throw Error(str("task \"", name, "\" is not supported (supported: seq-cls, token-cls, mlm, clm)"));
+}
+
+Trainer::Trainer(models::Model& model, TrainingArguments args, Task task, const data::TokenizedDataset* train_dataset,
+                 const data::TokenizedDataset* eval_dataset, CollationIds ids)
+    : impl_(std::make_unique<Impl>()),
+      model_(model),
+      args_(std::move(args)),
+      task_(task),
+      train_(train_dataset),
+      eval_(eval_dataset),
+      ids_(std::move(ids)) {
+  args_.validate();
+  FT_CHECK(!(task == Task::MaskedLM && !ids_.mlm), "masked-LM training needs a tokenizer with a mask token");
+  FT_CHECK(!(args_.eval_strategy != "no" && eval_ == nullptr), "eval_strategy is \"", args_.eval_strategy,
+           "\" but there is no evaluation dataset");
+  if (fs::exists(args_.output_dir))
+    FT_CHECK(fs::is_directory(args_.output_dir), "output_dir \"", args_.output_dir, "\" exists and is not a directory");
+  model_.set_num_threads(static_cast<int>(args_.fusetrain_threads));
+  runtime::ParameterStore& params = model_.params();
+  for (size_t i = 0; i < params.slots().size(); ++i)
+    params.set_weight_decay(i, model_.decays(params.slots()[i].name));
+  impl_->optimizer = std::make_unique<optim::AdamW>(
+      params, optim::AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon,
+                                 args_.weight_decay});
+  impl_->optimizer->set_num_threads(static_cast<int>(args_.fusetrain_threads));
+  impl_->schedule = parse_lr_schedule(args_.lr_scheduler_type);
+}
+
+Trainer::~Trainer() = default;
+
+models::Batch Trainer::view_of(const data::Batch& b) const {
+  models::Batch m;
+  const int64_t B = b.batch_size, T = b.seq_len;
+  auto ids = [&](const std::vector<int64_t>& v) {
+    return Tensor::view(const_cast<int64_t*>(v.data()), {B, T}, DType::i64);
+  };
+  m.input_ids = ids(b.input_ids);
+  m.attention_mask = ids(b.attention_mask);
+  if (model_.uses_token_type_ids() && !b.token_type_ids.empty()) m.token_type_ids = ids(b.token_type_ids);
+  if (!b.float_labels.empty())
+    m.labels = Tensor::view(const_cast<float*>(b.float_labels.data()), {B, 1}, DType::f32);
+  else if (static_cast<int64_t>(b.labels.size()) == B * T && task_ != Task::SequenceClassification)
+    m.labels = ids(b.labels);
+  else if (static_cast<int64_t>(b.labels.size()) == B)
+    m.labels = Tensor::view(const_cast<int64_t*>(b.labels.data()), {B}, DType::i64);
+  return m;
+}
+
+void Trainer::log(nlohmann::json entry) {
+  entry["step"] = state_.global_step;
+  state_.log_history.push_back(entry);
+  if (log_sink_) log_sink_(entry);
+  fs::create_directories(args_.output_dir);
+  std::ofstream out(fs::path(args_.output_dir) / "log.jsonl", std::ios::app);
+  out << entry.dump() << '\n';
+  for (const auto& c : callbacks_) c->on_log(state_, entry);
+}
+
+namespace {
+
+data::CollateFn make_collate(const data::TokenizedDataset& dataset, const CollationIds& ids, Task task, uint64_t seed) {
+  data::CollateOptions options;
+  options.pad_id = ids.pad_id;
+  options.seed = seed;
+  if (task == Task::MaskedLM) options.mlm = ids.mlm;
+  return data::padded_collate(dataset, options);
+}
+
+}  // namespace
+
+std::map<std::string, double> Trainer::train() {
+  FT_CHECK(train_ != nullptr && train_->size() > 0, "train() needs a non-empty training dataset");
+  const TrainingArguments& a = args_;
+  const int64_t accum = a.gradient_accumulation_steps;
+  data::LoaderOptions loader_options;
+  loader_options.batch_size = a.per_device_train_batch_size;
+  loader_options.shuffle = true;
+  loader_options.seed = static_cast<uint64_t>(a.seed);
+  loader_options.drop_last = a.dataloader_drop_last;
+  data::DataLoader loader(train_->size(), loader_options, make_collate(*train_, ids_, task_, a.seed));
+  impl_->batches_per_epoch = loader.batches_per_epoch();
+  FT_CHECK(impl_->batches_per_epoch > 0, "the training dataset (", train_->size(), " examples) gives no batch of ",
+           a.per_device_train_batch_size, " with dataloader_drop_last");
+  impl_->updates_per_epoch = std::max<int64_t>(impl_->batches_per_epoch / accum, 1);
+  state_ = TrainerState{};
+  state_.max_steps = a.max_steps > 0 ? a.max_steps
+                                     : static_cast<int64_t>(std::ceil(a.num_train_epochs *
+                                                                      static_cast<double>(impl_->updates_per_epoch)));
+  impl_->warmup = warmup_steps_for(a.warmup_steps, a.warmup_ratio, state_.max_steps);
+  if (a.resume_from_checkpoint) load_checkpoint(*a.resume_from_checkpoint);
+  model_.params().zero_grads();
+
+  const int64_t start_epoch = state_.global_step / impl_->updates_per_epoch;
+  const int64_t skip_batches = (state_.global_step % impl_->updates_per_epoch) * accum;
+  for (const auto& c : callbacks_) c->on_train_begin(state_);
+  Progress progress(state_.max_steps, !a.disable_tqdm);
+  progress.update(state_.global_step, {});
+  auto started = std::chrono::steady_clock::now();
+  double loss_since_log = 0, total_loss = 0;
+  int64_t steps_since_log = 0, steps_this_run = 0, samples_this_run = 0;
+  auto lr_at = [&](int64_t step) {
+    return a.learning_rate * lr_lambda(impl_->schedule, step, impl_->warmup, state_.max_steps, a.learning_rate);
+  };
+
+  auto evaluate_and_track = [&] {
+    std::map<std::string, double> metrics = evaluate();
+    const std::string key = a.effective_metric();
+    auto it = metrics.find(key);
+    FT_CHECK(it != metrics.end(), "metric_for_best_model \"", key, "\" is not among the evaluation metrics");
+    bool greater = a.effective_greater_is_better();
+    bool improved = !state_.best_metric || (greater ? it->second > *state_.best_metric + a.early_stopping_threshold
+                                                    : it->second < *state_.best_metric - a.early_stopping_threshold);
+    if (improved) {
+      state_.best_metric = it->second;
+      impl_->evaluations_without_improvement = 0;
+    } else if (a.early_stopping_patience > 0 &&
+               ++impl_->evaluations_without_improvement >= a.early_stopping_patience) {
+      state_.should_stop = true;
+    }
+    return improved;
+  };
+  auto save_if = [&](bool improved) {
+    std::string dir = save_checkpoint();
+    if (improved) state_.best_model_checkpoint = dir;
+    rotate_checkpoints();
+  };
+
+  for (int64_t epoch = start_epoch; state_.global_step < state_.max_steps && !state_.should_stop; ++epoch) {
+    loader.start_epoch(epoch);
+    int64_t micro = 0;
+    if (epoch == start_epoch && skip_batches > 0) {
+      loader.skip(skip_batches);
+      micro = skip_batches;
+    }
+    while (std::optional<data::Batch> batch = loader.next()) {
+      double loss = model_.accumulate_grads(view_of(*batch), /*training=*/true);
+      FT_CHECK(std::isfinite(loss), "training loss became ", loss, " at step ", state_.global_step + 1,
+               " (try a lower learning_rate)");
+      loss_since_log += loss / static_cast<double>(accum);
+      samples_this_run += batch->batch_size;
+      ++micro;
+      const bool last_in_epoch = micro == impl_->batches_per_epoch;
+      if (micro % accum != 0 && !last_in_epoch) continue;
+
+      double norm = impl_->optimizer->clip_and_step(a.max_grad_norm, lr_at(state_.global_step),
+                                                    1.0 / static_cast<double>(accum));
+      model_.params().zero_grads();
+      ++state_.global_step;
+      ++steps_this_run;
+      ++steps_since_log;
+      state_.epoch = static_cast<double>(epoch) + static_cast<double>(micro) / static_cast<double>(impl_->batches_per_epoch);
+      progress.update(state_.global_step, {{"loss", loss_since_log / static_cast<double>(steps_since_log)},
+                                           {"lr", lr_at(state_.global_step)}});
+      if (state_.global_step % a.logging_steps == 0) {
+        double mean = loss_since_log / static_cast<double>(steps_since_log);
+        total_loss += loss_since_log;
+        loss_since_log = 0;
+        steps_since_log = 0;
+        log({{"loss", mean}, {"grad_norm", norm}, {"learning_rate", lr_at(state_.global_step)}, {"epoch", state_.epoch}});
+      }
+      bool improved = false;
+      if (a.eval_strategy == "steps" && state_.global_step % a.effective_eval_steps() == 0) improved = evaluate_and_track();
+      if ((a.save_strategy == "steps" && state_.global_step % a.save_steps == 0) ||
+          (a.save_strategy == "best" && improved))
+        save_if(improved);
+      for (const auto& c : callbacks_) c->on_step_end(state_);
+      if (state_.global_step >= state_.max_steps || state_.should_stop) break;
+    }
+    bool improved = false;
+    if (a.eval_strategy == "epoch") improved = evaluate_and_track();
+    if (a.save_strategy == "epoch" || (a.save_strategy == "best" && improved && a.eval_strategy == "epoch"))
+      save_if(improved);
+  }
+  progress.finish();
+  total_loss += loss_since_log;
+  double runtime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (a.load_best_model_at_end && state_.best_model_checkpoint) load_checkpoint_weights(model_, *state_.best_model_checkpoint);
+  std::map<std::string, double> metrics{
+      {"train_runtime", runtime},
+      {"train_samples_per_second", static_cast<double>(samples_this_run) / std::max(runtime, 1e-9)},
+      {"train_steps_per_second", static_cast<double>(steps_this_run) / std::max(runtime, 1e-9)},
+      {"train_loss", steps_this_run ? total_loss / static_cast<double>(steps_this_run) : 0.0},
+      {"epoch", state_.epoch}};
+  nlohmann::json entry = nlohmann::json::object();
+  for (const auto& [k, v] : metrics) entry[k] = v;
+  log(entry);
+  for (const auto& c : callbacks_) c->on_train_end(state_);
+  return metrics;
+}
+
+std::map<std::string, double> Trainer::evaluate(const data::TokenizedDataset* dataset) {
+  const data::TokenizedDataset* d = dataset ? dataset : eval_;
+  FT_CHECK(d != nullptr && d->size() > 0, "evaluate() needs a non-empty evaluation dataset");
+  auto started = std::chrono::steady_clock::now();
+  Predictions p = predict(*d);
+  double runtime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::map<std::string, double> metrics;
+  for (const auto& [k, v] : p.metrics) metrics["eval_" + k] = v;
+  metrics["eval_runtime"] = runtime;
+  metrics["eval_samples_per_second"] = static_cast<double>(d->size()) / std::max(runtime, 1e-9);
+  nlohmann::json entry = nlohmann::json::object();
+  for (const auto& [k, v] : metrics) entry[k] = v;
+  entry["epoch"] = state_.epoch;
+  log(entry);
+  for (const auto& c : callbacks_) c->on_evaluate(state_, metrics);
+  return metrics;
+}
+
+Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
+  data::LoaderOptions options;
+  options.batch_size = args_.per_device_eval_batch_size;
+  options.shuffle = false;
+  data::DataLoader loader(dataset.size(), options, make_collate(dataset, ids_, task_, args_.seed + 1));
+  loader.start_epoch(0);
+  Predictions p;
+  double loss_sum = 0;
+  int64_t loss_weight = 0;
+  const bool labelled = dataset.label_kind() != data::LabelKind::None;
+  while (std::optional<data::Batch> batch = loader.next()) {
+    models::Batch view = view_of(*batch);
+    if (!labelled) view.labels = Tensor();
+    models::ModelOutput out = model_.forward(view, /*training=*/false);
+    if (out.loss) {
+      loss_sum += *out.loss * static_cast<double>(batch->batch_size);
+      loss_weight += batch->batch_size;
+    }
+    const int64_t K = out.logits.shape()[-1];
+    const float* logits = out.logits.data_as<float>();
+    p.classes = K;
+    if (task_ == Task::SequenceClassification) {
+      p.logits.insert(p.logits.end(), logits, logits + batch->batch_size * K);
+      p.rows += batch->batch_size;
+      if (labelled && batch->float_labels.empty())
+        p.labels.insert(p.labels.end(), batch->labels.begin(), batch->labels.end());
+    } else if (labelled) {
+      // Token tasks: keep the labelled positions (causal LM: position t predicts t + 1).
+      const int64_t B = batch->batch_size, T = batch->seq_len;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < T; ++t) {
+          int64_t target_t = task_ == Task::CausalLM ? t + 1 : t;
+          if (target_t >= T) continue;
+          int64_t label = batch->labels[b * T + target_t];
+          if (label == data::kIgnoreIndex) continue;
+          if (task_ == Task::TokenClassification) p.logits.insert(p.logits.end(), logits + (b * T + t) * K, logits + (b * T + t + 1) * K);
+          p.labels.push_back(label);
+          ++p.rows;
+        }
+    }
+  }
+  if (loss_weight > 0) p.metrics["loss"] = loss_sum / static_cast<double>(loss_weight);
+  if (task_ == Task::MaskedLM || task_ == Task::CausalLM) {
+    if (p.metrics.count("loss")) p.metrics["perplexity"] = std::exp(p.metrics["loss"]);
+  } else if (!p.labels.empty()) {
+    for (const auto& [k, v] : classification_metrics(p)) p.metrics[k] = v;
+  }
+  return p;
+}
+
+void Trainer::save_model(const std::string& dir) { model_.save_pretrained(dir.empty() ? args_.output_dir : dir); }
+
+std::map<std::string, double> classification_metrics(const Predictions& p) {
+  const int64_t K = p.classes;
+  std::vector<int64_t> true_positive(static_cast<size_t>(K)), predicted(static_cast<size_t>(K)),
+      actual(static_cast<size_t>(K));
+  int64_t correct = 0, n = static_cast<int64_t>(p.labels.size());
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = p.logits.data() + r * K;
+    int64_t best = std::max_element(row, row + K) - row;
+    int64_t label = p.labels[static_cast<size_t>(r)];
+    correct += best == label;
+    ++predicted[static_cast<size_t>(best)];
+    if (label >= 0 && label < K) ++actual[static_cast<size_t>(label)];
+    if (best == label) ++true_positive[static_cast<size_t>(best)];
+  }
+  auto f1_of = [&](int64_t k) {
+    double tp = static_cast<double>(true_positive[static_cast<size_t>(k)]);
+    double denominator = static_cast<double>(predicted[static_cast<size_t>(k)] + actual[static_cast<size_t>(k)]);
+    return denominator > 0 ? 2 * tp / denominator : 0.0;
+  };
+  double f1 = 0;
+  if (K == 2) f1 = f1_of(1);
+  else {
+    for (int64_t k = 0; k < K; ++k) f1 += f1_of(k);
+    f1 /= static_cast<double>(std::max<int64_t>(K, 1));
+  }
+  return {{"accuracy", n ? static_cast<double>(correct) / static_cast<double>(n) : 0.0}, {"f1", f1}};
+}
+
+}  // namespace fusetrain::train

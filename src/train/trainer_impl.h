@@ -1,0 +1,21 @@
+// Trainer internals shared by trainer.cpp and checkpoint.cpp.
+#pragma once
+
+#include <memory>
+
+#include "fusetrain/optim/optimizer.h"
+#include "fusetrain/train/schedule.h"
+#include "fusetrain/train/trainer.h"
+
+namespace fusetrain::train {
+
+struct Trainer::Impl {
+  std::unique_ptr<optim::AdamW> optimizer;
+  LrSchedule schedule = LrSchedule::Linear;
+  int64_t warmup = 0;
+  int64_t updates_per_epoch = 1;
+  int64_t batches_per_epoch = 0;
+  int evaluations_without_improvement = 0;
+};
+
+}  // namespace fusetrain::train
