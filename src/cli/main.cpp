@@ -1,26 +1,51 @@
-// The fusetrain command line.
+// The fusetrain command line: train, evaluate, predict, inspect.
+//
+//   fusetrain train                      the embedded default job (SST-2 fine-tune of MiniLM)
+//   fusetrain train --model DIR --task seq-cls --train-file train.tsv --eval-file dev.tsv ...
+//   fusetrain evaluate --model DIR --task seq-cls --eval-file dev.tsv
+//   fusetrain predict --model DIR --task seq-cls --test-file test.tsv --output predictions.tsv
+//   fusetrain inspect --model DIR [--max-seq-length 128 --per-device-train-batch-size 8]
+#include <CLI/CLI.hpp>
 #include <cstdio>
-#include <cstring>
 #include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
 
+#include "cli/commands.h"
 #include "fusetrain/core/cpu.h"
+#include "fusetrain/core/error.h"
+
+namespace ft = fusetrain;
 
 int main(int argc, char** argv) {
+  CLI::App app{"fusetrain: train transformer models on the CPU, Hugging Face model directories in and out"};
+  app.set_version_flag("--version", std::string("fusetrain ") + FUSETRAIN_VERSION);
+  app.require_subcommand(0, 1);
+  ft::cli::Options options;
+  CLI::App* train = app.add_subcommand("train", "train a model (no arguments: the embedded SST-2 default job)");
+  CLI::App* evaluate = app.add_subcommand("evaluate", "loss and metrics of a model on --eval-file");
+  CLI::App* predict = app.add_subcommand("predict", "write predictions for --test-file to --output");
+  CLI::App* inspect = app.add_subcommand("inspect", "print the model, its parameter count and the plan's memory");
+  CLI::App* info = app.add_subcommand("info", "print the version and the CPU features the kernels use");
+  for (CLI::App* command : {train, evaluate, predict, inspect}) ft::cli::add_options(*command, options);
   try {
-    if (argc > 1 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
-      std::printf("usage: fusetrain [--version]\n\nPrints the version and the CPU features the kernels can use.\n");
-      return 0;
-    }
-    if (argc > 1 && std::strcmp(argv[1], "--version") != 0) {
-      std::fprintf(stderr, "fusetrain: unknown argument \"%s\" (expected --version or --help)\n", argv[1]);
-      return 2;
-    }
-    std::printf("fusetrain %s\n", FUSETRAIN_VERSION);
-    std::printf("cpu: %s\n", fusetrain::cpu_model_name().c_str());
-    std::printf("features: %s\n", fusetrain::cpu_features().to_string().c_str());
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (train->parsed()) return ft::cli::run_train(options, argc == 2);
+    if (evaluate->parsed()) return ft::cli::run_evaluate(options);
+    if (predict->parsed()) return ft::cli::run_predict(options);
+    if (inspect->parsed()) return ft::cli::run_inspect(options);
+    (void)info;
+    std::printf("fusetrain %s\ncpu: %s\nfeatures: %s\n", FUSETRAIN_VERSION, ft::cpu_model_name().c_str(),
+                ft::cpu_features().to_string().c_str());
+    if (!info->parsed()) std::printf("\n%s", app.help().c_str());
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fusetrain: %s\n", e.what());
+    std::fprintf(stderr, "fusetrain: error: %s\n", e.what());
     return 1;
   }
 }

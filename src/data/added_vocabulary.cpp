@@ -58,14 +58,16 @@ void AddedVocabulary::build(std::vector<AddedToken> tokens, const Normalizer* no
   PreTokenized scratch;
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t k = 0; k < tokens_.size(); ++k) {
-      const AddedToken& token = tokens_[k];
+      AddedToken& token = tokens_[k];
       if (token.special != (pass == 0)) continue;
+      token.decoded = token.content;
       if (!token.normalized) {
         raw_.insert(token.content, static_cast<int32_t>(k));
         continue;
       }
       scratch.reset(token.content);
       if (normalizer != nullptr) normalizer->normalize(scratch);
+      token.decoded = scratch.text;
       normalized_.insert(scratch.text, static_cast<int32_t>(k));
     }
   }

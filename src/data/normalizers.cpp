@@ -56,34 +56,33 @@ void filter_pass(PreTokenized& text, Drop drop) {
   });
 }
 
-// Unicode normalization of each piece: full decomposition with canonical ordering, then (NFC/NFKC) canonical
-// composition. A decomposed character keeps its source's alignment; a composite keeps its starter's.
+// Unicode normalization of each piece: full decomposition, canonical ordering, then (NFC/NFKC) canonical
+// composition, as unicode-normalization-alignments yields it: every output character carries a change (0: it
+// replaces the next source character, +1: inserted after it, -n: also removes n more), the first character of a
+// decomposition replacing its source and the others inserted; reordering moves characters with their changes,
+// and composing a character away makes its starter remove what that character had replaced. Alignments are then
+// given positionally by the Rewriter, which is what the library's transform does.
 void unicode_normalize_pass(PreTokenized& text, bool compat, bool compose) {
   struct Item {
     char32_t c;
     uint8_t ccc;
-    Align align;
+    int change;
   };
   thread_local std::vector<Item> items;
   text.rewrite([&](Rewriter& out) {
     std::string_view s = out.source();
-    // Unchanged when every character is below U+0300 and has no decomposition (ASCII, most Latin-1 text).
     items.clear();
     bool changed = false;
     size_t i = 0;
     while (i < s.size()) {
-      const size_t at = i;
       const char32_t c = unicode::next_char(s, i);
       char32_t parts[18];
       const int n = unicode::decompose(c, compat, parts);
-      // align.start holds the source byte offset until the items are written out.
       if (n == 0) {
-        items.push_back(Item{c, unicode::combining_class(c), Align{static_cast<uint32_t>(at), 0}});
+        items.push_back(Item{c, unicode::combining_class(c), 0});
       } else {
         changed = true;
-        for (int k = 0; k < n; ++k) {
-          items.push_back(Item{parts[k], unicode::combining_class(parts[k]), Align{static_cast<uint32_t>(at), 0}});
-        }
+        for (int k = 0; k < n; ++k) items.push_back(Item{parts[k], unicode::combining_class(parts[k]), k == 0 ? 0 : 1});
       }
     }
     // Canonical ordering: stable sort of each run of non-starters by combining class.
@@ -94,10 +93,9 @@ void unicode_normalize_pass(PreTokenized& text, bool compat, bool compose) {
       }
       size_t b = a;
       while (b < items.size() && items[b].ccc != 0) ++b;
-      if (b - a > 1 && !std::is_sorted(items.begin() + a, items.begin() + b,
-                                       [](const Item& x, const Item& y) { return x.ccc < y.ccc; })) {
-        std::stable_sort(items.begin() + a, items.begin() + b,
-                         [](const Item& x, const Item& y) { return x.ccc < y.ccc; });
+      auto by_class = [](const Item& x, const Item& y) { return x.ccc < y.ccc; };
+      if (b - a > 1 && !std::is_sorted(items.begin() + a, items.begin() + b, by_class)) {
+        std::stable_sort(items.begin() + a, items.begin() + b, by_class);
         changed = true;
       }
       a = b;
@@ -113,7 +111,9 @@ void unicode_normalize_pass(PreTokenized& text, bool compat, bool compose) {
           if (adjacent || (last_ccc != 0 && last_ccc < item.ccc)) {
             const char32_t composite = unicode::compose(items[starter].c, item.c);
             if (composite != 0) {
-              items[starter].c = composite;
+              Item& target = items[starter];
+              target.c = composite;
+              if (target.change <= 0) target.change -= 1 - std::min(item.change, 1);
               changed = true;
               continue;
             }
@@ -129,25 +129,14 @@ void unicode_normalize_pass(PreTokenized& text, bool compat, bool compose) {
       out.keep_rest();
       return;
     }
-    // Write through the rewriter: the first character derived from a source character replaces it, the rest are
-    // inserted after it; a source character whose derived characters all vanished (composed away) is dropped.
-    size_t source_at = 0;  // byte offset of the next source character to consume
-    for (size_t k = 0; k < items.size(); ++k) {
-      const uint32_t from = items[k].align.start;
-      if (from >= source_at) {
-        while (out.position() < from) out.skip(1);
-        out.emit(items[k].c, 0);
-        source_at = out.position();
-      } else {
-        out.emit(items[k].c, 1);
-      }
-    }
+    for (const Item& item : items) out.emit(item.c, item.change);
     while (out.position() < s.size()) out.skip(1);
   });
 }
 
-void strip_accents_pass(PreTokenized& text) {
-  filter_pass(text, [](char32_t c) { return unicode::has(c, unicode::kMarkNonspacing); });
+// BertNormalizer drops nonspacing marks; the StripAccents normalizer drops every combining mark.
+void strip_marks_pass(PreTokenized& text, uint16_t marks) {
+  filter_pass(text, [marks](char32_t c) { return unicode::has(c, marks); });
 }
 
 class BertNormalizer final : public Normalizer {
@@ -209,7 +198,7 @@ class BertNormalizer final : public Normalizer {
     }
     if (strip_accents_) {
       unicode_normalize_pass(text, /*compat=*/false, /*compose=*/false);
-      strip_accents_pass(text);
+      strip_marks_pass(text, unicode::kMarkNonspacing);
     }
     if (lowercase_) lowercase_pass(text);
   }
@@ -238,7 +227,7 @@ class UnicodeNormalizer final : public Normalizer {
 class StripAccents final : public Normalizer {
  public:
   void normalize(PreTokenized& text) const override {
-    if (!all_ascii(text)) strip_accents_pass(text);
+    if (!all_ascii(text)) strip_marks_pass(text, unicode::kCombiningMark);
   }
 };
 

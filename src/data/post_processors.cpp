@@ -31,8 +31,11 @@ void append(Segment& to, const Segment& from) {
 }
 
 // Moves offsets past leading and before trailing whitespace (tokenizers' byte_level::process_offsets). With
-// add_prefix_space, the first token keeps the single space that was added in front of it.
+// add_prefix_space, the first token keeps the single space that was added in front of it. The library counts in
+// characters (Python offsets are character offsets), so offsets move by characters of the input here too.
 void trim_offsets(Segment& segment, bool add_prefix_space) {
+  const std::string_view text = segment.text;
+  auto is_continuation = [&](int64_t at) { return (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80; };
   for (size_t i = 0; i < segment.size(); ++i) {
     auto& [start, end] = segment.offsets[i];
     int64_t leading = segment.leading[i];
@@ -40,9 +43,22 @@ void trim_offsets(Segment& segment, bool add_prefix_space) {
     if (leading > 0) {
       const bool is_first = i == 0 || start == 0;
       if (is_first && add_prefix_space && leading == 1) leading = 0;
-      start = std::min(start + leading, end);
+      int64_t moved = start;
+      for (int64_t k = 0; k < leading && moved < static_cast<int64_t>(text.size()); ++k) {
+        ++moved;
+        while (moved < static_cast<int64_t>(text.size()) && is_continuation(moved)) ++moved;
+      }
+      start = std::min(moved, end);
     }
-    if (trailing > 0 && end >= trailing) end = std::max(end - trailing, start);
+    if (trailing > 0) {
+      int64_t moved = end, steps = 0;
+      while (steps < trailing && moved > 0) {
+        --moved;
+        while (moved > 0 && is_continuation(moved)) --moved;
+        ++steps;
+      }
+      if (steps == trailing) end = std::max(moved, start);  // only when `end` is at least `trailing` characters in
+    }
   }
 }
 
@@ -53,6 +69,7 @@ class BertProcessing final : public PostProcessor {
   void process(std::vector<Segment>& segments, bool add_special_tokens) const override {
     if (!add_special_tokens) return;
     Segment first = special_segment({cls_.id}, 0);
+    first.text = segments[0].text;
     append(first, segments[0]);
     append(first, special_segment({sep_.id}, 0));
     if (segments.size() > 1) {
@@ -82,6 +99,7 @@ class RobertaProcessing final : public PostProcessor {
     if (!add_special_tokens) return;
     for (size_t k = 0; k < segments.size(); ++k) {
       Segment wrapped = special_segment({k == 0 ? cls_.id : sep_.id}, 0);
+      wrapped.text = segments[k].text;
       append(wrapped, segments[k]);
       append(wrapped, special_segment({sep_.id}, 0));
       segments[k] = std::move(wrapped);

@@ -1,4 +1,5 @@
 // The text of one encode call: pieces, alignments, the rewriting and splitting rules tokenizers applies to them.
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer_impl.h"
@@ -154,27 +155,18 @@ int byte_of_char(char32_t c) {
 }
 
 std::pair<uint16_t, uint16_t> whitespace_ends(std::string_view token) {
-  // A character counts as one space: byte-level "Ġ" stands for one byte of input, other whitespace for itself.
   auto is_space = [](char32_t c) { return c == 0x120 || unicode::is_whitespace(c); };
-  auto width = [](char32_t c) { return c == 0x120 ? size_t{1} : unicode::utf8_length(c); };
-  size_t leading_bytes = 0, i = 0;
-  while (i < token.size()) {
-    size_t next = i;
-    const char32_t c = unicode::next_char(token, next);
-    if (!is_space(c)) break;
-    leading_bytes += width(c), i = next;
-  }
-  size_t trailing_bytes = 0;
-  size_t end = token.size();
+  size_t leading = 0, i = 0;
+  while (i < token.size() && is_space(unicode::next_char(token, i))) ++leading;
+  size_t trailing = 0, end = token.size();
   while (end > 0) {
     size_t start = end - 1;
     while (start > 0 && (static_cast<unsigned char>(token[start]) & 0xC0) == 0x80) --start;
     size_t probe = start;
-    const char32_t c = unicode::next_char(token, probe);
-    if (!is_space(c)) break;
-    trailing_bytes += width(c), end = start;
+    if (!is_space(unicode::next_char(token, probe))) break;
+    ++trailing, end = start;
   }
-  return {static_cast<uint16_t>(leading_bytes), static_cast<uint16_t>(trailing_bytes)};
+  return {static_cast<uint16_t>(std::min<size_t>(leading, 0xFFFF)), static_cast<uint16_t>(std::min<size_t>(trailing, 0xFFFF))};
 }
 
 }  // namespace fusetrain::data::detail

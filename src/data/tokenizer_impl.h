@@ -194,14 +194,16 @@ class Model {
   virtual std::string unk_token() const { return ""; }
 };
 
-/// One sequence's tokens while they are post-processed; `leading` / `trailing` count the bytes of whitespace
-/// (or byte-level "Ġ") at each end of a token's string, used by offset trimming.
+/// One sequence's tokens while they are post-processed; `leading` / `trailing` count the whitespace characters
+/// (or byte-level "Ġ") at each end of a token's string, used by offset trimming, which moves offsets by
+/// characters of `text`, the sequence's input (empty for segments of special tokens).
 struct Segment {
   std::vector<int64_t> ids;
   std::vector<int64_t> type_ids;
   std::vector<uint8_t> special;
   std::vector<std::pair<int64_t, int64_t>> offsets;
   std::vector<uint16_t> leading, trailing;
+  std::string_view text;
   size_t size() const { return ids.size(); }
   void push(int64_t id, int64_t type_id, bool is_special, std::pair<int64_t, int64_t> offset, uint16_t lead = 0,
             uint16_t trail = 0) {
@@ -235,6 +237,7 @@ class Decoder {
 
 struct AddedToken {
   std::string content;
+  std::string decoded;  ///< what id_to_token / decode give: the content, normalized when `normalized`
   int64_t id = -1;
   bool special = false, single_word = false, lstrip = false, rstrip = false, normalized = true;
 };
@@ -294,7 +297,8 @@ std::unique_ptr<Model> make_bpe(StringMap<int64_t> vocab, const std::vector<std:
 const std::array<char32_t, 256>& byte_to_char();
 int byte_of_char(char32_t c);
 
-/// Counts the bytes of whitespace (and byte-level "Ġ" standing for a space) at the start and end of a token.
+/// Counts the whitespace characters (and byte-level "Ġ", standing for a space) at the start and at the end of a
+/// token's string (tokenizers' process_offsets; a token of spaces counts at both ends).
 std::pair<uint16_t, uint16_t> whitespace_ends(std::string_view token);
 
 }  // namespace fusetrain::data::detail

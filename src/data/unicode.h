@@ -20,10 +20,11 @@ enum Flag : uint16_t {
   kWhitespace = 1 << 2,      ///< White_Space (Rust's char::is_whitespace, the pattern's \s)
   kControl = 1 << 3,         ///< removed by BertNormalizer's clean_text (besides NUL and U+FFFD)
   kPunctuation = 1 << 4,     ///< BertPreTokenizer / Punctuation: ASCII punctuation or Unicode P*
-  kMarkNonspacing = 1 << 5,  ///< removed by StripAccents
+  kMarkNonspacing = 1 << 5,  ///< removed by BertNormalizer's strip_accents (after NFD)
   kWord = 1 << 6,            ///< \w of the Whitespace pre-tokenizer
   kNumeric = 1 << 7,         ///< char::is_numeric (Digits pre-tokenizer)
   kCjk = 1 << 8,             ///< BertNormalizer's "Chinese characters"
+  kCombiningMark = 1 << 9,   ///< removed by the StripAccents normalizer
 };
 
 namespace detail {

@@ -52,6 +52,7 @@ class BertFamily final : public Family {
   BuiltGraph build(const BatchSpec& spec) const override {
     BuiltGraph out;
     ir::GraphBuilder b(out.graph, 0x5eed);
+    bf16_ = spec.bf16;
     const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
     const bool train = spec.training;
     ValueId ids = b.input(InputNames::input_ids, {B, T}, DType::i64);
@@ -166,7 +167,7 @@ class BertFamily final : public Family {
   ValueId linear(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t out, int64_t in) const {
     ValueId weight = b.param(name + ".weight", {out, in});
     ValueId bias = b.param(name + ".bias", {out});
-    return b.linear(x, weight, bias);
+    return project(b, x, weight, bias, bf16_);
   }
   ValueId layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {
     ValueId weight = b.param(name + ".weight", {C_});
@@ -184,10 +185,10 @@ class BertFamily final : public Family {
     ValueId h = roberta_ ? linear(b, x, "lm_head.dense", C_, C_) : linear(b, x, head + "transform.dense", C_, C_);
     h = activation(b, h, roberta_ ? "gelu" : act_);
     h = roberta_ ? layer_norm(b, h, "lm_head.layer_norm") : layer_norm(b, h, head + "transform.LayerNorm");
-    if (tie_) return b.linear(h, word, bias);
+    if (tie_) return project(b, h, word, bias, bf16_);
     // Untied, transformers gives the decoder its own weight and bias; `bias` stays an unused parameter.
     ValueId decoder = b.param(head + "decoder.weight", {V_, C_});
-    return b.linear(h, decoder, b.param(head + "decoder.bias", {V_}));
+    return project(b, h, decoder, b.param(head + "decoder.bias", {V_}), bf16_);
   }
 
   bool roberta_;
@@ -197,6 +198,7 @@ class BertFamily final : public Family {
   double eps_, hidden_dropout_, attention_dropout_, classifier_dropout_, init_std_;
   std::string act_;
   bool tie_;
+  mutable bool bf16_ = false;  // set by build() for the spec being built
 };
 
 }  // namespace

@@ -44,6 +44,7 @@ class DistilBertFamily final : public Family {
   BuiltGraph build(const BatchSpec& spec) const override {
     BuiltGraph out;
     ir::GraphBuilder b(out.graph, 0x5eed);
+    bf16_ = spec.bf16;
     const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
     const bool train = spec.training;
     ValueId ids = b.input(InputNames::input_ids, {B, T}, DType::i64);
@@ -77,7 +78,7 @@ class DistilBertFamily final : public Family {
         ValueId h = activation(b, linear(b, x, "vocab_transform", C, C), act_);
         h = layer_norm(b, h, "vocab_layer_norm");
         ValueId projector = tie_ ? word : b.param("vocab_projector.weight", {V_, C});
-        out.logits = b.linear(h, projector, b.param("vocab_projector.bias", {V_}));
+        out.logits = project(b, h, projector, b.param("vocab_projector.bias", {V_}), bf16_);
         if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
         break;
       }
@@ -122,7 +123,7 @@ class DistilBertFamily final : public Family {
   ValueId linear(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t out, int64_t in) const {
     ValueId weight = b.param(name + ".weight", {out, in});
     ValueId bias = b.param(name + ".bias", {out});
-    return b.linear(x, weight, bias);
+    return project(b, x, weight, bias, bf16_);
   }
   ValueId layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {
     ValueId weight = b.param(name + ".weight", {C_});
@@ -136,6 +137,7 @@ class DistilBertFamily final : public Family {
   double dropout_, attention_dropout_, classifier_dropout_, init_std_;
   std::string act_;
   bool tie_;
+  mutable bool bf16_ = false;  // set by build() for the spec being built
 };
 
 }  // namespace

@@ -66,6 +66,22 @@ int64_t ConfigReader::positive(const std::string& key) const {
 
 // ---- graph pieces ----------------------------------------------------------------------------
 
+ValueId project(ir::GraphBuilder& b, ValueId x, ValueId w, ValueId bias, bool bf16) {
+  if (bf16) {
+    x = b.cast(x, DType::bf16);
+    w = b.cast(w, DType::bf16);
+  }
+  return b.linear(x, w, bias);
+}
+
+ValueId project_in_out(ir::GraphBuilder& b, ValueId x, ValueId w, ValueId bias, bool bf16) {
+  if (bf16) {
+    x = b.cast(x, DType::bf16);
+    w = b.cast(w, DType::bf16);
+  }
+  return b.add(b.matmul(x, w), bias);
+}
+
 ValueId maybe_dropout(ir::GraphBuilder& b, ValueId x, double p, bool training) {
   return training && p > 0 ? b.dropout(x, p) : x;
 }

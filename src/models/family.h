@@ -98,6 +98,10 @@ class ConfigReader {
 
 // ---- shared graph pieces ------------------------------------------------------------------
 
+/// x·wᵀ + bias, in bf16 (inputs cast, f32 accumulation and output) when `bf16`.
+ir::ValueId project(ir::GraphBuilder& b, ir::ValueId x, ir::ValueId w, ir::ValueId bias, bool bf16);
+/// x·w (w stored (in, out), GPT-2's Conv1D) + bias, in bf16 when `bf16`.
+ir::ValueId project_in_out(ir::GraphBuilder& b, ir::ValueId x, ir::ValueId w, ir::ValueId bias, bool bf16);
 /// Dropout only while training and only for p > 0.
 ir::ValueId maybe_dropout(ir::GraphBuilder& b, ir::ValueId x, double p, bool training);
 /// transformers' ACT2FN for the supported names ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "tanh").

@@ -45,6 +45,7 @@ class Gpt2Family final : public Family {
   BuiltGraph build(const BatchSpec& spec) const override {
     BuiltGraph out;
     ir::GraphBuilder b(out.graph, 0x5eed);
+    bf16_ = spec.bf16;
     const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
     const bool train = spec.training;
     ValueId ids = b.input(InputNames::input_ids, {B, T}, DType::i64);
@@ -78,7 +79,7 @@ class Gpt2Family final : public Family {
       case Head::Base: out.logits = x; break;
       case Head::CausalLM: {
         ValueId lm_head = tie_ ? wte : b.param("lm_head.weight", {V_, C});
-        out.logits = b.linear(x, lm_head);
+        out.logits = bf16_ ? b.linear(b.cast(x, DType::bf16), b.cast(lm_head, DType::bf16)) : b.linear(x, lm_head);
         // Labels arrive shifted left by one (the last position ignored), so every
         // position predicts the next token without slicing the logits.
         if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
@@ -134,7 +135,7 @@ class Gpt2Family final : public Family {
   ValueId conv1d(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t in, int64_t out) const {
     ValueId w = b.param(name + ".weight", {in, out});
     ValueId bias = b.param(name + ".bias", {out});
-    return b.add(b.matmul(x, w), bias);
+    return project_in_out(b, x, w, bias, bf16_);
   }
   ValueId layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {
     ValueId weight = b.param(name + ".weight", {C_});
@@ -148,6 +149,7 @@ class Gpt2Family final : public Family {
   double eps_, embd_dropout_, attn_dropout_, resid_dropout_, init_std_;
   std::string act_;
   bool scale_attn_, scale_by_layer_, tie_;
+  mutable bool bf16_ = false;  // set by build() for the spec being built
 };
 
 }  // namespace

@@ -300,6 +300,7 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
   spec.batch = batch.input_ids.shape()[0];
   spec.seq = batch.input_ids.shape()[1];
   spec.training = training;
+  spec.bf16 = bf16_;
   if (batch.start_positions.defined() || batch.end_positions.defined()) spec.labels = LabelKind::Spans;
   else if (batch.labels.defined() && batch.labels.data() != nullptr) {
     if (batch.labels.dtype() == DType::f32) spec.labels = LabelKind::Values;

@@ -285,6 +285,26 @@ void Plan::run() {
   ++step_;
 }
 
+void Plan::run_profiled(std::vector<double>& seconds) {
+  seconds.resize(steps_.size(), 0.0);
+  kernels::StepContext ctx;
+  ctx.rng_offset = step_;
+  ctx.num_threads = num_threads_;
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    double start = omp_get_wtime();
+    steps_[i].kernel->run(steps_[i].args, ctx);
+    for (const Step::Accumulation& a : steps_[i].accumulations) add_into(a.dest, a.temp, a.numel, num_threads_);
+    seconds[i] += omp_get_wtime() - start;
+  }
+  ++step_;
+}
+
+std::vector<const ir::Node*> Plan::scheduled_nodes() const {
+  std::vector<const ir::Node*> nodes;
+  for (const Step& s : steps_) nodes.push_back(s.node);
+  return nodes;
+}
+
 Tensor Plan::output(ValueId value) const {
   FT_CHECK(graph_.is_output(value), "value ", graph_.describe(value), " is not a graph output of this plan");
   return value_tensors_[static_cast<size_t>(value)];

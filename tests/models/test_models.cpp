@@ -131,6 +131,27 @@ TEST_P(Heads, SaveAndLoadRoundTrip) {
 INSTANTIATE_TEST_SUITE_P(AllHeads, Heads, ::testing::Range<size_t>(0, kHeads.size()),
                          [](const ::testing::TestParamInfo<size_t>& info) { return kHeads[info.param].second; });
 
+TEST(Models, Bf16MixedPrecisionTracksF32) {
+  for (const auto& [type, arch] : {std::pair<std::string, std::string>{"bert", "BertForMaskedLM"},
+                                   {"gpt2", "GPT2LMHeadModel"}}) {
+    auto model = Model::from_config(tiny_config(type), 4, arch);
+    Data d = make_batch(*model, 2, 7, 3);
+    double f32 = model->loss_and_grads(d.batch);
+    std::vector<float> g32(model->params().grads_data(), model->params().grads_data() + model->params().flat_numel());
+    model->set_bf16(true);
+    double bf16 = model->loss_and_grads(d.batch);
+    EXPECT_NEAR(bf16, f32, 0.01 * std::abs(f32)) << arch;
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < g32.size(); ++i) {
+      double g = model->params().grads_data()[i];
+      diff += (g - g32[i]) * (g - g32[i]);
+      norm += double(g32[i]) * g32[i];
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 0.05) << arch;
+    EXPECT_GT(std::sqrt(diff / norm), 0.0) << arch << ": the bf16 path must actually round";
+  }
+}
+
 TEST(Models, DropoutIsOnlyActiveWhenTraining) {
   nlohmann::json cfg = tiny_config("bert");
   cfg["hidden_dropout_prob"] = 0.3;

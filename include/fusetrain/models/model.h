@@ -33,6 +33,7 @@ struct BatchSpec {
   bool position_ids = false;
   LabelKind labels = LabelKind::None;
   bool training = false;  ///< dropout active
+  bool bf16 = false;      ///< matmuls in bf16 (f32 accumulation, f32 master weights)
   bool operator==(const BatchSpec&) const = default;
 };
 
@@ -123,6 +124,11 @@ class Model {
   /// plans: run k uses stream offset k. Resuming restores it, so masks continue exactly.
   uint64_t rng_step() const { return rng_step_; }
   void set_rng_step(uint64_t step) { rng_step_ = step; }
+  /// bf16 mixed precision: every projection and the LM head multiply in bf16
+  /// (AVX512-BF16/AMX GEMMs, f32 accumulation); norms, softmax, attention and the
+  /// loss stay f32, parameters and gradients stay f32.
+  void set_bf16(bool on) { bf16_ = on; }
+  bool bf16() const { return bf16_; }
   /// Threads used by the kernels (0: all cores).
   void set_num_threads(int n) { num_threads_ = n; }
   /// The compiled plan for the most recent batch shape, for reports.
@@ -144,6 +150,7 @@ class Model {
   const runtime::Plan* last_plan_ = nullptr;
   int num_threads_ = 0;
   uint64_t rng_step_ = 0;
+  bool bf16_ = false;
 };
 
 /// The transformers classes fusetrain implements, for error messages.

