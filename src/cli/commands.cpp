@@ -37,7 +37,7 @@ void add_field(CLI::App& app, const char* name, T& field, const char* help) {
     using Inner = typename T::value_type;
     app.add_option_function<Inner>(dashed(name), [&field](const Inner& v) { field = v; }, help);
   } else {
-    app.add_option(dashed(name), field, help)->capture_default_str();
+    app.add_option(dashed(name), field, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   }
 }
 
@@ -173,13 +173,19 @@ void print_metrics(const std::map<std::string, double>& metrics) {
   std::printf("%s\n", j.dump(2).c_str());
 }
 
-// Copies the tokenizer files next to a saved model, so the output is a complete model directory.
-void copy_tokenizer_files(const std::string& from, const std::string& to) {
+// The tokenizer files of a model directory, copied next to every saved model so
+// each output is a complete model directory.
+std::vector<std::string> tokenizer_files(const std::string& dir) {
+  std::vector<std::string> files;
   for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                           "vocab.json", "merges.txt"}) {
-    fs::path src = fs::path(from) / file;
-    if (fs::exists(src)) fs::copy_file(src, fs::path(to) / file, fs::copy_options::overwrite_existing);
-  }
+                           "vocab.json", "merges.txt"})
+    if (fs::exists(fs::path(dir) / file)) files.push_back((fs::path(dir) / file).string());
+  return files;
+}
+
+void copy_tokenizer_files(const std::string& from, const std::string& to) {
+  for (const std::string& file : tokenizer_files(from))
+    fs::copy_file(file, fs::path(to) / fs::path(file).filename(), fs::copy_options::overwrite_existing);
 }
 
 }  // namespace
@@ -225,6 +231,7 @@ int run_train(Options& o, bool default_job) {
   }
   Job job = prepare(o, true, !o.eval_file.empty(), false);
   train::Trainer trainer(*job.model, o.args, job.task, job.train.get(), job.eval.get(), job.ids);
+  trainer.set_checkpoint_files(tokenizer_files(o.model));
   trainer.set_log_sink([](const nlohmann::json& entry) {
     if (entry.contains("loss") || entry.contains("eval_loss")) std::fprintf(stderr, "\n%s\n", entry.dump().c_str());
   });

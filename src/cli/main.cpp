@@ -31,8 +31,15 @@ int main(int argc, char** argv) {
   for (CLI::App* command : {train, evaluate, predict, inspect}) ft::cli::add_options(*command, options);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "fusetrain: error: %s (see --help)\n", e.what());
+    return 2;
   }
   try {
     if (train->parsed()) return ft::cli::run_train(options, argc == 2);

@@ -126,8 +126,13 @@ class Bpe final : public Model {
   StringMap<CachedWord>& thread_cache() const {
     // Keyed by a never-reused instance number, so a new model never sees an old model's words.
     thread_local std::unordered_map<uint64_t, StringMap<CachedWord>> caches;
+    thread_local uint64_t last_instance = 0;
+    thread_local StringMap<CachedWord>* last_cache = nullptr;
+    if (last_instance == instance_) return *last_cache;
     if (caches.size() > 16 && !caches.count(instance_)) caches.clear();
-    return caches[instance_];
+    last_instance = instance_;
+    last_cache = &caches[instance_];
+    return *last_cache;
   }
 
   void merge_word(std::string_view word, CachedWord& result) const {

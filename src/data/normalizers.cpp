@@ -146,21 +146,30 @@ class BertNormalizer final : public Normalizer {
 
   void normalize(PreTokenized& text) const override {
     if (all_ascii(text)) {
-      // One pass: ASCII has no Chinese characters, accents or multi-character lower case.
+      // One pass: ASCII has no Chinese characters, accents or multi-character lower case. Runs of bytes that
+      // stay as they are are copied at once.
       text.rewrite([&](Rewriter& out) {
         std::string_view s = out.source();
-        while (out.position() < s.size()) {
-          const auto c = static_cast<unsigned char>(s[out.position()]);
-          if (clean_text_ && (c == 0 || unicode::has(c, unicode::kControl))) {
+        size_t run = out.position();
+        auto flush = [&](size_t at) {
+          if (at > run) out.keep_bytes(at - run);
+        };
+        for (size_t i = run; i < s.size(); ++i) {
+          const auto c = static_cast<unsigned char>(s[i]);
+          const bool control = clean_text_ && (c < 0x20 || c == 0x7F);
+          const bool upper = lowercase_ && c >= 'A' && c <= 'Z';
+          if (!control && !upper) continue;
+          flush(i);
+          if (control && (c == '\t' || c == '\n' || c == '\r')) {
+            out.replace_ascii(' ');
+          } else if (control) {
             out.skip(1);
-          } else if (clean_text_ && (c == '\t' || c == '\n' || c == '\r')) {
-            out.emit(' ', 0);
-          } else if (lowercase_ && c >= 'A' && c <= 'Z') {
-            out.emit(c + 32, 0);
           } else {
-            out.keep();
+            out.replace_ascii(static_cast<char>(c + 32));
           }
+          run = i + 1;
         }
+        flush(s.size());
       });
       return;
     }

@@ -15,25 +15,25 @@ struct SpecialToken {
   int64_t id = -1;
 };
 
-Segment special_segment(const std::vector<int64_t>& ids, int64_t type_id) {
-  Segment s;
-  for (int64_t id : ids) s.push(id, type_id, true, {0, 0});
-  return s;
+Part special(const int64_t& id, int64_t type_id) {
+  Part part;
+  part.id = id;
+  part.type_id = type_id;
+  return part;
 }
 
-void append(Segment& to, const Segment& from) {
-  to.ids.insert(to.ids.end(), from.ids.begin(), from.ids.end());
-  to.type_ids.insert(to.type_ids.end(), from.type_ids.begin(), from.type_ids.end());
-  to.special.insert(to.special.end(), from.special.begin(), from.special.end());
-  to.offsets.insert(to.offsets.end(), from.offsets.begin(), from.offsets.end());
-  to.leading.insert(to.leading.end(), from.leading.begin(), from.leading.end());
-  to.trailing.insert(to.trailing.end(), from.trailing.begin(), from.trailing.end());
+Part sequence(int index, int64_t type_id = -1) {
+  Part part;
+  part.sequence = index;
+  part.type_id = type_id;
+  return part;
 }
 
 // Moves offsets past leading and before trailing whitespace (tokenizers' byte_level::process_offsets). With
 // add_prefix_space, the first token keeps the single space that was added in front of it. The library counts in
 // characters (Python offsets are character offsets), so offsets move by characters of the input here too.
 void trim_offsets(Segment& segment, bool add_prefix_space) {
+  if (segment.leading.size() != segment.size()) return;
   const std::string_view text = segment.text;
   auto is_continuation = [&](int64_t at) { return (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80; };
   for (size_t i = 0; i < segment.size(); ++i) {
@@ -66,18 +66,16 @@ class BertProcessing final : public PostProcessor {
  public:
   BertProcessing(SpecialToken cls, SpecialToken sep) : cls_(std::move(cls)), sep_(std::move(sep)) {}
   size_t added_tokens(bool is_pair) const override { return is_pair ? 3 : 2; }
-  void process(std::vector<Segment>& segments, bool add_special_tokens) const override {
+  void process(std::vector<Segment>& segments, std::vector<Part>& parts, bool add_special_tokens) const override {
     if (!add_special_tokens) return;
-    Segment first = special_segment({cls_.id}, 0);
-    first.text = segments[0].text;
-    append(first, segments[0]);
-    append(first, special_segment({sep_.id}, 0));
+    parts.clear();
+    parts.push_back(special(cls_.id, 0));
+    parts.push_back(sequence(0));
+    parts.push_back(special(sep_.id, 0));
     if (segments.size() > 1) {
-      Segment second = segments[1];
-      append(second, special_segment({sep_.id}, 1));
-      segments[1] = std::move(second);
+      parts.push_back(sequence(1));
+      parts.push_back(special(sep_.id, 1));
     }
-    segments[0] = std::move(first);
   }
   std::vector<std::string> single_special_tokens() const override { return {cls_.token, sep_.token}; }
 
@@ -91,18 +89,17 @@ class RobertaProcessing final : public PostProcessor {
       : cls_(std::move(cls)), sep_(std::move(sep)), trim_(trim), add_prefix_space_(add_prefix_space) {}
   size_t added_tokens(bool is_pair) const override { return is_pair ? 4 : 2; }
   bool trims_offsets() const override { return trim_; }
-  void process(std::vector<Segment>& segments, bool add_special_tokens) const override {
+  void process(std::vector<Segment>& segments, std::vector<Part>& parts, bool add_special_tokens) const override {
     for (Segment& s : segments) {
       if (trim_) trim_offsets(s, add_prefix_space_);
       std::fill(s.type_ids.begin(), s.type_ids.end(), 0);  // RoBERTa has a single token type
     }
     if (!add_special_tokens) return;
+    parts.clear();
     for (size_t k = 0; k < segments.size(); ++k) {
-      Segment wrapped = special_segment({k == 0 ? cls_.id : sep_.id}, 0);
-      wrapped.text = segments[k].text;
-      append(wrapped, segments[k]);
-      append(wrapped, special_segment({sep_.id}, 0));
-      segments[k] = std::move(wrapped);
+      parts.push_back(special(k == 0 ? cls_.id : sep_.id, 0));
+      parts.push_back(sequence(static_cast<int>(k)));
+      parts.push_back(special(sep_.id, 0));
     }
   }
   std::vector<std::string> single_special_tokens() const override { return {cls_.token, sep_.token}; }
@@ -117,7 +114,7 @@ class ByteLevelProcessing final : public PostProcessor {
   ByteLevelProcessing(bool trim, bool add_prefix_space) : trim_(trim), add_prefix_space_(add_prefix_space) {}
   size_t added_tokens(bool) const override { return 0; }
   bool trims_offsets() const override { return trim_; }
-  void process(std::vector<Segment>& segments, bool) const override {
+  void process(std::vector<Segment>& segments, std::vector<Part>&, bool) const override {
     if (!trim_) return;
     for (Segment& s : segments) trim_offsets(s, add_prefix_space_);
   }
@@ -150,20 +147,19 @@ class TemplateProcessing final : public PostProcessor {
     return n;
   }
 
-  void process(std::vector<Segment>& segments, bool add_special_tokens) const override {
+  void process(std::vector<Segment>& segments, std::vector<Part>& parts, bool add_special_tokens) const override {
     const std::vector<Item>& items = segments.size() > 1 ? pair_ : single_;
-    std::vector<Segment> out;
-    out.reserve(items.size());
+    parts.clear();
     for (const Item& item : items) {
       if (item.is_sequence) {
-        Segment s = segments[std::min<size_t>(item.sequence, segments.size() - 1)];
-        std::fill(s.type_ids.begin(), s.type_ids.end(), item.type_id);
-        out.push_back(std::move(s));
+        parts.push_back(sequence(std::min(item.sequence, static_cast<int>(segments.size()) - 1), item.type_id));
       } else if (add_special_tokens) {
-        out.push_back(special_segment(specials_.at(item.name).ids, item.type_id));
+        Part part;
+        part.ids = &specials_.at(item.name).ids;
+        part.type_id = item.type_id;
+        parts.push_back(part);
       }
     }
-    segments = std::move(out);
   }
 
   std::vector<std::string> single_special_tokens() const override {
@@ -192,8 +188,8 @@ class SequenceProcessing final : public PostProcessor {
   bool trims_offsets() const override {
     return std::any_of(steps_.begin(), steps_.end(), [](const auto& step) { return step->trims_offsets(); });
   }
-  void process(std::vector<Segment>& segments, bool add_special_tokens) const override {
-    for (const auto& step : steps_) step->process(segments, add_special_tokens);
+  void process(std::vector<Segment>& segments, std::vector<Part>& parts, bool add_special_tokens) const override {
+    for (const auto& step : steps_) step->process(segments, parts, add_special_tokens);
   }
   std::vector<std::string> single_special_tokens() const override {
     std::vector<std::string> tokens;

@@ -27,7 +27,7 @@ void Rewriter::emit(char32_t c, int change) {
   char bytes[4];
   const size_t n = unicode::encode_utf8(c, bytes);
   out_.append(bytes, n);
-  out_align_.insert(out_align_.end(), n, align);
+  for (size_t k = 0; k < n; ++k) out_align_.push_back(align);
 }
 
 void Rewriter::keep() {
@@ -126,8 +126,8 @@ SplitBehavior parse_split_behavior(const nlohmann::json& value, const std::strin
 
 void Segment::truncate(size_t length) {
   if (length >= ids.size()) return;
-  ids.resize(length), type_ids.resize(length), special.resize(length);
-  offsets.resize(length), leading.resize(length), trailing.resize(length);
+  ids.resize(length), type_ids.resize(length), offsets.resize(length);
+  if (!leading.empty()) leading.resize(length), trailing.resize(length);
 }
 
 const std::array<char32_t, 256>& byte_to_char() {

@@ -1,5 +1,6 @@
 // Pre-tokenizers: BertPreTokenizer, ByteLevel (GPT-2's pattern, written out by hand), Whitespace, WhitespaceSplit,
 // Punctuation, Digits, Metaspace, Split, CharDelimiterSplit, Sequence.
+#include <array>
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer_impl.h"
@@ -187,7 +188,7 @@ class ByteLevel final : public PreTokenizer {
 
   void pre_tokenize(PreTokenized& text) const override {
     if (add_prefix_space_) {
-      prepend_pieces(text, " ", [](std::string_view s, const Piece&) { return s[0] != ' '; });
+      prepend_pieces(text, space_, [](std::string_view s, const Piece&) { return s[0] != ' '; });
     }
     if (use_regex_) {
       text.split([](std::string_view s, PreTokenized::Cuts& cuts) {
@@ -196,21 +197,28 @@ class ByteLevel final : public PreTokenizer {
         cuts.add_matches(matches, SplitBehavior::kIsolated);
       });
     }
-    // Every byte becomes its printable stand-in; all of a character's bytes keep the character's alignment.
-    const auto& table = byte_to_char();
+    // Every byte becomes its printable stand-in; all of a character's bytes keep the character's alignment
+    // (tokenizers: the first replaces the character, the others are inserted after it).
+    static const std::array<std::string, 256> mapped = [] {
+      std::array<std::string, 256> table;
+      for (int b = 0; b < 256; ++b) unicode::append_utf8(table[b], byte_to_char()[b]);
+      return table;
+    }();
     text.rewrite([&](Rewriter& out) {
       std::string_view s = out.source();
       while (out.position() < s.size()) {
         const size_t at = out.position();
         const size_t n = unicode::char_length(static_cast<unsigned char>(s[at]));
-        out.emit(table[static_cast<unsigned char>(s[at])], 0);
-        for (size_t k = 1; k < n; ++k) out.emit(table[static_cast<unsigned char>(s[at + k])], 1);
+        const Align align = out.source_align(at);
+        for (size_t k = 0; k < n; ++k) out.write(mapped[static_cast<unsigned char>(s[at + k])], align);
+        out.consume(n);
       }
     });
   }
 
  private:
   bool add_prefix_space_, use_regex_;
+  std::string space_ = " ";
 };
 
 class Whitespace final : public PreTokenizer {

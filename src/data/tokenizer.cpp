@@ -164,8 +164,8 @@ std::unique_ptr<TokenizerParts> load(const json& config, const std::string& wher
   return parts;
 }
 
-// Encodes one sequence up to (not including) post-processing.
-Segment encode_sequence(const TokenizerParts& parts, std::string_view text, int64_t type_id) {
+// Encodes one sequence up to (not including) post-processing, into `segment`.
+void encode_sequence(const TokenizerParts& parts, std::string_view text, int64_t type_id, Segment& segment) {
   const size_t invalid = unicode::find_invalid_utf8(text);
   FT_CHECK(invalid == std::string_view::npos, "tokenizer (", parts.where, "): input text is not valid UTF-8 at byte ",
            invalid);
@@ -179,30 +179,31 @@ Segment encode_sequence(const TokenizerParts& parts, std::string_view text, int6
   if (!parts.added.empty()) parts.added.split_normalized(pieces);
   if (parts.pre_tokenizer) parts.pre_tokenizer->pre_tokenize(pieces);
 
-  Segment segment;
+  segment.clear();
   segment.text = text;
-  const size_t estimate = pieces.pieces.size() + pieces.pieces.size() / 2;
-  segment.ids.reserve(estimate), segment.type_ids.reserve(estimate), segment.special.reserve(estimate);
-  segment.offsets.reserve(estimate), segment.leading.reserve(estimate), segment.trailing.reserve(estimate);
+  const bool trims = parts.trims_offsets;
+  auto push = [&](int64_t id, std::pair<int64_t, int64_t> offsets, std::pair<uint16_t, uint16_t> ends) {
+    segment.ids.push_back(id);
+    segment.type_ids.push_back(type_id);
+    segment.offsets.push_back(offsets);
+    if (trims) segment.leading.push_back(ends.first), segment.trailing.push_back(ends.second);
+  };
   for (const Piece& piece : pieces.pieces) {
     if (piece.added_id >= 0) {
-      std::pair<uint16_t, uint16_t> ends{0, 0};
-      if (parts.trims_offsets) ends = whitespace_ends(pieces.view(piece));
-      segment.push(piece.added_id, type_id, false, pieces.original(piece.begin, piece.end), ends.first, ends.second);
+      push(piece.added_id, pieces.original(piece.begin, piece.end),
+           trims ? whitespace_ends(pieces.view(piece)) : std::pair<uint16_t, uint16_t>{0, 0});
       continue;
     }
     tokens.clear();
     parts.model->tokenize(pieces.view(piece), tokens);
     for (const Token& token : tokens) {
       std::pair<uint16_t, uint16_t> ends{0, 0};
-      if (parts.trims_offsets && static_cast<size_t>(token.id) < parts.model_token_whitespace.size()) {
+      if (trims && static_cast<size_t>(token.id) < parts.model_token_whitespace.size()) {
         ends = parts.model_token_whitespace[token.id];
       }
-      segment.push(token.id, type_id, false, pieces.original(piece.begin + token.begin, piece.begin + token.end),
-                   ends.first, ends.second);
+      push(token.id, pieces.original(piece.begin + token.begin, piece.begin + token.end), ends);
     }
   }
-  return segment;
 }
 
 // tokenizers' truncate_encodings with the longest_first strategy (stride 0, from the right).
@@ -228,24 +229,52 @@ void truncate(std::vector<Segment>& segments, int64_t max_length) {
   segments[1].truncate(n2);
 }
 
-Encoding finish(const TokenizerParts& parts, std::vector<Segment> segments, bool add_special_tokens) {
+// Encodes one text or a pair: sequences, truncation, post-processing, and the final layout.
+Encoding encode_texts(const TokenizerParts& parts, std::string_view first, const std::string_view* second,
+                      bool add_special_tokens) {
+  thread_local std::vector<Segment> segments(2);
+  thread_local std::vector<Part> layout;
+  segments.resize(second ? 2 : 1);
+  encode_sequence(parts, first, 0, segments[0]);
+  if (second) encode_sequence(parts, *second, 1, segments[1]);
   if (parts.truncation > 0) {
-    const bool is_pair = segments.size() > 1;
     const size_t added =
-        (add_special_tokens && parts.post_processor) ? parts.post_processor->added_tokens(is_pair) : 0;
+        (add_special_tokens && parts.post_processor) ? parts.post_processor->added_tokens(second != nullptr) : 0;
     truncate(segments, parts.truncation - static_cast<int64_t>(added));
   }
-  if (parts.post_processor) parts.post_processor->process(segments, add_special_tokens);
-  Encoding out;
+  layout.clear();
+  for (size_t k = 0; k < segments.size(); ++k) {
+    Part part;
+    part.sequence = static_cast<int>(k);
+    layout.push_back(part);
+  }
+  if (parts.post_processor) parts.post_processor->process(segments, layout, add_special_tokens);
+
   size_t total = 0;
-  for (const Segment& s : segments) total += s.size();
+  for (const Part& part : layout) {
+    total += part.sequence >= 0 ? segments[part.sequence].size() : part.ids ? part.ids->size() : 1;
+  }
+  Encoding out;
   out.ids.reserve(total), out.type_ids.reserve(total), out.special_tokens_mask.reserve(total);
   out.offsets.reserve(total);
-  for (const Segment& s : segments) {
-    out.ids.insert(out.ids.end(), s.ids.begin(), s.ids.end());
-    out.type_ids.insert(out.type_ids.end(), s.type_ids.begin(), s.type_ids.end());
-    out.special_tokens_mask.insert(out.special_tokens_mask.end(), s.special.begin(), s.special.end());
-    out.offsets.insert(out.offsets.end(), s.offsets.begin(), s.offsets.end());
+  for (const Part& part : layout) {
+    if (part.sequence >= 0) {
+      const Segment& s = segments[part.sequence];
+      out.ids.insert(out.ids.end(), s.ids.begin(), s.ids.end());
+      if (part.type_id < 0) {
+        out.type_ids.insert(out.type_ids.end(), s.type_ids.begin(), s.type_ids.end());
+      } else {
+        out.type_ids.insert(out.type_ids.end(), s.size(), part.type_id);
+      }
+      out.special_tokens_mask.insert(out.special_tokens_mask.end(), s.size(), 0);
+      out.offsets.insert(out.offsets.end(), s.offsets.begin(), s.offsets.end());
+      continue;
+    }
+    const size_t n = part.ids ? part.ids->size() : 1;
+    for (size_t k = 0; k < n; ++k) out.ids.push_back(part.ids ? (*part.ids)[k] : part.id);
+    out.type_ids.insert(out.type_ids.end(), n, part.type_id);
+    out.special_tokens_mask.insert(out.special_tokens_mask.end(), n, 1);
+    out.offsets.insert(out.offsets.end(), n, {0, 0});
   }
   return out;
 }
@@ -460,16 +489,11 @@ std::unique_ptr<Tokenizer> Tokenizer::from_pretrained(const std::string& model_d
 }
 
 Encoding Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
-  std::vector<detail::Segment> segments;
-  segments.push_back(detail::encode_sequence(*parts_, text, 0));
-  return detail::finish(*parts_, std::move(segments), add_special_tokens);
+  return detail::encode_texts(*parts_, text, nullptr, add_special_tokens);
 }
 
 Encoding Tokenizer::encode_pair(std::string_view first, std::string_view second, bool add_special_tokens) const {
-  std::vector<detail::Segment> segments;
-  segments.push_back(detail::encode_sequence(*parts_, first, 0));
-  segments.push_back(detail::encode_sequence(*parts_, second, 1));
-  return detail::finish(*parts_, std::move(segments), add_special_tokens);
+  return detail::encode_texts(*parts_, first, &second, add_special_tokens);
 }
 
 void Tokenizer::set_truncation(int64_t max_length) {

@@ -59,6 +59,25 @@ class Rewriter {
   void keep();
   /// Copies all remaining source characters unchanged.
   void keep_rest();
+  /// Copies the next n source bytes (whole characters) unchanged.
+  void keep_bytes(size_t n) {
+    out_.append(source_.data() + read_, n);
+    out_align_.insert(out_align_.end(), source_align_ + read_, source_align_ + read_ + n);
+    read_ += n;
+  }
+  /// Replaces the next source byte (an ASCII character) by the ASCII character c.
+  void replace_ascii(char c) {
+    out_.push_back(c);
+    out_align_.push_back(source_align_[read_++]);
+  }
+  /// Writes bytes that all take alignment `align` (for rewrites that compute alignments themselves).
+  void write(std::string_view bytes, Align align) {
+    out_.append(bytes);
+    for (size_t k = 0; k < bytes.size(); ++k) out_align_.push_back(align);
+  }
+  /// Moves the read position over n source bytes (after write()).
+  void consume(size_t n) { read_ += n; }
+  Align source_align(size_t at) const { return source_align_[at]; }
   size_t position() const { return read_; }
   std::string_view source() const { return source_; }
 
@@ -194,23 +213,26 @@ class Model {
   virtual std::string unk_token() const { return ""; }
 };
 
-/// One sequence's tokens while they are post-processed; `leading` / `trailing` count the whitespace characters
-/// (or byte-level "Ġ") at each end of a token's string, used by offset trimming, which moves offsets by
-/// characters of `text`, the sequence's input (empty for segments of special tokens).
+/// One sequence's tokens while they are post-processed. With offset trimming, `leading` / `trailing` count the
+/// whitespace characters (or byte-level "Ġ") at each end of each token's string, and offsets move by characters
+/// of `text`, the sequence's input.
 struct Segment {
   std::vector<int64_t> ids;
   std::vector<int64_t> type_ids;
-  std::vector<uint8_t> special;
   std::vector<std::pair<int64_t, int64_t>> offsets;
-  std::vector<uint16_t> leading, trailing;
+  std::vector<uint16_t> leading, trailing;  // empty unless offsets are trimmed
   std::string_view text;
   size_t size() const { return ids.size(); }
-  void push(int64_t id, int64_t type_id, bool is_special, std::pair<int64_t, int64_t> offset, uint16_t lead = 0,
-            uint16_t trail = 0) {
-    ids.push_back(id), type_ids.push_back(type_id), special.push_back(is_special ? 1 : 0);
-    offsets.push_back(offset), leading.push_back(lead), trailing.push_back(trail);
-  }
+  void clear() { ids.clear(), type_ids.clear(), offsets.clear(), leading.clear(), trailing.clear(), text = {}; }
   void truncate(size_t length);
+};
+
+/// One run of the final encoding: a sequence (segments[sequence]) or special tokens.
+struct Part {
+  int sequence = -1;                          ///< >= 0: a sequence
+  const std::vector<int64_t>* ids = nullptr;  ///< special tokens, when not a sequence (else `id`)
+  int64_t id = -1;
+  int64_t type_id = -1;  ///< for a sequence, -1 keeps its own type ids
 };
 
 class PostProcessor {
@@ -218,8 +240,9 @@ class PostProcessor {
   virtual ~PostProcessor() = default;
   /// How many special tokens process() adds to a single sequence or a pair.
   virtual size_t added_tokens(bool is_pair) const = 0;
-  /// Rewrites the segments (one or two sequences on entry; the result is concatenated afterwards).
-  virtual void process(std::vector<Segment>& segments, bool add_special_tokens) const = 0;
+  /// Adjusts the sequences (offsets, type ids) and lays out the final encoding; `parts` holds the sequences in
+  /// order on entry.
+  virtual void process(std::vector<Segment>& segments, std::vector<Part>& parts, bool add_special_tokens) const = 0;
   /// Whether offsets need the leading / trailing whitespace counts.
   virtual bool trims_offsets() const { return false; }
   /// The token strings of the special tokens it adds, in order of appearance for a single sequence.

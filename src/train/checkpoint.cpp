@@ -114,6 +114,8 @@ std::string Trainer::save_checkpoint() {
   TrainerState saved = state_;
   write_json(staged / "trainer_state.json", saved.to_json(args_));
   write_json(staged / "training_args.json", args_.to_json());
+  for (const std::string& file : checkpoint_files_)
+    fs::copy_file(file, staged / fs::path(file).filename(), fs::copy_options::overwrite_existing);
   commit_directory(staged.string(), final_dir.string());
   for (const auto& c : callbacks_) c->on_save(state_, final_dir.string());
   return final_dir.string();
@@ -132,7 +134,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
     Tensor t = optimizer.tensor(name);
     FT_CHECK(t.dtype() == DType::f32 && t.numel() == n, optimizer.path(), ": \"", name, "\" has ", t.numel(),
              " elements, the model has ", n);
-    std::copy_n(t.data_as<float>(), n, name[8] == '_' ? impl_->optimizer->exp_avg_sq() : impl_->optimizer->exp_avg());
+    float* dest = std::string(name) == "exp_avg" ? impl_->optimizer->exp_avg() : impl_->optimizer->exp_avg_sq();
+    std::copy_n(t.data_as<float>(), n, dest);
   }
   impl_->optimizer->set_step_count(std::stoll(optimizer.metadata().at("step")));
   int64_t max_steps = state_.max_steps;

