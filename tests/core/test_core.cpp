@@ -1,0 +1,97 @@
+// core: dtypes, shapes and broadcasting, bf16/f16 rounding, tensors, CPU features.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "fusetrain/core/alloc.h"
+#include "fusetrain/core/cpu.h"
+#include "fusetrain/core/half.h"
+#include "fusetrain/core/tensor.h"
+
+namespace fusetrain::testing {
+namespace {
+
+float from_bits(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+TEST(DType, SizesAndNames) {
+  EXPECT_EQ(dtype_size(DType::bf16), 2u);
+  EXPECT_EQ(dtype_size(DType::i64), 8u);
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i64, DType::i32, DType::u8})
+    EXPECT_EQ(parse_dtype(dtype_name(t)), t);
+  EXPECT_FALSE(parse_dtype("f64").has_value());
+}
+
+TEST(Shape, BroadcastAndErrors) {
+  EXPECT_EQ(broadcast_shapes(Shape{3, 1}, Shape{1, 4}), (Shape{3, 4}));
+  EXPECT_EQ(broadcast_shapes(Shape{4}, Shape{2, 3, 4}), (Shape{2, 3, 4}));
+  EXPECT_EQ(Shape{}.numel(), 1);
+  EXPECT_EQ((Shape{2, 0, 3}).numel(), 0);
+  try {
+    broadcast_shapes(Shape{3, 2}, Shape{4});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(3, 2) and (4) do not broadcast"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(normalize_axis(-1, 3, "test"), 2);
+  EXPECT_THROW(normalize_axis(3, 3, "test"), Error);
+}
+
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is exactly half way between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+  EXPECT_EQ(float_to_bf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
+  // 1 + 3·2^-8 is half way between 1 + 2^-7 (odd) and 1 + 2^-6: rounds up to even.
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
+  EXPECT_EQ(float_to_bf16(from_bits(0x3f808001)), 0x3f81);  // just above the tie
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(bf16_to_float(float_to_bf16(-2.5f)), -2.5f);
+  // The bulk conversion (vectorised on AVX512-BF16) agrees with the scalar one.
+  std::vector<float> in(1000);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = std::sin(static_cast<float>(i)) * std::pow(10.0f, (i % 9) - 4.0f);
+  std::vector<uint16_t> out(in.size());
+  float_to_bf16(out.data(), in.data(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) ASSERT_EQ(out[i], float_to_bf16(in[i])) << i;
+}
+
+TEST(F16, RoundTripsAndRounds) {
+  for (float v : {0.0f, 1.0f, -2.0f, 65504.0f, 0.5f, 6.103515625e-05f, 5.960464477539063e-08f})
+    EXPECT_EQ(f16_to_float(float_to_f16(v)), v) << v;
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);                      // overflow rounds to inf
+  EXPECT_EQ(float_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
+  EXPECT_EQ(float_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+  EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(std::nanf("")))));
+}
+
+TEST(Tensor, ViewsOwnershipAndCopies) {
+  Tensor owned = Tensor::zeros({2, 3}, DType::f32);
+  EXPECT_TRUE(owned.owns_memory());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(owned.data()) % kAlignment, 0u);
+  owned.set_item(4, 2.5);
+  Tensor view = Tensor::view(owned.data(), {6}, DType::f32);
+  EXPECT_FALSE(view.owns_memory());
+  EXPECT_EQ(view.item(4), 2.5);
+  Tensor copy = owned.clone();
+  owned.set_item(4, 0);
+  EXPECT_EQ(copy.item(4), 2.5);
+  EXPECT_THROW(owned.reshaped({4}), Error);
+  EXPECT_THROW(owned.item(6), Error);
+  EXPECT_THROW(owned.data_as<int64_t>(), Error);
+}
+
+TEST(CpuFeatures, DescribesWhatItFound) {
+  const CpuFeatures& f = cpu_features();
+  std::string text = f.to_string();
+  EXPECT_FALSE(text.empty());
+  if (f.avx512_bf16) EXPECT_TRUE(f.avx512f);
+  if (f.amx_bf16) EXPECT_TRUE(f.amx_tile);
+  EXPECT_FALSE(cpu_model_name().empty());
+}
+
+}  // namespace
+}  // namespace fusetrain::testing
