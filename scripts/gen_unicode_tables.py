@@ -232,24 +232,27 @@ def compositions():
     return sorted(pairs)
 
 
+def wrap(lines, items, width=118):
+    """Appends items separated by commas, in lines of at most `width` characters."""
+    line = " "
+    for item in items:
+        if len(line) + len(item) + 1 > width:
+            lines.append(line)
+            line = " "
+        line += item + ","
+    if line.strip():
+        lines.append(line)
+
+
 def emit_decomposition(lines, name, table, pool):
-    lines.append(f"static constexpr Decomposition {name}[] = {{")
-    row = []
+    lines.append(f"static constexpr Decomposition {name}[] = {{  // {len(table)} code points")
+    items = []
     for cp in sorted(table):
         seq = table[cp]
-        row.append(f"{{0x{cp:X},{len(pool)},{len(seq)}}}")
+        items.append(f"{{0x{cp:X},{len(pool)},{len(seq)}}}")
         pool.extend(seq)
-        if len(row) == 6:
-            lines.append("  " + ", ".join(row) + ",")
-            row = []
-    if row:
-        lines.append("  " + ", ".join(row) + ",")
+    wrap(lines, items)
     lines.append("};")
-
-
-def wrap(lines, items, per_line):
-    for i in range(0, len(items), per_line):
-        lines.append("  " + ", ".join(items[i:i + per_line]) + ",")
 
 
 def main():
@@ -284,10 +287,10 @@ def main():
         "",
         f"static constexpr FlagRun kFlagRuns[] = {{  // {len(runs)} runs",
     ]
-    wrap(lines, [f"{{0x{cp:X},0x{value:X}}}" for cp, value in runs], 8)
+    wrap(lines, [f"{{0x{cp:X},0x{value:X}}}" for cp, value in runs])
     lines.append("};")
     lines.append(f"static constexpr CaseRun kLowerRuns[] = {{  // {len(lower_runs)} runs")
-    wrap(lines, [f"{{0x{a:X},{n},{d},{s}}}" for a, n, d, s in lower_runs], 6)
+    wrap(lines, [f"{{0x{a:X},{n},{d},{s}}}" for a, n, d, s in lower_runs])
     lines.append("};")
     lines.append("static constexpr char32_t kLowerSpecial[][4] = {  // code point, then up to 3 lower-case ones")
     wrap(lines, ["{" + ",".join(f"0x{c:X}" for c in [cp] + seq + [0] * (3 - len(seq))) + "}"
@@ -297,13 +300,13 @@ def main():
     emit_decomposition(lines, "kDecompCanonical", canonical, pool)
     emit_decomposition(lines, "kDecompCompat", compat, pool)
     lines.append(f"static constexpr char32_t kDecompPool[] = {{  // {len(pool)} code points")
-    wrap(lines, [f"0x{c:X}" for c in pool], 12)
+    wrap(lines, [f"0x{c:X}" for c in pool])
     lines.append("};")
     lines.append(f"static constexpr CccRun kCccRuns[] = {{  // {len(ccc)} runs")
-    wrap(lines, [f"{{0x{a:X},0x{b:X},{c}}}" for a, b, c in ccc], 8)
+    wrap(lines, [f"{{0x{a:X},0x{b:X},{c}}}" for a, b, c in ccc])
     lines.append("};")
     lines.append(f"static constexpr Composition kCompositions[] = {{  // {len(pairs)} pairs, sorted")
-    wrap(lines, [f"{{0x{a:X},0x{b:X},0x{c:X}}}" for a, b, c in pairs], 6)
+    wrap(lines, [f"{{0x{a:X},0x{b:X},0x{c:X}}}" for a, b, c in pairs])
     lines.append("};")
     pathlib.Path(args.output).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.output}", file=sys.stderr)

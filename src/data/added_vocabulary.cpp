@@ -74,7 +74,7 @@ void AddedVocabulary::build(std::vector<AddedToken> tokens, const Normalizer* no
 }
 
 const AddedToken* AddedVocabulary::find(std::string_view content) const {
-  auto it = by_content_.find(std::string(content));
+  auto it = by_content_.find(content);
   return it == by_content_.end() ? nullptr : &tokens_[it->second];
 }
 

@@ -251,7 +251,8 @@ class Bpe final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_bpe(StringMap<int64_t> vocab, const std::vector<std::pair<std::string, std::string>>& merges,
+std::unique_ptr<Model> make_bpe(StringMap<int64_t> vocab,
+                                const std::vector<std::pair<std::string, std::string>>& merges,
                                 const BpeOptions& options, const std::string& where) {
   return std::make_unique<Bpe>(std::move(vocab), merges, options, where);
 }

@@ -79,7 +79,7 @@ class WordPieceDecoder final : public Decoder {
         if (token.compare(0, prefix_.size(), prefix_) == 0) {
           token.erase(0, prefix_.size());
         } else {
-          token.insert(0, " ");
+          token.insert(token.begin(), ' ');
         }
       }
       if (cleanup_) cleanup(token);
@@ -88,7 +88,7 @@ class WordPieceDecoder final : public Decoder {
   // BERT's detokenization clean-up, in the library's order.
   static void cleanup(std::string& s) {
     static const std::pair<const char*, const char*> kRules[] = {
-        {" .", "."},   {" ?", "?"},     {" !", "!"},           {" ,", ","},   {" ' ", "'"},   {" n't", "n't"},
+        {" .", "."},   {" ?", "?"},           {" !", "!"},   {" ,", ","},     {" ' ", "'"},   {" n't", "n't"},
         {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
     for (const auto& [from, to] : kRules) replace_all(s, from, to);
   }
@@ -150,7 +150,8 @@ class BpeDecoder final : public Decoder {
 
 class ReplaceDecoder final : public Decoder {
  public:
-  ReplaceDecoder(std::string pattern, std::string content) : pattern_(std::move(pattern)), content_(std::move(content)) {}
+  ReplaceDecoder(std::string pattern, std::string content)
+      : pattern_(std::move(pattern)), content_(std::move(content)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (std::string& token : tokens) replace_all(token, pattern_, content_);
   }
@@ -243,7 +244,8 @@ class SequenceDecoder final : public Decoder {
 char32_t one_char(const json& value, const std::string& where, const char* what) {
   const std::string s = value.get<std::string>();
   size_t i = 0;
-  FT_CHECK(!s.empty() && unicode::find_invalid_utf8(s) == std::string::npos, where, ": ", what, " is not one character");
+  FT_CHECK(!s.empty() && unicode::find_invalid_utf8(s) == std::string::npos, where, ": ", what,
+           " is not one character");
   const char32_t c = unicode::next_char(s, i);
   FT_CHECK(i == s.size(), where, ": ", what, " ", value.dump(), " is not one character");
   return c;

@@ -356,7 +356,8 @@ std::unique_ptr<Normalizer> make_normalizer(const json& config, const std::strin
   const std::string type = config.value("type", "");
   if (type == "BertNormalizer") {
     const bool lowercase = flag(config, "lowercase", true);
-    return std::make_unique<BertNormalizer>(flag(config, "clean_text", true), flag(config, "handle_chinese_chars", true),
+    return std::make_unique<BertNormalizer>(flag(config, "clean_text", true),
+                                            flag(config, "handle_chinese_chars", true),
                                             flag(config, "strip_accents", lowercase), lowercase);
   }
   if (type == "Lowercase") return std::make_unique<Lowercase>();
@@ -365,7 +366,8 @@ std::unique_ptr<Normalizer> make_normalizer(const json& config, const std::strin
   if (type == "NFC") return std::make_unique<UnicodeNormalizer>(false, true);
   if (type == "NFKC") return std::make_unique<UnicodeNormalizer>(true, true);
   if (type == "StripAccents") return std::make_unique<StripAccents>();
-  if (type == "Strip") return std::make_unique<Strip>(flag(config, "strip_left", true), flag(config, "strip_right", true));
+  if (type == "Strip")
+    return std::make_unique<Strip>(flag(config, "strip_left", true), flag(config, "strip_right", true));
   if (type == "Replace") {
     return std::make_unique<Replace>(string_pattern(config, where, "Replace normalizer"),
                                      config.value("content", std::string()));

@@ -127,7 +127,7 @@ class TemplateProcessing final : public PostProcessor {
  public:
   struct Item {
     bool is_sequence;
-    int sequence;     // 0 for A, 1 for B
+    int sequence;      // 0 for A, 1 for B
     std::string name;  // special token
     int64_t type_id;
   };
@@ -136,7 +136,8 @@ class TemplateProcessing final : public PostProcessor {
     std::vector<std::string> tokens;
   };
 
-  TemplateProcessing(std::vector<Item> single, std::vector<Item> pair, std::unordered_map<std::string, Special> specials)
+  TemplateProcessing(std::vector<Item> single, std::vector<Item> pair,
+                     std::unordered_map<std::string, Special> specials)
       : single_(std::move(single)), pair_(std::move(pair)), specials_(std::move(specials)) {}
 
   size_t added_tokens(bool is_pair) const override {
@@ -240,9 +241,9 @@ std::unique_ptr<PostProcessor> make_post_processor(const json& config, const std
                                             read_special(config, "sep", where, type));
   }
   if (type == "RobertaProcessing") {
-    return std::make_unique<RobertaProcessing>(read_special(config, "cls", where, type),
-                                               read_special(config, "sep", where, type),
-                                               config.value("trim_offsets", true), config.value("add_prefix_space", true));
+    return std::make_unique<RobertaProcessing>(
+        read_special(config, "cls", where, type), read_special(config, "sep", where, type),
+        config.value("trim_offsets", true), config.value("add_prefix_space", true));
   }
   if (type == "ByteLevel") {
     return std::make_unique<ByteLevelProcessing>(config.value("trim_offsets", true),

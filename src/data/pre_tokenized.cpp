@@ -81,8 +81,8 @@ void PreTokenized::Cuts::add_matches(const std::vector<Match>& matches, SplitBeh
       bool have = false;
       uint32_t begin = 0, end = 0;
       for (const Match& m : matches) {
-        const bool glue = behavior == SplitBehavior::kContiguous ? (m.is_match == previous_match)
-                                                                 : (m.is_match && !previous_match);
+        const bool glue =
+            behavior == SplitBehavior::kContiguous ? (m.is_match == previous_match) : (m.is_match && !previous_match);
         if (glue && have) {
           end = m.end;
         } else {
@@ -166,7 +166,8 @@ std::pair<uint16_t, uint16_t> whitespace_ends(std::string_view token) {
     if (!is_space(unicode::next_char(token, probe))) break;
     ++trailing, end = start;
   }
-  return {static_cast<uint16_t>(std::min<size_t>(leading, 0xFFFF)), static_cast<uint16_t>(std::min<size_t>(trailing, 0xFFFF))};
+  return {static_cast<uint16_t>(std::min<size_t>(leading, 0xFFFF)),
+          static_cast<uint16_t>(std::min<size_t>(trailing, 0xFFFF))};
 }
 
 }  // namespace fusetrain::data::detail

@@ -50,7 +50,8 @@ void gpt2_matches(std::string_view s, std::vector<Match>& out) {
       size_t length = 0;
       if (rest[0] == 's' || rest[0] == 't' || rest[0] == 'm' || rest[0] == 'd') {
         length = 1;
-      } else if (rest.size() >= 2 && (rest.substr(0, 2) == "re" || rest.substr(0, 2) == "ve" || rest.substr(0, 2) == "ll")) {
+      } else if (rest.size() >= 2 &&
+                 (rest.substr(0, 2) == "re" || rest.substr(0, 2) == "ve" || rest.substr(0, 2) == "ll")) {
         length = 2;
       }
       if (length > 0) {
@@ -380,7 +381,8 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& config, const std::
     return std::make_unique<CharSplit>([delimiter](char32_t c) { return c == delimiter; }, SplitBehavior::kRemoved);
   }
   if (type == "Metaspace") {
-    const char32_t replacement = single_char(config.value("replacement", json("\u2581")), where, "Metaspace replacement");
+    const char32_t replacement =
+        single_char(config.value("replacement", json("\u2581")), where, "Metaspace replacement");
     Metaspace::Prepend prepend = Metaspace::Prepend::kAlways;
     if (config.contains("prepend_scheme")) {
       const std::string scheme = config.at("prepend_scheme").get<std::string>();

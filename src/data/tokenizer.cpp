@@ -294,8 +294,8 @@ std::string token_content(const json& value) {
 }
 
 json added_token_json(int64_t id, const std::string& content, bool lstrip = false) {
-  return json{{"id", id},          {"content", content}, {"single_word", false}, {"lstrip", lstrip},
-              {"rstrip", false},   {"normalized", false}, {"special", true}};
+  return json{{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", lstrip},
+              {"rstrip", false}, {"normalized", false}, {"special", true}};
 }
 
 json wordpiece_config(const std::filesystem::path& dir, const json& tokenizer_config) {
@@ -319,7 +319,8 @@ json wordpiece_config(const std::filesystem::path& dir, const json& tokenizer_co
     std::string content = token_content(option(key, json()));
     return content.empty() ? std::string(fallback) : content;
   };
-  const std::string unk = role("unk_token", "[UNK]"), cls = role("cls_token", "[CLS]"), sep = role("sep_token", "[SEP]");
+  const std::string unk = role("unk_token", "[UNK]"), cls = role("cls_token", "[CLS]"),
+                    sep = role("sep_token", "[SEP]");
   const std::string pad = role("pad_token", "[PAD]"), mask = role("mask_token", "[MASK]");
   json added = json::array();
   std::set<int64_t> seen;
@@ -335,30 +336,29 @@ json wordpiece_config(const std::filesystem::path& dir, const json& tokenizer_co
   json template_pair = template_single;
   template_pair.push_back({{"Sequence", {{"id", "B"}, {"type_id", 1}}}});
   template_pair.push_back({{"SpecialToken", {{"id", sep}, {"type_id", 1}}}});
-  return json{
-      {"version", "1.0"},
-      {"added_tokens", added},
-      {"normalizer",
-       {{"type", "BertNormalizer"},
-        {"clean_text", true},
-        {"handle_chinese_chars", option("tokenize_chinese_chars", true)},
-        {"strip_accents", strip_accents},
-        {"lowercase", lowercase}}},
-      {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
-      {"post_processor",
-       {{"type", "TemplateProcessing"},
-        {"single", template_single},
-        {"pair", template_pair},
-        {"special_tokens",
-         {{cls, {{"id", cls}, {"ids", {vocab[cls]}}, {"tokens", {cls}}}},
-          {sep, {{"id", sep}, {"ids", {vocab[sep]}}, {"tokens", {sep}}}}}}}},
-      {"decoder", {{"type", "WordPiece"}, {"prefix", "##"}, {"cleanup", true}}},
-      {"model",
-       {{"type", "WordPiece"},
-        {"unk_token", unk},
-        {"continuing_subword_prefix", "##"},
-        {"max_input_chars_per_word", 100},
-        {"vocab", vocab}}}};
+  return json{{"version", "1.0"},
+              {"added_tokens", added},
+              {"normalizer",
+               {{"type", "BertNormalizer"},
+                {"clean_text", true},
+                {"handle_chinese_chars", option("tokenize_chinese_chars", true)},
+                {"strip_accents", strip_accents},
+                {"lowercase", lowercase}}},
+              {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
+              {"post_processor",
+               {{"type", "TemplateProcessing"},
+                {"single", template_single},
+                {"pair", template_pair},
+                {"special_tokens",
+                 {{cls, {{"id", cls}, {"ids", {vocab[cls]}}, {"tokens", {cls}}}},
+                  {sep, {{"id", sep}, {"ids", {vocab[sep]}}, {"tokens", {sep}}}}}}}},
+              {"decoder", {{"type", "WordPiece"}, {"prefix", "##"}, {"cleanup", true}}},
+              {"model",
+               {{"type", "WordPiece"},
+                {"unk_token", unk},
+                {"continuing_subword_prefix", "##"},
+                {"max_input_chars_per_word", 100},
+                {"vocab", vocab}}}};
 }
 
 json byte_level_bpe_config(const std::filesystem::path& dir, const json& tokenizer_config, bool roberta) {
@@ -465,7 +465,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_pretrained(const std::string& model_d
     std::string where;
     if (fs::exists(dir / "vocab.txt")) {
       where = (dir / "vocab.txt").string();
-      config = detail::wordpiece_config(dir, tokenizer_config.is_object() ? tokenizer_config : nlohmann::json::object());
+      config =
+          detail::wordpiece_config(dir, tokenizer_config.is_object() ? tokenizer_config : nlohmann::json::object());
     } else if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) {
       where = (dir / "vocab.json").string();
       const auto model_config = detail::read_json_if_exists(dir / "config.json");
@@ -476,7 +477,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_pretrained(const std::string& model_d
       config = detail::byte_level_bpe_config(
           dir, tokenizer_config.is_object() ? tokenizer_config : nlohmann::json::object(), roberta);
     } else {
-      throw Error(str(model_dir, ": no tokenizer found (expected tokenizer.json, vocab.txt, or vocab.json with merges.txt)"));
+      throw Error(
+          str(model_dir, ": no tokenizer found (expected tokenizer.json, vocab.txt, or vocab.json with merges.txt)"));
     }
     try {
       tokenizer = std::unique_ptr<Tokenizer>(new Tokenizer(detail::load(config, where)));
@@ -505,8 +507,8 @@ int64_t Tokenizer::file_truncation() const { return parts_->file_truncation; }
 
 std::vector<Encoding> Tokenizer::encode_batch(const std::vector<std::string>& texts, int num_threads) const {
   std::vector<Encoding> out(texts.size());
-  const size_t threads = std::clamp<size_t>(num_threads < 1 ? 1 : static_cast<size_t>(num_threads), 1,
-                                            std::max<size_t>(texts.size(), 1));
+  const size_t threads =
+      std::clamp<size_t>(num_threads < 1 ? 1 : static_cast<size_t>(num_threads), 1, std::max<size_t>(texts.size(), 1));
   if (threads == 1) {
     for (size_t i = 0; i < texts.size(); ++i) out[i] = encode(texts[i]);
     return out;

@@ -293,7 +293,7 @@ class AddedVocabulary {
   void split(PreTokenized& text, const Trie& trie) const;
 
   std::vector<AddedToken> tokens_;
-  std::unordered_map<std::string, size_t> by_content_;
+  StringMap<size_t> by_content_;
   std::unordered_map<int64_t, size_t> by_id_;
   Trie raw_, normalized_;
 };
@@ -313,7 +313,8 @@ struct BpeOptions {
   std::string unk_token, prefix, suffix;  ///< "" when absent
   bool fuse_unk = false, byte_fallback = false, ignore_merges = false;
 };
-std::unique_ptr<Model> make_bpe(StringMap<int64_t> vocab, const std::vector<std::pair<std::string, std::string>>& merges,
+std::unique_ptr<Model> make_bpe(StringMap<int64_t> vocab,
+                                const std::vector<std::pair<std::string, std::string>>& merges,
                                 const BpeOptions& options, const std::string& where);
 
 /// GPT-2's byte-to-character map (printable stand-ins for all 256 bytes) and its inverse (-1: not a byte char).

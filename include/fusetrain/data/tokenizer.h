@@ -36,7 +36,8 @@ struct TokenizerParts;
 }
 
 /// A text tokenizer: normalizer, pre-tokenizer, model (WordPiece / BPE / WordLevel), post-processor and decoder,
-/// configured from a tokenizer.json. Immutable once loaded; encode and decode may run from many threads at once.
+/// configured from a tokenizer.json. encode, encode_pair, encode_batch and decode may run from many threads at once
+/// (set_truncation must not run concurrently with them).
 class Tokenizer {
  public:
   /// Reads a tokenizer.json (Hugging Face tokenizers format). Throws Error naming the file and the component
@@ -68,7 +69,8 @@ class Tokenizer {
   /// The tokenizer.json's "truncation" max_length, 0 when it has none (reported only, never applied).
   int64_t file_truncation() const;
 
-  /// Encodes texts on `num_threads` threads (results in input order).
+  /// Encodes texts on `num_threads` threads (results in input order). Threads are started per call, each with
+  /// its own BPE word cache: worth it for large batches (thousands of texts), not for a handful.
   std::vector<Encoding> encode_batch(const std::vector<std::string>& texts, int num_threads = 1) const;
 
   /// Decodes ids to text through the decoder (ids unknown to the vocabulary are skipped).

@@ -1,4 +1,4 @@
-// Models: WordPiece and WordLevel, and the model factory (BPE lives in bpe.cpp).
+// Models: WordPiece and WordLevel, and the model factory make_model (BPE lives in bpe.cpp).
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
@@ -180,11 +180,12 @@ std::unique_ptr<Model> make_model(const json& config, const std::string& where) 
     }
   }
   if (type == "WordPiece") {
-    return make_wordpiece(read_vocab(config, where, "WordPiece"), config.value("unk_token", std::string("[UNK]")),
-                          config.contains("continuing_subword_prefix") && !config.at("continuing_subword_prefix").is_null()
-                              ? config.at("continuing_subword_prefix").get<std::string>()
-                              : std::string("##"),
-                          config.value("max_input_chars_per_word", int64_t{100}), where);
+    return make_wordpiece(
+        read_vocab(config, where, "WordPiece"), config.value("unk_token", std::string("[UNK]")),
+        config.contains("continuing_subword_prefix") && !config.at("continuing_subword_prefix").is_null()
+            ? config.at("continuing_subword_prefix").get<std::string>()
+            : std::string("##"),
+        config.value("max_input_chars_per_word", int64_t{100}), where);
   }
   if (type == "WordLevel") {
     return std::make_unique<WordLevel>(read_vocab(config, where, "WordLevel"), optional_string(config, "unk_token"),
@@ -192,8 +193,8 @@ std::unique_ptr<Model> make_model(const json& config, const std::string& where) 
   }
   if (type == "BPE") {
     auto dropout = config.find("dropout");
-    FT_CHECK(dropout == config.end() || dropout->is_null() || dropout->get<double>() == 0.0, where,
-             ": BPE dropout is ", dropout->dump(), "; only null (no dropout) is supported");
+    FT_CHECK(dropout == config.end() || dropout->is_null() || dropout->get<double>() == 0.0, where, ": BPE dropout is ",
+             dropout->dump(), "; only null (no dropout) is supported");
     std::vector<std::pair<std::string, std::string>> merges;
     if (auto it = config.find("merges"); it != config.end() && !it->is_null()) {
       merges.reserve(it->size());
