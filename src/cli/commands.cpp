@@ -35,9 +35,12 @@ void add_field(CLI::App& app, const char* name, T& field, const char* help) {
   } else if constexpr (std::is_same_v<T, std::optional<int64_t>> || std::is_same_v<T, std::optional<bool>> ||
                        std::is_same_v<T, std::optional<std::string>>) {
     using Inner = typename T::value_type;
-    app.add_option_function<Inner>(dashed(name), [&field](const Inner& v) { field = v; }, help);
+    app.add_option_function<Inner>(
+        dashed(name), [&field](const Inner& v) { field = v; }, help);
   } else {
-    app.add_option(dashed(name), field, help)->capture_default_str()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    app.add_option(dashed(name), field, help)
+        ->capture_default_str()
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   }
 }
 
@@ -70,13 +73,15 @@ std::string default_data_dir() {
 std::string architecture_for(const std::string& model_dir, train::Task task) {
   nlohmann::json config = io::read_json_file((fs::path(model_dir) / "config.json").string());
   std::string type = config.value("model_type", "");
-  std::map<std::string, std::string> prefix{{"bert", "Bert"}, {"roberta", "Roberta"}, {"distilbert", "DistilBert"},
-                                            {"gpt2", "GPT2"}};
+  std::map<std::string, std::string> prefix{
+      {"bert", "Bert"}, {"roberta", "Roberta"}, {"distilbert", "DistilBert"}, {"gpt2", "GPT2"}};
   FT_CHECK(prefix.count(type), model_dir, "/config.json: model_type \"", type,
            "\" is not supported (supported: bert, roberta, distilbert, gpt2)");
   switch (task) {
-    case train::Task::SequenceClassification: return prefix[type] + "ForSequenceClassification";
-    case train::Task::TokenClassification: return prefix[type] + "ForTokenClassification";
+    case train::Task::SequenceClassification:
+      return prefix[type] + "ForSequenceClassification";
+    case train::Task::TokenClassification:
+      return prefix[type] + "ForTokenClassification";
     case train::Task::MaskedLM:
       FT_CHECK(type != "gpt2", "GPT-2 is a causal LM: use --task clm");
       return prefix[type] + "ForMaskedLM";
@@ -116,8 +121,9 @@ std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job
     std::string column = table.columns.size() == 1 ? table.columns[0] : o.text_column;
     return std::make_unique<data::LmDataset>(table, column, data::tokenize_with(*job.tokenizer), options);
   }
-  throw Error("--task token-cls needs word-level labels, which the CLI's readers do not provide yet; use the "
-              "C++ or Python API");
+  throw Error(
+      "--task token-cls needs word-level labels, which the CLI's readers do not provide yet; use the "
+      "C++ or Python API");
 }
 
 Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
@@ -177,8 +183,8 @@ void print_metrics(const std::map<std::string, double>& metrics) {
 // each output is a complete model directory.
 std::vector<std::string> tokenizer_files(const std::string& dir) {
   std::vector<std::string> files;
-  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                           "vocab.json", "merges.txt"})
+  for (const char* file :
+       {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt"})
     if (fs::exists(fs::path(dir) / file)) files.push_back((fs::path(dir) / file).string());
   return files;
 }
@@ -206,7 +212,8 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--num-labels", o.num_labels, "classes (default: from the training labels)");
   app.add_flag("--line-by-line", o.line_by_line, "mlm/clm: one example per line instead of concatenated blocks");
   app.add_flag("--profile", o.profile, "inspect: time every op over a few steps");
-  train::for_each_field(o.args, [&](const char* name, auto& field, const char* help) { add_field(app, name, field, help); });
+  train::for_each_field(o.args,
+                        [&](const char* name, auto& field, const char* help) { add_field(app, name, field, help); });
 }
 
 int run_train(Options& o, bool default_job) {
@@ -225,9 +232,10 @@ int run_train(Options& o, bool default_job) {
     o.args.warmup_ratio = 0.06;
     o.args.logging_steps = 25;
     o.args.save_strategy = "no";
-    std::printf("fusetrain: default job: fine-tune all-MiniLM-L6-v2 on %s (1 epoch, batch 32, max length 64), then "
-                "evaluate on %s\n",
-                o.train_file.c_str(), o.eval_file.c_str());
+    std::printf(
+        "fusetrain: default job: fine-tune all-MiniLM-L6-v2 on %s (1 epoch, batch 32, max length 64), then "
+        "evaluate on %s\n",
+        o.train_file.c_str(), o.eval_file.c_str());
   }
   Job job = prepare(o, true, !o.eval_file.empty(), false);
   train::Trainer trainer(*job.model, o.args, job.task, job.train.get(), job.eval.get(), job.ids);
@@ -286,12 +294,13 @@ int run_inspect(Options& o) {
   std::printf("%s (%s), %lld parameters\n", model->architecture().c_str(), model->model_type().c_str(),
               static_cast<long long>(model->params().num_parameters()));
   const int64_t B = o.args.per_device_train_batch_size, T = o.max_seq_length;
-  std::vector<int64_t> ids(static_cast<size_t>(B * T), std::max<int64_t>(model->config().value("pad_token_id", 0) + 1, 1));
+  std::vector<int64_t> ids(static_cast<size_t>(B * T),
+                           std::max<int64_t>(model->config().value("pad_token_id", 0) + 1, 1));
   std::vector<int64_t> labels(static_cast<size_t>(task == train::Task::SequenceClassification ? B : B * T), 0);
   models::Batch batch;
   batch.input_ids = Tensor::view(ids.data(), {B, T}, DType::i64);
   batch.labels = task == train::Task::SequenceClassification ? Tensor::view(labels.data(), {B}, DType::i64)
-                                                              : Tensor::view(labels.data(), {B, T}, DType::i64);
+                                                             : Tensor::view(labels.data(), {B, T}, DType::i64);
   model->set_num_threads(static_cast<int>(o.args.fusetrain_threads));
   model->loss_and_grads(batch, true);
   const runtime::Plan& plan = *model->last_plan();

@@ -44,7 +44,8 @@ class BertFamily final : public Family {
              "\"; fusetrain supports \"absolute\"");
     FT_CHECK(!c.get_bool("is_decoder", false) && !c.get_bool("add_cross_attention", false),
              "config.json: decoder BERT/RoBERTa (is_decoder / add_cross_attention) is not supported");
-    FT_CHECK(pad_ >= 0 && pad_ < V_, "config.json: \"pad_token_id\" ", pad_, " is outside the vocabulary [0, ", V_, ")");
+    FT_CHECK(pad_ >= 0 && pad_ < V_, "config.json: \"pad_token_id\" ", pad_, " is outside the vocabulary [0, ", V_,
+             ")");
     if (roberta_) FT_CHECK(P_ > pad_ + 1, "config.json: \"max_position_embeddings\" must exceed pad_token_id + 1");
     prefix_ = head == Head::Base ? "" : (roberta ? "roberta." : "bert.");
   }
@@ -55,10 +56,8 @@ class BertFamily final : public Family {
     bf16_ = spec.bf16;
     const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
     const bool train = spec.training;
-    ValueId ids = b.input(InputNames::input_ids, {B, T}, DType::i64);
-    ValueId mask = b.input(InputNames::attention_mask, {B, T}, DType::i64);
+    auto [ids, mask, positions] = sequence_inputs(b, B, T);
     ValueId token_types = b.input(InputNames::token_type_ids, {B, T}, DType::i64);
-    ValueId positions = b.input(InputNames::position_ids, {B, T}, DType::i64);
 
     // Embeddings.
     ValueId word = b.param(p("embeddings.word_embeddings.weight"), {V_, C});
@@ -73,16 +72,16 @@ class BertFamily final : public Family {
     // Encoder.
     for (int64_t l = 0; l < layers_; ++l) {
       std::string layer = p("encoder.layer." + std::to_string(l) + ".");
-      ValueId q = split_heads(b, linear(b, x, layer + "attention.self.query", C, C), B, T, H_, D);
-      ValueId k = split_heads(b, linear(b, x, layer + "attention.self.key", C, C), B, T, H_, D);
-      ValueId v = split_heads(b, linear(b, x, layer + "attention.self.value", C, C), B, T, H_, D);
+      ValueId q = split_heads(b, dense(b, x, layer + "attention.self.query", C, C), B, T, H_, D);
+      ValueId k = split_heads(b, dense(b, x, layer + "attention.self.key", C, C), B, T, H_, D);
+      ValueId v = split_heads(b, dense(b, x, layer + "attention.self.value", C, C), B, T, H_, D);
       ValueId context = b.attention(q, k, v, mask_add, 1.0 / std::sqrt(static_cast<double>(D)), false,
                                     train ? attention_dropout_ : 0.0);
-      ValueId attn = linear(b, merge_heads(b, context, B, T, H_, D), layer + "attention.output.dense", C, C);
+      ValueId attn = dense(b, merge_heads(b, context, B, T, H_, D), layer + "attention.output.dense", C, C);
       attn = maybe_dropout(b, attn, hidden_dropout_, train);
       x = layer_norm(b, b.add(attn, x), layer + "attention.output.LayerNorm");
-      ValueId h = activation(b, linear(b, x, layer + "intermediate.dense", I_, C), act_);
-      h = maybe_dropout(b, linear(b, h, layer + "output.dense", C, I_), hidden_dropout_, train);
+      ValueId h = activation(b, dense(b, x, layer + "intermediate.dense", I_, C), act_);
+      h = maybe_dropout(b, dense(b, h, layer + "output.dense", C, I_), hidden_dropout_, train);
       x = layer_norm(b, b.add(h, x), layer + "output.LayerNorm");
     }
     out.hidden_states = x;
@@ -92,18 +91,20 @@ class BertFamily final : public Family {
         pooler(b, x, B, T);  // BertModel and RobertaModel carry a pooler; the hidden states are the output
         out.logits = x;
         break;
-      case Head::MaskedLM: out.logits = masked_lm_head(b, x, word); break;
+      case Head::MaskedLM:
+        out.logits = masked_lm_head(b, x, word);
+        break;
       case Head::SequenceClassification: {
         ValueId logits;
         if (roberta_) {
           // RobertaClassificationHead: dropout, dense, tanh, dropout, out_proj on the <s> token.
           ValueId h = maybe_dropout(b, first_token(b, x, B, T, C), classifier_dropout_, train);
-          h = b.tanh(linear(b, h, "classifier.dense", C, C));
+          h = b.tanh(dense(b, h, "classifier.dense", C, C));
           h = maybe_dropout(b, h, classifier_dropout_, train);
-          logits = linear(b, h, "classifier.out_proj", num_labels_, C);
+          logits = dense(b, h, "classifier.out_proj", num_labels_, C);
         } else {
           ValueId pooled = maybe_dropout(b, pooler(b, x, B, T), classifier_dropout_, train);
-          logits = linear(b, pooled, "classifier", num_labels_, C);
+          logits = dense(b, pooled, "classifier", num_labels_, C);
         }
         out.logits = logits;
         if (spec.labels != LabelKind::None)
@@ -111,26 +112,24 @@ class BertFamily final : public Family {
         break;
       }
       case Head::TokenClassification:
-        out.logits = linear(b, maybe_dropout(b, x, classifier_dropout_, train), "classifier", num_labels_, C);
+        out.logits = dense(b, maybe_dropout(b, x, classifier_dropout_, train), "classifier", num_labels_, C);
         if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
         break;
       case Head::QuestionAnswering:
-        question_answering_outputs(b, linear(b, x, "qa_outputs", 2, C), spec, out);
+        question_answering_outputs(b, dense(b, x, "qa_outputs", 2, C), spec, out);
         break;
-      case Head::CausalLM: throw Error("BERT/RoBERTa have no causal-LM head in fusetrain");
+      case Head::CausalLM:
+        throw Error("BERT/RoBERTa have no causal-LM head in fusetrain");
     }
     if (head_ == Head::MaskedLM && spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
     return out;
   }
 
   ParamInit init(const std::string& name) const override {
-    auto ends_with = [&](const std::string& suffix) {
-      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    };
-    if (ends_with("bias")) return {Init::Zeros};
-    if (ends_with("LayerNorm.weight") || ends_with("layer_norm.weight")) return {Init::Ones};
-    if (ends_with("word_embeddings.weight")) return {Init::Normal, init_std_, pad_};
-    if (ends_with("position_embeddings.weight") && roberta_) return {Init::Normal, init_std_, pad_};
+    if (ends_with(name, "bias")) return {Init::Zeros};
+    if (ends_with(name, "LayerNorm.weight") || ends_with(name, "layer_norm.weight")) return {Init::Ones};
+    if (ends_with(name, "word_embeddings.weight")) return {Init::Normal, init_std_, pad_};
+    if (ends_with(name, "position_embeddings.weight") && roberta_) return {Init::Normal, init_std_, pad_};
     return {Init::Normal, init_std_};
   }
 
@@ -161,28 +160,18 @@ class BertFamily final : public Family {
   }
 
  private:
-  std::string p(const std::string& name) const { return prefix_ + name; }
-
-  // Parameters are declared weight first, as transformers orders them.
-  ValueId linear(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t out, int64_t in) const {
-    ValueId weight = b.param(name + ".weight", {out, in});
-    ValueId bias = b.param(name + ".bias", {out});
-    return project(b, x, weight, bias, bf16_);
-  }
   ValueId layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {
-    ValueId weight = b.param(name + ".weight", {C_});
-    ValueId bias = b.param(name + ".bias", {C_});
-    return b.layer_norm(x, weight, bias, eps_);
+    return named_layer_norm(b, x, name, C_, eps_);
   }
   ValueId pooler(ir::GraphBuilder& b, ValueId x, int64_t B, int64_t T) const {
-    return b.tanh(linear(b, first_token(b, x, B, T, C_), p("pooler.dense"), C_, C_));
+    return b.tanh(dense(b, first_token(b, x, B, T, C_), p("pooler.dense"), C_, C_));
   }
   // BERT: transform (dense, act, LayerNorm), decoder tied to the word embeddings + bias.
   // RoBERTa: dense, gelu, layer_norm, decoder + bias.
   ValueId masked_lm_head(ir::GraphBuilder& b, ValueId x, ValueId word) const {
     std::string head = roberta_ ? "lm_head." : "cls.predictions.";
     ValueId bias = b.param(head + "bias", {V_});
-    ValueId h = roberta_ ? linear(b, x, "lm_head.dense", C_, C_) : linear(b, x, head + "transform.dense", C_, C_);
+    ValueId h = roberta_ ? dense(b, x, "lm_head.dense", C_, C_) : dense(b, x, head + "transform.dense", C_, C_);
     h = activation(b, h, roberta_ ? "gelu" : act_);
     h = roberta_ ? layer_norm(b, h, "lm_head.layer_norm") : layer_norm(b, h, head + "transform.LayerNorm");
     if (tie_) return project(b, h, word, bias, bf16_);
@@ -193,12 +182,10 @@ class BertFamily final : public Family {
 
   bool roberta_;
   nlohmann::json config_;
-  std::string prefix_;
   int64_t V_, C_, layers_, H_, I_, P_, TV_, pad_, num_labels_;
   double eps_, hidden_dropout_, attention_dropout_, classifier_dropout_, init_std_;
   std::string act_;
   bool tie_;
-  mutable bool bf16_ = false;  // set by build() for the spec being built
 };
 
 }  // namespace

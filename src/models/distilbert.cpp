@@ -27,7 +27,8 @@ class DistilBertFamily final : public Family {
     P_ = c.positive("max_position_embeddings");
     FT_CHECK(C_ % H_ == 0, "config.json: \"dim\" is ", C_, " but \"n_heads\" ", H_, " does not divide it");
     pad_ = c.get_int("pad_token_id", 0);
-    FT_CHECK(pad_ >= 0 && pad_ < V_, "config.json: \"pad_token_id\" ", pad_, " is outside the vocabulary [0, ", V_, ")");
+    FT_CHECK(pad_ >= 0 && pad_ < V_, "config.json: \"pad_token_id\" ", pad_, " is outside the vocabulary [0, ", V_,
+             ")");
     dropout_ = c.get_float("dropout", 0.1);
     attention_dropout_ = c.get_float("attention_dropout", 0.1);
     classifier_dropout_ = c.get_float("seq_classif_dropout", 0.2);
@@ -47,9 +48,7 @@ class DistilBertFamily final : public Family {
     bf16_ = spec.bf16;
     const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
     const bool train = spec.training;
-    ValueId ids = b.input(InputNames::input_ids, {B, T}, DType::i64);
-    ValueId mask = b.input(InputNames::attention_mask, {B, T}, DType::i64);
-    ValueId positions = b.input(InputNames::position_ids, {B, T}, DType::i64);
+    auto [ids, mask, positions] = sequence_inputs(b, B, T);
 
     ValueId word = b.param(p("embeddings.word_embeddings.weight"), {V_, C});
     ValueId position = b.param(p("embeddings.position_embeddings.weight"), {P_, C});
@@ -59,23 +58,25 @@ class DistilBertFamily final : public Family {
 
     for (int64_t l = 0; l < layers_; ++l) {
       std::string layer = p("transformer.layer." + std::to_string(l) + ".");
-      ValueId q = split_heads(b, linear(b, x, layer + "attention.q_lin", C, C), B, T, H_, D);
-      ValueId k = split_heads(b, linear(b, x, layer + "attention.k_lin", C, C), B, T, H_, D);
-      ValueId v = split_heads(b, linear(b, x, layer + "attention.v_lin", C, C), B, T, H_, D);
+      ValueId q = split_heads(b, dense(b, x, layer + "attention.q_lin", C, C), B, T, H_, D);
+      ValueId k = split_heads(b, dense(b, x, layer + "attention.k_lin", C, C), B, T, H_, D);
+      ValueId v = split_heads(b, dense(b, x, layer + "attention.v_lin", C, C), B, T, H_, D);
       ValueId context = b.attention(q, k, v, mask_add, 1.0 / std::sqrt(static_cast<double>(D)), false,
                                     train ? attention_dropout_ : 0.0);
-      ValueId attn = linear(b, merge_heads(b, context, B, T, H_, D), layer + "attention.out_lin", C, C);
+      ValueId attn = dense(b, merge_heads(b, context, B, T, H_, D), layer + "attention.out_lin", C, C);
       x = layer_norm(b, b.add(attn, x), layer + "sa_layer_norm");
-      ValueId h = activation(b, linear(b, x, layer + "ffn.lin1", F_, C), act_);
-      h = maybe_dropout(b, linear(b, h, layer + "ffn.lin2", C, F_), dropout_, train);
+      ValueId h = activation(b, dense(b, x, layer + "ffn.lin1", F_, C), act_);
+      h = maybe_dropout(b, dense(b, h, layer + "ffn.lin2", C, F_), dropout_, train);
       x = layer_norm(b, b.add(h, x), layer + "output_layer_norm");
     }
     out.hidden_states = x;
 
     switch (head_) {
-      case Head::Base: out.logits = x; break;
+      case Head::Base:
+        out.logits = x;
+        break;
       case Head::MaskedLM: {
-        ValueId h = activation(b, linear(b, x, "vocab_transform", C, C), act_);
+        ValueId h = activation(b, dense(b, x, "vocab_transform", C, C), act_);
         h = layer_norm(b, h, "vocab_layer_norm");
         ValueId projector = tie_ ? word : b.param("vocab_projector.weight", {V_, C});
         out.logits = project(b, h, projector, b.param("vocab_projector.bias", {V_}), bf16_);
@@ -83,25 +84,23 @@ class DistilBertFamily final : public Family {
         break;
       }
       case Head::SequenceClassification: {
-        ValueId pooled = b.relu(linear(b, first_token(b, x, B, T, C), "pre_classifier", C, C));
+        ValueId pooled = b.relu(dense(b, first_token(b, x, B, T, C), "pre_classifier", C, C));
         pooled = maybe_dropout(b, pooled, classifier_dropout_, train);
-        out.logits = linear(b, pooled, "classifier", num_labels_, C);
+        out.logits = dense(b, pooled, "classifier", num_labels_, C);
         if (spec.labels != LabelKind::None)
           out.loss = sequence_classification_loss(b, out.logits, spec, ConfigReader(config_), num_labels_);
         break;
       }
-      default: throw Error("DistilBERT in fusetrain has masked-LM and sequence-classification heads only");
+      default:
+        throw Error("DistilBERT in fusetrain has masked-LM and sequence-classification heads only");
     }
     return out;
   }
 
   ParamInit init(const std::string& name) const override {
-    auto ends_with = [&](const std::string& suffix) {
-      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    };
-    if (ends_with("bias")) return {Init::Zeros};
-    if (ends_with("LayerNorm.weight") || ends_with("layer_norm.weight")) return {Init::Ones};
-    if (ends_with("word_embeddings.weight")) return {Init::Normal, init_std_, pad_};
+    if (ends_with(name, "bias")) return {Init::Zeros};
+    if (ends_with(name, "LayerNorm.weight") || ends_with(name, "layer_norm.weight")) return {Init::Ones};
+    if (ends_with(name, "word_embeddings.weight")) return {Init::Normal, init_std_, pad_};
     return {Init::Normal, init_std_};
   }
 
@@ -111,33 +110,22 @@ class DistilBertFamily final : public Family {
   }
   std::string base_prefix() const override { return "distilbert"; }
   std::vector<std::string> head_prefixes() const override {
-    return {"vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "pre_classifier.", "classifier.",
-            "qa_outputs."};
+    return {"vocab_transform.", "vocab_layer_norm.", "vocab_projector.",
+            "pre_classifier.",  "classifier.",       "qa_outputs."};
   }
   bool uses_token_type_ids() const override { return false; }
   int64_t max_positions() const override { return P_; }
 
  private:
-  std::string p(const std::string& name) const { return prefix_ + name; }
-  // Parameters are declared weight first, as transformers orders them.
-  ValueId linear(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t out, int64_t in) const {
-    ValueId weight = b.param(name + ".weight", {out, in});
-    ValueId bias = b.param(name + ".bias", {out});
-    return project(b, x, weight, bias, bf16_);
-  }
   ValueId layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {
-    ValueId weight = b.param(name + ".weight", {C_});
-    ValueId bias = b.param(name + ".bias", {C_});
-    return b.layer_norm(x, weight, bias, kLayerNormEps);
+    return named_layer_norm(b, x, name, C_, kLayerNormEps);
   }
 
   nlohmann::json config_;
-  std::string prefix_;
   int64_t V_, C_, layers_, H_, F_, P_, pad_, num_labels_;
   double dropout_, attention_dropout_, classifier_dropout_, init_std_;
   std::string act_;
   bool tie_;
-  mutable bool bf16_ = false;  // set by build() for the spec being built
 };
 
 }  // namespace

@@ -9,6 +9,23 @@ namespace fusetrain::models {
 
 using ir::ValueId;
 
+ValueId Family::dense(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t out, int64_t in) const {
+  ValueId weight = b.param(name + ".weight", {out, in});
+  ValueId bias = b.param(name + ".bias", {out});
+  return project(b, x, weight, bias, bf16_);
+}
+
+ValueId Family::named_layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t channels,
+                                 double eps) const {
+  ValueId weight = b.param(name + ".weight", {channels});
+  ValueId bias = b.param(name + ".bias", {channels});
+  return b.layer_norm(x, weight, bias, eps);
+}
+
+bool ends_with(const std::string& name, const std::string& suffix) {
+  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 void Family::default_position_ids(const int64_t* input_ids, int64_t B, int64_t T, int64_t* out) const {
   (void)input_ids;
   for (int64_t b = 0; b < B; ++b)
@@ -82,6 +99,14 @@ ValueId project_in_out(ir::GraphBuilder& b, ValueId x, ValueId w, ValueId bias, 
   return b.add(b.matmul(x, w), bias);
 }
 
+SequenceInputs sequence_inputs(ir::GraphBuilder& b, int64_t B, int64_t T) {
+  SequenceInputs in;
+  in.ids = b.input(InputNames::input_ids, {B, T}, DType::i64);
+  in.mask = b.input(InputNames::attention_mask, {B, T}, DType::i64);
+  in.positions = b.input(InputNames::position_ids, {B, T}, DType::i64);
+  return in;
+}
+
 ValueId maybe_dropout(ir::GraphBuilder& b, ValueId x, double p, bool training) {
   return training && p > 0 ? b.dropout(x, p) : x;
 }
@@ -127,9 +152,12 @@ ValueId sequence_classification_loss(ir::GraphBuilder& b, ValueId logits, const 
                                      const ConfigReader& config, int64_t num_labels) {
   std::string problem = config.get_string("problem_type", "");
   if (problem.empty()) {
-    if (num_labels == 1) problem = "regression";
-    else if (spec.labels == LabelKind::ClassIds) problem = "single_label_classification";
-    else problem = "multi_label_classification";
+    if (num_labels == 1)
+      problem = "regression";
+    else if (spec.labels == LabelKind::ClassIds)
+      problem = "single_label_classification";
+    else
+      problem = "multi_label_classification";
   }
   if (problem == "regression") {
     FT_CHECK(spec.labels == LabelKind::Values, "regression (num_labels == 1 or problem_type \"regression\") needs ",
@@ -144,8 +172,8 @@ ValueId sequence_classification_loss(ir::GraphBuilder& b, ValueId logits, const 
     return b.softmax_cross_entropy(logits, b.input(InputNames::labels, {spec.batch}, DType::i64));
   }
   if (problem == "multi_label_classification") {
-    FT_CHECK(spec.labels == LabelKind::Values, "multi-label classification needs float labels of shape (",
-             spec.batch, ", ", num_labels, ")");
+    FT_CHECK(spec.labels == LabelKind::Values, "multi-label classification needs float labels of shape (", spec.batch,
+             ", ", num_labels, ")");
     return b.sigmoid_cross_entropy(logits, b.input(InputNames::labels, {spec.batch, num_labels}, DType::f32));
   }
   throw Error(str("config.json: \"problem_type\" is \"", problem,

@@ -67,8 +67,22 @@ class Family {
   Head head() const { return head_; }
 
  protected:
+  /// `name` under the base model's prefix ("bert.", "transformer.", ...; none for a bare model).
+  std::string p(const std::string& name) const { return prefix_ + name; }
+  /// A Linear with "<name>.weight" (out, in) and "<name>.bias" (out), declared weight
+  /// first as transformers orders them; in bf16 when the spec being built asks.
+  ir::ValueId dense(ir::GraphBuilder& b, ir::ValueId x, const std::string& name, int64_t out, int64_t in) const;
+  /// A LayerNorm with "<name>.weight" and "<name>.bias" of size `channels`.
+  ir::ValueId named_layer_norm(ir::GraphBuilder& b, ir::ValueId x, const std::string& name, int64_t channels,
+                               double eps) const;
+
   Head head_ = Head::Base;
+  std::string prefix_;
+  mutable bool bf16_ = false;  // set by build() for the spec being built
 };
+
+/// True if `name` ends with `suffix`.
+bool ends_with(const std::string& name, const std::string& suffix);
 
 /// Creates the family and head for a transformers class name and config; throws
 /// Error naming the unsupported architecture, model_type or config value.
@@ -102,6 +116,12 @@ class ConfigReader {
 ir::ValueId project(ir::GraphBuilder& b, ir::ValueId x, ir::ValueId w, ir::ValueId bias, bool bf16);
 /// x·w (w stored (in, out), GPT-2's Conv1D) + bias, in bf16 when `bf16`.
 ir::ValueId project_in_out(ir::GraphBuilder& b, ir::ValueId x, ir::ValueId w, ir::ValueId bias, bool bf16);
+/// The (B, T) i64 inputs every family reads.
+struct SequenceInputs {
+  ir::ValueId ids, mask, positions;
+};
+/// Declares input_ids, attention_mask and position_ids.
+SequenceInputs sequence_inputs(ir::GraphBuilder& b, int64_t B, int64_t T);
 /// Dropout only while training and only for p > 0.
 ir::ValueId maybe_dropout(ir::GraphBuilder& b, ir::ValueId x, double p, bool training);
 /// transformers' ACT2FN for the supported names ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "tanh").

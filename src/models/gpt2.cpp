@@ -48,9 +48,7 @@ class Gpt2Family final : public Family {
     bf16_ = spec.bf16;
     const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
     const bool train = spec.training;
-    ValueId ids = b.input(InputNames::input_ids, {B, T}, DType::i64);
-    ValueId mask = b.input(InputNames::attention_mask, {B, T}, DType::i64);
-    ValueId positions = b.input(InputNames::position_ids, {B, T}, DType::i64);
+    auto [ids, mask, positions] = sequence_inputs(b, B, T);
 
     ValueId wte = b.param(p("wte.weight"), {V_, C});
     ValueId wpe = b.param(p("wpe.weight"), {P_, C});
@@ -63,9 +61,9 @@ class Gpt2Family final : public Family {
       std::vector<ValueId> qkv = b.split(conv1d(b, a, block + "attn.c_attn", C, 3 * C), -1, {C, C, C});
       double scale = scale_attn_ ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
       if (scale_by_layer_) scale /= static_cast<double>(l + 1);
-      ValueId context = b.attention(split_heads(b, qkv[0], B, T, H_, D), split_heads(b, qkv[1], B, T, H_, D),
-                                    split_heads(b, qkv[2], B, T, H_, D), mask_add, scale, true,
-                                    train ? attn_dropout_ : 0.0);
+      ValueId context =
+          b.attention(split_heads(b, qkv[0], B, T, H_, D), split_heads(b, qkv[1], B, T, H_, D),
+                      split_heads(b, qkv[2], B, T, H_, D), mask_add, scale, true, train ? attn_dropout_ : 0.0);
       ValueId attn = conv1d(b, merge_heads(b, context, B, T, H_, D), block + "attn.c_proj", C, C);
       x = b.add(x, maybe_dropout(b, attn, resid_dropout_, train));
       ValueId h = activation(b, conv1d(b, layer_norm(b, x, block + "ln_2"), block + "mlp.c_fc", C, F_), act_);
@@ -76,7 +74,9 @@ class Gpt2Family final : public Family {
     out.hidden_states = x;
 
     switch (head_) {
-      case Head::Base: out.logits = x; break;
+      case Head::Base:
+        out.logits = x;
+        break;
       case Head::CausalLM: {
         ValueId lm_head = tie_ ? wte : b.param("lm_head.weight", {V_, C});
         out.logits = bf16_ ? b.linear(b.cast(x, DType::bf16), b.cast(lm_head, DType::bf16)) : b.linear(x, lm_head);
@@ -95,19 +95,19 @@ class Gpt2Family final : public Family {
           out.loss = sequence_classification_loss(b, out.logits, spec, ConfigReader(config_), num_labels_);
         break;
       }
-      default: throw Error("GPT-2 in fusetrain has causal-LM and sequence-classification heads only");
+      default:
+        throw Error("GPT-2 in fusetrain has causal-LM and sequence-classification heads only");
     }
     return out;
   }
 
   ParamInit init(const std::string& name) const override {
-    auto ends_with = [&](const std::string& suffix) {
-      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    };
-    if (ends_with("bias")) return {Init::Zeros};
-    if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || ends_with("ln_f.weight")) return {Init::Ones};
+    if (ends_with(name, "bias")) return {Init::Zeros};
+    if (ends_with(name, "ln_1.weight") || ends_with(name, "ln_2.weight") || ends_with(name, "ln_f.weight"))
+      return {Init::Ones};
     // Residual projections are scaled by 1/sqrt(2 · n_layer), as in GPT-2.
-    if (ends_with("c_proj.weight")) return {Init::Normal, init_std_ / std::sqrt(2.0 * static_cast<double>(layers_))};
+    if (ends_with(name, "c_proj.weight"))
+      return {Init::Normal, init_std_ / std::sqrt(2.0 * static_cast<double>(layers_))};
     return {Init::Normal, init_std_};
   }
 
@@ -131,25 +131,20 @@ class Gpt2Family final : public Family {
   }
 
  private:
-  std::string p(const std::string& name) const { return prefix_ + name; }
   ValueId conv1d(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t in, int64_t out) const {
     ValueId w = b.param(name + ".weight", {in, out});
     ValueId bias = b.param(name + ".bias", {out});
     return project_in_out(b, x, w, bias, bf16_);
   }
   ValueId layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {
-    ValueId weight = b.param(name + ".weight", {C_});
-    ValueId bias = b.param(name + ".bias", {C_});
-    return b.layer_norm(x, weight, bias, eps_);
+    return named_layer_norm(b, x, name, C_, eps_);
   }
 
   nlohmann::json config_;
-  std::string prefix_;
   int64_t V_, C_, layers_, H_, P_, F_, pad_, num_labels_;
   double eps_, embd_dropout_, attn_dropout_, resid_dropout_, init_std_;
   std::string act_;
   bool scale_attn_, scale_by_layer_, tie_;
-  mutable bool bf16_ = false;  // set by build() for the spec being built
 };
 
 }  // namespace

@@ -93,10 +93,17 @@ bool starts_with(const std::string& s, const std::string& prefix) { return s.rfi
 
 void copy_converted(float* dst, const Tensor& src) {
   switch (src.dtype()) {
-    case DType::f32: std::memcpy(dst, src.data(), src.nbytes()); return;
-    case DType::bf16: bf16_to_float(dst, static_cast<const uint16_t*>(src.data()), static_cast<size_t>(src.numel())); return;
-    case DType::f16: f16_to_float(dst, static_cast<const uint16_t*>(src.data()), static_cast<size_t>(src.numel())); return;
-    default: throw Error(str("expected a floating-point tensor, found ", dtype_name(src.dtype())));
+    case DType::f32:
+      std::memcpy(dst, src.data(), src.nbytes());
+      return;
+    case DType::bf16:
+      bf16_to_float(dst, static_cast<const uint16_t*>(src.data()), static_cast<size_t>(src.numel()));
+      return;
+    case DType::f16:
+      f16_to_float(dst, static_cast<const uint16_t*>(src.data()), static_cast<size_t>(src.numel()));
+      return;
+    default:
+      throw Error(str("expected a floating-point tensor, found ", dtype_name(src.dtype())));
   }
 }
 
@@ -128,8 +135,12 @@ void initialise(runtime::ParameterStore& params, const Family& family, uint64_t 
     float* p = params.param(i).data_as<float>();
     ParamInit init = family.init(slot.name);
     switch (init.kind) {
-      case Init::Zeros: std::fill(p, p + slot.numel, 0.0f); break;
-      case Init::Ones: std::fill(p, p + slot.numel, 1.0f); break;
+      case Init::Zeros:
+        std::fill(p, p + slot.numel, 0.0f);
+        break;
+      case Init::Ones:
+        std::fill(p, p + slot.numel, 1.0f);
+        break;
       case Init::Normal: {
         std::normal_distribution<float> normal(0.0f, static_cast<float>(init.stddev));
         for (int64_t k = 0; k < slot.numel; ++k) p[k] = normal(rng);
@@ -151,8 +162,8 @@ std::unique_ptr<runtime::ParameterStore> layout_parameters(const Family& family)
 
 std::unique_ptr<Model> Model::from_config(const nlohmann::json& config_or_path, uint64_t seed,
                                           const std::string& architecture) {
-  nlohmann::json config = config_or_path.is_string() ? io::read_json_file(config_or_path.get<std::string>())
-                                                     : config_or_path;
+  nlohmann::json config =
+      config_or_path.is_string() ? io::read_json_file(config_or_path.get<std::string>()) : config_or_path;
   std::unique_ptr<Model> m(new Model());
   m->architecture_ = choose_architecture(config, architecture);
   m->model_type_ = config["model_type"].get<std::string>();
@@ -196,8 +207,10 @@ std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std:
   std::string file_of_first_problem;
   for (const std::string& name : hf.tensor_names()) {
     std::string target;
-    if (known(name)) target = name;
-    else if (head_model && known(prefix + name)) target = prefix + name;
+    if (known(name))
+      target = name;
+    else if (head_model && known(prefix + name))
+      target = prefix + name;
     else if (!head_model && starts_with(name, prefix) && known(name.substr(prefix.size())))
       target = name.substr(prefix.size());
     if (target.empty()) {
@@ -206,8 +219,8 @@ std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std:
     }
     auto alias = m->aliases_.find(target);
     if (alias != m->aliases_.end()) {
-      if (hf.tensor_file.count(alias->second) || hf.tensor_file.count(alias->second.substr(
-                                                     starts_with(alias->second, prefix) ? prefix.size() : 0)))
+      if (hf.tensor_file.count(alias->second) ||
+          hf.tensor_file.count(alias->second.substr(starts_with(alias->second, prefix) ? prefix.size() : 0)))
         continue;  // a tied duplicate of a tensor the checkpoint also holds
       target = alias->second;
     }
@@ -224,9 +237,12 @@ std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std:
   std::vector<std::string> missing_required;
   for (const runtime::ParamSlot& slot : params.slots()) {
     if (loaded.count(slot.name)) continue;
-    bool head_parameter = (head_model && !starts_with(slot.name, prefix)) || slot.name.find("pooler.") != std::string::npos;
-    if (head_parameter) m->missing_keys_.push_back(slot.name);
-    else missing_required.push_back(slot.name);
+    bool head_parameter =
+        (head_model && !starts_with(slot.name, prefix)) || slot.name.find("pooler.") != std::string::npos;
+    if (head_parameter)
+      m->missing_keys_.push_back(slot.name);
+    else
+      missing_required.push_back(slot.name);
   }
   if (!unexpected.empty() || !missing_required.empty()) {
     std::string msg = str(dir, ": the weights do not match ", m->architecture_, " with this config.json");
@@ -301,10 +317,13 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
   spec.seq = batch.input_ids.shape()[1];
   spec.training = training;
   spec.bf16 = bf16_;
-  if (batch.start_positions.defined() || batch.end_positions.defined()) spec.labels = LabelKind::Spans;
+  if (batch.start_positions.defined() || batch.end_positions.defined())
+    spec.labels = LabelKind::Spans;
   else if (batch.labels.defined() && batch.labels.data() != nullptr) {
-    if (batch.labels.dtype() == DType::f32) spec.labels = LabelKind::Values;
-    else spec.labels = batch.labels.shape().rank() == 2 ? LabelKind::TokenIds : LabelKind::ClassIds;
+    if (batch.labels.dtype() == DType::f32)
+      spec.labels = LabelKind::Values;
+    else
+      spec.labels = batch.labels.shape().rank() == 2 ? LabelKind::TokenIds : LabelKind::ClassIds;
   }
   for (const std::unique_ptr<Entry>& e : plans_)
     if (e->spec == spec && e->with_backward == with_backward) return *e;
@@ -363,7 +382,8 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     plan.bind_input(name, t.data());
   };
   bind_optional(InputNames::attention_mask, batch.attention_mask);
-  if (family->uses_token_type_ids()) bind_optional(InputNames::token_type_ids, batch.token_type_ids);
+  if (family->uses_token_type_ids())
+    bind_optional(InputNames::token_type_ids, batch.token_type_ids);
   else
     FT_CHECK(batch.token_type_ids.data() == nullptr, architecture_, " does not take token_type_ids");
   if (batch.position_ids.data() != nullptr) {
@@ -387,7 +407,8 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
                " is outside [0, ", classes, ") (the model has ", classes, " classes; -100 marks ignored positions)");
   };
   switch (e.spec.labels) {
-    case LabelKind::None: break;
+    case LabelKind::None:
+      break;
     case LabelKind::TokenIds: {
       require_ids(batch.labels, "labels", B, T);
       check_classes(batch.labels);
@@ -445,8 +466,6 @@ ModelOutput Model::forward(const Batch& batch, bool training) { return run(batch
 
 double Model::loss_and_grads(const Batch& batch, bool training) { return *run(batch, training, true, true).loss; }
 
-double Model::accumulate_grads(const Batch& batch, bool training) {
-  return *run(batch, training, true, false).loss;
-}
+double Model::accumulate_grads(const Batch& batch, bool training) { return *run(batch, training, true, false).loss; }
 
 }  // namespace fusetrain::models

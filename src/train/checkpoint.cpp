@@ -59,7 +59,8 @@ void write_json(const fs::path& path, const nlohmann::json& json) {
 
 nlohmann::json TrainerState::to_json(const TrainingArguments& args) const {
   return {{"best_metric", best_metric ? nlohmann::json(*best_metric) : nlohmann::json(nullptr)},
-          {"best_model_checkpoint", best_model_checkpoint ? nlohmann::json(*best_model_checkpoint) : nlohmann::json(nullptr)},
+          {"best_model_checkpoint",
+           best_model_checkpoint ? nlohmann::json(*best_model_checkpoint) : nlohmann::json(nullptr)},
           {"epoch", epoch},
           {"eval_steps", args.effective_eval_steps()},
           {"global_step", global_step},
@@ -123,8 +124,8 @@ std::string Trainer::save_checkpoint() {
 
 void Trainer::load_checkpoint(const std::string& dir) {
   FT_CHECK(fs::is_directory(dir), "resume_from_checkpoint: \"", dir, "\" is not a directory");
-  for (const char* file : {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json",
-                           "rng_state.json"})
+  for (const char* file :
+       {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json", "rng_state.json"})
     FT_CHECK(fs::exists(fs::path(dir) / file), "resume_from_checkpoint: \"", dir, "\" has no ", file,
              " (not a fusetrain checkpoint)");
   load_checkpoint_weights(model_, dir);
@@ -152,7 +153,8 @@ void Trainer::rotate_checkpoints() {
   for (const auto& entry : fs::directory_iterator(args_.output_dir)) {
     std::smatch m;
     std::string name = entry.path().filename().string();
-    if (entry.is_directory() && std::regex_match(name, m, pattern)) checkpoints.emplace_back(std::stoll(m[1]), entry.path());
+    if (entry.is_directory() && std::regex_match(name, m, pattern))
+      checkpoints.emplace_back(std::stoll(m[1]), entry.path());
   }
   std::sort(checkpoints.begin(), checkpoints.end());
   int64_t excess = static_cast<int64_t>(checkpoints.size()) - *args_.save_total_limit;

@@ -21,12 +21,18 @@ LrSchedule parse_lr_schedule(const std::string& name) {
 
 std::string to_string(LrSchedule schedule) {
   switch (schedule) {
-    case LrSchedule::Linear: return "linear";
-    case LrSchedule::Cosine: return "cosine";
-    case LrSchedule::CosineWithRestarts: return "cosine_with_restarts";
-    case LrSchedule::Polynomial: return "polynomial";
-    case LrSchedule::Constant: return "constant";
-    case LrSchedule::ConstantWithWarmup: return "constant_with_warmup";
+    case LrSchedule::Linear:
+      return "linear";
+    case LrSchedule::Cosine:
+      return "cosine";
+    case LrSchedule::CosineWithRestarts:
+      return "cosine_with_restarts";
+    case LrSchedule::Polynomial:
+      return "polynomial";
+    case LrSchedule::Constant:
+      return "constant";
+    case LrSchedule::ConstantWithWarmup:
+      return "constant_with_warmup";
   }
   return "?";
 }
@@ -38,9 +44,12 @@ double lr_lambda(LrSchedule schedule, int64_t step, int64_t warmup, int64_t tota
   auto progress = [&] { return (s - w) / std::max(1.0, n - w); };
   constexpr double kPi = 3.14159265358979323846;
   switch (schedule) {
-    case LrSchedule::Constant: return 1.0;
-    case LrSchedule::ConstantWithWarmup: return warming() ? warm() : 1.0;
-    case LrSchedule::Linear: return warming() ? warm() : std::max(0.0, (n - s) / std::max(1.0, n - w));
+    case LrSchedule::Constant:
+      return 1.0;
+    case LrSchedule::ConstantWithWarmup:
+      return warming() ? warm() : 1.0;
+    case LrSchedule::Linear:
+      return warming() ? warm() : std::max(0.0, (n - s) / std::max(1.0, n - w));
     case LrSchedule::Cosine:
       return warming() ? warm() : std::max(0.0, 0.5 * (1.0 + std::cos(kPi * 0.5 * 2.0 * progress())));
     case LrSchedule::CosineWithRestarts: {

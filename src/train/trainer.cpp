@@ -46,11 +46,10 @@ Trainer::Trainer(models::Model& model, TrainingArguments args, Task task, const 
   model_.set_num_threads(static_cast<int>(args_.fusetrain_threads));
   model_.set_bf16(args_.bf16 || args_.fp16);
   runtime::ParameterStore& params = model_.params();
-  for (size_t i = 0; i < params.slots().size(); ++i)
-    params.set_weight_decay(i, model_.decays(params.slots()[i].name));
-  impl_->optimizer = std::make_unique<optim::AdamW>(
-      params, optim::AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon,
-                                 args_.weight_decay});
+  for (size_t i = 0; i < params.slots().size(); ++i) params.set_weight_decay(i, model_.decays(params.slots()[i].name));
+  impl_->optimizer =
+      std::make_unique<optim::AdamW>(params, optim::AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2,
+                                                                args_.adam_epsilon, args_.weight_decay});
   impl_->optimizer->set_num_threads(static_cast<int>(args_.fusetrain_threads));
   impl_->schedule = parse_lr_schedule(args_.lr_scheduler_type);
 }
@@ -112,9 +111,10 @@ std::map<std::string, double> Trainer::train() {
            a.per_device_train_batch_size, " with dataloader_drop_last");
   impl_->updates_per_epoch = std::max<int64_t>(impl_->batches_per_epoch / accum, 1);
   state_ = TrainerState{};
-  state_.max_steps = a.max_steps > 0 ? a.max_steps
-                                     : static_cast<int64_t>(std::ceil(a.num_train_epochs *
-                                                                      static_cast<double>(impl_->updates_per_epoch)));
+  state_.max_steps =
+      a.max_steps > 0
+          ? a.max_steps
+          : static_cast<int64_t>(std::ceil(a.num_train_epochs * static_cast<double>(impl_->updates_per_epoch)));
   impl_->warmup = warmup_steps_for(a.warmup_steps, a.warmup_ratio, state_.max_steps);
   if (a.resume_from_checkpoint) load_checkpoint(*a.resume_from_checkpoint);
   model_.params().zero_grads();
@@ -142,8 +142,7 @@ std::map<std::string, double> Trainer::train() {
     if (improved) {
       state_.best_metric = it->second;
       impl_->evaluations_without_improvement = 0;
-    } else if (a.early_stopping_patience > 0 &&
-               ++impl_->evaluations_without_improvement >= a.early_stopping_patience) {
+    } else if (a.early_stopping_patience > 0 && ++impl_->evaluations_without_improvement >= a.early_stopping_patience) {
       state_.should_stop = true;
     }
     return improved;
@@ -171,13 +170,14 @@ std::map<std::string, double> Trainer::train() {
       const bool last_in_epoch = micro == impl_->batches_per_epoch;
       if (micro % accum != 0 && !last_in_epoch) continue;
 
-      double norm = impl_->optimizer->clip_and_step(a.max_grad_norm, lr_at(state_.global_step),
-                                                    1.0 / static_cast<double>(accum));
+      double norm =
+          impl_->optimizer->clip_and_step(a.max_grad_norm, lr_at(state_.global_step), 1.0 / static_cast<double>(accum));
       model_.params().zero_grads();
       ++state_.global_step;
       ++steps_this_run;
       ++steps_since_log;
-      state_.epoch = static_cast<double>(epoch) + static_cast<double>(micro) / static_cast<double>(impl_->batches_per_epoch);
+      state_.epoch =
+          static_cast<double>(epoch) + static_cast<double>(micro) / static_cast<double>(impl_->batches_per_epoch);
       progress.update(state_.global_step, {{"loss", loss_since_log / static_cast<double>(steps_since_log)},
                                            {"lr", lr_at(state_.global_step)}});
       if (state_.global_step % a.logging_steps == 0) {
@@ -185,10 +185,14 @@ std::map<std::string, double> Trainer::train() {
         total_loss += loss_since_log;
         loss_since_log = 0;
         steps_since_log = 0;
-        log({{"loss", mean}, {"grad_norm", norm}, {"learning_rate", lr_at(state_.global_step)}, {"epoch", state_.epoch}});
+        log({{"loss", mean},
+             {"grad_norm", norm},
+             {"learning_rate", lr_at(state_.global_step)},
+             {"epoch", state_.epoch}});
       }
       bool improved = false;
-      if (a.eval_strategy == "steps" && state_.global_step % a.effective_eval_steps() == 0) improved = evaluate_and_track();
+      if (a.eval_strategy == "steps" && state_.global_step % a.effective_eval_steps() == 0)
+        improved = evaluate_and_track();
       if ((a.save_strategy == "steps" && state_.global_step % a.save_steps == 0) ||
           (a.save_strategy == "best" && improved))
         save_if(improved);
@@ -203,7 +207,8 @@ std::map<std::string, double> Trainer::train() {
   progress.finish();
   total_loss += loss_since_log;
   double runtime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  if (a.load_best_model_at_end && state_.best_model_checkpoint) load_checkpoint_weights(model_, *state_.best_model_checkpoint);
+  if (a.load_best_model_at_end && state_.best_model_checkpoint)
+    load_checkpoint_weights(model_, *state_.best_model_checkpoint);
   std::map<std::string, double> metrics{
       {"train_runtime", runtime},
       {"train_samples_per_second", static_cast<double>(samples_this_run) / std::max(runtime, 1e-9)},
@@ -270,7 +275,8 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
           if (target_t >= T) continue;
           int64_t label = batch->labels[b * T + target_t];
           if (label == data::kIgnoreIndex) continue;
-          if (task_ == Task::TokenClassification) p.logits.insert(p.logits.end(), logits + (b * T + t) * K, logits + (b * T + t + 1) * K);
+          if (task_ == Task::TokenClassification)
+            p.logits.insert(p.logits.end(), logits + (b * T + t) * K, logits + (b * T + t + 1) * K);
           p.labels.push_back(label);
           ++p.rows;
         }
@@ -307,7 +313,8 @@ std::map<std::string, double> classification_metrics(const Predictions& p) {
     return denominator > 0 ? 2 * tp / denominator : 0.0;
   };
   double f1 = 0;
-  if (K == 2) f1 = f1_of(1);
+  if (K == 2)
+    f1 = f1_of(1);
   else {
     for (int64_t k = 0; k < K; ++k) f1 += f1_of(k);
     f1 /= static_cast<double>(std::max<int64_t>(K, 1));

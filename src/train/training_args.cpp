@@ -14,8 +14,10 @@ void write(nlohmann::json& j, const char* name, const T& v) {
 }
 template <typename T>
 void write(nlohmann::json& j, const char* name, const std::optional<T>& v) {
-  if (v) j[name] = *v;
-  else j[name] = nullptr;
+  if (v)
+    j[name] = *v;
+  else
+    j[name] = nullptr;
 }
 
 template <typename T>

@@ -20,14 +20,27 @@ namespace fs = std::filesystem;
 
 nlohmann::json tiny_config(const std::string& model_type) {
   if (model_type == "gpt2")
-    return {{"model_type", "gpt2"}, {"vocab_size", 37}, {"n_embd", 16}, {"n_layer", 2}, {"n_head", 2},
-            {"n_positions", 32}, {"pad_token_id", 0}, {"num_labels", 3}};
+    return {{"model_type", "gpt2"}, {"vocab_size", 37},  {"n_embd", 16},      {"n_layer", 2},
+            {"n_head", 2},          {"n_positions", 32}, {"pad_token_id", 0}, {"num_labels", 3}};
   if (model_type == "distilbert")
-    return {{"model_type", "distilbert"}, {"vocab_size", 37}, {"dim", 16}, {"n_layers", 2}, {"n_heads", 2},
-            {"hidden_dim", 24}, {"max_position_embeddings", 32}, {"num_labels", 3}};
-  return {{"model_type", model_type}, {"vocab_size", 37}, {"hidden_size", 16}, {"num_hidden_layers", 2},
-          {"num_attention_heads", 2}, {"intermediate_size", 24}, {"max_position_embeddings", 40},
-          {"type_vocab_size", 2}, {"num_labels", 3}, {"pad_token_id", model_type == "roberta" ? 1 : 0}};
+    return {{"model_type", "distilbert"},
+            {"vocab_size", 37},
+            {"dim", 16},
+            {"n_layers", 2},
+            {"n_heads", 2},
+            {"hidden_dim", 24},
+            {"max_position_embeddings", 32},
+            {"num_labels", 3}};
+  return {{"model_type", model_type},
+          {"vocab_size", 37},
+          {"hidden_size", 16},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 2},
+          {"intermediate_size", 24},
+          {"max_position_embeddings", 40},
+          {"type_vocab_size", 2},
+          {"num_labels", 3},
+          {"pad_token_id", model_type == "roberta" ? 1 : 0}};
 }
 
 struct Data {
@@ -56,7 +69,8 @@ Data make_batch(const Model& m, int64_t B, int64_t T, uint64_t seed) {
       arch.find("TokenClassification") != std::string::npos) {
     int64_t classes = arch.find("TokenClassification") != std::string::npos ? 3 : vocab;
     d.labels.resize(B * T);
-    for (size_t i = 0; i < d.labels.size(); ++i) d.labels[i] = i % 3 == 0 ? -100 : static_cast<int64_t>(rng() % classes);
+    for (size_t i = 0; i < d.labels.size(); ++i)
+      d.labels[i] = i % 3 == 0 ? -100 : static_cast<int64_t>(rng() % classes);
     d.batch.labels = Tensor::view(d.labels.data(), {B, T}, DType::i64);
   } else if (arch.find("SequenceClassification") != std::string::npos) {
     d.labels.resize(B);
@@ -70,12 +84,17 @@ Data make_batch(const Model& m, int64_t B, int64_t T, uint64_t seed) {
   return d;
 }
 
-const std::vector<std::pair<std::string, std::string>> kHeads = {
-    {"bert", "BertForMaskedLM"}, {"bert", "BertForSequenceClassification"}, {"bert", "BertForTokenClassification"},
-    {"bert", "BertForQuestionAnswering"}, {"roberta", "RobertaForMaskedLM"},
-    {"roberta", "RobertaForSequenceClassification"}, {"roberta", "RobertaForQuestionAnswering"},
-    {"distilbert", "DistilBertForMaskedLM"}, {"distilbert", "DistilBertForSequenceClassification"},
-    {"gpt2", "GPT2LMHeadModel"}, {"gpt2", "GPT2ForSequenceClassification"}};
+const std::vector<std::pair<std::string, std::string>> kHeads = {{"bert", "BertForMaskedLM"},
+                                                                 {"bert", "BertForSequenceClassification"},
+                                                                 {"bert", "BertForTokenClassification"},
+                                                                 {"bert", "BertForQuestionAnswering"},
+                                                                 {"roberta", "RobertaForMaskedLM"},
+                                                                 {"roberta", "RobertaForSequenceClassification"},
+                                                                 {"roberta", "RobertaForQuestionAnswering"},
+                                                                 {"distilbert", "DistilBertForMaskedLM"},
+                                                                 {"distilbert", "DistilBertForSequenceClassification"},
+                                                                 {"gpt2", "GPT2LMHeadModel"},
+                                                                 {"gpt2", "GPT2ForSequenceClassification"}};
 
 class Heads : public ::testing::TestWithParam<size_t> {};
 
@@ -117,7 +136,8 @@ TEST_P(Heads, SaveAndLoadRoundTrip) {
   auto model = Model::from_config(tiny_config(type), 11, arch);
   Data d = make_batch(*model, 2, 5, 1);
   Tensor before = model->forward(d.batch).logits.clone();
-  fs::path dir = fs::temp_directory_path() / ("fusetrain_model_" + std::to_string(GetParam()) + "_" + std::to_string(getpid()));
+  fs::path dir =
+      fs::temp_directory_path() / ("fusetrain_model_" + std::to_string(GetParam()) + "_" + std::to_string(getpid()));
   model->save_pretrained(dir.string());
   auto loaded = Model::from_pretrained(dir.string());
   EXPECT_EQ(loaded->architecture(), arch);
@@ -132,8 +152,8 @@ INSTANTIATE_TEST_SUITE_P(AllHeads, Heads, ::testing::Range<size_t>(0, kHeads.siz
                          [](const ::testing::TestParamInfo<size_t>& info) { return kHeads[info.param].second; });
 
 TEST(Models, Bf16MixedPrecisionTracksF32) {
-  for (const auto& [type, arch] : {std::pair<std::string, std::string>{"bert", "BertForMaskedLM"},
-                                   {"gpt2", "GPT2LMHeadModel"}}) {
+  for (const auto& [type, arch] :
+       {std::pair<std::string, std::string>{"bert", "BertForMaskedLM"}, {"gpt2", "GPT2LMHeadModel"}}) {
     auto model = Model::from_config(tiny_config(type), 4, arch);
     Data d = make_batch(*model, 2, 7, 3);
     double f32 = model->loss_and_grads(d.batch);
@@ -182,8 +202,9 @@ TEST(Models, ConfigErrorsNameTheField) {
   EXPECT_NE(error_of([&] { Model::from_config(cfg); }).find("\"hidden_act\" is \"swish\""), std::string::npos);
   cfg["model_type"] = "t5";
   EXPECT_NE(error_of([&] { Model::from_config(cfg); }).find("unknown model_type \"t5\""), std::string::npos);
-  EXPECT_NE(error_of([&] { Model::from_config(tiny_config("bert"), 0, "BertForNextSentencePrediction"); })
-                .find("not supported (supported: BertModel"),
+  EXPECT_NE(error_of([&] {
+              Model::from_config(tiny_config("bert"), 0, "BertForNextSentencePrediction");
+            }).find("not supported (supported: BertModel"),
             std::string::npos);
   cfg = tiny_config("gpt2");
   cfg.erase("n_embd");

@@ -9,8 +9,8 @@
 namespace fusetrain::testing {
 namespace {
 
-using train::LrSchedule;
 using train::lr_lambda;
+using train::LrSchedule;
 
 TEST(LrSchedule, WarmupThenLinearDecay) {
   // 10 steps, 2 warmup: transformers gives 0, 0.5, then (10 - s) / 8.

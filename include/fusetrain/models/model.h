@@ -17,11 +17,11 @@ namespace fusetrain::models {
 
 /// What the labels of a batch are, which decides the loss.
 enum class LabelKind : uint8_t {
-  None,         ///< no labels: logits only
-  TokenIds,     ///< (B, T) i64, -100 ignored: masked/causal LM, token classification
-  ClassIds,     ///< (B) i64: single-label sequence classification
-  Values,       ///< (B, L) f32: regression (L == 1, MSE) or multi-label (BCE with logits)
-  Spans,        ///< start_positions, end_positions (B) i64: question answering
+  None,      ///< no labels: logits only
+  TokenIds,  ///< (B, T) i64, -100 ignored: masked/causal LM, token classification
+  ClassIds,  ///< (B) i64: single-label sequence classification
+  Values,    ///< (B, L) f32: regression (L == 1, MSE) or multi-label (BCE with logits)
+  Spans,     ///< start_positions, end_positions (B) i64: question answering
 };
 
 /// The shape of a batch; a plan is compiled once per distinct spec.
@@ -40,21 +40,21 @@ struct BatchSpec {
 /// Graph values a built model exposes.
 struct BuiltGraph {
   ir::Graph graph;
-  ir::ValueId logits = ir::kNone;        ///< (B, T, V), (B, L), (B, T, L); for QA start logits (B, T)
-  ir::ValueId end_logits = ir::kNone;    ///< QA only: (B, T)
-  ir::ValueId hidden_states = ir::kNone; ///< last hidden states (B, T, C)
-  ir::ValueId loss = ir::kNone;          ///< scalar when labels are given
+  ir::ValueId logits = ir::kNone;         ///< (B, T, V), (B, L), (B, T, L); for QA start logits (B, T)
+  ir::ValueId end_logits = ir::kNone;     ///< QA only: (B, T)
+  ir::ValueId hidden_states = ir::kNone;  ///< last hidden states (B, T, C)
+  ir::ValueId loss = ir::kNone;           ///< scalar when labels are given
 };
 
 /// One batch of inputs, as views of caller memory (i64 ids, f32 values).
 struct Batch {
-  Tensor input_ids;          ///< (B, T) i64
-  Tensor attention_mask;     ///< (B, T) i64 1/0, optional (undefined Tensor if absent)
-  Tensor token_type_ids;     ///< (B, T) i64, optional
-  Tensor position_ids;       ///< (B, T) i64, optional
-  Tensor labels;             ///< see LabelKind; optional
-  Tensor start_positions;    ///< QA, (B) i64
-  Tensor end_positions;      ///< QA, (B) i64
+  Tensor input_ids;        ///< (B, T) i64
+  Tensor attention_mask;   ///< (B, T) i64 1/0, optional (undefined Tensor if absent)
+  Tensor token_type_ids;   ///< (B, T) i64, optional
+  Tensor position_ids;     ///< (B, T) i64, optional
+  Tensor labels;           ///< see LabelKind; optional
+  Tensor start_positions;  ///< QA, (B) i64
+  Tensor end_positions;    ///< QA, (B) i64
 };
 
 /// Outputs of a run, valid until the next run of the same model.

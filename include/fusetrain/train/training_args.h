@@ -28,14 +28,14 @@ struct TrainingArguments {
   int64_t warmup_steps = 0;
   double warmup_ratio = 0.0;
   int64_t logging_steps = 500;
-  std::string eval_strategy = "no";  ///< "no", "steps", "epoch"
-  std::optional<int64_t> eval_steps;  ///< defaults to logging_steps
+  std::string eval_strategy = "no";     ///< "no", "steps", "epoch"
+  std::optional<int64_t> eval_steps;    ///< defaults to logging_steps
   std::string save_strategy = "steps";  ///< "no", "steps", "epoch", "best"
   int64_t save_steps = 500;
   std::optional<int64_t> save_total_limit;
   bool load_best_model_at_end = false;
   std::optional<std::string> metric_for_best_model;  ///< defaults to "loss" when load_best_model_at_end
-  std::optional<bool> greater_is_better;              ///< defaults to false for losses, true otherwise
+  std::optional<bool> greater_is_better;             ///< defaults to false for losses, true otherwise
   int64_t seed = 42;
   bool dataloader_drop_last = false;
   std::optional<std::string> resume_from_checkpoint;
