@@ -10,6 +10,8 @@
 #include "fusetrain/core/error.h"
 #include "fusetrain/data/collator.h"
 
+#include "support/test_util.h"
+
 namespace fusetrain::testing {
 namespace {
 
@@ -52,16 +54,6 @@ std::string numbers(const std::vector<int64_t>& ids) {
   std::string out;
   for (int64_t id : ids) out += std::to_string(id) + " ";
   return out;
-}
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected fusetrain::Error";
-  return "";
 }
 
 TEST(DataCollator, PadsToTheLongestRoundedUpToAMultipleOf8) {

@@ -12,6 +12,8 @@
 #include "fusetrain/core/error.h"
 #include "fusetrain/data/dataset.h"
 
+#include "support/test_util.h"
+
 namespace fusetrain::testing {
 namespace {
 
@@ -73,35 +75,6 @@ std::string numbered(int64_t first, int64_t n) {
 }
 
 std::vector<int64_t> to_vector(std::span<const int64_t> s) { return {s.begin(), s.end()}; }
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           str("fusetrain_data_test_", ::getpid(), "_", counter++, "_", std::random_device()());
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  std::string write(const std::string& name, const std::string& bytes) const {
-    std::string file = (path / name).string();
-    std::ofstream(file, std::ios::binary) << bytes;
-    return file;
-  }
-};
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected fusetrain::Error";
-  return "";
-}
 
 Table parse(const std::string& content, const std::string& name, const ReadOptions& options = {}) {
   return parse_table(content, name, Format::Auto, options);

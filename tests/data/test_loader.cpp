@@ -12,6 +12,8 @@
 #include "fusetrain/core/error.h"
 #include "fusetrain/data/loader.h"
 
+#include "support/test_util.h"
+
 namespace fusetrain::testing {
 namespace {
 
@@ -41,16 +43,6 @@ std::vector<int64_t> flatten(const std::vector<std::pair<std::vector<int64_t>, i
   std::vector<int64_t> out;
   for (const auto& [indices, number] : batches) out.insert(out.end(), indices.begin(), indices.end());
   return out;
-}
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected fusetrain::Error";
-  return "";
 }
 
 // Polls `condition` for up to two seconds.

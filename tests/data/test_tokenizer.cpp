@@ -15,6 +15,8 @@
 #include "fusetrain/core/error.h"
 #include "fusetrain/data/tokenizer.h"
 
+#include "support/test_util.h"
+
 namespace fusetrain::testing {
 namespace {
 
@@ -25,44 +27,10 @@ using nlohmann::json;
 using Ids = std::vector<int64_t>;
 using Offsets = std::vector<std::pair<int64_t, int64_t>>;
 
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           str("fusetrain_tokenizer_test_", ::getpid(), "_", counter++, "_", std::random_device()());
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::string file = (path / name).string();
-    std::ofstream(file, std::ios::binary) << text;
-    return file;
-  }
-};
-
 std::unique_ptr<Tokenizer> load(const json& config) {
   TempDir dir;
   return Tokenizer::from_file(dir.write("tokenizer.json", config.dump()));
 }
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected fusetrain::Error";
-  return "";
-}
-
-#define EXPECT_CONTAINS(text, part)                          \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) \
-      << "message: " << (text) << "\nexpected to contain: " << (part)
 
 json vocab_of(const std::vector<std::string>& tokens) {
   json vocab = json::object();

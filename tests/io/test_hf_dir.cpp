@@ -11,37 +11,13 @@
 #include "fusetrain/core/error.h"
 #include "fusetrain/io/hf_dir.h"
 
+#include "support/test_util.h"
+
 namespace fusetrain::testing {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           str("fusetrain_hf_dir_test_", ::getpid(), "_", counter++, "_", std::random_device()());
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-}
 
 std::string error_of(const std::function<void()>& action) {
   try {
@@ -82,7 +58,7 @@ TEST(HfDir, WriteThenReadRoundTrip) {
   io::write_hf_dir(dir, kConfig, tensors, generation);
 
   // config.json exactly as transformers writes it: json.dumps(config, indent=2, sort_keys=True) + "\n".
-  EXPECT_EQ(read_text(dir + "/config.json"),
+  EXPECT_EQ(read_file(dir + "/config.json"),
             "{\n  \"architectures\": [\n    \"BertForMaskedLM\"\n  ],\n  \"hidden_size\": 8,\n"
             "  \"layer_norm_eps\": 1e-12,\n  \"model_type\": \"bert\",\n  \"name\": \"caf\\u00e9\"\n}\n");
 
@@ -109,12 +85,12 @@ TEST(HfDir, NoGenerationConfigIsOptional) {
 
 // A directory with config.json and two shards listed by model.safetensors.index.json.
 void write_sharded(const TempDir& tmp, const json& weight_map) {
-  write_text(tmp.file("config.json"), kConfig.dump());
+  write_file(tmp.file("config.json"), kConfig.dump());
   io::save_safetensors(tmp.file("model-00001-of-00002.safetensors"),
                        {{"a.weight", ramp({3}, DType::f32, 1)}, {"a.bias", ramp({3}, DType::f32, 2)}});
   io::save_safetensors(tmp.file("model-00002-of-00002.safetensors"), {{"b.weight", ramp({2, 2}, DType::f16, 3)}});
   json index = {{"metadata", {{"total_size", 32}}}, {"weight_map", weight_map}};
-  write_text(tmp.file("model.safetensors.index.json"), index.dump(2));
+  write_file(tmp.file("model.safetensors.index.json"), index.dump(2));
 }
 
 TEST(HfDir, ReadsShardedWeights) {
@@ -162,13 +138,13 @@ TEST(HfDir, IndexEscapingTheDirectoryIsRejected) {
 TEST(HfDir, MalformedIndex) {
   TempDir tmp;
   write_sharded(tmp, {});
-  write_text(tmp.file("model.safetensors.index.json"), "{\"weight_map\": {\"a\": }}");
+  write_file(tmp.file("model.safetensors.index.json"), "{\"weight_map\": {\"a\": }}");
   std::string message = error_of([&] { io::read_hf_dir(tmp.path.string()); });
   EXPECT_CONTAINS(message, tmp.file("model.safetensors.index.json") + ": invalid JSON: parse error at line 1, column");
-  write_text(tmp.file("model.safetensors.index.json"), "{\"metadata\": {}}");
+  write_file(tmp.file("model.safetensors.index.json"), "{\"metadata\": {}}");
   message = error_of([&] { io::read_hf_dir(tmp.path.string()); });
   EXPECT_CONTAINS(message, "no \"weight_map\" object");
-  write_text(tmp.file("model.safetensors.index.json"), "{\"weight_map\": {\"a\": 3}}");
+  write_file(tmp.file("model.safetensors.index.json"), "{\"weight_map\": {\"a\": 3}}");
   message = error_of([&] { io::read_hf_dir(tmp.path.string()); });
   EXPECT_CONTAINS(message, "weight_map entry for tensor \"a\" is a JSON number, expected a shard file name");
 }
@@ -176,8 +152,8 @@ TEST(HfDir, MalformedIndex) {
 TEST(HfDir, PytorchBinOnlyPointsAtConversion) {
   for (const char* pickle : {"pytorch_model.bin", "pytorch_model.bin.index.json"}) {
     TempDir tmp;
-    write_text(tmp.file("config.json"), kConfig.dump());
-    write_text(tmp.file(pickle), "not read");
+    write_file(tmp.file("config.json"), kConfig.dump());
+    write_file(tmp.file(pickle), "not read");
     std::string dir = tmp.path.string();
     std::string message = error_of([&] { io::read_hf_dir(dir); });
     EXPECT_CONTAINS(message, dir + ": the weights are in " + pickle);
@@ -190,27 +166,27 @@ TEST(HfDir, EveryBrokenDirectoryGivesOneClearError) {
   TempDir tmp;
   std::string dir = tmp.path.string();
   EXPECT_CONTAINS(error_of([&] { io::read_hf_dir(dir + "/missing"); }), dir + "/missing: no such directory");
-  write_text(tmp.file("plain"), "x");
+  write_file(tmp.file("plain"), "x");
   EXPECT_CONTAINS(error_of([&] { io::read_hf_dir(tmp.file("plain")); }), "plain: is not a directory");
 
   EXPECT_CONTAINS(error_of([&] { io::read_hf_dir(dir); }), dir + ": no config.json");
-  write_text(tmp.file("config.json"), "{\n  \"model_type\": \"bert\",\n  \"hidden_size\": 8,,\n}");
+  write_file(tmp.file("config.json"), "{\n  \"model_type\": \"bert\",\n  \"hidden_size\": 8,,\n}");
   std::string message = error_of([&] { io::read_hf_dir(dir); });
   EXPECT_CONTAINS(message, tmp.file("config.json") + ": invalid JSON: parse error at line 3, column 20");
-  write_text(tmp.file("config.json"), "[1]");
+  write_file(tmp.file("config.json"), "[1]");
   EXPECT_CONTAINS(error_of([&] { io::read_hf_dir(dir); }),
                   tmp.file("config.json") + ": expected a JSON object, found a JSON array");
-  write_text(tmp.file("config.json"), "{\"hidden_size\": 8}");
+  write_file(tmp.file("config.json"), "{\"hidden_size\": 8}");
   EXPECT_CONTAINS(error_of([&] { io::read_hf_dir(dir); }), tmp.file("config.json") + ": no \"model_type\"");
-  write_text(tmp.file("config.json"), "{\"model_type\": 8}");
+  write_file(tmp.file("config.json"), "{\"model_type\": 8}");
   EXPECT_CONTAINS(error_of([&] { io::read_hf_dir(dir); }), "\"model_type\" is a JSON number, expected a string");
 
-  write_text(tmp.file("config.json"), kConfig.dump());
+  write_file(tmp.file("config.json"), kConfig.dump());
   EXPECT_CONTAINS(error_of([&] { io::read_hf_dir(dir); }),
                   dir + ": no model.safetensors or model.safetensors.index.json");
-  write_text(tmp.file("model.safetensors"), "short");
+  write_file(tmp.file("model.safetensors"), "short");
   EXPECT_CONTAINS(error_of([&] { io::read_hf_dir(dir); }), tmp.file("model.safetensors") + ": not a safetensors file");
-  write_text(tmp.file("generation_config.json"), "{");
+  write_file(tmp.file("generation_config.json"), "{");
   EXPECT_CONTAINS(error_of([&] { io::read_hf_dir(dir); }), tmp.file("generation_config.json") + ": invalid JSON");
 }
 
@@ -225,26 +201,26 @@ TEST(HfDir, MissingTensorNamesDirectoryAndTensor) {
 
 TEST(HfDir, WriteIntoAFileIsAnError) {
   TempDir tmp;
-  write_text(tmp.file("taken"), "keep me");
+  write_file(tmp.file("taken"), "keep me");
   std::string message = error_of([&] { io::write_hf_dir(tmp.file("taken"), kConfig, {}); });
   EXPECT_CONTAINS(message, tmp.file("taken") + ": exists and is not a directory");
-  EXPECT_EQ(read_text(tmp.file("taken")), "keep me");
+  EXPECT_EQ(read_file(tmp.file("taken")), "keep me");
 }
 
 TEST(HfDir, InterruptedWriteLeavesOldFilesIntact) {
   TempDir tmp;
   std::string dir = tmp.path.string();
   io::write_hf_dir(dir, kConfig, {{"w", ramp({2}, DType::f32, 0)}});
-  const std::string old_config = read_text(tmp.file("config.json"));
-  const std::string old_weights = read_text(tmp.file("model.safetensors"));
+  const std::string old_config = read_file(tmp.file("config.json"));
+  const std::string old_weights = read_file(tmp.file("model.safetensors"));
   // The config's temporary name is taken by a directory, so writing config.json fails.
   fs::create_directory(str(tmp.file("config.json"), ".tmp-", ::getpid()));
   json new_config = kConfig;
   new_config["hidden_size"] = 16;
   std::string message = error_of([&] { io::write_hf_dir(dir, new_config, {{"w", ramp({4}, DType::f32, 5)}}); });
   EXPECT_CONTAINS(message, tmp.file("config.json"));
-  EXPECT_EQ(read_text(tmp.file("config.json")), old_config);
-  EXPECT_NE(read_text(tmp.file("model.safetensors")), old_weights);  // replaced whole, never half-written
+  EXPECT_EQ(read_file(tmp.file("config.json")), old_config);
+  EXPECT_NE(read_file(tmp.file("model.safetensors")), old_weights);  // replaced whole, never half-written
   io::HfModelDir model = io::read_hf_dir(dir);
   EXPECT_EQ(model.config["hidden_size"], 8);
   EXPECT_EQ(model.tensor("w").shape(), Shape{4});
@@ -253,10 +229,10 @@ TEST(HfDir, InterruptedWriteLeavesOldFilesIntact) {
 TEST(HfDir, ReadJsonFileNamesTheFile) {
   TempDir tmp;
   EXPECT_CONTAINS(error_of([&] { io::read_json_file(tmp.file("x.json")); }), tmp.file("x.json") + ": no such file");
-  write_text(tmp.file("empty.json"), "");
+  write_file(tmp.file("empty.json"), "");
   EXPECT_CONTAINS(error_of([&] { io::read_json_file(tmp.file("empty.json")); }),
                   tmp.file("empty.json") + ": invalid JSON: parse error at line 1, column 1");
-  write_text(tmp.file("ok.json"), "{\"a\": [1, 2.5, \"s\"]}");
+  write_file(tmp.file("ok.json"), "{\"a\": [1, 2.5, \"s\"]}");
   EXPECT_EQ(io::read_json_file(tmp.file("ok.json")), json::parse("{\"a\": [1, 2.5, \"s\"]}"));
 }
 

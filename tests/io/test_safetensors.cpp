@@ -12,37 +12,13 @@
 #include "fusetrain/core/error.h"
 #include "fusetrain/io/safetensors.h"
 
+#include "support/test_util.h"
+
 namespace fusetrain::testing {
 namespace {
 
 namespace fs = std::filesystem;
 using io::SafetensorsFile;
-
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path =
-        fs::temp_directory_path() / str("fusetrain_io_test_", ::getpid(), "_", counter++, "_", std::random_device()());
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 std::string le64(uint64_t n) {
   std::string s(8, '\0');
@@ -128,7 +104,7 @@ TEST(Safetensors, WritesTheBytesTheSafetensorsLibraryWrites) {
   io::save_safetensors(path, {{"a", a}, {"b", b}, {"c", c}}, {{"z", "1"}, {"format", "pt"}});
   std::string data(static_cast<const char*>(a.data()), 24);
   data += std::string(8, '\0') + std::string("\x01\x01", 2);
-  EXPECT_EQ(read_bytes(path), le64(208) + header + data);
+  EXPECT_EQ(read_file(path), le64(208) + header + data);
 }
 
 TEST(Safetensors, ReadsAHandWrittenFile) {
@@ -144,7 +120,7 @@ TEST(Safetensors, ReadsAHandWrittenFile) {
   data.append(reinterpret_cast<const char*>(&f), 4);
   TempDir dir;
   std::string path = dir.file("hand.safetensors");
-  write_bytes(path, safetensors_bytes(header, data));
+  write_file(path, safetensors_bytes(header, data));
 
   SafetensorsFile file = SafetensorsFile::open(path);
   ASSERT_EQ(file.entries().size(), 2u);
@@ -184,7 +160,7 @@ TEST(Safetensors, MisalignedTensorIsCopiedToAlignedMemory) {
   for (float v : {1.5f, -3.0f}) data.append(reinterpret_cast<const char*>(&v), 4);
   TempDir dir;
   std::string path = dir.file("odd.safetensors");
-  write_bytes(path, safetensors_bytes(header, data));
+  write_file(path, safetensors_bytes(header, data));
   Tensor t = SafetensorsFile::open(path).tensor("f");
   EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 4, 0u);
   EXPECT_EQ(t.item(0), 1.5);
@@ -284,7 +260,7 @@ TEST(Safetensors, EveryMalformedFileGivesAnErrorNamingFileAndTensor) {
   for (const BadFile& c : cases) {
     SCOPED_TRACE(c.what);
     std::string path = dir.file("bad.safetensors");
-    write_bytes(path, c.bytes);
+    write_file(path, c.bytes);
     std::string message = error_of([&] { SafetensorsFile::open(path); });
     EXPECT_EQ(message.rfind(path + ": ", 0), 0u) << message;
     for (const std::string& part : c.expected) EXPECT_CONTAINS(message, part);
@@ -294,7 +270,7 @@ TEST(Safetensors, EveryMalformedFileGivesAnErrorNamingFileAndTensor) {
 TEST(Safetensors, RejectsHeaderAbove100MB) {
   TempDir dir;
   std::string path = dir.file("huge.safetensors");
-  write_bytes(path, le64(100'000'001) + "{}");
+  write_file(path, le64(100'000'001) + "{}");
   fs::resize_file(path, 100'000'100);  // sparse: costs no disk
   std::string message = error_of([&] { SafetensorsFile::open(path); });
   EXPECT_CONTAINS(message, path);
@@ -315,13 +291,13 @@ TEST(Safetensors, FailedSaveLeavesTheOldFileIntact) {
   std::string path = dir.file("model.safetensors");
   Tensor old_weights = filled({4}, DType::f32, 1.0);
   io::save_safetensors(path, {{"w", old_weights}});
-  const std::string old_bytes = read_bytes(path);
+  const std::string old_bytes = read_file(path);
   // Writing fails: the temporary name is taken by a directory.
   fs::create_directory(str(path, ".tmp-", ::getpid()));
   std::string message = error_of([&] { io::save_safetensors(path, {{"w", filled({8}, DType::f32, 9.0)}}); });
   EXPECT_CONTAINS(message, path);
   EXPECT_CONTAINS(message, "was left unchanged");
-  EXPECT_EQ(read_bytes(path), old_bytes);
+  EXPECT_EQ(read_file(path), old_bytes);
   EXPECT_TRUE(same_bytes(SafetensorsFile::open(path).tensor("w"), old_weights));
 }
 

@@ -3,19 +3,12 @@
 
 #include "fusetrain/fusetrain.h"
 
+#include "support/test_util.h"
+
 namespace fusetrain::testing {
 namespace {
 
 using ir::OpKind;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(OpTable, NamesRoundTrip) {
   for (int k = 0; k < ir::kNumOps; ++k) {

@@ -11,6 +11,8 @@
 #include "fusetrain/io/safetensors.h"
 #include "fusetrain/models/model.h"
 
+#include "support/test_util.h"
+
 namespace fusetrain::testing {
 namespace {
 
@@ -181,15 +183,6 @@ TEST(Models, DropoutIsOnlyActiveWhenTraining) {
   EXPECT_EQ(eval1, eval2);
   double train = *model->forward(d.batch, /*training=*/true).loss;
   EXPECT_NE(train, eval1);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(Models, ConfigErrorsNameTheField) {
