@@ -21,6 +21,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// An integer config field, or `fallback` when it is absent, null or not an integer.
+int64_t config_int(const nlohmann::json& config, const char* key, int64_t fallback) {
+  auto it = config.find(key);
+  return it != config.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
+}
+
 std::string dashed(const char* name) {
   std::string flag = "--" + std::string(name);
   for (char& c : flag)
@@ -110,7 +116,7 @@ std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job
     data::TextColumns columns{o.text_column, o.text_pair_column, labelled ? o.label_column : ""};
     data::TextDatasetOptions options;
     options.max_length = o.max_seq_length;
-    options.num_labels = job.model ? job.model->config().value("num_labels", int64_t{0}) : o.num_labels;
+    options.num_labels = job.model ? config_int(job.model->config(), "num_labels", 0) : o.num_labels;
     return std::make_unique<data::TextDataset>(table, columns, data::tokenize_with(*job.tokenizer), options);
   }
   if (job.task == train::Task::MaskedLM || job.task == train::Task::CausalLM) {
@@ -294,8 +300,8 @@ int run_inspect(Options& o) {
   std::printf("%s (%s), %lld parameters\n", model->architecture().c_str(), model->model_type().c_str(),
               static_cast<long long>(model->params().num_parameters()));
   const int64_t B = o.args.per_device_train_batch_size, T = o.max_seq_length;
-  std::vector<int64_t> ids(static_cast<size_t>(B * T),
-                           std::max<int64_t>(model->config().value("pad_token_id", 0) + 1, 1));
+  // Any non-padding id will do for a shape-only run.
+  std::vector<int64_t> ids(static_cast<size_t>(B * T), std::max<int64_t>(config_int(model->config(), "pad_token_id", 0) + 1, 1));
   std::vector<int64_t> labels(static_cast<size_t>(task == train::Task::SequenceClassification ? B : B * T), 0);
   models::Batch batch;
   batch.input_ids = Tensor::view(ids.data(), {B, T}, DType::i64);
