@@ -239,16 +239,16 @@ TEST(DataCollator, MlmProbabilityBoundsAndErrors) {
 
 // mask_spec reads a tokenizer's ids (here a stand-in with the Tokenizer's accessors).
 TEST(DataCollator, MaskSpecFromATokenizer) {
-  struct Stub {
+  struct FakeTokenizer {
     std::vector<int64_t> specials = {0, 101, 102, 103};
     int64_t mask_id() const { return 103; }
     int64_t vocab_size() const { return 30522; }
     const std::vector<int64_t>& special_ids() const { return specials; }
-  } stub;
-  MaskSpec spec = mask_spec(stub);
+  } tokenizer;
+  MaskSpec spec = mask_spec(tokenizer);
   EXPECT_EQ(spec.mask_id, 103);
   EXPECT_EQ(spec.vocab_size, 30522);
-  EXPECT_EQ(spec.special_ids, stub.specials);
+  EXPECT_EQ(spec.special_ids, tokenizer.specials);
   EXPECT_DOUBLE_EQ(spec.probability, 0.15);
 }
 

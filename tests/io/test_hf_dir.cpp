@@ -19,20 +19,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected fusetrain::Error";
-  return "";
-}
-
-#define EXPECT_CONTAINS(text, part)                          \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) \
-      << "message: " << (text) << "\nexpected to contain: " << (part)
-
 Tensor ramp(Shape shape, DType dtype, double start) {
   Tensor t = Tensor::zeros(std::move(shape), dtype);
   for (int64_t i = 0; i < t.numel(); ++i) t.set_item(i, start + 0.5 * static_cast<double>(i));

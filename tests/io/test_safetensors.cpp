@@ -31,21 +31,6 @@ std::string safetensors_bytes(const std::string& header, const std::string& data
   return le64(header.size()) + header + data;
 }
 
-// The message of the Error `action` throws; a test failure if it throws none.
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected fusetrain::Error";
-  return "";
-}
-
-#define EXPECT_CONTAINS(text, part)                          \
-  EXPECT_NE(std::string(text).find(part), std::string::npos) \
-      << "message: " << (text) << "\nexpected to contain: " << (part)
-
 Tensor filled(Shape shape, DType dtype, double start) {
   Tensor t = Tensor::zeros(std::move(shape), dtype);
   for (int64_t i = 0; i < t.numel(); ++i)
