@@ -54,7 +54,7 @@ class BertFamily final : public Family {
     BuiltGraph out;
     ir::GraphBuilder b(out.graph, 0x5eed);
     bf16_ = spec.bf16;
-    const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
+    const int64_t B = spec.batch, T = spec.seq, C = C_;
     const bool train = spec.training;
     auto [ids, mask, positions] = sequence_inputs(b, B, T);
     ValueId token_types = b.input(InputNames::token_type_ids, {B, T}, DType::i64);
@@ -72,12 +72,9 @@ class BertFamily final : public Family {
     // Encoder.
     for (int64_t l = 0; l < layers_; ++l) {
       std::string layer = p("encoder.layer." + std::to_string(l) + ".");
-      ValueId q = split_heads(b, dense(b, x, layer + "attention.self.query", C, C), B, T, H_, D);
-      ValueId k = split_heads(b, dense(b, x, layer + "attention.self.key", C, C), B, T, H_, D);
-      ValueId v = split_heads(b, dense(b, x, layer + "attention.self.value", C, C), B, T, H_, D);
-      ValueId context = b.attention(q, k, v, mask_add, 1.0 / std::sqrt(static_cast<double>(D)), false,
+      ValueId attn = self_attention(b, x, mask_add, layer + "attention.self.query", layer + "attention.self.key",
+                                    layer + "attention.self.value", layer + "attention.output.dense", B, T, C, H_,
                                     train ? attention_dropout_ : 0.0);
-      ValueId attn = dense(b, merge_heads(b, context, B, T, H_, D), layer + "attention.output.dense", C, C);
       attn = maybe_dropout(b, attn, hidden_dropout_, train);
       x = layer_norm(b, b.add(attn, x), layer + "attention.output.LayerNorm");
       ValueId h = activation(b, dense(b, x, layer + "intermediate.dense", I_, C), act_);

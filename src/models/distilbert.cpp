@@ -46,7 +46,7 @@ class DistilBertFamily final : public Family {
     BuiltGraph out;
     ir::GraphBuilder b(out.graph, 0x5eed);
     bf16_ = spec.bf16;
-    const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
+    const int64_t B = spec.batch, T = spec.seq, C = C_;
     const bool train = spec.training;
     auto [ids, mask, positions] = sequence_inputs(b, B, T);
 
@@ -58,12 +58,9 @@ class DistilBertFamily final : public Family {
 
     for (int64_t l = 0; l < layers_; ++l) {
       std::string layer = p("transformer.layer." + std::to_string(l) + ".");
-      ValueId q = split_heads(b, dense(b, x, layer + "attention.q_lin", C, C), B, T, H_, D);
-      ValueId k = split_heads(b, dense(b, x, layer + "attention.k_lin", C, C), B, T, H_, D);
-      ValueId v = split_heads(b, dense(b, x, layer + "attention.v_lin", C, C), B, T, H_, D);
-      ValueId context = b.attention(q, k, v, mask_add, 1.0 / std::sqrt(static_cast<double>(D)), false,
+      ValueId attn = self_attention(b, x, mask_add, layer + "attention.q_lin", layer + "attention.k_lin",
+                                    layer + "attention.v_lin", layer + "attention.out_lin", B, T, C, H_,
                                     train ? attention_dropout_ : 0.0);
-      ValueId attn = dense(b, merge_heads(b, context, B, T, H_, D), layer + "attention.out_lin", C, C);
       x = layer_norm(b, b.add(attn, x), layer + "sa_layer_norm");
       ValueId h = activation(b, dense(b, x, layer + "ffn.lin1", F_, C), act_);
       h = maybe_dropout(b, dense(b, h, layer + "ffn.lin2", C, F_), dropout_, train);

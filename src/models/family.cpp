@@ -15,6 +15,17 @@ ValueId Family::dense(ir::GraphBuilder& b, ValueId x, const std::string& name, i
   return project(b, x, weight, bias, bf16_);
 }
 
+ValueId Family::self_attention(ir::GraphBuilder& b, ValueId x, ValueId mask_add, const std::string& q,
+                               const std::string& k, const std::string& v, const std::string& out, int64_t B, int64_t T,
+                               int64_t C, int64_t H, double dropout_p) const {
+  const int64_t D = C / H;
+  ValueId qh = split_heads(b, dense(b, x, q, C, C), B, T, H, D);
+  ValueId kh = split_heads(b, dense(b, x, k, C, C), B, T, H, D);
+  ValueId vh = split_heads(b, dense(b, x, v, C, C), B, T, H, D);
+  ValueId context = b.attention(qh, kh, vh, mask_add, 1.0 / std::sqrt(static_cast<double>(D)), false, dropout_p);
+  return dense(b, merge_heads(b, context, B, T, H, D), out, C, C);
+}
+
 ValueId Family::named_layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t channels,
                                  double eps) const {
   ValueId weight = b.param(name + ".weight", {channels});

@@ -72,6 +72,12 @@ class Family {
   /// A Linear with "<name>.weight" (out, in) and "<name>.bias" (out), declared weight
   /// first as transformers orders them; in bf16 when the spec being built asks.
   ir::ValueId dense(ir::GraphBuilder& b, ir::ValueId x, const std::string& name, int64_t out, int64_t in) const;
+  /// Bidirectional multi-head self-attention over x (B, T, C): projections `q`, `k`,
+  /// `v` (C → C), scaled dot-product with the additive key mask and dropout on the
+  /// probabilities, heads merged and projected by `out`.
+  ir::ValueId self_attention(ir::GraphBuilder& b, ir::ValueId x, ir::ValueId mask_add, const std::string& q,
+                             const std::string& k, const std::string& v, const std::string& out, int64_t B, int64_t T,
+                             int64_t C, int64_t H, double dropout_p) const;
   /// A LayerNorm with "<name>.weight" and "<name>.bias" of size `channels`.
   ir::ValueId named_layer_norm(ir::GraphBuilder& b, ir::ValueId x, const std::string& name, int64_t channels,
                                double eps) const;
