@@ -156,10 +156,23 @@ def gpt2() -> dict:
                       eval_dataset=blocks(work / "eval.txt"), data_collator=default_data_collator)
     hf_train = trainer.train().metrics
     hf_metrics = trainer.evaluate()
+    # transformers' Trainer divides the summed token loss by a label count that, for GPT-2 (whose `loss_type` is
+    # unset), includes each row's first label, which is never predicted: its reported eval_loss is (T-1)/T of the
+    # mean over predicted tokens. Perplexity is compared on the mean over predicted tokens, computed here the
+    # way fusetrain computes it (batch means weighted by batch size).
+    model.eval()
+    eval_rows = blocks(work / "eval.txt")
+    loss_sum = 0.0
+    with torch.no_grad():
+        for i in range(0, len(eval_rows), 8):
+            ids = torch.tensor([r["input_ids"] for r in eval_rows[i:i + 8]])
+            loss_sum += model(input_ids=ids, labels=ids).loss.item() * len(ids)
+    hf_eval_loss = loss_sum / len(eval_rows)
     return {"task": "gpt2-tinyshakespeare", "settings": settings,
             "fusetrain": {"eval_perplexity": ft_metrics["eval_perplexity"], "eval_loss": ft_metrics["eval_loss"],
                           "train_runtime": ft_metrics["train_runtime"]},
-            "transformers": {"eval_perplexity": math.exp(hf_metrics["eval_loss"]), "eval_loss": hf_metrics["eval_loss"],
+            "transformers": {"eval_perplexity": math.exp(hf_eval_loss), "eval_loss": hf_eval_loss,
+                             "trainer_reported_eval_loss": hf_metrics["eval_loss"],
                              "train_runtime": hf_train["train_runtime"]}}
 
 

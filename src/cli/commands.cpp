@@ -1,5 +1,6 @@
 #include "cli/commands.h"
 
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "fusetrain/core/cpu.h"
 #include "fusetrain/core/error.h"
 #include "fusetrain/data/dataset.h"
+#include "fusetrain/data/qa.h"
 #include "fusetrain/data/tokenizer.h"
 #include "fusetrain/io/hf_dir.h"
 #include "fusetrain/models/model.h"
@@ -87,7 +89,13 @@ std::string architecture_for(const std::string& model_dir, train::Task task) {
     case train::Task::SequenceClassification:
       return prefix[type] + "ForSequenceClassification";
     case train::Task::TokenClassification:
+      FT_CHECK(type == "bert" || type == "roberta", "--task token-cls supports bert and roberta models, found \"",
+               type, "\"");
       return prefix[type] + "ForTokenClassification";
+    case train::Task::QuestionAnswering:
+      FT_CHECK(type == "bert" || type == "roberta", "--task qa supports bert and roberta models, found \"", type,
+               "\"");
+      return prefix[type] + "ForQuestionAnswering";
     case train::Task::MaskedLM:
       FT_CHECK(type != "gpt2", "GPT-2 is a causal LM: use --task clm");
       return prefix[type] + "ForMaskedLM";
@@ -105,7 +113,51 @@ struct Job {
   std::unique_ptr<models::Model> model;
   std::unique_ptr<data::TokenizedDataset> train, eval, test;
   train::CollationIds ids;
+  std::vector<std::string> label_names;  ///< token classification: class names, position = id
 };
+
+// The columns a task reads unless flags name others.
+void default_columns(Options& o, train::Task task) {
+  auto set = [](std::string& column, const char* name) {
+    if (column.empty()) column = name;
+  };
+  switch (task) {
+    case train::Task::SequenceClassification:
+      set(o.text_column, "sentence");
+      set(o.label_column, "label");
+      break;
+    case train::Task::TokenClassification:
+      set(o.text_column, "tokens");
+      set(o.label_column, "ner_tags");
+      break;
+    case train::Task::QuestionAnswering:
+      set(o.text_column, "question");
+      set(o.text_pair_column, "context");
+      set(o.label_column, "answers");
+      break;
+    case train::Task::MaskedLM:
+    case train::Task::CausalLM:
+      set(o.text_column, "text");
+      break;
+  }
+}
+
+// Class names from a model's config.json id2label, unless they are transformers' placeholders (LABEL_0, ...).
+std::vector<std::string> config_label_names(const nlohmann::json& config) {
+  auto it = config.find("id2label");
+  if (it == config.end() || !it->is_object()) return {};
+  std::vector<std::string> names(it->size());
+  for (const auto& [id, name] : it->items()) {
+    size_t k = 0;
+    if (std::from_chars(id.data(), id.data() + id.size(), k).ec != std::errc() || k >= names.size() ||
+        !name.is_string())
+      return {};
+    names[k] = name.get<std::string>();
+  }
+  bool placeholders = true;
+  for (size_t k = 0; k < names.size(); ++k) placeholders = placeholders && names[k] == "LABEL_" + std::to_string(k);
+  return placeholders ? std::vector<std::string>{} : names;
+}
 
 std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job& job, const std::string& path,
                                                      bool labelled) {
@@ -119,6 +171,24 @@ std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job
     options.num_labels = job.model ? config_int(job.model->config(), "num_labels", 0) : o.num_labels;
     return std::make_unique<data::TextDataset>(table, columns, data::tokenize_with(*job.tokenizer), options);
   }
+  if (job.task == train::Task::TokenClassification) {
+    data::TokenColumns columns{o.text_column, labelled ? o.label_column : ""};
+    data::TokenDatasetOptions options;
+    options.max_length = o.max_seq_length;
+    options.label_names = job.label_names;
+    options.num_labels = job.model ? config_int(job.model->config(), "num_labels", 0) : o.num_labels;
+    options.label_all_tokens = o.label_all_tokens;
+    return std::make_unique<data::TokenClassificationDataset>(table, columns, data::tokenize_with(*job.tokenizer),
+                                                              options);
+  }
+  if (job.task == train::Task::QuestionAnswering) {
+    data::QaColumns columns{o.text_column, o.text_pair_column, labelled ? o.label_column : ""};
+    data::QaDatasetOptions options;
+    options.max_length = o.max_seq_length;
+    options.doc_stride = o.doc_stride;
+    return std::make_unique<data::QuestionAnsweringDataset>(table, columns, data::tokenize_with(*job.tokenizer),
+                                                           options);
+  }
   if (job.task == train::Task::MaskedLM || job.task == train::Task::CausalLM) {
     data::LmDatasetOptions options;
     options.line_by_line = o.line_by_line;
@@ -127,14 +197,13 @@ std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job
     std::string column = table.columns.size() == 1 ? table.columns[0] : o.text_column;
     return std::make_unique<data::LmDataset>(table, column, data::tokenize_with(*job.tokenizer), options);
   }
-  throw Error(
-      "--task token-cls needs word-level labels, which the CLI's readers do not provide yet; use the "
-      "C++ or Python API");
+  throw Error("unreachable: every task has a dataset");
 }
 
 Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   Job job;
   job.task = train::parse_task(o.task);
+  default_columns(o, job.task);
   FT_CHECK(!o.model.empty(), "--model DIR is required (a Hugging Face model directory with its tokenizer files)");
   FT_CHECK(fs::is_directory(o.model), "--model: \"", o.model, "\" is not a directory");
   FT_CHECK(o.max_seq_length > 0, "--max-seq-length must be > 0, found ", o.max_seq_length);
@@ -145,6 +214,13 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   if (o.args.fp16)
     std::fprintf(stderr, "fusetrain: --fp16 runs as bf16 mixed precision on this CPU (bf16 needs no loss scaling)\n");
   job.tokenizer = data::Tokenizer::from_pretrained(o.model);
+  if (job.task == train::Task::TokenClassification) {
+    // Class names: the training file's tag names (sorted, as run_ner lists them), else the model's id2label.
+    if (need_train && !o.train_file.empty() && fs::exists(o.train_file))
+      job.label_names = data::collect_tag_names(data::read_table(o.train_file), o.label_column);
+    if (job.label_names.empty())
+      job.label_names = config_label_names(io::read_json_file((fs::path(o.model) / "config.json").string()));
+  }
   // Datasets first (labels decide num_labels), then the model.
   if (need_train) {
     FT_CHECK(!o.train_file.empty(), "--train-file is required");
@@ -155,6 +231,19 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
     int64_t labels = o.num_labels;
     if (labels == 0 && job.train) labels = static_cast<data::TextDataset*>(job.train.get())->num_labels();
     if (labels > 0) overrides["num_labels"] = std::max<int64_t>(labels, 2);
+  }
+  if (job.task == train::Task::TokenClassification && job.train) {
+    const auto& train = static_cast<const data::TokenClassificationDataset&>(*job.train);
+    overrides["num_labels"] = std::max<int64_t>(o.num_labels > 0 ? o.num_labels : train.num_labels(), 1);
+    if (!train.label_names().empty()) {
+      nlohmann::json id2label = nlohmann::json::object(), label2id = nlohmann::json::object();
+      for (size_t k = 0; k < train.label_names().size(); ++k) {
+        id2label[std::to_string(k)] = train.label_names()[k];
+        label2id[train.label_names()[k]] = k;
+      }
+      overrides["id2label"] = id2label;
+      overrides["label2id"] = label2id;
+    }
   }
   std::string architecture = architecture_for(o.model, job.task);
   job.model = models::Model::from_pretrained(o.model, architecture, overrides);
@@ -204,19 +293,28 @@ void copy_tokenizer_files(const std::string& from, const std::string& to) {
 
 void add_options(CLI::App& app, Options& o) {
   app.add_option("--model", o.model, "Hugging Face model directory (config.json, model.safetensors, tokenizer files)");
-  app.add_option("--task", o.task, "seq-cls, token-cls, mlm or clm")->capture_default_str();
+  app.add_option("--task", o.task, "seq-cls, token-cls, qa, mlm or clm")->capture_default_str();
   app.add_option("--train-file", o.train_file, "training data: .tsv/.csv (header row), .jsonl or .txt");
   app.add_option("--eval-file", o.eval_file, "evaluation data, same formats");
   app.add_option("--test-file", o.test_file, "data to predict (predict)");
   app.add_option("--output", o.output, "predictions file (predict)");
-  app.add_option("--text-column", o.text_column, "column with the text")->capture_default_str();
-  app.add_option("--text-pair-column", o.text_pair_column, "column with the second text of pair tasks");
-  app.add_option("--label-column", o.label_column, "column with the label")->capture_default_str();
+  app.add_option("--text-column", o.text_column,
+                 "column with the text (default: sentence; token-cls: tokens, a JSON list of words; qa: question; "
+                 "mlm/clm: text)");
+  app.add_option("--text-pair-column", o.text_pair_column,
+                 "column with the second text of pair tasks (qa: the context, default context)");
+  app.add_option("--label-column", o.label_column,
+                 "column with the label (default: label; token-cls: ner_tags, a JSON list of tags, integers or names; "
+                 "qa: answers, SQuAD's {\"text\": [...], \"answer_start\": [...]})");
   app.add_option("--max-seq-length", o.max_seq_length,
                  "truncate to this many tokens; for mlm/clm on plain text, the block length")
       ->capture_default_str();
   app.add_option("--num-labels", o.num_labels, "classes (default: from the training labels)");
   app.add_flag("--line-by-line", o.line_by_line, "mlm/clm: one example per line instead of concatenated blocks");
+  app.add_option("--doc-stride", o.doc_stride, "qa: tokens shared by consecutive windows of a long context")
+      ->capture_default_str();
+  app.add_flag("--label-all-tokens", o.label_all_tokens,
+               "token-cls: give every sub-token its word's tag, not just the first");
   app.add_flag("--profile", o.profile, "inspect: time every op over a few steps");
   train::for_each_field(o.args,
                         [&](const char* name, auto& field, const char* help) { add_field(app, name, field, help); });
@@ -274,22 +372,49 @@ int run_evaluate(Options& o) {
 int run_predict(Options& o) {
   FT_CHECK(!o.output.empty(), "--output FILE is required");
   Job job = prepare(o, false, false, true);
-  FT_CHECK(job.task == train::Task::SequenceClassification, "predict supports --task seq-cls");
+  FT_CHECK(job.task == train::Task::SequenceClassification || job.task == train::Task::TokenClassification ||
+               job.task == train::Task::QuestionAnswering,
+           "predict supports --task seq-cls, token-cls and qa");
   train::Trainer trainer(*job.model, o.args, job.task, nullptr, nullptr, job.ids);
   train::Predictions p = trainer.predict(*job.test);
+  auto argmax = [&](int64_t row) {
+    const float* logits = p.logits.data() + row * p.classes;
+    return std::max_element(logits, logits + p.classes) - logits;
+  };
+  // seq-cls: a TSV of predicted classes; token-cls: JSON lines of one tag per word; qa: JSON lines of answers.
   std::string tmp = o.output + ".tmp";
+  int64_t written = 0;
   {
     std::ofstream out(tmp);
     FT_CHECK(out.good(), "cannot write ", o.output);
-    out << "index\tprediction\n";
-    for (int64_t r = 0; r < p.rows; ++r) {
-      const float* row = p.logits.data() + r * p.classes;
-      out << r << '\t' << (std::max_element(row, row + p.classes) - row) << '\n';
+    if (job.task == train::Task::SequenceClassification) {
+      out << "index\tprediction\n";
+      for (; written < p.rows; ++written) out << written << '\t' << argmax(written) << '\n';
+    } else if (job.task == train::Task::TokenClassification) {
+      const auto& test = static_cast<const data::TokenClassificationDataset&>(*job.test);
+      int64_t row = 0;
+      for (; written < test.size(); ++written) {
+        nlohmann::json tags = nlohmann::json::array();
+        int64_t previous = -1;
+        for (int64_t word : test.word_ids(written)) {
+          const int64_t k = argmax(row++);
+          if (word < 0 || word == previous) continue;
+          previous = word;
+          if (static_cast<size_t>(k) < job.label_names.size())
+            tags.push_back(job.label_names[static_cast<size_t>(k)]);
+          else
+            tags.push_back(k);
+        }
+        out << nlohmann::json{{"index", written}, {"tags", tags}}.dump() << '\n';
+      }
+    } else {
+      for (; written < static_cast<int64_t>(p.answers.size()); ++written)
+        out << nlohmann::json{{"index", written}, {"answer", p.answers[static_cast<size_t>(written)]}}.dump() << '\n';
     }
     FT_CHECK(out.good(), "cannot write ", o.output);
   }
   fs::rename(tmp, o.output);
-  std::printf("wrote %lld predictions to %s\n", static_cast<long long>(p.rows), o.output.c_str());
+  std::printf("wrote %lld predictions to %s\n", static_cast<long long>(written), o.output.c_str());
   return 0;
 }
 
@@ -305,8 +430,13 @@ int run_inspect(Options& o) {
   std::vector<int64_t> labels(static_cast<size_t>(task == train::Task::SequenceClassification ? B : B * T), 0);
   models::Batch batch;
   batch.input_ids = Tensor::view(ids.data(), {B, T}, DType::i64);
-  batch.labels = task == train::Task::SequenceClassification ? Tensor::view(labels.data(), {B}, DType::i64)
-                                                             : Tensor::view(labels.data(), {B, T}, DType::i64);
+  if (task == train::Task::QuestionAnswering) {
+    batch.start_positions = Tensor::view(labels.data(), {B}, DType::i64);
+    batch.end_positions = Tensor::view(labels.data(), {B}, DType::i64);
+  } else {
+    batch.labels = task == train::Task::SequenceClassification ? Tensor::view(labels.data(), {B}, DType::i64)
+                                                               : Tensor::view(labels.data(), {B, T}, DType::i64);
+  }
   model->set_num_threads(static_cast<int>(o.args.fusetrain_threads));
   model->loss_and_grads(batch, true);
   const runtime::Plan& plan = *model->last_plan();

@@ -13,10 +13,13 @@ struct Options {
   std::string model;
   std::string task = "seq-cls";
   std::string train_file, eval_file, test_file, output;
-  std::string text_column = "sentence", text_pair_column, label_column = "label";
+  /// Columns; empty means the task's default (see add_options).
+  std::string text_column, text_pair_column, label_column;
   int64_t max_seq_length = 128;
   int64_t num_labels = 0;
+  int64_t doc_stride = 128;
   bool line_by_line = false;
+  bool label_all_tokens = false;
   bool profile = false;
   train::TrainingArguments args;
 };

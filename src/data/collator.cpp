@@ -64,6 +64,20 @@ Batch collate_padded(const TokenizedDataset& dataset, std::span<const int64_t> i
     case LabelKind::Tokens:
       apply_clm_labels(batch);
       break;
+    case LabelKind::TokenClasses:
+      batch.labels.assign(B * T, kIgnoreIndex);
+      for (size_t b = 0; b < B; ++b) {
+        std::span<const int64_t> labels = dataset.token_labels(indices[b]);
+        std::copy(labels.begin(), labels.end(), batch.labels.begin() + static_cast<std::ptrdiff_t>(b * T));
+      }
+      break;
+    case LabelKind::Spans:
+      for (int64_t index : indices) {
+        auto [start, end] = dataset.span(index);
+        batch.start_positions.push_back(start);
+        batch.end_positions.push_back(end);
+      }
+      break;
   }
   return batch;
 }

@@ -4,84 +4,21 @@
 #include <charconv>
 #include <cmath>
 #include <exception>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/data/dataset.h"
+#include "data/dataset_impl.h"
 
 namespace fusetrain::data {
+
+using detail::all_rows;
+using detail::tokenize_rows;
+using detail::trim;
+
 namespace {
-
-// Rows tokenized per round: bounds the memory held in per-example vectors before they go to the flat buffers.
-constexpr size_t kRowsPerRound = 16384;
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-int resolve_threads(int requested) {
-  if (requested > 0) return requested;
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
-
-// Tokenizes table rows `rows` (column `text_column`, and `pair_column` when set) on up to `num_threads` threads,
-// truncating each to `max_length` when it is > 0, and hands the results to `consume(row, tokens)` in row order on
-// the calling thread. An exception from the tokenizer is rethrown as Error naming the row's line.
-template <typename Consume>
-void tokenize_rows(const Table& table, const std::vector<size_t>& rows, size_t text_column,
-                   std::optional<size_t> pair_column, const TokenizeFn& tokenize, int num_threads, int64_t max_length,
-                   Consume&& consume) {
-  FT_CHECK(static_cast<bool>(tokenize), table.source, ": no tokenize function given");
-  const size_t threads_wanted = static_cast<size_t>(resolve_threads(num_threads));
-  std::vector<TokenizedText> results;
-  for (size_t round = 0; round < rows.size(); round += kRowsPerRound) {
-    const size_t count = std::min(kRowsPerRound, rows.size() - round);
-    results.assign(count, TokenizedText{});
-    const size_t threads = std::clamp<size_t>(count / 64, 1, threads_wanted);
-    std::vector<std::exception_ptr> errors(threads);
-    auto work = [&](size_t t) {
-      const size_t begin = count * t / threads, end = count * (t + 1) / threads;
-      size_t k = begin;
-      try {
-        for (; k < end; ++k) {
-          const std::vector<std::string>& row = table.rows[rows[round + k]];
-          std::optional<std::string_view> pair;
-          if (pair_column) pair = row[*pair_column];
-          TokenizedText tokens = tokenize(row[text_column], pair);
-          FT_CHECK(tokens.type_ids.empty() || tokens.type_ids.size() == tokens.ids.size(), "the tokenizer returned ",
-                   tokens.type_ids.size(), " type ids for ", tokens.ids.size(), " ids");
-          FT_CHECK(tokens.special_tokens_mask.empty() || tokens.special_tokens_mask.size() == tokens.ids.size(),
-                   "the tokenizer returned ", tokens.special_tokens_mask.size(), " special-token flags for ",
-                   tokens.ids.size(), " ids");
-          if (max_length > 0) truncate_tokens(tokens, max_length);
-          results[k] = std::move(tokens);
-        }
-      } catch (const std::exception& e) {
-        errors[t] = std::make_exception_ptr(Error(str(table.where(rows[round + k]), ": ", e.what())));
-      } catch (...) {
-        errors[t] = std::current_exception();
-      }
-    };
-    if (threads == 1) {
-      work(0);
-    } else {
-      std::vector<std::thread> pool;
-      for (size_t t = 0; t < threads; ++t) pool.emplace_back(work, t);
-      for (auto& thread : pool) thread.join();
-    }
-    for (auto& error : errors)  // the first failing row's error
-      if (error) std::rethrow_exception(error);
-    for (size_t k = 0; k < count; ++k) consume(rows[round + k], std::move(results[k]));
-  }
-}
-
-std::vector<size_t> all_rows(const Table& table) {
-  std::vector<size_t> rows(table.num_rows());
-  for (size_t i = 0; i < rows.size(); ++i) rows[i] = i;
-  return rows;
-}
 
 // transformers' longest_first split of `budget` content tokens between a first side of length a and a second of
 // length b (tokenizers' truncate_encodings): the shorter side keeps what it can, two long sides share the budget,
@@ -101,55 +38,61 @@ std::pair<int64_t, int64_t> longest_first(int64_t a, int64_t b, int64_t budget) 
 
 }  // namespace
 
+std::vector<int8_t> sequence_ids(const TokenizedText& tokens) {
+  const size_t n = tokens.ids.size();
+  auto is_special = [&](size_t i) { return !tokens.special_tokens_mask.empty() && tokens.special_tokens_mask[i]; };
+  std::vector<int8_t> sequence(n, -1);
+  std::optional<int64_t> first_type;
+  bool by_type = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (is_special(i)) continue;
+    const int64_t type = tokens.type_ids.empty() ? 0 : tokens.type_ids[i];
+    if (!first_type) first_type = type;
+    sequence[i] = type != *first_type;
+    by_type = by_type || sequence[i] == 1;
+  }
+  if (by_type) return sequence;
+  // Same type ids throughout (RoBERTa): two runs of content separated by special tokens are a pair.
+  size_t runs = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (sequence[i] < 0) continue;
+    if (i == 0 || sequence[i - 1] < 0) ++runs;
+    sequence[i] = runs == 2;
+  }
+  if (runs != 2)
+    for (int8_t& s : sequence)
+      if (s > 0) s = 0;
+  return sequence;
+}
+
 void truncate_tokens(TokenizedText& tokens, int64_t max_length) {
   FT_CHECK(max_length > 0, "max_length must be positive, got ", max_length);
   const size_t n = tokens.ids.size();
   if (static_cast<int64_t>(n) <= max_length) return;
-  auto is_special = [&](size_t i) { return !tokens.special_tokens_mask.empty() && tokens.special_tokens_mask[i]; };
-  std::vector<size_t> content;  // positions of non-special tokens
-  for (size_t i = 0; i < n; ++i)
-    if (!is_special(i)) content.push_back(i);
-  const int64_t num_special = static_cast<int64_t>(n - content.size());
+  const std::vector<int8_t> sequence = sequence_ids(tokens);
+  const int64_t num_special = std::count(sequence.begin(), sequence.end(), -1);
   FT_CHECK(num_special <= max_length, "max_length ", max_length, " cannot hold the ", num_special,
            " special tokens the tokenizer adds");
   const int64_t budget = max_length - num_special;
-
-  // side[k]: 0 for content of the first sequence, 1 for the pair's second sequence.
-  std::vector<uint8_t> side(content.size(), 0);
-  bool is_pair = false;
-  if (!content.empty() && !tokens.type_ids.empty()) {
-    const int64_t first_type = tokens.type_ids[content[0]];
-    for (size_t k = 0; k < content.size(); ++k) side[k] = tokens.type_ids[content[k]] != first_type;
-    is_pair = std::find(side.begin(), side.end(), 1) != side.end();
-  }
-  if (!is_pair) {  // same type ids throughout (RoBERTa): two runs of content separated by special tokens
-    size_t runs = 0;
-    for (size_t k = 0; k < content.size(); ++k) {
-      if (k == 0 || content[k] != content[k - 1] + 1) ++runs;
-      side[k] = runs == 2;
-    }
-    is_pair = runs == 2;
-    if (!is_pair) std::fill(side.begin(), side.end(), 0);
-  }
+  const int64_t second = std::count(sequence.begin(), sequence.end(), 1);
   int64_t keep[2] = {budget, 0};
-  if (is_pair) {
-    int64_t first = std::count(side.begin(), side.end(), 0);
-    auto [n1, n2] = longest_first(first, static_cast<int64_t>(content.size()) - first, budget);
+  if (second > 0) {
+    auto [n1, n2] = longest_first(static_cast<int64_t>(n) - num_special - second, second, budget);
     keep[0] = n1;
     keep[1] = n2;
   }
 
   TokenizedText out;
   int64_t kept[2] = {0, 0};
-  for (size_t i = 0, k = 0; i < n; ++i) {
-    if (!is_special(i)) {
-      const int s = side[k++];
+  for (size_t i = 0; i < n; ++i) {
+    if (const int s = sequence[i]; s >= 0) {
       if (kept[s] >= keep[s]) continue;
       ++kept[s];
     }
     out.ids.push_back(tokens.ids[i]);
     if (!tokens.type_ids.empty()) out.type_ids.push_back(tokens.type_ids[i]);
     if (!tokens.special_tokens_mask.empty()) out.special_tokens_mask.push_back(tokens.special_tokens_mask[i]);
+    if (!tokens.offsets.empty()) out.offsets.push_back(tokens.offsets[i]);
   }
   tokens = std::move(out);
 }
@@ -186,6 +129,19 @@ float TokenizedDataset::float_label(int64_t i) const {
   check_index(i);
   FT_CHECK(label_kind_ == LabelKind::Regression, "the dataset has no regression labels");
   return float_labels_[static_cast<size_t>(i)];
+}
+
+std::span<const int64_t> TokenizedDataset::token_labels(int64_t i) const {
+  check_index(i);
+  FT_CHECK(label_kind_ == LabelKind::TokenClasses, "the dataset has no token labels");
+  const auto begin = static_cast<size_t>(offsets_[i]), end = static_cast<size_t>(offsets_[i + 1]);
+  return std::span<const int64_t>(token_labels_.data() + begin, end - begin);
+}
+
+std::pair<int64_t, int64_t> TokenizedDataset::span(int64_t i) const {
+  check_index(i);
+  FT_CHECK(label_kind_ == LabelKind::Spans, "the dataset has no answer spans");
+  return {token_labels_[2 * static_cast<size_t>(i)], token_labels_[2 * static_cast<size_t>(i) + 1]};
 }
 
 void TokenizedDataset::append(std::span<const int64_t> ids, std::span<const int64_t> type_ids) {
@@ -290,6 +246,120 @@ LmDataset::LmDataset(const Table& table, const std::string& text_column, const T
                   }
                 });
   emit_blocks();
+}
+
+namespace {
+
+// A row's JSON array column (`["EU", "rejects"]`, `[3, 0]`): the parsed array, or Error naming the row.
+nlohmann::json json_array(const Table& table, size_t row, size_t column) {
+  nlohmann::json value = nlohmann::json::parse(table.rows[row][column], nullptr, /*allow_exceptions=*/false);
+  FT_CHECK(value.is_array(), table.where(row), ": \"", table.columns[column], "\" is not a JSON array (found ",
+           table.rows[row][column].substr(0, 40), ")");
+  return value;
+}
+
+}  // namespace
+
+std::vector<std::string> collect_tag_names(const Table& table, const std::string& tags_column) {
+  const size_t column = table.column(tags_column);
+  std::set<std::string> names;
+  for (size_t row = 0; row < table.num_rows(); ++row)
+    for (const auto& tag : json_array(table, row, column))
+      if (tag.is_string()) names.insert(tag.get<std::string>());
+  return {names.begin(), names.end()};
+}
+
+TokenClassificationDataset::TokenClassificationDataset(const Table& table, const TokenColumns& columns,
+                                                       const TokenizeFn& tokenize, const TokenDatasetOptions& options)
+    : label_names_(options.label_names) {
+  FT_CHECK(options.max_length > 0, table.source, ": max_length must be positive, got ", options.max_length);
+  const size_t words_column = table.column(columns.words);
+  const bool labelled = !columns.tags.empty();
+  const size_t tags_column = labelled ? table.column(columns.tags) : 0;
+  if (labelled && label_names_.empty()) label_names_ = collect_tag_names(table, columns.tags);
+
+  // Words joined with single spaces; word_ends[row][w] is where word w ends in the joined text.
+  Table joined{table.source, {"text"}, {}, table.row_lines};
+  std::vector<std::vector<int64_t>> word_ends(table.num_rows()), tags(table.num_rows());
+  for (size_t row = 0; row < table.num_rows(); ++row) {
+    std::string text;
+    for (const auto& word : json_array(table, row, words_column)) {
+      FT_CHECK(word.is_string(), table.where(row), ": \"", columns.words, "\" is not a JSON array of strings");
+      if (!text.empty() || !word_ends[row].empty()) text += ' ';
+      text += word.get<std::string>();
+      word_ends[row].push_back(static_cast<int64_t>(text.size()));
+    }
+    joined.rows.push_back({std::move(text)});
+    if (!labelled) continue;
+    nlohmann::json row_tags = json_array(table, row, tags_column);
+    FT_CHECK(row_tags.size() == word_ends[row].size(), table.where(row), ": ", word_ends[row].size(), " words but ",
+             row_tags.size(), " tags");
+    for (const auto& tag : row_tags) {
+      int64_t id = -1;
+      if (tag.is_string()) {
+        auto it = std::find(label_names_.begin(), label_names_.end(), tag.get<std::string>());
+        FT_CHECK(it != label_names_.end(), table.where(row), ": tag \"", tag.get<std::string>(),
+                 "\" is not one of the labels (", join(label_names_), ")");
+        id = it - label_names_.begin();
+      } else {
+        FT_CHECK(tag.is_number_integer(), table.where(row), ": tag ", tag.dump(), " is neither an integer nor a name");
+        id = tag.get<int64_t>();
+        const int64_t limit = !label_names_.empty() ? static_cast<int64_t>(label_names_.size()) : options.num_labels;
+        FT_CHECK(id >= 0 && (limit == 0 || id < limit), table.where(row), ": tag ", id, " is out of range [0, ",
+                 limit > 0 ? std::to_string(limit) : std::string("inf"), ")");
+      }
+      tags[row].push_back(id);
+      num_labels_ = std::max(num_labels_, id + 1);
+    }
+  }
+  if (!label_names_.empty())
+    num_labels_ = static_cast<int64_t>(label_names_.size());
+  else if (options.num_labels > 0)
+    num_labels_ = options.num_labels;
+  label_kind_ = labelled ? LabelKind::TokenClasses : LabelKind::None;
+  // With label_all_tokens, a word's later sub-tokens get I-X where its tag is B-X (run_ner's b_to_i_label).
+  std::vector<int64_t> inside(static_cast<size_t>(num_labels_));
+  for (size_t k = 0; k < inside.size(); ++k) {
+    inside[k] = static_cast<int64_t>(k);
+    if (k < label_names_.size() && label_names_[k].rfind("B-", 0) == 0) {
+      auto it = std::find(label_names_.begin(), label_names_.end(), "I-" + label_names_[k].substr(2));
+      if (it != label_names_.end()) inside[k] = it - label_names_.begin();
+    }
+  }
+
+  offsets_.reserve(table.num_rows() + 1);
+  tokenize_rows(joined, all_rows(joined), 0, std::nullopt, tokenize, options.num_threads, options.max_length,
+                [&](size_t row, TokenizedText&& tokens) {
+                  FT_CHECK(tokens.offsets.size() == tokens.ids.size(), table.where(row),
+                           ": the tokenizer returned no token offsets; token classification needs them");
+                  append(tokens.ids, tokens.type_ids);
+                  const std::vector<int64_t>& ends = word_ends[row];
+                  const auto words = static_cast<int64_t>(ends.size());
+                  int64_t previous_word = -1;
+                  for (size_t i = 0; i < tokens.ids.size(); ++i) {
+                    const bool special = !tokens.special_tokens_mask.empty() && tokens.special_tokens_mask[i];
+                    // The word a token belongs to: the first whose end lies past the token's start (a token
+                    // starting on the space before a word belongs to that word).
+                    int64_t word =
+                        special ? -1 : std::upper_bound(ends.begin(), ends.end(), tokens.offsets[i].first) - ends.begin();
+                    if (word >= words) word = -1;
+                    word_ids_.push_back(word);
+                    if (!labelled) continue;
+                    int64_t label = kIgnoreIndex;
+                    if (word >= 0 && word != previous_word)
+                      label = tags[row][static_cast<size_t>(word)];
+                    else if (word >= 0 && options.label_all_tokens)
+                      label = inside[static_cast<size_t>(tags[row][static_cast<size_t>(word)])];
+                    token_labels_.push_back(label);
+                    if (word >= 0) previous_word = word;
+                  }
+                });
+}
+
+std::span<const int64_t> TokenClassificationDataset::word_ids(int64_t i) const {
+  check_index(i);
+  const auto begin = static_cast<size_t>(offsets_[i]), end = static_cast<size_t>(offsets_[i + 1]);
+  return std::span<const int64_t>(word_ids_.data() + begin, end - begin);
 }
 
 }  // namespace fusetrain::data

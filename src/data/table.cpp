@@ -14,12 +14,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string join(const std::vector<std::string>& names) {
-  std::string out;
-  for (size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + names[i];
-  return out;
-}
-
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -147,10 +141,10 @@ void parse_csv(Table& table, std::string_view content) {
   }
 }
 
-std::string scalar_text(const nlohmann::ordered_json& value) {
+std::string field_text(const nlohmann::ordered_json& value) {
   if (value.is_string()) return value.get<std::string>();
   if (value.is_null()) return "";
-  return value.dump();  // numbers as written back by JSON (3, 0.5, 1e+20), booleans as true/false
+  return value.dump();  // numbers as JSON writes them (3, 0.5, 1e+20), booleans as true/false, arrays and objects
 }
 
 void parse_json_lines(Table& table, std::string_view content) {
@@ -171,9 +165,6 @@ void parse_json_lines(Table& table, std::string_view content) {
                       ": invalid JSON: ", bracket == std::string::npos ? what : what.substr(bracket + 2)));
     }
     FT_CHECK(object.is_object(), table.source, ":", line, ": expected a JSON object, found ", object.type_name());
-    for (const auto& [key, value] : object.items())
-      FT_CHECK(!value.is_structured(), table.source, ":", line, ": \"", key, "\" is a nested ", value.type_name(),
-               "; only strings, numbers, booleans and null are supported");
     if (table.columns.empty()) {
       std::vector<std::string> columns;
       for (const auto& [key, value] : object.items()) columns.push_back(key);
@@ -186,7 +177,7 @@ void parse_json_lines(Table& table, std::string_view content) {
       auto it = object.find(name);
       FT_CHECK(it != object.end(), table.source, ":", line, ": no key \"", name,
                "\" (keys of the first object: ", join(table.columns), ")");
-      fields.push_back(scalar_text(*it));
+      fields.push_back(field_text(*it));
     }
     for (const auto& [key, value] : object.items())
       FT_CHECK(std::find(table.columns.begin(), table.columns.end(), key) != table.columns.end(), table.source, ":",

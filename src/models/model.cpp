@@ -47,12 +47,6 @@ constexpr ArchitectureInfo kArchitectures[] = {
     {"GPT2ForSequenceClassification", "gpt2", Head::SequenceClassification},
 };
 
-std::string join(const std::vector<std::string>& items) {
-  std::string s;
-  for (const std::string& item : items) s += (s.empty() ? "" : ", ") + item;
-  return s;
-}
-
 const ArchitectureInfo& find_architecture(const std::string& name) {
   for (const ArchitectureInfo& a : kArchitectures)
     if (name == a.name) return a;
@@ -182,7 +176,9 @@ std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std:
   nlohmann::json config = hf.config;
   FT_CHECK(config_overrides.is_object(), "config overrides must be a JSON object");
   for (auto it = config_overrides.begin(); it != config_overrides.end(); ++it) config[it.key()] = it.value();
-  if (config_overrides.contains("num_labels")) config.erase("id2label"), config.erase("label2id");
+  if (config_overrides.contains("num_labels"))  // the checkpoint's label names no longer apply, unless given anew
+    for (const char* key : {"id2label", "label2id"})
+      if (!config_overrides.contains(key)) config.erase(key);
   std::unique_ptr<Model> m = from_config(config, 0, architecture);
   std::unique_ptr<Family> family = family_for(m->architecture_, m->config_);
   const std::string prefix = family->base_prefix() + ".";

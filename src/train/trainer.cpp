@@ -10,6 +10,7 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/data/loader.h"
+#include "fusetrain/data/qa.h"
 #include "fusetrain/optim/optimizer.h"
 #include "fusetrain/train/schedule.h"
 #include "train/checkpoint.h"
@@ -23,9 +24,10 @@ namespace fs = std::filesystem;
 Task parse_task(const std::string& name) {
   if (name == "seq-cls") return Task::SequenceClassification;
   if (name == "token-cls") return Task::TokenClassification;
+  if (name == "qa") return Task::QuestionAnswering;
   if (name == "mlm") return Task::MaskedLM;
   if (name == "clm") return Task::CausalLM;
-  throw Error(str("task \"", name, "\" is not supported (supported: seq-cls, token-cls, mlm, clm)"));
+  throw Error(str("task \"", name, "\" is not supported (supported: seq-cls, token-cls, qa, mlm, clm)"));
 }
 
 Trainer::Trainer(models::Model& model, TrainingArguments args, Task task, const data::TokenizedDataset* train_dataset,
@@ -39,6 +41,9 @@ Trainer::Trainer(models::Model& model, TrainingArguments args, Task task, const 
       ids_(std::move(ids)) {
   args_.validate();
   FT_CHECK(!(task == Task::MaskedLM && !ids_.mlm), "masked-LM training needs a tokenizer with a mask token");
+  for (const data::TokenizedDataset* d : {train_dataset, eval_dataset})
+    FT_CHECK(!(task == Task::QuestionAnswering && d && !dynamic_cast<const data::QuestionAnsweringDataset*>(d)),
+             "question answering needs QuestionAnsweringDataset datasets");
   FT_CHECK(!(args_.eval_strategy != "no" && eval_ == nullptr), "eval_strategy is \"", args_.eval_strategy,
            "\" but there is no evaluation dataset");
   if (fs::exists(args_.output_dir))
@@ -71,6 +76,10 @@ models::Batch Trainer::view_of(const data::Batch& b) const {
     m.labels = ids(b.labels);
   else if (static_cast<int64_t>(b.labels.size()) == B)
     m.labels = Tensor::view(const_cast<int64_t*>(b.labels.data()), {B}, DType::i64);
+  if (!b.start_positions.empty()) {
+    m.start_positions = Tensor::view(const_cast<int64_t*>(b.start_positions.data()), {B}, DType::i64);
+    m.end_positions = Tensor::view(const_cast<int64_t*>(b.end_positions.data()), {B}, DType::i64);
+  }
   return m;
 }
 
@@ -250,6 +259,10 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
   double loss_sum = 0;
   int64_t loss_weight = 0;
   const bool labelled = dataset.label_kind() != data::LabelKind::None;
+  const auto* qa = dynamic_cast<const data::QuestionAnsweringDataset*>(&dataset);
+  FT_CHECK(task_ != Task::QuestionAnswering || qa, "question answering needs a QuestionAnsweringDataset");
+  int64_t feature = 0;
+  if (qa) p.feature_offsets.push_back(0);
   while (std::optional<data::Batch> batch = loader.next()) {
     models::Batch view = view_of(*batch);
     if (!labelled) view.labels = Tensor();
@@ -261,11 +274,30 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
     const int64_t K = out.logits.shape()[-1];
     const float* logits = out.logits.data_as<float>();
     p.classes = K;
-    if (task_ == Task::SequenceClassification) {
+    if (task_ == Task::QuestionAnswering) {
+      // (B, T) start and end logits; each feature keeps its own tokens, not the padding.
+      const float* end_logits = out.end_logits.data_as<float>();
+      const int64_t T = batch->seq_len;
+      for (int64_t b = 0; b < batch->batch_size; ++b) {
+        const int64_t length = dataset.length(feature + b);
+        p.logits.insert(p.logits.end(), logits + b * T, logits + b * T + length);
+        p.end_logits.insert(p.end_logits.end(), end_logits + b * T, end_logits + b * T + length);
+        p.feature_offsets.push_back(static_cast<int64_t>(p.logits.size()));
+      }
+      p.rows += batch->batch_size;
+    } else if (task_ == Task::SequenceClassification) {
       p.logits.insert(p.logits.end(), logits, logits + batch->batch_size * K);
       p.rows += batch->batch_size;
       if (labelled && batch->float_labels.empty())
         p.labels.insert(p.labels.end(), batch->labels.begin(), batch->labels.end());
+    } else if (!labelled && task_ == Task::TokenClassification) {
+      // Unlabelled tokens: every token of every example, in order, padding dropped.
+      const int64_t T = batch->seq_len;
+      for (int64_t b = 0; b < batch->batch_size; ++b) {
+        const int64_t length = dataset.length(feature + b);
+        p.logits.insert(p.logits.end(), logits + b * T * K, logits + (b * T + length) * K);
+        p.rows += length;
+      }
     } else if (labelled) {
       // Token tasks: keep the labelled positions (causal LM: position t predicts t + 1).
       const int64_t B = batch->batch_size, T = batch->seq_len;
@@ -281,10 +313,16 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
           ++p.rows;
         }
     }
+    feature += batch->batch_size;
   }
   if (loss_weight > 0) p.metrics["loss"] = loss_sum / static_cast<double>(loss_weight);
   if (task_ == Task::MaskedLM || task_ == Task::CausalLM) {
     if (p.metrics.count("loss")) p.metrics["perplexity"] = std::exp(p.metrics["loss"]);
+  } else if (qa) {
+    p.classes = 0;
+    p.answers = data::decode_answers(*qa, p.logits, p.end_logits, p.feature_offsets);
+    if (labelled)
+      for (const auto& [k, v] : data::squad_metrics(p.answers, *qa)) p.metrics[k] = v;
   } else if (!p.labels.empty()) {
     for (const auto& [k, v] : classification_metrics(p)) p.metrics[k] = v;
   }

@@ -212,3 +212,126 @@ def test_language_modelling_reports_perplexity(tiny_model, tmp_path):
     metrics = json.loads(clm.stdout[clm.stdout.rfind("{"):clm.stdout.rfind("}") + 1])
     # A fresh model over a 400-token vocabulary starts near perplexity 400; 20 steps must cut that by a third.
     assert metrics["eval_perplexity"] < 270
+
+
+@pytest.fixture(scope="module")
+def tiny_base_model(tiny_model, tmp_path_factory) -> pathlib.Path:
+    """tiny_model's encoder without its classification head, as a BertModel checkpoint."""
+    import transformers
+
+    out = tmp_path_factory.mktemp("tiny_bert_base")
+    transformers.BertForSequenceClassification.from_pretrained(tiny_model).bert.save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(tiny_model / name, out / name)
+    return out
+
+
+def sentences_from_bundled_sst2(count: int) -> list[str]:
+    rows = (ROOT / "data" / "sst2" / "train.tsv").read_text().splitlines()[1:count + 1]
+    return [row.split("\t", 1)[1] for row in rows]
+
+
+def logged_losses(output: pathlib.Path) -> list[float]:
+    return [entry["loss"] for entry in map(json.loads, (output / "log.jsonl").read_text().splitlines())
+            if "loss" in entry]
+
+
+def last_json(text: str) -> dict:
+    return json.loads(text[text.rfind("{"):text.rfind("}") + 1])
+
+
+def test_token_classification_train_evaluate_predict(tiny_base_model, tmp_path):
+    """--task token-cls on JSON Lines of words and tag names: the tags become the model's labels, the loss falls,
+    the saved model carries id2label, and predict writes one tag per word."""
+    def tag(word: str) -> str:
+        return "B-PUNCT" if not any(c.isalnum() for c in word) else "B-NUM" if any(c.isdigit() for c in word) else \
+            "B-LONG" if len(word) > 6 else "O"
+    rows = [{"tokens": s.split(), "ner_tags": [tag(w) for w in s.split()]} for s in sentences_from_bundled_sst2(400)]
+    rows = [r for r in rows if r["tokens"]]
+    train, dev = tmp_path / "train.jsonl", tmp_path / "dev.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows[:320]))
+    dev.write_text("".join(json.dumps(r) + "\n" for r in rows[320:]))
+    output = tmp_path / "ner"
+    trained = run("train", "--model", str(tiny_base_model), "--task", "token-cls", "--train-file", str(train),
+                  "--eval-file", str(dev), "--max-seq-length", "48", "--per-device-train-batch-size", "8",
+                  "--num-train-epochs", "2", "--learning-rate", "3e-3", "--logging-steps", "5",
+                  "--save-strategy", "no", "--output-dir", str(output), "--disable-tqdm")
+    assert trained.returncode == 0, trained.stderr
+    metrics = last_json(trained.stdout)
+    losses = logged_losses(output)
+    assert losses[0] > 1.0 and metrics["eval_loss"] < 0.5 * losses[0], (losses, metrics)
+    assert metrics["eval_accuracy"] > 0.8
+    config = json.loads((output / "config.json").read_text())
+    assert config["architectures"] == ["BertForTokenClassification"]
+    assert sorted(config["id2label"].values()) == ["B-LONG", "B-NUM", "B-PUNCT", "O"]
+
+    import transformers
+    transformers.AutoModelForTokenClassification.from_pretrained(output)
+    unlabelled = tmp_path / "test.jsonl"
+    unlabelled.write_text("".join(json.dumps({"tokens": r["tokens"]}) + "\n" for r in rows[320:]))
+    predictions = tmp_path / "tags.jsonl"
+    predicted = run("predict", "--model", str(output), "--task", "token-cls", "--test-file", str(unlabelled),
+                    "--output", str(predictions), "--max-seq-length", "128")
+    assert predicted.returncode == 0, predicted.stderr
+    lines = [json.loads(line) for line in predictions.read_text().splitlines()]
+    assert len(lines) == len(rows) - 320
+    for line, row in zip(lines, rows[320:]):
+        assert len(line["tags"]) == len(row["tokens"])
+    correct = sum(p == t for line, row in zip(lines, rows[320:]) for p, t in zip(line["tags"], row["ner_tags"]))
+    assert correct / sum(len(r["tokens"]) for r in rows[320:]) > 0.8
+
+
+def test_question_answering_train_evaluate_predict(tiny_base_model, tmp_path):
+    """--task qa on SQuAD-style JSON Lines: windows over long contexts, exact match and F1 on evaluation, and
+    predicted answers that are spans of their contexts."""
+    import random
+
+    rng = random.Random(3)
+    sentences = sentences_from_bundled_sst2(900)
+    rows = []
+    for i in range(0, 880, 4):
+        context = " ".join(sentences[i:i + 4])
+        words = context.split(" ")
+        first = rng.randrange(len(words))
+        # The question is the answer's left neighbour; the answer is the word after it.
+        question = "what follows " + (words[first - 1] if first else "the start")
+        start = len(" ".join(words[:first])) + (1 if first else 0)
+        rows.append({"question": question, "context": context,
+                     "answers": {"text": [words[first]], "answer_start": [start]}})
+    train, dev = tmp_path / "train.jsonl", tmp_path / "dev.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows[:180]))
+    dev.write_text("".join(json.dumps(r) + "\n" for r in rows[180:]))
+    output = tmp_path / "qa"
+    trained = run("train", "--model", str(tiny_base_model), "--task", "qa", "--train-file", str(train),
+                  "--eval-file", str(dev), "--max-seq-length", "64", "--doc-stride", "16",
+                  "--per-device-train-batch-size", "8", "--max-steps", "30", "--learning-rate", "3e-3",
+                  "--logging-steps", "5", "--save-strategy", "no", "--output-dir", str(output), "--disable-tqdm")
+    assert trained.returncode == 0, trained.stderr
+    metrics = last_json(trained.stdout)
+    assert {"eval_exact_match", "eval_f1", "eval_loss"} <= metrics.keys()
+    assert 0 <= metrics["eval_exact_match"] <= metrics["eval_f1"] <= 100
+    losses = logged_losses(output)
+    assert losses[-1] < losses[0], losses
+    config = json.loads((output / "config.json").read_text())
+    assert config["architectures"] == ["BertForQuestionAnswering"]
+
+    unlabelled = tmp_path / "questions.jsonl"
+    unlabelled.write_text("".join(json.dumps({"question": r["question"], "context": r["context"]}) + "\n"
+                                  for r in rows[180:]))
+    predictions = tmp_path / "answers.jsonl"
+    predicted = run("predict", "--model", str(output), "--task", "qa", "--test-file", str(unlabelled),
+                    "--output", str(predictions), "--max-seq-length", "64", "--doc-stride", "16")
+    assert predicted.returncode == 0, predicted.stderr
+    answers = [json.loads(line)["answer"] for line in predictions.read_text().splitlines()]
+    assert len(answers) == len(rows) - 180
+    assert all(answer in row["context"] for answer, row in zip(answers, rows[180:]))
+
+
+def test_question_answering_bad_answer_is_one_clear_line(tiny_model, tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps({"question": "q", "context": "a b c", "answers": {"text": ["b"], "answer_start": [0]}})
+                    + "\n")
+    result = run("train", "--model", str(tiny_model), "--task", "qa", "--train-file", str(data), "--output-dir",
+                 str(tmp_path / "out"), "--disable-tqdm")
+    assert error_line(result) == f'fusetrain: error: {data}:1: the answer "b" is not at character 0 of the context'
+    assert not (tmp_path / "out").exists()

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace fusetrain {
 
@@ -21,6 +22,13 @@ std::string str(Args&&... args) {
   std::ostringstream out;
   (out << ... << std::forward<Args>(args));
   return out.str();
+}
+
+/// The items separated by ", ", for lists in messages: "(supported: bert, gpt2)".
+inline std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out;
 }
 
 /// Throws fusetrain::Error with the streamed message when `cond` is false.

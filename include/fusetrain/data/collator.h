@@ -12,9 +12,6 @@
 
 namespace fusetrain::data {
 
-/// Label value the losses ignore (PyTorch's and transformers' ignore_index).
-constexpr int64_t kIgnoreIndex = -100;
-
 /// One batch as plain data. Token tensors are row-major (B, T) with B = batch_size, T = seq_len.
 struct Batch {
   int64_t batch_size = 0;
@@ -22,16 +19,20 @@ struct Batch {
   std::vector<int64_t> input_ids;       ///< (B, T), padding = the pad id
   std::vector<int64_t> attention_mask;  ///< (B, T), 1 on tokens, 0 on padding
   std::vector<int64_t> token_type_ids;  ///< (B, T), 0 on padding
-  /// (B) class labels; or (B, T) token labels with kIgnoreIndex on padding (language modelling); or empty.
+  /// (B) class labels; or (B, T) token labels with kIgnoreIndex on padding (language modelling, token
+  /// classification); or empty.
   std::vector<int64_t> labels;
-  std::vector<float> float_labels;  ///< (B) regression targets, or empty
+  std::vector<float> float_labels;      ///< (B) regression targets, or empty
+  std::vector<int64_t> start_positions;  ///< (B) question answering: the answer's first token, or empty
+  std::vector<int64_t> end_positions;    ///< (B) question answering: the answer's last token, or empty
 };
 
 /// Collates examples `indices` of `dataset` with dynamic padding: T is the longest example in the batch rounded up
 /// to a multiple of `pad_to_multiple_of` (1 or 0: no rounding; at least 1), padded on the right with `pad_id`,
 /// attention mask 0 and type id 0. Labels follow dataset.label_kind(): Class gives (B) labels, Regression (B)
 /// float_labels, Tokens (B, T) labels = input_ids with kIgnoreIndex on padding (causal LM; apply_mlm_mask turns
-/// them into masked-LM labels). Throws Error on an empty or out-of-range index list.
+/// them into masked-LM labels), TokenClasses (B, T) labels with kIgnoreIndex on padding, Spans start_positions and
+/// end_positions. Throws Error on an empty or out-of-range index list.
 Batch collate_padded(const TokenizedDataset& dataset, std::span<const int64_t> indices, int64_t pad_to_multiple_of = 8,
                      int64_t pad_id = 0);
 

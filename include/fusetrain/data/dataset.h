@@ -35,7 +35,9 @@ struct ReadOptions {
 };
 
 /// A table of strings: the column names and rows with exactly one field per column. Numbers and booleans read
-/// from JSON are kept as their text ("3", "0.5", "true"), null as an empty string.
+/// from JSON are kept as their text ("3", "0.5", "true"), null as an empty string, arrays and objects as their
+/// JSON text (`["EU", "rejects"]`, the words of a token-classification row; `{"text": [...], ...}`, SQuAD's
+/// answers).
 struct Table {
   /// Where the table came from (the path given to read_table), used to prefix error messages.
   std::string source = "table";
@@ -59,7 +61,7 @@ struct Table {
 /// from the extension unless given. Throws Error, one clear line each, on: a missing or unreadable file; an empty
 /// file (`<path>: empty`); invalid UTF-8 (`<path>:<line>: invalid UTF-8 at byte N`, N the 0-based offset in the
 /// file); a row with the wrong number of fields (`<path>:<line>: expected 2 fields, found 3`); malformed CSV
-/// quoting; a JSON line that is not an object, has a nested value, or lacks or adds a key; duplicate column names.
+/// quoting; a JSON line that is not an object, or lacks or adds a key; duplicate column names.
 /// Blank lines between TSV, CSV and JSON Lines rows are skipped.
 Table read_table(const std::string& path, Format format = Format::Auto, const ReadOptions& options = {});
 
@@ -76,13 +78,18 @@ Format format_from_extension(const std::string& path);
 /// U+10FFFF and truncated sequences are invalid), or nullopt if it is all valid.
 std::optional<size_t> find_invalid_utf8(std::string_view bytes);
 
+/// Label value the losses ignore (PyTorch's and transformers' ignore_index).
+constexpr int64_t kIgnoreIndex = -100;
+
 /// One example as a tokenizer returns it: ids including the special tokens the tokenizer adds, their segment
-/// (token type) ids, and 1 where a position holds a special token. type_ids and special_tokens_mask may be left
-/// empty, meaning all 0.
+/// (token type) ids, 1 where a position holds a special token, and each token's byte span in the text it came
+/// from (the first or the second text of a pair). type_ids and special_tokens_mask may be left empty, meaning all
+/// 0; offsets may be left empty where nothing needs them (token classification and question answering do).
 struct TokenizedText {
   std::vector<int64_t> ids = {};
   std::vector<int64_t> type_ids = {};
   std::vector<uint8_t> special_tokens_mask = {};
+  std::vector<std::pair<int64_t, int64_t>> offsets = {};
 };
 
 /// The tokenization step datasets use: `text`, and `pair` for sentence-pair datasets, to tokens with the special
@@ -99,8 +106,8 @@ TokenizeFn tokenize_with(const TokenizerT& tokenizer, bool add_special_tokens = 
   return [&tokenizer, add_special_tokens](std::string_view text, std::optional<std::string_view> pair) {
     auto encoding =
         pair ? tokenizer.encode_pair(text, *pair, add_special_tokens) : tokenizer.encode(text, add_special_tokens);
-    return TokenizedText{std::move(encoding.ids), std::move(encoding.type_ids),
-                         std::move(encoding.special_tokens_mask)};
+    return TokenizedText{std::move(encoding.ids), std::move(encoding.type_ids), std::move(encoding.special_tokens_mask),
+                         std::move(encoding.offsets)};
   };
 }
 
@@ -108,8 +115,13 @@ TokenizeFn tokenize_with(const TokenizerT& tokenizer, bool add_special_tokens = 
 /// content tokens are removed from the end. A pair (two runs of content, told apart by their type ids or by the
 /// special tokens between them) is truncated "longest_first": the longer side is cut first, both sides end up
 /// within one token of each other when both are long. Without special tokens to separate a pair, the content is
-/// cut from the end. Throws Error if `max_length` cannot hold the special tokens alone.
+/// cut from the end. Offsets, when present, are cut with their tokens. Throws Error if `max_length` cannot hold the
+/// special tokens alone.
 void truncate_tokens(TokenizedText& tokens, int64_t max_length);
+
+/// Which text of a pair each token came from: 0 (first), 1 (second), or -1 for special tokens. The second text is
+/// told apart by its type ids (BERT) or, where type ids are all 0 (RoBERTa), as the second run of content tokens.
+std::vector<int8_t> sequence_ids(const TokenizedText& tokens);
 
 /// What a dataset's labels are.
 enum class LabelKind {
@@ -117,12 +129,20 @@ enum class LabelKind {
   Class,       ///< one integer class per example
   Regression,  ///< one float per example
   Tokens,      ///< language modelling: the labels are the input ids themselves (collators derive them)
+  TokenClasses,  ///< token classification: one class per token, kIgnoreIndex where a token has none
+  Spans,         ///< question answering: the answer's start and end token per example
 };
 
 /// Tokenized examples in flat buffers: example i is ids()[offsets[i], offsets[i+1]). The base of TextDataset and
 /// LmDataset, and what collators read.
 class TokenizedDataset {
  public:
+  TokenizedDataset() = default;
+  TokenizedDataset(const TokenizedDataset&) = default;
+  TokenizedDataset(TokenizedDataset&&) = default;
+  TokenizedDataset& operator=(const TokenizedDataset&) = default;
+  TokenizedDataset& operator=(TokenizedDataset&&) = default;
+  virtual ~TokenizedDataset() = default;
   /// Number of examples.
   int64_t size() const { return static_cast<int64_t>(offsets_.size()) - 1; }
   /// Token ids of example i (special tokens included).
@@ -143,6 +163,10 @@ class TokenizedDataset {
   int64_t label(int64_t i) const;
   /// The regression target of example i (LabelKind::Regression only).
   float float_label(int64_t i) const;
+  /// The per-token classes of example i, one per id (LabelKind::TokenClasses only).
+  std::span<const int64_t> token_labels(int64_t i) const;
+  /// The answer's first and last token of example i (LabelKind::Spans only).
+  std::pair<int64_t, int64_t> span(int64_t i) const;
 
  protected:
   /// Appends one example; type ids are materialised only once a non-zero one appears.
@@ -154,6 +178,7 @@ class TokenizedDataset {
   std::vector<int64_t> type_ids_;  // empty, or one per entry of ids_
   std::vector<int64_t> labels_;
   std::vector<float> float_labels_;
+  std::vector<int64_t> token_labels_;  // TokenClasses: one per entry of ids_; Spans: two per example
   LabelKind label_kind_ = LabelKind::None;
   int64_t longest_ = 0;
 };
@@ -215,5 +240,53 @@ class LmDataset : public TokenizedDataset {
   LmDataset(const Table& table, const std::string& text_column, const TokenizeFn& tokenize,
             const LmDatasetOptions& options = {});
 };
+
+/// Which columns of a table a TokenClassificationDataset reads: JSON arrays, as run_ner's JSON files hold them.
+struct TokenColumns {
+  std::string words = "tokens";  ///< the words, e.g. ["EU", "rejects", "German", "call"]
+  std::string tags = "ner_tags";  ///< one tag per word, integers or names; empty for unlabelled data
+};
+
+/// Options for TokenClassificationDataset.
+struct TokenDatasetOptions {
+  /// Examples longer than this are truncated (special tokens kept).
+  int64_t max_length = 128;
+  /// Class names, position = class id: tags given as names must be one of them. Empty: the sorted distinct names
+  /// of this table (collect_tag_names), as run_ner builds its label list.
+  std::vector<std::string> label_names = {};
+  /// When > 0, integer tags must lie in [0, num_labels).
+  int64_t num_labels = 0;
+  /// Label every sub-token of a word, later ones with I-X where the word's tag is B-X and I-X is a label
+  /// (run_ner's --label_all_tokens); otherwise only the first sub-token, the rest ignored.
+  bool label_all_tokens = false;
+  /// Threads tokenizing at once; 0 uses every hardware thread.
+  int num_threads = 0;
+};
+
+/// A token-classification (NER, POS) dataset: each row's words are joined with single spaces and tokenized with
+/// offsets; a word's tag goes to its first token (or all of them), special tokens and the other sub-tokens get
+/// kIgnoreIndex, as transformers' run_ner aligns them. The tokenizer must return offsets. Errors name the row:
+/// `<file>:<line>: "tokens" is not a JSON array of strings`, `<file>:<line>: 5 words but 4 tags`,
+/// `<file>:<line>: tag "B-XYZ" is not one of the labels (O, B-PER, I-PER)`, `<file>:<line>: tag 9 is out of
+/// range [0, 5)`.
+class TokenClassificationDataset : public TokenizedDataset {
+ public:
+  TokenClassificationDataset(const Table& table, const TokenColumns& columns, const TokenizeFn& tokenize,
+                             const TokenDatasetOptions& options = {});
+  /// Number of classes: label_names' size when tags are names, else num_labels or the largest tag + 1.
+  int64_t num_labels() const { return num_labels_; }
+  /// The class names when tags were names (or given), else empty.
+  const std::vector<std::string>& label_names() const { return label_names_; }
+  /// The word each token of example i belongs to (0-based), -1 for special tokens.
+  std::span<const int64_t> word_ids(int64_t i) const;
+
+ private:
+  int64_t num_labels_ = 0;
+  std::vector<std::string> label_names_;
+  std::vector<int64_t> word_ids_;  // one per entry of ids_
+};
+
+/// The sorted distinct tag names in `tags_column` (rows whose tags are integers contribute nothing).
+std::vector<std::string> collect_tag_names(const Table& table, const std::string& tags_column);
 
 }  // namespace fusetrain::data

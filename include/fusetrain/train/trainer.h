@@ -18,9 +18,9 @@
 namespace fusetrain::train {
 
 /// What is trained, which decides collation, labels and metrics.
-enum class Task { SequenceClassification, TokenClassification, MaskedLM, CausalLM };
+enum class Task { SequenceClassification, TokenClassification, QuestionAnswering, MaskedLM, CausalLM };
 
-/// Parses "seq-cls", "token-cls", "mlm", "clm"; throws Error listing them otherwise.
+/// Parses "seq-cls", "token-cls", "qa", "mlm", "clm"; throws Error listing them otherwise.
 Task parse_task(const std::string& name);
 
 /// Progress of a run, saved as trainer_state.json in transformers' layout.
@@ -48,13 +48,18 @@ class Callback {
   virtual void on_train_end(const TrainerState&) {}
 };
 
-/// Model outputs over a dataset: logits rows (N, K) for sequence classification,
-/// (N·T, K) token rows for the others (ignored positions dropped), with labels.
+/// Model outputs over a dataset: logits rows (N, K) for sequence classification, (N·T, K) token rows for token
+/// tasks (ignored positions dropped), with labels. Question answering keeps every feature's start logits in
+/// `logits` and end logits in `end_logits`, feature f at [feature_offsets[f], feature_offsets[f + 1]), and the
+/// decoded answer of every example in `answers`.
 struct Predictions {
   std::vector<float> logits;
   int64_t rows = 0;
   int64_t classes = 0;
   std::vector<int64_t> labels;  ///< one per row; empty without labels
+  std::vector<float> end_logits;
+  std::vector<int64_t> feature_offsets;
+  std::vector<std::string> answers;
   std::map<std::string, double> metrics;
 };
 
@@ -65,7 +70,7 @@ struct CollationIds {
 };
 
 /// Trains `model` on tokenized datasets. Datasets and the model are held by
-/// reference and must outlive the Trainer.
+/// reference and must outlive the Trainer. Question answering needs data::QuestionAnsweringDataset datasets.
 class Trainer {
  public:
   Trainer(models::Model& model, TrainingArguments args, Task task, const data::TokenizedDataset* train_dataset,
