@@ -83,7 +83,8 @@ def sst2() -> dict:
     model = AutoModelForSequenceClassification.from_pretrained(minilm_dir(), num_labels=2)
     args = TrainingArguments(output_dir=str(work / "hf"), per_device_train_batch_size=32,
                              per_device_eval_batch_size=64, learning_rate=5e-5, lr_scheduler_type="linear",
-                             warmup_ratio=0.06, seed=42, num_train_epochs=1, save_strategy="no", logging_steps=100,
+                             warmup_steps=0.06, seed=42,  # transformers 5: a float below 1 is the warmup ratio
+                             num_train_epochs=1, save_strategy="no", logging_steps=100,
                              report_to=[], disable_tqdm=True, dataloader_num_workers=0)
 
     def accuracy(p):

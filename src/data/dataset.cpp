@@ -278,14 +278,16 @@ TokenClassificationDataset::TokenClassificationDataset(const Table& table, const
   const size_t tags_column = labelled ? table.column(columns.tags) : 0;
   if (labelled && label_names_.empty()) label_names_ = collect_tag_names(table, columns.tags);
 
-  // Words joined with single spaces; word_ends[row][w] is where word w ends in the joined text.
+  // Each word after a space (" EU rejects ..."): byte-level BPE then sees every word with its leading space, as
+  // transformers' is_split_into_words encodes words for RoBERTa; BERT's pre-tokenizer drops the spaces.
+  // word_ends[row][w] is where word w ends in that text.
   Table joined{table.source, {"text"}, {}, table.row_lines};
   std::vector<std::vector<int64_t>> word_ends(table.num_rows()), tags(table.num_rows());
   for (size_t row = 0; row < table.num_rows(); ++row) {
     std::string text;
     for (const auto& word : json_array(table, row, words_column)) {
       FT_CHECK(word.is_string(), table.where(row), ": \"", columns.words, "\" is not a JSON array of strings");
-      if (!text.empty() || !word_ends[row].empty()) text += ' ';
+      text += ' ';
       text += word.get<std::string>();
       word_ends[row].push_back(static_cast<int64_t>(text.size()));
     }

@@ -569,6 +569,16 @@ or torch tensors. With strict, missing or unexpected names raise ValueError list
           py::return_value_policy::reference, "Eval mode (no dropout); returns the model.")
       .def_property_readonly(
           "training", [](const PyModel& self) { return self.training; }, "True in train() mode (dropout active).")
+      .def_property(
+          "bf16", [](const PyModel& self) { return self.model->bf16(); },
+          [](PyModel& self, bool on) {
+            if (on)
+              FT_CHECK(cpu_features().avx512_bf16 || cpu_features().amx_bf16,
+                       "bf16 needs a CPU with AVX512-BF16 or AMX-BF16; this one has: ", cpu_features().to_string());
+            locked(self, [&] { self.model->set_bf16(on); });
+          },
+          "bf16 mixed precision: matmuls in bfloat16 with float32 accumulation, float32 master weights, "
+          "optimizer state, norms, softmax and loss. Off by default.")
       .def(
           "set_num_threads",
           [](PyModel& self, int n) {

@@ -325,39 +325,28 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
       for (const auto& [k, v] : data::squad_metrics(p.answers, *qa)) p.metrics[k] = v;
   } else if (!p.labels.empty()) {
     for (const auto& [k, v] : classification_metrics(p)) p.metrics[k] = v;
+    const auto* tagged = dynamic_cast<const data::TokenClassificationDataset*>(&dataset);
+    if (task_ == Task::TokenClassification && tagged && is_bio(tagged->label_names())) {
+      // NER: precision, recall and F1 over whole entities, as run_ner reports them (seqeval).
+      std::vector<std::vector<std::string>> predicted, reference;
+      int64_t row = 0;
+      for (int64_t i = 0; i < dataset.size(); ++i) {
+        predicted.emplace_back();
+        reference.emplace_back();
+        for (int64_t label : tagged->token_labels(i)) {
+          if (label == data::kIgnoreIndex) continue;
+          const float* logits = p.logits.data() + row++ * p.classes;
+          const auto best = static_cast<size_t>(std::max_element(logits, logits + p.classes) - logits);
+          predicted.back().push_back(best < tagged->label_names().size() ? tagged->label_names()[best] : "O");
+          reference.back().push_back(tagged->label_names()[static_cast<size_t>(label)]);
+        }
+      }
+      for (const auto& [k, v] : entity_metrics(predicted, reference)) p.metrics[k] = v;
+    }
   }
   return p;
 }
 
 void Trainer::save_model(const std::string& dir) { model_.save_pretrained(dir.empty() ? args_.output_dir : dir); }
-
-std::map<std::string, double> classification_metrics(const Predictions& p) {
-  const int64_t K = p.classes;
-  std::vector<int64_t> true_positive(static_cast<size_t>(K)), predicted(static_cast<size_t>(K)),
-      actual(static_cast<size_t>(K));
-  int64_t correct = 0, n = static_cast<int64_t>(p.labels.size());
-  for (int64_t r = 0; r < n; ++r) {
-    const float* row = p.logits.data() + r * K;
-    int64_t best = std::max_element(row, row + K) - row;
-    int64_t label = p.labels[static_cast<size_t>(r)];
-    correct += best == label;
-    ++predicted[static_cast<size_t>(best)];
-    if (label >= 0 && label < K) ++actual[static_cast<size_t>(label)];
-    if (best == label) ++true_positive[static_cast<size_t>(best)];
-  }
-  auto f1_of = [&](int64_t k) {
-    double tp = static_cast<double>(true_positive[static_cast<size_t>(k)]);
-    double denominator = static_cast<double>(predicted[static_cast<size_t>(k)] + actual[static_cast<size_t>(k)]);
-    return denominator > 0 ? 2 * tp / denominator : 0.0;
-  };
-  double f1 = 0;
-  if (K == 2)
-    f1 = f1_of(1);
-  else {
-    for (int64_t k = 0; k < K; ++k) f1 += f1_of(k);
-    f1 /= static_cast<double>(std::max<int64_t>(K, 1));
-  }
-  return {{"accuracy", n ? static_cast<double>(correct) / static_cast<double>(n) : 0.0}, {"f1", f1}};
-}
 
 }  // namespace fusetrain::train

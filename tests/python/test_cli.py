@@ -261,6 +261,7 @@ def test_token_classification_train_evaluate_predict(tiny_base_model, tmp_path):
     losses = logged_losses(output)
     assert losses[0] > 1.0 and metrics["eval_loss"] < 0.5 * losses[0], (losses, metrics)
     assert metrics["eval_accuracy"] > 0.8
+    assert 0 < metrics["eval_precision"] <= 1 and 0 < metrics["eval_recall"] <= 1 and metrics["eval_f1"] > 0.5
     config = json.loads((output / "config.json").read_text())
     assert config["architectures"] == ["BertForTokenClassification"]
     assert sorted(config["id2label"].values()) == ["B-LONG", "B-NUM", "B-PUNCT", "O"]

@@ -263,8 +263,8 @@ struct TokenDatasetOptions {
   int num_threads = 0;
 };
 
-/// A token-classification (NER, POS) dataset: each row's words are joined with single spaces and tokenized with
-/// offsets; a word's tag goes to its first token (or all of them), special tokens and the other sub-tokens get
+/// A token-classification (NER, POS) dataset: each row's words, each after one space, are tokenized as one text
+/// with offsets (for byte-level BPE this matches transformers' is_split_into_words with add_prefix_space); a word's tag goes to its first token (or all of them), special tokens and the other sub-tokens get
 /// kIgnoreIndex, as transformers' run_ner aligns them. The tokenizer must return offsets. Errors name the row:
 /// `<file>:<line>: "tokens" is not a JSON array of strings`, `<file>:<line>: 5 words but 4 tags`,
 /// `<file>:<line>: tag "B-XYZ" is not one of the labels (O, B-PER, I-PER)`, `<file>:<line>: tag 9 is out of

