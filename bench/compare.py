@@ -15,7 +15,7 @@ Each (workload, framework) runs in its own process with --threads threads (defau
 then `--steps` timed ones, each a full step (forward, backward, gradient clipping to norm 1, AdamW lr 1e-4 without
 weight decay). Reported per run: median step time, tokens/s, peak resident memory of the process (ru_maxrss), the
 loss at the last step, and MFU: model matmul FLOPs per second over the matmul peak this harness measures here for
-that precision (best of torch.mm on 2048x768x768 and 2048x2048x2048, 2 threads). Writes
+that precision (the best of torch.mm and of fusetrain's GEMM on 2048x768x768 and 2048x2048x2048). Writes
 bench/results/compare.json and bench/results/compare.png and prints Markdown tables with the ratios.
 
 Frameworks: torch_fp32 (eager, AdamW foreach=True), torch_bf16 (eager under torch.autocast("cpu", bfloat16)),
@@ -216,15 +216,21 @@ def torch_step(framework: str, directory: pathlib.Path, threads: int):
     return step
 
 
+PEAK_SHAPES = ((2048, 768, 768), (2048, 2048, 2048))
+
+
 def matmul_peak(threads: int) -> dict:
-    """Best GFLOP/s of torch.mm over two shapes, fp32 and bf16."""
+    """Best GFLOP/s over PEAK_SHAPES of torch.mm and of fusetrain's GEMM, per precision; the higher is the peak."""
     import torch
+
+    sys.path.insert(0, str(ROOT / "build" / "python"))
+    import fusetrain
 
     torch.set_num_threads(threads)
     peak = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        best = 0.0
-        for m, n, k in ((2048, 768, 768), (2048, 2048, 2048)):
+        by_torch = 0.0
+        for m, n, k in PEAK_SHAPES:
             a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
             torch.mm(a, b)
             for _ in range(5):
@@ -232,8 +238,12 @@ def matmul_peak(threads: int) -> dict:
                 reps = 3
                 for _ in range(reps):
                     torch.mm(a, b)
-                best = max(best, 2 * m * n * k * reps / (time.perf_counter() - start) / 1e9)
-        peak[name] = best
+                by_torch = max(by_torch, 2 * m * n * k * reps / (time.perf_counter() - start) / 1e9)
+        by_fusetrain = max(fusetrain.measure_matmul_gflops(m, n, k, "bfloat16" if name == "bf16" else "float32",
+                                                           threads) for m, n, k in PEAK_SHAPES)
+        peak[name] = max(by_torch, by_fusetrain)
+        peak[f"{name}_torch_mm"] = by_torch
+        peak[f"{name}_fusetrain_gemm"] = by_fusetrain
     return peak
 
 
@@ -394,8 +404,9 @@ def main() -> None:
         pathlib.Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.output).write_text(json.dumps(results, indent=2) + "\n")  # after every workload
     picture = chart(results, pathlib.Path(args.output).with_suffix(".png"))
-    print(f"matmul peak ({args.threads} threads, torch.mm): fp32 {peak['fp32']:.0f} GFLOP/s, "
-          f"bf16 {peak['bf16']:.0f} GFLOP/s\n")
+    print(f"matmul peak, {args.threads} threads (best of torch.mm and fusetrain's GEMM): "
+          f"fp32 {peak['fp32']:.0f} GFLOP/s (torch.mm {peak['fp32_torch_mm']:.0f}), "
+          f"bf16 {peak['bf16']:.0f} GFLOP/s (torch.mm {peak['bf16_torch_mm']:.0f})\n")
     print(tables(results))
     print(f"wrote {args.output} and {picture}")
 

@@ -6,8 +6,9 @@ machine, one after the other, 2 threads each. Reports dev metrics and training t
 
 Both report the train_runtime their trainer measures (the training loop, not
 loading or tokenization). FUSETRAIN_COMPARE_DIR=<dir> reuses a finished fusetrain
-run in <dir> (to resume an interrupted comparison). Writes
-bench/results/trainer_<task>.json and prints a Markdown table.
+run in <dir> (to resume an interrupted comparison); FUSETRAIN_COMPARE_SEED=<n> sets
+the sst2 comparison's seed for both trainers (default 42). Writes
+bench/results/trainer_<task>[_seed<n>].json and prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "datasets"
 CLI = ROOT / "build" / "fusetrain"
 THREADS = "2"
+SEED = int(os.environ.get("FUSETRAIN_COMPARE_SEED", "42"))  # the sst2 comparison's seed, for both trainers
 
 
 def workdir(task: str) -> pathlib.Path:
@@ -58,11 +60,11 @@ def run_fusetrain(args: list[str], output: pathlib.Path) -> dict:
 def sst2() -> dict:
     work = workdir("sst2")
     train, dev = SHARED / "sst2" / "train.tsv", SHARED / "sst2" / "dev.tsv"
-    settings = dict(max_len=64, batch=32, lr=5e-5, warmup_ratio=0.06, seed=42, epochs=1)
+    settings = dict(max_len=64, batch=32, lr=5e-5, warmup_ratio=0.06, seed=SEED, epochs=1)
     ft_metrics = run_fusetrain([
         "--model", minilm_dir(), "--task", "seq-cls", "--train-file", str(train), "--eval-file", str(dev),
         "--max-seq-length", "64", "--per-device-train-batch-size", "32", "--per-device-eval-batch-size", "64",
-        "--learning-rate", "5e-5", "--lr-scheduler-type", "linear", "--warmup-ratio", "0.06", "--seed", "42",
+        "--learning-rate", "5e-5", "--lr-scheduler-type", "linear", "--warmup-ratio", "0.06", "--seed", str(SEED),
         "--num-train-epochs", "1", "--save-strategy", "no", "--logging-steps", "100"], work / "fusetrain")
 
     import numpy as np
@@ -83,7 +85,7 @@ def sst2() -> dict:
     model = AutoModelForSequenceClassification.from_pretrained(minilm_dir(), num_labels=2)
     args = TrainingArguments(output_dir=str(work / "hf"), per_device_train_batch_size=32,
                              per_device_eval_batch_size=64, learning_rate=5e-5, lr_scheduler_type="linear",
-                             warmup_steps=0.06, seed=42,  # transformers 5: a float below 1 is the warmup ratio
+                             warmup_steps=0.06, seed=SEED,  # transformers 5: a float below 1 is the warmup ratio
                              num_train_epochs=1, save_strategy="no", logging_steps=100,
                              report_to=[], disable_tqdm=True, dataloader_num_workers=0)
 
@@ -180,7 +182,8 @@ def gpt2() -> dict:
 def main() -> None:
     task = sys.argv[1] if len(sys.argv) > 1 else "sst2"
     result = {"sst2": sst2, "gpt2": gpt2}[task]()
-    out = ROOT / "bench" / "results" / f"trainer_{task}.json"
+    suffix = f"_seed{SEED}" if task == "sst2" and SEED != 42 else ""
+    out = ROOT / "bench" / "results" / f"trainer_{task}{suffix}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     ft, hf = result["fusetrain"], result["transformers"]
     metric = "eval_accuracy" if task == "sst2" else "eval_perplexity"

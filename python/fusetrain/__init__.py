@@ -26,6 +26,7 @@ from fusetrain._core import (
     Model,
     __version__,
     cpu_features,
+    measure_matmul_gflops,
     supported_architectures,
 )
 
@@ -35,5 +36,6 @@ __all__ = [
     "SGD",
     "__version__",
     "cpu_features",
+    "measure_matmul_gflops",
     "supported_architectures",
 ]

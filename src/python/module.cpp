@@ -29,6 +29,7 @@
 #include "fusetrain/core/error.h"
 #include "fusetrain/core/half.h"
 #include "fusetrain/core/tensor.h"
+#include "fusetrain/kernels/benchmark.h"
 #include "fusetrain/models/model.h"
 #include "fusetrain/optim/optimizer.h"
 
@@ -482,6 +483,17 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "cpu_features", [] { return cpu_features().to_string(); },
       "Instruction-set features the kernels use on this CPU, e.g. \"avx2 fma avx512f avx512_bf16\".");
+  m.def(
+      "measure_matmul_gflops",
+      [](int64_t m, int64_t n, int64_t k, const std::string& dtype, int num_threads, int repeats) {
+        FT_CHECK(dtype == "float32" || dtype == "bfloat16", "measure_matmul_gflops: dtype must be \"float32\" or "
+                 "\"bfloat16\", got \"", dtype, "\"");
+        py::gil_scoped_release release;
+        return kernels::measure_matmul_gflops(m, n, k, dtype == "bfloat16", num_threads, repeats);
+      },
+      "m"_a, "n"_a, "k"_a, "dtype"_a = "float32", "num_threads"_a = 0, "repeats"_a = 5,
+      "Best GFLOP/s of fusetrain's GEMM for an (m, k) x (k, n) product in float32 or bfloat16 (float32 "
+      "accumulation) on num_threads threads (0: all cores): the matmul peak benchmarks divide model FLOPs by.");
   m.def("supported_architectures", &models::supported_architectures,
         "The transformers classes fusetrain implements, e.g. [\"BertForSequenceClassification\", ...].");
   m.def(

@@ -69,9 +69,10 @@ double lr_lambda(LrSchedule schedule, int64_t step, int64_t warmup, int64_t tota
   return 1.0;
 }
 
-int64_t warmup_steps_for(int64_t warmup_steps, double warmup_ratio, int64_t total_steps) {
-  if (warmup_steps > 0) return warmup_steps;
-  return static_cast<int64_t>(std::ceil(warmup_ratio * static_cast<double>(total_steps)));
+int64_t warmup_steps_for(double warmup_steps, double warmup_ratio, int64_t total_steps) {
+  if (warmup_steps >= 1) return static_cast<int64_t>(warmup_steps);
+  const double ratio = warmup_steps > 0 ? warmup_steps : warmup_ratio;
+  return static_cast<int64_t>(std::ceil(ratio * static_cast<double>(total_steps)));
 }
 
 }  // namespace fusetrain::train

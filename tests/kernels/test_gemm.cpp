@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "fusetrain/core/error.h"
+#include "fusetrain/kernels/benchmark.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/ref/gemm_ref.h"
 
@@ -291,6 +293,17 @@ TEST(GemmDispatch, PortableOverrideTakesEffect) {
     gemm_bf16(s, 1.0f, A.data(), B.data(), 0.0f, slow.data(), scratch.data(), 1);
   }
   EXPECT_NE(std::memcmp(fast.data(), slow.data(), fast.size() * sizeof(float)), 0);
+}
+
+TEST(GemmBenchmark, MeasuresPositiveThroughputAndRejectsBadShapes) {
+  EXPECT_GT(measure_matmul_gflops(64, 48, 32, /*bf16=*/false, 1, 1), 0.0);
+  EXPECT_GT(measure_matmul_gflops(64, 48, 32, /*bf16=*/true, 1, 1), 0.0);
+  try {
+    measure_matmul_gflops(0, 8, 8, false, 1);
+    FAIL() << "no error for M = 0";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "measure_matmul_gflops: dimensions must be positive, got 0 x 8 x 8");
+  }
 }
 
 }  // namespace

@@ -39,6 +39,8 @@ TEST(LrSchedule, PolynomialEndsAtLrEnd) {
 TEST(LrSchedule, WarmupRatioRoundsUp) {
   EXPECT_EQ(train::warmup_steps_for(0, 0.06, 2105), 127);
   EXPECT_EQ(train::warmup_steps_for(10, 0.5, 100), 10);
+  EXPECT_EQ(train::warmup_steps_for(0.06, 0.0, 2105), 127);  // transformers 5: a float below 1 is a ratio
+  EXPECT_EQ(train::warmup_steps_for(0.06, 0.5, 2105), 127);
   EXPECT_THROW(train::parse_lr_schedule("onecycle"), Error);
 }
 

@@ -20,7 +20,8 @@ std::string to_string(LrSchedule schedule);
 /// cosine_with_restarts one cycle, as transformers' defaults.
 double lr_lambda(LrSchedule schedule, int64_t step, int64_t warmup_steps, int64_t total_steps, double base_lr);
 
-/// Warmup steps as the Trainer computes them: warmup_steps if > 0, else ceil(warmup_ratio · total).
-int64_t warmup_steps_for(int64_t warmup_steps, double warmup_ratio, int64_t total_steps);
+/// Warmup steps as transformers' Trainer computes them: warmup_steps if >= 1; a warmup_steps in (0, 1) is a ratio
+/// (transformers 5: ceil(warmup_steps · total)); otherwise ceil(warmup_ratio · total) (transformers 4's field).
+int64_t warmup_steps_for(double warmup_steps, double warmup_ratio, int64_t total_steps);
 
 }  // namespace fusetrain::train

@@ -25,7 +25,7 @@ struct TrainingArguments {
   double adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;
   std::string lr_scheduler_type = "linear";
-  int64_t warmup_steps = 0;
+  double warmup_steps = 0;  ///< steps when >= 1; a ratio of the total steps when in (0, 1), as in transformers 5
   double warmup_ratio = 0.0;
   int64_t logging_steps = 500;
   std::string eval_strategy = "no";     ///< "no", "steps", "epoch"
@@ -83,7 +83,8 @@ void for_each_field(Args& a, Visit&& visit) {
   visit("max_grad_norm", a.max_grad_norm, "global gradient-norm clipping (0: off)");
   visit("lr_scheduler_type", a.lr_scheduler_type,
         "linear, cosine, cosine_with_restarts, polynomial, constant or constant_with_warmup");
-  visit("warmup_steps", a.warmup_steps, "linear warmup steps (overrides warmup_ratio)");
+  visit("warmup_steps", a.warmup_steps,
+        "linear warmup steps, or a ratio of the total steps when below 1 (overrides warmup_ratio)");
   visit("warmup_ratio", a.warmup_ratio, "warmup as a fraction of the total steps");
   visit("logging_steps", a.logging_steps, "log every N optimizer steps");
   visit("eval_strategy", a.eval_strategy, "when to evaluate: no, steps or epoch");
