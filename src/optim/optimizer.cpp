@@ -26,15 +26,54 @@ void for_range(int64_t begin, int64_t end, int threads, Fn&& fn) {
   for (int64_t i = begin; i < end; ++i) fn(i);
 }
 
+// The element loops are compiled for AVX-512, AVX2 and baseline x86-64 and chosen at load time by CPU
+// (target_clones); the library itself is built for baseline x86-64.
+#define FT_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+FT_VECTOR_CLONES double sum_of_squares(const float* __restrict g, int64_t n, int threads) {
+  double sum = 0.0;
+#pragma omp parallel for simd num_threads(threads) reduction(+ : sum) schedule(static)
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(g[i]) * g[i];
+  return sum;
+}
+
+// The AdamW constants of one step; `decay` is 1 for parameters without weight decay.
+struct AdamWStep {
+  float scale, decay, b1, b2, one_minus_b1, one_minus_b2, step_size, bias2_sqrt, eps;
+};
+
+// AdamW over elements [begin, end) of the flat buffers, in torch's single-tensor order of operations.
+FT_VECTOR_CLONES void adamw_range(float* __restrict p, const float* __restrict g, float* __restrict m,
+                                  float* __restrict v, int64_t begin, int64_t end, const AdamWStep& k, int threads) {
+  const AdamWStep c = k;
+  if (end - begin <= 65536 || threads <= 1) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) {
+      const float grad = g[i] * c.scale;
+      const float mi = m[i] * c.b1 + c.one_minus_b1 * grad;
+      const float vi = v[i] * c.b2 + c.one_minus_b2 * grad * grad;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = p[i] * c.decay - c.step_size * (mi / (std::sqrt(vi) / c.bias2_sqrt + c.eps));
+    }
+    return;
+  }
+#pragma omp parallel for simd num_threads(threads) schedule(static)
+  for (int64_t i = begin; i < end; ++i) {
+    const float grad = g[i] * c.scale;
+    const float mi = m[i] * c.b1 + c.one_minus_b1 * grad;
+    const float vi = v[i] * c.b2 + c.one_minus_b2 * grad * grad;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * c.decay - c.step_size * (mi / (std::sqrt(vi) / c.bias2_sqrt + c.eps));
+  }
+}
+
 }  // namespace
 
 double grad_norm(const runtime::ParameterStore& params, int num_threads) {
-  const float* g = params.grads_data();
-  const int64_t n = params.flat_numel();  // padding between slots is always zero
-  double sum = 0.0;
-#pragma omp parallel for simd num_threads(threads_or_default(num_threads)) reduction(+ : sum) schedule(static)
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(g[i]) * g[i];
-  return std::sqrt(sum);
+  // padding between slots is always zero
+  return std::sqrt(sum_of_squares(params.grads_data(), params.flat_numel(), threads_or_default(num_threads)));
 }
 
 double clip_grad_norm(runtime::ParameterStore& params, double max_norm, int num_threads) {
@@ -70,30 +109,26 @@ void AdamW::step(double grad_scale, double lr) {
   // Same order of operations as torch's single-tensor AdamW, in f32.
   const float step_size = static_cast<float>(lr / bias1);
   const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-  const float b1 = static_cast<float>(config_.beta1), b2 = static_cast<float>(config_.beta2);
-  const float one_minus_b1 = static_cast<float>(1.0 - config_.beta1);
-  const float one_minus_b2 = static_cast<float>(1.0 - config_.beta2);
-  const float eps = static_cast<float>(config_.eps);
-  const float scale = static_cast<float>(grad_scale);
+  AdamWStep k{};
+  k.b1 = static_cast<float>(config_.beta1);
+  k.b2 = static_cast<float>(config_.beta2);
+  k.one_minus_b1 = static_cast<float>(1.0 - config_.beta1);
+  k.one_minus_b2 = static_cast<float>(1.0 - config_.beta2);
+  k.eps = static_cast<float>(config_.eps);
+  k.scale = static_cast<float>(grad_scale);
+  k.step_size = step_size;
+  k.bias2_sqrt = bias2_sqrt;
   const float decay = static_cast<float>(1.0 - lr * config_.weight_decay);
-  float* p = params_.params_data();
-  float* g = params_.grads_data();
-  float* m = exp_avg();
-  float* v = exp_avg_sq();
   const int threads = threads_or_default(num_threads_);
-  for (const runtime::ParamSlot& slot : params_.slots()) {
-    const int64_t begin = slot.offset, end = slot.offset + slot.numel;
-    const float slot_decay = slot.weight_decay ? decay : 1.0f;
-    auto update = [&](int64_t i) {
-      float grad = g[i] * scale;
-      float param = p[i] * slot_decay;
-      float mi = m[i] * b1 + one_minus_b1 * grad;
-      float vi = v[i] * b2 + one_minus_b2 * grad * grad;
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = param - step_size * (mi / (std::sqrt(vi) / bias2_sqrt + eps));
-    };
-    for_range(begin, end, threads, update);
+  // Consecutive slots with the same decay flag form one range: one loop per run of slots, not per tensor.
+  const std::vector<runtime::ParamSlot>& slots = params_.slots();
+  for (size_t first = 0; first < slots.size();) {
+    size_t last = first;
+    while (last + 1 < slots.size() && slots[last + 1].weight_decay == slots[first].weight_decay) ++last;
+    k.decay = slots[first].weight_decay ? decay : 1.0f;
+    adamw_range(params_.params_data(), params_.grads_data(), exp_avg(), exp_avg_sq(), slots[first].offset,
+                slots[last].offset + slots[last].numel, k, threads);
+    first = last + 1;
   }
 }
 
