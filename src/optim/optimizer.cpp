@@ -42,31 +42,29 @@ struct AdamWStep {
   float scale, decay, b1, b2, one_minus_b1, one_minus_b2, step_size, bias2_sqrt, eps;
 };
 
-// AdamW over elements [begin, end) of the flat buffers, in torch's single-tensor order of operations.
+// One element's AdamW update, in torch's single-tensor order of operations.
+__attribute__((always_inline)) inline void adamw_element(float* __restrict p, const float* __restrict g,
+                                                         float* __restrict m, float* __restrict v, int64_t i,
+                                                         const AdamWStep& c) {
+  const float grad = g[i] * c.scale;
+  const float mi = m[i] * c.b1 + c.one_minus_b1 * grad;
+  const float vi = v[i] * c.b2 + c.one_minus_b2 * grad * grad;
+  m[i] = mi;
+  v[i] = vi;
+  p[i] = p[i] * c.decay - c.step_size * (mi / (std::sqrt(vi) / c.bias2_sqrt + c.eps));
+}
+
+// AdamW over elements [begin, end) of the flat buffers: serially for small ranges, else with the whole team.
 FT_VECTOR_CLONES void adamw_range(float* __restrict p, const float* __restrict g, float* __restrict m,
                                   float* __restrict v, int64_t begin, int64_t end, const AdamWStep& k, int threads) {
   const AdamWStep c = k;
   if (end - begin <= 65536 || threads <= 1) {
 #pragma omp simd
-    for (int64_t i = begin; i < end; ++i) {
-      const float grad = g[i] * c.scale;
-      const float mi = m[i] * c.b1 + c.one_minus_b1 * grad;
-      const float vi = v[i] * c.b2 + c.one_minus_b2 * grad * grad;
-      m[i] = mi;
-      v[i] = vi;
-      p[i] = p[i] * c.decay - c.step_size * (mi / (std::sqrt(vi) / c.bias2_sqrt + c.eps));
-    }
+    for (int64_t i = begin; i < end; ++i) adamw_element(p, g, m, v, i, c);
     return;
   }
 #pragma omp parallel for simd num_threads(threads) schedule(static)
-  for (int64_t i = begin; i < end; ++i) {
-    const float grad = g[i] * c.scale;
-    const float mi = m[i] * c.b1 + c.one_minus_b1 * grad;
-    const float vi = v[i] * c.b2 + c.one_minus_b2 * grad * grad;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = p[i] * c.decay - c.step_size * (mi / (std::sqrt(vi) / c.bias2_sqrt + c.eps));
-  }
+  for (int64_t i = begin; i < end; ++i) adamw_element(p, g, m, v, i, c);
 }
 
 }  // namespace
