@@ -142,7 +142,7 @@ void default_columns(Options& o, train::Task task) {
   }
 }
 
-// Class names from a model's config.json id2label, unless they are transformers' placeholders (LABEL_0, ...).
+// Class names from a model's config.json id2label, unless they are transformers' generic LABEL_0, LABEL_1, ...
 std::vector<std::string> config_label_names(const nlohmann::json& config) {
   auto it = config.find("id2label");
   if (it == config.end() || !it->is_object()) return {};
@@ -154,9 +154,9 @@ std::vector<std::string> config_label_names(const nlohmann::json& config) {
       return {};
     names[k] = name.get<std::string>();
   }
-  bool placeholders = true;
-  for (size_t k = 0; k < names.size(); ++k) placeholders = placeholders && names[k] == "LABEL_" + std::to_string(k);
-  return placeholders ? std::vector<std::string>{} : names;
+  bool generic = true;
+  for (size_t k = 0; k < names.size(); ++k) generic = generic && names[k] == "LABEL_" + std::to_string(k);
+  return generic ? std::vector<std::string>{} : names;
 }
 
 std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job& job, const std::string& path,
@@ -214,17 +214,16 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   if (o.args.fp16)
     std::fprintf(stderr, "fusetrain: --fp16 runs as bf16 mixed precision on this CPU (bf16 needs no loss scaling)\n");
   job.tokenizer = data::Tokenizer::from_pretrained(o.model);
-  if (job.task == train::Task::TokenClassification) {
-    // Class names: the training file's tag names (sorted, as run_ner lists them), else the model's id2label.
-    if (need_train && !o.train_file.empty() && fs::exists(o.train_file))
-      job.label_names = data::collect_tag_names(data::read_table(o.train_file), o.label_column);
-    if (job.label_names.empty())
-      job.label_names = config_label_names(io::read_json_file((fs::path(o.model) / "config.json").string()));
-  }
+  // Token classification's class names: the training file's tag names (the dataset sorts them, as run_ner lists
+  // them), else the model's id2label.
+  if (job.task == train::Task::TokenClassification && !need_train)
+    job.label_names = config_label_names(io::read_json_file((fs::path(o.model) / "config.json").string()));
   // Datasets first (labels decide num_labels), then the model.
   if (need_train) {
     FT_CHECK(!o.train_file.empty(), "--train-file is required");
     job.train = load_dataset(o, job, o.train_file, true);
+    if (job.task == train::Task::TokenClassification)
+      job.label_names = static_cast<const data::TokenClassificationDataset&>(*job.train).label_names();
   }
   nlohmann::json overrides = nlohmann::json::object();
   if (job.task == train::Task::SequenceClassification) {
