@@ -3,6 +3,13 @@ machine, one after the other, 2 threads each. Reports dev metrics and training t
 
   python bench/compare_trainer.py sst2    # all-MiniLM-L6-v2, full SST-2 train, 1 epoch, dev accuracy
   python bench/compare_trainer.py gpt2    # 6-layer 384-wide GPT-2, fresh init, Tiny Shakespeare, 1000 steps, perplexity
+  python bench/compare_trainer.py sst2-controlled   # the sst2 run with every source of randomness shared
+
+sst2-controlled takes the randomness out of the sst2 comparison: dropout off, one
+initial model (transformers' seed-42 classifier) and transformers' own batches, in
+transformers' order, replayed through fusetrain's Python API with the same schedule,
+clipping and AdamW. What is left is the arithmetic of the two implementations: the
+per-step losses and the final dev accuracy show how far apart they end up.
 
 Both report the train_runtime their trainer measures (the training loop, not
 loading or tokenization). FUSETRAIN_COMPARE_DIR=<dir> reuses a finished fusetrain
@@ -104,6 +111,128 @@ def sst2() -> dict:
                              "train_runtime": hf_train["train_runtime"]}}
 
 
+def sst2_controlled() -> dict:
+    """transformers' Trainer with dropout off, its batches recorded; the same batches, initial
+    weights, schedule, clipping and AdamW through fusetrain's Python API; per-step losses and dev
+    accuracy of both."""
+    work = workdir("sst2_controlled")
+    train, dev = SHARED / "sst2" / "train.tsv", SHARED / "sst2" / "dev.tsv"
+    import time
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
+                              TrainerCallback, TrainingArguments)
+    import fusetrain
+    torch.set_num_threads(int(THREADS))
+    transformers.logging.set_verbosity_error()
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    no_dropout = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+    def load(path):
+        rows = [line.split("\t") for line in path.read_text().splitlines()[1:]]
+        enc = tokenizer([r[1] for r in rows], truncation=True, max_length=64)
+        return [{"input_ids": i, "token_type_ids": t, "attention_mask": m, "labels": int(r[0])}
+                for i, t, m, r in zip(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], rows)]
+
+    pad = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8)
+    recorded = []
+
+    def recording_collator(features):
+        batch = pad(features)
+        recorded.append({k: v.numpy().copy() for k, v in batch.items()})
+        return batch
+
+    class StepLosses(TrainerCallback):
+        """Every logged entry (logging_steps=1: the loss and grad norm of each step)."""
+        def __init__(self):
+            self.logs = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                self.logs.append(dict(logs))
+
+    transformers.set_seed(SEED)
+    model = AutoModelForSequenceClassification.from_pretrained(minilm_dir(), num_labels=2, **no_dropout)
+    initial = work / "initial"
+    model.save_pretrained(initial)  # the classifier transformers initialised, shared by both runs
+    tokenizer.save_pretrained(initial)
+    args = TrainingArguments(output_dir=str(work / "hf"), per_device_train_batch_size=32,
+                             per_device_eval_batch_size=64, learning_rate=5e-5, lr_scheduler_type="linear",
+                             warmup_steps=0.06, seed=SEED, num_train_epochs=1, save_strategy="no", logging_steps=1,
+                             max_steps=int(os.environ.get("FUSETRAIN_COMPARE_MAX_STEPS", "-1")),  # for a quick check
+                             report_to=[], disable_tqdm=True, dataloader_num_workers=0)
+    steps = StepLosses()
+    trainer = Trainer(model=model, args=args, train_dataset=load(train), data_collator=recording_collator,
+                      callbacks=[steps])
+    hf_train = trainer.train().metrics
+    total = trainer.state.global_step
+    batches = recorded[:total]  # the loader looks one batch ahead of the last step
+    warmup = math.ceil(0.06 * total)
+
+    dev_batches = [pad(load(dev)[i:i + 64]) for i in range(0, 872, 64)]
+    dev_batches = [{k: v.numpy() for k, v in b.items()} for b in dev_batches]
+
+    def torch_dev():
+        model.eval()
+        correct, loss_sum, n = 0, 0.0, 0
+        with torch.no_grad():
+            for b in dev_batches:
+                out = model(**{k: torch.from_numpy(v) for k, v in b.items()})
+                correct += int((out.logits.argmax(-1).numpy() == b["labels"]).sum())
+                loss_sum += out.loss.item() * len(b["labels"])
+                n += len(b["labels"])
+        return correct / n, loss_sum / n
+
+    def fusetrain_dev(m):
+        m.eval()
+        correct, loss_sum, n = 0, 0.0, 0
+        for b in dev_batches:
+            out = m.forward(**b)
+            correct += int((out["logits"].argmax(-1) == b["labels"]).sum())
+            loss_sum += out["loss"] * len(b["labels"])
+            n += len(b["labels"])
+        return correct / n, loss_sum / n
+
+    hf_accuracy, hf_dev_loss = torch_dev()
+
+    # The same run through fusetrain: transformers' linear schedule with warmup (lr 0 at the first
+    # step), global-norm clipping to 1.0, torch-equivalent AdamW without weight decay.
+    ft = fusetrain.Model.from_pretrained(str(initial), "BertForSequenceClassification")
+    ft.set_num_threads(int(THREADS))
+    optimizer = fusetrain.AdamW(ft, lr=5e-5, weight_decay=0.0)
+    ft.train()
+    ft_losses, ft_norms = [], []
+    start = time.perf_counter()
+    for k, b in enumerate(batches):
+        ft.zero_grad()
+        ft_losses.append(ft.accumulate_grads(**b))
+        scale = k / max(1, warmup) if k < warmup else max(0.0, (total - k) / max(1, total - warmup))
+        optimizer.lr = 5e-5 * scale
+        ft_norms.append(optimizer.clip_and_step(1.0))
+    ft_runtime = time.perf_counter() - start
+    ft_accuracy, ft_dev_loss = fusetrain_dev(ft)
+
+    hf_losses = np.array([float(e["loss"]) for e in steps.logs][:total])
+    ft_losses = np.array(ft_losses)
+    diff = np.abs(ft_losses - hf_losses)
+    windows = {f"steps {a + 1}-{min(a + 500, total)}": [float(hf_losses[a:a + 500].mean()),
+                                                        float(ft_losses[a:a + 500].mean())]
+               for a in range(0, total, 500)}
+    first_divergence = next((k + 1 for k in range(total) if diff[k] > 1e-3), None)
+    return {"task": "sst2-controlled", "steps": total, "warmup_steps": warmup,
+            "transformers": {"eval_accuracy": hf_accuracy, "eval_loss": hf_dev_loss,
+                             "train_runtime": hf_train["train_runtime"],
+                             "mean_train_loss": float(hf_losses.mean())},
+            "fusetrain": {"eval_accuracy": ft_accuracy, "eval_loss": ft_dev_loss, "train_runtime": ft_runtime,
+                          "mean_train_loss": float(ft_losses.mean())},
+            "per_step_loss_abs_diff": {"first_10_max": float(diff[:10].max()), "first_100_max": float(diff[:100].max()),
+                                       "median": float(np.median(diff)), "max": float(diff.max()),
+                                       "first_step_above_1e-3": first_divergence},
+            "window_mean_loss_transformers_fusetrain": windows,
+            "step_losses": {"transformers": hf_losses.tolist(), "fusetrain": ft_losses.tolist()}}
+
+
 def gpt2() -> dict:
     work = workdir("gpt2")
     text = (SHARED / "tinyshakespeare" / "input.txt").read_text()
@@ -181,12 +310,14 @@ def gpt2() -> dict:
 
 def main() -> None:
     task = sys.argv[1] if len(sys.argv) > 1 else "sst2"
-    result = {"sst2": sst2, "gpt2": gpt2}[task]()
-    suffix = f"_seed{SEED}" if task == "sst2" and SEED != 42 else ""
-    out = ROOT / "bench" / "results" / f"trainer_{task}{suffix}.json"
+    result = {"sst2": sst2, "gpt2": gpt2, "sst2-controlled": sst2_controlled}[task]()
+    suffix = f"_seed{SEED}" if task.startswith("sst2") and SEED != 42 else ""
+    out = ROOT / "bench" / "results" / f"trainer_{task.replace('-', '_')}{suffix}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     ft, hf = result["fusetrain"], result["transformers"]
-    metric = "eval_accuracy" if task == "sst2" else "eval_perplexity"
+    metric = "eval_perplexity" if task == "gpt2" else "eval_accuracy"
+    if task == "sst2-controlled":
+        print(json.dumps({k: v for k, v in result.items() if k != "step_losses"}, indent=2))
     print(f"| framework | {metric} | eval_loss | train_runtime (s) |\n|---|---|---|---|")
     for name, r in (("fusetrain", ft), ("transformers Trainer", hf)):
         print(f"| {name} | {r[metric]:.4f} | {r['eval_loss']:.4f} | {r['train_runtime']:.0f} |")
