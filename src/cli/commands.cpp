@@ -437,6 +437,8 @@ int run_inspect(Options& o) {
                                                                : Tensor::view(labels.data(), {B, T}, DType::i64);
   }
   model->set_num_threads(static_cast<int>(o.args.fusetrain_threads));
+  model->set_bf16(o.args.bf16 || o.args.fp16);
+  model->set_recompute(o.args.gradient_checkpointing || o.args.fusetrain_recompute);
   model->loss_and_grads(batch, true);
   const runtime::Plan& plan = *model->last_plan();
   std::map<std::string, int> op_counts;
@@ -444,6 +446,7 @@ int run_inspect(Options& o) {
   std::printf("training plan for batch %lld x %lld: %zu nodes\n", static_cast<long long>(B), static_cast<long long>(T),
               plan.num_scheduled_nodes());
   for (const auto& [op, n] : op_counts) std::printf("  %-28s %d\n", op.c_str(), n);
+  for (const std::string& line : model->last_passes()) std::printf("pass %s\n", line.c_str());
   memory::MemoryReport report = plan.memory_report();
   report.optimizer_state_bytes = 2 * report.parameter_bytes;  // AdamW: two moments per parameter
   std::printf("memory:\n%s", report.to_string().c_str());

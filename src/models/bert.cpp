@@ -58,6 +58,7 @@ class BertFamily final : public Family {
     const bool train = spec.training;
     auto [ids, mask, positions] = sequence_inputs(b, B, T);
     ValueId token_types = b.input(InputNames::token_type_ids, {B, T}, DType::i64);
+    ValueId mask_add = additive_mask(b, mask, B, T);  // before the layers' segments (recompute)
 
     // Embeddings.
     ValueId word = b.param(p("embeddings.word_embeddings.weight"), {V_, C});
@@ -67,7 +68,7 @@ class BertFamily final : public Family {
     x = b.add(x, b.embedding(position, positions, roberta_ ? pad_ : -1));
     x = layer_norm(b, x, p("embeddings.LayerNorm"));
     x = maybe_dropout(b, x, hidden_dropout_, train);
-    ValueId mask_add = additive_mask(b, mask, B, T);
+    out.layer_boundaries.push_back(x);
 
     // Encoder.
     for (int64_t l = 0; l < layers_; ++l) {
@@ -80,6 +81,7 @@ class BertFamily final : public Family {
       ValueId h = activation(b, dense(b, x, layer + "intermediate.dense", I_, C), act_);
       h = maybe_dropout(b, dense(b, h, layer + "output.dense", C, I_), hidden_dropout_, train);
       x = layer_norm(b, b.add(h, x), layer + "output.LayerNorm");
+      out.layer_boundaries.push_back(x);
     }
     out.hidden_states = x;
 

@@ -49,12 +49,13 @@ class DistilBertFamily final : public Family {
     const int64_t B = spec.batch, T = spec.seq, C = C_;
     const bool train = spec.training;
     auto [ids, mask, positions] = sequence_inputs(b, B, T);
+    ValueId mask_add = additive_mask(b, mask, B, T);  // before the layers' segments (recompute)
 
     ValueId word = b.param(p("embeddings.word_embeddings.weight"), {V_, C});
     ValueId position = b.param(p("embeddings.position_embeddings.weight"), {P_, C});
     ValueId x = b.add(b.embedding(word, ids, pad_), b.embedding(position, positions));
     x = maybe_dropout(b, layer_norm(b, x, p("embeddings.LayerNorm")), dropout_, train);
-    ValueId mask_add = additive_mask(b, mask, B, T);
+    out.layer_boundaries.push_back(x);
 
     for (int64_t l = 0; l < layers_; ++l) {
       std::string layer = p("transformer.layer." + std::to_string(l) + ".");
@@ -65,6 +66,7 @@ class DistilBertFamily final : public Family {
       ValueId h = activation(b, dense(b, x, layer + "ffn.lin1", F_, C), act_);
       h = maybe_dropout(b, dense(b, h, layer + "ffn.lin2", C, F_), dropout_, train);
       x = layer_norm(b, b.add(h, x), layer + "output_layer_norm");
+      out.layer_boundaries.push_back(x);
     }
     out.hidden_states = x;
 

@@ -49,11 +49,12 @@ class Gpt2Family final : public Family {
     const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
     const bool train = spec.training;
     auto [ids, mask, positions] = sequence_inputs(b, B, T);
+    ValueId mask_add = additive_mask(b, mask, B, T);  // before the layers' segments (recompute)
 
     ValueId wte = b.param(p("wte.weight"), {V_, C});
     ValueId wpe = b.param(p("wpe.weight"), {P_, C});
     ValueId x = maybe_dropout(b, b.add(b.embedding(wte, ids), b.embedding(wpe, positions)), embd_dropout_, train);
-    ValueId mask_add = additive_mask(b, mask, B, T);
+    out.layer_boundaries.push_back(x);
 
     for (int64_t l = 0; l < layers_; ++l) {
       std::string block = p("h." + std::to_string(l) + ".");
@@ -69,6 +70,7 @@ class Gpt2Family final : public Family {
       ValueId h = activation(b, conv1d(b, layer_norm(b, x, block + "ln_2"), block + "mlp.c_fc", C, F_), act_);
       h = conv1d(b, h, block + "mlp.c_proj", F_, C);
       x = b.add(x, maybe_dropout(b, h, resid_dropout_, train));
+      out.layer_boundaries.push_back(x);
     }
     x = layer_norm(b, x, p("ln_f"));
     out.hidden_states = x;

@@ -12,6 +12,7 @@
 #include "fusetrain/core/error.h"
 #include "fusetrain/core/half.h"
 #include "fusetrain/io/hf_dir.h"
+#include "fusetrain/passes/recompute.h"
 #include "models/family.h"
 
 namespace fusetrain::models {
@@ -115,6 +116,7 @@ struct Model::Entry {
   bool with_backward = false;
   BuiltGraph built;
   std::unique_ptr<runtime::Plan> plan;
+  std::vector<std::string> passes;  // what the graph passes did, for reports
 };
 
 Model::~Model() = default;
@@ -313,6 +315,7 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
   spec.seq = batch.input_ids.shape()[1];
   spec.training = training;
   spec.bf16 = bf16_;
+  spec.recompute = recompute_ && with_backward;
   if (batch.start_positions.defined() || batch.end_positions.defined())
     spec.labels = LabelKind::Spans;
   else if (batch.labels.defined() && batch.labels.data() != nullptr) {
@@ -332,8 +335,14 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
     if (v != ir::kNone) g.mark_output(v);
   if (with_backward) {
     FT_CHECK(entry->built.loss != ir::kNone, architecture_, ": gradients need labels (no loss without them)");
+    const size_t backward_begin = g.nodes().size();
     autodiff::build_backward(g, entry->built.loss, g.params());
-  }
+    if (spec.recompute) {
+      passes::RecomputeReport r = passes::recompute_segments(g, entry->built.layer_boundaries, backward_begin);
+      entry->passes.push_back(str("recompute: ", r.segments, " layers, ", r.nodes_cloned,
+                                  " forward nodes cloned into backward, ", r.values_freed,
+                                  " saved activations freed after forward"));
+    }  }
   runtime::PlanOptions options;
   options.num_threads = num_threads_;
   entry->plan = runtime::Plan::compile(g, *params_, options);
@@ -451,6 +460,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
   if (training) plan.set_step(rng_step_++);
   plan.run();
   last_plan_ = &plan;
+  last_passes_ = &e.passes;
   ModelOutput out;
   out.logits = plan.output(e.built.logits);
   if (e.built.end_logits != ir::kNone) out.end_logits = plan.output(e.built.end_logits);

@@ -591,6 +591,12 @@ or torch tensors. With strict, missing or unexpected names raise ValueError list
           },
           "bf16 mixed precision: matmuls in bfloat16 with float32 accumulation, float32 master weights, "
           "optimizer state, norms, softmax and loss. Off by default.")
+      .def_property(
+          "recompute", [](const PyModel& self) { return self.model->recompute(); },
+          [](PyModel& self, bool on) { locked(self, [&] { self.model->set_recompute(on); }); },
+          "Activation checkpointing: backward recomputes each transformer layer's activations instead of "
+          "keeping them from forward (a smaller activation peak for one extra forward; same gradients). Off by "
+          "default.")
       .def(
           "set_num_threads",
           [](PyModel& self, int n) {

@@ -50,6 +50,7 @@ Trainer::Trainer(models::Model& model, TrainingArguments args, Task task, const 
     FT_CHECK(fs::is_directory(args_.output_dir), "output_dir \"", args_.output_dir, "\" exists and is not a directory");
   model_.set_num_threads(static_cast<int>(args_.fusetrain_threads));
   model_.set_bf16(args_.bf16 || args_.fp16);
+  model_.set_recompute(args_.gradient_checkpointing || args_.fusetrain_recompute);
   runtime::ParameterStore& params = model_.params();
   for (size_t i = 0; i < params.slots().size(); ++i) params.set_weight_decay(i, model_.decays(params.slots()[i].name));
   impl_->optimizer =

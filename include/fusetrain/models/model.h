@@ -34,6 +34,7 @@ struct BatchSpec {
   LabelKind labels = LabelKind::None;
   bool training = false;  ///< dropout active
   bool bf16 = false;      ///< matmuls in bf16 (f32 accumulation, f32 master weights)
+  bool recompute = false; ///< backward recomputes each layer's activations (activation checkpointing)
   bool operator==(const BatchSpec&) const = default;
 };
 
@@ -44,6 +45,8 @@ struct BuiltGraph {
   ir::ValueId end_logits = ir::kNone;     ///< QA only: (B, T)
   ir::ValueId hidden_states = ir::kNone;  ///< last hidden states (B, T, C)
   ir::ValueId loss = ir::kNone;           ///< scalar when labels are given
+  /// The first layer's input, then each layer's output: the values activation checkpointing keeps.
+  std::vector<ir::ValueId> layer_boundaries;
 };
 
 /// One batch of inputs, as views of caller memory (i64 ids, f32 values).
@@ -129,10 +132,17 @@ class Model {
   /// loss stay f32, parameters and gradients stay f32.
   void set_bf16(bool on) { bf16_ = on; }
   bool bf16() const { return bf16_; }
+  /// Activation checkpointing per transformer layer: training plans keep only each
+  /// layer's input and recompute the layer's activations in backward (one extra
+  /// forward, a much smaller activation peak; gradients bit-identical).
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
   /// Threads used by the kernels (0: all cores).
   void set_num_threads(int n) { num_threads_ = n; }
   /// The compiled plan for the most recent batch shape, for reports.
   const runtime::Plan* last_plan() const { return last_plan_; }
+  /// One line per graph pass that changed the most recent plan's graph.
+  std::vector<std::string> last_passes() const { return last_passes_ ? *last_passes_ : std::vector<std::string>{}; }
 
  private:
   Model() = default;
@@ -148,9 +158,11 @@ class Model {
   std::vector<std::string> missing_keys_;
   std::vector<std::unique_ptr<Entry>> plans_;
   const runtime::Plan* last_plan_ = nullptr;
+  const std::vector<std::string>* last_passes_ = nullptr;
   int num_threads_ = 0;
   uint64_t rng_step_ = 0;
   bool bf16_ = false;
+  bool recompute_ = false;
 };
 
 /// The transformers classes fusetrain implements, for error messages.

@@ -44,7 +44,9 @@ struct TrainingArguments {
   /// Early stopping: evaluations without improvement before stopping (0: off).
   int64_t early_stopping_patience = 0;
   double early_stopping_threshold = 0.0;
-  /// Recompute activations per transformer layer in backward (accepted; planned).
+  /// Activation checkpointing: recompute each transformer layer's activations in
+  /// backward (transformers' gradient_checkpointing; either field turns it on).
+  bool gradient_checkpointing = false;
   bool fusetrain_recompute = false;
   /// Kernel threads (0: all cores).
   int64_t fusetrain_threads = 0;
@@ -99,10 +101,12 @@ void for_each_field(Args& a, Visit&& visit) {
   visit("dataloader_drop_last", a.dataloader_drop_last, "drop the last incomplete batch");
   visit("resume_from_checkpoint", a.resume_from_checkpoint, "checkpoint directory to continue from");
   visit("bf16", a.bf16, "bf16 mixed precision (needs AVX512-BF16 or AMX)");
-  visit("fp16", a.fp16, "fp16 mixed precision with dynamic loss scaling");
+  visit("fp16", a.fp16, "runs as bf16 mixed precision on CPUs (bf16 keeps fp32's range: no loss scaling)");
   visit("early_stopping_patience", a.early_stopping_patience, "stop after N evaluations without improvement");
   visit("early_stopping_threshold", a.early_stopping_threshold, "minimum improvement that counts");
-  visit("fusetrain_recompute", a.fusetrain_recompute, "recompute activations per layer in backward");
+  visit("gradient_checkpointing", a.gradient_checkpointing,
+        "recompute each layer's activations in backward: a smaller activation peak for one extra forward");
+  visit("fusetrain_recompute", a.fusetrain_recompute, "same as gradient_checkpointing");
   visit("fusetrain_threads", a.fusetrain_threads, "kernel threads (0: all cores)");
   visit("disable_tqdm", a.disable_tqdm, "no progress bar");
 }
