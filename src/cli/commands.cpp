@@ -441,12 +441,22 @@ int run_inspect(Options& o) {
   model->set_recompute(o.args.gradient_checkpointing || o.args.fusetrain_recompute);
   model->loss_and_grads(batch, true);
   const runtime::Plan& plan = *model->last_plan();
-  std::map<std::string, int> op_counts;
-  for (const ir::Node* n : plan.scheduled_nodes()) ++op_counts[ir::op_name(n->op)];
-  std::printf("training plan for batch %lld x %lld: %zu nodes\n", static_cast<long long>(B), static_cast<long long>(T),
-              plan.num_scheduled_nodes());
-  for (const auto& [op, n] : op_counts) std::printf("  %-28s %d\n", op.c_str(), n);
-  for (const std::string& line : model->last_passes()) std::printf("pass %s\n", line.c_str());
+  const models::PassLog& log = *model->last_pass_log();
+  auto total = [](const std::map<std::string, int>& counts) {
+    int n = 0;
+    for (const auto& [op, c] : counts) n += c;
+    return n;
+  };
+  std::printf("training plan for batch %lld x %lld: %zu nodes scheduled\n", static_cast<long long>(B),
+              static_cast<long long>(T), plan.num_scheduled_nodes());
+  std::printf("  %-28s %8s %8s\n", "op", "built", "planned");
+  std::map<std::string, std::pair<int, int>> rows;
+  for (const auto& [op, n] : log.ops_before) rows[op].first = n;
+  for (const auto& [op, n] : log.ops_after) rows[op].second = n;
+  for (const auto& [op, n] : rows) std::printf("  %-28s %8d %8d\n", op.c_str(), n.first, n.second);
+  std::printf("  %-28s %8d %8d\n", "total", total(log.ops_before), total(log.ops_after));
+  if (log.applied.empty()) std::printf("passes: none changed the graph\n");
+  for (const std::string& line : log.applied) std::printf("pass %s\n", line.c_str());
   memory::MemoryReport report = plan.memory_report();
   report.optimizer_state_bytes = 2 * report.parameter_bytes;  // AdamW: two moments per parameter
   std::printf("memory:\n%s", report.to_string().c_str());

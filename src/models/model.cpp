@@ -116,7 +116,7 @@ struct Model::Entry {
   bool with_backward = false;
   BuiltGraph built;
   std::unique_ptr<runtime::Plan> plan;
-  std::vector<std::string> passes;  // what the graph passes did, for reports
+  PassLog passes;
 };
 
 Model::~Model() = default;
@@ -307,6 +307,16 @@ void Model::save_pretrained(const std::string& dir) const {
   io::write_hf_dir(dir, config, tensors);
 }
 
+namespace {
+
+std::map<std::string, int> op_counts(const ir::Graph& g) {
+  std::map<std::string, int> counts;
+  for (const ir::Node& n : g.nodes()) ++counts[ir::op_name(n.op)];
+  return counts;
+}
+
+}  // namespace
+
 BuiltGraph Model::build(const BatchSpec& spec) const { return family_for(architecture_, config_)->build(spec); }
 
 Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backward) {
@@ -337,12 +347,17 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
     FT_CHECK(entry->built.loss != ir::kNone, architecture_, ": gradients need labels (no loss without them)");
     const size_t backward_begin = g.nodes().size();
     autodiff::build_backward(g, entry->built.loss, g.params());
+    entry->passes.ops_before = op_counts(g);
     if (spec.recompute) {
       passes::RecomputeReport r = passes::recompute_segments(g, entry->built.layer_boundaries, backward_begin);
-      entry->passes.push_back(str("recompute: ", r.segments, " layers, ", r.nodes_cloned,
-                                  " forward nodes cloned into backward, ", r.values_freed,
-                                  " saved activations freed after forward"));
-    }  }
+      entry->passes.applied.push_back(str("recompute: ", r.segments, " layers, ", r.nodes_cloned,
+                                          " forward nodes cloned into backward, ", r.values_freed,
+                                          " saved activations freed after forward"));
+    }
+  } else {
+    entry->passes.ops_before = op_counts(g);
+  }
+  entry->passes.ops_after = op_counts(g);
   runtime::PlanOptions options;
   options.num_threads = num_threads_;
   entry->plan = runtime::Plan::compile(g, *params_, options);
@@ -460,7 +475,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
   if (training) plan.set_step(rng_step_++);
   plan.run();
   last_plan_ = &plan;
-  last_passes_ = &e.passes;
+  last_pass_log_ = &e.passes;
   ModelOutput out;
   out.logits = plan.output(e.built.logits);
   if (e.built.end_logits != ir::kNone) out.end_logits = plan.output(e.built.end_logits);

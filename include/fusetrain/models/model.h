@@ -49,6 +49,13 @@ struct BuiltGraph {
   std::vector<ir::ValueId> layer_boundaries;
 };
 
+/// How graph passes changed a plan's graph (forward + backward), for reports.
+struct PassLog {
+  std::map<std::string, int> ops_before;  ///< op name -> node count of the graph as built
+  std::map<std::string, int> ops_after;   ///< the same after every pass
+  std::vector<std::string> applied;       ///< one line per pass that changed the graph
+};
+
 /// One batch of inputs, as views of caller memory (i64 ids, f32 values).
 struct Batch {
   Tensor input_ids;        ///< (B, T) i64
@@ -141,8 +148,8 @@ class Model {
   void set_num_threads(int n) { num_threads_ = n; }
   /// The compiled plan for the most recent batch shape, for reports.
   const runtime::Plan* last_plan() const { return last_plan_; }
-  /// One line per graph pass that changed the most recent plan's graph.
-  std::vector<std::string> last_passes() const { return last_passes_ ? *last_passes_ : std::vector<std::string>{}; }
+  /// How the graph passes changed the most recent plan (null before the first run).
+  const PassLog* last_pass_log() const { return last_pass_log_; }
 
  private:
   Model() = default;
@@ -158,7 +165,7 @@ class Model {
   std::vector<std::string> missing_keys_;
   std::vector<std::unique_ptr<Entry>> plans_;
   const runtime::Plan* last_plan_ = nullptr;
-  const std::vector<std::string>* last_passes_ = nullptr;
+  const PassLog* last_pass_log_ = nullptr;
   int num_threads_ = 0;
   uint64_t rng_step_ = 0;
   bool bf16_ = false;
