@@ -374,18 +374,22 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       const Shape& k = c.shape(q_at + 1);
       const Shape& v = c.shape(q_at + 2);
       for (size_t i = 0; i < n_in; ++i) c.require_f32(i, "every input");
-      c.require(q.rank() == 4 && k.rank() == 4 && v.rank() == 4, "q, k, v should be (B, H, T, D)");
+      const bool seq_major = attrs.get_int("seq_major", 0) != 0;  // (B, T, H, D) instead of (B, H, T, D)
+      c.require(q.rank() == 4 && k.rank() == 4 && v.rank() == 4,
+                seq_major ? "q, k, v should be (B, T, H, D)" : "q, k, v should be (B, H, T, D)");
       c.require(k == v, "k ", k.to_string(), " and v ", v.to_string(), " differ");
-      c.require(q[0] == k[0] && q[1] == k[1] && q[3] == k[3], "q ", q.to_string(), " does not match k ", k.to_string());
+      const int64_t heads = seq_major ? q[2] : q[1], T = seq_major ? q[1] : q[2], S = seq_major ? k[1] : k[2];
+      c.require(q[0] == k[0] && heads == (seq_major ? k[2] : k[1]) && q[3] == k[3], "q ", q.to_string(),
+                " does not match k ", k.to_string());
       attrs.get_float("scale");
       double p = attrs.get_float("dropout_p", 0.0);
       c.require(p >= 0.0 && p < 1.0, "dropout_p must be in [0, 1)");
-      if (attrs.get_int("causal", 0)) c.require(q[2] <= k[2], "causal attention needs T <= S");
+      if (attrs.get_int("causal", 0)) c.require(T <= S, "causal attention needs T <= S");
       size_t mask_at = c.op == OpKind::Attention ? 3 : 6;
       if (n_in > mask_at)
-        c.require(c.shape(mask_at) == Shape{q[0], k[2]}, "mask should be (B, S) = (", q[0], ", ", k[2], "), found ",
+        c.require(c.shape(mask_at) == Shape{q[0], S}, "mask should be (B, S) = (", q[0], ", ", S, "), found ",
                   c.shape(mask_at).to_string());
-      Shape lse{q[0], q[1], q[2]};
+      Shape lse{q[0], heads, T};
       if (c.op == OpKind::Attention) return {{q, DType::f32}, {lse, DType::f32}};
       c.require(c.shape(0) == q && c.shape(4) == q, "dout and out should be ", q.to_string());
       c.require(c.shape(5) == lse, "lse should be ", lse.to_string());

@@ -12,6 +12,7 @@
 #include "fusetrain/core/error.h"
 #include "fusetrain/core/half.h"
 #include "fusetrain/io/hf_dir.h"
+#include "fusetrain/passes/fusion.h"
 #include "fusetrain/passes/recompute.h"
 #include "models/family.h"
 
@@ -326,6 +327,7 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
   spec.training = training;
   spec.bf16 = bf16_;
   spec.recompute = recompute_ && with_backward;
+  spec.fusions = fusions_;
   if (batch.start_positions.defined() || batch.end_positions.defined())
     spec.labels = LabelKind::Spans;
   else if (batch.labels.defined() && batch.labels.data() != nullptr) {
@@ -343,19 +345,29 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
   ir::Graph& g = entry->built.graph;
   for (ir::ValueId v : {entry->built.logits, entry->built.end_logits, entry->built.loss})
     if (v != ir::kNone) g.mark_output(v);
+  FT_CHECK(!with_backward || entry->built.loss != ir::kNone, architecture_,
+           ": gradients need labels (no loss without them)");
+  {  // op counts of the graph as built, for reports
+    ir::Graph plain = g;
+    if (with_backward) autodiff::build_backward(plain, entry->built.loss, plain.params());
+    entry->passes.ops_before = op_counts(plain);
+  }
+  if (spec.fusions) {
+    passes::FusionReport f = passes::fold_attention_transposes(g);
+    if (f.fused > 0)
+      entry->passes.applied.push_back(str("fold_attention_transposes: ", f.fused,
+                                          " attentions read and write (B, T, H, D), ", f.nodes_removed,
+                                          " transposes removed (and their gradients' transposes)"));
+  }
   if (with_backward) {
-    FT_CHECK(entry->built.loss != ir::kNone, architecture_, ": gradients need labels (no loss without them)");
     const size_t backward_begin = g.nodes().size();
     autodiff::build_backward(g, entry->built.loss, g.params());
-    entry->passes.ops_before = op_counts(g);
     if (spec.recompute) {
       passes::RecomputeReport r = passes::recompute_segments(g, entry->built.layer_boundaries, backward_begin);
       entry->passes.applied.push_back(str("recompute: ", r.segments, " layers, ", r.nodes_cloned,
                                           " forward nodes cloned into backward, ", r.values_freed,
                                           " saved activations freed after forward"));
     }
-  } else {
-    entry->passes.ops_before = op_counts(g);
   }
   entry->passes.ops_after = op_counts(g);
   runtime::PlanOptions options;

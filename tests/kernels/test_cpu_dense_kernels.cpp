@@ -241,13 +241,20 @@ struct AttentionCase {
   bool causal = false;
   double dropout = 0.0;
   int threads = 1;
-  bool dead_row = false;  // batch 0's mask is −inf everywhere: no query there sees a key
+  bool dead_row = false;   // batch 0's mask is −inf everywhere: no query there sees a key
+  bool seq_major = false;  // q, k, v, out (B, T|S, H, D) instead of (B, H, T|S, D)
 
   std::string label() const {
     return "Attention B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
            " S=" + std::to_string(S) + " D=" + std::to_string(D) + (mask ? " mask" : "") + (causal ? " causal" : "") +
            " dropout=" + std::to_string(dropout) + " threads=" + std::to_string(threads) +
-           (dead_row ? " dead-row" : "");
+           (dead_row ? " dead-row" : "") + (seq_major ? " seq-major" : "");
+  }
+  Shape q_shape() const { return seq_major ? Shape{B, T, H, D} : Shape{B, H, T, D}; }
+  Shape kv_shape() const { return seq_major ? Shape{B, S, H, D} : Shape{B, H, S, D}; }
+  ir::Attrs attrs() const {
+    return {{"scale", 1.0 / std::sqrt(static_cast<double>(D))}, {"causal", int64_t{causal}}, {"dropout_p", dropout},
+            {"seed", int64_t{11}}, {"seq_major", int64_t{seq_major}}};
   }
 };
 
@@ -255,7 +262,7 @@ struct AttentionCase {
 // −inf for batch 0 when dead_row.
 std::vector<Tensor> attention_inputs(const AttentionCase& c, std::mt19937& rng) {
   std::vector<Tensor> in;
-  for (Shape s : {Shape{c.B, c.H, c.T, c.D}, Shape{c.B, c.H, c.S, c.D}, Shape{c.B, c.H, c.S, c.D}}) {
+  for (Shape s : {c.q_shape(), c.kv_shape(), c.kv_shape()}) {
     Tensor t = random_tensor(s, DType::f32, rng);
     for (int64_t i = 0; i < t.numel(); ++i) t.set_item(i, 2.0 * t.item(i));
     in.push_back(t);
@@ -275,18 +282,19 @@ std::vector<Tensor> attention_inputs(const AttentionCase& c, std::mt19937& rng) 
 // the reference forward's out and lse, as they would after a reference forward pass.
 void check_attention(const AttentionCase& c, std::mt19937& rng) {
   const std::string label = c.label();
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
   const uint64_t rng_offset = 7;
   ir::Graph g;
   ir::GraphBuilder builder(g, 11);
-  ValueId q = builder.input("q", Shape{c.B, c.H, c.T, c.D});
-  ValueId k = builder.input("k", Shape{c.B, c.H, c.S, c.D});
-  ValueId v = builder.input("v", Shape{c.B, c.H, c.S, c.D});
+  ValueId q = builder.input("q", c.q_shape());
+  ValueId k = builder.input("k", c.kv_shape());
+  ValueId v = builder.input("v", c.kv_shape());
   ValueId mask = c.mask ? builder.input("mask", Shape{c.B, c.S}) : ir::kNone;
-  builder.attention(q, k, v, mask, scale, c.causal, c.dropout);
+  std::vector<ValueId> forward_inputs{q, k, v};
+  if (c.mask) forward_inputs.push_back(mask);
+  g.add_node(OpKind::Attention, forward_inputs, c.attrs());
   const ir::Node forward = g.nodes().back();
-  ValueId dout = builder.input("dout", Shape{c.B, c.H, c.T, c.D});
-  ValueId out = builder.input("out", Shape{c.B, c.H, c.T, c.D});
+  ValueId dout = builder.input("dout", c.q_shape());
+  ValueId out = builder.input("out", c.q_shape());
   ValueId lse = builder.input("lse", Shape{c.B, c.H, c.T});
   std::vector<ValueId> backward_inputs{dout, q, k, v, out, lse};
   if (c.mask) backward_inputs.push_back(mask);
@@ -307,7 +315,7 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
   }
 
   std::vector<Tensor> backward_in{
-      random_tensor(Shape{c.B, c.H, c.T, c.D}, DType::f32, rng), inputs[0], inputs[1], inputs[2], want[0], want[1]};
+      random_tensor(c.q_shape(), DType::f32, rng), inputs[0], inputs[1], inputs[2], want[0], want[1]};
   if (c.mask) backward_in.push_back(inputs[3]);
   std::unique_ptr<Kernel> tuned_backward = make_cpu_dense_kernel(g, backward);
   ASSERT_NE(tuned_backward, nullptr) << label;
@@ -391,6 +399,80 @@ TEST(CpuDenseKernels, AttentionRowWithoutKeys) {
       c.T = 17, c.S = 70, c.D = 8, c.mask = true, c.dead_row = true, c.causal = causal, c.threads = threads;
       check_attention(c, rng);
     }
+}
+
+// Projections' own layout, (B, T, H, D): tuned against reference over the cases that
+// exercise different code paths (partial tiles, masks, causal, dropout, split keys).
+TEST(CpuDenseKernels, AttentionSeqMajor) {
+  std::mt19937 rng(13);
+  for (int threads : {1, 2})
+    for (int64_t T : {1, 17, 129})
+      for (bool causal : {false, true})
+        for (double dropout : {0.0, 0.1}) {
+          AttentionCase c;
+          c.seq_major = true, c.B = 2, c.H = 3, c.T = T, c.S = causal ? T + 5 : 70, c.D = 8, c.mask = true;
+          c.causal = causal, c.dropout = dropout, c.threads = threads;
+          check_attention(c, rng);
+        }
+  AttentionCase few;  // one (b, h): backward splits keys over the threads and sums partial dq
+  few.seq_major = true, few.B = 1, few.H = 1, few.T = 129, few.S = 200, few.D = 64, few.dropout = 0.1, few.threads = 3;
+  check_attention(few, rng);
+}
+
+// (B, H, T, D) <-> (B, T, H, D).
+Tensor swap_axes_1_2(const Tensor& x) {
+  const Shape& s = x.shape();
+  Tensor y = Tensor::zeros(Shape{s[0], s[2], s[1], s[3]}, DType::f32);
+  for (int64_t a = 0; a < s[0]; ++a)
+    for (int64_t b = 0; b < s[1]; ++b)
+      for (int64_t c = 0; c < s[2]; ++c)
+        for (int64_t d = 0; d < s[3]; ++d)
+          y.set_item(((a * s[2] + c) * s[1] + b) * s[3] + d, x.item(((a * s[1] + b) * s[2] + c) * s[3] + d));
+  return y;
+}
+
+// The layouts differ only in addresses: seq-major results are the transposed head-major
+// ones bit for bit (dropout masks included), forward and backward.
+TEST(CpuDenseKernels, AttentionSeqMajorIsTransposedHeadMajor) {
+  std::mt19937 rng(14);
+  for (int threads : {1, 2}) {
+    AttentionCase heads;
+    heads.B = 2, heads.H = 3, heads.T = 40, heads.S = 40, heads.D = 16, heads.mask = true, heads.causal = true;
+    heads.dropout = 0.1, heads.threads = threads;
+    AttentionCase seq = heads;
+    seq.seq_major = true;
+    std::vector<Tensor> in = attention_inputs(heads, rng);
+    Tensor dout = random_tensor(heads.q_shape(), DType::f32, rng);
+    std::vector<Tensor> results[2];
+    for (const AttentionCase* c : {&heads, &seq}) {
+      const bool transpose = c->seq_major;
+      auto layout = [&](const Tensor& t) { return transpose ? swap_axes_1_2(t) : t; };
+      ir::Graph g;
+      ir::GraphBuilder builder(g);
+      ValueId q = builder.input("q", c->q_shape()), k = builder.input("k", c->kv_shape());
+      ValueId v = builder.input("v", c->kv_shape()), mask = builder.input("mask", Shape{c->B, c->S});
+      g.add_node(OpKind::Attention, {q, k, v, mask}, c->attrs());
+      const ir::Node forward = g.nodes().back();
+      std::unique_ptr<Kernel> fwd = make_cpu_dense_kernel(g, forward);
+      std::vector<Tensor> out = run_kernel(*fwd, g, forward, {layout(in[0]), layout(in[1]), layout(in[2]), in[3]},
+                                           threads, 5);
+      g.add_node(OpKind::AttentionBackward,
+                 {builder.input("dout", c->q_shape()), q, k, v, builder.input("out", c->q_shape()),
+                  builder.input("lse", Shape{c->B, c->H, c->T}), mask},
+                 c->attrs());
+      const ir::Node backward = g.nodes().back();
+      std::unique_ptr<Kernel> bwd = make_cpu_dense_kernel(g, backward);
+      std::vector<Tensor> grads = run_kernel(
+          *bwd, g, backward, {layout(dout), layout(in[0]), layout(in[1]), layout(in[2]), out[0], out[1], in[3]},
+          threads, 5);
+      for (Tensor* t : {&out[0], &grads[0], &grads[1], &grads[2]}) *t = layout(*t);  // back to (B, H, T, D)
+      results[transpose] = {out[0], out[1], grads[0], grads[1], grads[2]};
+    }
+    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+    for (int r = 0; r < 5; ++r)
+      for (int64_t i = 0; i < results[0][r].numel(); ++i)
+        ASSERT_EQ(results[0][r].item(i), results[1][r].item(i)) << names[r] << " element " << i << " threads " << threads;
+  }
 }
 
 TEST(CpuDenseKernels, AttentionBackwardIsDeterministic) {

@@ -35,6 +35,7 @@ struct BatchSpec {
   bool training = false;  ///< dropout active
   bool bf16 = false;      ///< matmuls in bf16 (f32 accumulation, f32 master weights)
   bool recompute = false; ///< backward recomputes each layer's activations (activation checkpointing)
+  bool fusions = true;    ///< run the fusion passes
   bool operator==(const BatchSpec&) const = default;
 };
 
@@ -144,6 +145,10 @@ class Model {
   /// forward, a much smaller activation peak; gradients bit-identical).
   void set_recompute(bool on) { recompute_ = on; }
   bool recompute() const { return recompute_; }
+  /// The fusion passes (on by default); off compiles the graph as built, to measure
+  /// or test what they change.
+  void set_fusions(bool on) { fusions_ = on; }
+  bool fusions() const { return fusions_; }
   /// Threads used by the kernels (0: all cores).
   void set_num_threads(int n) { num_threads_ = n; }
   /// The compiled plan for the most recent batch shape, for reports.
@@ -170,6 +175,7 @@ class Model {
   uint64_t rng_step_ = 0;
   bool bf16_ = false;
   bool recompute_ = false;
+  bool fusions_ = true;
 };
 
 /// The transformers classes fusetrain implements, for error messages.

@@ -3,6 +3,9 @@
 // Legend: B batch, H heads, T query length, S key length, D head size; bh = b·H + h
 // indexes one (batch, head) pair; BQ query rows and BK keys per tile.
 //   q, out, dq, dout: (B, H, T, D)   k, v, dk, dv: (B, H, S, D)   mask: (B, S)   lse: (B, H, T)
+// With the seq_major attribute those six are (B, T, H, D) and (B, S, H, D) instead, the
+// layout projections produce, so no transpose is needed around the op: one head's rows are
+// then H·D elements apart rather than D, and every tile access carries that row stride.
 //
 // Forward, one task per (bh, query block): Qt (D, BQ) is the transposed query block; for
 // each key block St (BK, BQ) = scale·K_blk·Qt + mask, an online softmax runs down the
@@ -390,6 +393,8 @@ const TileOps& select_ops() { return cpu_basic::use_avx512() ? kAvx512Ops : kPor
 // Attributes and extents shared by forward and backward, read at plan time.
 struct AttentionPlan {
   int64_t B = 0, H = 0, T = 0, S = 0, D = 0;
+  bool seq_major = false;  // q, k, v, out and their gradients are (B, T, H, D) rather than (B, H, T, D)
+  int64_t rs = 0;          // elements between consecutive rows (positions) of one head: D, or H·D
   float scale = 1.0f;
   bool causal = false;
   bool has_mask = false;
@@ -400,7 +405,9 @@ struct AttentionPlan {
   AttentionPlan(const ir::Graph& g, const ir::Node& node, size_t q_at, size_t mask_at) {
     const Shape& q = g.value(node.inputs[q_at]).shape;
     const Shape& k = g.value(node.inputs[q_at + 1]).shape;
-    B = q[0], H = q[1], T = q[2], S = k[2], D = q[3];
+    seq_major = node.attrs.get_int("seq_major", 0) != 0;
+    B = q[0], H = seq_major ? q[2] : q[1], T = seq_major ? q[1] : q[2], S = seq_major ? k[1] : k[2], D = q[3];
+    rs = seq_major ? H * D : D;
     scale = static_cast<float>(node.attrs.get_float("scale"));
     causal = node.attrs.get_int("causal", 0) != 0;
     dropout_p = static_cast<float>(node.attrs.get_float("dropout_p", 0.0));
@@ -411,6 +418,10 @@ struct AttentionPlan {
   // Local causal offset of a (query block t0, key block kb) tile: key j is visible to
   // query i when j <= i + offset.
   int64_t causal_offset(int64_t t0, int64_t kb) const { return causal ? t0 + S - T - kb : kNoCausal; }
+  // Offset of row 0 of head bh in a tensor of `len` positions (T for q and out, S for k and v).
+  int64_t head_offset(int64_t bh, int64_t len) const {
+    return seq_major ? ((bh / H) * len * H + bh % H) * D : bh * len * D;
+  }
   // Dropout stream index of (bh, t, s).
   uint64_t drop_index(int64_t bh, int64_t t, int64_t s) const { return static_cast<uint64_t>((bh * T + t) * S + s); }
 };
@@ -462,11 +473,12 @@ class AttentionForwardKernel final : public Kernel {
     const TileOps& ops = *p.ops;
     const int64_t D = p.D, S = p.S, T = p.T;
     const int64_t mq = std::min(kBlockQ, T - t0);
-    const float* q = static_cast<const float*>(args.inputs[0].data()) + (bh * T + t0) * D;  // q_blk: (mq, D)
-    const float* k = static_cast<const float*>(args.inputs[1].data()) + bh * S * D;         // k: (S, D)
-    const float* v = static_cast<const float*>(args.inputs[2].data()) + bh * S * D;         // v: (S, D)
+    const int64_t rs = p.rs;  // row stride of q, k, v, out
+    const float* q = static_cast<const float*>(args.inputs[0].data()) + p.head_offset(bh, T) + t0 * rs;  // (mq, D)
+    const float* k = static_cast<const float*>(args.inputs[1].data()) + p.head_offset(bh, S);            // (S, D)
+    const float* v = static_cast<const float*>(args.inputs[2].data()) + p.head_offset(bh, S);            // (S, D)
     const float* mask = p.has_mask ? static_cast<const float*>(args.inputs[3].data()) + (bh / p.H) * S : nullptr;
-    float* out = static_cast<float*>(args.outputs[0].data()) + (bh * T + t0) * D;  // out_blk: (mq, D)
+    float* out = static_cast<float*>(args.outputs[0].data()) + p.head_offset(bh, T) + t0 * rs;  // out_blk: (mq, D)
     float* lse = static_cast<float*>(args.outputs[1].data()) + bh * T + t0;        // lse_blk: (mq)
 
     float* qt = work;                                // (D, BQ)
@@ -476,31 +488,31 @@ class AttentionForwardKernel final : public Kernel {
     float* corr = l + line_floats(kBlockQ);          // (BQ)
     float* keep = corr + line_floats(kBlockQ);       // (BK)
 
-    transpose_block(qt, kBlockQ, q, D, mq, D);
+    transpose_block(qt, kBlockQ, q, rs, mq, D);
     std::fill(m, m + mq, kNegInf);
     std::fill(l, l + mq, 0.0f);
-    std::fill(out, out + mq * D, 0.0f);
+    for (int64_t i = 0; i < mq; ++i) std::fill(out + i * rs, out + i * rs + D, 0.0f);
     // Keys past the last query's causal limit are never visible to this block.
     const int64_t key_end = p.causal ? std::min(S, t0 + mq + S - T) : S;
     for (int64_t kb = 0; kb < key_end; kb += kBlockK) {
       const int64_t nk = std::min(kBlockK, key_end - kb);
-      ops.matmul(nk, mq, D, p.scale, k + kb * D, D, 1, qt, kBlockQ, st, kBlockQ, false);
+      ops.matmul(nk, mq, D, p.scale, k + kb * rs, rs, 1, qt, kBlockQ, st, kBlockQ, false);
       ops.forward_softmax(st, kBlockQ, nk, mq, mask ? mask + kb : nullptr, p.causal_offset(t0, kb), m, l, corr);
-      if (kb > 0) ops.scale_rows(out, D, mq, D, corr);
+      if (kb > 0) ops.scale_rows(out, rs, mq, D, corr);
       if (p.dropout_p > 0.0f) {
         for (int64_t i = 0; i < mq; ++i) {
           ops.dropout_row(p.seed, ctx.rng_offset, p.drop_index(bh, t0 + i, kb), nk, p.dropout_p, keep);
           for (int64_t j = 0; j < nk; ++j) st[j * kBlockQ + i] *= keep[j];
         }
       }
-      ops.matmul(mq, D, nk, 1.0f, st, 1, kBlockQ, v + kb * D, D, out, D, true);  // out += Stᵀ·V_blk
+      ops.matmul(mq, D, nk, 1.0f, st, 1, kBlockQ, v + kb * rs, rs, out, rs, true);  // out += Stᵀ·V_blk
     }
     for (int64_t i = 0; i < mq; ++i) {
       const bool seen = l[i] > 0.0f;
       corr[i] = seen ? 1.0f / l[i] : 0.0f;
       lse[i] = seen ? m[i] + std::log(l[i]) : 0.0f;
     }
-    ops.scale_rows(out, D, mq, D, corr);
+    ops.scale_rows(out, rs, mq, D, corr);
   }
 
   AttentionPlan plan_;
@@ -535,13 +547,15 @@ class AttentionBackwardKernel final : public Kernel {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         const int64_t bh = task / chunks, chunk = task % chunks;
-        float* dq_target = chunks == 1 ? dq + bh * p.T * p.D : partials + (chunk * BH + bh) * p.T * p.D;
-        backward_chunk(args, ctx, bh, chunk, chunks, dq_target, work);
+        if (chunks == 1)
+          backward_chunk(args, ctx, bh, chunk, chunks, dq + p.head_offset(bh, p.T), p.rs, work);
+        else
+          backward_chunk(args, ctx, bh, chunk, chunks, partials + (chunk * BH + bh) * p.T * p.D, p.D, work);
       }
       if (chunks > 1) {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; ++r) {
-          float* dst = dq + r * p.D;
+          float* dst = dq + p.head_offset(r / p.T, p.T) + (r % p.T) * p.rs;  // row (bh, t) = r
           std::copy(partials + r * p.D, partials + (r + 1) * p.D, dst);
           for (int64_t c = 1; c < chunks; ++c) {
             const float* src = partials + (c * BH * p.T + r) * p.D;
@@ -567,20 +581,22 @@ class AttentionBackwardKernel final : public Kernel {
            line_floats(kBlockK);
   }
 
+  // dq: (T, D) rows dq_ld apart. Every other per-head operand has rows p.rs apart.
   void backward_chunk(const KernelArgs& args, const StepContext& ctx, int64_t bh, int64_t chunk, int64_t chunks,
-                      float* dq, float* work) const {
+                      float* dq, int64_t dq_ld, float* work) const {
     const AttentionPlan& p = plan_;
     const TileOps& ops = *p.ops;
-    const int64_t D = p.D, S = p.S, T = p.T;
-    const float* dout = static_cast<const float*>(args.inputs[0].data()) + bh * T * D;  // dout: (T, D)
-    const float* q = static_cast<const float*>(args.inputs[1].data()) + bh * T * D;     // q: (T, D)
-    const float* k = static_cast<const float*>(args.inputs[2].data()) + bh * S * D;     // k: (S, D)
-    const float* v = static_cast<const float*>(args.inputs[3].data()) + bh * S * D;     // v: (S, D)
-    const float* out = static_cast<const float*>(args.inputs[4].data()) + bh * T * D;   // out: (T, D)
-    const float* lse = static_cast<const float*>(args.inputs[5].data()) + bh * T;       // lse: (T)
+    const int64_t D = p.D, S = p.S, T = p.T, rs = p.rs;
+    const int64_t q_at = p.head_offset(bh, T), k_at = p.head_offset(bh, S);
+    const float* dout = static_cast<const float*>(args.inputs[0].data()) + q_at;  // dout: (T, D)
+    const float* q = static_cast<const float*>(args.inputs[1].data()) + q_at;     // q: (T, D)
+    const float* k = static_cast<const float*>(args.inputs[2].data()) + k_at;     // k: (S, D)
+    const float* v = static_cast<const float*>(args.inputs[3].data()) + k_at;     // v: (S, D)
+    const float* out = static_cast<const float*>(args.inputs[4].data()) + q_at;   // out: (T, D)
+    const float* lse = static_cast<const float*>(args.inputs[5].data()) + bh * T;  // lse: (T)
     const float* mask = p.has_mask ? static_cast<const float*>(args.inputs[6].data()) + (bh / p.H) * S : nullptr;
-    float* dk = static_cast<float*>(args.outputs[1].data()) + bh * S * D;  // dk: (S, D)
-    float* dv = static_cast<float*>(args.outputs[2].data()) + bh * S * D;  // dv: (S, D)
+    float* dk = static_cast<float*>(args.outputs[1].data()) + k_at;  // dk: (S, D)
+    float* dv = static_cast<float*>(args.outputs[2].data()) + k_at;  // dv: (S, D)
 
     float* kt = work;                                 // (D, BK)
     float* vt = kt + line_floats(D * kBlockK);        // (D, BK)
@@ -589,10 +605,10 @@ class AttentionBackwardKernel final : public Kernel {
     float* di = dp + line_floats(kBlockQ * kBlockK);  // (T)
     float* keep = di + line_floats(T);                // (BK)
 
-    std::fill(dq, dq + T * D, 0.0f);
+    for (int64_t t = 0; t < T; ++t) std::fill(dq + t * dq_ld, dq + t * dq_ld + D, 0.0f);
     for (int64_t t = 0; t < T; ++t) {
       float sum = 0.0f;
-      for (int64_t d = 0; d < D; ++d) sum += dout[t * D + d] * out[t * D + d];
+      for (int64_t d = 0; d < D; ++d) sum += dout[t * rs + d] * out[t * rs + d];
       di[t] = sum;
     }
     const int64_t key_blocks = (S + kBlockK - 1) / kBlockK;
@@ -600,21 +616,23 @@ class AttentionBackwardKernel final : public Kernel {
     const int64_t block_end = std::min(key_blocks, (chunk + 1) * per_chunk);
     for (int64_t block = chunk * per_chunk; block < block_end; ++block) {
       const int64_t kb = block * kBlockK, nk = std::min(kBlockK, S - kb);
-      float* dk_blk = dk + kb * D;  // (nk, D)
-      float* dv_blk = dv + kb * D;  // (nk, D)
-      std::fill(dk_blk, dk_blk + nk * D, 0.0f);
-      std::fill(dv_blk, dv_blk + nk * D, 0.0f);
-      transpose_block(kt, kBlockK, k + kb * D, D, nk, D);
-      transpose_block(vt, kBlockK, v + kb * D, D, nk, D);
+      float* dk_blk = dk + kb * rs;  // (nk, D)
+      float* dv_blk = dv + kb * rs;  // (nk, D)
+      for (int64_t j = 0; j < nk; ++j) {
+        std::fill(dk_blk + j * rs, dk_blk + j * rs + D, 0.0f);
+        std::fill(dv_blk + j * rs, dv_blk + j * rs + D, 0.0f);
+      }
+      transpose_block(kt, kBlockK, k + kb * rs, rs, nk, D);
+      transpose_block(vt, kBlockK, v + kb * rs, rs, nk, D);
       // Queries before t_begin cannot see any key of this block.
       const int64_t t_begin = p.causal ? std::max<int64_t>(0, kb - (S - T)) : 0;
       for (int64_t t0 = t_begin; t0 < T; t0 += kBlockQ) {
         const int64_t mq = std::min(kBlockQ, T - t0);
-        const float* q_blk = q + t0 * D;        // (mq, D)
-        const float* dout_blk = dout + t0 * D;  // (mq, D)
-        ops.matmul(mq, nk, D, p.scale, q_blk, D, 1, kt, kBlockK, pt, kBlockK, false);
+        const float* q_blk = q + t0 * rs;        // (mq, D)
+        const float* dout_blk = dout + t0 * rs;  // (mq, D)
+        ops.matmul(mq, nk, D, p.scale, q_blk, rs, 1, kt, kBlockK, pt, kBlockK, false);
         ops.backward_probs(pt, kBlockK, mq, nk, mask ? mask + kb : nullptr, p.causal_offset(t0, kb), lse + t0);
-        ops.matmul(mq, nk, D, 1.0f, dout_blk, D, 1, vt, kBlockK, dp, kBlockK, false);
+        ops.matmul(mq, nk, D, 1.0f, dout_blk, rs, 1, vt, kBlockK, dp, kBlockK, false);
         for (int64_t i = 0; i < mq; ++i) {
           const float* row_keep = nullptr;
           if (p.dropout_p > 0.0f) {
@@ -623,9 +641,10 @@ class AttentionBackwardKernel final : public Kernel {
           }
           ops.backward_ds_row(pt + i * kBlockK, dp + i * kBlockK, nk, di[t0 + i], row_keep);
         }
-        ops.matmul(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, D, dv_blk, D, true);            // dV += Pᵀ·dO
-        ops.matmul(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, D, dk_blk, D, true);            // dK += scale·dSᵀ·Q
-        ops.matmul(mq, D, nk, p.scale, dp, kBlockK, 1, k + kb * D, D, dq + t0 * D, D, true);  // dQ += scale·dS·K
+        ops.matmul(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, rs, dv_blk, rs, true);  // dV += Pᵀ·dO
+        ops.matmul(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, rs, dk_blk, rs, true);  // dK += scale·dSᵀ·Q
+        ops.matmul(mq, D, nk, p.scale, dp, kBlockK, 1, k + kb * rs, rs, dq + t0 * dq_ld, dq_ld,
+                   true);  // dQ += scale·dS·K
       }
     }
   }

@@ -6,6 +6,7 @@
 // Shape letters: B batch, H heads, T query length, S key length, D head size.
 //   q, out, dout, dq: (B, H, T, D)   k, v, dk, dv: (B, H, S, D)
 //   lse: (B, H, T)                   mask: (B, S) additive, optional
+// With seq_major: q, out, dout, dq (B, T, H, D) and k, v, dk, dv (B, S, H, D).
 #include <algorithm>
 #include <cmath>
 
@@ -19,6 +20,7 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 struct AttentionDims {
   int64_t B = 0, H = 0, T = 0, S = 0, D = 0;
+  bool seq_major = false;
   double scale = 1.0;
   bool causal = false;
   double dropout_p = 0.0;
@@ -29,11 +31,12 @@ AttentionDims parse_attention(const ir::Graph& g, const ir::Node& n, size_t q_in
   const Shape& q = input_shape(g, n, q_input);
   const Shape& k = input_shape(g, n, q_input + 1);
   AttentionDims a;
+  a.seq_major = n.attrs.get_int("seq_major", 0) != 0;
   a.B = q[0];
-  a.H = q[1];
-  a.T = q[2];
+  a.H = a.seq_major ? q[2] : q[1];
+  a.T = a.seq_major ? q[1] : q[2];
   a.D = q[3];
-  a.S = k[2];
+  a.S = a.seq_major ? k[1] : k[2];
   a.scale = n.attrs.get_float("scale");
   a.causal = n.attrs.get_int("causal", 0) != 0;
   a.dropout_p = n.attrs.get_float("dropout_p", 0.0);
@@ -41,13 +44,18 @@ AttentionDims parse_attention(const ir::Graph& g, const ir::Node& n, size_t q_in
   return a;
 }
 
+// Element offset of position t of head (b, h) in a tensor of `len` positions (T or S).
+int64_t row_at(const AttentionDims& a, int64_t b, int64_t h, int64_t t, int64_t len) {
+  return a.seq_major ? ((b * len + t) * a.H + h) * a.D : ((b * a.H + h) * len + t) * a.D;
+}
+
 // Query t sees key s unless causal and s > t + S − T.
 bool key_allowed(const AttentionDims& a, int64_t t, int64_t s) { return !a.causal || s <= t + a.S - a.T; }
 
 // scores (S) for query row t of head (b, h): scale·q·k + mask[b, s] on allowed
 // keys, −inf on the others. Returns the maximum (−inf if no key counts).
-double attention_scores(double* scores, const float* q_row, const float* k_head, const float* mask,
-                        const AttentionDims& a, int64_t b, int64_t t) {
+double attention_scores(double* scores, const float* q_row, const float* k, const float* mask,
+                        const AttentionDims& a, int64_t b, int64_t h, int64_t t) {
   double max = kNegInf;
   for (int64_t s = 0; s < a.S; ++s) {
     if (!key_allowed(a, t, s)) {
@@ -55,7 +63,8 @@ double attention_scores(double* scores, const float* q_row, const float* k_head,
       continue;
     }
     double dot = 0.0;
-    for (int64_t d = 0; d < a.D; ++d) dot += static_cast<double>(q_row[d]) * k_head[s * a.D + d];
+    const float* k_row = k + row_at(a, b, h, s, a.S);
+    for (int64_t d = 0; d < a.D; ++d) dot += static_cast<double>(q_row[d]) * k_row[d];
     scores[s] = a.scale * dot + (mask != nullptr ? static_cast<double>(mask[b * a.S + s]) : 0.0);
     max = std::max(max, scores[s]);
   }
@@ -78,11 +87,10 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   for (int64_t b = 0; b < a.B; ++b)
     for (int64_t h = 0; h < a.H; ++h) {
       const int64_t head = b * a.H + h;
-      const float* k_head = k + head * a.S * a.D;
-      const float* v_head = v + head * a.S * a.D;
       for (int64_t t = 0; t < a.T; ++t) {
-        const int64_t row = head * a.T + t;
-        const double max = attention_scores(probs, q + row * a.D, k_head, mask, a, b, t);
+        const int64_t row = head * a.T + t;  // of lse
+        const int64_t q_at = row_at(a, b, h, t, a.T);
+        const double max = attention_scores(probs, q + q_at, k, mask, a, b, h, t);
         double row_lse = 0.0;
         if (max == kNegInf) {
           for (int64_t s = 0; s < a.S; ++s) probs[s] = 0.0;
@@ -96,8 +104,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
         store(lse, DType::f32, row, row_lse, accumulate[1]);
         for (int64_t d = 0; d < a.D; ++d) {
           double sum = 0.0;
-          for (int64_t s = 0; s < a.S; ++s) sum += probs[s] * v_head[s * a.D + d];
-          store(out, DType::f32, row * a.D + d, sum, accumulate[0]);
+          for (int64_t s = 0; s < a.S; ++s) sum += probs[s] * v[row_at(a, b, h, s, a.S) + d];
+          store(out, DType::f32, q_at + d, sum, accumulate[0]);
         }
       }
     }
@@ -121,21 +129,21 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   for (int64_t b = 0; b < a.B; ++b)
     for (int64_t h = 0; h < a.H; ++h) {
       const int64_t head = b * a.H + h;
-      const float* k_head = k + head * a.S * a.D;
-      const float* v_head = v + head * a.S * a.D;
       for (int64_t e = 0; e < a.S * a.D; ++e) dk_sum[e] = dv_sum[e] = 0.0;
       for (int64_t t = 0; t < a.T; ++t) {
-        const int64_t row = head * a.T + t;
-        const float* q_row = q + row * a.D;
-        const float* dout_row = dout + row * a.D;
-        attention_scores(probs, q_row, k_head, mask, a, b, t);
+        const int64_t row = head * a.T + t;  // of lse
+        const int64_t q_at = row_at(a, b, h, t, a.T);
+        const float* q_row = q + q_at;
+        const float* dout_row = dout + q_at;
+        attention_scores(probs, q_row, k, mask, a, b, h, t);
         double row_term = 0.0;  // Σ_s P·dPd
         for (int64_t s = 0; s < a.S; ++s) {
           const double factor = dropout_factor(a, rng_offset, b, h, t, s);
           probs[s] = probs[s] == kNegInf ? 0.0 : std::exp(probs[s] - static_cast<double>(lse[row]));
           probs_dropped[s] = probs[s] * factor;
           double dot = 0.0;  // (dO·Vᵀ)[t, s]
-          for (int64_t d = 0; d < a.D; ++d) dot += static_cast<double>(dout_row[d]) * v_head[s * a.D + d];
+          const float* v_row = v + row_at(a, b, h, s, a.S);
+          for (int64_t d = 0; d < a.D; ++d) dot += static_cast<double>(dout_row[d]) * v_row[d];
           dprobs_dropped[s] = dot * factor;
           row_term += probs[s] * dprobs_dropped[s];
         }
@@ -149,14 +157,15 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         }
         for (int64_t d = 0; d < a.D; ++d) {
           double sum = 0.0;
-          for (int64_t s = 0; s < a.S; ++s) sum += probs[s] * k_head[s * a.D + d];
-          store(dq, DType::f32, row * a.D + d, a.scale * sum, accumulate[0]);
+          for (int64_t s = 0; s < a.S; ++s) sum += probs[s] * k[row_at(a, b, h, s, a.S) + d];
+          store(dq, DType::f32, q_at + d, a.scale * sum, accumulate[0]);
         }
       }
-      for (int64_t e = 0; e < a.S * a.D; ++e) {
-        store(dk, DType::f32, head * a.S * a.D + e, dk_sum[e], accumulate[1]);
-        store(dv, DType::f32, head * a.S * a.D + e, dv_sum[e], accumulate[2]);
-      }
+      for (int64_t s = 0; s < a.S; ++s)
+        for (int64_t d = 0; d < a.D; ++d) {
+          store(dk, DType::f32, row_at(a, b, h, s, a.S) + d, dk_sum[s * a.D + d], accumulate[1]);
+          store(dv, DType::f32, row_at(a, b, h, s, a.S) + d, dv_sum[s * a.D + d], accumulate[2]);
+        }
     }
 }
 

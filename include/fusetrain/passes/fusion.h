@@ -1,0 +1,25 @@
+// Fusion passes: graph rewrites that let one kernel do the work of several nodes.
+// Each runs on the forward graph, before autodiff, so backward is derived from
+// the fused ops and needs no fusion of its own.
+#pragma once
+
+#include <cstdint>
+
+#include "fusetrain/ir/graph.h"
+
+namespace fusetrain::passes {
+
+/// What a fusion pass changed.
+struct FusionReport {
+  int64_t fused = 0;          ///< patterns rewritten
+  int64_t nodes_removed = 0;  ///< nodes the rewrite made dead and dropped
+};
+
+/// Transpose folding into attention: Attention whose q, k, v come from
+/// Transpose(perm 0 2 1 3) of (B, T, H, D) values and whose output only feeds a
+/// Transpose back is rewritten to read and write (B, T, H, D) directly
+/// (attribute seq_major), and the four transposes go. Its backward then reads and
+/// writes that layout too, so the transposes of the gradients go as well.
+FusionReport fold_attention_transposes(ir::Graph& graph);
+
+}  // namespace fusetrain::passes
