@@ -232,6 +232,16 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       c.require_float(0, "x");
       return {{c.shape(0), c.dtype(0)}};
     }
+    case OpKind::DropoutAdd: {  // dropout(x) + residual, one pass
+      double p = attrs.get_float("p");
+      c.require(p >= 0.0 && p < 1.0, "p must be in [0, 1), found ", p);
+      attrs.get_int("seed");
+      c.require_f32(0, "x");
+      c.require_f32(1, "residual");
+      c.require(c.shape(0) == c.shape(1), "x ", c.shape(0).to_string(), " and residual ", c.shape(1).to_string(),
+                " differ");
+      return {{c.shape(0), DType::f32}};
+    }
     case OpKind::Reshape: {
       std::vector<int64_t> out = attrs.get_ints("shape");
       int64_t known = 1;

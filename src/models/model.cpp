@@ -358,6 +358,9 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
       entry->passes.applied.push_back(str("fold_attention_transposes: ", f.fused,
                                           " attentions read and write (B, T, H, D), ", f.nodes_removed,
                                           " transposes removed (and their gradients' transposes)"));
+    passes::FusionReport d = passes::fuse_dropout_add(g);
+    if (d.fused > 0)
+      entry->passes.applied.push_back(str("fuse_dropout_add: ", d.fused, " dropout + residual adds in one pass"));
   }
   if (with_backward) {
     const size_t backward_begin = g.nodes().size();

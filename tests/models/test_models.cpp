@@ -257,7 +257,7 @@ TEST(Models, RecomputeGivesIdenticalGradientsInASmallerArena) {
       grads.emplace_back(model->params().grads_data(), model->params().grads_data() + model->params().flat_numel());
       peaks.push_back(model->last_plan()->memory_report().activation_peak_bytes);
       ASSERT_NE(model->last_pass_log(), nullptr);
-      EXPECT_EQ(model->last_pass_log()->applied.size(), recompute ? 2u : 1u) << arch;
+      EXPECT_EQ(model->last_pass_log()->applied.size(), recompute ? 3u : 2u) << arch;
       EXPECT_EQ(model->last_pass_log()->ops_after.at("Attention"), recompute ? 8 : 4) << arch;
     }
     EXPECT_EQ(losses[0], losses[1]) << arch;
@@ -281,10 +281,15 @@ TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
       grads.emplace_back(model->params().grads_data(), model->params().grads_data() + model->params().flat_numel());
       const models::PassLog& log = *model->last_pass_log();
       int transposes = log.ops_after.count("Transpose") ? log.ops_after.at("Transpose") : 0;
-      if (fusions)
+      auto dropouts = [](const std::map<std::string, int>& ops) { return ops.count("Dropout") ? ops.at("Dropout") : 0; };
+      if (fusions) {
         EXPECT_EQ(transposes, 0) << arch;
-      else
+        EXPECT_GT(log.ops_after.count("DropoutAdd") ? log.ops_after.at("DropoutAdd") : 0, 0) << arch;
+        EXPECT_LT(dropouts(log.ops_after), dropouts(log.ops_before)) << arch;
+      } else {
         EXPECT_GT(transposes, 0) << arch;
+        EXPECT_EQ(dropouts(log.ops_after), dropouts(log.ops_before)) << arch;
+      }
     }
     EXPECT_EQ(losses[0], losses[1]) << arch;
     for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << arch << " gradient " << i;

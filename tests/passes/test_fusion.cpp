@@ -104,5 +104,53 @@ TEST(FoldAttentionTransposes, SameLossAndGradients) {
   }
 }
 
+TEST(FuseDropoutAdd, EitherOrderFusesAndKeepsResultsBitForBit) {
+  std::vector<std::vector<float>> grads;
+  std::vector<float> losses;
+  for (bool fuse : {false, true}) {
+    ir::Graph g;
+    ir::GraphBuilder b(g, 8);
+    ValueId x = b.param("x", {3, 37}), r = b.param("r", {3, 37});
+    ValueId h = b.add(b.dropout(x, 0.25), r);    // dropout on the left
+    ValueId y = b.add(h, b.dropout(b.tanh(h), 0.1));  // and on the right
+    ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1});
+    g.mark_output(loss);
+    if (fuse) {
+      passes::FusionReport report = passes::fuse_dropout_add(g);
+      EXPECT_EQ(report.fused, 2);
+      EXPECT_EQ(count(g, OpKind::Dropout), 0);
+      EXPECT_EQ(count(g, OpKind::DropoutAdd), 2);
+      EXPECT_EQ(count(g, OpKind::Add), 0);
+    }
+    autodiff::build_backward(g, loss, g.params());
+    runtime::ParameterStore params(g);
+    for (size_t i = 0; i < params.slots().size(); ++i) {
+      float* p = params.param(i).data_as<float>();
+      for (int64_t k = 0; k < params.slots()[i].numel; ++k) p[k] = std::sin(0.3f * static_cast<float>(k + 11 * i));
+    }
+    auto plan = runtime::Plan::compile(g, params, {});
+    params.zero_grads();
+    plan->set_step(2);
+    plan->run();
+    losses.push_back(static_cast<float>(plan->output(loss).item()));
+    grads.emplace_back(params.grads_data(), params.grads_data() + params.flat_numel());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << "gradient " << i;
+}
+
+TEST(FuseDropoutAdd, LeavesDropoutsWithOtherReadersAlone) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  ValueId x = b.param("x", {4, 8});
+  ValueId dropped = b.dropout(x, 0.5);
+  ValueId sum = b.add(dropped, x);
+  g.mark_output(b.mul(sum, dropped));  // the dropped values are read again
+  ValueId broadcast = b.add(b.dropout(b.param("row", {1, 8}), 0.5), x);  // (1, 8) + (4, 8): no
+  g.mark_output(broadcast);
+  EXPECT_EQ(passes::fuse_dropout_add(g).fused, 0);
+  EXPECT_EQ(count(g, OpKind::Dropout), 2);
+}
+
 }  // namespace
 }  // namespace fusetrain::testing

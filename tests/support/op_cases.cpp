@@ -126,6 +126,11 @@ std::vector<OpCase> make_cases() {
   add("dropout", OpKind::Dropout, [](GraphBuilder& b, int64_t n) {
     return Outs{b.dropout(b.param("x", {n, 8}), 0.3)};
   });
+  add("dropout_add", OpKind::DropoutAdd, [](GraphBuilder& b, int64_t n) {
+    ValueId x = b.param("x", {n, 40}), residual = b.param("residual", {n, 40});
+    Outs y{b.graph().add(OpKind::DropoutAdd, {x, residual}, {{"p", 0.3}, {"seed", int64_t{9}}})};
+    return Outs{b.mul(y[0], y[0])};  // a non-linear use so both gradients depend on the mask
+  });
   add("reshape", OpKind::Reshape, [](GraphBuilder& b, int64_t n) {
     ValueId y = b.reshape(b.param("x", {n, 6}), {-1, 2, 3});
     return Outs{b.mul(y, y)};  // a non-linear use so the gradient depends on x
@@ -193,6 +198,14 @@ std::vector<OpCase> make_cases() {
   add("attention_causal", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
     ValueId q = b.param("q", {1, 3, n, 4}), k = b.param("k", {1, 3, n + 2, 4}), v = b.param("v", {1, 3, n + 2, 4});
     return Outs{b.attention(q, k, v, ir::kNone, 0.5, true)};
+  });
+  add("attention_seq_major", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
+    // (B, T, H, D) operands, causal, with dropout: the layout fold_attention_transposes writes.
+    ValueId q = b.param("q", {1, n, 2, 4}), k = b.param("k", {1, n + 2, 2, 4}), v = b.param("v", {1, n + 2, 2, 4});
+    Outs outs = b.graph().add_node(OpKind::Attention, {q, k, v},
+                                   {{"scale", 0.5}, {"causal", int64_t{1}}, {"dropout_p", 0.2}, {"seed", int64_t{4}},
+                                    {"seq_major", int64_t{1}}});
+    return Outs{outs[0]};  // lse is not differentiated (the op's own builder exposes only out)
   });
   add("attention_dropout", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
     ValueId q = b.param("q", {1, 2, n, 8}), k = b.param("k", {1, 2, 4, 8}), v = b.param("v", {1, 2, 4, 8});

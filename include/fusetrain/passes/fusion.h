@@ -22,4 +22,9 @@ struct FusionReport {
 /// writes that layout too, so the transposes of the gradients go as well.
 FusionReport fold_attention_transposes(ir::Graph& graph);
 
+/// Dropout + residual add: Add(Dropout(x), residual) (either order), where the
+/// dropout's output feeds nothing else, becomes DropoutAdd(x, residual): one pass
+/// over memory instead of two, and no dropped copy of x is stored.
+FusionReport fuse_dropout_add(ir::Graph& graph);
+
 }  // namespace fusetrain::passes

@@ -67,6 +67,13 @@ void grad_rule<OpKind::Dropout>(GradContext& ctx) {
   ctx.set_grad_input(0, ctx.g.add(OpKind::Dropout, {ctx.grad_output(0)}, ctx.attrs()));
 }
 
+// d/dx is dropout's (the same mask, redrawn); d/dresidual is dy itself.
+template <>
+void grad_rule<OpKind::DropoutAdd>(GradContext& ctx) {
+  if (ctx.needs_grad(0)) ctx.set_grad_input(0, ctx.g.add(OpKind::Dropout, {ctx.grad_output(0)}, ctx.attrs()));
+  if (ctx.needs_grad(1)) ctx.set_grad_input(1, ctx.grad_output(0));
+}
+
 // Gradients are kept in f32 whatever the forward precision, so a cast passes
 // its gradient through (converting a low-precision one to f32).
 template <>

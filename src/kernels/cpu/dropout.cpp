@@ -1,5 +1,6 @@
 // Tuned Dropout, f32: y[i] = keep(i) ? x[i] / (1 - p) : 0 with
-// keep(i) = uniform_at(seed, rng_offset, i) >= p (kernels/rng.h), bit for bit.
+// keep(i) = uniform_at(seed, rng_offset, i) >= p (kernels/rng.h), bit for bit;
+// DropoutAdd adds residual[i] to that in the same pass.
 //
 // Shape legend: any shape, seen as n contiguous elements; y may alias x.
 // Philox4x32-10 yields four uniforms per counter (block = i / 4). The AVX-512
@@ -13,15 +14,19 @@ namespace fusetrain::kernels::cpu_basic {
 namespace {
 
 // Elements [begin, end) the scalar way, one uniform4 per block of four.
-void dropout_portable(float* y, const float* x, int64_t begin, int64_t end, uint64_t seed, uint64_t offset, float p,
-                      float scale) {
+// residual: null for Dropout, else added (DropoutAdd).
+void dropout_portable(float* y, const float* x, const float* residual, int64_t begin, int64_t end, uint64_t seed,
+                      uint64_t offset, float p, float scale) {
   int64_t i = begin;
   while (i < end) {
     const uint64_t block = static_cast<uint64_t>(i) >> 2;
     float u[4];
     uniform4(seed, offset, block, u);
     const int64_t block_end = std::min<int64_t>(end, static_cast<int64_t>(block * 4 + 4));
-    for (; i < block_end; ++i) y[i] = u[i & 3] >= p ? x[i] * scale : 0.0f;
+    for (; i < block_end; ++i) {
+      const float dropped = u[i & 3] >= p ? x[i] * scale : 0.0f;
+      y[i] = residual ? dropped + residual[i] : dropped;
+    }
   }
 }
 
@@ -37,8 +42,8 @@ FT_AVX512_INLINE __m512 to_uniform16(__m512i bits) {
   return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(bits, 8)), _mm512_set1_ps(1.0f / 16777216.0f));
 }
 
-FT_AVX512 void dropout_avx512(float* y, const float* x, int64_t begin, int64_t end, uint64_t seed, uint64_t offset,
-                              float p, float scale) {
+FT_AVX512 void dropout_avx512(float* y, const float* x, const float* residual, int64_t begin, int64_t end,
+                              uint64_t seed, uint64_t offset, float p, float scale) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i mul0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
   const __m512i mul1 = _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u));
@@ -54,13 +59,13 @@ FT_AVX512 void dropout_avx512(float* y, const float* x, int64_t begin, int64_t e
   // Head up to a multiple of 4 (callers pass 64-aligned begins; this is for safety).
   if (i & 3) {
     int64_t head_end = std::min(end, (i + 3) & ~int64_t{3});
-    dropout_portable(y, x, i, head_end, seed, offset, p, scale);
+    dropout_portable(y, x, residual, i, head_end, seed, offset, p, scale);
     i = head_end;
   }
   for (; i + 64 <= end; i += 64) {
     const uint64_t block = static_cast<uint64_t>(i) >> 2;
     if (static_cast<uint32_t>(block) > 0xFFFFFFFFu - 15u) {  // low counter word would carry
-      dropout_portable(y, x, i, i + 64, seed, offset, p, scale);
+      dropout_portable(y, x, residual, i, i + 64, seed, offset, p, scale);
       continue;
     }
     __m512i c0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(block))), lane);
@@ -89,16 +94,19 @@ FT_AVX512 void dropout_avx512(float* y, const float* x, int64_t begin, int64_t e
         _mm512_permutex2var_epi64(p01_hi, quad_lo, p23_hi), _mm512_permutex2var_epi64(p01_hi, quad_hi, p23_hi)};
     for (int q = 0; q < 4; ++q) {
       const __mmask16 keep = _mm512_cmp_ps_mask(to_uniform16(ordered[q]), vp, _CMP_GE_OQ);
-      _mm512_storeu_ps(y + i + 16 * q, _mm512_maskz_mul_ps(keep, _mm512_loadu_ps(x + i + 16 * q), vscale));
+      __m512 dropped = _mm512_maskz_mul_ps(keep, _mm512_loadu_ps(x + i + 16 * q), vscale);
+      if (residual) dropped = _mm512_add_ps(dropped, _mm512_loadu_ps(residual + i + 16 * q));
+      _mm512_storeu_ps(y + i + 16 * q, dropped);
     }
   }
-  if (i < end) dropout_portable(y, x, i, end, seed, offset, p, scale);
+  if (i < end) dropout_portable(y, x, residual, i, end, seed, offset, p, scale);
 }
 
 class DropoutKernel final : public Kernel {
  public:
-  DropoutKernel(int64_t numel, double p, uint64_t seed)
+  DropoutKernel(int64_t numel, double p, uint64_t seed, bool residual)
       : numel_(numel),
+        residual_(residual),
         p_(static_cast<float>(p)),
         scale_(static_cast<float>(1.0 / (1.0 - p))),
         seed_(seed),
@@ -106,19 +114,21 @@ class DropoutKernel final : public Kernel {
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const float* x = static_cast<const float*>(args.inputs[0].data());
+    const float* residual = residual_ ? static_cast<const float*>(args.inputs[1].data()) : nullptr;
     float* y = static_cast<float*>(args.outputs[0].data());
     const uint64_t offset = ctx.rng_offset;
     // Philox costs far more than the memory traffic: parallelise earlier.
     parallel_for(
         numel_, threads_for(numel_ * 8, ctx.num_threads),
-        [&](int64_t begin, int64_t end, int) { fn_(y, x, begin, end, seed_, offset, p_, scale_); }, 64);
+        [&](int64_t begin, int64_t end, int) { fn_(y, x, residual, begin, end, seed_, offset, p_, scale_); }, 64);
   }
 
  private:
   int64_t numel_;
+  bool residual_;
   float p_, scale_;
   uint64_t seed_;
-  void (*fn_)(float*, const float*, int64_t, int64_t, uint64_t, uint64_t, float, float);
+  void (*fn_)(float*, const float*, const float*, int64_t, int64_t, uint64_t, uint64_t, float, float);
 };
 
 }  // namespace
@@ -126,7 +136,8 @@ class DropoutKernel final : public Kernel {
 std::unique_ptr<Kernel> make_dropout_kernel(const ir::Graph& g, const ir::Node& n) {
   if (input_dtype(g, n, 0) != DType::f32) return nullptr;
   return std::make_unique<DropoutKernel>(output_shape(g, n, 0).numel(), n.attrs.get_float("p"),
-                                         static_cast<uint64_t>(n.attrs.get_int("seed")));
+                                         static_cast<uint64_t>(n.attrs.get_int("seed")),
+                                         n.op == ir::OpKind::DropoutAdd);
 }
 
 }  // namespace fusetrain::kernels::cpu_basic

@@ -143,6 +143,7 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const ir::Graph& graph, const ir::
     case OpKind::EmbeddingBackward:
       return make_embedding_backward_kernel(graph, node);
     case OpKind::Dropout:
+    case OpKind::DropoutAdd:
       return make_dropout_kernel(graph, node);
     case OpKind::Reshape:
       return make_reshape_kernel(graph, node);

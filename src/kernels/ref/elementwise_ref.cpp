@@ -193,6 +193,32 @@ class DropoutRef final : public RefKernel {
   uint64_t seed_;
 };
 
+// y[i] = dropout(x)[i] + residual[i], computed in double, rounded once.
+class DropoutAddRef final : public RefKernel {
+ public:
+  DropoutAddRef(const ir::Graph& g, const ir::Node& n)
+      : numel_(output_shape(g, n, 0).numel()),
+        p_(n.attrs.get_float("p")),
+        seed_(static_cast<uint64_t>(n.attrs.get_int("seed"))) {}
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const float* x = args.inputs[0].data_as<float>();
+    const float* residual = args.inputs[1].data_as<float>();
+    const bool acc = accumulate_flag(args, 0);
+    const float p = static_cast<float>(p_);
+    for (int64_t i = 0; i < numel_; ++i) {
+      bool keep = dropout_keep(seed_, ctx.rng_offset, static_cast<uint64_t>(i), p);
+      double dropped = keep ? static_cast<double>(static_cast<float>(x[i] / (1.0 - p_))) : 0.0;
+      store(args.outputs[0].data(), DType::f32, i, dropped + residual[i], acc);
+    }
+  }
+
+ private:
+  int64_t numel_;
+  double p_;
+  uint64_t seed_;
+};
+
 // ---- Cast -----------------------------------------------------------------------
 
 // Converts between any two of the six dtypes:
@@ -315,6 +341,10 @@ std::unique_ptr<Kernel> make_relu_backward_ref(const ir::Graph& g, const ir::Nod
 
 std::unique_ptr<Kernel> make_dropout_ref(const ir::Graph& g, const ir::Node& n) {
   return std::make_unique<DropoutRef>(g, n);
+}
+
+std::unique_ptr<Kernel> make_dropout_add_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<DropoutAddRef>(g, n);
 }
 
 std::unique_ptr<Kernel> make_cast_ref(const ir::Graph& g, const ir::Node& n) { return std::make_unique<CastRef>(g, n); }

@@ -218,6 +218,7 @@ std::unique_ptr<Kernel> make_tanh_backward_ref(const ir::Graph& g, const ir::Nod
 std::unique_ptr<Kernel> make_relu_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_relu_backward_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_dropout_ref(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_dropout_add_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_cast_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_copy_ref(const ir::Graph& g, const ir::Node& n);
 

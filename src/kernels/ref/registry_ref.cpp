@@ -67,6 +67,8 @@ std::unique_ptr<Kernel> make_ref_kernel(const ir::Graph& graph, const ir::Node& 
       return ref::make_embedding_ref(graph, node);
     case OpKind::Dropout:
       return ref::make_dropout_ref(graph, node);
+    case OpKind::DropoutAdd:
+      return ref::make_dropout_add_ref(graph, node);
     case OpKind::Reshape:
       return ref::make_reshape_ref(graph, node);
     case OpKind::Transpose:
