@@ -54,7 +54,7 @@ ValueId GradContext::sum_to(ValueId grad, const Shape& shape) {
   return g.add(OpKind::ReduceSumTo, {grad}, {{"shape", shape.dims()}});
 }
 
-Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<ValueId>& params) {
+Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<ValueId>& params, ValueId seed) {
   const ir::Value loss_value = graph.value(loss);  // a copy: adding nodes moves value storage
   FT_CHECK(loss_value.shape.numel() == 1 && is_floating(loss_value.dtype), "build_backward: the loss ",
            graph.describe(loss), " must be a floating-point scalar, found shape ", loss_value.shape.to_string());
@@ -87,7 +87,13 @@ Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<Value
   ir::GraphBuilder b(graph);
   std::vector<std::vector<ValueId>> contributions(num_values);
   Gradients result;
-  result.seed = b.fill(loss_value.shape, 1.0, loss_value.dtype);
+  if (seed != ir::kNone) {
+    FT_CHECK(graph.value(seed).shape == loss_value.shape && graph.value(seed).dtype == loss_value.dtype,
+             "build_backward: the seed ", graph.describe(seed), " does not match the loss ", graph.describe(loss));
+    result.seed = seed;
+  } else {
+    result.seed = b.fill(loss_value.shape, 1.0, loss_value.dtype);
+  }
   contributions[static_cast<size_t>(loss)].push_back(result.seed);
 
   for (NodeId id = num_forward_nodes - 1; id >= 0; --id) {

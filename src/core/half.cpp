@@ -66,6 +66,22 @@ __attribute__((target("avx512f,avx512bf16,avx512vl"))) void float_to_bf16_avx512
   for (; i < n; ++i) out[i] = float_to_bf16(in[i]);
 }
 
+// vcvtps2ph with round-to-nearest-even and vcvtph2ps: the scalar conversions' results, bit for bit.
+__attribute__((target("avx512f"))) void float_to_f16_avx512(uint16_t* out, const float* in, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) out[i] = float_to_f16(in[i]);
+}
+
+__attribute__((target("avx512f"))) void f16_to_float_avx512(float* out, const uint16_t* in, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i))));
+  for (; i < n; ++i) out[i] = f16_to_float(in[i]);
+}
+
 }  // namespace
 
 void float_to_bf16(uint16_t* out, const float* in, size_t n) {
@@ -78,10 +94,12 @@ void bf16_to_float(float* out, const uint16_t* in, size_t n) {
 }
 
 void float_to_f16(uint16_t* out, const float* in, size_t n) {
+  if (cpu_features().avx512f) return float_to_f16_avx512(out, in, n);
   for (size_t i = 0; i < n; ++i) out[i] = float_to_f16(in[i]);
 }
 
 void f16_to_float(float* out, const uint16_t* in, size_t n) {
+  if (cpu_features().avx512f) return f16_to_float_avx512(out, in, n);
   for (size_t i = 0; i < n; ++i) out[i] = f16_to_float(in[i]);
 }
 

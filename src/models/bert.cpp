@@ -53,7 +53,7 @@ class BertFamily final : public Family {
   BuiltGraph build(const BatchSpec& spec) const override {
     BuiltGraph out;
     ir::GraphBuilder b(out.graph, 0x5eed);
-    bf16_ = spec.bf16;
+    matmul_dtype_ = spec.fp16 ? DType::f16 : spec.bf16 ? DType::bf16 : DType::f32;
     const int64_t B = spec.batch, T = spec.seq, C = C_;
     const bool train = spec.training;
     auto [ids, mask, positions] = sequence_inputs(b, B, T);
@@ -173,10 +173,10 @@ class BertFamily final : public Family {
     ValueId h = roberta_ ? dense(b, x, "lm_head.dense", C_, C_) : dense(b, x, head + "transform.dense", C_, C_);
     h = activation(b, h, roberta_ ? "gelu" : act_);
     h = roberta_ ? layer_norm(b, h, "lm_head.layer_norm") : layer_norm(b, h, head + "transform.LayerNorm");
-    if (tie_) return project(b, h, word, bias, bf16_);
+    if (tie_) return project(b, h, word, bias, matmul_dtype_);
     // Untied, transformers gives the decoder its own weight and bias; `bias` stays an unused parameter.
     ValueId decoder = b.param(head + "decoder.weight", {V_, C_});
-    return project(b, h, decoder, b.param(head + "decoder.bias", {V_}), bf16_);
+    return project(b, h, decoder, b.param(head + "decoder.bias", {V_}), matmul_dtype_);
   }
 
   bool roberta_;

@@ -45,7 +45,7 @@ class DistilBertFamily final : public Family {
   BuiltGraph build(const BatchSpec& spec) const override {
     BuiltGraph out;
     ir::GraphBuilder b(out.graph, 0x5eed);
-    bf16_ = spec.bf16;
+    matmul_dtype_ = spec.fp16 ? DType::f16 : spec.bf16 ? DType::bf16 : DType::f32;
     const int64_t B = spec.batch, T = spec.seq, C = C_;
     const bool train = spec.training;
     auto [ids, mask, positions] = sequence_inputs(b, B, T);
@@ -78,7 +78,7 @@ class DistilBertFamily final : public Family {
         ValueId h = activation(b, dense(b, x, "vocab_transform", C, C), act_);
         h = layer_norm(b, h, "vocab_layer_norm");
         ValueId projector = tie_ ? word : b.param("vocab_projector.weight", {V_, C});
-        out.logits = project(b, h, projector, b.param("vocab_projector.bias", {V_}), bf16_);
+        out.logits = project(b, h, projector, b.param("vocab_projector.bias", {V_}), matmul_dtype_);
         if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
         break;
       }

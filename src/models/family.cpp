@@ -12,7 +12,7 @@ using ir::ValueId;
 ValueId Family::dense(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t out, int64_t in) const {
   ValueId weight = b.param(name + ".weight", {out, in});
   ValueId bias = b.param(name + ".bias", {out});
-  return project(b, x, weight, bias, bf16_);
+  return project(b, x, weight, bias, matmul_dtype_);
 }
 
 ValueId Family::self_attention(ir::GraphBuilder& b, ValueId x, ValueId mask_add, const std::string& q,
@@ -94,18 +94,18 @@ int64_t ConfigReader::positive(const std::string& key) const {
 
 // ---- graph pieces ----------------------------------------------------------------------------
 
-ValueId project(ir::GraphBuilder& b, ValueId x, ValueId w, ValueId bias, bool bf16) {
-  if (bf16) {
-    x = b.cast(x, DType::bf16);
-    w = b.cast(w, DType::bf16);
+ValueId project(ir::GraphBuilder& b, ValueId x, ValueId w, ValueId bias, DType matmul_dtype) {
+  if (matmul_dtype != DType::f32) {
+    x = b.cast(x, matmul_dtype);
+    w = b.cast(w, matmul_dtype);
   }
   return b.linear(x, w, bias);
 }
 
-ValueId project_in_out(ir::GraphBuilder& b, ValueId x, ValueId w, ValueId bias, bool bf16) {
-  if (bf16) {
-    x = b.cast(x, DType::bf16);
-    w = b.cast(w, DType::bf16);
+ValueId project_in_out(ir::GraphBuilder& b, ValueId x, ValueId w, ValueId bias, DType matmul_dtype) {
+  if (matmul_dtype != DType::f32) {
+    x = b.cast(x, matmul_dtype);
+    w = b.cast(w, matmul_dtype);
   }
   return b.add(b.matmul(x, w), bias);
 }

@@ -70,7 +70,7 @@ class Family {
   /// `name` under the base model's prefix ("bert.", "transformer.", ...; none for a bare model).
   std::string p(const std::string& name) const { return prefix_ + name; }
   /// A Linear with "<name>.weight" (out, in) and "<name>.bias" (out), declared weight
-  /// first as transformers orders them; in bf16 when the spec being built asks.
+  /// first as transformers orders them; in bf16 or f16 when the spec being built asks.
   ir::ValueId dense(ir::GraphBuilder& b, ir::ValueId x, const std::string& name, int64_t out, int64_t in) const;
   /// Bidirectional multi-head self-attention over x (B, T, C): projections `q`, `k`,
   /// `v` (C → C), scaled dot-product with the additive key mask and dropout on the
@@ -84,7 +84,7 @@ class Family {
 
   Head head_ = Head::Base;
   std::string prefix_;
-  mutable bool bf16_ = false;  // set by build() for the spec being built
+  mutable DType matmul_dtype_ = DType::f32;  // operands of projections; set by build() for the spec being built
 };
 
 /// True if `name` ends with `suffix`.
@@ -118,10 +118,11 @@ class ConfigReader {
 
 // ---- shared graph pieces ------------------------------------------------------------------
 
-/// x·wᵀ + bias, in bf16 (inputs cast, f32 accumulation and output) when `bf16`.
-ir::ValueId project(ir::GraphBuilder& b, ir::ValueId x, ir::ValueId w, ir::ValueId bias, bool bf16);
-/// x·w (w stored (in, out), GPT-2's Conv1D) + bias, in bf16 when `bf16`.
-ir::ValueId project_in_out(ir::GraphBuilder& b, ir::ValueId x, ir::ValueId w, ir::ValueId bias, bool bf16);
+/// x·wᵀ + bias with x and w cast to `matmul_dtype` (bf16 or f16; f32: no cast), f32
+/// accumulation and output.
+ir::ValueId project(ir::GraphBuilder& b, ir::ValueId x, ir::ValueId w, ir::ValueId bias, DType matmul_dtype);
+/// x·w (w stored (in, out), GPT-2's Conv1D) + bias, operands in `matmul_dtype`.
+ir::ValueId project_in_out(ir::GraphBuilder& b, ir::ValueId x, ir::ValueId w, ir::ValueId bias, DType matmul_dtype);
 /// The (B, T) i64 inputs every family reads.
 struct SequenceInputs {
   ir::ValueId ids, mask, positions;

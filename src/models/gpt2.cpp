@@ -45,7 +45,7 @@ class Gpt2Family final : public Family {
   BuiltGraph build(const BatchSpec& spec) const override {
     BuiltGraph out;
     ir::GraphBuilder b(out.graph, 0x5eed);
-    bf16_ = spec.bf16;
+    matmul_dtype_ = spec.fp16 ? DType::f16 : spec.bf16 ? DType::bf16 : DType::f32;
     const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
     const bool train = spec.training;
     auto [ids, mask, positions] = sequence_inputs(b, B, T);
@@ -81,7 +81,7 @@ class Gpt2Family final : public Family {
         break;
       case Head::CausalLM: {
         ValueId lm_head = tie_ ? wte : b.param("lm_head.weight", {V_, C});
-        out.logits = bf16_ ? b.linear(b.cast(x, DType::bf16), b.cast(lm_head, DType::bf16)) : b.linear(x, lm_head);
+        out.logits = project(b, x, lm_head, ir::kNone, matmul_dtype_);
         // Labels arrive shifted left by one (the last position ignored), so every
         // position predicts the next token without slicing the logits.
         if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
@@ -136,7 +136,7 @@ class Gpt2Family final : public Family {
   ValueId conv1d(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t in, int64_t out) const {
     ValueId w = b.param(name + ".weight", {in, out});
     ValueId bias = b.param(name + ".bias", {out});
-    return project_in_out(b, x, w, bias, bf16_);
+    return project_in_out(b, x, w, bias, matmul_dtype_);
   }
   ValueId layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {
     return named_layer_norm(b, x, name, C_, eps_);

@@ -310,6 +310,9 @@ void Model::save_pretrained(const std::string& dir) const {
 
 namespace {
 
+// fp16 training plans: the scalar backward starts from (the loss scale).
+constexpr const char* kLossScaleInput = "loss_scale";
+
 std::map<std::string, int> op_counts(const ir::Graph& g) {
   std::map<std::string, int> counts;
   for (const ir::Node& n : g.nodes()) ++counts[ir::op_name(n.op)];
@@ -326,6 +329,7 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
   spec.seq = batch.input_ids.shape()[1];
   spec.training = training;
   spec.bf16 = bf16_;
+  spec.fp16 = fp16_;
   spec.recompute = recompute_ && with_backward;
   spec.fusions = fusions_;
   if (batch.start_positions.defined() || batch.end_positions.defined())
@@ -364,7 +368,8 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
   }
   if (with_backward) {
     const size_t backward_begin = g.nodes().size();
-    autodiff::build_backward(g, entry->built.loss, g.params());
+    ir::ValueId seed = spec.fp16 ? g.add_input(kLossScaleInput, Shape{}, DType::f32) : ir::kNone;
+    autodiff::build_backward(g, entry->built.loss, g.params(), seed);
     if (spec.recompute) {
       passes::RecomputeReport r = passes::recompute_segments(g, entry->built.layer_boundaries, backward_begin);
       entry->passes.applied.push_back(str("recompute: ", r.segments, " layers, ", r.nodes_cloned,
@@ -486,6 +491,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     }
   }
 
+  if (e.spec.fp16 && with_backward) *plan.input(kLossScaleInput).data_as<float>() = static_cast<float>(loss_scale_);
   if (zero_grads) params_->zero_grads();
   if (training) plan.set_step(rng_step_++);
   plan.run();

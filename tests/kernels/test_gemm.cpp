@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fusetrain/core/error.h"
+#include "fusetrain/core/half.h"
 #include "fusetrain/kernels/benchmark.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/ref/gemm_ref.h"
@@ -293,6 +294,44 @@ TEST(GemmDispatch, PortableOverrideTakesEffect) {
     gemm_bf16(s, 1.0f, A.data(), B.data(), 0.0f, slow.data(), scratch.data(), 1);
   }
   EXPECT_NE(std::memcmp(fast.data(), slow.data(), fast.size() * sizeof(float)), 0);
+}
+
+// f16 operands: exactly the f32 GEMM of the converted operands, including leading
+// dimensions, transposes, accumulation and batches with a broadcast operand.
+TEST(GemmF16, EqualsF32GemmOfConvertedOperands) {
+  std::mt19937 rng(21);
+  for (bool trans_a : {false, true})
+    for (bool trans_b : {false, true})
+      for (int threads : {1, 2}) {
+        const int64_t M = 37, N = 70, K = 129, batch = 3;
+        GemmShape s{M, N, K, trans_a, trans_b, (trans_a ? M : K) + 3, (trans_b ? K : N) + 1, N + 2};
+        const int64_t size_a = (trans_a ? K : M) * s.lda, size_b = (trans_b ? N : K) * s.ldb;
+        const int64_t stride_a = size_a + 5, stride_c = M * s.ldc;
+        auto A = random_matrix(1, stride_a * batch, stride_a * batch, rng, false);
+        auto B = random_matrix(1, size_b, size_b, rng, false);
+        std::vector<uint16_t> A16(A.size()), B16(B.size());
+        float_to_f16(A16.data(), A.data(), A.size());
+        float_to_f16(B16.data(), B.data(), B.size());
+        f16_to_float(A.data(), A16.data(), A.size());  // the values the f16 GEMM sees
+        f16_to_float(B.data(), B16.data(), B.size());
+        auto C0 = random_matrix(1, stride_c * batch, stride_c * batch, rng, false);
+        auto want = C0, got = C0;
+        Scratch f32_scratch(gemm_f32_batched_scratch_bytes(s, batch, threads));
+        Scratch f16_scratch(gemm_f16_batched_scratch_bytes(s, batch, stride_a, 0, threads));
+        gemm_f32_batched(s, batch, stride_a, 0, stride_c, 0.5f, A.data(), B.data(), 1.0f, want.data(),
+                         f32_scratch.data(), threads);
+        gemm_f16_batched(s, batch, stride_a, 0, stride_c, 0.5f, A16.data(), B16.data(), 1.0f, got.data(),
+                         f16_scratch.data(), threads);
+        EXPECT_TRUE(f16_scratch.canary_intact()) << "wrote past the reported scratch size";
+        ASSERT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+            << "trans_a " << trans_a << " trans_b " << trans_b << " threads " << threads;
+        std::vector<float> one_want(M * s.ldc, 0.0f), one_got(M * s.ldc, 0.0f);
+        Scratch one_f32(gemm_f32_scratch_bytes(s, threads)), one_f16(gemm_f16_scratch_bytes(s, threads));
+        gemm_f32(s, 1.0f, A.data(), B.data(), 0.0f, one_want.data(), one_f32.data(), threads);
+        gemm_f16(s, 1.0f, A16.data(), B16.data(), 0.0f, one_got.data(), one_f16.data(), threads);
+        EXPECT_TRUE(one_f16.canary_intact());
+        ASSERT_EQ(std::memcmp(one_want.data(), one_got.data(), one_want.size() * sizeof(float)), 0);
+      }
 }
 
 TEST(GemmBenchmark, MeasuresPositiveThroughputAndRejectsBadShapes) {

@@ -234,6 +234,41 @@ TEST(Models, HeadMissingFromCheckpointIsInitialisedAndReported) {
   fs::remove_all(dir);
 }
 
+// fp16: half-precision projection operands track f32, and the loss scale multiplies
+// every gradient (a power of two: exactly, barring f16 underflow) without touching the loss.
+TEST(Models, Fp16MixedPrecisionTracksF32AndScalesGradients) {
+  for (const auto& [type, arch] :
+       {std::pair<std::string, std::string>{"bert", "BertForMaskedLM"}, {"gpt2", "GPT2LMHeadModel"}}) {
+    auto model = Model::from_config(tiny_config(type), 4, arch);
+    Data d = make_batch(*model, 2, 7, 3);
+    double f32 = model->loss_and_grads(d.batch);
+    const models::PassLog* plain_log = model->last_pass_log();
+    std::vector<float> g32(model->params().grads_data(), model->params().grads_data() + model->params().flat_numel());
+    model->set_fp16(true);
+    EXPECT_FALSE(model->bf16());
+    double fp16 = model->loss_and_grads(d.batch);
+    ASSERT_NE(model->last_pass_log(), plain_log) << "fp16 must compile its own plan";
+    EXPECT_GT(model->last_pass_log()->ops_after.at("Cast"), 0) << arch;
+    EXPECT_NEAR(fp16, f32, 0.01 * std::abs(f32)) << arch;
+    std::vector<float> g16(model->params().grads_data(), model->params().grads_data() + model->params().flat_numel());
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < g32.size(); ++i) {
+      diff += double(g16[i] - g32[i]) * (g16[i] - g32[i]);
+      norm += double(g32[i]) * g32[i];
+    }
+    EXPECT_LT(std::sqrt(diff / norm), 0.02) << arch;
+    EXPECT_GT(std::sqrt(diff / norm), 0.0) << arch << ": the fp16 path must actually round";
+    model->set_loss_scale(1024.0);
+    double scaled_loss = model->loss_and_grads(d.batch);
+    EXPECT_EQ(scaled_loss, fp16) << arch << ": the loss itself is not scaled";
+    double worst = 0;
+    for (size_t i = 0; i < g16.size(); ++i)
+      worst = std::max(worst, std::abs(model->params().grads_data()[i] / 1024.0 - g16[i]) /
+                                  std::max(1e-3, double(std::abs(g16[i]))));
+    EXPECT_LT(worst, 1e-2) << arch;
+  }
+}
+
 // Activation checkpointing changes where activations are computed, not what: with
 // dropout on (masks redrawn from the same counter stream) the loss and every gradient
 // are bit-identical, and the activation arena is smaller.

@@ -25,7 +25,10 @@ bool has_grad_rule(ir::OpKind op);
 /// GEMMs in backward still accumulate in f32). Each returned gradient is produced by a node of its own and marked as
 /// a graph output, so a plan can bind it to the flat gradient buffer.
 /// Throws Error if the loss is not a scalar or a non-differentiable op lies on a
-/// path from a parameter to the loss.
-Gradients build_backward(ir::Graph& graph, ir::ValueId loss, const std::vector<ir::ValueId>& params);
+/// path from a parameter to the loss. `seed` (optional) is the value backward starts
+/// from instead of a constant 1: a graph input holding the loss scale makes every
+/// gradient come out multiplied by it (fp16 loss scaling).
+Gradients build_backward(ir::Graph& graph, ir::ValueId loss, const std::vector<ir::ValueId>& params,
+                         ir::ValueId seed = ir::kNone);
 
 }  // namespace fusetrain::autodiff

@@ -34,6 +34,7 @@ struct BatchSpec {
   LabelKind labels = LabelKind::None;
   bool training = false;  ///< dropout active
   bool bf16 = false;      ///< matmuls in bf16 (f32 accumulation, f32 master weights)
+  bool fp16 = false;      ///< matmul operands in f16 (f32 accumulation); a loss_scale input seeds backward
   bool recompute = false; ///< backward recomputes each layer's activations (activation checkpointing)
   bool fusions = true;    ///< run the fusion passes
   bool operator==(const BatchSpec&) const = default;
@@ -138,8 +139,23 @@ class Model {
   /// bf16 mixed precision: every projection and the LM head multiply in bf16
   /// (AVX512-BF16/AMX GEMMs, f32 accumulation); norms, softmax, attention and the
   /// loss stay f32, parameters and gradients stay f32.
-  void set_bf16(bool on) { bf16_ = on; }
+  void set_bf16(bool on) {
+    bf16_ = on;
+    if (on) fp16_ = false;
+  }
   bool bf16() const { return bf16_; }
+  /// fp16 mixed precision, as on GPUs: projection operands rounded to IEEE half,
+  /// products accumulated in f32 (on CPUs without fp16 arithmetic the GEMMs convert
+  /// the operands and run at f32 speed), f32 master weights. Backward starts from
+  /// loss_scale() instead of 1, so every gradient comes out multiplied by it: the
+  /// caller unscales, and skips steps whose gradients overflowed (train::LossScaler).
+  void set_fp16(bool on) {
+    fp16_ = on;
+    if (on) bf16_ = false;
+  }
+  bool fp16() const { return fp16_; }
+  void set_loss_scale(double scale) { loss_scale_ = scale; }
+  double loss_scale() const { return loss_scale_; }
   /// Activation checkpointing per transformer layer: training plans keep only each
   /// layer's input and recompute the layer's activations in backward (one extra
   /// forward, a much smaller activation peak; gradients bit-identical).
@@ -176,6 +192,8 @@ class Model {
   bool bf16_ = false;
   bool recompute_ = false;
   bool fusions_ = true;
+  bool fp16_ = false;
+  double loss_scale_ = 1.0;
 };
 
 /// The transformers classes fusetrain implements, for error messages.

@@ -1,5 +1,5 @@
 // Tuned elementwise kernels: Fill, Add/Sub/Mul/Div (numpy broadcasting), Scale,
-// Copy, Cast (f32 <-> bf16).
+// Copy, Cast (f32 <-> bf16, f32 <-> f16).
 //
 // Shape legend: any shape; n elements in total. Binary ops walk the merged
 // broadcast space of out as runs along its last axis, each operand with stride
@@ -251,8 +251,8 @@ class CopyKernel final : public Kernel {
   bool avx512_;
 };
 
-// out = x converted: f32 -> bf16 (nearest even) or bf16 -> f32 (exact); same
-// dtype is a copy.
+// out = x converted: f32 -> bf16 or f16 (nearest even; f16 overflows to inf) or
+// back to f32 (exact); same dtype is a copy.
 class CastKernel final : public Kernel {
  public:
   CastKernel(int64_t numel, DType from, DType to) : numel_(numel), from_(from), to_(to), avx512_(use_avx512()) {}
@@ -268,6 +268,10 @@ class CastKernel final : public Kernel {
           if (from_ == to_) {
             const size_t size = dtype_size(from_);
             std::memcpy(static_cast<char*>(out) + begin * size, static_cast<const char*>(x) + begin * size, n * size);
+          } else if (from_ == DType::f32 && to_ == DType::f16) {
+            float_to_f16(static_cast<uint16_t*>(out) + begin, static_cast<const float*>(x) + begin, n);
+          } else if (from_ == DType::f16) {
+            f16_to_float(static_cast<float*>(out) + begin, static_cast<const uint16_t*>(x) + begin, n);
           } else if (from_ == DType::f32) {
             (avx512_ ? f32_to_bf16_avx512 : f32_to_bf16_portable)(static_cast<uint16_t*>(out) + begin,
                                                                   static_cast<const float*>(x) + begin, n);
@@ -332,7 +336,8 @@ std::unique_ptr<Kernel> make_copy_kernel(const ir::Graph& g, const ir::Node& n) 
 
 std::unique_ptr<Kernel> make_cast_kernel(const ir::Graph& g, const ir::Node& n) {
   DType from = input_dtype(g, n, 0), to = output_dtype(g, n, 0);
-  bool supported = from == to || (from == DType::f32 && to == DType::bf16) || (from == DType::bf16 && to == DType::f32);
+  auto low = [](DType t) { return t == DType::bf16 || t == DType::f16; };
+  bool supported = from == to || (from == DType::f32 && low(to)) || (low(from) && to == DType::f32);
   if (!supported) return nullptr;
   return std::make_unique<CastKernel>(output_shape(g, n, 0).numel(), from, to);
 }

@@ -10,6 +10,8 @@
 // nothing and never synchronise; each packs its own panels in its scratch slice.
 #include "kernels/cpu/gemm.h"
 
+#include "fusetrain/core/half.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -570,6 +572,66 @@ void gemm_bf16_batched(const GemmShape& shape, int64_t batch, int64_t stride_a, 
                        float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C, void* scratch,
                        int num_threads) {
   gemm_batched_any(shape, batch, stride_a, stride_b, stride_c, alpha, A, B, beta, C, scratch, num_threads);
+}
+
+// ---- f16 operands: converted to f32 in scratch, then the f32 GEMM --------------------------
+
+namespace {
+
+// Elements spanned by one stored operand: rows of `ld` elements, the last one `cols` long.
+int64_t operand_extent(int64_t rows, int64_t cols, int64_t ld) { return rows == 0 ? 0 : (rows - 1) * ld + cols; }
+int64_t extent_a(const GemmShape& s) { return s.trans_a ? operand_extent(s.K, s.M, s.lda) : operand_extent(s.M, s.K, s.lda); }
+int64_t extent_b(const GemmShape& s) { return s.trans_b ? operand_extent(s.N, s.K, s.ldb) : operand_extent(s.K, s.N, s.ldb); }
+int64_t batched_extent(int64_t one, int64_t batch, int64_t stride) { return batch > 0 ? one + (batch - 1) * stride : 0; }
+size_t floats_bytes(int64_t n) { return static_cast<size_t>((n + 15) / 16 * 16) * sizeof(float); }
+
+void convert_f16(float* dst, const uint16_t* src, int64_t n, int num_threads) {
+  constexpr int64_t kChunk = 1 << 15;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  if (num_threads <= 1 || chunks == 1) {
+    f16_to_float(dst, src, static_cast<size_t>(n));
+    return;
+  }
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+  for (int64_t c = 0; c < chunks; ++c)
+    f16_to_float(dst + c * kChunk, src + c * kChunk, static_cast<size_t>(std::min(kChunk, n - c * kChunk)));
+}
+
+}  // namespace
+
+size_t gemm_f16_scratch_bytes(const GemmShape& shape, int num_threads) {
+  return floats_bytes(extent_a(shape)) + floats_bytes(extent_b(shape)) + gemm_f32_scratch_bytes(shape, num_threads);
+}
+
+void gemm_f16(const GemmShape& shape, float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C,
+              void* scratch, int num_threads) {
+  const int64_t na = extent_a(shape), nb = extent_b(shape);
+  float* a = static_cast<float*>(scratch);
+  float* b = reinterpret_cast<float*>(reinterpret_cast<char*>(a) + floats_bytes(na));
+  void* rest = reinterpret_cast<char*>(b) + floats_bytes(nb);
+  convert_f16(a, A, na, num_threads);
+  convert_f16(b, B, nb, num_threads);
+  gemm_f32(shape, alpha, a, b, beta, C, rest, num_threads);
+}
+
+size_t gemm_f16_batched_scratch_bytes(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b,
+                                      int num_threads) {
+  return floats_bytes(batched_extent(extent_a(shape), batch, stride_a)) +
+         floats_bytes(batched_extent(extent_b(shape), batch, stride_b)) +
+         gemm_f32_batched_scratch_bytes(shape, batch, num_threads);
+}
+
+void gemm_f16_batched(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
+                      float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C, void* scratch,
+                      int num_threads) {
+  const int64_t na = batched_extent(extent_a(shape), batch, stride_a);
+  const int64_t nb = batched_extent(extent_b(shape), batch, stride_b);
+  float* a = static_cast<float*>(scratch);
+  float* b = reinterpret_cast<float*>(reinterpret_cast<char*>(a) + floats_bytes(na));
+  void* rest = reinterpret_cast<char*>(b) + floats_bytes(nb);
+  convert_f16(a, A, na, num_threads);
+  convert_f16(b, B, nb, num_threads);
+  gemm_f32_batched(shape, batch, stride_a, stride_b, stride_c, alpha, a, b, beta, C, rest, num_threads);
 }
 
 }  // namespace fusetrain::kernels

@@ -32,11 +32,24 @@ size_t gemm_bf16_scratch_bytes(const GemmShape& shape, int num_threads);
 void gemm_bf16(const GemmShape& shape, float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C,
                void* scratch, int num_threads);
 
+// A and B hold IEEE half bit patterns. No CPU this targets multiplies in f16, so
+// the operands are converted to f32 in scratch first (exactly: every half is an
+// f32) and the f32 GEMM runs: the products and f32 sums an fp16 tensor core forms.
+size_t gemm_f16_scratch_bytes(const GemmShape& shape, int num_threads);
+void gemm_f16(const GemmShape& shape, float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C,
+              void* scratch, int num_threads);
+
 // Strided batch: for b in [0, batch), C + b*stride_c = alpha * op(A + b*stride_a) * op(B + b*stride_b)
 // + beta * (C + b*stride_c). stride_a or stride_b may be 0 to broadcast that operand.
 size_t gemm_f32_batched_scratch_bytes(const GemmShape& shape, int64_t batch, int num_threads);
 void gemm_f32_batched(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
                       float alpha, const float* A, const float* B, float beta, float* C, void* scratch,
+                      int num_threads);
+
+size_t gemm_f16_batched_scratch_bytes(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b,
+                                      int num_threads);
+void gemm_f16_batched(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
+                      float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C, void* scratch,
                       int num_threads);
 
 size_t gemm_bf16_batched_scratch_bytes(const GemmShape& shape, int64_t batch, int num_threads);

@@ -16,14 +16,14 @@ namespace fusetrain::kernels {
 
 namespace {
 
-// a (..., M, K) x b (..., K, N) -> c (..., M, N), f32 or bf16 operands, f32 result.
+// a (..., M, K) x b (..., K, N) -> c (..., M, N), f32, bf16 or f16 operands, f32 result.
 // trans_a: a stored (..., K, M); trans_b: b stored (..., N, K).
 class MatMulKernel final : public Kernel {
  public:
   MatMulKernel(const ir::Graph& g, const ir::Node& node) {
     const Shape& a = g.value(node.inputs[0]).shape;
     const Shape& b = g.value(node.inputs[1]).shape;
-    bf16_ = g.value(node.inputs[0]).dtype == DType::bf16;
+    dtype_ = g.value(node.inputs[0]).dtype;
     bool trans_a = node.attrs.get_int("trans_a", 0) != 0;
     bool trans_b = node.attrs.get_int("trans_b", 0) != 0;
     int64_t m = trans_a ? a[-1] : a[-2];
@@ -45,10 +45,14 @@ class MatMulKernel final : public Kernel {
   }
 
   size_t scratch_bytes(int num_threads) const override {
-    if (batch_ == 1)
-      return bf16_ ? gemm_bf16_scratch_bytes(shape_, num_threads) : gemm_f32_scratch_bytes(shape_, num_threads);
-    return bf16_ ? gemm_bf16_batched_scratch_bytes(shape_, batch_, num_threads)
-                 : gemm_f32_batched_scratch_bytes(shape_, batch_, num_threads);
+    if (batch_ == 1) {
+      if (dtype_ == DType::f16) return gemm_f16_scratch_bytes(shape_, num_threads);
+      return dtype_ == DType::bf16 ? gemm_bf16_scratch_bytes(shape_, num_threads)
+                                   : gemm_f32_scratch_bytes(shape_, num_threads);
+    }
+    if (dtype_ == DType::f16) return gemm_f16_batched_scratch_bytes(shape_, batch_, stride_a_, stride_b_, num_threads);
+    return dtype_ == DType::bf16 ? gemm_bf16_batched_scratch_bytes(shape_, batch_, num_threads)
+                                 : gemm_f32_batched_scratch_bytes(shape_, batch_, num_threads);
   }
 
   bool accumulates() const override { return true; }
@@ -60,7 +64,10 @@ class MatMulKernel final : public Kernel {
     float* c = static_cast<float*>(args.outputs[0].data());  // c: (batch, M, N)
     int threads = ctx.num_threads;
     if (batch_ == 1) {
-      if (bf16_)
+      if (dtype_ == DType::f16)
+        gemm_f16(shape_, 1.0f, static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), beta, c, args.scratch,
+                 threads);
+      else if (dtype_ == DType::bf16)
         gemm_bf16(shape_, 1.0f, static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), beta, c, args.scratch,
                   threads);
       else
@@ -68,7 +75,10 @@ class MatMulKernel final : public Kernel {
                  threads);
       return;
     }
-    if (bf16_)
+    if (dtype_ == DType::f16)
+      gemm_f16_batched(shape_, batch_, stride_a_, stride_b_, stride_c_, 1.0f, static_cast<const uint16_t*>(a),
+                       static_cast<const uint16_t*>(b), beta, c, args.scratch, threads);
+    else if (dtype_ == DType::bf16)
       gemm_bf16_batched(shape_, batch_, stride_a_, stride_b_, stride_c_, 1.0f, static_cast<const uint16_t*>(a),
                         static_cast<const uint16_t*>(b), beta, c, args.scratch, threads);
     else
@@ -77,13 +87,13 @@ class MatMulKernel final : public Kernel {
   }
 
  private:
-  bool bf16_ = false;
+  DType dtype_ = DType::f32;  // of both operands
   GemmShape shape_{};
   int64_t batch_ = 1;
   int64_t stride_a_ = 0, stride_b_ = 0, stride_c_ = 0;  // elements between consecutive batch matrices
 };
 
-// x (R, K) · w (N, K)ᵀ + bias (N) -> y (R, N); x and w f32 or bf16, y f32.
+// x (R, K) · w (N, K)ᵀ + bias (N) -> y (R, N); x and w f32, bf16 or f16, y f32.
 // y (R, N) = bias (N) broadcast over rows, or y += bias. Serial when threads == 1
 // (no OpenMP call, so the team size never changes between regions).
 void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t n, bool add, int threads) {
@@ -103,7 +113,7 @@ class LinearKernel final : public Kernel {
   LinearKernel(const ir::Graph& g, const ir::Node& node) {
     const Shape& x = g.value(node.inputs[0]).shape;
     const Shape& w = g.value(node.inputs[1]).shape;
-    bf16_ = g.value(node.inputs[0]).dtype == DType::bf16;
+    dtype_ = g.value(node.inputs[0]).dtype;
     has_bias_ = node.inputs.size() == 3;
     int64_t k = x[-1];
     int64_t n = w[0];
@@ -112,7 +122,9 @@ class LinearKernel final : public Kernel {
   }
 
   size_t scratch_bytes(int num_threads) const override {
-    return bf16_ ? gemm_bf16_scratch_bytes(shape_, num_threads) : gemm_f32_scratch_bytes(shape_, num_threads);
+    if (dtype_ == DType::f16) return gemm_f16_scratch_bytes(shape_, num_threads);
+    return dtype_ == DType::bf16 ? gemm_bf16_scratch_bytes(shape_, num_threads)
+                                 : gemm_f32_scratch_bytes(shape_, num_threads);
   }
 
   bool accumulates() const override { return true; }
@@ -130,7 +142,10 @@ class LinearKernel final : public Kernel {
       add_bias_rows(y, bias, rows, n, false, parallel ? threads : 1);
       beta = 1.0f;
     }
-    if (bf16_)
+    if (dtype_ == DType::f16)
+      gemm_f16(shape_, 1.0f, static_cast<const uint16_t*>(args.inputs[0].data()),
+               static_cast<const uint16_t*>(args.inputs[1].data()), beta, y, args.scratch, threads);
+    else if (dtype_ == DType::bf16)
       gemm_bf16(shape_, 1.0f, static_cast<const uint16_t*>(args.inputs[0].data()),
                 static_cast<const uint16_t*>(args.inputs[1].data()), beta, y, args.scratch, threads);
     else
@@ -142,7 +157,7 @@ class LinearKernel final : public Kernel {
   }
 
  private:
-  bool bf16_ = false;
+  DType dtype_ = DType::f32;  // of x and w
   bool has_bias_ = false;
   GemmShape shape_{};
 };
