@@ -20,5 +20,8 @@
 #include "fusetrain/ir/graph.h"
 #include "fusetrain/memory/planner.h"
 #include "fusetrain/optim/optimizer.h"
+#include "fusetrain/passes/fusion.h"
+#include "fusetrain/passes/recompute.h"
 #include "fusetrain/runtime/parameters.h"
 #include "fusetrain/runtime/plan.h"
+#include "fusetrain/train/loss_scaler.h"

@@ -208,11 +208,9 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   FT_CHECK(fs::is_directory(o.model), "--model: \"", o.model, "\" is not a directory");
   FT_CHECK(o.max_seq_length > 0, "--max-seq-length must be > 0, found ", o.max_seq_length);
   o.args.validate();
-  if (o.args.bf16 || o.args.fp16)
+  if (o.args.bf16)
     FT_CHECK(cpu_features().avx512_bf16 || cpu_features().amx_bf16,
-             "--bf16/--fp16 need a CPU with AVX512-BF16 or AMX-BF16; this one has: ", cpu_features().to_string());
-  if (o.args.fp16)
-    std::fprintf(stderr, "fusetrain: --fp16 runs as bf16 mixed precision on this CPU (bf16 needs no loss scaling)\n");
+             "--bf16 needs a CPU with AVX512-BF16 or AMX-BF16; this one has: ", cpu_features().to_string());
   job.tokenizer = data::Tokenizer::from_pretrained(o.model);
   // Token classification's class names: the training file's tag names (the dataset sorts them, as run_ner lists
   // them), else the model's id2label.
@@ -437,7 +435,8 @@ int run_inspect(Options& o) {
                                                                : Tensor::view(labels.data(), {B, T}, DType::i64);
   }
   model->set_num_threads(static_cast<int>(o.args.fusetrain_threads));
-  model->set_bf16(o.args.bf16 || o.args.fp16);
+  model->set_bf16(o.args.bf16);
+  model->set_fp16(o.args.fp16);
   model->set_recompute(o.args.gradient_checkpointing || o.args.fusetrain_recompute);
   model->loss_and_grads(batch, true);
   const runtime::Plan& plan = *model->last_plan();

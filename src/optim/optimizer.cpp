@@ -130,6 +130,15 @@ void AdamW::step(double grad_scale, double lr) {
   }
 }
 
+double AdamW::clip_and_step_if_finite(double max_norm, double lr, double grad_scale) {
+  double norm = grad_norm(params_, num_threads_) * grad_scale;  // inf or NaN when any gradient is
+  if (!std::isfinite(norm)) return norm;
+  double clip = 1.0;
+  if (max_norm > 0) clip = std::min(1.0, max_norm / (norm + 1e-6));
+  step(grad_scale * clip, lr);
+  return norm;
+}
+
 double AdamW::clip_and_step(double max_norm, double lr, double grad_scale) {
   double norm = grad_norm(params_, num_threads_) * grad_scale;
   double clip = 1.0;

@@ -444,9 +444,13 @@ void adamw_step(PyAdamW& self) {
   });
 }
 
+// With an fp16 model the gradients carry its loss scale: they are divided by it in
+// the same pass, and a step whose gradients overflowed is skipped (norm not finite).
 double adamw_clip_and_step(PyAdamW& self, double max_norm) {
   return locked(self.model, [&] {
     self.optimizer.set_num_threads(self.model.num_threads);
+    if (self.model.model->fp16())
+      return self.optimizer.clip_and_step_if_finite(max_norm, -1.0, 1.0 / self.model.model->loss_scale());
     return self.optimizer.clip_and_step(max_norm);
   });
 }
@@ -592,6 +596,20 @@ or torch tensors. With strict, missing or unexpected names raise ValueError list
           "bf16 mixed precision: matmuls in bfloat16 with float32 accumulation, float32 master weights, "
           "optimizer state, norms, softmax and loss. Off by default.")
       .def_property(
+          "fp16", [](const PyModel& self) { return self.model->fp16(); },
+          [](PyModel& self, bool on) { locked(self, [&] { self.model->set_fp16(on); }); },
+          "fp16 mixed precision: projection operands in IEEE half with float32 accumulation (at float32 speed "
+          "on CPUs without fp16 arithmetic), float32 master weights. Gradients come out multiplied by "
+          "loss_scale. Off by default; turning it on turns bf16 off.")
+      .def_property(
+          "loss_scale", [](const PyModel& self) { return self.model->loss_scale(); },
+          [](PyModel& self, double scale) {
+            FT_CHECK(scale > 0 && std::isfinite(scale), "loss_scale must be positive and finite; got ", scale);
+            self.model->set_loss_scale(scale);
+          },
+          "fp16 only: backward starts from this value instead of 1, so every gradient is multiplied by it "
+          "(AdamW.clip_and_step divides it out).")
+      .def_property(
           "recompute", [](const PyModel& self) { return self.model->recompute(); },
           [](PyModel& self, bool on) { locked(self, [&] { self.model->set_recompute(on); }); },
           "Activation checkpointing: backward recomputes each transformer layer's activations instead of "
@@ -661,7 +679,9 @@ in the model (from loss_and_grads or accumulate_grads).
            py::keep_alive<1, 2>())
       .def("step", &adamw_step, "One update of every parameter with the current gradients.")
       .def("clip_and_step", &adamw_clip_and_step, "max_norm"_a,
-           "Clips the gradients to a global norm of max_norm (if > 0) and steps; returns the norm before clipping.")
+           "Clips the gradients to a global norm of max_norm (if > 0) and steps; returns the norm before clipping. "
+           "For an fp16 model it first divides out model.loss_scale and skips the step (returning inf or nan) "
+           "when a gradient overflowed: adjust loss_scale then, as a GradScaler would.")
       .def(
           "zero_grad", [](PyAdamW& self) { zero_grads(self.model); }, "Sets the model's gradients to zero.")
       .def_property(

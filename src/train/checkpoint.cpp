@@ -1,7 +1,7 @@
 // Checkpoints: output_dir/checkpoint-N/ holds config.json + model.safetensors
 // (transformers' layout), optimizer.safetensors (AdamW moments), scheduler.json,
-// rng_state.json, trainer_state.json (transformers' format) and
-// training_args.json. Everything is written into a staging directory that is
+// rng_state.json, trainer_state.json (transformers' format), training_args.json and,
+// for fp16 runs, scaler.json (the loss scale). Everything is written into a staging directory that is
 // renamed into place, so an interrupted save never damages an earlier checkpoint.
 #include "train/checkpoint.h"
 
@@ -112,6 +112,7 @@ std::string Trainer::save_checkpoint() {
                                                        {"type", args_.lr_scheduler_type},
                                                        {"warmup_steps", impl_->warmup}});
   write_json(staged / "rng_state.json", nlohmann::json{{"dropout_step", model_.rng_step()}, {"seed", args_.seed}});
+  if (args_.fp16) write_json(staged / "scaler.json", impl_->scaler.to_json());
   TrainerState saved = state_;
   write_json(staged / "trainer_state.json", saved.to_json(args_));
   write_json(staged / "training_args.json", args_.to_json());
@@ -144,6 +145,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
   state_.max_steps = max_steps;
   nlohmann::json rng = io::read_json_file((fs::path(dir) / "rng_state.json").string());
   model_.set_rng_step(rng.at("dropout_step").get<uint64_t>());
+  if (args_.fp16 && fs::exists(fs::path(dir) / "scaler.json"))
+    impl_->scaler.load_json(io::read_json_file((fs::path(dir) / "scaler.json").string()));
 }
 
 void Trainer::rotate_checkpoints() {

@@ -49,7 +49,8 @@ Trainer::Trainer(models::Model& model, TrainingArguments args, Task task, const 
   if (fs::exists(args_.output_dir))
     FT_CHECK(fs::is_directory(args_.output_dir), "output_dir \"", args_.output_dir, "\" exists and is not a directory");
   model_.set_num_threads(static_cast<int>(args_.fusetrain_threads));
-  model_.set_bf16(args_.bf16 || args_.fp16);
+  model_.set_bf16(args_.bf16);
+  model_.set_fp16(args_.fp16);
   model_.set_recompute(args_.gradient_checkpointing || args_.fusetrain_recompute);
   runtime::ParameterStore& params = model_.params();
   for (size_t i = 0; i < params.slots().size(); ++i) params.set_weight_decay(i, model_.decays(params.slots()[i].name));
@@ -105,6 +106,8 @@ data::CollateFn make_collate(const data::TokenizedDataset& dataset, const Collat
 }
 
 }  // namespace
+
+const LossScaler& Trainer::loss_scaler() const { return impl_->scaler; }
 
 std::map<std::string, double> Trainer::train() {
   FT_CHECK(train_ != nullptr && train_->size() > 0, "train() needs a non-empty training dataset");
@@ -171,6 +174,7 @@ std::map<std::string, double> Trainer::train() {
       micro = skip_batches;
     }
     while (std::optional<data::Batch> batch = loader.next()) {
+      if (a.fp16) model_.set_loss_scale(impl_->scaler.scale());
       double loss = model_.accumulate_grads(view_of(*batch), /*training=*/true);
       FT_CHECK(std::isfinite(loss), "training loss became ", loss, " at step ", state_.global_step + 1,
                " (try a lower learning_rate)");
@@ -180,8 +184,15 @@ std::map<std::string, double> Trainer::train() {
       const bool last_in_epoch = micro == impl_->batches_per_epoch;
       if (micro % accum != 0 && !last_in_epoch) continue;
 
-      double norm =
-          impl_->optimizer->clip_and_step(a.max_grad_norm, lr_at(state_.global_step), 1.0 / static_cast<double>(accum));
+      double norm;
+      if (a.fp16) {  // unscale in the fused pass; an overflowed step changes nothing but the scale
+        norm = impl_->optimizer->clip_and_step_if_finite(a.max_grad_norm, lr_at(state_.global_step),
+                                                          1.0 / (static_cast<double>(accum) * impl_->scaler.scale()));
+        impl_->scaler.update(!std::isfinite(norm));
+      } else {
+        norm = impl_->optimizer->clip_and_step(a.max_grad_norm, lr_at(state_.global_step),
+                                               1.0 / static_cast<double>(accum));
+      }
       model_.params().zero_grads();
       ++state_.global_step;
       ++steps_this_run;

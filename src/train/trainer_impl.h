@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "fusetrain/optim/optimizer.h"
+#include "fusetrain/train/loss_scaler.h"
 #include "fusetrain/train/schedule.h"
 #include "fusetrain/train/trainer.h"
 
@@ -16,6 +17,7 @@ struct Trainer::Impl {
   int64_t updates_per_epoch = 1;
   int64_t batches_per_epoch = 0;
   int evaluations_without_improvement = 0;
+  LossScaler scaler;  // fp16 only
 };
 
 }  // namespace fusetrain::train

@@ -78,6 +78,49 @@ TEST(ClipGradNorm, ScalesToMaxNormAndReportsOriginalNorm) {
   EXPECT_NEAR(optim::grad_norm(s), 1.0, 1e-5);
 }
 
+// An overflowed fp16 step (inf or NaN in any gradient) changes nothing; a finite one steps.
+TEST(AdamW, ClipAndStepIfFiniteSkipsOverflowedGradients) {
+  runtime::ParameterStore params({{"a", Shape{5}}, {"b", Shape{3}}});
+  for (int64_t i = 0; i < params.flat_numel(); ++i) params.params_data()[i] = 0.5f;
+  optim::AdamW adamw(params, {.lr = 0.1});
+  std::vector<float> before(params.params_data(), params.params_data() + params.flat_numel());
+  for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    params.zero_grads();
+    params.grad(1).data_as<float>()[2] = bad;
+    EXPECT_FALSE(std::isfinite(adamw.clip_and_step_if_finite(1.0, -1.0, 1.0 / 65536)));
+    EXPECT_EQ(adamw.step_count(), 0);
+    for (int64_t i = 0; i < params.flat_numel(); ++i) ASSERT_EQ(params.params_data()[i], before[i]);
+  }
+  params.zero_grads();
+  params.grad(0).data_as<float>()[0] = 65536.0f;
+  EXPECT_NEAR(adamw.clip_and_step_if_finite(1.0, -1.0, 1.0 / 65536), 1.0, 1e-12);  // the unscaled norm
+  EXPECT_EQ(adamw.step_count(), 1);
+  EXPECT_NE(params.params_data()[0], before[0]);
+}
+
+// torch.amp.GradScaler's schedule: halve on overflow (and count the skip), double
+// after growth_interval clean steps; the state survives a JSON round trip.
+TEST(LossScaler, BacksOffGrowsAndRoundTrips) {
+  train::LossScaler scaler(1024.0, 2.0, 0.5, 3);
+  scaler.update(true);
+  EXPECT_EQ(scaler.scale(), 512.0);
+  EXPECT_EQ(scaler.skipped_steps(), 1);
+  scaler.update(false);
+  scaler.update(false);
+  EXPECT_EQ(scaler.scale(), 512.0);
+  scaler.update(false);
+  EXPECT_EQ(scaler.scale(), 1024.0);
+  scaler.update(false);
+  train::LossScaler restored;
+  restored.load_json(scaler.to_json());
+  EXPECT_EQ(restored.scale(), 1024.0);
+  EXPECT_EQ(restored.skipped_steps(), 1);
+  EXPECT_EQ(restored.to_json(), scaler.to_json());
+  EXPECT_THROW(restored.load_json(nlohmann::json{{"scale", -1.0}, {"growth_tracker", 0}}), Error);
+  EXPECT_THROW(restored.load_json(nlohmann::json::array()), Error);
+  EXPECT_THROW(train::LossScaler(0.0), Error);
+}
+
 TEST(Sgd, MomentumAndNesterovMatchTorchFormula) {
   for (bool nesterov : {false, true}) {
     runtime::ParameterStore s = make_store();

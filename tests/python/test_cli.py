@@ -122,9 +122,11 @@ def final_loss(output: pathlib.Path) -> float:
     return [entry for entry in logs if "loss" in entry][-1]["loss"]
 
 
-def test_resume_continues_bit_for_bit(tiny_model, data, tmp_path):
-    """8 steps straight vs 4 steps, then resume from checkpoint-4 for 4 more (dropout on)."""
-    common = ["--lr-scheduler-type", "cosine", "--warmup-steps", "2", "--save-steps", "4"]
+@pytest.mark.parametrize("precision", [[], ["--fp16"]], ids=["fp32", "fp16"])
+def test_resume_continues_bit_for_bit(tiny_model, data, tmp_path, precision):
+    """8 steps straight vs 4 steps, then resume from checkpoint-4 for 4 more (dropout on); in fp16 the
+    checkpoint carries the loss scale."""
+    common = ["--lr-scheduler-type", "cosine", "--warmup-steps", "2", "--save-steps", "4", *precision]
     straight = tmp_path / "straight"
     assert run(*train_args(tiny_model, data, straight, "--max-steps", "8", *common)).returncode == 0
     half = tmp_path / "half"
@@ -138,6 +140,7 @@ def test_resume_continues_bit_for_bit(tiny_model, data, tmp_path):
     a = (straight / "model.safetensors").read_bytes()
     b = (resumed_dir / "model.safetensors").read_bytes()
     assert a == b, "final weights differ"
+    assert (half / "checkpoint-4" / "scaler.json").exists() == bool(precision)
 
 
 def test_kill_during_save_leaves_previous_checkpoint_intact(tiny_model, data, tmp_path):
@@ -178,6 +181,22 @@ def test_inspect_prints_memory_plan(tiny_model):
     result = run("inspect", "--model", str(tiny_model), "--max-seq-length", "32", "--profile")
     assert result.returncode == 0, result.stderr
     assert "activation peak" in result.stdout and "profile" in result.stdout
+
+
+def test_fp16_tracks_fp32(tiny_model, data, tmp_path):
+    """--fp16 (f16 operands, dynamic loss scaling) logs losses and gradient norms within 1% of fp32's."""
+    logs = []
+    for flags in ([], ["--fp16"]):
+        out = tmp_path / f"run{len(logs)}"
+        result = run(*train_args(tiny_model, data, out, "--max-steps", "6", "--logging-steps", "1",
+                                 "--save-strategy", "no", *flags))
+        assert result.returncode == 0, result.stderr
+        logs.append([json.loads(l) for l in (out / "log.jsonl").read_text().splitlines() if '"loss"' in l])
+    assert len(logs[0]) == len(logs[1]) == 6
+    for fp32, fp16 in zip(*logs):
+        assert fp16["loss"] == pytest.approx(fp32["loss"], rel=1e-2)
+        assert fp16["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=1e-2)
+    assert any(a["loss"] != b["loss"] for a, b in zip(*logs)), "fp16 must actually round"
 
 
 def activation_peak_mib(inspect_output: str) -> float:

@@ -249,6 +249,31 @@ def test_adamw_first_step_and_training_lowers_the_loss(model, batch):
     assert optimizer.step_count == 21
 
 
+def test_fp16_loss_scale_unscaled_and_overflow_skipped(model, batch):
+    """fp16: gradients carry loss_scale; clip_and_step divides it out, and skips a step that overflowed."""
+    input_ids, attention_mask, labels = batch
+    model.fp16 = True
+    assert model.fp16 and not model.bf16
+    model.loss_scale = 1.0
+    _, plain = model.loss_and_grads(input_ids, attention_mask=attention_mask, labels=labels)
+    model.loss_scale = 256.0
+    _, scaled = model.loss_and_grads(input_ids, attention_mask=attention_mask, labels=labels)
+    np.testing.assert_allclose(scaled["classifier.weight"] / 256.0, plain["classifier.weight"], rtol=1e-2, atol=1e-7)
+    optimizer = fusetrain.AdamW(model, lr=1e-3)
+    norm = optimizer.clip_and_step(0.0)
+    assert np.isfinite(norm) and optimizer.step_count == 1
+    assert norm == pytest.approx(np.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in plain.values())), rel=2e-2)
+    model.loss_scale = 2.0 ** 60  # f16 overflows: the step is skipped, the weights stay
+    before = model.state_dict()
+    model.loss_and_grads(input_ids, attention_mask=attention_mask, labels=labels)
+    assert not np.isfinite(optimizer.clip_and_step(1.0))
+    assert optimizer.step_count == 1
+    after = model.state_dict()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+    with pytest.raises(ValueError, match="loss_scale"):
+        model.loss_scale = 0.0
+
+
 def test_errors_are_value_errors_with_context(model, batch):
     input_ids, attention_mask, labels = batch
     with pytest.raises(ValueError, match="hidden_size"):

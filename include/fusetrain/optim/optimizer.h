@@ -39,6 +39,9 @@ class AdamW {
   /// norm and once for the update. Gradients are first multiplied by `grad_scale`
   /// (1 / accumulation steps). Returns the (scaled) gradient norm before clipping.
   double clip_and_step(double max_norm, double lr = -1.0, double grad_scale = 1.0);
+  /// clip_and_step unless the gradients hold inf or NaN (an fp16 overflow): then
+  /// nothing changes and the returned norm is not finite.
+  double clip_and_step_if_finite(double max_norm, double lr = -1.0, double grad_scale = 1.0);
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t t) { step_count_ = t; }
   const AdamWConfig& config() const { return config_; }

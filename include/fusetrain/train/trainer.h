@@ -13,6 +13,7 @@
 #include "fusetrain/data/collator.h"
 #include "fusetrain/data/dataset.h"
 #include "fusetrain/models/model.h"
+#include "fusetrain/train/loss_scaler.h"
 #include "fusetrain/train/training_args.h"
 
 namespace fusetrain::train {
@@ -88,6 +89,8 @@ class Trainer {
   void save_model(const std::string& dir = "");
 
   const TrainerState& state() const { return state_; }
+  /// The fp16 loss scaler (its scale and skipped steps); meaningful when args.fp16.
+  const LossScaler& loss_scaler() const;
   const TrainingArguments& args() const { return args_; }
   void add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
   /// Files copied into every checkpoint (e.g. the tokenizer's), so each checkpoint

@@ -101,7 +101,9 @@ void for_each_field(Args& a, Visit&& visit) {
   visit("dataloader_drop_last", a.dataloader_drop_last, "drop the last incomplete batch");
   visit("resume_from_checkpoint", a.resume_from_checkpoint, "checkpoint directory to continue from");
   visit("bf16", a.bf16, "bf16 mixed precision (needs AVX512-BF16 or AMX)");
-  visit("fp16", a.fp16, "runs as bf16 mixed precision on CPUs (bf16 keeps fp32's range: no loss scaling)");
+  visit("fp16", a.fp16,
+        "fp16 mixed precision with dynamic loss scaling, as on GPUs (f16 operands, f32 accumulation; on CPUs "
+        "without fp16 arithmetic it runs at f32 speed: --bf16 is the fast path)");
   visit("early_stopping_patience", a.early_stopping_patience, "stop after N evaluations without improvement");
   visit("early_stopping_threshold", a.early_stopping_threshold, "minimum improvement that counts");
   visit("gradient_checkpointing", a.gradient_checkpointing,
