@@ -22,7 +22,8 @@ Frameworks: torch_fp32 (eager, AdamW foreach=True), torch_bf16 (eager under torc
 compile_fp32 and compile_bf16 (torch.compile of the model, default mode), ort (onnxruntime-training-cpu 1.19.2's
 ORTModule with torch AdamW: its FusedAdam needs CUDA; installed into bench/.venv-ort by this script, and when it
 cannot be installed or run the table says why), fusetrain_fp32 and fusetrain_bf16 (the Python module from
-build/python or an installed fusetrain).
+build/python or an installed fusetrain), and fusetrain_bf16_recompute (bf16 with activation checkpointing per
+layer: the memory it saves, the time it costs).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ WORK = pathlib.Path(os.environ.get("FUSETRAIN_COMPARE_WORK", ROOT / "bench" / ".
 ORT_VENV = ROOT / "bench" / ".venv-ort"
 ORT_PACKAGE = "onnxruntime-training-cpu==1.19.2"
 
-FRAMEWORKS = ["torch_fp32", "torch_bf16", "compile_fp32", "compile_bf16", "ort", "fusetrain_fp32", "fusetrain_bf16"]
+FRAMEWORKS = ["torch_fp32", "torch_bf16", "compile_fp32", "compile_bf16", "ort", "fusetrain_fp32", "fusetrain_bf16",
+              "fusetrain_bf16_recompute"]
 WORKLOADS = {
     "w1": {"title": "W1 bert-base MLM, seq 128, batch 16", "task": "mlm", "seq": 128, "batch": 16},
     "w2": {"title": "W2 gpt2 124M CLM, seq 256, batch 8", "task": "clm", "seq": 256, "batch": 8},
@@ -171,7 +173,8 @@ def fusetrain_step(framework: str, directory: pathlib.Path, threads: int):
 
     model = fusetrain.Model.from_pretrained(str(directory))
     model.set_num_threads(threads)
-    model.bf16 = framework == "fusetrain_bf16"
+    model.bf16 = "bf16" in framework
+    model.recompute = framework.endswith("recompute")
     model.train()
     optimizer = fusetrain.AdamW(model, lr=LEARNING_RATE, weight_decay=0.0)
 
@@ -283,7 +286,7 @@ def summarise(run: dict, flops: float, tokens: int, peak: dict, framework: str) 
     if "error" in run:
         return run
     median = statistics.median(run["step_times"])
-    precision = "bf16" if framework.endswith("bf16") else "fp32"
+    precision = "bf16" if "bf16" in framework else "fp32"
     return {"median_step_s": median, "tokens_per_s": tokens / median, "peak_rss_mb": run["peak_rss_mb"],
             "last_loss": run["losses"][-1], "losses": run["losses"], "step_times": run["step_times"],
             "mfu": flops / median / (peak[precision] * 1e9), "precision": precision}
@@ -310,12 +313,13 @@ def tables(results: dict) -> str:
         reference = runs.get("torch_fp32", {})
         if "last_loss" in reference:
             lines.append("")
-            for ours in ("fusetrain_fp32", "fusetrain_bf16"):
+            for ours in ("fusetrain_fp32", "fusetrain_bf16", "fusetrain_bf16_recompute"):
                 if "last_loss" in runs.get(ours, {}):
                     diff = abs(runs[ours]["last_loss"] - reference["last_loss"]) / abs(reference["last_loss"])
-                    memory = runs[ours]["peak_rss_mb"] / reference["peak_rss_mb"]
-                    lines.append(f"- {ours}: last loss {100 * diff:.2f}% from torch_fp32's; peak RSS {memory:.2f}x "
-                                 "torch_fp32's")
+                    eager = "torch_bf16" if "bf16" in ours else "torch_fp32"  # same precision, same batch
+                    memory = (f"{runs[ours]['peak_rss_mb'] / runs[eager]['peak_rss_mb']:.2f}x {eager}'s"
+                              if "peak_rss_mb" in runs.get(eager, {}) else "no eager run to compare")
+                    lines.append(f"- {ours}: last loss {100 * diff:.2f}% from torch_fp32's; peak RSS {memory}")
         lines.append("")
     return "\n".join(lines)
 
