@@ -347,8 +347,10 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
   entry->with_backward = with_backward;
   entry->built = build(spec);
   ir::Graph& g = entry->built.graph;
+  // Training plans return only the loss: unpinned, the vocabulary-sized logits of a language-model head can be
+  // overwritten by their own gradient.
   for (ir::ValueId v : {entry->built.logits, entry->built.end_logits, entry->built.loss})
-    if (v != ir::kNone) g.mark_output(v);
+    if (v != ir::kNone && (!with_backward || v == entry->built.loss)) g.mark_output(v);
   FT_CHECK(!with_backward || entry->built.loss != ir::kNone, architecture_,
            ": gradients need labels (no loss without them)");
   {  // op counts of the graph as built, for reports
@@ -498,8 +500,10 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
   last_plan_ = &plan;
   last_pass_log_ = &e.passes;
   ModelOutput out;
-  out.logits = plan.output(e.built.logits);
-  if (e.built.end_logits != ir::kNone) out.end_logits = plan.output(e.built.end_logits);
+  if (!with_backward) {
+    out.logits = plan.output(e.built.logits);
+    if (e.built.end_logits != ir::kNone) out.end_logits = plan.output(e.built.end_logits);
+  }
   if (e.built.loss != ir::kNone) out.loss = plan.output(e.built.loss).item();
   return out;
 }

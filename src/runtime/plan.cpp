@@ -148,18 +148,21 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
         continue;
       }
       size_t bytes = static_cast<size_t>(val.shape.numel()) * dtype_size(val.dtype);
-      if (k == 0 && !n.inputs.empty()) {
-        ValueId in = n.inputs[0];
+      const size_t source = info.has(ir::kInPlaceInput1) ? 1 : 0;  // the input output 0 may overwrite
+      if (k == 0 && n.inputs.size() > source) {
+        ValueId in = n.inputs[source];
         int s = storage_of[static_cast<size_t>(in)];
         const ir::Value& in_val = g.value(in);
         size_t in_bytes = static_cast<size_t>(in_val.shape.numel()) * dtype_size(in_val.dtype);
         bool alias = info.has(ir::kAlias) && s >= 0;
-        bool in_place = !options.reference_kernels && info.has(ir::kInPlace) && s >= 0 && in_bytes == bytes &&
+        bool in_place = !options.reference_kernels && (info.has(ir::kInPlace) || info.has(ir::kInPlaceInput1)) &&
+                        s >= 0 && in_bytes == bytes &&
                         in_val.dtype == val.dtype && !storages[static_cast<size_t>(s)].pinned &&
                         storages[static_cast<size_t>(s)].last <= i;
         // An input read again at another slot of the same node would be clobbered mid-kernel unless elementwise.
-        for (size_t j = 1; in_place && j < n.inputs.size(); ++j)
-          if (storage_of[static_cast<size_t>(n.inputs[j])] == s && !info.has(ir::kElementwise)) in_place = false;
+        for (size_t j = 0; in_place && j < n.inputs.size(); ++j)
+          if (j != source && storage_of[static_cast<size_t>(n.inputs[j])] == s && !info.has(ir::kElementwise))
+            in_place = false;
         if (alias || in_place) {
           storage_of[static_cast<size_t>(v)] = s;
           extend(s, v, i);

@@ -67,5 +67,39 @@ TEST(PlanMemory, TransformerForwardBackwardIsSoundAndPacked) {
   expect_sound_and_smaller(graph, build_tiny_transformer(b, TinyTransformer{}));
 }
 
+// A language-model head's gradient overwrites its logits (SoftmaxCrossEntropyBackward may
+// reuse input 1) when nothing else keeps them: one vocabulary-sized buffer instead of two,
+// and the same gradients as when the logits are pinned as an output.
+TEST(PlanMemory, CrossEntropyGradientOverwritesDeadLogits) {
+  const int64_t N = 48, C = 16, V = 500;
+  std::vector<size_t> peaks;
+  std::vector<std::vector<float>> grads;
+  for (bool pin_logits : {true, false}) {
+    ir::Graph graph;
+    ir::GraphBuilder b(graph);
+    ir::ValueId x = b.param("x", {N, C});
+    ir::ValueId logits = b.linear(x, b.param("w", {V, C}));
+    ir::ValueId targets = b.input("targets", {N}, DType::i64);
+    ir::ValueId loss = b.softmax_cross_entropy(logits, targets);
+    graph.mark_output(loss);
+    if (pin_logits) graph.mark_output(logits);
+    autodiff::build_backward(graph, loss, graph.params());
+    runtime::ParameterStore params(graph);
+    for (size_t i = 0; i < params.slots().size(); ++i) {
+      float* p = params.param(i).data_as<float>();
+      for (int64_t k = 0; k < params.slots()[i].numel; ++k) p[k] = 0.1f * std::sin(0.37f * static_cast<float>(k + i));
+    }
+    auto plan = runtime::Plan::compile(graph, params);
+    int64_t* t = plan->input("targets").data_as<int64_t>();
+    for (int64_t r = 0; r < N; ++r) t[r] = r % 7 == 0 ? -100 : (r * 37) % V;
+    params.zero_grads();
+    plan->run();
+    peaks.push_back(plan->memory_report().activation_peak_bytes);
+    grads.emplace_back(params.grads_data(), params.grads_data() + params.flat_numel());
+  }
+  EXPECT_LE(peaks[1] + static_cast<size_t>(N * V) * sizeof(float), peaks[0]);
+  for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << "gradient " << i;
+}
+
 }  // namespace
 }  // namespace fusetrain::testing

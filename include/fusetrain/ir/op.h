@@ -12,6 +12,7 @@ enum OpFlags : unsigned {
   kElementwise = 1u << 1,     ///< output element i depends only on input element i
   kInPlace = 1u << 2,         ///< output 0 may share input 0's memory if input 0 dies here
   kAlias = 1u << 3,           ///< output 0 is input 0's memory under a new shape
+  kInPlaceInput1 = 1u << 4,   ///< output 0 may share input 1's memory if input 1 dies here
 };
 
 /// Every op the IR knows, in ops.def order.

@@ -167,8 +167,9 @@ class CrossEntropyBackwardKernel final : public Kernel {
           std::fill(d, d + V, 0.0f);
           continue;
         }
+        const float target_logit = row[target];  // read first: d may be row itself (in place)
         row_grad_(d, row, V, lse[r], scale);
-        d[target] = (std::exp(row[target] - lse[r]) - 1.0f) * scale;
+        d[target] = (std::exp(target_logit - lse[r]) - 1.0f) * scale;
       }
     });
   }
