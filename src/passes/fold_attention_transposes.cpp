@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "fusetrain/passes/fusion.h"
+#include "passes/remove_nodes.h"
 
 namespace fusetrain::passes {
 
@@ -55,13 +56,7 @@ FusionReport fold_attention_transposes(ir::Graph& g) {
     }
     report.fused += 1;
   }
-  if (report.fused == 0) return report;
-  std::vector<NodeId> order;
-  for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id)
-    if (!dead[static_cast<size_t>(id)]) order.push_back(id);
-  report.nodes_removed = static_cast<int64_t>(g.nodes().size() - order.size());
-  g.reorder_nodes(order);
-  g.verify();
+  if (report.fused > 0) report.nodes_removed = remove_nodes(g, dead);
   return report;
 }
 

@@ -1,5 +1,6 @@
 // Dropout + residual add into DropoutAdd (see fusion.h).
 #include "fusetrain/passes/fusion.h"
+#include "passes/remove_nodes.h"
 
 namespace fusetrain::passes {
 
@@ -39,13 +40,7 @@ FusionReport fuse_dropout_add(ir::Graph& g) {
       break;
     }
   }
-  if (report.fused == 0) return report;
-  std::vector<NodeId> order;
-  for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id)
-    if (!dead[static_cast<size_t>(id)]) order.push_back(id);
-  report.nodes_removed = static_cast<int64_t>(g.nodes().size() - order.size());
-  g.reorder_nodes(order);
-  g.verify();
+  if (report.fused > 0) report.nodes_removed = remove_nodes(g, dead);
   return report;
 }
 
