@@ -243,7 +243,7 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
     }
   }
   std::string architecture = architecture_for(o.model, job.task);
-  job.model = models::Model::from_pretrained(o.model, architecture, overrides);
+  job.model = models::Model::from_pretrained(o.model, architecture, overrides, static_cast<uint64_t>(o.args.seed));
   if (!job.model->missing_keys().empty()) {
     std::string names;
     for (const std::string& k : job.model->missing_keys()) names += (names.empty() ? "" : ", ") + k;

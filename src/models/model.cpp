@@ -174,7 +174,7 @@ std::unique_ptr<Model> Model::from_config(const nlohmann::json& config_or_path, 
 }
 
 std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std::string& architecture,
-                                              const nlohmann::json& config_overrides) {
+                                              const nlohmann::json& config_overrides, uint64_t init_seed) {
   io::HfModelDir hf = io::read_hf_dir(dir);
   nlohmann::json config = hf.config;
   FT_CHECK(config_overrides.is_object(), "config overrides must be a JSON object");
@@ -182,7 +182,7 @@ std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std:
   if (config_overrides.contains("num_labels"))  // the checkpoint's label names no longer apply, unless given anew
     for (const char* key : {"id2label", "label2id"})
       if (!config_overrides.contains(key)) config.erase(key);
-  std::unique_ptr<Model> m = from_config(config, 0, architecture);
+  std::unique_ptr<Model> m = from_config(config, init_seed, architecture);
   std::unique_ptr<Family> family = family_for(m->architecture_, m->config_);
   const std::string prefix = family->base_prefix() + ".";
   const bool head_model = family->head() != Head::Base;
@@ -495,7 +495,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
 
   if (e.spec.fp16 && with_backward) *plan.input(kLossScaleInput).data_as<float>() = static_cast<float>(loss_scale_);
   if (zero_grads) params_->zero_grads();
-  if (training) plan.set_step(rng_step_++);
+  if (training) plan.set_step((dropout_seed_ << 32) + rng_step_++);
   plan.run();
   last_plan_ = &plan;
   last_pass_log_ = &e.passes;

@@ -52,6 +52,7 @@ Trainer::Trainer(models::Model& model, TrainingArguments args, Task task, const 
   model_.set_bf16(args_.bf16);
   model_.set_fp16(args_.fp16);
   model_.set_recompute(args_.gradient_checkpointing || args_.fusetrain_recompute);
+  model_.set_dropout_seed(static_cast<uint64_t>(args_.seed));
   runtime::ParameterStore& params = model_.params();
   for (size_t i = 0; i < params.slots().size(); ++i) params.set_weight_decay(i, model_.decays(params.slots()[i].name));
   impl_->optimizer =

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -329,6 +330,32 @@ TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
     EXPECT_EQ(losses[0], losses[1]) << arch;
     for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << arch << " gradient " << i;
   }
+}
+
+// The training seed reaches dropout and fresh heads: the same seed repeats a run, another
+// seed draws other masks and other head weights.
+TEST(Models, DropoutSeedAndHeadInitSeedTakeEffect) {
+  auto model = Model::from_config(tiny_config("bert"), 3, "BertForSequenceClassification");
+  Data d = make_batch(*model, 2, 9, 5);
+  std::vector<double> losses;
+  for (uint64_t seed : {1u, 1u, 2u}) {
+    model->set_dropout_seed(seed);
+    model->set_rng_step(0);
+    losses.push_back(*model->forward(d.batch, /*training=*/true).loss);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_NE(losses[0], losses[2]);
+
+  fs::path dir = fs::temp_directory_path() / ("fusetrain_seeded_head_" + std::to_string(getpid()));
+  Model::from_config(tiny_config("bert"), 3, "BertModel")->save_pretrained(dir.string());
+  auto a = Model::from_pretrained(dir.string(), "BertForSequenceClassification", nlohmann::json::object(), 42);
+  auto b = Model::from_pretrained(dir.string(), "BertForSequenceClassification", nlohmann::json::object(), 42);
+  auto c = Model::from_pretrained(dir.string(), "BertForSequenceClassification", nlohmann::json::object(), 43);
+  Tensor wa = a->parameter("classifier.weight"), wb = b->parameter("classifier.weight");
+  Tensor wc = c->parameter("classifier.weight");
+  EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.nbytes()), 0);
+  EXPECT_NE(std::memcmp(wa.data(), wc.data(), wa.nbytes()), 0);
+  fs::remove_all(dir);
 }
 
 }  // namespace

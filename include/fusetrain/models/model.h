@@ -85,9 +85,10 @@ class Model {
   /// ("BertForSequenceClassification", ...) overrides config["architectures"][0];
   /// `config_overrides` (e.g. {"num_labels": 2}) are merged into the config first.
   /// Weights of a head missing from the checkpoint are freshly initialised and
-  /// listed by missing_keys(); unexpected tensors are an error listing them.
+  /// listed by missing_keys(), drawn from `init_seed`; unexpected tensors are an error listing them.
   static std::unique_ptr<Model> from_pretrained(const std::string& dir, const std::string& architecture = "",
-                                                const nlohmann::json& config_overrides = nlohmann::json::object());
+                                                const nlohmann::json& config_overrides = nlohmann::json::object(),
+                                                uint64_t init_seed = 0);
   /// Fresh weights from a config (a JSON object or a config.json path), initialised as the
   /// architecture does in transformers (normal(0, initializer_range), zero biases, unit LayerNorm).
   static std::unique_ptr<Model> from_config(const nlohmann::json& config, uint64_t seed = 0,
@@ -136,6 +137,9 @@ class Model {
   /// plans: run k uses stream offset k. Resuming restores it, so masks continue exactly.
   uint64_t rng_step() const { return rng_step_; }
   void set_rng_step(uint64_t step) { rng_step_ = step; }
+  /// Selects the dropout streams: run k of a model with dropout seed s draws its masks at
+  /// stream offset s·2³² + k, so different seeds give independent masks (default 0).
+  void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
   /// bf16 mixed precision: every projection and the LM head multiply in bf16
   /// (AVX512-BF16/AMX GEMMs, f32 accumulation); norms, softmax, attention and the
   /// loss stay f32, parameters and gradients stay f32.
@@ -189,6 +193,7 @@ class Model {
   const PassLog* last_pass_log_ = nullptr;
   int num_threads_ = 0;
   uint64_t rng_step_ = 0;
+  uint64_t dropout_seed_ = 0;
   bool bf16_ = false;
   bool recompute_ = false;
   bool fusions_ = true;
