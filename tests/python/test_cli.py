@@ -300,7 +300,7 @@ def test_token_classification_train_evaluate_predict(tiny_base_model, tmp_path):
     output = tmp_path / "ner"
     trained = run("train", "--model", str(tiny_base_model), "--task", "token-cls", "--train-file", str(train),
                   "--eval-file", str(dev), "--max-seq-length", "48", "--per-device-train-batch-size", "8",
-                  "--num-train-epochs", "2", "--learning-rate", "3e-3", "--logging-steps", "5",
+                  "--num-train-epochs", "3", "--learning-rate", "3e-3", "--logging-steps", "5",
                   "--save-strategy", "no", "--output-dir", str(output), "--disable-tqdm")
     assert trained.returncode == 0, trained.stderr
     metrics = last_json(trained.stdout)
