@@ -87,6 +87,21 @@ Data make_batch(const Model& m, int64_t B, int64_t T, uint64_t seed) {
   return d;
 }
 
+// A copy of every gradient, in the flat buffer's order.
+std::vector<float> gradients_of(const Model& m) {
+  return {m.params().grads_data(), m.params().grads_data() + m.params().flat_numel()};
+}
+
+// ‖got − want‖ / ‖want‖ over whole gradient buffers.
+double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
 const std::vector<std::pair<std::string, std::string>> kHeads = {{"bert", "BertForMaskedLM"},
                                                                  {"bert", "BertForSequenceClassification"},
                                                                  {"bert", "BertForTokenClassification"},
@@ -160,18 +175,12 @@ TEST(Models, Bf16MixedPrecisionTracksF32) {
     auto model = Model::from_config(tiny_config(type), 4, arch);
     Data d = make_batch(*model, 2, 7, 3);
     double f32 = model->loss_and_grads(d.batch);
-    std::vector<float> g32(model->params().grads_data(), model->params().grads_data() + model->params().flat_numel());
+    std::vector<float> g32 = gradients_of(*model);
     model->set_bf16(true);
     double bf16 = model->loss_and_grads(d.batch);
     EXPECT_NEAR(bf16, f32, 0.01 * std::abs(f32)) << arch;
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < g32.size(); ++i) {
-      double g = model->params().grads_data()[i];
-      diff += (g - g32[i]) * (g - g32[i]);
-      norm += double(g32[i]) * g32[i];
-    }
-    EXPECT_LT(std::sqrt(diff / norm), 0.05) << arch;
-    EXPECT_GT(std::sqrt(diff / norm), 0.0) << arch << ": the bf16 path must actually round";
+    EXPECT_LT(relative_l2(gradients_of(*model), g32), 0.05) << arch;
+    EXPECT_GT(relative_l2(gradients_of(*model), g32), 0.0) << arch << ": the bf16 path must actually round";
   }
 }
 
@@ -244,21 +253,16 @@ TEST(Models, Fp16MixedPrecisionTracksF32AndScalesGradients) {
     Data d = make_batch(*model, 2, 7, 3);
     double f32 = model->loss_and_grads(d.batch);
     const models::PassLog* plain_log = model->last_pass_log();
-    std::vector<float> g32(model->params().grads_data(), model->params().grads_data() + model->params().flat_numel());
+    std::vector<float> g32 = gradients_of(*model);
     model->set_fp16(true);
     EXPECT_FALSE(model->bf16());
     double fp16 = model->loss_and_grads(d.batch);
     ASSERT_NE(model->last_pass_log(), plain_log) << "fp16 must compile its own plan";
     EXPECT_GT(model->last_pass_log()->ops_after.at("Cast"), 0) << arch;
     EXPECT_NEAR(fp16, f32, 0.01 * std::abs(f32)) << arch;
-    std::vector<float> g16(model->params().grads_data(), model->params().grads_data() + model->params().flat_numel());
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < g32.size(); ++i) {
-      diff += double(g16[i] - g32[i]) * (g16[i] - g32[i]);
-      norm += double(g32[i]) * g32[i];
-    }
-    EXPECT_LT(std::sqrt(diff / norm), 0.02) << arch;
-    EXPECT_GT(std::sqrt(diff / norm), 0.0) << arch << ": the fp16 path must actually round";
+    std::vector<float> g16 = gradients_of(*model);
+    EXPECT_LT(relative_l2(g16, g32), 0.02) << arch;
+    EXPECT_GT(relative_l2(g16, g32), 0.0) << arch << ": the fp16 path must actually round";
     model->set_loss_scale(1024.0);
     double scaled_loss = model->loss_and_grads(d.batch);
     EXPECT_EQ(scaled_loss, fp16) << arch << ": the loss itself is not scaled";
