@@ -144,6 +144,66 @@ std::pair<int64_t, int64_t> TokenizedDataset::span(int64_t i) const {
   return {token_labels_[2 * static_cast<size_t>(i)], token_labels_[2 * static_cast<size_t>(i) + 1]};
 }
 
+TokenizedDataset TokenizedDataset::from_flat(FlatExamples e) {
+  const auto n_ids = static_cast<int64_t>(e.ids.size());
+  FT_CHECK(!e.offsets.empty() && e.offsets.front() == 0, "offsets must start at 0");
+  FT_CHECK(e.offsets.back() == n_ids, "offsets end at ", e.offsets.back(), " but there are ", n_ids, " ids");
+  const int64_t n = static_cast<int64_t>(e.offsets.size()) - 1;
+  for (int64_t i = 0; i < n; ++i)
+    FT_CHECK(e.offsets[i + 1] > e.offsets[i], "example ", i, " has no tokens (offsets ", e.offsets[i], " to ",
+             e.offsets[i + 1], ")");
+  FT_CHECK(e.type_ids.empty() || static_cast<int64_t>(e.type_ids.size()) == n_ids, "expected ", n_ids,
+           " token type ids (one per id), found ", e.type_ids.size());
+  if (e.vocab_size > 0)
+    for (int64_t k = 0; k < n_ids; ++k)
+      FT_CHECK(e.ids[k] >= 0 && e.ids[k] < e.vocab_size, "token id ", e.ids[k], " of example ",
+               std::upper_bound(e.offsets.begin(), e.offsets.end(), k) - e.offsets.begin() - 1,
+               " is outside the vocabulary [0, ", e.vocab_size, ")");
+  auto expect_labels = [&](size_t found, int64_t expected, const char* what) {
+    FT_CHECK(static_cast<int64_t>(found) == expected, "expected ", expected, " ", what, ", found ", found);
+  };
+  auto check_classes = [&](bool allow_ignore) {
+    if (e.num_labels <= 0) return;
+    for (size_t k = 0; k < e.labels.size(); ++k) {
+      const int64_t label = e.labels[k];
+      if (allow_ignore && label == kIgnoreIndex) continue;
+      FT_CHECK(label >= 0 && label < e.num_labels, "label ", label, " (", allow_ignore ? "token " : "example ", k,
+               ") is out of range: the model has ", e.num_labels, " labels, so labels must lie in [0, ",
+               e.num_labels, ")");
+    }
+  };
+  switch (e.label_kind) {
+    case LabelKind::None:
+    case LabelKind::Tokens:
+      break;
+    case LabelKind::Class:
+      expect_labels(e.labels.size(), n, "class labels (one per example)");
+      check_classes(false);
+      break;
+    case LabelKind::Regression:
+      expect_labels(e.float_labels.size(), n, "regression targets (one per example)");
+      break;
+    case LabelKind::TokenClasses:
+      expect_labels(e.labels.size(), n_ids, "token labels (one per id)");
+      check_classes(true);
+      break;
+    case LabelKind::Spans:
+      expect_labels(e.labels.size(), 2 * n, "span positions (start and end per example)");
+      break;
+  }
+  TokenizedDataset d;
+  d.offsets_ = std::move(e.offsets);
+  d.ids_ = std::move(e.ids);
+  if (std::any_of(e.type_ids.begin(), e.type_ids.end(), [](int64_t t) { return t != 0; }))
+    d.type_ids_ = std::move(e.type_ids);
+  d.label_kind_ = e.label_kind;
+  if (e.label_kind == LabelKind::Class) d.labels_ = std::move(e.labels);
+  if (e.label_kind == LabelKind::TokenClasses || e.label_kind == LabelKind::Spans) d.token_labels_ = std::move(e.labels);
+  d.float_labels_ = std::move(e.float_labels);
+  for (int64_t i = 0; i < n; ++i) d.longest_ = std::max(d.longest_, d.offsets_[i + 1] - d.offsets_[i]);
+  return d;
+}
+
 void TokenizedDataset::append(std::span<const int64_t> ids, std::span<const int64_t> type_ids) {
   const bool any_type = std::any_of(type_ids.begin(), type_ids.end(), [](int64_t t) { return t != 0; });
   if (any_type && type_ids_.size() < ids_.size()) type_ids_.assign(ids_.size(), 0);  // first non-zero type id

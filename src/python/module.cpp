@@ -32,6 +32,7 @@
 #include "fusetrain/kernels/benchmark.h"
 #include "fusetrain/models/model.h"
 #include "fusetrain/optim/optimizer.h"
+#include "python/binding.h"
 
 #ifndef FUSETRAIN_VERSION
 #define FUSETRAIN_VERSION "0.0.0"
@@ -41,7 +42,6 @@ namespace py = pybind11;
 using namespace pybind11::literals;
 
 namespace fusetrain::python {
-namespace {
 
 // ---------------------------------------------------------------- JSON <-> Python
 
@@ -126,6 +126,8 @@ py::array as_array(py::handle obj) {
   if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
   return numpy().attr("asarray")(obj);
 }
+
+namespace {
 
 /// An input of a batch: the numpy array that owns the memory and the engine's view of it.
 struct Input {
@@ -278,14 +280,6 @@ Input weight_input(py::handle obj, const std::string& name) {
 
 // ---------------------------------------------------------------- Model
 
-/// models::Model plus the Python-side state: the training flag and the run lock.
-struct PyModel {
-  std::unique_ptr<models::Model> model;
-  bool training = false;
-  int num_threads = 0;
-  std::mutex mutex;
-};
-
 nlohmann::json config_argument(py::handle config) {
   if (py::isinstance<py::str>(config) || py::hasattr(config, "__fspath__"))
     return py::str(py::module_::import("os").attr("fspath")(config)).cast<std::string>();  // a config.json path
@@ -298,15 +292,6 @@ std::unique_ptr<PyModel> wrap(std::unique_ptr<models::Model> model) {
   auto out = std::make_unique<PyModel>();
   out->model = std::move(model);
   return out;
-}
-
-/// Runs `f` with the GIL released and the model's lock held (in that order, always).
-template <typename F>
-auto locked(PyModel& self, F&& f) {
-  py::gil_scoped_release release;
-  std::lock_guard<std::mutex> lock(self.mutex);
-  self.model->set_num_threads(self.num_threads);
-  return f();
 }
 
 py::dict forward(PyModel& self, const PreparedBatch& prepared) {
@@ -694,6 +679,8 @@ in the model (from loss_and_grads or accumulate_grads).
       .def_property_readonly(
           "step_count", [](const PyAdamW& self) { return self.optimizer.step_count(); },
           "Steps taken so far (drives bias correction).");
+
+  bind_trainer(m);
 
   py::class_<PySgd>(m, "SGD", R"doc(
 SGD with momentum over all of a model's parameters, the same update as torch.optim.SGD, fused

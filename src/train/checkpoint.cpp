@@ -119,7 +119,7 @@ std::string Trainer::save_checkpoint() {
   for (const std::string& file : checkpoint_files_)
     fs::copy_file(file, staged / fs::path(file).filename(), fs::copy_options::overwrite_existing);
   commit_directory(staged.string(), final_dir.string());
-  for (const auto& c : callbacks_) c->on_save(state_, final_dir.string());
+  for (const auto& c : callbacks_) c->on_save(state_, control_, final_dir.string());
   return final_dir.string();
 }
 

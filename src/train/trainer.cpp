@@ -93,20 +93,20 @@ void Trainer::log(nlohmann::json entry) {
   fs::create_directories(args_.output_dir);
   std::ofstream out(fs::path(args_.output_dir) / "log.jsonl", std::ios::app);
   out << entry.dump() << '\n';
-  for (const auto& c : callbacks_) c->on_log(state_, entry);
+  for (const auto& c : callbacks_) c->on_log(state_, control_, entry);
 }
 
-namespace {
-
-data::CollateFn make_collate(const data::TokenizedDataset& dataset, const CollationIds& ids, Task task, uint64_t seed) {
+data::CollateFn Trainer::collate_for(const data::TokenizedDataset& dataset, uint64_t seed, bool training) const {
+  if (collate_)
+    return [collate = collate_, training](std::span<const int64_t> indices, uint64_t batch_number) {
+      return collate(indices, batch_number, training);
+    };
   data::CollateOptions options;
-  options.pad_id = ids.pad_id;
+  options.pad_id = ids_.pad_id;
   options.seed = seed;
-  if (task == Task::MaskedLM) options.mlm = ids.mlm;
+  if (task_ == Task::MaskedLM) options.mlm = ids_.mlm;
   return data::padded_collate(dataset, options);
 }
-
-}  // namespace
 
 const LossScaler& Trainer::loss_scaler() const { return impl_->scaler; }
 
@@ -119,7 +119,7 @@ std::map<std::string, double> Trainer::train() {
   loader_options.shuffle = true;
   loader_options.seed = static_cast<uint64_t>(a.seed);
   loader_options.drop_last = a.dataloader_drop_last;
-  data::DataLoader loader(train_->size(), loader_options, make_collate(*train_, ids_, task_, a.seed));
+  data::DataLoader loader(train_->size(), loader_options, collate_for(*train_, a.seed, /*training=*/true));
   impl_->batches_per_epoch = loader.batches_per_epoch();
   FT_CHECK(impl_->batches_per_epoch > 0, "the training dataset (", train_->size(), " examples) gives no batch of ",
            a.per_device_train_batch_size, " with dataloader_drop_last");
@@ -135,12 +135,14 @@ std::map<std::string, double> Trainer::train() {
 
   const int64_t start_epoch = state_.global_step / impl_->updates_per_epoch;
   const int64_t skip_batches = (state_.global_step % impl_->updates_per_epoch) * accum;
-  for (const auto& c : callbacks_) c->on_train_begin(state_);
+  control_ = TrainerControl{};
+  for (const auto& c : callbacks_) c->on_train_begin(state_, control_);
   Progress progress(state_.max_steps, !a.disable_tqdm);
   progress.update(state_.global_step, {});
   auto started = std::chrono::steady_clock::now();
   double loss_since_log = 0, total_loss = 0;
   int64_t steps_since_log = 0, steps_this_run = 0, samples_this_run = 0;
+  double last_norm = 0;
   auto lr_at = [&](int64_t step) {
     return a.learning_rate * lr_lambda(impl_->schedule, step, impl_->warmup, state_.max_steps, a.learning_rate);
   };
@@ -157,24 +159,42 @@ std::map<std::string, double> Trainer::train() {
       state_.best_metric = it->second;
       impl_->evaluations_without_improvement = 0;
     } else if (a.early_stopping_patience > 0 && ++impl_->evaluations_without_improvement >= a.early_stopping_patience) {
-      state_.should_stop = true;
+      control_.should_training_stop = true;
     }
     return improved;
   };
-  auto save_if = [&](bool improved) {
-    std::string dir = save_checkpoint();
-    if (improved) state_.best_model_checkpoint = dir;
-    rotate_checkpoints();
+  // Logs, evaluates and saves as control_ asks (the arguments' schedule as callbacks left it), then clears the
+  // requests: transformers' _maybe_log_save_evaluate.
+  auto log_evaluate_save = [&] {
+    if (control_.should_log && steps_since_log > 0) {
+      double mean = loss_since_log / static_cast<double>(steps_since_log);
+      total_loss += loss_since_log;
+      loss_since_log = 0;
+      steps_since_log = 0;
+      log({{"loss", mean}, {"grad_norm", last_norm}, {"learning_rate", lr_at(state_.global_step)}, {"epoch", state_.epoch}});
+    }
+    bool improved = false;
+    if (control_.should_evaluate && eval_ != nullptr) improved = evaluate_and_track();
+    if (control_.should_save || (a.save_strategy == "best" && improved)) {
+      std::string dir = save_checkpoint();
+      if (improved) state_.best_model_checkpoint = dir;
+      rotate_checkpoints();
+    }
+    control_.should_log = control_.should_evaluate = control_.should_save = false;
   };
 
-  for (int64_t epoch = start_epoch; state_.global_step < state_.max_steps && !state_.should_stop; ++epoch) {
+  for (int64_t epoch = start_epoch; state_.global_step < state_.max_steps && !control_.should_training_stop; ++epoch) {
     loader.start_epoch(epoch);
     int64_t micro = 0;
     if (epoch == start_epoch && skip_batches > 0) {
       loader.skip(skip_batches);
       micro = skip_batches;
     }
+    control_.should_epoch_stop = false;
+    for (const auto& c : callbacks_) c->on_epoch_begin(state_, control_);
     while (std::optional<data::Batch> batch = loader.next()) {
+      if (micro % accum == 0)
+        for (const auto& c : callbacks_) c->on_step_begin(state_, control_);
       if (a.fp16) model_.set_loss_scale(impl_->scaler.scale());
       double loss = model_.accumulate_grads(view_of(*batch), /*training=*/true);
       FT_CHECK(std::isfinite(loss), "training loss became ", loss, " at step ", state_.global_step + 1,
@@ -185,14 +205,13 @@ std::map<std::string, double> Trainer::train() {
       const bool last_in_epoch = micro == impl_->batches_per_epoch;
       if (micro % accum != 0 && !last_in_epoch) continue;
 
-      double norm;
       if (a.fp16) {  // unscale in the fused pass; an overflowed step changes nothing but the scale
-        norm = impl_->optimizer->clip_and_step_if_finite(a.max_grad_norm, lr_at(state_.global_step),
-                                                          1.0 / (static_cast<double>(accum) * impl_->scaler.scale()));
-        impl_->scaler.update(!std::isfinite(norm));
+        last_norm = impl_->optimizer->clip_and_step_if_finite(
+            a.max_grad_norm, lr_at(state_.global_step), 1.0 / (static_cast<double>(accum) * impl_->scaler.scale()));
+        impl_->scaler.update(!std::isfinite(last_norm));
       } else {
-        norm = impl_->optimizer->clip_and_step(a.max_grad_norm, lr_at(state_.global_step),
-                                               1.0 / static_cast<double>(accum));
+        last_norm = impl_->optimizer->clip_and_step(a.max_grad_norm, lr_at(state_.global_step),
+                                                    1.0 / static_cast<double>(accum));
       }
       model_.params().zero_grads();
       ++state_.global_step;
@@ -202,29 +221,18 @@ std::map<std::string, double> Trainer::train() {
           static_cast<double>(epoch) + static_cast<double>(micro) / static_cast<double>(impl_->batches_per_epoch);
       progress.update(state_.global_step, {{"loss", loss_since_log / static_cast<double>(steps_since_log)},
                                            {"lr", lr_at(state_.global_step)}});
-      if (state_.global_step % a.logging_steps == 0) {
-        double mean = loss_since_log / static_cast<double>(steps_since_log);
-        total_loss += loss_since_log;
-        loss_since_log = 0;
-        steps_since_log = 0;
-        log({{"loss", mean},
-             {"grad_norm", norm},
-             {"learning_rate", lr_at(state_.global_step)},
-             {"epoch", state_.epoch}});
-      }
-      bool improved = false;
-      if (a.eval_strategy == "steps" && state_.global_step % a.effective_eval_steps() == 0)
-        improved = evaluate_and_track();
-      if ((a.save_strategy == "steps" && state_.global_step % a.save_steps == 0) ||
-          (a.save_strategy == "best" && improved))
-        save_if(improved);
-      for (const auto& c : callbacks_) c->on_step_end(state_);
-      if (state_.global_step >= state_.max_steps || state_.should_stop) break;
+      control_.should_log = state_.global_step % a.logging_steps == 0;
+      control_.should_evaluate = a.eval_strategy == "steps" && state_.global_step % a.effective_eval_steps() == 0;
+      control_.should_save = a.save_strategy == "steps" && state_.global_step % a.save_steps == 0;
+      if (state_.global_step >= state_.max_steps) control_.should_training_stop = true;
+      for (const auto& c : callbacks_) c->on_step_end(state_, control_);
+      log_evaluate_save();
+      if (control_.should_training_stop || control_.should_epoch_stop) break;
     }
-    bool improved = false;
-    if (a.eval_strategy == "epoch") improved = evaluate_and_track();
-    if (a.save_strategy == "epoch" || (a.save_strategy == "best" && improved && a.eval_strategy == "epoch"))
-      save_if(improved);
+    control_.should_evaluate = a.eval_strategy == "epoch";
+    control_.should_save = a.save_strategy == "epoch";
+    for (const auto& c : callbacks_) c->on_epoch_end(state_, control_);
+    log_evaluate_save();
   }
   progress.finish();
   total_loss += loss_since_log;
@@ -240,7 +248,7 @@ std::map<std::string, double> Trainer::train() {
   nlohmann::json entry = nlohmann::json::object();
   for (const auto& [k, v] : metrics) entry[k] = v;
   log(entry);
-  for (const auto& c : callbacks_) c->on_train_end(state_);
+  for (const auto& c : callbacks_) c->on_train_end(state_, control_);
   return metrics;
 }
 
@@ -258,7 +266,7 @@ std::map<std::string, double> Trainer::evaluate(const data::TokenizedDataset* da
   for (const auto& [k, v] : metrics) entry[k] = v;
   entry["epoch"] = state_.epoch;
   log(entry);
-  for (const auto& c : callbacks_) c->on_evaluate(state_, metrics);
+  for (const auto& c : callbacks_) c->on_evaluate(state_, control_, metrics);
   return metrics;
 }
 
@@ -266,7 +274,7 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
   data::LoaderOptions options;
   options.batch_size = args_.per_device_eval_batch_size;
   options.shuffle = false;
-  data::DataLoader loader(dataset.size(), options, make_collate(dataset, ids_, task_, args_.seed + 1));
+  data::DataLoader loader(dataset.size(), options, collate_for(dataset, args_.seed + 1, /*training=*/false));
   loader.start_epoch(0);
   Predictions p;
   double loss_sum = 0;
@@ -303,6 +311,8 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
       p.rows += batch->batch_size;
       if (labelled && batch->float_labels.empty())
         p.labels.insert(p.labels.end(), batch->labels.begin(), batch->labels.end());
+      else if (labelled)
+        p.float_labels.insert(p.float_labels.end(), batch->float_labels.begin(), batch->float_labels.end());
     } else if (!labelled && task_ == Task::TokenClassification) {
       // Unlabelled tokens: every token of every example, in order, padding dropped.
       const int64_t T = batch->seq_len;
@@ -329,6 +339,10 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
     feature += batch->batch_size;
   }
   if (loss_weight > 0) p.metrics["loss"] = loss_sum / static_cast<double>(loss_weight);
+  if (compute_metrics_) {
+    for (const auto& [k, v] : compute_metrics_(p)) p.metrics[k] = v;
+    return p;
+  }
   if (task_ == Task::MaskedLM || task_ == Task::CausalLM) {
     if (p.metrics.count("loss")) p.metrics["perplexity"] = std::exp(p.metrics["loss"]);
   } else if (qa) {

@@ -390,5 +390,41 @@ TEST(DataLmDataset, LineByLineSkipsBlankLinesAndTruncates) {
   EXPECT_EQ(to_vector(dataset.ids(1)), (std::vector<int64_t>{kCls, 20, 21, 22, 23, 24, 25, kSep}));
 }
 
+TEST(DataFlatDataset, HoldsExamplesAndLabelsGivenAsFlatArrays) {
+  TokenizedDataset d = TokenizedDataset::from_flat({.offsets = {0, 3, 5},
+                                                    .ids = {1, 7, 2, 1, 2},
+                                                    .type_ids = {0, 0, 0, 0, 1},
+                                                    .label_kind = LabelKind::Class,
+                                                    .labels = {1, 0},
+                                                    .num_labels = 2,
+                                                    .vocab_size = 8});
+  ASSERT_EQ(d.size(), 2);
+  EXPECT_EQ(to_vector(d.ids(0)), (std::vector<int64_t>{1, 7, 2}));
+  EXPECT_EQ(to_vector(d.type_ids(1)), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(d.label(0), 1);
+  EXPECT_EQ(d.longest(), 3);
+  // All-zero type ids are not kept, as the tokenizing datasets do.
+  TokenizedDataset tokens = TokenizedDataset::from_flat(
+      {.offsets = {0, 2}, .ids = {4, 5}, .type_ids = {0, 0}, .label_kind = LabelKind::TokenClasses,
+       .labels = {kIgnoreIndex, 2}, .num_labels = 3});
+  EXPECT_TRUE(tokens.type_ids(0).empty());
+  EXPECT_EQ(to_vector(tokens.token_labels(0)), (std::vector<int64_t>{kIgnoreIndex, 2}));
+}
+
+TEST(DataFlatDataset, RejectsInconsistentArraysWithOneClearError) {
+  auto error = [](FlatExamples e) { return error_of([&] { TokenizedDataset::from_flat(std::move(e)); }); };
+  EXPECT_EQ(error({.offsets = {0, 2}, .ids = {1, 2, 3}}), "offsets end at 2 but there are 3 ids");
+  EXPECT_EQ(error({.offsets = {0, 2, 2}, .ids = {1, 2}}), "example 1 has no tokens (offsets 2 to 2)");
+  EXPECT_EQ(error({.offsets = {0, 2}, .ids = {1, 9}, .vocab_size = 8}),
+            "token id 9 of example 0 is outside the vocabulary [0, 8)");
+  EXPECT_EQ(error({.offsets = {0, 1, 2}, .ids = {1, 2}, .label_kind = LabelKind::Class, .labels = {0, 2},
+                   .num_labels = 2}),
+            "label 2 (example 1) is out of range: the model has 2 labels, so labels must lie in [0, 2)");
+  EXPECT_EQ(error({.offsets = {0, 1, 2}, .ids = {1, 2}, .label_kind = LabelKind::Class, .labels = {0}}),
+            "expected 2 class labels (one per example), found 1");
+  EXPECT_EQ(error({.offsets = {0, 2}, .ids = {1, 2}, .type_ids = {0}}),
+            "expected 2 token type ids (one per id), found 1");
+}
+
 }  // namespace
 }  // namespace fusetrain::testing

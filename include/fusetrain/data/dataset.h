@@ -133,6 +133,21 @@ enum class LabelKind {
   Spans,         ///< question answering: the answer's start and end token per example
 };
 
+/// Tokenized examples handed over as flat arrays (by the Python Trainer): example i is ids[offsets[i], offsets[i+1]).
+struct FlatExamples {
+  std::vector<int64_t> offsets = {0};  ///< N + 1 entries: 0, non-decreasing, ending at ids.size()
+  std::vector<int64_t> ids = {};
+  std::vector<int64_t> type_ids = {};  ///< empty (all 0) or one per id
+  LabelKind label_kind = LabelKind::None;
+  /// Class: N class ids; TokenClasses: one class (or kIgnoreIndex) per id; Spans: start and end of each example.
+  std::vector<int64_t> labels = {};
+  std::vector<float> float_labels = {};  ///< Regression: N targets
+  /// When > 0, Class and TokenClasses labels must lie in [0, num_labels) (kIgnoreIndex allowed for tokens).
+  int64_t num_labels = 0;
+  /// When > 0, every id must lie in [0, vocab_size).
+  int64_t vocab_size = 0;
+};
+
 /// Tokenized examples in flat buffers: example i is ids()[offsets[i], offsets[i+1]). The base of TextDataset and
 /// LmDataset, and what collators read.
 class TokenizedDataset {
@@ -167,6 +182,11 @@ class TokenizedDataset {
   std::span<const int64_t> token_labels(int64_t i) const;
   /// The answer's first and last token of example i (LabelKind::Spans only).
   std::pair<int64_t, int64_t> span(int64_t i) const;
+
+  /// A dataset over `examples`. Throws Error naming the first inconsistency: offsets that do not start at 0, go
+  /// down or miss the end of ids; an empty example; type ids or labels of the wrong length; an id or label out of
+  /// range.
+  static TokenizedDataset from_flat(FlatExamples examples);
 
  protected:
   /// Appends one example; type ids are materialised only once a non-zero one appears.

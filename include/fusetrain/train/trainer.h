@@ -7,11 +7,13 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "fusetrain/data/collator.h"
 #include "fusetrain/data/dataset.h"
+#include "fusetrain/data/loader.h"
 #include "fusetrain/models/model.h"
 #include "fusetrain/train/loss_scaler.h"
 #include "fusetrain/train/training_args.h"
@@ -32,21 +34,39 @@ struct TrainerState {
   std::optional<double> best_metric;
   std::optional<std::string> best_model_checkpoint;
   nlohmann::json log_history = nlohmann::json::array();
-  bool should_stop = false;
   nlohmann::json to_json(const TrainingArguments& args) const;
   static TrainerState from_json(const nlohmann::json& json);
 };
 
-/// Hooks called at the points transformers' TrainerCallback names.
+/// What the loop does after a step or an epoch, as transformers' TrainerControl: the loop sets should_log,
+/// should_evaluate and should_save from the arguments before the callbacks of that point run, then honours whatever
+/// the callbacks leave set. should_training_stop ends training (early stopping sets it too); should_epoch_stop ends
+/// the epoch.
+struct TrainerControl {
+  bool should_training_stop = false;
+  bool should_epoch_stop = false;
+  bool should_save = false;
+  bool should_evaluate = false;
+  bool should_log = false;
+};
+
+/// Hooks called at the points transformers' TrainerCallback names; each may change `control`.
 class Callback {
  public:
   virtual ~Callback() = default;
-  virtual void on_train_begin(const TrainerState&) {}
-  virtual void on_step_end(const TrainerState&) {}
-  virtual void on_log(const TrainerState&, const nlohmann::json& logs) { (void)logs; }
-  virtual void on_evaluate(const TrainerState&, const std::map<std::string, double>& metrics) { (void)metrics; }
-  virtual void on_save(const TrainerState&, const std::string& checkpoint_dir) { (void)checkpoint_dir; }
-  virtual void on_train_end(const TrainerState&) {}
+  virtual void on_train_begin(const TrainerState&, TrainerControl&) {}
+  virtual void on_epoch_begin(const TrainerState&, TrainerControl&) {}
+  virtual void on_step_begin(const TrainerState&, TrainerControl&) {}
+  virtual void on_step_end(const TrainerState&, TrainerControl&) {}
+  virtual void on_epoch_end(const TrainerState&, TrainerControl&) {}
+  virtual void on_log(const TrainerState&, TrainerControl&, const nlohmann::json& logs) { (void)logs; }
+  virtual void on_evaluate(const TrainerState&, TrainerControl&, const std::map<std::string, double>& metrics) {
+    (void)metrics;
+  }
+  virtual void on_save(const TrainerState&, TrainerControl&, const std::string& checkpoint_dir) {
+    (void)checkpoint_dir;
+  }
+  virtual void on_train_end(const TrainerState&, TrainerControl&) {}
 };
 
 /// Model outputs over a dataset: logits rows (N, K) for sequence classification, (N·T, K) token rows for token
@@ -58,6 +78,7 @@ struct Predictions {
   int64_t rows = 0;
   int64_t classes = 0;
   std::vector<int64_t> labels;  ///< one per row; empty without labels
+  std::vector<float> float_labels;  ///< regression targets, one per row; empty otherwise
   std::vector<float> end_logits;
   std::vector<int64_t> feature_offsets;
   std::vector<std::string> answers;
@@ -69,6 +90,13 @@ struct CollationIds {
   int64_t pad_id = 0;
   std::optional<data::MaskSpec> mlm;  ///< set for masked LM
 };
+
+/// Makes a batch from example indices in place of the built-in padded collator (e.g. a transformers collator
+/// called from Python). `training` is false for evaluation and prediction. Called on the loader's thread.
+using CollateOverride = std::function<data::Batch(std::span<const int64_t> indices, uint64_t batch_number, bool training)>;
+
+/// Metrics of predictions in place of the task's built-in ones (transformers' compute_metrics); the loss is kept.
+using MetricsFn = std::function<std::map<std::string, double>(const Predictions& predictions)>;
 
 /// Trains `model` on tokenized datasets. Datasets and the model are held by
 /// reference and must outlive the Trainer. Question answering needs data::QuestionAnsweringDataset datasets.
@@ -98,6 +126,10 @@ class Trainer {
   void set_checkpoint_files(std::vector<std::string> paths) { checkpoint_files_ = std::move(paths); }
   /// Receives every log line (also written to output_dir/log.jsonl).
   void set_log_sink(std::function<void(const nlohmann::json&)> sink) { log_sink_ = std::move(sink); }
+  /// Collates batches with `collate` instead of the built-in padded collator.
+  void set_collate(CollateOverride collate) { collate_ = std::move(collate); }
+  /// Computes evaluation and prediction metrics with `metrics` instead of the task's built-in ones.
+  void set_compute_metrics(MetricsFn metrics) { compute_metrics_ = std::move(metrics); }
 
  private:
   struct Impl;
@@ -112,11 +144,15 @@ class Trainer {
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::function<void(const nlohmann::json&)> log_sink_;
   std::vector<std::string> checkpoint_files_;
+  CollateOverride collate_;
+  MetricsFn compute_metrics_;
+  TrainerControl control_;
 
   void log(nlohmann::json entry);
   std::string save_checkpoint();
   void load_checkpoint(const std::string& dir);
   void rotate_checkpoints();
+  data::CollateFn collate_for(const data::TokenizedDataset& dataset, uint64_t seed, bool training) const;
   models::Batch view_of(const data::Batch& batch) const;
 };
 

@@ -1,0 +1,370 @@
+// fusetrain._core._Dataset and fusetrain._core._Trainer: the engine side of
+// fusetrain.Trainer (python/fusetrain/trainer.py). The loop, schedules, evaluation,
+// checkpoints and resume are train::Trainer's, the same the CLI runs; this file
+// only carries data across: datasets as flat int64 arrays (copied once), and the
+// Python hooks (a transformers collator, compute_metrics, the callbacks) called
+// back with the GIL taken. Training runs with the GIL released.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fusetrain/core/error.h"
+#include "fusetrain/train/trainer.h"
+#include "python/binding.h"
+
+using namespace pybind11::literals;
+
+namespace fusetrain::python {
+namespace {
+
+/// A Python callable that may be copied and dropped on threads without the GIL: only the last owner, with the GIL
+/// taken, releases the Python object.
+using SharedCallable = std::shared_ptr<py::function>;
+
+SharedCallable share(py::function fn) {
+  return SharedCallable(new py::function(std::move(fn)), [](py::function* f) {
+    py::gil_scoped_acquire gil;
+    delete f;
+  });
+}
+
+/// The integers of a 1-D array (or anything numpy.asarray accepts) as int64 values.
+std::vector<int64_t> int64_values(py::handle obj, const std::string& name) {
+  py::array a = as_array(obj);
+  const char kind = a.dtype().kind();
+  FT_CHECK(kind == 'i' || kind == 'u' || kind == 'b' || a.size() == 0, name,
+           " must hold integers; got dtype ", py::str(a.dtype()).cast<std::string>());
+  auto values = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+  return std::vector<int64_t>(values.data(), values.data() + values.size());
+}
+
+std::vector<float> float_values(py::handle obj) {
+  auto values = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(as_array(obj));
+  return std::vector<float>(values.data(), values.data() + values.size());
+}
+
+data::LabelKind parse_label_kind(const std::string& name) {
+  static const std::map<std::string, data::LabelKind> kinds{
+      {"none", data::LabelKind::None},       {"class", data::LabelKind::Class},
+      {"regression", data::LabelKind::Regression}, {"tokens", data::LabelKind::Tokens},
+      {"token_classes", data::LabelKind::TokenClasses}, {"spans", data::LabelKind::Spans}};
+  auto it = kinds.find(name);
+  FT_CHECK(it != kinds.end(), "label_kind must be none, class, regression, tokens, token_classes or spans; got \"",
+           name, "\"");
+  return it->second;
+}
+
+/// A tokenized dataset owned by Python (train::Trainer holds datasets by pointer).
+struct PyDataset {
+  data::TokenizedDataset dataset;
+};
+
+/// A batch from a Python collator's output: a mapping of (B, T) / (B,) arrays (numpy or torch).
+data::Batch batch_from_python(py::handle output) {
+  FT_CHECK(py::isinstance<py::dict>(output) || py::hasattr(output, "keys"),
+           "the data collator must return a mapping of arrays (input_ids, attention_mask, labels, ...); got ",
+           py::type::of(output).attr("__name__").cast<std::string>());
+  py::dict batch_dict = py::dict(py::reinterpret_borrow<py::object>(output));
+  FT_CHECK(batch_dict.contains("input_ids"), "the data collator's batch has no \"input_ids\"");
+  py::array ids = as_array(batch_dict["input_ids"]);
+  FT_CHECK(ids.ndim() == 2, "the data collator's input_ids must have shape (batch, sequence); got ", ids.ndim(),
+           " dimensions");
+  data::Batch b;
+  b.batch_size = ids.shape(0);
+  b.seq_len = ids.shape(1);
+  const auto tokens = static_cast<size_t>(b.batch_size * b.seq_len);
+  auto tokens_of = [&](const char* key) {
+    std::vector<int64_t> v = int64_values(batch_dict[key], str("the data collator's ", key));
+    FT_CHECK(v.size() == tokens, "the data collator's ", key, " has ", v.size(), " values; input_ids has ", tokens);
+    return v;
+  };
+  for (auto [key, value] : batch_dict) {
+    const std::string name = py::str(key).cast<std::string>();
+    if (name == "input_ids") {
+      b.input_ids = tokens_of("input_ids");
+    } else if (name == "attention_mask") {
+      b.attention_mask = tokens_of("attention_mask");
+    } else if (name == "token_type_ids") {
+      b.token_type_ids = tokens_of("token_type_ids");
+    } else if (name == "labels" || name == "label" || name == "label_ids") {
+      py::array labels = as_array(value);
+      if (labels.dtype().kind() == 'f') {
+        b.float_labels = float_values(labels);
+        FT_CHECK(static_cast<int64_t>(b.float_labels.size()) == b.batch_size, "the data collator's ", name, " has ",
+                 b.float_labels.size(), " float values for ", b.batch_size, " examples");
+      } else {
+        b.labels = int64_values(labels, "the data collator's " + name);
+        FT_CHECK(static_cast<int64_t>(b.labels.size()) == b.batch_size || b.labels.size() == tokens,
+                 "the data collator's ", name, " has ", b.labels.size(), " values; expected one per example (",
+                 b.batch_size, ") or one per token (", tokens, ")");
+      }
+    } else if (name == "start_positions" || name == "end_positions") {
+      std::vector<int64_t> v = int64_values(value, "the data collator's " + name);
+      FT_CHECK(static_cast<int64_t>(v.size()) == b.batch_size, "the data collator's ", name, " has ", v.size(),
+               " values for ", b.batch_size, " examples");
+      (name == "start_positions" ? b.start_positions : b.end_positions) = std::move(v);
+    } else if (name != "special_tokens_mask") {
+      throw Error(str("the data collator's batch has a key \"", name, "\" the model does not take (expected "
+                      "input_ids, attention_mask, token_type_ids, labels, start_positions, end_positions)"));
+    }
+  }
+  if (b.attention_mask.empty()) b.attention_mask.assign(tokens, 1);
+  return b;
+}
+
+py::array float_array(const std::vector<float>& v, std::vector<py::ssize_t> shape) {
+  py::array_t<float> a(shape);
+  std::copy(v.begin(), v.end(), a.mutable_data());
+  return a;
+}
+
+py::array int64_array(const std::vector<int64_t>& v) {
+  py::array_t<int64_t> a(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), a.mutable_data());
+  return a;
+}
+
+/// Predictions as a dict of numpy arrays: "logits" (rows, classes) (question answering: the start logits of every
+/// feature, flat, with "end_logits" and "feature_offsets"), "labels" or "float_labels" (rows,), "metrics", and
+/// "answers" for question answering.
+py::dict predictions_to_python(const train::Predictions& p) {
+  py::dict out;
+  if (p.classes > 0)
+    out["logits"] = float_array(p.logits, {static_cast<py::ssize_t>(p.rows), static_cast<py::ssize_t>(p.classes)});
+  else
+    out["logits"] = float_array(p.logits, {static_cast<py::ssize_t>(p.logits.size())});
+  if (!p.end_logits.empty()) out["end_logits"] = float_array(p.end_logits, {static_cast<py::ssize_t>(p.end_logits.size())});
+  if (!p.feature_offsets.empty()) out["feature_offsets"] = int64_array(p.feature_offsets);
+  if (!p.labels.empty()) out["labels"] = int64_array(p.labels);
+  if (!p.float_labels.empty())
+    out["float_labels"] = float_array(p.float_labels, {static_cast<py::ssize_t>(p.float_labels.size())});
+  if (!p.answers.empty()) out["answers"] = py::cast(p.answers);
+  out["metrics"] = py::cast(p.metrics);
+  return out;
+}
+
+py::dict state_to_python(const train::TrainerState& s, bool with_history) {
+  py::dict out;
+  out["global_step"] = s.global_step;
+  out["epoch"] = s.epoch;
+  out["max_steps"] = s.max_steps;
+  out["best_metric"] = s.best_metric ? py::object(py::float_(*s.best_metric)) : py::none();
+  out["best_model_checkpoint"] =
+      s.best_model_checkpoint ? py::object(py::str(*s.best_model_checkpoint)) : py::none();
+  if (with_history) out["log_history"] = to_python(s.log_history);
+  return out;
+}
+
+constexpr const char* kControlFlags[] = {"should_training_stop", "should_epoch_stop", "should_save",
+                                         "should_evaluate", "should_log"};
+
+bool* control_flag(train::TrainerControl& c, int i) {
+  bool* flags[] = {&c.should_training_stop, &c.should_epoch_stop, &c.should_save, &c.should_evaluate, &c.should_log};
+  return flags[i];
+}
+
+/// Forwards every callback event to one Python function
+/// `dispatch(event, state: dict, control: dict, payload) -> dict | None`; the flags of a returned dict become the
+/// loop's control. A pending Ctrl-C is raised at the end of each step.
+class PythonCallbacks : public train::Callback {
+ public:
+  explicit PythonCallbacks(SharedCallable dispatch) : dispatch_(std::move(dispatch)) {}
+
+  void on_train_begin(const train::TrainerState& s, train::TrainerControl& c) override {
+    call("on_train_begin", s, c, [] { return py::none(); }, true);
+  }
+  void on_epoch_begin(const train::TrainerState& s, train::TrainerControl& c) override {
+    call("on_epoch_begin", s, c, [] { return py::none(); });
+  }
+  void on_step_begin(const train::TrainerState& s, train::TrainerControl& c) override {
+    call("on_step_begin", s, c, [] { return py::none(); });
+  }
+  void on_step_end(const train::TrainerState& s, train::TrainerControl& c) override {
+    call("on_step_end", s, c, [] { return py::none(); });
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+  void on_epoch_end(const train::TrainerState& s, train::TrainerControl& c) override {
+    call("on_epoch_end", s, c, [] { return py::none(); });
+  }
+  void on_log(const train::TrainerState& s, train::TrainerControl& c, const nlohmann::json& logs) override {
+    call("on_log", s, c, [&] { return to_python(logs); });
+  }
+  void on_evaluate(const train::TrainerState& s, train::TrainerControl& c,
+                   const std::map<std::string, double>& metrics) override {
+    call("on_evaluate", s, c, [&] { return py::object(py::cast(metrics)); });
+  }
+  void on_save(const train::TrainerState& s, train::TrainerControl& c, const std::string& dir) override {
+    call("on_save", s, c, [&] { return py::object(py::str(dir)); });
+  }
+  void on_train_end(const train::TrainerState& s, train::TrainerControl& c) override {
+    call("on_train_end", s, c, [] { return py::none(); }, true);
+  }
+
+ private:
+  SharedCallable dispatch_;
+
+  /// Calls dispatch with the GIL taken; `payload` builds the event's argument (under the GIL).
+  template <typename Payload>
+  void call(const char* event, const train::TrainerState& s, train::TrainerControl& c, Payload payload,
+            bool with_history = false) {
+    py::gil_scoped_acquire gil;
+    py::object argument = payload();
+    py::dict control;
+    for (int i = 0; i < 5; ++i) control[kControlFlags[i]] = *control_flag(c, i);
+    py::object result = (*dispatch_)(event, state_to_python(s, with_history), control, argument);
+    if (result.is_none()) return;
+    py::dict flags = result.cast<py::dict>();
+    for (int i = 0; i < 5; ++i)
+      if (flags.contains(kControlFlags[i])) *control_flag(c, i) = flags[kControlFlags[i]].cast<bool>();
+  }
+};
+
+/// train::Trainer over a Python-owned model and datasets (kept alive by the Python objects held here).
+struct PyTrainer {
+  PyModel& model;
+  py::object train_dataset, eval_dataset;
+  std::unique_ptr<train::Trainer> trainer;
+};
+
+const data::TokenizedDataset* dataset_of(const py::object& obj) {
+  return obj.is_none() ? nullptr : &obj.cast<PyDataset&>().dataset;
+}
+
+}  // namespace
+
+void bind_trainer(py::module_& m) {
+  py::class_<PyDataset>(m, "_Dataset", R"doc(
+Tokenized examples as the engine's Trainer reads them (fusetrain.Trainer builds these from
+datasets, lists of dicts or map-style datasets). Example i is ids[offsets[i]:offsets[i + 1]].
+)doc")
+      .def(py::init([](py::handle offsets, py::handle ids, py::handle type_ids, const std::string& label_kind,
+                       py::handle labels, int64_t num_labels, int64_t vocab_size) {
+             data::FlatExamples e;
+             e.offsets = int64_values(offsets, "offsets");
+             e.ids = int64_values(ids, "input_ids");
+             if (!type_ids.is_none()) e.type_ids = int64_values(type_ids, "token_type_ids");
+             e.label_kind = parse_label_kind(label_kind);
+             if (e.label_kind == data::LabelKind::Regression)
+               e.float_labels = float_values(labels);
+             else if (!labels.is_none())
+               e.labels = int64_values(labels, "labels");
+             e.num_labels = num_labels;
+             e.vocab_size = vocab_size;
+             return std::make_unique<PyDataset>(PyDataset{data::TokenizedDataset::from_flat(std::move(e))});
+           }),
+           "offsets"_a, "ids"_a, "type_ids"_a = py::none(), "label_kind"_a = "none", "labels"_a = py::none(),
+           "num_labels"_a = 0, "vocab_size"_a = 0)
+      .def("__len__", [](const PyDataset& d) { return d.dataset.size(); })
+      .def_property_readonly(
+          "num_tokens", [](const PyDataset& d) { return d.dataset.num_tokens(); }, "Total tokens over all examples.")
+      .def(
+          "lengths",
+          [](const PyDataset& d) {
+            std::vector<int64_t> lengths(static_cast<size_t>(d.dataset.size()));
+            for (int64_t i = 0; i < d.dataset.size(); ++i) lengths[static_cast<size_t>(i)] = d.dataset.length(i);
+            return int64_array(lengths);
+          },
+          "The number of tokens of every example.");
+
+  py::class_<PyTrainer>(m, "_Trainer", R"doc(
+The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.Trainer drives it.
+)doc")
+      .def(py::init([](PyModel& model, py::dict args, const std::string& task, py::object train_dataset,
+                       py::object eval_dataset, int64_t pad_id, std::optional<py::dict> mlm) {
+             train::TrainingArguments parsed = train::TrainingArguments::from_json(to_json(args, "args"));
+             train::CollationIds ids{.pad_id = pad_id, .mlm = std::nullopt};
+             if (mlm) {
+               data::MaskSpec spec;
+               spec.mask_id = (*mlm)["mask_id"].cast<int64_t>();
+               spec.vocab_size = (*mlm)["vocab_size"].cast<int64_t>();
+               spec.special_ids = (*mlm)["special_ids"].cast<std::vector<int64_t>>();
+               spec.probability = (*mlm)["probability"].cast<double>();
+               ids.mlm = spec;
+             }
+             model.num_threads = static_cast<int>(parsed.fusetrain_threads);
+             auto out = std::make_unique<PyTrainer>(PyTrainer{model, train_dataset, eval_dataset, nullptr});
+             out->trainer = std::make_unique<train::Trainer>(*model.model, std::move(parsed), train::parse_task(task),
+                                                             dataset_of(train_dataset), dataset_of(eval_dataset), ids);
+             return out;
+           }),
+           "model"_a, "args"_a, "task"_a, "train_dataset"_a, "eval_dataset"_a, "pad_id"_a = 0, "mlm"_a = py::none(),
+           py::keep_alive<1, 2>())
+      .def(
+          "set_collate",
+          [](PyTrainer& self, py::function collate) {
+            SharedCallable fn = share(std::move(collate));
+            self.trainer->set_collate([fn](std::span<const int64_t> indices, uint64_t, bool training) {
+              py::gil_scoped_acquire gil;
+              py::array_t<int64_t> idx(static_cast<py::ssize_t>(indices.size()));
+              std::copy(indices.begin(), indices.end(), idx.mutable_data());
+              return batch_from_python((*fn)(idx, training));
+            });
+          },
+          "collate"_a, "collate(indices: int64 array, training: bool) -> mapping of arrays, called per batch.")
+      .def(
+          "set_compute_metrics",
+          [](PyTrainer& self, py::function metrics) {
+            SharedCallable fn = share(std::move(metrics));
+            self.trainer->set_compute_metrics([fn](const train::Predictions& p) {
+              py::gil_scoped_acquire gil;
+              py::object result = (*fn)(predictions_to_python(p));
+              std::map<std::string, double> out;
+              for (auto [key, value] : result.cast<py::dict>()) {
+                const std::string name = py::str(key).cast<std::string>();
+                const bool number = py::isinstance<py::float_>(value) || py::isinstance<py::int_>(value) ||
+                                    (py::hasattr(value, "dtype") && py::hasattr(value, "item"));
+                FT_CHECK(number, "compute_metrics must return a dict of numbers; \"", name, "\" is a ",
+                         py::type::of(value).attr("__name__").cast<std::string>());
+                out[name] = py::float_(py::reinterpret_borrow<py::object>(value)).cast<double>();
+              }
+              return out;
+            });
+          },
+          "metrics"_a, "metrics(predictions: dict) -> dict of numbers, in place of the task's built-in metrics.")
+      .def(
+          "set_callbacks",
+          [](PyTrainer& self, py::function dispatch) {
+            self.trainer->add_callback(std::make_shared<PythonCallbacks>(share(std::move(dispatch))));
+          },
+          "dispatch"_a, "dispatch(event, state, control, payload) -> dict of control flags or None.")
+      .def(
+          "set_checkpoint_files",
+          [](PyTrainer& self, std::vector<std::string> paths) { self.trainer->set_checkpoint_files(std::move(paths)); },
+          "paths"_a, "Files copied into every checkpoint (the tokenizer's).")
+      .def(
+          "train",
+          [](PyTrainer& self) {
+            return locked(self.model, [&] { return self.trainer->train(); });
+          },
+          "Runs training; returns the final metrics.")
+      .def(
+          "evaluate",
+          [](PyTrainer& self, py::object dataset) {
+            const data::TokenizedDataset* d = dataset_of(dataset);
+            return locked(self.model, [&] { return self.trainer->evaluate(d); });
+          },
+          "dataset"_a = py::none(), "Metrics over `dataset` (default: the eval dataset), keys prefixed eval_.")
+      .def(
+          "predict",
+          [](PyTrainer& self, PyDataset& dataset) {
+            train::Predictions p = locked(self.model, [&] { return self.trainer->predict(dataset.dataset); });
+            return predictions_to_python(p);
+          },
+          "dataset"_a, "Predictions over `dataset` as a dict of arrays (see predictions_to_python).")
+      .def_property_readonly(
+          "state", [](const PyTrainer& self) { return state_to_python(self.trainer->state(), true); },
+          "The engine's TrainerState as a dict.")
+      .def_property_readonly(
+          "loss_scale", [](const PyTrainer& self) { return self.trainer->loss_scaler().scale(); },
+          "The fp16 loss scale.");
+}
+
+}  // namespace fusetrain::python
