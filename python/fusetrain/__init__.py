@@ -18,7 +18,12 @@ Parameters keep their Hugging Face names, so `model.state_dict()` and
 `model.load_state_dict(...)` exchange weights with transformers (numpy arrays, or
 torch tensors), and `save_pretrained` writes a directory transformers can load.
 Engine errors (bad config, wrong shapes, unknown architecture) raise ValueError.
+
+`fusetrain.Trainer` and `fusetrain.TrainingArguments` are drop-ins for transformers'
+classes of the same names: change the import line of a transformers training script.
 """
+
+from typing import Any
 
 from fusetrain._core import (
     SGD,
@@ -30,7 +35,11 @@ from fusetrain._core import (
     supported_architectures,
 )
 
+from fusetrain.training_args import TrainingArguments
+
 __all__ = [
+    "Trainer",
+    "TrainingArguments",
     "Model",
     "AdamW",
     "SGD",
@@ -39,3 +48,13 @@ __all__ = [
     "measure_matmul_gflops",
     "supported_architectures",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The Trainer uses transformers' callback and output classes: imported on first use,
+    # so that `import fusetrain` (Model, AdamW) needs neither transformers nor torch.
+    if name == "Trainer":
+        from fusetrain.trainer import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'fusetrain' has no attribute {name!r}")

@@ -539,6 +539,9 @@ seed: seeds the initialisation.
 architecture: the transformers class to build; defaults to config["architectures"][0].
 )doc")
       .def("zero_grad", &zero_grads, "Sets every gradient to zero.")
+      .def(
+          "state_dict_names", [](const PyModel& self) { return self.model->state_dict_names(); },
+          "The names state_dict() returns, in its order, without copying any weight.")
       .def("state_dict", &state_dict,
            "Every parameter as a float32 numpy copy, keyed by its Hugging Face name, in transformers' order "
            "(tied weights appear under each of their names).")

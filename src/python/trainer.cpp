@@ -272,7 +272,28 @@ datasets, lists of dicts or map-style datasets). Example i is ids[offsets[i]:off
             for (int64_t i = 0; i < d.dataset.size(); ++i) lengths[static_cast<size_t>(i)] = d.dataset.length(i);
             return int64_array(lengths);
           },
-          "The number of tokens of every example.");
+          "The number of tokens of every example.")
+      .def(
+          "token_labels",
+          [](const PyDataset& d) -> py::object {
+            if (d.dataset.label_kind() != data::LabelKind::TokenClasses) return py::none();
+            std::vector<int64_t> labels;
+            labels.reserve(static_cast<size_t>(d.dataset.num_tokens()));
+            for (int64_t i = 0; i < d.dataset.size(); ++i) {
+              auto span = d.dataset.token_labels(i);
+              labels.insert(labels.end(), span.begin(), span.end());
+            }
+            return int64_array(labels);
+          },
+          "Every token's class, example after example (token classification), else None.");
+
+  m.def(
+      "_training_args_defaults", [] { return to_python(train::TrainingArguments{}.to_json()); },
+      "The engine's TrainingArguments fields and their defaults, as a dict.");
+  m.def(
+      "_check_training_args",
+      [](py::dict args) { train::TrainingArguments::from_json(to_json(args, "args")).validate(); }, "args"_a,
+      "Raises ValueError naming the first field the engine rejects (unknown, wrong type or out of range).");
 
   py::class_<PyTrainer>(m, "_Trainer", R"doc(
 The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.Trainer drives it.

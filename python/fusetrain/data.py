@@ -1,0 +1,247 @@
+"""Datasets into the engine: `datasets.Dataset`, lists of dicts and map-style datasets
+become one `_core._Dataset` (flat int64 token and label arrays, copied once), and a
+transformers collator becomes a per-batch hook the engine calls.
+
+Column conventions are transformers': `input_ids` (required), optional `attention_mask`
+and `token_type_ids`, and labels under `labels`, `label` or `label_ids`. Examples padded
+on the right (tokenized with `padding="max_length"`) are unpadded by their attention
+mask; the engine pads each batch itself. Numpy does every per-token step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from fusetrain import _core
+
+LABEL_COLUMNS = ("labels", "label", "label_ids")
+# Columns a batch may carry into the model; others (text, ids of rows) are dropped
+# before a collator sees them, as transformers' remove_unused_columns does.
+MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask") + LABEL_COLUMNS
+TEXT_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question", "context"), ("text",),
+                ("sentence",), ("content",))
+
+
+def column_names(dataset: Any) -> list[str]:
+    """The columns of a datasets.Dataset, or the keys of a list / map-style dataset's first example."""
+    names = getattr(dataset, "column_names", None)
+    if names is not None:
+        return list(names)
+    if len(dataset) == 0:
+        return []
+    first = dataset[0]
+    if not isinstance(first, Mapping):
+        raise TypeError(
+            "a dataset must be a datasets.Dataset, a list of dicts or a map-style dataset whose items are dicts; "
+            f"its first item is a {type(first).__name__}"
+        )
+    return list(first.keys())
+
+
+def _ragged(dataset: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Column `name` of per-example sequences as (values int64/float, offsets of N + 1)."""
+    arrow = _arrow_table(dataset)
+    if arrow is not None:
+        import pyarrow as pa
+
+        column = arrow.column(name).combine_chunks()
+        if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
+            raise ValueError(f'column "{name}" must hold one sequence per example; it holds {column.type}')
+        offsets = np.asarray(column.offsets, dtype=np.int64)
+        values = column.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+        return values, offsets - offsets[0]
+    rows = [np.asarray(_item(dataset, i)[name]).reshape(-1) for i in range(len(dataset))]
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in rows], out=offsets[1:])
+    values = np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+    return values, offsets
+
+
+def _scalar_column(dataset: Any, name: str) -> np.ndarray:
+    arrow = _arrow_table(dataset)
+    if arrow is not None:
+        return arrow.column(name).to_numpy()
+    return np.asarray([np.asarray(_item(dataset, i)[name]) for i in range(len(dataset))])
+
+
+def _arrow_table(dataset: Any):
+    """The rows of a datasets.Dataset as a pyarrow Table (its selection and order applied), else None."""
+    if hasattr(dataset, "with_format") and hasattr(dataset, "column_names") and hasattr(dataset, "data"):
+        return dataset.with_format("arrow")[:]
+    return None
+
+
+def _item(dataset: Any, i: int) -> Mapping[str, Any]:
+    item = dataset[i]
+    if not isinstance(item, Mapping):
+        raise TypeError(f"dataset item {i} is a {type(item).__name__}; expected a dict of columns")
+    return item
+
+
+def _as_int(values: np.ndarray, what: str) -> np.ndarray:
+    if values.size and values.dtype.kind not in "iub":
+        raise ValueError(f"{what} must be integers; found dtype {values.dtype}")
+    return np.ascontiguousarray(values, dtype=np.int64)
+
+
+def _unpad(values: np.ndarray, keep: np.ndarray | None) -> np.ndarray:
+    return values[keep] if keep is not None else values
+
+
+def to_engine(
+    dataset: Any,
+    *,
+    task: str,
+    num_labels: int,
+    vocab_size: int,
+    problem_type: str | None = None,
+    name: str = "dataset",
+) -> _core._Dataset:
+    """Converts a tokenized dataset into the engine's `_Dataset` for `task` (seq-cls, token-cls, mlm, clm).
+
+    Raises ValueError naming the dataset and what is wrong: no input_ids, labels missing or
+    of the wrong shape, out-of-range ids or labels, left padding.
+    """
+    if isinstance(dataset, _core._Dataset):
+        return dataset
+    columns = column_names(dataset)
+    if len(dataset) == 0:
+        raise ValueError(f"the {name} is empty")
+    if "input_ids" not in columns:
+        raise ValueError(
+            f"the {name} has no input_ids column (columns: {', '.join(columns) or 'none'}): tokenize it first, e.g. "
+            "dataset.map(lambda batch: tokenizer(batch['sentence'], truncation=True), batched=True), "
+            "or pass processing_class=tokenizer so the Trainer can"
+        )
+    ids, offsets = _ragged(dataset, "input_ids")
+    ids = _as_int(ids, f"the {name}'s input_ids")
+    keep = None
+    if "attention_mask" in columns:
+        mask, mask_offsets = _ragged(dataset, "attention_mask")
+        if mask.shape != ids.shape or not np.array_equal(mask_offsets, offsets):
+            raise ValueError(f"the {name}'s attention_mask does not have the shape of its input_ids")
+        mask = mask.astype(bool)
+        if not mask.all():
+            # Right padding only: within an example, no kept token may follow a padding token.
+            starts = np.zeros(len(ids), dtype=bool)
+            starts[offsets[:-1]] = True
+            rises = np.flatnonzero(mask[1:] & ~mask[:-1] & ~starts[1:])
+            if rises.size:
+                example = int(np.searchsorted(offsets, rises[0] + 1, side="right") - 1)
+                raise ValueError(
+                    f"example {example} of the {name} is padded on the left; fusetrain needs right padding "
+                    "(tokenizer.padding_side = 'right') or no padding"
+                )
+            keep = mask
+    lengths = np.diff(offsets) if keep is None else np.add.reduceat(keep.astype(np.int64), offsets[:-1])
+    new_offsets = np.zeros_like(offsets)
+    np.cumsum(lengths, out=new_offsets[1:])
+    type_ids = None
+    if "token_type_ids" in columns:
+        type_ids = _unpad(_as_int(_ragged(dataset, "token_type_ids")[0], f"the {name}'s token_type_ids"), keep)
+    ids = _unpad(ids, keep)
+
+    label_column = next((c for c in LABEL_COLUMNS if c in columns), None)
+    kind, labels = "none", None
+    if task == "seq-cls" and label_column is not None:
+        values = _scalar_column(dataset, label_column)
+        if values.ndim != 1:
+            raise ValueError(
+                f'the {name}\'s "{label_column}" must hold one value per example for sequence classification; '
+                f"found shape {values.shape}"
+            )
+        if problem_type == "regression" or num_labels == 1 or values.dtype.kind == "f":
+            if num_labels != 1:
+                raise ValueError(
+                    f'the {name}\'s "{label_column}" holds floats but the model has {num_labels} labels; '
+                    "regression needs num_labels=1"
+                )
+            kind, labels = "regression", np.ascontiguousarray(values, dtype=np.float32)
+        else:
+            kind, labels = "class", _as_int(values, f'the {name}\'s "{label_column}"')
+    elif task == "token-cls" and label_column is not None:
+        values, label_offsets = _ragged(dataset, label_column)
+        if not np.array_equal(label_offsets, offsets):
+            raise ValueError(f'the {name}\'s "{label_column}" must hold one label per token of input_ids')
+        kind, labels = "token_classes", _unpad(_as_int(values, f'the {name}\'s "{label_column}"'), keep)
+    elif task in ("mlm", "clm"):
+        kind = "tokens"
+    return _core._Dataset(new_offsets, ids, type_ids, kind, labels, num_labels if kind != "regression" else 0,
+                          vocab_size)
+
+
+def tokenize_if_needed(dataset: Any, tokenizer: Any, name: str) -> Any:
+    """A dataset without input_ids tokenized with `tokenizer` (truncation on) from its text column(s)."""
+    if dataset is None or tokenizer is None:
+        return dataset
+    columns = column_names(dataset)
+    if "input_ids" in columns:
+        return dataset
+    text = next((group for group in TEXT_COLUMNS if all(c in columns for c in group)), None)
+    if text is None:
+        return dataset  # to_engine names the missing column
+    if hasattr(dataset, "map") and hasattr(dataset, "column_names"):
+        return dataset.map(lambda batch: tokenizer(*[batch[c] for c in text], truncation=True), batched=True)
+    encoded = tokenizer(*[[_item(dataset, i)[c] for i in range(len(dataset))] for c in text], truncation=True)
+    return [{**_item(dataset, i), **{k: v[i] for k, v in encoded.items()}} for i in range(len(dataset))]
+
+
+def model_rows(dataset: Any) -> Callable[[np.ndarray], list[dict[str, Any]]]:
+    """A function from example indices to the examples a collator takes: dicts of the model's columns only."""
+    keep = [c for c in column_names(dataset) if c in MODEL_COLUMNS]
+    if hasattr(dataset, "select_columns"):
+        selected = dataset.select_columns(keep)
+
+        def rows(indices: np.ndarray) -> list[dict[str, Any]]:
+            batch = selected[indices.tolist()]
+            return [dict(zip(batch.keys(), values)) for values in zip(*batch.values())]
+
+        return rows
+
+    def rows(indices: np.ndarray) -> list[dict[str, Any]]:
+        return [{k: v for k, v in _item(dataset, int(i)).items() if k in keep} for i in indices]
+
+    return rows
+
+
+def pad_batch(batch: Mapping[str, Any], pad_id: int, multiple: int = 8) -> dict[str, np.ndarray]:
+    """A collator's batch as int64 / float32 numpy arrays, right-padded to a multiple of `multiple` tokens so the
+    engine compiles few plans (padding changes no result: masked positions and -100 labels are ignored)."""
+    out = {}
+    for key, value in batch.items():
+        array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+        out[key] = array
+    ids = out.get("input_ids")
+    if ids is None or ids.ndim != 2:
+        return out
+    length = ids.shape[1]
+    extra = -length % multiple
+    if extra:
+        fill = {"input_ids": pad_id, "attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1}
+        for key, array in out.items():
+            if array.ndim == 2 and array.shape[1] == length:
+                value = fill.get(key, -100)
+                out[key] = np.pad(array, ((0, 0), (0, extra)), constant_values=value)
+    return out
+
+
+def scatter_token_rows(rows: np.ndarray, lengths: np.ndarray,
+                       token_labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Token-classification predictions back to transformers' (N, T, K) layout, padded with -100.
+
+    `rows` holds the logits of the labelled tokens (or every token when unlabelled), example by example;
+    `token_labels` are the examples' labels, flat (None when unlabelled).
+    """
+    n, longest, classes = len(lengths), int(lengths.max()), rows.shape[1]
+    predictions = np.full((n, longest, classes), -100.0, dtype=np.float32)
+    positions = np.arange(longest)[None, :] < lengths[:, None]
+    if token_labels is None:
+        predictions[positions] = rows
+        return predictions, None
+    labels = np.full((n, longest), -100, dtype=np.int64)
+    labels[positions] = token_labels
+    predictions[labels != -100] = rows
+    return predictions, labels

