@@ -4,6 +4,7 @@ machine, one after the other, 2 threads each. Reports dev metrics and training t
   python bench/compare_trainer.py sst2    # all-MiniLM-L6-v2, full SST-2 train, 1 epoch, dev accuracy
   python bench/compare_trainer.py gpt2    # 6-layer 384-wide GPT-2, fresh init, Tiny Shakespeare, 1000 steps, perplexity
   python bench/compare_trainer.py sst2-controlled   # the sst2 run with every source of randomness shared
+  python bench/compare_trainer.py sst2-python   # the sst2 run through the CLI and through fusetrain.Trainer
 
 sst2-controlled takes the randomness out of the sst2 comparison: dropout off, one
 initial model (transformers' seed-42 classifier) and transformers' own batches, in
@@ -64,21 +65,31 @@ def run_fusetrain(args: list[str], output: pathlib.Path) -> dict:
     return metrics
 
 
-def sst2() -> dict:
-    work = workdir("sst2")
-    train, dev = SHARED / "sst2" / "train.tsv", SHARED / "sst2" / "dev.tsv"
-    settings = dict(max_len=64, batch=32, lr=5e-5, warmup_ratio=0.06, seed=SEED, epochs=1)
-    ft_metrics = run_fusetrain([
-        "--model", minilm_dir(), "--task", "seq-cls", "--train-file", str(train), "--eval-file", str(dev),
-        "--max-seq-length", "64", "--per-device-train-batch-size", "32", "--per-device-eval-batch-size", "64",
-        "--learning-rate", "5e-5", "--lr-scheduler-type", "linear", "--warmup-ratio", "0.06", "--seed", str(SEED),
-        "--num-train-epochs", "1", "--save-strategy", "no", "--logging-steps", "100"], work / "fusetrain")
+SST2_CLI_FLAGS = [
+    "--task", "seq-cls", "--max-seq-length", "64", "--per-device-train-batch-size", "32",
+    "--per-device-eval-batch-size", "64", "--learning-rate", "5e-5", "--lr-scheduler-type", "linear",
+    "--warmup-ratio", "0.06", "--seed", str(SEED), "--num-train-epochs", "1", "--save-strategy", "no",
+    "--logging-steps", "100"]
+# The same job as TrainingArguments (transformers 5: a warmup_steps below 1 is the warmup ratio).
+SST2_ARGS = dict(per_device_train_batch_size=32, per_device_eval_batch_size=64, learning_rate=5e-5,
+                 lr_scheduler_type="linear", warmup_steps=0.06, seed=SEED, num_train_epochs=1, save_strategy="no",
+                 logging_steps=100, report_to=[], disable_tqdm=True)
 
+
+def sst2_cli(work: pathlib.Path) -> dict:
+    train, dev = SHARED / "sst2" / "train.tsv", SHARED / "sst2" / "dev.tsv"
+    metrics = run_fusetrain(["--model", minilm_dir(), "--train-file", str(train), "--eval-file", str(dev),
+                             *SST2_CLI_FLAGS], work / "fusetrain")
+    return {k: metrics[k] for k in ("eval_accuracy", "eval_loss", "train_runtime")}
+
+
+def sst2_with(trainer_module, work: pathlib.Path, name: str, **extra_args) -> dict:
+    """The sst2 job through `trainer_module`'s Trainer and TrainingArguments (transformers or fusetrain), written
+    the standard transformers way."""
     import numpy as np
     import torch
     import transformers
-    from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
-                              TrainingArguments)
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
     torch.set_num_threads(int(THREADS))
     transformers.logging.set_verbosity_error()
     tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
@@ -89,26 +100,41 @@ def sst2() -> dict:
         return [{"input_ids": i, "token_type_ids": t, "attention_mask": m, "labels": int(r[0])}
                 for i, t, m, r in zip(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], rows)]
 
-    model = AutoModelForSequenceClassification.from_pretrained(minilm_dir(), num_labels=2)
-    args = TrainingArguments(output_dir=str(work / "hf"), per_device_train_batch_size=32,
-                             per_device_eval_batch_size=64, learning_rate=5e-5, lr_scheduler_type="linear",
-                             warmup_steps=0.06, seed=SEED,  # transformers 5: a float below 1 is the warmup ratio
-                             num_train_epochs=1, save_strategy="no", logging_steps=100,
-                             report_to=[], disable_tqdm=True, dataloader_num_workers=0)
-
     def accuracy(p):
         return {"accuracy": float((np.argmax(p.predictions, -1) == p.label_ids).mean())}
 
-    trainer = Trainer(model=model, args=args, train_dataset=load(train), eval_dataset=load(dev),
-                      data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8),
-                      compute_metrics=accuracy)
-    hf_train = trainer.train().metrics
-    hf_metrics = trainer.evaluate()
-    return {"task": "sst2", "settings": settings,
-            "fusetrain": {"eval_accuracy": ft_metrics["eval_accuracy"], "eval_loss": ft_metrics["eval_loss"],
-                          "train_runtime": ft_metrics["train_runtime"]},
-            "transformers": {"eval_accuracy": hf_metrics["eval_accuracy"], "eval_loss": hf_metrics["eval_loss"],
-                             "train_runtime": hf_train["train_runtime"]}}
+    model = AutoModelForSequenceClassification.from_pretrained(minilm_dir(), num_labels=2)
+    args = trainer_module.TrainingArguments(output_dir=str(work / name), **SST2_ARGS, **extra_args)
+    trainer = trainer_module.Trainer(model=model, args=args, train_dataset=load(SHARED / "sst2" / "train.tsv"),
+                                     eval_dataset=load(SHARED / "sst2" / "dev.tsv"),
+                                     data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8),
+                                     compute_metrics=accuracy)
+    train_metrics = trainer.train().metrics
+    metrics = trainer.evaluate()
+    return {"eval_accuracy": metrics["eval_accuracy"], "eval_loss": metrics["eval_loss"],
+            "train_runtime": train_metrics["train_runtime"]}
+
+
+def sst2() -> dict:
+    import transformers
+    work = workdir("sst2")
+    settings = dict(max_len=64, batch=32, lr=5e-5, warmup_ratio=0.06, seed=SEED, epochs=1)
+    return {"task": "sst2", "settings": settings, "fusetrain": sst2_cli(work),
+            "transformers": sst2_with(transformers, work, "hf", dataloader_num_workers=0)}
+
+
+def sst2_python() -> dict:
+    """The sst2 job through the fusetrain CLI, through fusetrain.Trainer (the transformers script with its import
+    changed) and through transformers' Trainer, one after the other."""
+    import transformers
+    if str(ROOT / "build" / "python") not in sys.path:
+        sys.path.insert(0, str(ROOT / "build" / "python"))  # the development build, unless fusetrain is installed
+    import fusetrain
+    work = workdir("sst2_python")
+    settings = dict(max_len=64, batch=32, lr=5e-5, warmup_ratio=0.06, seed=SEED, epochs=1)
+    return {"task": "sst2-python", "settings": settings, "fusetrain": sst2_cli(work),
+            "fusetrain.Trainer": sst2_with(fusetrain, work, "python", fusetrain_threads=int(THREADS)),
+            "transformers": sst2_with(transformers, work, "hf", dataloader_num_workers=0)}
 
 
 def sst2_controlled() -> dict:
@@ -310,12 +336,20 @@ def gpt2() -> dict:
 
 def main() -> None:
     task = sys.argv[1] if len(sys.argv) > 1 else "sst2"
-    result = {"sst2": sst2, "gpt2": gpt2, "sst2-controlled": sst2_controlled}[task]()
+    result = {"sst2": sst2, "gpt2": gpt2, "sst2-controlled": sst2_controlled, "sst2-python": sst2_python}[task]()
     suffix = f"_seed{SEED}" if task.startswith("sst2") and SEED != 42 else ""
     out = ROOT / "bench" / "results" / f"trainer_{task.replace('-', '_')}{suffix}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
-    ft, hf = result["fusetrain"], result["transformers"]
     metric = "eval_perplexity" if task == "gpt2" else "eval_accuracy"
+    if task == "sst2-python":
+        cli, python, hf = result["fusetrain"], result["fusetrain.Trainer"], result["transformers"]
+        print(f"| run | {metric} | eval_loss | train_runtime (s) |\n|---|---|---|---|")
+        for name, r in (("fusetrain CLI", cli), ("fusetrain.Trainer (Python)", python), ("transformers Trainer", hf)):
+            print(f"| {name} | {r[metric]:.4f} | {r['eval_loss']:.4f} | {r['train_runtime']:.0f} |")
+        print(f"\ntrain_runtime ratio fusetrain.Trainer / CLI: {python['train_runtime'] / cli['train_runtime']:.3f}x")
+        print(f"train_runtime ratio transformers / fusetrain.Trainer: {hf['train_runtime'] / python['train_runtime']:.2f}x")
+        return
+    ft, hf = result["fusetrain"], result["transformers"]
     if task == "sst2-controlled":
         print(json.dumps({k: v for k, v in result.items() if k != "step_losses"}, indent=2))
     print(f"| framework | {metric} | eval_loss | train_runtime (s) |\n|---|---|---|---|")

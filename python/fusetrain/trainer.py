@@ -301,8 +301,13 @@ class Trainer:
         engine = _core._Trainer(self._model, engine_args, self.task, self._engine_train, self._engine_eval,
                                 self._pad_id(), self._mlm_spec())
         engine.set_callbacks(self._dispatch)
+        # Without compute_metrics transformers reports the loss alone (and hyperparameter_search's default
+        # objective is then the loss), so the engine's built-in accuracy / F1 are left out too; language models
+        # keep their perplexity.
         if self.compute_metrics is not None:
             engine.set_compute_metrics(self._metrics_hook)
+        elif self.task not in ("mlm", "clm"):
+            engine.set_compute_metrics(lambda predictions: {})
         if self._uses_python_collator():
             engine.set_collate(self._collate_hook())
         return engine

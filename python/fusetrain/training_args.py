@@ -184,7 +184,7 @@ class TrainingArguments:
         kwargs: dict[str, Any] = {}
         unsupported = []
         for f in dataclasses.fields(hf_args):
-            if not f.init:
+            if not f.init or f.name in ("do_train", "do_eval", "do_predict"):  # transformers' Trainer ignores them
                 continue
             value = getattr(hf_args, f.name)
             if f.name in ours:

@@ -32,6 +32,7 @@
 #include "fusetrain/kernels/benchmark.h"
 #include "fusetrain/models/model.h"
 #include "fusetrain/optim/optimizer.h"
+#include "cli/app.h"
 #include "python/binding.h"
 
 #ifndef FUSETRAIN_VERSION
@@ -483,6 +484,16 @@ PYBIND11_MODULE(_core, m) {
       "m"_a, "n"_a, "k"_a, "dtype"_a = "float32", "num_threads"_a = 0, "repeats"_a = 5,
       "Best GFLOP/s of fusetrain's GEMM for an (m, k) x (k, n) product in float32 or bfloat16 (float32 "
       "accumulation) on num_threads threads (0: all cores): the matmul peak benchmarks divide model FLOPs by.");
+  m.def(
+      "_cli_main",
+      [](std::vector<std::string> argv) {
+        std::vector<char*> pointers;
+        for (std::string& arg : argv) pointers.push_back(arg.data());
+        pointers.push_back(nullptr);
+        py::gil_scoped_release release;
+        return cli::main(static_cast<int>(argv.size()), pointers.data());
+      },
+      "argv"_a, "Runs the fusetrain command line (argv[0] is the program name); returns the exit status.");
   m.def("supported_architectures", &models::supported_architectures,
         "The transformers classes fusetrain implements, e.g. [\"BertForSequenceClassification\", ...].");
   m.def(
