@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import os
 import time
 from collections.abc import Callable
@@ -439,6 +440,39 @@ class Trainer:
             self._model.save_pretrained(output_dir)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
+
+    def is_world_process_zero(self) -> bool:
+        """True: fusetrain.Trainer runs in one process."""
+        return True
+
+    def is_local_process_zero(self) -> bool:
+        """True: fusetrain.Trainer runs in one process."""
+        return True
+
+    def log_metrics(self, split: str, metrics: dict[str, float]) -> None:
+        """Prints metrics as transformers' Trainer.log_metrics does."""
+        print(f"***** {split} metrics *****")
+        width = max((len(k) for k in metrics), default=0)
+        for key in sorted(metrics):
+            print(f"  {key: <{width}} = {metrics[key]:>.4g}" if isinstance(metrics[key], float)
+                  else f"  {key: <{width}} = {metrics[key]}")
+
+    def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
+        """Writes output_dir/<split>_results.json and, with combined, merges the metrics into all_results.json."""
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        with open(os.path.join(self.args.output_dir, f"{split}_results.json"), "w") as f:
+            json.dump(metrics, f, indent=4, sort_keys=True)
+        if combined:
+            path = os.path.join(self.args.output_dir, "all_results.json")
+            merged = json.load(open(path)) if os.path.exists(path) else {}
+            merged.update(metrics)
+            with open(path, "w") as f:
+                json.dump(merged, f, indent=4, sort_keys=True)
+
+    def save_state(self) -> None:
+        """Writes output_dir/trainer_state.json (transformers' TrainerState)."""
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        self.state.save_to_json(os.path.join(self.args.output_dir, "trainer_state.json"))
 
     def hyperparameter_search(
         self,

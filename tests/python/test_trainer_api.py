@@ -241,6 +241,12 @@ def test_evaluate_predict_and_compute_metrics(sst2, tokenizer, tmp_path):
     assert [e["epoch"] for e in evaluations] == [1.0, 2.0]
     metrics = trainer.evaluate()
     assert set(metrics) >= {"eval_loss", "eval_accuracy", "eval_runtime", "epoch"}
+    trainer.save_metrics("eval", metrics)
+    trainer.save_state()
+    trainer.log_metrics("eval", metrics)
+    assert json.loads((tmp_path / "out" / "all_results.json").read_text())["eval_loss"] == metrics["eval_loss"]
+    saved_state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert saved_state["global_step"] == trainer.state.global_step == 20
     output = trainer.predict(dev)
     assert output.predictions.shape == (64, 2) and output.label_ids.shape == (64,)
     np.testing.assert_array_equal(output.label_ids, dev["label"])
