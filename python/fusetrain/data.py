@@ -30,6 +30,11 @@ def column_names(dataset: Any) -> list[str]:
     names = getattr(dataset, "column_names", None)
     if names is not None:
         return list(names)
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise TypeError(
+            f"a dataset must be a datasets.Dataset, a list of dicts or a map-style dataset (with __len__ and "
+            f"__getitem__); got a {type(dataset).__name__}"
+        )
     if len(dataset) == 0:
         return []
     first = dataset[0]

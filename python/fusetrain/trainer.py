@@ -235,6 +235,8 @@ class Trainer:
             kwargs["metrics"] = payload
         elif event == "on_save" and self.processing_class is not None:
             self.processing_class.save_pretrained(payload)
+        if self._hf_model is not None and event in ("on_evaluate", "on_save", "on_train_end"):
+            write_back(self._model, self._hf_model)  # callbacks given `model` see the weights just evaluated / saved
         for callback in self.callbacks:
             result = getattr(callback, event)(
                 self.args, s, c, model=self.model, processing_class=self.processing_class, optimizer=None,

@@ -223,9 +223,10 @@ def test_padded_examples_are_unpadded_and_untokenized_text_is_tokenized(sst2, to
     text_only = train.remove_columns(["input_ids", "token_type_ids", "attention_mask"])
     reference = Trainer(model=tiny_bert(), args=args(tmp_path, max_steps=3), train_dataset=train)
     reference.train()
-    for dataset in (padded, text_only):
+    for dataset, collator in ((padded, None), (padded, transformers.default_data_collator), (text_only, None)):
         trainer = Trainer(model=tiny_bert(), args=args(tmp_path, max_steps=3), train_dataset=dataset,
-                          processing_class=tokenizer)
+                          data_collator=collator, processing_class=tokenizer)
+        assert not trainer._uses_python_collator()
         trainer.train()
         assert losses(trainer) == losses(reference)
 
@@ -291,6 +292,29 @@ def test_transformers_callbacks_see_every_hook_and_control_the_loop(sst2, tokeni
     assert recorder.events[-1] == "train_end"
     assert (tmp_path / "out" / "checkpoint-3" / "tokenizer.json").exists()
     assert "'loss'" in capsys.readouterr().out  # PrinterCallback (disable_tqdm) printed the logs
+
+
+def test_callbacks_given_the_model_see_the_weights_being_evaluated(sst2, tmp_path):
+    train, dev = sst2
+    seen = []
+
+    class Check(transformers.TrainerCallback):
+        def on_evaluate(self, args, state, control, model=None, **kwargs):
+            seen.append(torch.equal(model.classifier.weight.detach(),
+                                    torch.from_numpy(trainer._model.state_dict()["classifier.weight"])))
+
+    trainer = Trainer(model=tiny_bert(), args=args(tmp_path, max_steps=4, eval_strategy="steps", eval_steps=2),
+                      train_dataset=train, eval_dataset=dev, callbacks=[Check()])
+    trainer.train()
+    assert seen == [True, True]
+
+
+def test_progress_bar_is_transformers_tqdm(sst2, tmp_path, capsys):
+    train, _ = sst2
+    trainer = Trainer(model=tiny_bert(), args=args(tmp_path, max_steps=3, disable_tqdm=False), train_dataset=train)
+    assert any(isinstance(cb, transformers.trainer_callback.ProgressCallback) for cb in trainer.callbacks)
+    trainer.train()
+    assert "3/3" in capsys.readouterr().err
 
 
 def test_early_stopping_callback_stops_training(sst2, tokenizer, tmp_path):
@@ -409,6 +433,8 @@ def test_bad_datasets_and_models_raise_clear_errors(sst2, tokenizer, tmp_path):
                     "label": 0}]
     with pytest.raises(ValueError, match="padded on the left"):
         Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=left_padded)
+    with pytest.raises(TypeError, match="map-style dataset .with __len__ and __getitem__.; got a generator"):
+        Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=(row for row in [{"input_ids": [1]}]))
     with pytest.raises(TypeError, match="first item is a str"):
         Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=["a sentence"])
     config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -504,6 +530,15 @@ def test_masked_and_causal_language_models_train(sst2, tokenizer, tmp_path):
     trainer = Trainer(model=bert, args=args(tmp_path / "mlm", max_steps=3), train_dataset=text, eval_dataset=text,
                       data_collator=collator, processing_class=tokenizer)
     assert not trainer._uses_python_collator()  # the standard masking is the engine's own
+    trainer.train()
+    assert np.isfinite(trainer.evaluate()["eval_perplexity"])
+
+    # A non-standard masking split is transformers' own collator, called for every batch.
+    custom = transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3, mask_replace_prob=1.0,
+                                                          random_replace_prob=0.0)
+    trainer = Trainer(model=bert, args=args(tmp_path / "mlm2", max_steps=3), train_dataset=text, eval_dataset=text,
+                      data_collator=custom, processing_class=tokenizer)
+    assert trainer._uses_python_collator()
     trainer.train()
     assert np.isfinite(trainer.evaluate()["eval_perplexity"])
 
