@@ -219,11 +219,7 @@ class Trainer:
         self.pop_callback(callback)
 
     def _dispatch(self, event: str, state: dict, control: dict, payload: Any) -> dict:
-        s = self.state
-        s.global_step, s.epoch, s.max_steps = state["global_step"], state["epoch"], state["max_steps"]
-        s.best_metric, s.best_model_checkpoint = state["best_metric"], state["best_model_checkpoint"]
-        if "log_history" in state:
-            s.log_history = state["log_history"]
+        s = self._apply_state(state)
         c = self.control
         for flag, value in control.items():
             setattr(c, flag, value)
@@ -380,18 +376,21 @@ class Trainer:
             self._engine_args(resume_from_checkpoint=os.fspath(resume_from_checkpoint) if resume_from_checkpoint
                               else None))
         self._metrics_dataset = self._engine_eval
-        metrics = self._engine.train()
+        metrics = self._engine.train()  # on_train_end wrote the weights back into a transformers model
         self._sync_state()
-        if self._hf_model is not None:
-            write_back(self._model, self._hf_model)
         return TrainOutput(self.state.global_step, metrics.get("train_loss", 0.0), metrics)
 
+    def _apply_state(self, state: dict) -> TrainerState:
+        """Copies the engine's state (a dict; log_history when it carries one) into self.state."""
+        s = self.state
+        s.global_step, s.epoch, s.max_steps = state["global_step"], state["epoch"], state["max_steps"]
+        s.best_metric, s.best_model_checkpoint = state["best_metric"], state["best_model_checkpoint"]
+        if "log_history" in state:
+            s.log_history = state["log_history"]
+        return s
+
     def _sync_state(self) -> None:
-        state = self._engine.state
-        self.state.global_step, self.state.epoch = state["global_step"], state["epoch"]
-        self.state.max_steps = state["max_steps"]
-        self.state.best_metric, self.state.best_model_checkpoint = state["best_metric"], state["best_model_checkpoint"]
-        self.state.log_history = state["log_history"]
+        self._apply_state(self._engine.state)
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
                  metric_key_prefix: str = "eval") -> dict[str, float]:
