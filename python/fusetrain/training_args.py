@@ -17,7 +17,7 @@ import functools
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fusetrain import _core

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
