@@ -414,9 +414,17 @@ TEST(CpuDenseKernels, AttentionSeqMajor) {
           c.causal = causal, c.dropout = dropout, c.threads = threads;
           check_attention(c, rng);
         }
-  AttentionCase few;  // one (b, h): backward splits keys over the threads and sums partial dq
+  AttentionCase few;  // one (b, h) on three threads: a single task
   few.seq_major = true, few.B = 1, few.H = 1, few.T = 129, few.S = 200, few.D = 64, few.dropout = 0.1, few.threads = 3;
   check_attention(few, rng);
+  // Nine heads of one batch element, gathered and scattered group by group: 5 + 4 heads on
+  // two threads (both kept busy); on one thread, backward's packing budget makes it 7 + 2.
+  for (int threads : {1, 2}) {
+    AttentionCase groups;
+    groups.seq_major = true, groups.B = 1, groups.H = 9, groups.T = 129, groups.S = 129, groups.D = 64;
+    groups.mask = true, groups.causal = true, groups.dropout = 0.1, groups.threads = threads;
+    check_attention(groups, rng);
+  }
 }
 
 // (B, H, T, D) <-> (B, T, H, D).

@@ -4,8 +4,9 @@
 // indexes one (batch, head) pair; BQ query rows and BK keys per tile.
 //   q, out, dq, dout: (B, H, T, D)   k, v, dk, dv: (B, H, S, D)   mask: (B, S)   lse: (B, H, T)
 // With the seq_major attribute those six are (B, T, H, D) and (B, S, H, D) instead, the
-// layout projections produce, so no transpose is needed around the op: one head's rows are
-// then H·D elements apart rather than D, and every tile access carries that row stride.
+// layout projections produce, so no transpose is needed around the op. One head's rows are
+// then H·D elements apart; tasks there take a batch element and a group of heads, copy the
+// group into contiguous (heads, len, D) scratch first and copy results back (gather_heads).
 //
 // Forward, one task per (bh, query block): Qt (D, BQ) is the transposed query block; for
 // each key block St (BK, BQ) = scale·K_blk·Qt + mask, an online softmax runs down the
@@ -394,7 +395,6 @@ const TileOps& select_ops() { return cpu_basic::use_avx512() ? kAvx512Ops : kPor
 struct AttentionPlan {
   int64_t B = 0, H = 0, T = 0, S = 0, D = 0;
   bool seq_major = false;  // q, k, v, out and their gradients are (B, T, H, D) rather than (B, H, T, D)
-  int64_t rs = 0;          // elements between consecutive rows (positions) of one head: D, or H·D
   float scale = 1.0f;
   bool causal = false;
   bool has_mask = false;
@@ -407,7 +407,6 @@ struct AttentionPlan {
     const Shape& k = g.value(node.inputs[q_at + 1]).shape;
     seq_major = node.attrs.get_int("seq_major", 0) != 0;
     B = q[0], H = seq_major ? q[2] : q[1], T = seq_major ? q[1] : q[2], S = seq_major ? k[1] : k[2], D = q[3];
-    rs = seq_major ? H * D : D;
     scale = static_cast<float>(node.attrs.get_float("scale"));
     causal = node.attrs.get_int("causal", 0) != 0;
     dropout_p = static_cast<float>(node.attrs.get_float("dropout_p", 0.0));
@@ -418,13 +417,38 @@ struct AttentionPlan {
   // Local causal offset of a (query block t0, key block kb) tile: key j is visible to
   // query i when j <= i + offset.
   int64_t causal_offset(int64_t t0, int64_t kb) const { return causal ? t0 + S - T - kb : kNoCausal; }
-  // Offset of row 0 of head bh in a tensor of `len` positions (T for q and out, S for k and v).
-  int64_t head_offset(int64_t bh, int64_t len) const {
-    return seq_major ? ((bh / H) * len * H + bh % H) * D : bh * len * D;
-  }
+  // Offset of row 0 of head bh in a (B, H, len, D) tensor (not seq-major).
+  int64_t head_offset(int64_t bh, int64_t len) const { return bh * len * D; }
   // Dropout stream index of (bh, t, s).
   uint64_t drop_index(int64_t bh, int64_t t, int64_t s) const { return static_cast<uint64_t>((bh * T + t) * S + s); }
 };
+
+// Seq-major heads are runs of D elements H·D apart: read head by head they touch a new,
+// poorly prefetched line every row (measured: attention at half its contiguous speed). So
+// the seq-major kernels work per (batch element, group of heads): the group's rows are
+// copied in one sequential pass into (heads, len, D) scratch, every tile loop reads those
+// contiguous copies, and results are copied back the same way.
+constexpr int64_t kGroupBudgetFloats = int64_t{1} << 19;  // 2 MiB of packed operands per thread
+
+// Heads per group: at most what fits kGroupBudgetFloats at `floats_per_head`, and few enough
+// that B · groups keeps every thread busy.
+int64_t heads_per_group(int64_t B, int64_t H, int64_t floats_per_head, int threads) {
+  int64_t hg = std::clamp<int64_t>(kGroupBudgetFloats / std::max<int64_t>(floats_per_head, 1), 1, H);
+  const int64_t groups_needed = (threads + B - 1) / std::max<int64_t>(B, 1);
+  return std::max<int64_t>(1, std::min(hg, (H + groups_needed - 1) / groups_needed));
+}
+
+// (len, H, D) block of one batch element, heads [h0, h0 + hg) -> dst (hg, len, D), and back.
+void gather_heads(float* dst, const float* src, int64_t len, int64_t H, int64_t D, int64_t h0, int64_t hg) {
+  for (int64_t t = 0; t < len; ++t)
+    for (int64_t h = 0; h < hg; ++h)
+      std::copy(src + (t * H + h0 + h) * D, src + (t * H + h0 + h + 1) * D, dst + (h * len + t) * D);
+}
+void scatter_heads(float* dst, const float* src, int64_t len, int64_t H, int64_t D, int64_t h0, int64_t hg) {
+  for (int64_t t = 0; t < len; ++t)
+    for (int64_t h = 0; h < hg; ++h)
+      std::copy(src + (h * len + t) * D, src + (h * len + t + 1) * D, dst + (t * H + h0 + h) * D);
+}
 
 // dst (cols, ld): dst[c·ld + r] = src[r·src_ld + c] for r < rows.
 void transpose_block(float* dst, int64_t ld, const float* src, int64_t src_ld, int64_t rows, int64_t cols) {
@@ -437,49 +461,95 @@ class AttentionForwardKernel final : public Kernel {
   AttentionForwardKernel(const ir::Graph& g, const ir::Node& node) : plan_(g, node, 0, 3) {}
 
   size_t scratch_bytes(int num_threads) const override {
-    return static_cast<size_t>(std::max(num_threads, 1)) * thread_floats() * sizeof(float);
+    const int threads = std::max(num_threads, 1);
+    int64_t floats = tile_floats();
+    if (plan_.seq_major) floats += heads_per_group(plan_.B, plan_.H, head_floats(), threads) * head_floats();
+    return static_cast<size_t>(threads * floats) * sizeof(float);
   }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const AttentionPlan& p = plan_;
+    const int threads = std::max(ctx.num_threads, 1);
     const int64_t query_blocks = (p.T + kBlockQ - 1) / kBlockQ;
-    const int64_t tasks = p.B * p.H * query_blocks;
-    if (tasks == 0) return;
+    // Tasks: (b·H + h, query block), or (b, group of heads) when seq-major.
+    const int64_t hg = p.seq_major ? heads_per_group(p.B, p.H, head_floats(), threads) : 1;
+    const int64_t groups = (p.H + hg - 1) / hg;
+    const int64_t tasks = p.seq_major ? p.B * groups : p.B * p.H * query_blocks;
+    if (tasks == 0 || p.T == 0) return;
     float* scratch = static_cast<float*>(args.scratch);
-    if (tasks == 1 || ctx.num_threads <= 1) {  // serially, without entering OpenMP
-      for (int64_t task = 0; task < tasks; ++task)
-        forward_block(args, ctx, task / query_blocks, (task % query_blocks) * kBlockQ, scratch);
+    const int64_t per_thread = tile_floats() + (p.seq_major ? hg * head_floats() : 0);
+    auto task_body = [&](int64_t task, float* work) {
+      if (p.seq_major)
+        forward_group(args, ctx, task / groups, (task % groups) * hg, hg, work);
+      else
+        forward_direct(args, ctx, task / query_blocks, (task % query_blocks) * kBlockQ, work);
+    };
+    if (tasks == 1 || threads <= 1) {  // serially, without entering OpenMP
+      for (int64_t task = 0; task < tasks; ++task) task_body(task, scratch);
       return;
     }
-    const int threads = ctx.num_threads;  // always the whole team: changing team sizes makes libgomp allocate
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads)  // always the whole team: changing team sizes makes libgomp allocate
     {
-      float* work = scratch + thread_index() * thread_floats();
+      float* work = scratch + thread_index() * per_thread;
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t task = 0; task < tasks; ++task)
-        forward_block(args, ctx, task / query_blocks, (task % query_blocks) * kBlockQ, work);
+      for (int64_t task = 0; task < tasks; ++task) task_body(task, work);
     }
   }
 
  private:
   // Per thread: Qt (D, BQ), St (BK, BQ), m, l, corr (BQ), keep (BK).
-  int64_t thread_floats() const {
+  int64_t tile_floats() const {
     return line_floats(plan_.D * kBlockQ) + line_floats(kBlockK * kBlockQ) + 3 * line_floats(kBlockQ) +
            line_floats(kBlockK);
   }
+  // Packed copies of one head (seq-major): q and out (T, D), k and v (S, D).
+  int64_t head_floats() const { return 2 * plan_.T * plan_.D + 2 * plan_.S * plan_.D; }
 
-  void forward_block(const KernelArgs& args, const StepContext& ctx, int64_t bh, int64_t t0, float* work) const {
+  // (B, H, T, D) layout: one query block of head bh, read and written in place.
+  void forward_direct(const KernelArgs& args, const StepContext& ctx, int64_t bh, int64_t t0, float* work) const {
+    const AttentionPlan& p = plan_;
+    const float* mask = p.has_mask ? static_cast<const float*>(args.inputs[3].data()) + (bh / p.H) * p.S : nullptr;
+    forward_block(static_cast<const float*>(args.inputs[0].data()) + p.head_offset(bh, p.T),
+                  static_cast<const float*>(args.inputs[1].data()) + p.head_offset(bh, p.S),
+                  static_cast<const float*>(args.inputs[2].data()) + p.head_offset(bh, p.S), mask,
+                  static_cast<float*>(args.outputs[0].data()) + p.head_offset(bh, p.T),
+                  static_cast<float*>(args.outputs[1].data()) + bh * p.T, ctx, bh, t0, work);
+  }
+
+  // Seq-major layout: heads [h0, h0 + hg) of batch element b, through packed copies.
+  void forward_group(const KernelArgs& args, const StepContext& ctx, int64_t b, int64_t h0, int64_t hg,
+                     float* work) const {
+    const AttentionPlan& p = plan_;
+    const int64_t T = p.T, S = p.S, D = p.D, H = p.H;
+    hg = std::min(hg, H - h0);
+    float* q = work + tile_floats();  // (hg, T, D)
+    float* k = q + hg * T * D;        // (hg, S, D)
+    float* v = k + hg * S * D;        // (hg, S, D)
+    float* out = v + hg * S * D;      // (hg, T, D)
+    gather_heads(q, static_cast<const float*>(args.inputs[0].data()) + b * T * H * D, T, H, D, h0, hg);
+    gather_heads(k, static_cast<const float*>(args.inputs[1].data()) + b * S * H * D, S, H, D, h0, hg);
+    gather_heads(v, static_cast<const float*>(args.inputs[2].data()) + b * S * H * D, S, H, D, h0, hg);
+    const float* mask = p.has_mask ? static_cast<const float*>(args.inputs[3].data()) + b * S : nullptr;
+    for (int64_t h = 0; h < hg; ++h) {
+      const int64_t bh = b * H + h0 + h;
+      for (int64_t t0 = 0; t0 < T; t0 += kBlockQ)
+        forward_block(q + h * T * D, k + h * S * D, v + h * S * D, mask, out + h * T * D,
+                      static_cast<float*>(args.outputs[1].data()) + bh * T, ctx, bh, t0, work);
+    }
+    scatter_heads(static_cast<float*>(args.outputs[0].data()) + b * T * H * D, out, T, H, D, h0, hg);
+  }
+
+  // One query block [t0, t0 + BQ) of head bh: q, out (T, D) and k, v (S, D), rows D apart;
+  // mask (S) or null; lse (T).
+  void forward_block(const float* q, const float* k, const float* v, const float* mask, float* out, float* lse,
+                     const StepContext& ctx, int64_t bh, int64_t t0, float* work) const {
     const AttentionPlan& p = plan_;
     const TileOps& ops = *p.ops;
     const int64_t D = p.D, S = p.S, T = p.T;
     const int64_t mq = std::min(kBlockQ, T - t0);
-    const int64_t rs = p.rs;  // row stride of q, k, v, out
-    const float* q = static_cast<const float*>(args.inputs[0].data()) + p.head_offset(bh, T) + t0 * rs;  // (mq, D)
-    const float* k = static_cast<const float*>(args.inputs[1].data()) + p.head_offset(bh, S);            // (S, D)
-    const float* v = static_cast<const float*>(args.inputs[2].data()) + p.head_offset(bh, S);            // (S, D)
-    const float* mask = p.has_mask ? static_cast<const float*>(args.inputs[3].data()) + (bh / p.H) * S : nullptr;
-    float* out = static_cast<float*>(args.outputs[0].data()) + p.head_offset(bh, T) + t0 * rs;  // out_blk: (mq, D)
-    float* lse = static_cast<float*>(args.outputs[1].data()) + bh * T + t0;        // lse_blk: (mq)
+    q += t0 * D;      // q_blk: (mq, D)
+    out += t0 * D;    // out_blk: (mq, D)
+    lse += t0;         // lse_blk: (mq)
 
     float* qt = work;                                // (D, BQ)
     float* st = qt + line_floats(D * kBlockQ);       // (BK, BQ)
@@ -488,31 +558,31 @@ class AttentionForwardKernel final : public Kernel {
     float* corr = l + line_floats(kBlockQ);          // (BQ)
     float* keep = corr + line_floats(kBlockQ);       // (BK)
 
-    transpose_block(qt, kBlockQ, q, rs, mq, D);
+    transpose_block(qt, kBlockQ, q, D, mq, D);
     std::fill(m, m + mq, kNegInf);
     std::fill(l, l + mq, 0.0f);
-    for (int64_t i = 0; i < mq; ++i) std::fill(out + i * rs, out + i * rs + D, 0.0f);
+    std::fill(out, out + mq * D, 0.0f);
     // Keys past the last query's causal limit are never visible to this block.
     const int64_t key_end = p.causal ? std::min(S, t0 + mq + S - T) : S;
     for (int64_t kb = 0; kb < key_end; kb += kBlockK) {
       const int64_t nk = std::min(kBlockK, key_end - kb);
-      ops.matmul(nk, mq, D, p.scale, k + kb * rs, rs, 1, qt, kBlockQ, st, kBlockQ, false);
+      ops.matmul(nk, mq, D, p.scale, k + kb * D, D, 1, qt, kBlockQ, st, kBlockQ, false);
       ops.forward_softmax(st, kBlockQ, nk, mq, mask ? mask + kb : nullptr, p.causal_offset(t0, kb), m, l, corr);
-      if (kb > 0) ops.scale_rows(out, rs, mq, D, corr);
+      if (kb > 0) ops.scale_rows(out, D, mq, D, corr);
       if (p.dropout_p > 0.0f) {
         for (int64_t i = 0; i < mq; ++i) {
           ops.dropout_row(p.seed, ctx.rng_offset, p.drop_index(bh, t0 + i, kb), nk, p.dropout_p, keep);
           for (int64_t j = 0; j < nk; ++j) st[j * kBlockQ + i] *= keep[j];
         }
       }
-      ops.matmul(mq, D, nk, 1.0f, st, 1, kBlockQ, v + kb * rs, rs, out, rs, true);  // out += Stᵀ·V_blk
+      ops.matmul(mq, D, nk, 1.0f, st, 1, kBlockQ, v + kb * D, D, out, D, true);  // out += Stᵀ·V_blk
     }
     for (int64_t i = 0; i < mq; ++i) {
       const bool seen = l[i] > 0.0f;
       corr[i] = seen ? 1.0f / l[i] : 0.0f;
       lse[i] = seen ? m[i] + std::log(l[i]) : 0.0f;
     }
-    ops.scale_rows(out, rs, mq, D, corr);
+    ops.scale_rows(out, D, mq, D, corr);
   }
 
   AttentionPlan plan_;
@@ -524,38 +594,58 @@ class AttentionBackwardKernel final : public Kernel {
 
   size_t scratch_bytes(int num_threads) const override {
     const int threads = std::max(num_threads, 1);
-    const int64_t chunks = key_chunks(threads);
-    int64_t floats = threads * thread_floats();
-    if (chunks > 1) floats += chunks * plan_.B * plan_.H * plan_.T * plan_.D;  // private dq partials
+    int64_t floats = threads * tile_floats();
+    if (plan_.seq_major) {
+      floats += threads * heads_per_group(plan_.B, plan_.H, head_floats(), threads) * head_floats();
+    } else {
+      const int64_t chunks = key_chunks(threads);
+      if (chunks > 1) floats += chunks * plan_.B * plan_.H * plan_.T * plan_.D;  // private dq partials
+    }
     return static_cast<size_t>(floats) * sizeof(float);
   }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const AttentionPlan& p = plan_;
+    if (p.B * p.H == 0 || p.T == 0) return;
+    if (p.seq_major)
+      run_groups(args, ctx);
+    else
+      run_direct(args, ctx);
+  }
+
+ private:
+  // One head's operands, every one (len, D) with rows D apart: q, dout, out, dq (T, D);
+  // k, v, dk, dv (S, D); lse (T); mask (S) or null.
+  struct Head {
+    const float *dout, *q, *k, *v, *out, *lse, *mask;
+    float *dq, *dk, *dv;
+  };
+
+  // (B, H, T, D) layout: one task per (b·H + h, run of key blocks), operands read in place.
+  void run_direct(const KernelArgs& args, const StepContext& ctx) const {
+    const AttentionPlan& p = plan_;
     const int64_t BH = p.B * p.H;
-    if (BH == 0) return;
     const int threads = std::max(ctx.num_threads, 1);
     const int64_t chunks = key_chunks(threads);
     const int64_t tasks = BH * chunks;
     float* scratch = static_cast<float*>(args.scratch);
-    float* partials = scratch + threads * thread_floats();  // (chunks, B·H, T, D) when chunks > 1
+    float* partials = scratch + threads * tile_floats();  // (chunks, B·H, T, D) when chunks > 1
     float* dq = static_cast<float*>(args.outputs[0].data());
     const int64_t rows = BH * p.T;
 #pragma omp parallel num_threads(threads)
     {
-      float* work = scratch + thread_index() * thread_floats();
+      float* work = scratch + thread_index() * tile_floats();
 #pragma omp for schedule(dynamic, 1)
       for (int64_t task = 0; task < tasks; ++task) {
         const int64_t bh = task / chunks, chunk = task % chunks;
-        if (chunks == 1)
-          backward_chunk(args, ctx, bh, chunk, chunks, dq + p.head_offset(bh, p.T), p.rs, work);
-        else
-          backward_chunk(args, ctx, bh, chunk, chunks, partials + (chunk * BH + bh) * p.T * p.D, p.D, work);
+        Head head = direct_head(args, bh);
+        if (chunks > 1) head.dq = partials + (chunk * BH + bh) * p.T * p.D;
+        backward_chunk(head, ctx, bh, chunk, chunks, work);
       }
       if (chunks > 1) {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; ++r) {
-          float* dst = dq + p.head_offset(r / p.T, p.T) + (r % p.T) * p.rs;  // row (bh, t) = r
+          float* dst = dq + r * p.D;  // row (bh, t) = r
           std::copy(partials + r * p.D, partials + (r + 1) * p.D, dst);
           for (int64_t c = 1; c < chunks; ++c) {
             const float* src = partials + (c * BH * p.T + r) * p.D;
@@ -566,7 +656,71 @@ class AttentionBackwardKernel final : public Kernel {
     }
   }
 
- private:
+  Head direct_head(const KernelArgs& args, int64_t bh) const {
+    const AttentionPlan& p = plan_;
+    const int64_t q_at = p.head_offset(bh, p.T), k_at = p.head_offset(bh, p.S);
+    auto in = [&](size_t i, int64_t at) { return static_cast<const float*>(args.inputs[i].data()) + at; };
+    auto out = [&](size_t i, int64_t at) { return static_cast<float*>(args.outputs[i].data()) + at; };
+    return Head{in(0, q_at), in(1, q_at), in(2, k_at), in(3, k_at), in(4, q_at), in(5, bh * p.T),
+                p.has_mask ? in(6, (bh / p.H) * p.S) : nullptr, out(0, q_at), out(1, k_at), out(2, k_at)};
+  }
+
+  // Seq-major layout: one task per (b, group of heads), through packed copies (see gather_heads).
+  void run_groups(const KernelArgs& args, const StepContext& ctx) const {
+    const AttentionPlan& p = plan_;
+    const int threads = std::max(ctx.num_threads, 1);
+    const int64_t hg = heads_per_group(p.B, p.H, head_floats(), threads);
+    const int64_t groups = (p.H + hg - 1) / hg;
+    const int64_t tasks = p.B * groups;
+    const int64_t per_thread = tile_floats() + hg * head_floats();
+    float* scratch = static_cast<float*>(args.scratch);
+    auto task_body = [&](int64_t task, float* work) { backward_group(args, ctx, task / groups, (task % groups) * hg, hg, work); };
+    if (tasks == 1 || threads <= 1) {
+      for (int64_t task = 0; task < tasks; ++task) task_body(task, scratch);
+      return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+      float* work = scratch + thread_index() * per_thread;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t task = 0; task < tasks; ++task) task_body(task, work);
+    }
+  }
+
+  void backward_group(const KernelArgs& args, const StepContext& ctx, int64_t b, int64_t h0, int64_t hg,
+                      float* work) const {
+    const AttentionPlan& p = plan_;
+    const int64_t T = p.T, S = p.S, D = p.D, H = p.H;
+    hg = std::min(hg, H - h0);
+    const int64_t tq = hg * T * D, tk = hg * S * D;
+    float* dout = work + tile_floats();  // (hg, T, D) each: dout, q, out, dq
+    float* q = dout + tq;
+    float* out = q + tq;
+    float* dq = out + tq;
+    float* k = dq + tq;  // (hg, S, D) each: k, v, dk, dv
+    float* v = k + tk;
+    float* dk = v + tk;
+    float* dv = dk + tk;
+    auto in = [&](size_t i, int64_t len) { return static_cast<const float*>(args.inputs[i].data()) + b * len * H * D; };
+    gather_heads(dout, in(0, T), T, H, D, h0, hg);
+    gather_heads(q, in(1, T), T, H, D, h0, hg);
+    gather_heads(k, in(2, S), S, H, D, h0, hg);
+    gather_heads(v, in(3, S), S, H, D, h0, hg);
+    gather_heads(out, in(4, T), T, H, D, h0, hg);
+    for (int64_t h = 0; h < hg; ++h) {
+      const int64_t bh = b * H + h0 + h;
+      Head head{dout + h * T * D, q + h * T * D, k + h * S * D, v + h * S * D, out + h * T * D,
+                static_cast<const float*>(args.inputs[5].data()) + bh * T,
+                p.has_mask ? static_cast<const float*>(args.inputs[6].data()) + b * S : nullptr,
+                dq + h * T * D, dk + h * S * D, dv + h * S * D};
+      backward_chunk(head, ctx, bh, 0, 1, work);
+    }
+    auto result = [&](size_t i, int64_t len) { return static_cast<float*>(args.outputs[i].data()) + b * len * H * D; };
+    scatter_heads(result(0, T), dq, T, H, D, h0, hg);
+    scatter_heads(result(1, S), dk, S, H, D, h0, hg);
+    scatter_heads(result(2, S), dv, S, H, D, h0, hg);
+  }
+
   // Splits each (b, h) into runs of key blocks only when B·H alone cannot occupy the threads.
   int64_t key_chunks(int threads) const {
     const int64_t BH = plan_.B * plan_.H;
@@ -576,27 +730,23 @@ class AttentionBackwardKernel final : public Kernel {
   }
 
   // Per thread: Kt, Vt (D, BK), P, dP (BQ, BK), Di (T), keep (BK).
-  int64_t thread_floats() const {
+  int64_t tile_floats() const {
     return 2 * line_floats(plan_.D * kBlockK) + 2 * line_floats(kBlockQ * kBlockK) + line_floats(plan_.T) +
            line_floats(kBlockK);
   }
+  // Packed copies of one head (seq-major): dout, q, out, dq (T, D); k, v, dk, dv (S, D).
+  int64_t head_floats() const { return 4 * plan_.T * plan_.D + 4 * plan_.S * plan_.D; }
 
-  // dq: (T, D) rows dq_ld apart. Every other per-head operand has rows p.rs apart.
-  void backward_chunk(const KernelArgs& args, const StepContext& ctx, int64_t bh, int64_t chunk, int64_t chunks,
-                      float* dq, int64_t dq_ld, float* work) const {
+  // Key blocks [chunk·per_chunk, (chunk + 1)·per_chunk) of one head: writes their dk, dv rows and
+  // all of head.dq (this chunk's share of it).
+  void backward_chunk(const Head& head, const StepContext& ctx, int64_t bh, int64_t chunk, int64_t chunks,
+                      float* work) const {
     const AttentionPlan& p = plan_;
     const TileOps& ops = *p.ops;
-    const int64_t D = p.D, S = p.S, T = p.T, rs = p.rs;
-    const int64_t q_at = p.head_offset(bh, T), k_at = p.head_offset(bh, S);
-    const float* dout = static_cast<const float*>(args.inputs[0].data()) + q_at;  // dout: (T, D)
-    const float* q = static_cast<const float*>(args.inputs[1].data()) + q_at;     // q: (T, D)
-    const float* k = static_cast<const float*>(args.inputs[2].data()) + k_at;     // k: (S, D)
-    const float* v = static_cast<const float*>(args.inputs[3].data()) + k_at;     // v: (S, D)
-    const float* out = static_cast<const float*>(args.inputs[4].data()) + q_at;   // out: (T, D)
-    const float* lse = static_cast<const float*>(args.inputs[5].data()) + bh * T;  // lse: (T)
-    const float* mask = p.has_mask ? static_cast<const float*>(args.inputs[6].data()) + (bh / p.H) * S : nullptr;
-    float* dk = static_cast<float*>(args.outputs[1].data()) + k_at;  // dk: (S, D)
-    float* dv = static_cast<float*>(args.outputs[2].data()) + k_at;  // dv: (S, D)
+    const int64_t D = p.D, S = p.S, T = p.T;
+    const float *dout = head.dout, *q = head.q, *k = head.k, *v = head.v, *out = head.out, *lse = head.lse;
+    const float* mask = head.mask;
+    float *dq = head.dq, *dk = head.dk, *dv = head.dv;
 
     float* kt = work;                                 // (D, BK)
     float* vt = kt + line_floats(D * kBlockK);        // (D, BK)
@@ -605,10 +755,10 @@ class AttentionBackwardKernel final : public Kernel {
     float* di = dp + line_floats(kBlockQ * kBlockK);  // (T)
     float* keep = di + line_floats(T);                // (BK)
 
-    for (int64_t t = 0; t < T; ++t) std::fill(dq + t * dq_ld, dq + t * dq_ld + D, 0.0f);
+    std::fill(dq, dq + T * D, 0.0f);
     for (int64_t t = 0; t < T; ++t) {
       float sum = 0.0f;
-      for (int64_t d = 0; d < D; ++d) sum += dout[t * rs + d] * out[t * rs + d];
+      for (int64_t d = 0; d < D; ++d) sum += dout[t * D + d] * out[t * D + d];
       di[t] = sum;
     }
     const int64_t key_blocks = (S + kBlockK - 1) / kBlockK;
@@ -616,23 +766,21 @@ class AttentionBackwardKernel final : public Kernel {
     const int64_t block_end = std::min(key_blocks, (chunk + 1) * per_chunk);
     for (int64_t block = chunk * per_chunk; block < block_end; ++block) {
       const int64_t kb = block * kBlockK, nk = std::min(kBlockK, S - kb);
-      float* dk_blk = dk + kb * rs;  // (nk, D)
-      float* dv_blk = dv + kb * rs;  // (nk, D)
-      for (int64_t j = 0; j < nk; ++j) {
-        std::fill(dk_blk + j * rs, dk_blk + j * rs + D, 0.0f);
-        std::fill(dv_blk + j * rs, dv_blk + j * rs + D, 0.0f);
-      }
-      transpose_block(kt, kBlockK, k + kb * rs, rs, nk, D);
-      transpose_block(vt, kBlockK, v + kb * rs, rs, nk, D);
+      float* dk_blk = dk + kb * D;  // (nk, D)
+      float* dv_blk = dv + kb * D;  // (nk, D)
+      std::fill(dk_blk, dk_blk + nk * D, 0.0f);
+      std::fill(dv_blk, dv_blk + nk * D, 0.0f);
+      transpose_block(kt, kBlockK, k + kb * D, D, nk, D);
+      transpose_block(vt, kBlockK, v + kb * D, D, nk, D);
       // Queries before t_begin cannot see any key of this block.
       const int64_t t_begin = p.causal ? std::max<int64_t>(0, kb - (S - T)) : 0;
       for (int64_t t0 = t_begin; t0 < T; t0 += kBlockQ) {
         const int64_t mq = std::min(kBlockQ, T - t0);
-        const float* q_blk = q + t0 * rs;        // (mq, D)
-        const float* dout_blk = dout + t0 * rs;  // (mq, D)
-        ops.matmul(mq, nk, D, p.scale, q_blk, rs, 1, kt, kBlockK, pt, kBlockK, false);
+        const float* q_blk = q + t0 * D;        // (mq, D)
+        const float* dout_blk = dout + t0 * D;  // (mq, D)
+        ops.matmul(mq, nk, D, p.scale, q_blk, D, 1, kt, kBlockK, pt, kBlockK, false);
         ops.backward_probs(pt, kBlockK, mq, nk, mask ? mask + kb : nullptr, p.causal_offset(t0, kb), lse + t0);
-        ops.matmul(mq, nk, D, 1.0f, dout_blk, rs, 1, vt, kBlockK, dp, kBlockK, false);
+        ops.matmul(mq, nk, D, 1.0f, dout_blk, D, 1, vt, kBlockK, dp, kBlockK, false);
         for (int64_t i = 0; i < mq; ++i) {
           const float* row_keep = nullptr;
           if (p.dropout_p > 0.0f) {
@@ -641,10 +789,9 @@ class AttentionBackwardKernel final : public Kernel {
           }
           ops.backward_ds_row(pt + i * kBlockK, dp + i * kBlockK, nk, di[t0 + i], row_keep);
         }
-        ops.matmul(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, rs, dv_blk, rs, true);  // dV += Pᵀ·dO
-        ops.matmul(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, rs, dk_blk, rs, true);  // dK += scale·dSᵀ·Q
-        ops.matmul(mq, D, nk, p.scale, dp, kBlockK, 1, k + kb * rs, rs, dq + t0 * dq_ld, dq_ld,
-                   true);  // dQ += scale·dS·K
+        ops.matmul(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, D, dv_blk, D, true);        // dV += Pᵀ·dO
+        ops.matmul(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, D, dk_blk, D, true);        // dK += scale·dSᵀ·Q
+        ops.matmul(mq, D, nk, p.scale, dp, kBlockK, 1, k + kb * D, D, dq + t0 * D, D, true);  // dQ += scale·dS·K
       }
     }
   }
