@@ -124,7 +124,8 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       DType out = parse_dtype_attr(c, attrs.get_string("out_dtype", "f32"));
       return {{matmul_shape(c, attrs.get_int("trans_a", 0) != 0, attrs.get_int("trans_b", 0) != 0), out}};
     }
-    case OpKind::Linear: {
+    case OpKind::Linear:
+    case OpKind::LinearGelu: {
       const Shape& x = c.shape(0);
       const Shape& w = c.shape(1);
       c.require_float(0, "x");
@@ -137,7 +138,11 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       }
       std::vector<int64_t> out = x.dims();
       out.back() = w[0];
-      return {{Shape(out), DType::f32}};
+      if (c.op == OpKind::Linear) return {{Shape(out), DType::f32}};
+      const std::string approximate = attrs.get_string("approximate", "none");
+      c.require(approximate == "none" || approximate == "tanh", "approximate must be \"none\" or \"tanh\", found \"",
+                approximate, "\"");
+      return {{Shape(out), DType::f32}, {Shape(out), DType::f32}};  // gelu(z), z
     }
     case OpKind::Add:
     case OpKind::Sub:

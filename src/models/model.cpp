@@ -367,6 +367,10 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
     passes::FusionReport d = passes::fuse_dropout_add(g);
     if (d.fused > 0)
       entry->passes.applied.push_back(str("fuse_dropout_add: ", d.fused, " dropout + residual adds in one pass"));
+    passes::FusionReport lg = passes::fuse_linear_gelu(g);
+    if (lg.fused > 0)
+      entry->passes.applied.push_back(
+          str("fuse_linear_gelu: ", lg.fused, " bias + GELU applied by the Linear's GEMM epilogue"));
   }
   if (with_backward) {
     const size_t backward_begin = g.nodes().size();

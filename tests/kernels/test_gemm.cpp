@@ -224,6 +224,60 @@ TEST_P(GemmPath, EmptyK) {
   }
 }
 
+// The epilogue sees every element of C exactly once, after its final value is in place, and
+// is told where each block lies: it copies what it sees to that position of `seen`, and counts.
+struct EpilogueProbe {
+  std::vector<float>* seen;
+  std::vector<int>* visits;
+  int64_t ldc;
+  static void apply(const void* context, float* c, int64_t ldc, int64_t row, int64_t col, int64_t rows,
+                    int64_t cols) {
+    const EpilogueProbe& p = *static_cast<const EpilogueProbe*>(context);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const size_t at = static_cast<size_t>((row + i) * p.ldc + col + j);
+        (*p.seen)[at] = c[i * ldc + j];
+        (*p.visits)[at] += 1;
+      }
+  }
+};
+
+TEST_P(GemmPath, EpilogueVisitsEveryFinishedElementOnce) {
+  ScopedPath path(GetParam());
+  const int64_t shapes[][3] = {{255, 1030, 300}, {33, 17, 801}, {1, 40, 5}, {17, 33, 0}};
+  for (bool bf16 : {false, true})
+    for (auto& sh : shapes)
+      for (int threads : {1, 2, 3}) {
+        Case c{sh[0], sh[1], sh[2], false, true, 3, 1.0f, 0.0f, false, threads};
+        SCOPED_TRACE(describe(c) + (bf16 ? " bf16" : " f32"));
+        GemmShape s = shape_of(c);
+        std::mt19937 rng(5);
+        auto A = random_matrix(c.M, c.K, s.lda, rng, bf16);
+        auto B = random_matrix(c.N, c.K, s.ldb, rng, bf16);
+        std::vector<float> want(size_t(c.M * s.ldc), 0.0f), got = want, seen = want;
+        std::vector<int> visits(want.size(), 0);
+        EpilogueProbe probe{&seen, &visits, s.ldc};
+        GemmEpilogue epilogue{&EpilogueProbe::apply, &probe};
+        Scratch scratch(bf16 ? gemm_bf16_scratch_bytes(s, threads) : gemm_f32_scratch_bytes(s, threads));
+        if (bf16) {
+          auto A16 = to_bf16(A), B16 = to_bf16(B);
+          gemm_bf16_ref(s, 1.0f, A16.data(), B16.data(), 0.0f, want.data());
+          gemm_bf16(s, 1.0f, A16.data(), B16.data(), 0.0f, got.data(), scratch.data(), threads, &epilogue);
+        } else {
+          gemm_f32_ref(s, 1.0f, A.data(), B.data(), 0.0f, want.data());
+          gemm_f32(s, 1.0f, A.data(), B.data(), 0.0f, got.data(), scratch.data(), threads, &epilogue);
+        }
+        for (int64_t i = 0; i < c.M; ++i)
+          for (int64_t j = 0; j < s.ldc; ++j) {
+            const size_t at = size_t(i * s.ldc + j);
+            ASSERT_EQ(visits[at], j < c.N ? 1 : 0) << "(" << i << ", " << j << ")";
+            ASSERT_EQ(seen[at], got[at]) << "(" << i << ", " << j << ")";  // C's final value, at its place
+          }
+        expect_close(got.data(), want.data(), s, bf16 ? 2e-5 : 1e-5);
+        if (HasFailure()) return;
+      }
+}
+
 // Batched products against per-batch references, with either operand broadcast (stride 0).
 template <typename T>
 void run_batched(const Case& c, int64_t batch, bool broadcast_a, bool broadcast_b) {

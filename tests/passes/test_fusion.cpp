@@ -152,5 +152,76 @@ TEST(FuseDropoutAdd, LeavesDropoutsWithOtherReadersAlone) {
   EXPECT_EQ(count(g, OpKind::Dropout), 2);
 }
 
+// Loss and every gradient of an MLP block, Linear -> GELU -> Linear, with and without the
+// fusion; `precision` is the matmul operands' dtype (casts before each Linear, as in models).
+struct MlpRun {
+  float loss = 0.0f;
+  std::vector<float> grads;
+  int fused = 0;
+};
+
+MlpRun run_mlp(bool fuse, const std::string& approximate, bool bias, DType precision) {
+  ir::Graph g;
+  ir::GraphBuilder b(g, 5);
+  ValueId x = b.param("x", {3, 7, 24});
+  ValueId w1 = b.param("w1", {40, 24}), b1 = bias ? b.param("b1", {40}) : ir::kNone;
+  ValueId w2 = b.param("w2", {24, 40});
+  auto operand = [&](ValueId v) { return precision == DType::f32 ? v : b.cast(v, precision); };
+  ValueId h = g.add(OpKind::Gelu, {b.linear(operand(x), operand(w1), b1)}, {{"approximate", approximate}});
+  ValueId y = b.linear(operand(h), operand(w2), ir::kNone);
+  ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1, 2});
+  g.mark_output(loss);
+  MlpRun run;
+  if (fuse) {
+    passes::FusionReport report = passes::fuse_linear_gelu(g);
+    run.fused = static_cast<int>(report.fused);
+    EXPECT_EQ(report.nodes_removed, 1);
+    EXPECT_EQ(count(g, OpKind::Gelu), 0);
+    EXPECT_EQ(count(g, OpKind::Linear), 1);
+    EXPECT_EQ(count(g, OpKind::LinearGelu), 1);
+  }
+  autodiff::build_backward(g, loss, g.params());
+  runtime::ParameterStore params(g);
+  for (size_t i = 0; i < params.slots().size(); ++i) {
+    float* p = params.param(i).data_as<float>();
+    for (int64_t k = 0; k < params.slots()[i].numel; ++k) p[k] = 0.4f * std::sin(0.37f * static_cast<float>(k + 13 * i));
+  }
+  auto plan = runtime::Plan::compile(g, params, {});
+  params.zero_grads();
+  plan->run();
+  run.loss = static_cast<float>(plan->output(loss).item());
+  run.grads.assign(params.grads_data(), params.grads_data() + params.flat_numel());
+  return run;
+}
+
+TEST(FuseLinearGelu, FusesBiasAndGeluIntoTheLinearAndKeepsResultsBitForBit) {
+  for (const char* approximate : {"none", "tanh"})
+    for (bool bias : {true, false})
+      for (DType precision : {DType::f32, DType::bf16}) {
+        const std::string label = str(approximate, bias ? " bias " : " no-bias ", dtype_name(precision));
+        MlpRun plain = run_mlp(false, approximate, bias, precision);
+        MlpRun fused = run_mlp(true, approximate, bias, precision);
+        EXPECT_EQ(fused.fused, 1) << label;
+        EXPECT_EQ(plain.loss, fused.loss) << label;
+        ASSERT_EQ(plain.grads.size(), fused.grads.size());
+        for (size_t i = 0; i < plain.grads.size(); ++i) ASSERT_EQ(plain.grads[i], fused.grads[i]) << label << " gradient " << i;
+      }
+}
+
+TEST(FuseLinearGelu, LeavesLinearsWhoseOutputIsReadElsewhereAlone) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  ValueId x = b.param("x", {4, 8});
+  ValueId z = b.linear(x, b.param("w", {8, 8}), b.param("bias", {8}));
+  ValueId h = g.add(OpKind::Gelu, {z});
+  g.mark_output(b.add(h, z));  // z is read again
+  ValueId out = b.linear(x, b.param("w2", {8, 8}), ir::kNone);
+  g.mark_output(out);
+  g.mark_output(g.add(OpKind::Gelu, {out}));  // the Linear's output is a graph output
+  EXPECT_EQ(passes::fuse_linear_gelu(g).fused, 0);
+  EXPECT_EQ(count(g, OpKind::Gelu), 2);
+  EXPECT_EQ(count(g, OpKind::LinearGelu), 0);
+}
+
 }  // namespace
 }  // namespace fusetrain::testing

@@ -55,6 +55,12 @@ std::vector<OpCase> make_cases() {
   add("linear_no_bias", OpKind::Linear, [](GraphBuilder& b, int64_t n) {
     return Outs{b.linear(b.param("x", {n, 5}), b.param("w", {3, 5}))};
   });
+  for (const char* approximate : {"none", "tanh"})
+    add(std::string("linear_gelu_") + approximate, OpKind::LinearGelu, [approximate](GraphBuilder& b, int64_t n) {
+      ValueId x = b.param("x", {2, n, 6}), w = b.param("w", {4, 6}), bias = b.param("bias", {4});
+      Outs yz = b.graph().add_node(OpKind::LinearGelu, {x, w, bias}, {{"approximate", std::string(approximate)}});
+      return Outs{yz[0], b.mul(yz[1], yz[1])};  // both outputs reach the loss
+    });
 
   add("add_broadcast", OpKind::Add, [](GraphBuilder& b, int64_t n) {
     return Outs{b.add(b.param("a", {n, 4}), b.param("b", {4}))};

@@ -27,4 +27,10 @@ FusionReport fold_attention_transposes(ir::Graph& graph);
 /// over memory instead of two, and no dropped copy of x is stored.
 FusionReport fuse_dropout_add(ir::Graph& graph);
 
+/// Bias + GELU into the matmul epilogue: Gelu(Linear(x, w, bias)), where the Linear's output
+/// feeds nothing else, becomes LinearGelu(x, w, bias) with outputs (gelu(z), z): the GEMM adds
+/// the bias and applies GELU to each strip of rows it finishes, while the strip is in cache,
+/// instead of two more passes over memory; z is kept for GELU's backward.
+FusionReport fuse_linear_gelu(ir::Graph& graph);
+
 }  // namespace fusetrain::passes

@@ -1,4 +1,4 @@
-// Gradients of MatMul and Linear.
+// Gradients of MatMul, Linear and LinearGelu.
 #include "autodiff/grad_context.h"
 
 namespace fusetrain::autodiff {
@@ -41,11 +41,12 @@ void grad_rule<OpKind::MatMul>(GradContext& ctx) {
   }
 }
 
-// y = x·wᵀ + bias, x (R..., K), w (N, K).
+namespace {
+
+// y = x·wᵀ + bias, x (R..., K), w (N, K), given dy:
 //   dx = dy·w    dw = dyᵀ·x (rows folded)    dbias = Σ_rows dy
-template <>
-void grad_rule<OpKind::Linear>(GradContext& ctx) {
-  ValueId x = ctx.input(0), w = ctx.input(1), dy = ctx.grad_output(0);
+void linear_grads(GradContext& ctx, ValueId dy) {
+  ValueId x = ctx.input(0), w = ctx.input(1);
   const Shape& sx = ctx.input_shape(0);
   const Shape& sw = ctx.input_shape(1);
   int64_t rows = sx.numel() / sx[-1];
@@ -61,6 +62,24 @@ void grad_rule<OpKind::Linear>(GradContext& ctx) {
         1, ctx.b.matmul(ctx.b.reshape(dy_gemm, {rows, sw[0]}), ctx.b.reshape(x, {rows, sx[-1]}), true, false));
   if (ctx.num_inputs() == 3 && ctx.needs_grad(2))
     ctx.set_grad_input(2, ctx.b.reduce_sum(ctx.b.reshape(dy, {rows, sw[0]}), {0}));
+}
+
+}  // namespace
+
+template <>
+void grad_rule<OpKind::Linear>(GradContext& ctx) {
+  linear_grads(ctx, ctx.grad_output(0));
+}
+
+// Outputs y = gelu(z) and z = x·wᵀ + bias:  dz = gelu'(z)·dy (+ z's own gradient), then Linear's rule.
+template <>
+void grad_rule<OpKind::LinearGelu>(GradContext& ctx) {
+  ValueId dz = ctx.grad_output(0);
+  if (dz != ir::kNone)
+    dz = ctx.g.add(OpKind::GeluBackward, {dz, ctx.output(1)},
+                   {{"approximate", ctx.attrs().get_string("approximate", "none")}});
+  if (ctx.grad_output(1) != ir::kNone) dz = dz == ir::kNone ? ctx.grad_output(1) : ctx.b.add(dz, ctx.grad_output(1));
+  linear_grads(ctx, dz);
 }
 
 }  // namespace fusetrain::autodiff

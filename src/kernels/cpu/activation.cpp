@@ -225,6 +225,10 @@ std::unique_ptr<Kernel> make_activation_kernel(const ir::Graph& g, const ir::Nod
   return std::make_unique<ActivationKernel>(output_shape(g, n, 0).numel(), fn);
 }
 
+GeluFn gelu_fn(bool tanh_form) {
+  return tanh_form ? forward_fn<Act::GeluTanh>(use_avx512()) : forward_fn<Act::GeluErf>(use_avx512());
+}
+
 std::unique_ptr<Kernel> make_activation_backward_kernel(const ir::Graph& g, const ir::Node& n) {
   Act act;
   if (!parse_act(n, &act) || input_dtype(g, n, 0) != DType::f32 || input_dtype(g, n, 1) != DType::f32) return nullptr;

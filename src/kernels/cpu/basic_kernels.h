@@ -136,6 +136,11 @@ std::unique_ptr<Kernel> make_copy_kernel(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_cast_kernel(const ir::Graph& g, const ir::Node& n);
 // activation.cpp: Gelu Tanh Relu and their backward ops
 std::unique_ptr<Kernel> make_activation_kernel(const ir::Graph& g, const ir::Node& n);
+/// out[i] = GELU(x[i]) for i < n, on the calling thread (out may equal x).
+using GeluFn = void (*)(float* out, const float* x, int64_t n);
+/// The GELU of the current code path: the erf form, or the tanh approximation when
+/// `tanh_form`. Read at kernel construction, like use_avx512().
+GeluFn gelu_fn(bool tanh_form);
 std::unique_ptr<Kernel> make_activation_backward_kernel(const ir::Graph& g, const ir::Node& n);
 // softmax.cpp
 std::unique_ptr<Kernel> make_softmax_kernel(const ir::Graph& g, const ir::Node& n);

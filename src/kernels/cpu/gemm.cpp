@@ -382,10 +382,11 @@ char* thread_scratch(void* scratch, size_t slice_bytes, int t) {
   return reinterpret_cast<char*>(base) + size_t(t) * slice_bytes;
 }
 
-// C (M, N) = alpha * a (M, K) * b (K, N) + beta * C on one thread; requires K > 0.
+// C (M, N) = alpha * a (M, K) * b (K, N) + beta * C on one thread; requires K > 0. This C is
+// the block of the whole product at (row0, col0), which is what the epilogue is told.
 template <class Kernel, typename T>
 void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, Operand<T> a, Operand<T> b, float beta, float* C,
-                 int64_t ldc, char* work) {
+                 int64_t ldc, char* work, const GemmEpilogue* epilogue = nullptr, int64_t row0 = 0, int64_t col0 = 0) {
   using Packed = typename Kernel::Packed;
   constexpr int MR = Kernel::MR, NR = Kernel::NR;
   int64_t kd_max = ceil_div(std::min<int64_t>(K, Kernel::KC), Kernel::KSTEP);
@@ -406,6 +407,8 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, Operand<T> a, Ope
         for (int64_t jr = 0; jr < nc; jr += NR)
           Kernel::micro(kd, a_pack, b_pack + jr * kd, C + ic * ldc + jc + jr, ldc, mr,
                         int(std::min<int64_t>(NR, nc - jr)), alpha, beta_k);
+        if (epilogue && pc + kc >= K)  // this strip of C is final and still in cache
+          epilogue->apply(epilogue->context, C + ic * ldc + jc, ldc, row0 + ic, col0 + jc, mr, nc);
       }
     }
   }
@@ -433,12 +436,12 @@ void split_range(int64_t total, int64_t unit, int parts, int index, int64_t* beg
 
 template <class Kernel, typename T>
 void gemm_threads(const GemmShape& s, float alpha, const T* A, const T* B, float beta, float* C, void* scratch,
-                  int threads) {
+                  int threads, const GemmEpilogue* epilogue) {
   Operand<T> a{A, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1};
   Operand<T> b{B, s.trans_b ? s.ldb : 1, s.trans_b ? 1 : s.ldb};
   size_t slice = thread_scratch_bytes(s);
   if (threads <= 1) {
-    gemm_serial<Kernel>(s.M, s.N, s.K, alpha, a, b, beta, C, s.ldc, thread_scratch(scratch, slice, 0));
+    gemm_serial<Kernel>(s.M, s.N, s.K, alpha, a, b, beta, C, s.ldc, thread_scratch(scratch, slice, 0), epilogue);
     return;
   }
 #pragma omp parallel num_threads(threads)
@@ -451,7 +454,7 @@ void gemm_threads(const GemmShape& s, float alpha, const T* A, const T* B, float
     if (m0 < m1 && n0 < n1) {
       Operand<T> a_t{a.at(m0, 0), a.xs, a.ks}, b_t{b.at(n0, 0), b.xs, b.ks};
       gemm_serial<Kernel>(m1 - m0, n1 - n0, s.K, alpha, a_t, b_t, beta, C + m0 * s.ldc + n0, s.ldc,
-                          thread_scratch(scratch, slice, t));
+                          thread_scratch(scratch, slice, t), epilogue, m0, n0);
     }
   }
 }
@@ -493,23 +496,25 @@ void scale_c(const GemmShape& s, float beta, float* C) {
 
 template <typename T>
 void gemm_any(Isa isa, const GemmShape& s, float alpha, const T* A, const T* B, float beta, float* C, void* scratch,
-              int threads) {
+              int threads, const GemmEpilogue* epilogue = nullptr) {
   if (s.M <= 0 || s.N <= 0) return;
   if (s.K <= 0 || alpha == 0.0f) {
     scale_c(s, beta, C);
+    if (epilogue) epilogue->apply(epilogue->context, C, s.ldc, 0, 0, s.M, s.N);
     return;
   }
   if (2.0 * double(s.M) * double(s.N) * double(s.K) < 2e5) threads = 1;  // a parallel region costs more
   if constexpr (std::is_same_v<T, uint16_t>) {
-    if (isa == Isa::avx512_bf16) return gemm_threads<KernelBf16Avx512>(s, alpha, A, B, beta, C, scratch, threads);
+    if (isa == Isa::avx512_bf16)
+      return gemm_threads<KernelBf16Avx512>(s, alpha, A, B, beta, C, scratch, threads, epilogue);
   }
   // Without vdpbf16ps, bf16 operands are widened to fp32 while packing.
   if (isa >= Isa::avx512) {
-    gemm_threads<KernelF32Avx512>(s, alpha, A, B, beta, C, scratch, threads);
+    gemm_threads<KernelF32Avx512>(s, alpha, A, B, beta, C, scratch, threads, epilogue);
   } else if (isa == Isa::avx2) {
-    gemm_threads<KernelF32Avx2>(s, alpha, A, B, beta, C, scratch, threads);
+    gemm_threads<KernelF32Avx2>(s, alpha, A, B, beta, C, scratch, threads, epilogue);
   } else {
-    gemm_threads<KernelF32Portable>(s, alpha, A, B, beta, C, scratch, threads);
+    gemm_threads<KernelF32Portable>(s, alpha, A, B, beta, C, scratch, threads, epilogue);
   }
 }
 
@@ -553,13 +558,13 @@ size_t gemm_bf16_batched_scratch_bytes(const GemmShape& shape, int64_t, int num_
 }
 
 void gemm_f32(const GemmShape& shape, float alpha, const float* A, const float* B, float beta, float* C, void* scratch,
-              int num_threads) {
-  gemm_any(select_isa(), shape, alpha, A, B, beta, C, scratch, num_threads);
+              int num_threads, const GemmEpilogue* epilogue) {
+  gemm_any(select_isa(), shape, alpha, A, B, beta, C, scratch, num_threads, epilogue);
 }
 
 void gemm_bf16(const GemmShape& shape, float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C,
-               void* scratch, int num_threads) {
-  gemm_any(select_isa(), shape, alpha, A, B, beta, C, scratch, num_threads);
+               void* scratch, int num_threads, const GemmEpilogue* epilogue) {
+  gemm_any(select_isa(), shape, alpha, A, B, beta, C, scratch, num_threads, epilogue);
 }
 
 void gemm_f32_batched(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,
@@ -604,14 +609,14 @@ size_t gemm_f16_scratch_bytes(const GemmShape& shape, int num_threads) {
 }
 
 void gemm_f16(const GemmShape& shape, float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C,
-              void* scratch, int num_threads) {
+              void* scratch, int num_threads, const GemmEpilogue* epilogue) {
   const int64_t na = extent_a(shape), nb = extent_b(shape);
   float* a = static_cast<float*>(scratch);
   float* b = reinterpret_cast<float*>(reinterpret_cast<char*>(a) + floats_bytes(na));
   void* rest = reinterpret_cast<char*>(b) + floats_bytes(nb);
   convert_f16(a, A, na, num_threads);
   convert_f16(b, B, nb, num_threads);
-  gemm_f32(shape, alpha, a, b, beta, C, rest, num_threads);
+  gemm_f32(shape, alpha, a, b, beta, C, rest, num_threads, epilogue);
 }
 
 size_t gemm_f16_batched_scratch_bytes(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b,

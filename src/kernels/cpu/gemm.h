@@ -22,22 +22,30 @@ struct GemmShape {
   int64_t lda, ldb, ldc;
 };
 
+// Work on finished blocks of C while they are still in cache (bias, activation): once the
+// last K block of a block of C is accumulated, apply(context, &C(row, col), ldc, row, col,
+// rows, cols) runs for it on the thread that computed it. The blocks tile C exactly once.
+struct GemmEpilogue {
+  void (*apply)(const void* context, float* c, int64_t ldc, int64_t row, int64_t col, int64_t rows, int64_t cols);
+  const void* context;
+};
+
 // Bytes of scratch for one call with num_threads threads (covers all of them).
 size_t gemm_f32_scratch_bytes(const GemmShape& shape, int num_threads);
 void gemm_f32(const GemmShape& shape, float alpha, const float* A, const float* B, float beta, float* C, void* scratch,
-              int num_threads);
+              int num_threads, const GemmEpilogue* epilogue = nullptr);
 
 // A and B hold bf16 bit patterns; accumulation and C are fp32.
 size_t gemm_bf16_scratch_bytes(const GemmShape& shape, int num_threads);
 void gemm_bf16(const GemmShape& shape, float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C,
-               void* scratch, int num_threads);
+               void* scratch, int num_threads, const GemmEpilogue* epilogue = nullptr);
 
 // A and B hold IEEE half bit patterns. No CPU this targets multiplies in f16, so
 // the operands are converted to f32 in scratch first (exactly: every half is an
 // f32) and the f32 GEMM runs: the products and f32 sums an fp16 tensor core forms.
 size_t gemm_f16_scratch_bytes(const GemmShape& shape, int num_threads);
 void gemm_f16(const GemmShape& shape, float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C,
-              void* scratch, int num_threads);
+              void* scratch, int num_threads, const GemmEpilogue* epilogue = nullptr);
 
 // Strided batch: for b in [0, batch), C + b*stride_c = alpha * op(A + b*stride_a) * op(B + b*stride_b)
 // + beta * (C + b*stride_c). stride_a or stride_b may be 0 to broadcast that operand.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/cpu/basic_kernels.h"
 #include "kernels/cpu/dense_kernels.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/factories.h"
@@ -93,12 +94,11 @@ class MatMulKernel final : public Kernel {
   int64_t stride_a_ = 0, stride_b_ = 0, stride_c_ = 0;  // elements between consecutive batch matrices
 };
 
-// x (R, K) · w (N, K)ᵀ + bias (N) -> y (R, N); x and w f32, bf16 or f16, y f32.
-// y (R, N) = bias (N) broadcast over rows, or y += bias. Serial when threads == 1
-// (no OpenMP call, so the team size never changes between regions).
-void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t n, bool add, int threads) {
+// y (R, N) += bias (N) on every row. Serial when threads == 1 (no OpenMP call, so the team
+// size never changes between regions).
+void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t n, int threads) {
   auto body = [&](int64_t r) {
-    for (int64_t j = 0; j < n; ++j) y[r * n + j] = (add ? y[r * n + j] : 0.0f) + bias[j];
+    for (int64_t j = 0; j < n; ++j) y[r * n + j] += bias[j];
   };
   if (threads <= 1) {
     for (int64_t r = 0; r < rows; ++r) body(r);
@@ -108,6 +108,29 @@ void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t n, bool ad
   for (int64_t r = 0; r < rows; ++r) body(r);
 }
 
+// What the Linear epilogue adds to a finished strip of the product: the bias, then, for
+// LinearGelu, y = gelu(z) into the second buffer (same layout as z).
+struct LinearEpilogue {
+  const float* bias = nullptr;        // (N) or null
+  float* y = nullptr;                 // (R, N) GELU output, or null
+  cpu_basic::GeluFn gelu = nullptr;
+
+  static void apply(const void* context, float* c, int64_t ldc, int64_t row, int64_t col, int64_t rows,
+                    int64_t cols) {
+    const LinearEpilogue& e = *static_cast<const LinearEpilogue*>(context);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* z = c + r * ldc;
+      if (e.bias)
+        for (int64_t j = 0; j < cols; ++j) z[j] += e.bias[col + j];
+      if (e.y) e.gelu(e.y + (row + r) * ldc + col, z, cols);
+    }
+  }
+};
+
+// Linear: y (R, N) = x (R, K) · w (N, K)ᵀ + bias (N). LinearGelu: z = the same, output 1, and
+// y = gelu(z), output 0. x and w f32, bf16 or f16; y and z f32. The bias and the GELU are the
+// GEMM's epilogue, applied to each strip of rows as it is finished, while it is in cache; only
+// an accumulating Linear (y += ..., never LinearGelu) adds its bias in a pass of its own.
 class LinearKernel final : public Kernel {
  public:
   LinearKernel(const ir::Graph& g, const ir::Node& node) {
@@ -115,6 +138,7 @@ class LinearKernel final : public Kernel {
     const Shape& w = g.value(node.inputs[1]).shape;
     dtype_ = g.value(node.inputs[0]).dtype;
     has_bias_ = node.inputs.size() == 3;
+    if (node.op == ir::OpKind::LinearGelu) gelu_ = cpu_basic::gelu_fn(node.attrs.get_string("approximate", "none") == "tanh");
     int64_t k = x[-1];
     int64_t n = w[0];
     int64_t rows = x.numel(0, x.rank() - 1);
@@ -127,38 +151,38 @@ class LinearKernel final : public Kernel {
                                  : gemm_f32_scratch_bytes(shape_, num_threads);
   }
 
-  bool accumulates() const override { return true; }
+  bool accumulates() const override { return gelu_ == nullptr; }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
-    bool accumulate = !args.accumulate.empty() && args.accumulate[0];
-    float* y = static_cast<float*>(args.outputs[0].data());                                      // y: (R, N)
+    const bool accumulate = !gelu_ && !args.accumulate.empty() && args.accumulate[0];
+    float* c = static_cast<float*>(args.outputs[gelu_ ? 1 : 0].data());                       // y or z: (R, N)
     const float* bias = has_bias_ ? static_cast<const float*>(args.inputs[2].data()) : nullptr;  // bias: (N)
-    const int64_t rows = shape_.M, n = shape_.N;
+    LinearEpilogue fused;
+    fused.bias = accumulate ? nullptr : bias;
+    if (gelu_) fused.y = static_cast<float*>(args.outputs[0].data()), fused.gelu = gelu_;
+    const GemmEpilogue epilogue{&LinearEpilogue::apply, &fused};
+    const GemmEpilogue* ep = fused.bias || fused.y ? &epilogue : nullptr;
+    const float beta = accumulate ? 1.0f : 0.0f;
     const int threads = ctx.num_threads;
-    const bool parallel = rows * n >= (int64_t{1} << 16) && threads > 1;
-    float beta = accumulate ? 1.0f : 0.0f;
-    if (bias && !accumulate) {
-      // Seed y with the bias rows; the GEMM then adds x·wᵀ to them.
-      add_bias_rows(y, bias, rows, n, false, parallel ? threads : 1);
-      beta = 1.0f;
-    }
     if (dtype_ == DType::f16)
       gemm_f16(shape_, 1.0f, static_cast<const uint16_t*>(args.inputs[0].data()),
-               static_cast<const uint16_t*>(args.inputs[1].data()), beta, y, args.scratch, threads);
+               static_cast<const uint16_t*>(args.inputs[1].data()), beta, c, args.scratch, threads, ep);
     else if (dtype_ == DType::bf16)
       gemm_bf16(shape_, 1.0f, static_cast<const uint16_t*>(args.inputs[0].data()),
-                static_cast<const uint16_t*>(args.inputs[1].data()), beta, y, args.scratch, threads);
+                static_cast<const uint16_t*>(args.inputs[1].data()), beta, c, args.scratch, threads, ep);
     else
       gemm_f32(shape_, 1.0f, static_cast<const float*>(args.inputs[0].data()),
-               static_cast<const float*>(args.inputs[1].data()), beta, y, args.scratch, threads);
+               static_cast<const float*>(args.inputs[1].data()), beta, c, args.scratch, threads, ep);
     if (bias && accumulate) {
-      add_bias_rows(y, bias, rows, n, true, parallel ? threads : 1);
+      const bool parallel = shape_.M * shape_.N >= (int64_t{1} << 16) && threads > 1;
+      add_bias_rows(c, bias, shape_.M, shape_.N, parallel ? threads : 1);
     }
   }
 
  private:
   DType dtype_ = DType::f32;  // of x and w
   bool has_bias_ = false;
+  cpu_basic::GeluFn gelu_ = nullptr;  // LinearGelu's activation; null for Linear
   GemmShape shape_{};
 };
 
@@ -171,6 +195,7 @@ std::unique_ptr<Kernel> make_cpu_matmul_kernel(const ir::Graph& graph, const ir:
       if (graph.value(node.outputs[0]).dtype != DType::f32) return nullptr;
       return std::make_unique<MatMulKernel>(graph, node);
     case ir::OpKind::Linear:
+    case ir::OpKind::LinearGelu:
       return std::make_unique<LinearKernel>(graph, node);
     default:
       return nullptr;
@@ -181,6 +206,7 @@ std::unique_ptr<Kernel> make_cpu_dense_kernel(const ir::Graph& graph, const ir::
   switch (node.op) {
     case ir::OpKind::MatMul:
     case ir::OpKind::Linear:
+    case ir::OpKind::LinearGelu:
       return make_cpu_matmul_kernel(graph, node);
     case ir::OpKind::Attention:
     case ir::OpKind::AttentionBackward:

@@ -103,6 +103,7 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const ir::Graph& graph, const ir::
   switch (node.op) {
     case OpKind::MatMul:
     case OpKind::Linear:
+    case OpKind::LinearGelu:
     case OpKind::Attention:
     case OpKind::AttentionBackward:
       return nullptr;  // make_cpu_dense_kernel

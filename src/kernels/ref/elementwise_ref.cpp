@@ -17,10 +17,14 @@ constexpr double kSqrt2OverPi = 0.79788456080286535588;  // √(2/π)
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/√(2π)
 constexpr double kGeluCubic = 0.044715;
 
+}  // namespace
+
 double gelu_forward(double x, bool tanh_approximation) {
   if (tanh_approximation) return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
   return 0.5 * x * (1.0 + std::erf(x / kSqrt2));
 }
+
+namespace {
 
 // d gelu(x) / dx for either formula.
 double gelu_derivative(double x, bool tanh_approximation) {

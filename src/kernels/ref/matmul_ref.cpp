@@ -72,24 +72,39 @@ class MatMulRef final : public RefKernel {
   int64_t M_ = 0, N_ = 0, K_ = 0, batch_ = 1, a_batch_stride_ = 0, b_batch_stride_ = 0;
 };
 
+// Linear, and LinearGelu: z = Linear into output 1, then output 0 = gelu(z).
 class LinearRef final : public RefKernel {
  public:
-  LinearRef(const ir::Graph& g, const ir::Node& n) : xw_dtype_(input_dtype(g, n, 0)), has_bias_(n.inputs.size() == 3) {
+  LinearRef(const ir::Graph& g, const ir::Node& n)
+      : xw_dtype_(input_dtype(g, n, 0)),
+        has_bias_(n.inputs.size() == 3),
+        gelu_(n.op == ir::OpKind::LinearGelu),
+        tanh_(n.attrs.get_string("approximate", "none") == "tanh") {
     const Shape& x = input_shape(g, n, 0);
     K_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);
     N_ = input_shape(g, n, 1)[0];
   }
 
+  bool accumulates() const override { return !gelu_; }
+
   void run(const KernelArgs& args, const StepContext&) override {
     const void* bias = has_bias_ ? args.inputs[2].data() : nullptr;
-    linear_forward(args.outputs[0].data(), args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_, K_,
-                   accumulate_flag(args, 0));
+    if (!gelu_) {
+      linear_forward(args.outputs[0].data(), args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_,
+                     K_, accumulate_flag(args, 0));
+      return;
+    }
+    float* z = static_cast<float*>(args.outputs[1].data());
+    linear_forward(z, args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_, K_, false);
+    float* y = static_cast<float*>(args.outputs[0].data());
+    for (int64_t i = 0; i < R_ * N_; ++i) y[i] = static_cast<float>(gelu_forward(z[i], tanh_));
   }
 
  private:
   DType xw_dtype_;
   bool has_bias_;
+  bool gelu_, tanh_;
   int64_t R_ = 0, N_ = 0, K_ = 0;
 };
 

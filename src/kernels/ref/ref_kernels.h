@@ -205,6 +205,9 @@ class RefKernel : public Kernel {
   bool accumulates() const override { return true; }
 };
 
+/// GELU of x, the erf form or its tanh approximation (elementwise_ref.cpp).
+double gelu_forward(double x, bool tanh_approximation);
+
 // ---- factories, one per op (registry_ref.cpp dispatches) ------------------------
 
 // elementwise_ref.cpp
@@ -227,7 +230,7 @@ std::unique_ptr<Kernel> make_matmul_ref(const ir::Graph& g, const ir::Node& n);
 // loss_ref.cpp (binary cross-entropy with logits)
 std::unique_ptr<Kernel> make_sigmoid_cross_entropy_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_sigmoid_cross_entropy_backward_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_linear_ref(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_linear_ref(const ir::Graph& g, const ir::Node& n);  // Linear, LinearGelu
 
 // norm_ref.cpp
 std::unique_ptr<Kernel> make_softmax_ref(const ir::Graph& g, const ir::Node& n);

@@ -45,6 +45,7 @@ std::unique_ptr<Kernel> make_ref_kernel(const ir::Graph& graph, const ir::Node& 
     case OpKind::MatMul:
       return ref::make_matmul_ref(graph, node);
     case OpKind::Linear:
+    case OpKind::LinearGelu:
       return ref::make_linear_ref(graph, node);
     case OpKind::Add:
     case OpKind::Sub:
