@@ -382,6 +382,13 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
                                           " forward nodes cloned into backward, ", r.values_freed,
                                           " saved activations freed after forward"));
     }
+    if (spec.fusions) {
+      passes::RecastReport c = passes::recast_weights_for_backward(g, backward_begin);
+      if (c.casts > 0)
+        entry->passes.applied.push_back(str("recast_weights_for_backward: ", c.casts, " low-precision weight copies (",
+                                            c.bytes_freed / (size_t{1} << 20),
+                                            " MiB) cast again in backward instead of kept"));
+    }
   }
   entry->passes.ops_after = op_counts(g);
   runtime::PlanOptions options;

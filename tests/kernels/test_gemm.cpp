@@ -230,8 +230,7 @@ struct EpilogueProbe {
   std::vector<float>* seen;
   std::vector<int>* visits;
   int64_t ldc;
-  static void apply(const void* context, float* c, int64_t ldc, int64_t row, int64_t col, int64_t rows,
-                    int64_t cols) {
+  static void apply(const void* context, float* c, int64_t ldc, int64_t row, int64_t col, int64_t rows, int64_t cols) {
     const EpilogueProbe& p = *static_cast<const EpilogueProbe*>(context);
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < cols; ++j) {

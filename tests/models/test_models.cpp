@@ -279,10 +279,11 @@ TEST(Models, Fp16MixedPrecisionTracksF32AndScalesGradients) {
 // dropout on (masks redrawn from the same counter stream) the loss and every gradient
 // are bit-identical, and the activation arena is smaller.
 TEST(Models, RecomputeGivesIdenticalGradientsInASmallerArena) {
-  for (const auto& [type, arch, bf16] : {std::tuple<std::string, std::string, bool>{"bert", "BertForSequenceClassification", false},
-                                        {"bert", "BertForMaskedLM", true},
-                                        {"distilbert", "DistilBertForMaskedLM", false},
-                                        {"gpt2", "GPT2LMHeadModel", false}}) {
+  for (const auto& [type, arch, bf16] :
+       {std::tuple<std::string, std::string, bool>{"bert", "BertForSequenceClassification", false},
+        {"bert", "BertForMaskedLM", true},
+        {"distilbert", "DistilBertForMaskedLM", false},
+        {"gpt2", "GPT2LMHeadModel", false}}) {
     nlohmann::json cfg = tiny_config(type);
     cfg[type == "gpt2" ? "n_layer" : type == "distilbert" ? "n_layers" : "num_hidden_layers"] = 4;
     auto model = Model::from_config(cfg, 6, arch);
@@ -299,7 +300,8 @@ TEST(Models, RecomputeGivesIdenticalGradientsInASmallerArena) {
       peaks.push_back(model->last_plan()->memory_report().activation_peak_bytes);
       ASSERT_NE(model->last_pass_log(), nullptr);
       const std::vector<std::string>& applied = model->last_pass_log()->applied;
-      EXPECT_EQ(std::count_if(applied.begin(), applied.end(), [](const std::string& a) { return a.rfind("recompute:", 0) == 0; }),
+      EXPECT_EQ(std::count_if(applied.begin(), applied.end(),
+                              [](const std::string& a) { return a.rfind("recompute:", 0) == 0; }),
                 recompute ? 1 : 0)
           << arch;
       EXPECT_EQ(model->last_pass_log()->ops_after.at("Attention"), recompute ? 8 : 4) << arch;
@@ -313,33 +315,37 @@ TEST(Models, RecomputeGivesIdenticalGradientsInASmallerArena) {
 // The fusion passes change where data lives, not the arithmetic: every architecture
 // gives the same loss and gradients, bit for bit, with and without them (dropout on).
 TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
-  for (const auto& [type, arch] : kHeads) {
-    auto model = Model::from_config(tiny_config(type), 2, arch);
-    Data d = make_batch(*model, 2, 9, 4);
-    std::vector<double> losses;
-    std::vector<std::vector<float>> grads;
-    for (bool fusions : {false, true}) {
-      model->set_fusions(fusions);
-      model->set_rng_step(1);
-      losses.push_back(model->loss_and_grads(d.batch, /*training=*/true));
-      grads.emplace_back(model->params().grads_data(), model->params().grads_data() + model->params().flat_numel());
-      const models::PassLog& log = *model->last_pass_log();
-      int transposes = log.ops_after.count("Transpose") ? log.ops_after.at("Transpose") : 0;
-      auto dropouts = [](const std::map<std::string, int>& ops) { return ops.count("Dropout") ? ops.at("Dropout") : 0; };
-      if (fusions) {
-        EXPECT_EQ(transposes, 0) << arch;
-        EXPECT_GT(log.ops_after.count("DropoutAdd") ? log.ops_after.at("DropoutAdd") : 0, 0) << arch;
-        if (type != "gpt2")  // GPT-2's MLP is Conv1D: MatMul + Add, not Linear
-          EXPECT_GT(log.ops_after.count("LinearGelu") ? log.ops_after.at("LinearGelu") : 0, 0) << arch;
-        EXPECT_LT(dropouts(log.ops_after), dropouts(log.ops_before)) << arch;
-      } else {
-        EXPECT_GT(transposes, 0) << arch;
-        EXPECT_EQ(dropouts(log.ops_after), dropouts(log.ops_before)) << arch;
+  for (const auto& [type, arch] : kHeads)
+    for (bool bf16 : {false, true}) {
+      auto model = Model::from_config(tiny_config(type), 2, arch);
+      model->set_bf16(bf16);
+      Data d = make_batch(*model, 2, 9, 4);
+      std::vector<double> losses;
+      std::vector<std::vector<float>> grads;
+      for (bool fusions : {false, true}) {
+        model->set_fusions(fusions);
+        model->set_rng_step(1);
+        losses.push_back(model->loss_and_grads(d.batch, /*training=*/true));
+        grads.emplace_back(model->params().grads_data(), model->params().grads_data() + model->params().flat_numel());
+        const models::PassLog& log = *model->last_pass_log();
+        int transposes = log.ops_after.count("Transpose") ? log.ops_after.at("Transpose") : 0;
+        auto dropouts = [](const std::map<std::string, int>& ops) {
+          return ops.count("Dropout") ? ops.at("Dropout") : 0;
+        };
+        if (fusions) {
+          EXPECT_EQ(transposes, 0) << arch;
+          EXPECT_GT(log.ops_after.count("DropoutAdd") ? log.ops_after.at("DropoutAdd") : 0, 0) << arch;
+          if (type != "gpt2")  // GPT-2's MLP is Conv1D: MatMul + Add, not Linear
+            EXPECT_GT(log.ops_after.count("LinearGelu") ? log.ops_after.at("LinearGelu") : 0, 0) << arch;
+          EXPECT_LT(dropouts(log.ops_after), dropouts(log.ops_before)) << arch;
+        } else {
+          EXPECT_GT(transposes, 0) << arch;
+          EXPECT_EQ(dropouts(log.ops_after), dropouts(log.ops_before)) << arch;
+        }
       }
+      EXPECT_EQ(losses[0], losses[1]) << arch;
+      for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << arch << " gradient " << i;
     }
-    EXPECT_EQ(losses[0], losses[1]) << arch;
-    for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << arch << " gradient " << i;
-  }
 }
 
 // The training seed reaches dropout and fresh heads: the same seed repeats a run, another

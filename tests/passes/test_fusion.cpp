@@ -88,7 +88,8 @@ TEST(FoldAttentionTransposes, SameLossAndGradients) {
       runtime::ParameterStore params(a->g);
       for (size_t i = 0; i < params.slots().size(); ++i) {
         float* p = params.param(i).data_as<float>();
-        for (int64_t k = 0; k < params.slots()[i].numel; ++k) p[k] = 0.3f * std::sin(0.7f * static_cast<float>(k + 5 * i));
+        for (int64_t k = 0; k < params.slots()[i].numel; ++k)
+          p[k] = 0.3f * std::sin(0.7f * static_cast<float>(k + 5 * i));
       }
       auto plan = runtime::Plan::compile(a->g, params, {});
       Tensor x = plan->input("x");
@@ -111,7 +112,7 @@ TEST(FuseDropoutAdd, EitherOrderFusesAndKeepsResultsBitForBit) {
     ir::Graph g;
     ir::GraphBuilder b(g, 8);
     ValueId x = b.param("x", {3, 37}), r = b.param("r", {3, 37});
-    ValueId h = b.add(b.dropout(x, 0.25), r);    // dropout on the left
+    ValueId h = b.add(b.dropout(x, 0.25), r);         // dropout on the left
     ValueId y = b.add(h, b.dropout(b.tanh(h), 0.1));  // and on the right
     ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1});
     g.mark_output(loss);
@@ -145,7 +146,7 @@ TEST(FuseDropoutAdd, LeavesDropoutsWithOtherReadersAlone) {
   ValueId x = b.param("x", {4, 8});
   ValueId dropped = b.dropout(x, 0.5);
   ValueId sum = b.add(dropped, x);
-  g.mark_output(b.mul(sum, dropped));  // the dropped values are read again
+  g.mark_output(b.mul(sum, dropped));                                    // the dropped values are read again
   ValueId broadcast = b.add(b.dropout(b.param("row", {1, 8}), 0.5), x);  // (1, 8) + (4, 8): no
   g.mark_output(broadcast);
   EXPECT_EQ(passes::fuse_dropout_add(g).fused, 0);
@@ -184,7 +185,8 @@ MlpRun run_mlp(bool fuse, const std::string& approximate, bool bias, DType preci
   runtime::ParameterStore params(g);
   for (size_t i = 0; i < params.slots().size(); ++i) {
     float* p = params.param(i).data_as<float>();
-    for (int64_t k = 0; k < params.slots()[i].numel; ++k) p[k] = 0.4f * std::sin(0.37f * static_cast<float>(k + 13 * i));
+    for (int64_t k = 0; k < params.slots()[i].numel; ++k)
+      p[k] = 0.4f * std::sin(0.37f * static_cast<float>(k + 13 * i));
   }
   auto plan = runtime::Plan::compile(g, params, {});
   params.zero_grads();
@@ -204,7 +206,8 @@ TEST(FuseLinearGelu, FusesBiasAndGeluIntoTheLinearAndKeepsResultsBitForBit) {
         EXPECT_EQ(fused.fused, 1) << label;
         EXPECT_EQ(plain.loss, fused.loss) << label;
         ASSERT_EQ(plain.grads.size(), fused.grads.size());
-        for (size_t i = 0; i < plain.grads.size(); ++i) ASSERT_EQ(plain.grads[i], fused.grads[i]) << label << " gradient " << i;
+        for (size_t i = 0; i < plain.grads.size(); ++i)
+          ASSERT_EQ(plain.grads[i], fused.grads[i]) << label << " gradient " << i;
       }
 }
 

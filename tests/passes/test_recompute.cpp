@@ -63,8 +63,8 @@ TEST(Recompute, ClonesEachLayerBeforeItsBackward) {
       if (v.kind != ir::ValueKind::Activation) continue;
       if (static_cast<size_t>(v.producer) >= forward_end) continue;
       bool boundary = std::find(s->boundaries.begin(), s->boundaries.end(), in) != s->boundaries.end();
-      EXPECT_TRUE(boundary || in == s->loss) << "backward node " << ir::op_name(n.op) << " still reads forward value "
-                                             << g.describe(in);
+      EXPECT_TRUE(boundary || in == s->loss)
+          << "backward node " << ir::op_name(n.op) << " still reads forward value " << g.describe(in);
     }
   }
 }
@@ -100,6 +100,68 @@ TEST(Recompute, RejectsBoundariesOutOfOrder) {
   std::vector<ValueId> reversed(s->boundaries.rbegin(), s->boundaries.rend());
   std::string msg = error_of([&] { passes::recompute_segments(s->g, reversed, s->backward_begin); });
   EXPECT_NE(msg.find("node order"), std::string::npos) << msg;
+}
+
+// Layers y = tanh(x·Wᵀ) with bf16 operands (x and W cast before each Linear), as models build them.
+std::unique_ptr<Stack> build_bf16_stack(int layers, int64_t R, int64_t C) {
+  auto s = std::make_unique<Stack>();
+  ir::GraphBuilder b(s->g);
+  ValueId x = b.input("x", {R, C});
+  for (int l = 0; l < layers; ++l) {
+    ValueId w = b.param("w" + std::to_string(l), {C, C});
+    x = b.tanh(b.linear(b.cast(x, DType::bf16), b.cast(w, DType::bf16), ir::kNone));
+  }
+  s->loss = b.reduce_sum(x, {0, 1});
+  s->g.mark_output(s->loss);
+  s->backward_begin = s->g.nodes().size();
+  autodiff::build_backward(s->g, s->loss, s->g.params());
+  return s;
+}
+
+TEST(RecastWeights, BackwardReadsASecondCastPlacedBeforeItAndGradientsAreUnchanged) {
+  const int64_t R = 8, C = 256;  // weights large next to activations, so their copies matter
+  std::vector<float> x(R * C);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+  std::vector<std::vector<float>> grads;
+  std::vector<size_t> peaks;
+  for (bool recast : {false, true}) {
+    auto s = build_bf16_stack(4, R, C);
+    if (recast) {
+      const size_t nodes_before = s->g.nodes().size();
+      passes::RecastReport report = passes::recast_weights_for_backward(s->g, s->backward_begin);
+      // Backward reads W only for dx = dy·W, which the first layer (x is an input) does not need.
+      EXPECT_EQ(report.casts, 3);
+      EXPECT_EQ(report.bytes_freed, size_t{3 * C * C * 2});
+      EXPECT_EQ(s->g.nodes().size(), nodes_before + 3);
+      // Backward reads no weight copy made in forward; each recast comes right before its first reader.
+      const ir::Graph& g = s->g;
+      for (const ir::Node& n : g.nodes()) {
+        if (static_cast<size_t>(n.id) < s->backward_begin) continue;
+        for (ValueId in : n.inputs) {
+          const ir::Value& v = g.value(in);
+          if (v.producer == ir::kNone || g.node(v.producer).op != OpKind::Cast) continue;
+          if (g.value(g.node(v.producer).inputs[0]).kind != ir::ValueKind::Param) continue;
+          EXPECT_GE(static_cast<size_t>(v.producer), s->backward_begin) << g.describe(in);
+          EXPECT_LT(v.producer, n.id);
+        }
+        if (n.op == OpKind::Cast && n.name.find(":recast") != std::string::npos)
+          EXPECT_NE(g.node(n.id + 1).op, OpKind::Cast) << "a recast goes right before the node that reads it";
+      }
+    }
+    runtime::ParameterStore params(s->g);
+    for (size_t i = 0; i < params.slots().size(); ++i) {
+      float* p = params.param(i).data_as<float>();
+      for (int64_t k = 0; k < params.slots()[i].numel; ++k) p[k] = 0.05f * std::cos(0.11f * static_cast<float>(k + i));
+    }
+    auto plan = runtime::Plan::compile(s->g, params, {});
+    std::memcpy(plan->input("x").data(), x.data(), x.size() * sizeof(float));
+    params.zero_grads();
+    plan->run();
+    grads.emplace_back(params.grads_data(), params.grads_data() + params.flat_numel());
+    peaks.push_back(plan->memory_report().activation_peak_bytes);
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << "gradient element " << i;
+  EXPECT_LT(peaks[1], peaks[0]) << "weight copies must no longer be live at the end of forward";
 }
 
 }  // namespace

@@ -117,9 +117,11 @@ std::vector<OpCase> make_cases() {
       {{"ids", {0, 0, 11}}});
   {
     // Ids in {0, 1}: the padding row 1 is read by the forward but gets no gradient.
-    OpCase& padding = add("embedding_padding_idx", OpKind::Embedding, [](GraphBuilder& b, int64_t n) {
-      return Outs{b.embedding(b.param("weight", {4, 3}), b.input("ids", {2, n}, DType::i64), 1)};
-    }, {{"ids", {0, 0, 2}}});
+    OpCase& padding = add("embedding_padding_idx", OpKind::Embedding,
+                          [](GraphBuilder& b, int64_t n) {
+                            return Outs{b.embedding(b.param("weight", {4, 3}), b.input("ids", {2, n}, DType::i64), 1)};
+                          },
+                          {{"ids", {0, 0, 2}}});
     padding.expected_from_numeric = [](size_t, std::vector<double>& numeric) {
       for (size_t c = 3; c < 6; ++c) numeric[c] = 0.0;
     };
@@ -208,9 +210,9 @@ std::vector<OpCase> make_cases() {
   add("attention_seq_major", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
     // (B, T, H, D) operands, causal, with dropout: the layout fold_attention_transposes writes.
     ValueId q = b.param("q", {1, n, 2, 4}), k = b.param("k", {1, n + 2, 2, 4}), v = b.param("v", {1, n + 2, 2, 4});
-    Outs outs = b.graph().add_node(OpKind::Attention, {q, k, v},
-                                   {{"scale", 0.5}, {"causal", int64_t{1}}, {"dropout_p", 0.2}, {"seed", int64_t{4}},
-                                    {"seq_major", int64_t{1}}});
+    Outs outs = b.graph().add_node(
+        OpKind::Attention, {q, k, v},
+        {{"scale", 0.5}, {"causal", int64_t{1}}, {"dropout_p", 0.2}, {"seed", int64_t{4}}, {"seq_major", int64_t{1}}});
     return Outs{outs[0]};  // lse is not differentiated (the op's own builder exposes only out)
   });
   add("attention_dropout", OpKind::Attention, [](GraphBuilder& b, int64_t n) {

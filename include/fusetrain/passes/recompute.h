@@ -11,9 +11,9 @@ namespace fusetrain::passes {
 
 /// What recompute_segments changed.
 struct RecomputeReport {
-  int64_t segments = 0;       ///< segments whose activations backward now recomputes
-  int64_t nodes_cloned = 0;   ///< forward nodes added to backward
-  int64_t values_freed = 0;   ///< forward values backward no longer reads
+  int64_t segments = 0;      ///< segments whose activations backward now recomputes
+  int64_t nodes_cloned = 0;  ///< forward nodes added to backward
+  int64_t values_freed = 0;  ///< forward values backward no longer reads
 };
 
 /// Activation checkpointing (per transformer layer): trades one extra forward
@@ -28,7 +28,20 @@ struct RecomputeReport {
 /// clones; the boundaries themselves stay saved. Clones keep their attributes, so
 /// dropout (a counter-based stream keyed by seed and step) draws the same masks and
 /// gradients are bit-identical to the graph without recompute.
-RecomputeReport recompute_segments(ir::Graph& graph, const std::vector<ir::ValueId>& boundaries,
-                                   size_t backward_begin);
+RecomputeReport recompute_segments(ir::Graph& graph, const std::vector<ir::ValueId>& boundaries, size_t backward_begin);
+
+/// What recast_weights_for_backward changed.
+struct RecastReport {
+  int64_t casts = 0;       ///< weight casts given a second cast for backward
+  size_t bytes_freed = 0;  ///< low-precision weight copies no longer kept from forward to backward
+};
+
+/// Mixed precision keeps a bf16 (or f16) copy of every weight for the matmuls; backward
+/// reads it again (dx = dy·w). Instead of keeping forward's copy alive until then, through
+/// the end of forward where activation memory peaks, a Cast of a parameter that backward
+/// reads is cloned just before its first backward reader, and backward reads the clone.
+/// Costs a second cast of each weight per step; results are bit-identical (a cast is exact
+/// and deterministic).
+RecastReport recast_weights_for_backward(ir::Graph& graph, size_t backward_begin);
 
 }  // namespace fusetrain::passes

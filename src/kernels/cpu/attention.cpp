@@ -547,9 +547,9 @@ class AttentionForwardKernel final : public Kernel {
     const TileOps& ops = *p.ops;
     const int64_t D = p.D, S = p.S, T = p.T;
     const int64_t mq = std::min(kBlockQ, T - t0);
-    q += t0 * D;      // q_blk: (mq, D)
-    out += t0 * D;    // out_blk: (mq, D)
-    lse += t0;         // lse_blk: (mq)
+    q += t0 * D;    // q_blk: (mq, D)
+    out += t0 * D;  // out_blk: (mq, D)
+    lse += t0;      // lse_blk: (mq)
 
     float* qt = work;                                // (D, BQ)
     float* st = qt + line_floats(D * kBlockQ);       // (BK, BQ)
@@ -661,8 +661,16 @@ class AttentionBackwardKernel final : public Kernel {
     const int64_t q_at = p.head_offset(bh, p.T), k_at = p.head_offset(bh, p.S);
     auto in = [&](size_t i, int64_t at) { return static_cast<const float*>(args.inputs[i].data()) + at; };
     auto out = [&](size_t i, int64_t at) { return static_cast<float*>(args.outputs[i].data()) + at; };
-    return Head{in(0, q_at), in(1, q_at), in(2, k_at), in(3, k_at), in(4, q_at), in(5, bh * p.T),
-                p.has_mask ? in(6, (bh / p.H) * p.S) : nullptr, out(0, q_at), out(1, k_at), out(2, k_at)};
+    return Head{in(0, q_at),
+                in(1, q_at),
+                in(2, k_at),
+                in(3, k_at),
+                in(4, q_at),
+                in(5, bh * p.T),
+                p.has_mask ? in(6, (bh / p.H) * p.S) : nullptr,
+                out(0, q_at),
+                out(1, k_at),
+                out(2, k_at)};
   }
 
   // Seq-major layout: one task per (b, group of heads), through packed copies (see gather_heads).
@@ -674,7 +682,9 @@ class AttentionBackwardKernel final : public Kernel {
     const int64_t tasks = p.B * groups;
     const int64_t per_thread = tile_floats() + hg * head_floats();
     float* scratch = static_cast<float*>(args.scratch);
-    auto task_body = [&](int64_t task, float* work) { backward_group(args, ctx, task / groups, (task % groups) * hg, hg, work); };
+    auto task_body = [&](int64_t task, float* work) {
+      backward_group(args, ctx, task / groups, (task % groups) * hg, hg, work);
+    };
     if (tasks == 1 || threads <= 1) {
       for (int64_t task = 0; task < tasks; ++task) task_body(task, scratch);
       return;
@@ -709,10 +719,16 @@ class AttentionBackwardKernel final : public Kernel {
     gather_heads(out, in(4, T), T, H, D, h0, hg);
     for (int64_t h = 0; h < hg; ++h) {
       const int64_t bh = b * H + h0 + h;
-      Head head{dout + h * T * D, q + h * T * D, k + h * S * D, v + h * S * D, out + h * T * D,
+      Head head{dout + h * T * D,
+                q + h * T * D,
+                k + h * S * D,
+                v + h * S * D,
+                out + h * T * D,
                 static_cast<const float*>(args.inputs[5].data()) + bh * T,
                 p.has_mask ? static_cast<const float*>(args.inputs[6].data()) + b * S : nullptr,
-                dq + h * T * D, dk + h * S * D, dv + h * S * D};
+                dq + h * T * D,
+                dk + h * S * D,
+                dv + h * S * D};
       backward_chunk(head, ctx, bh, 0, 1, work);
     }
     auto result = [&](size_t i, int64_t len) { return static_cast<float*>(args.outputs[i].data()) + b * len * H * D; };
@@ -789,8 +805,8 @@ class AttentionBackwardKernel final : public Kernel {
           }
           ops.backward_ds_row(pt + i * kBlockK, dp + i * kBlockK, nk, di[t0 + i], row_keep);
         }
-        ops.matmul(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, D, dv_blk, D, true);        // dV += Pᵀ·dO
-        ops.matmul(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, D, dk_blk, D, true);        // dK += scale·dSᵀ·Q
+        ops.matmul(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, D, dv_blk, D, true);            // dV += Pᵀ·dO
+        ops.matmul(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, D, dk_blk, D, true);            // dK += scale·dSᵀ·Q
         ops.matmul(mq, D, nk, p.scale, dp, kBlockK, 1, k + kb * D, D, dq + t0 * D, D, true);  // dQ += scale·dS·K
       }
     }

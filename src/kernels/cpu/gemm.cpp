@@ -585,9 +585,15 @@ namespace {
 
 // Elements spanned by one stored operand: rows of `ld` elements, the last one `cols` long.
 int64_t operand_extent(int64_t rows, int64_t cols, int64_t ld) { return rows == 0 ? 0 : (rows - 1) * ld + cols; }
-int64_t extent_a(const GemmShape& s) { return s.trans_a ? operand_extent(s.K, s.M, s.lda) : operand_extent(s.M, s.K, s.lda); }
-int64_t extent_b(const GemmShape& s) { return s.trans_b ? operand_extent(s.N, s.K, s.ldb) : operand_extent(s.K, s.N, s.ldb); }
-int64_t batched_extent(int64_t one, int64_t batch, int64_t stride) { return batch > 0 ? one + (batch - 1) * stride : 0; }
+int64_t extent_a(const GemmShape& s) {
+  return s.trans_a ? operand_extent(s.K, s.M, s.lda) : operand_extent(s.M, s.K, s.lda);
+}
+int64_t extent_b(const GemmShape& s) {
+  return s.trans_b ? operand_extent(s.N, s.K, s.ldb) : operand_extent(s.K, s.N, s.ldb);
+}
+int64_t batched_extent(int64_t one, int64_t batch, int64_t stride) {
+  return batch > 0 ? one + (batch - 1) * stride : 0;
+}
 size_t floats_bytes(int64_t n) { return static_cast<size_t>((n + 15) / 16 * 16) * sizeof(float); }
 
 void convert_f16(float* dst, const uint16_t* src, int64_t n, int num_threads) {

@@ -111,12 +111,11 @@ void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t n, int thr
 // What the Linear epilogue adds to a finished strip of the product: the bias, then, for
 // LinearGelu, y = gelu(z) into the second buffer (same layout as z).
 struct LinearEpilogue {
-  const float* bias = nullptr;        // (N) or null
-  float* y = nullptr;                 // (R, N) GELU output, or null
+  const float* bias = nullptr;  // (N) or null
+  float* y = nullptr;           // (R, N) GELU output, or null
   cpu_basic::GeluFn gelu = nullptr;
 
-  static void apply(const void* context, float* c, int64_t ldc, int64_t row, int64_t col, int64_t rows,
-                    int64_t cols) {
+  static void apply(const void* context, float* c, int64_t ldc, int64_t row, int64_t col, int64_t rows, int64_t cols) {
     const LinearEpilogue& e = *static_cast<const LinearEpilogue*>(context);
     for (int64_t r = 0; r < rows; ++r) {
       float* z = c + r * ldc;
@@ -138,7 +137,8 @@ class LinearKernel final : public Kernel {
     const Shape& w = g.value(node.inputs[1]).shape;
     dtype_ = g.value(node.inputs[0]).dtype;
     has_bias_ = node.inputs.size() == 3;
-    if (node.op == ir::OpKind::LinearGelu) gelu_ = cpu_basic::gelu_fn(node.attrs.get_string("approximate", "none") == "tanh");
+    if (node.op == ir::OpKind::LinearGelu)
+      gelu_ = cpu_basic::gelu_fn(node.attrs.get_string("approximate", "none") == "tanh");
     int64_t k = x[-1];
     int64_t n = w[0];
     int64_t rows = x.numel(0, x.rank() - 1);
@@ -155,7 +155,7 @@ class LinearKernel final : public Kernel {
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const bool accumulate = !gelu_ && !args.accumulate.empty() && args.accumulate[0];
-    float* c = static_cast<float*>(args.outputs[gelu_ ? 1 : 0].data());                       // y or z: (R, N)
+    float* c = static_cast<float*>(args.outputs[gelu_ ? 1 : 0].data());                          // y or z: (R, N)
     const float* bias = has_bias_ ? static_cast<const float*>(args.inputs[2].data()) : nullptr;  // bias: (N)
     LinearEpilogue fused;
     fused.bias = accumulate ? nullptr : bias;

@@ -91,8 +91,8 @@ class LinearRef final : public RefKernel {
   void run(const KernelArgs& args, const StepContext&) override {
     const void* bias = has_bias_ ? args.inputs[2].data() : nullptr;
     if (!gelu_) {
-      linear_forward(args.outputs[0].data(), args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_,
-                     K_, accumulate_flag(args, 0));
+      linear_forward(args.outputs[0].data(), args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_, K_,
+                     accumulate_flag(args, 0));
       return;
     }
     float* z = static_cast<float*>(args.outputs[1].data());
