@@ -42,6 +42,23 @@ std::unique_ptr<Stack> build_stack(int layers, int64_t R, int64_t C) {
   return s;
 }
 
+// Runs the stack's plan on input x with weights scale·cos(0.11·(k + i)); appends the gradients
+// and the activation peak.
+void run_stack(Stack& s, const std::vector<float>& x, float scale, std::vector<std::vector<float>>& grads,
+               std::vector<size_t>& peaks) {
+  runtime::ParameterStore params(s.g);
+  for (size_t i = 0; i < params.slots().size(); ++i) {
+    float* p = params.param(i).data_as<float>();
+    for (int64_t k = 0; k < params.slots()[i].numel; ++k) p[k] = scale * std::cos(0.11f * static_cast<float>(k + i));
+  }
+  auto plan = runtime::Plan::compile(s.g, params, {});
+  std::memcpy(plan->input("x").data(), x.data(), x.size() * sizeof(float));
+  params.zero_grads();
+  plan->run();
+  grads.emplace_back(params.grads_data(), params.grads_data() + params.flat_numel());
+  peaks.push_back(plan->memory_report().activation_peak_bytes);
+}
+
 TEST(Recompute, ClonesEachLayerBeforeItsBackward) {
   auto s = build_stack(3, 8, 16);
   const size_t nodes_before = s->g.nodes().size();
@@ -78,17 +95,7 @@ TEST(Recompute, SameGradientsSmallerArena) {
   for (bool recompute : {false, true}) {
     auto s = build_stack(4, R, C);
     if (recompute) passes::recompute_segments(s->g, s->boundaries, s->backward_begin);
-    runtime::ParameterStore params(s->g);
-    for (size_t i = 0; i < params.slots().size(); ++i) {
-      float* p = params.param(i).data_as<float>();
-      for (int64_t k = 0; k < params.slots()[i].numel; ++k) p[k] = 0.2f * std::cos(0.11f * static_cast<float>(k + i));
-    }
-    auto plan = runtime::Plan::compile(s->g, params, {});
-    std::memcpy(plan->input("x").data(), x.data(), x.size() * sizeof(float));
-    params.zero_grads();
-    plan->run();
-    grads.emplace_back(params.grads_data(), params.grads_data() + params.flat_numel());
-    peaks.push_back(plan->memory_report().activation_peak_bytes);
+    run_stack(*s, x, 0.2f, grads, peaks);
   }
   ASSERT_EQ(grads[0].size(), grads[1].size());
   for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << "gradient element " << i;
@@ -148,17 +155,7 @@ TEST(RecastWeights, BackwardReadsASecondCastPlacedBeforeItAndGradientsAreUnchang
           EXPECT_NE(g.node(n.id + 1).op, OpKind::Cast) << "a recast goes right before the node that reads it";
       }
     }
-    runtime::ParameterStore params(s->g);
-    for (size_t i = 0; i < params.slots().size(); ++i) {
-      float* p = params.param(i).data_as<float>();
-      for (int64_t k = 0; k < params.slots()[i].numel; ++k) p[k] = 0.05f * std::cos(0.11f * static_cast<float>(k + i));
-    }
-    auto plan = runtime::Plan::compile(s->g, params, {});
-    std::memcpy(plan->input("x").data(), x.data(), x.size() * sizeof(float));
-    params.zero_grads();
-    plan->run();
-    grads.emplace_back(params.grads_data(), params.grads_data() + params.flat_numel());
-    peaks.push_back(plan->memory_report().activation_peak_bytes);
+    run_stack(*s, x, 0.05f, grads, peaks);
   }
   for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << "gradient element " << i;
   EXPECT_LT(peaks[1], peaks[0]) << "weight copies must no longer be live at the end of forward";
