@@ -57,6 +57,15 @@ ValueId Graph::add(OpKind op, std::vector<ValueId> inputs, Attrs attrs, std::str
   return outs[0];
 }
 
+ValueId Graph::add_node_output(NodeId node, Shape shape, DType dtype) {
+  Node& n = this->node(node);
+  const ValueId v = new_value(str(n.name, ":", n.outputs.size()), std::move(shape), dtype, ValueKind::Activation);
+  values_[static_cast<size_t>(v)].producer = node;
+  values_[static_cast<size_t>(v)].output_index = static_cast<int>(n.outputs.size());
+  n.outputs.push_back(v);
+  return v;
+}
+
 void Graph::mark_output(ValueId v) {
   FT_CHECK(v >= 0 && v < static_cast<ValueId>(values_.size()), "mark_output: value id ", v, " does not exist");
   if (!is_output(v)) outputs_.push_back(v);

@@ -174,8 +174,13 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       }
       return {{c.shape(0), DType::f32}};
     }
+    case OpKind::Pow:
+      attrs.get_float("exponent");
+      [[fallthrough]];
     case OpKind::Tanh:
     case OpKind::Relu:
+    case OpKind::Sqrt:
+    case OpKind::Erf:
     case OpKind::Softmax:
     case OpKind::Copy:
       c.require_float(0, "x");
@@ -183,6 +188,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       return {{c.shape(0), c.dtype(0)}};
     case OpKind::TanhBackward:
     case OpKind::ReluBackward:
+    case OpKind::ErfBackward:
     case OpKind::SoftmaxBackward:
       c.require_f32(0, "dy");
       c.require_same_dtype(0, 1);
@@ -198,6 +204,22 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       c.require(attrs.get_float("eps") > 0, "eps must be positive");
       Shape rows(std::vector<int64_t>(x.dims().begin(), x.dims().end() - 1));
       return {{x, DType::f32}, {rows, DType::f32}, {rows, DType::f32}};
+    }
+    case OpKind::AddLayerNorm: {
+      // x, residual, gamma, beta -> sum = dropout(x) + residual, then y, mean, rstd of LayerNorm(sum)
+      const Shape& x = c.shape(0);
+      c.require_f32(0, "x");
+      c.require_f32(1, "residual");
+      c.require_f32(2, "gamma");
+      c.require_f32(3, "beta");
+      c.require(x.rank() >= 1, "x needs rank >= 1");
+      c.require(c.shape(1) == x, "x ", x.to_string(), " and residual ", c.shape(1).to_string(), " differ");
+      c.require(c.shape(2) == Shape{x[-1]} && c.shape(3) == Shape{x[-1]}, "gamma and beta should be (", x[-1], ")");
+      c.require(attrs.get_float("eps") > 0, "eps must be positive");
+      const double p = attrs.get_float("p", 0.0);
+      c.require(p >= 0.0 && p < 1.0, "p must be in [0, 1), found ", p);
+      Shape rows(std::vector<int64_t>(x.dims().begin(), x.dims().end() - 1));
+      return {{x, DType::f32}, {x, DType::f32}, {rows, DType::f32}, {rows, DType::f32}};
     }
     case OpKind::LayerNormBackward: {
       // dy, x, gamma, mean, rstd -> dx, dgamma, dbeta

@@ -364,9 +364,19 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
       entry->passes.applied.push_back(str("fold_attention_transposes: ", f.fused,
                                           " attentions read and write (B, T, H, D), ", f.nodes_removed,
                                           " transposes removed (and their gradients' transposes)"));
+    // Decomposed LayerNorm and GELU first, so the passes after them see the fused ops.
+    passes::FusionReport dl = passes::fuse_decomposed_layernorm(g);
+    if (dl.fused > 0)
+      entry->passes.applied.push_back(str("fuse_decomposed_layernorm: ", dl.fused, " written-out LayerNorms"));
+    passes::FusionReport eg = passes::fuse_erf_gelu(g);
+    if (eg.fused > 0) entry->passes.applied.push_back(str("fuse_erf_gelu: ", eg.fused, " written-out erf GELUs"));
     passes::FusionReport d = passes::fuse_dropout_add(g);
     if (d.fused > 0)
       entry->passes.applied.push_back(str("fuse_dropout_add: ", d.fused, " dropout + residual adds in one pass"));
+    passes::FusionReport al = passes::fuse_add_layernorm(g);
+    if (al.fused > 0)
+      entry->passes.applied.push_back(
+          str("fuse_add_layernorm: ", al.fused, " residual adds formed and normalised in one pass"));
     passes::FusionReport lg = passes::fuse_linear_gelu(g);
     if (lg.fused > 0)
       entry->passes.applied.push_back(

@@ -334,7 +334,7 @@ TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
         };
         if (fusions) {
           EXPECT_EQ(transposes, 0) << arch;
-          EXPECT_GT(log.ops_after.count("DropoutAdd") ? log.ops_after.at("DropoutAdd") : 0, 0) << arch;
+          EXPECT_GT(log.ops_after.count("AddLayerNorm") ? log.ops_after.at("AddLayerNorm") : 0, 0) << arch;
           if (type != "gpt2")  // GPT-2's MLP is Conv1D: MatMul + Add, not Linear
             EXPECT_GT(log.ops_after.count("LinearGelu") ? log.ops_after.at("LinearGelu") : 0, 0) << arch;
           EXPECT_LT(dropouts(log.ops_after), dropouts(log.ops_before)) << arch;

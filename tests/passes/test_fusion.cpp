@@ -22,6 +22,35 @@ int count(const ir::Graph& g, OpKind op) {
   return n;
 }
 
+// Loss and every parameter gradient of `g` after autodiff, parameters set to a fixed pattern.
+struct GraphRun {
+  float loss = 0.0f;
+  std::vector<float> grads;
+};
+
+GraphRun run_graph(ir::Graph& g, ValueId loss, float amplitude, float frequency, int64_t step,
+                   runtime::PlanOptions options = {}) {
+  autodiff::build_backward(g, loss, g.params());
+  runtime::ParameterStore params(g);
+  for (size_t i = 0; i < params.slots().size(); ++i) {
+    float* p = params.param(i).data_as<float>();
+    for (int64_t k = 0; k < params.slots()[i].numel; ++k)
+      p[k] = amplitude * std::sin(frequency * static_cast<float>(k + 13 * static_cast<int64_t>(i)));
+  }
+  auto plan = runtime::Plan::compile(g, params, options);
+  params.zero_grads();
+  plan->set_step(step);
+  plan->run();
+  return {static_cast<float>(plan->output(loss).item()),
+          std::vector<float>(params.grads_data(), params.grads_data() + params.flat_numel())};
+}
+
+void expect_bit_identical(const GraphRun& a, const GraphRun& b, const std::string& label) {
+  EXPECT_EQ(a.loss, b.loss) << label;
+  ASSERT_EQ(a.grads.size(), b.grads.size()) << label;
+  for (size_t i = 0; i < a.grads.size(); ++i) ASSERT_EQ(a.grads[i], b.grads[i]) << label << " gradient " << i;
+}
+
 // Self-attention over x (B, T, C) as the model builders write it: projections,
 // heads split by Reshape + Transpose, merged back by Transpose + Reshape.
 struct AttentionGraph {
@@ -106,8 +135,7 @@ TEST(FoldAttentionTransposes, SameLossAndGradients) {
 }
 
 TEST(FuseDropoutAdd, EitherOrderFusesAndKeepsResultsBitForBit) {
-  std::vector<std::vector<float>> grads;
-  std::vector<float> losses;
+  std::vector<GraphRun> runs;
   for (bool fuse : {false, true}) {
     ir::Graph g;
     ir::GraphBuilder b(g, 8);
@@ -123,21 +151,9 @@ TEST(FuseDropoutAdd, EitherOrderFusesAndKeepsResultsBitForBit) {
       EXPECT_EQ(count(g, OpKind::DropoutAdd), 2);
       EXPECT_EQ(count(g, OpKind::Add), 0);
     }
-    autodiff::build_backward(g, loss, g.params());
-    runtime::ParameterStore params(g);
-    for (size_t i = 0; i < params.slots().size(); ++i) {
-      float* p = params.param(i).data_as<float>();
-      for (int64_t k = 0; k < params.slots()[i].numel; ++k) p[k] = std::sin(0.3f * static_cast<float>(k + 11 * i));
-    }
-    auto plan = runtime::Plan::compile(g, params, {});
-    params.zero_grads();
-    plan->set_step(2);
-    plan->run();
-    losses.push_back(static_cast<float>(plan->output(loss).item()));
-    grads.emplace_back(params.grads_data(), params.grads_data() + params.flat_numel());
+    runs.push_back(run_graph(g, loss, 1.0f, 0.3f, 2));
   }
-  EXPECT_EQ(losses[0], losses[1]);
-  for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << "gradient " << i;
+  expect_bit_identical(runs[0], runs[1], "dropout + add");
 }
 
 TEST(FuseDropoutAdd, LeavesDropoutsWithOtherReadersAlone) {
@@ -155,13 +171,7 @@ TEST(FuseDropoutAdd, LeavesDropoutsWithOtherReadersAlone) {
 
 // Loss and every gradient of an MLP block, Linear -> GELU -> Linear, with and without the
 // fusion; `precision` is the matmul operands' dtype (casts before each Linear, as in models).
-struct MlpRun {
-  float loss = 0.0f;
-  std::vector<float> grads;
-  int fused = 0;
-};
-
-MlpRun run_mlp(bool fuse, const std::string& approximate, bool bias, DType precision) {
+GraphRun run_mlp(bool fuse, const std::string& approximate, bool bias, DType precision) {
   ir::Graph g;
   ir::GraphBuilder b(g, 5);
   ValueId x = b.param("x", {3, 7, 24});
@@ -172,43 +182,23 @@ MlpRun run_mlp(bool fuse, const std::string& approximate, bool bias, DType preci
   ValueId y = b.linear(operand(h), operand(w2), ir::kNone);
   ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1, 2});
   g.mark_output(loss);
-  MlpRun run;
   if (fuse) {
     passes::FusionReport report = passes::fuse_linear_gelu(g);
-    run.fused = static_cast<int>(report.fused);
+    EXPECT_EQ(report.fused, 1);
     EXPECT_EQ(report.nodes_removed, 1);
     EXPECT_EQ(count(g, OpKind::Gelu), 0);
     EXPECT_EQ(count(g, OpKind::Linear), 1);
     EXPECT_EQ(count(g, OpKind::LinearGelu), 1);
   }
-  autodiff::build_backward(g, loss, g.params());
-  runtime::ParameterStore params(g);
-  for (size_t i = 0; i < params.slots().size(); ++i) {
-    float* p = params.param(i).data_as<float>();
-    for (int64_t k = 0; k < params.slots()[i].numel; ++k)
-      p[k] = 0.4f * std::sin(0.37f * static_cast<float>(k + 13 * i));
-  }
-  auto plan = runtime::Plan::compile(g, params, {});
-  params.zero_grads();
-  plan->run();
-  run.loss = static_cast<float>(plan->output(loss).item());
-  run.grads.assign(params.grads_data(), params.grads_data() + params.flat_numel());
-  return run;
+  return run_graph(g, loss, 0.4f, 0.37f, 0);
 }
 
 TEST(FuseLinearGelu, FusesBiasAndGeluIntoTheLinearAndKeepsResultsBitForBit) {
   for (const char* approximate : {"none", "tanh"})
     for (bool bias : {true, false})
-      for (DType precision : {DType::f32, DType::bf16}) {
-        const std::string label = str(approximate, bias ? " bias " : " no-bias ", dtype_name(precision));
-        MlpRun plain = run_mlp(false, approximate, bias, precision);
-        MlpRun fused = run_mlp(true, approximate, bias, precision);
-        EXPECT_EQ(fused.fused, 1) << label;
-        EXPECT_EQ(plain.loss, fused.loss) << label;
-        ASSERT_EQ(plain.grads.size(), fused.grads.size());
-        for (size_t i = 0; i < plain.grads.size(); ++i)
-          ASSERT_EQ(plain.grads[i], fused.grads[i]) << label << " gradient " << i;
-      }
+      for (DType precision : {DType::f32, DType::bf16})
+        expect_bit_identical(run_mlp(false, approximate, bias, precision), run_mlp(true, approximate, bias, precision),
+                             str(approximate, bias ? " bias " : " no-bias ", dtype_name(precision)));
 }
 
 TEST(FuseLinearGelu, LeavesLinearsWhoseOutputIsReadElsewhereAlone) {
@@ -224,6 +214,139 @@ TEST(FuseLinearGelu, LeavesLinearsWhoseOutputIsReadElsewhereAlone) {
   EXPECT_EQ(passes::fuse_linear_gelu(g).fused, 0);
   EXPECT_EQ(count(g, OpKind::Gelu), 2);
   EXPECT_EQ(count(g, OpKind::LinearGelu), 0);
+}
+
+// Two post-LN blocks (BERT: LayerNorm(dropout(h) + x), then LayerNorm(h + x)) and a pre-LN one
+// (GPT-2: the sum is normalised and also carried on as the residual stream). `threads` > 1 with
+// enough rows runs the kernels' parallel paths.
+GraphRun run_residual_blocks(bool fuse, int threads) {
+  ir::Graph g;
+  ir::GraphBuilder b(g, 6);
+  const int64_t C = 48;
+  ValueId x = b.param("x", {5, 41, C});
+  auto ln = [&](ValueId v, const char* name) {
+    return b.layer_norm(v, b.param(str(name, ".gamma"), {C}), b.param(str(name, ".beta"), {C}), 1e-5);
+  };
+  auto branch = [&](ValueId v, const char* name) { return b.tanh(b.linear(v, b.param(name, {C, C}), ir::kNone)); };
+  ValueId y = ln(b.add(b.dropout(branch(x, "w0"), 0.2), x), "ln0");  // DropoutAdd after fuse_dropout_add
+  y = ln(b.add(branch(y, "w1"), y), "ln1");
+  ValueId stream = b.add(y, branch(y, "w2"));
+  ValueId out = b.add(stream, branch(ln(stream, "ln2"), "w3"));  // the sum is read again after its LayerNorm
+  ValueId loss = b.reduce_sum(b.mul(out, out), {0, 1, 2});
+  g.mark_output(loss);
+  passes::fuse_dropout_add(g);
+  if (fuse) {
+    passes::FusionReport report = passes::fuse_add_layernorm(g);
+    EXPECT_EQ(report.fused, 3);
+    EXPECT_EQ(report.nodes_removed, 3);
+    EXPECT_EQ(count(g, OpKind::AddLayerNorm), 3);
+    EXPECT_EQ(count(g, OpKind::LayerNorm), 0);
+    EXPECT_EQ(count(g, OpKind::DropoutAdd), 0);
+    EXPECT_EQ(count(g, OpKind::Add), 1);  // the last residual add has no LayerNorm after it
+  }
+  runtime::PlanOptions options;
+  options.num_threads = threads;
+  return run_graph(g, loss, 0.5f, 0.21f, 3, options);
+}
+
+TEST(FuseAddLayerNorm, FusesPostAndPreNormResidualsAndKeepsResultsBitForBit) {
+  for (int threads : {1, 2})
+    expect_bit_identical(run_residual_blocks(false, threads), run_residual_blocks(true, threads),
+                         str(threads, " threads"));
+}
+
+TEST(FuseAddLayerNorm, LeavesBroadcastsAndEarlierReadersAlone) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  ValueId x = b.param("x", {4, 8}), gamma = b.param("gamma", {8}), beta = b.param("beta", {8});
+  g.mark_output(b.layer_norm(b.add(x, b.param("row", {1, 8})), gamma, beta, 1e-5));  // (4, 8) + (1, 8)
+  ValueId sum = b.add(x, b.param("r", {4, 8}));
+  g.mark_output(b.tanh(sum));  // read before the LayerNorm: the sum must exist there already
+  g.mark_output(b.layer_norm(sum, gamma, beta, 1e-5));
+  EXPECT_EQ(passes::fuse_add_layernorm(g).fused, 0);
+  EXPECT_EQ(count(g, OpKind::LayerNorm), 2);
+  EXPECT_EQ(count(g, OpKind::AddLayerNorm), 0);
+}
+
+// A LayerNorm and an erf GELU written out of primitive ops, as exporters spell them, in the
+// variants the passes accept: Pow or Mul for the square, Div by √2 or Mul by 1/√2, the GELU's
+// three factors multiplied in each order.
+struct DecomposedRun {
+  GraphRun run;
+  int layernorms = 0, gelus = 0;
+};
+
+DecomposedRun run_decomposed(bool fuse, int variant) {
+  ir::Graph g;
+  ir::GraphBuilder b(g, 2);
+  const int64_t C = 24;
+  ValueId x = b.param("x", {3, 5, C});
+  ValueId gamma = b.param("gamma", {C}), beta = b.param("beta", {C});
+  auto scalar = [&](double v) { return b.fill(Shape{}, v); };
+  ValueId mean = b.reduce_mean(x, {-1}, true);
+  ValueId d = b.sub(x, mean);
+  ValueId squared = variant % 2 == 0 ? g.add(OpKind::Pow, {d}, {{"exponent", 2.0}}) : b.mul(d, d);
+  ValueId std_dev = g.add(OpKind::Sqrt, {b.add(b.reduce_mean(squared, {2}, true), scalar(1e-5))});
+  ValueId normed = variant < 2 ? b.add(b.mul(b.div(d, std_dev), gamma), beta)
+                               : b.add(beta, b.mul(gamma, b.div(d, std_dev)));
+  ValueId h = b.linear(normed, b.param("w", {C, C}), b.param("bias", {C}));
+  ValueId erf = g.add(OpKind::Erf, {variant % 2 == 0 ? b.div(h, scalar(std::sqrt(2.0)))
+                                                     : b.mul(scalar(1.0 / std::sqrt(2.0)), h)});
+  ValueId cdf2 = b.add(scalar(1.0), erf);
+  ValueId gelu = variant == 0   ? b.mul(b.mul(h, scalar(0.5)), cdf2)
+                 : variant == 1 ? b.mul(b.mul(h, cdf2), scalar(0.5))
+                                : b.mul(b.mul(cdf2, scalar(0.5)), h);
+  ValueId loss = b.reduce_sum(b.mul(gelu, gelu), {0, 1, 2});
+  g.mark_output(loss);
+  DecomposedRun out;
+  if (fuse) {
+    out.layernorms = static_cast<int>(passes::fuse_decomposed_layernorm(g).fused);
+    out.gelus = static_cast<int>(passes::fuse_erf_gelu(g).fused);
+    EXPECT_EQ(count(g, OpKind::LayerNorm), 1);
+    EXPECT_EQ(count(g, OpKind::Gelu), 1);
+    for (OpKind gone : {OpKind::Pow, OpKind::Sqrt, OpKind::Erf, OpKind::ReduceMean, OpKind::Sub, OpKind::Div,
+                        OpKind::Mul})
+      EXPECT_EQ(count(g, gone), gone == OpKind::Mul ? 1 : 0) << ir::op_name(gone);  // the loss's own Mul stays
+  }
+  out.run = run_graph(g, loss, 0.6f, 0.43f, 0);
+  return out;
+}
+
+TEST(FuseDecomposed, WrittenOutLayerNormAndErfGeluBecomeTheFusedOpsWithTheSameResults) {
+  for (int variant = 0; variant < 3; ++variant) {
+    DecomposedRun plain = run_decomposed(false, variant);
+    DecomposedRun fused = run_decomposed(true, variant);
+    EXPECT_EQ(fused.layernorms, 1) << "variant " << variant;
+    EXPECT_EQ(fused.gelus, 1) << "variant " << variant;
+    // Different arithmetic (one-pass statistics, fused GELU), so equal within rounding, not bit for bit.
+    EXPECT_NEAR(plain.run.loss, fused.run.loss, 1e-5 * std::abs(plain.run.loss)) << "variant " << variant;
+    ASSERT_EQ(plain.run.grads.size(), fused.run.grads.size());
+    double max_grad = 0.0;
+    for (float v : plain.run.grads) max_grad = std::max(max_grad, static_cast<double>(std::abs(v)));
+    for (size_t i = 0; i < plain.run.grads.size(); ++i)
+      ASSERT_NEAR(plain.run.grads[i], fused.run.grads[i], 2e-5 * max_grad) << "variant " << variant << " gradient " << i;
+  }
+}
+
+TEST(FuseDecomposed, LeavesLookalikesAlone) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  ValueId x = b.param("x", {4, 8});
+  auto scalar = [&](double v) { return b.fill(Shape{}, v); };
+  // Variance over the first axis, not the last: not a LayerNorm.
+  ValueId d = b.sub(x, b.reduce_mean(x, {-1}, true));
+  ValueId s = g.add(OpKind::Sqrt, {b.add(b.reduce_mean(b.mul(d, d), {0}, true), scalar(1e-5))});
+  g.mark_output(b.add(b.mul(b.div(d, s), b.param("gamma", {8})), b.param("beta", {8})));
+  // A GELU with 0.6 instead of 0.5, and one whose erf is read elsewhere too.
+  ValueId e = g.add(OpKind::Erf, {b.div(x, scalar(std::sqrt(2.0)))});
+  g.mark_output(b.mul(b.mul(x, scalar(0.6)), b.add(e, scalar(1.0))));
+  ValueId e2 = g.add(OpKind::Erf, {b.div(x, scalar(std::sqrt(2.0)))});
+  g.mark_output(b.mul(b.mul(x, scalar(0.5)), b.add(e2, scalar(1.0))));
+  g.mark_output(e2);
+  EXPECT_EQ(passes::fuse_decomposed_layernorm(g).fused, 0);
+  EXPECT_EQ(passes::fuse_erf_gelu(g).fused, 0);
+  EXPECT_EQ(count(g, OpKind::Sqrt), 1);
+  EXPECT_EQ(count(g, OpKind::Erf), 2);
 }
 
 }  // namespace

@@ -99,6 +99,18 @@ std::vector<OpCase> make_cases() {
         return Outs{b.tanh(b.param("x", {n, 4}))};
       },
       {{"x", {-2, 2}}});
+  for (double exponent : {2.0, -0.5})
+    add(exponent == 2.0 ? "pow_2" : "pow_minus_half", OpKind::Pow,
+        [exponent](GraphBuilder& b, int64_t n) {
+          return Outs{b.graph().add(OpKind::Pow, {b.param("x", {n, 5})}, {{"exponent", exponent}})};
+        },
+        {{"x", {0.5, 2}}});
+  add("sqrt", OpKind::Sqrt,
+      [](GraphBuilder& b, int64_t n) { return Outs{b.graph().add(OpKind::Sqrt, {b.param("x", {n, 5})})}; },
+      {{"x", {0.5, 2}}});
+  add("erf", OpKind::Erf,
+      [](GraphBuilder& b, int64_t n) { return Outs{b.graph().add(OpKind::Erf, {b.param("x", {n, 5})})}; },
+      {{"x", {-2, 2}}});
   add("relu", OpKind::Relu, [](GraphBuilder& b, int64_t n) { return Outs{b.relu(b.param("x", {n, 4}))}; });
   add("softmax", OpKind::Softmax,
       [](GraphBuilder& b, int64_t n) {
@@ -110,6 +122,16 @@ std::vector<OpCase> make_cases() {
         return Outs{b.layer_norm(b.param("x", {2, n, 8}), b.param("gamma", {8}), b.param("beta", {8}), 1e-5)};
       },
       {{"gamma", {0.5, 1.5}}});
+  for (double p : {0.0, 0.3})
+    add(p == 0.0 ? "add_layer_norm" : "add_layer_norm_dropout", OpKind::AddLayerNorm,
+        [p](GraphBuilder& b, int64_t n) {
+          ValueId x = b.param("x", {2, n, 8}), residual = b.param("residual", {2, n, 8});
+          Outs out = b.graph().add_node(OpKind::AddLayerNorm,
+                                        {x, residual, b.param("gamma", {8}), b.param("beta", {8})},
+                                        {{"eps", 1e-5}, {"p", p}, {"seed", int64_t{4}}});
+          return Outs{out[1], b.mul(out[0], out[0])};  // the sum is read again, as pre-LN models do
+        },
+        {{"gamma", {0.5, 1.5}}});
   add("embedding", OpKind::Embedding,
       [](GraphBuilder& b, int64_t n) {
         return Outs{b.embedding(b.param("weight", {11, 6}), b.input("ids", {2, n}, DType::i64))};

@@ -59,6 +59,10 @@ class Graph {
   std::vector<ValueId> add_node(OpKind op, std::vector<ValueId> inputs, Attrs attrs = {}, std::string name = "");
   /// Appends a single-output node; returns its output.
   ValueId add(OpKind op, std::vector<ValueId> inputs, Attrs attrs = {}, std::string name = "");
+  /// Gives node `node` one more output of `shape` and `dtype` (for passes that turn a node into
+  /// an op with more outputs); returns it. The graph is consistent again once the node's op,
+  /// inputs and attributes infer that output too.
+  ValueId add_node_output(NodeId node, Shape shape, DType dtype);
   /// Marks a value as a graph output: it stays readable after a step.
   void mark_output(ValueId v);
 

@@ -27,10 +27,29 @@ FusionReport fold_attention_transposes(ir::Graph& graph);
 /// over memory instead of two, and no dropped copy of x is stored.
 FusionReport fuse_dropout_add(ir::Graph& graph);
 
+/// Residual add + LayerNorm: LayerNorm(Add(x, residual)) or LayerNorm(DropoutAdd(x, residual)),
+/// same shapes and f32, becomes AddLayerNorm(x, residual, gamma, beta) with outputs (sum, y, mean,
+/// rstd). One pass per row forms the sum and its statistics, and a second normalises it from cache,
+/// instead of writing the sum and reading it back. The sum stays an output: LayerNorm's backward reads it, and
+/// pre-LN models carry it on as the residual stream. Run after fuse_dropout_add.
+FusionReport fuse_add_layernorm(ir::Graph& graph);
+
 /// Bias + GELU into the matmul epilogue: Gelu(Linear(x, w, bias)), where the Linear's output
 /// feeds nothing else, becomes LinearGelu(x, w, bias) with outputs (gelu(z), z): the GEMM adds
 /// the bias and applies GELU to each strip of rows it finishes, while the strip is in cache,
 /// instead of two more passes over memory; z is kept for GELU's backward.
 FusionReport fuse_linear_gelu(ir::Graph& graph);
+
+/// Decomposed LayerNorm, as ONNX exporters and hand-written modules spell it:
+/// d = x - ReduceMean(x), Sqrt(ReduceMean(Pow(d, 2) or d·d) + eps), d divided by it, times
+/// gamma, plus beta (last axis, keepdims, either operand order), with every intermediate read
+/// only inside the pattern, becomes one LayerNorm(x, gamma, beta, eps): one pass for the
+/// statistics and one for the output instead of eight, and the fused backward.
+FusionReport fuse_decomposed_layernorm(ir::Graph& graph);
+
+/// Erf-based GELU written out: 0.5 · x · (1 + Erf(x / √2)) (or x · 1/√2 inside, and the three
+/// factors multiplied in any order), with every intermediate read only inside the pattern,
+/// becomes Gelu(x) in its erf form, which fuse_linear_gelu can then fold into a Linear.
+FusionReport fuse_erf_gelu(ir::Graph& graph);
 
 }  // namespace fusetrain::passes

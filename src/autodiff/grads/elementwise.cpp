@@ -60,6 +60,25 @@ void grad_rule<OpKind::Relu>(GradContext& ctx) {
   ctx.set_grad_input(0, ctx.g.add(OpKind::ReluBackward, {ctx.grad_output(0), ctx.input(0)}));
 }
 
+// d x^e = e·x^(e-1).
+template <>
+void grad_rule<OpKind::Pow>(GradContext& ctx) {
+  const double e = ctx.attrs().get_float("exponent");
+  ValueId slope = ctx.b.scale(ctx.g.add(OpKind::Pow, {ctx.input(0)}, {{"exponent", e - 1.0}}), e);
+  ctx.set_grad_input(0, ctx.b.mul(ctx.grad_output(0), slope));
+}
+
+// d sqrt(x) = 1 / (2·sqrt(x)), from the forward output.
+template <>
+void grad_rule<OpKind::Sqrt>(GradContext& ctx) {
+  ctx.set_grad_input(0, ctx.b.div(ctx.b.scale(ctx.grad_output(0), 0.5), ctx.output(0)));
+}
+
+template <>
+void grad_rule<OpKind::Erf>(GradContext& ctx) {
+  ctx.set_grad_input(0, ctx.g.add(OpKind::ErfBackward, {ctx.grad_output(0), ctx.input(0)}));
+}
+
 // The mask is a pure function of (seed, step, element), so dropout with the
 // same attributes applied to dy is exactly the backward.
 template <>

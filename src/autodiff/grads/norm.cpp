@@ -14,6 +14,30 @@ void grad_rule<OpKind::LayerNorm>(GradContext& ctx) {
   for (size_t i = 0; i < 3; ++i) ctx.set_grad_input(i, grads[i]);
 }
 
+// Outputs sum = dropout(x) + residual, then y, mean, rstd. LayerNorm's backward gives d(sum) (plus
+// sum's own gradient when something else reads it); the residual takes it as it is and x through the
+// same dropout mask, redrawn.
+template <>
+void grad_rule<OpKind::AddLayerNorm>(GradContext& ctx) {
+  ValueId dsum = ctx.grad_output(0);
+  ValueId dgamma = ir::kNone, dbeta = ir::kNone;
+  if (ctx.grad_output(1) != ir::kNone) {
+    std::vector<ValueId> grads = ctx.g.add_node(
+        OpKind::LayerNormBackward, {ctx.grad_output(1), ctx.output(0), ctx.input(2), ctx.output(2), ctx.output(3)});
+    dsum = dsum == ir::kNone ? grads[0] : ctx.b.add(grads[0], dsum);
+    dgamma = grads[1];
+    dbeta = grads[2];
+  }
+  if (dsum != ir::kNone && ctx.needs_grad(0)) {
+    const double p = ctx.attrs().get_float("p", 0.0);
+    ctx.set_grad_input(0, p > 0.0 ? ctx.g.add(OpKind::Dropout, {dsum}, {{"p", p}, {"seed", ctx.attrs().get_int("seed")}})
+                                   : dsum);
+  }
+  if (dsum != ir::kNone && ctx.needs_grad(1)) ctx.set_grad_input(1, dsum);
+  if (dgamma != ir::kNone) ctx.set_grad_input(2, dgamma);
+  if (dbeta != ir::kNone) ctx.set_grad_input(3, dbeta);
+}
+
 template <>
 void grad_rule<OpKind::Softmax>(GradContext& ctx) {
   ctx.set_grad_input(0, ctx.g.add(OpKind::SoftmaxBackward, {ctx.grad_output(0), ctx.output(0)}));

@@ -145,7 +145,7 @@ std::unique_ptr<Kernel> make_activation_backward_kernel(const ir::Graph& g, cons
 // softmax.cpp
 std::unique_ptr<Kernel> make_softmax_kernel(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_softmax_backward_kernel(const ir::Graph& g, const ir::Node& n);
-// layernorm.cpp
+// layernorm.cpp (LayerNorm, AddLayerNorm)
 std::unique_ptr<Kernel> make_layernorm_kernel(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_layernorm_backward_kernel(const ir::Graph& g, const ir::Node& n);
 // embedding.cpp
@@ -153,6 +153,11 @@ std::unique_ptr<Kernel> make_embedding_kernel(const ir::Graph& g, const ir::Node
 std::unique_ptr<Kernel> make_embedding_backward_kernel(const ir::Graph& g, const ir::Node& n);
 // dropout.cpp
 std::unique_ptr<Kernel> make_dropout_kernel(const ir::Graph& g, const ir::Node& n);
+/// y[i] = dropout(x)[i], plus residual[i] when residual is not null, for i in [begin, end); `scale` is
+/// float(1 / (1 - p)). The Dropout kernel's own loop for the current code path, so bit for bit its result.
+using DropoutRangeFn = void (*)(float* y, const float* x, const float* residual, int64_t begin, int64_t end,
+                                uint64_t seed, uint64_t offset, float p, float scale);
+DropoutRangeFn dropout_range_fn();
 // movement.cpp: Reshape Transpose Split Concat Slice SliceBackward ExpandTo
 std::unique_ptr<Kernel> make_reshape_kernel(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_transpose_kernel(const ir::Graph& g, const ir::Node& n);

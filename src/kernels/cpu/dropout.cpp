@@ -110,7 +110,7 @@ class DropoutKernel final : public Kernel {
         p_(static_cast<float>(p)),
         scale_(static_cast<float>(1.0 / (1.0 - p))),
         seed_(seed),
-        fn_(use_avx512() ? dropout_avx512 : dropout_portable) {}
+        fn_(dropout_range_fn()) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const float* x = static_cast<const float*>(args.inputs[0].data());
@@ -128,10 +128,12 @@ class DropoutKernel final : public Kernel {
   bool residual_;
   float p_, scale_;
   uint64_t seed_;
-  void (*fn_)(float*, const float*, const float*, int64_t, int64_t, uint64_t, uint64_t, float, float);
+  DropoutRangeFn fn_;
 };
 
 }  // namespace
+
+DropoutRangeFn dropout_range_fn() { return use_avx512() ? dropout_avx512 : dropout_portable; }
 
 std::unique_ptr<Kernel> make_dropout_kernel(const ir::Graph& g, const ir::Node& n) {
   if (input_dtype(g, n, 0) != DType::f32) return nullptr;

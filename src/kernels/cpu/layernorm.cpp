@@ -1,4 +1,4 @@
-// Tuned LayerNorm over the last axis, f32, and its fused backward.
+// Tuned LayerNorm over the last axis, f32, its fused backward, and AddLayerNorm (residual add first).
 //
 // Shape legend: R rows (product of the leading axes), C channels.
 //   forward:  x (R, C), gamma (C), beta (C) -> y (R, C), mean (R), rstd (R)
@@ -45,6 +45,25 @@ void layernorm_row_portable(float* y, float* mean_out, float* rstd_out, const fl
   *rstd_out = rstd;
 }
 
+// Mean and rstd from the shifted sums (d = x - shift), then y = (x - mean) * rstd * gamma + beta.
+FT_AVX512_INLINE void finish_row_avx512(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma,
+                                        const float* beta, int64_t C, float eps, float shift, __m512 s1, __m512 s2) {
+  const float inv_c = 1.0f / static_cast<float>(C);
+  const float mean_d = _mm512_reduce_add_ps(s1) * inv_c;
+  const float var = std::max(_mm512_reduce_add_ps(s2) * inv_c - mean_d * mean_d, 0.0f);
+  const float mean = shift + mean_d;
+  const float rstd = 1.0f / std::sqrt(var + eps);
+  const __m512 vmean = _mm512_set1_ps(mean), vrstd = _mm512_set1_ps(rstd);
+  for (int64_t c = 0; c < C; c += 16) {
+    const __mmask16 m = tail_mask(C - c);
+    __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + c), vmean), vrstd);
+    __m512 out = _mm512_fmadd_ps(xhat, _mm512_maskz_loadu_ps(m, gamma + c), _mm512_maskz_loadu_ps(m, beta + c));
+    _mm512_mask_storeu_ps(y + c, m, out);
+  }
+  *mean_out = mean;
+  *rstd_out = rstd;
+}
+
 FT_AVX512 void layernorm_row_avx512(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma,
                                     const float* beta, int64_t C, float eps) {
   const __m512 shift = _mm512_set1_ps(x[0]);
@@ -65,20 +84,49 @@ FT_AVX512 void layernorm_row_avx512(float* y, float* mean_out, float* rstd_out, 
     s1a = _mm512_add_ps(s1a, d);
     s2a = _mm512_fmadd_ps(d, d, s2a);
   }
-  const float inv_c = 1.0f / static_cast<float>(C);
-  const float mean_d = _mm512_reduce_add_ps(_mm512_add_ps(s1a, s1b)) * inv_c;
-  const float var = std::max(_mm512_reduce_add_ps(_mm512_add_ps(s2a, s2b)) * inv_c - mean_d * mean_d, 0.0f);
-  const float mean = x[0] + mean_d;
-  const float rstd = 1.0f / std::sqrt(var + eps);
-  const __m512 vmean = _mm512_set1_ps(mean), vrstd = _mm512_set1_ps(rstd);
-  for (c = 0; c < C; c += 16) {
-    const __mmask16 m = tail_mask(C - c);
-    __m512 xhat = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + c), vmean), vrstd);
-    __m512 out = _mm512_fmadd_ps(xhat, _mm512_maskz_loadu_ps(m, gamma + c), _mm512_maskz_loadu_ps(m, beta + c));
-    _mm512_mask_storeu_ps(y + c, m, out);
+  finish_row_avx512(y, mean_out, rstd_out, x, gamma, beta, C, eps, x[0], _mm512_add_ps(s1a, s1b),
+                    _mm512_add_ps(s2a, s2b));
+}
+
+// AddLayerNorm without dropout, one row: sum = x + residual is formed, stored and summed in one
+// pass, then normalised from L1. The same operations in the same order as layernorm_row_avx512
+// on the stored sum, so bit for bit its result.
+FT_AVX512 void add_layernorm_row_avx512(float* y, float* mean_out, float* rstd_out, float* sum, const float* x,
+                                        const float* residual, const float* gamma, const float* beta, int64_t C,
+                                        float eps) {
+  const float first = x[0] + residual[0];
+  const __m512 shift = _mm512_set1_ps(first);
+  __m512 s1a = _mm512_setzero_ps(), s1b = _mm512_setzero_ps();
+  __m512 s2a = _mm512_setzero_ps(), s2b = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + 32 <= C; c += 32) {
+    const __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(x + c), _mm512_loadu_ps(residual + c));
+    const __m512 v1 = _mm512_add_ps(_mm512_loadu_ps(x + c + 16), _mm512_loadu_ps(residual + c + 16));
+    _mm512_storeu_ps(sum + c, v0);
+    _mm512_storeu_ps(sum + c + 16, v1);
+    __m512 d0 = _mm512_sub_ps(v0, shift);
+    __m512 d1 = _mm512_sub_ps(v1, shift);
+    s1a = _mm512_add_ps(s1a, d0);
+    s1b = _mm512_add_ps(s1b, d1);
+    s2a = _mm512_fmadd_ps(d0, d0, s2a);
+    s2b = _mm512_fmadd_ps(d1, d1, s2b);
   }
-  *mean_out = mean;
-  *rstd_out = rstd;
+  for (; c < C; c += 16) {
+    const __mmask16 m = tail_mask(C - c);
+    const __m512 v = _mm512_maskz_add_ps(m, _mm512_maskz_loadu_ps(m, x + c), _mm512_maskz_loadu_ps(m, residual + c));
+    _mm512_mask_storeu_ps(sum + c, m, v);
+    __m512 d = _mm512_maskz_sub_ps(m, v, shift);
+    s1a = _mm512_add_ps(s1a, d);
+    s2a = _mm512_fmadd_ps(d, d, s2a);
+  }
+  finish_row_avx512(y, mean_out, rstd_out, sum, gamma, beta, C, eps, first, _mm512_add_ps(s1a, s1b),
+                    _mm512_add_ps(s2a, s2b));
+}
+
+void add_layernorm_row_portable(float* y, float* mean_out, float* rstd_out, float* sum, const float* x,
+                                const float* residual, const float* gamma, const float* beta, int64_t C, float eps) {
+  for (int64_t c = 0; c < C; ++c) sum[c] = x[c] + residual[c];
+  layernorm_row_portable(y, mean_out, rstd_out, sum, gamma, beta, C, eps);
 }
 
 // ---- backward, one row ------------------------------------------------------------------
@@ -161,6 +209,59 @@ class LayerNormKernel final : public Kernel {
   int64_t rows_, C_;
   float eps_;
   ForwardRowFn row_fn_;
+};
+
+// AddLayerNorm: row by row, sum = dropout(x) + residual (or x + residual when p is 0), then the
+// LayerNorm of that row while it is in cache. Each element of x is read before its sum is
+// written, so the sum may take over x's memory (kInPlace). Both steps are the Dropout/Add and LayerNorm kernels'
+// own code, so the result is bit for bit theirs.
+class AddLayerNormKernel final : public Kernel {
+ public:
+  AddLayerNormKernel(int64_t rows, int64_t C, float eps, double p, uint64_t seed)
+      : rows_(rows),
+        C_(C),
+        eps_(eps),
+        p_(static_cast<float>(p)),
+        scale_(static_cast<float>(1.0 / (1.0 - p))),  // as the Dropout kernel rounds it
+        seed_(seed),
+        row_fn_(use_avx512() ? layernorm_row_avx512 : layernorm_row_portable),
+        add_row_fn_(use_avx512() ? add_layernorm_row_avx512 : add_layernorm_row_portable),
+        dropout_fn_(p > 0.0 ? dropout_range_fn() : nullptr) {}
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const float* x = static_cast<const float*>(args.inputs[0].data());         // (R, C)
+    const float* residual = static_cast<const float*>(args.inputs[1].data());  // (R, C)
+    const float* gamma = static_cast<const float*>(args.inputs[2].data());     // (C)
+    const float* beta = static_cast<const float*>(args.inputs[3].data());      // (C)
+    float* sum = static_cast<float*>(args.outputs[0].data());                  // (R, C), may alias x
+    float* y = static_cast<float*>(args.outputs[1].data());                    // (R, C)
+    float* mean = static_cast<float*>(args.outputs[2].data());                 // (R)
+    float* rstd = static_cast<float*>(args.outputs[3].data());                 // (R)
+    const int64_t C = C_;
+    const uint64_t offset = ctx.rng_offset;
+    // Philox dominates when dropout is on: parallelise as early as the Dropout kernel does.
+    const int64_t work = rows_ * C * (dropout_fn_ ? 8 : 1);
+    parallel_for(rows_, threads_for(work, ctx.num_threads), [&](int64_t begin, int64_t end, int) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t first = r * C;
+        if (dropout_fn_) {
+          dropout_fn_(sum, x, residual, first, first + C, seed_, offset, p_, scale_);
+          row_fn_(y + first, mean + r, rstd + r, sum + first, gamma, beta, C, eps_);
+        } else {
+          add_row_fn_(y + first, mean + r, rstd + r, sum + first, x + first, residual + first, gamma, beta, C, eps_);
+        }
+      }
+    });
+  }
+
+ private:
+  int64_t rows_, C_;
+  float eps_, p_, scale_;
+  uint64_t seed_;
+  ForwardRowFn row_fn_;
+  void (*add_row_fn_)(float*, float*, float*, float*, const float*, const float*, const float*, const float*, int64_t,
+                      float);
+  DropoutRangeFn dropout_fn_;
 };
 
 class LayerNormBackwardKernel final : public Kernel {
@@ -254,6 +355,10 @@ class LayerNormBackwardKernel final : public Kernel {
 std::unique_ptr<Kernel> make_layernorm_kernel(const ir::Graph& g, const ir::Node& n) {
   const Shape& x = input_shape(g, n, 0);
   if (x.rank() < 1 || x[-1] == 0) return nullptr;
+  if (n.op == ir::OpKind::AddLayerNorm)
+    return std::make_unique<AddLayerNormKernel>(x.numel() / x[-1], x[-1], static_cast<float>(n.attrs.get_float("eps")),
+                                                n.attrs.get_float("p", 0.0),
+                                                static_cast<uint64_t>(n.attrs.get_int("seed", 0)));
   return std::make_unique<LayerNormKernel>(x.numel() / x[-1], x[-1], static_cast<float>(n.attrs.get_float("eps")));
 }
 

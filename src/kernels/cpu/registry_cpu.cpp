@@ -131,11 +131,17 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const ir::Graph& graph, const ir::
     case OpKind::TanhBackward:
     case OpKind::ReluBackward:
       return make_activation_backward_kernel(graph, node);
+    case OpKind::Pow:
+    case OpKind::Sqrt:
+    case OpKind::Erf:
+    case OpKind::ErfBackward:
+      return nullptr;  // decomposed forms that fuse_decomposed_norms rewrites; the reference kernels run what is left
     case OpKind::Softmax:
       return make_softmax_kernel(graph, node);
     case OpKind::SoftmaxBackward:
       return make_softmax_backward_kernel(graph, node);
     case OpKind::LayerNorm:
+    case OpKind::AddLayerNorm:
       return make_layernorm_kernel(graph, node);
     case OpKind::LayerNormBackward:
       return make_layernorm_backward_kernel(graph, node);

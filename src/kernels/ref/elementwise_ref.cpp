@@ -1,5 +1,5 @@
 // Reference elementwise kernels: Fill, Add/Sub/Mul/Div (numpy broadcasting),
-// Scale, Gelu, Tanh, Relu and their backward ops, Dropout, Cast, Copy.
+// Scale, Gelu, Tanh, Relu, Pow, Sqrt, Erf and their backward ops, Dropout, Cast, Copy.
 // Values are computed in double and rounded to the output dtype on store.
 //
 // Shape letters: any shape; elementwise ops see tensors as flat arrays of n
@@ -16,6 +16,7 @@ constexpr double kSqrt2 = 1.41421356237309504880;
 constexpr double kSqrt2OverPi = 0.79788456080286535588;  // √(2/π)
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/√(2π)
 constexpr double kGeluCubic = 0.044715;
+constexpr double kTwoOverSqrtPi = 1.12837916709551257390;  // 2/√π
 
 }  // namespace
 
@@ -341,6 +342,18 @@ std::unique_ptr<Kernel> make_relu_ref(const ir::Graph& g, const ir::Node& n) {
 std::unique_ptr<Kernel> make_relu_backward_ref(const ir::Graph& g, const ir::Node& n) {
   // inputs: dy, x (the forward input)
   return make_backward(g, n, [](double dy, double x) { return x > 0.0 ? dy : 0.0; });
+}
+
+std::unique_ptr<Kernel> make_math_ref(const ir::Graph& g, const ir::Node& n) {
+  if (n.op == ir::OpKind::Sqrt) return make_unary(g, n, [](double x) { return std::sqrt(x); });
+  if (n.op == ir::OpKind::Erf) return make_unary(g, n, [](double x) { return std::erf(x); });
+  const double exponent = n.attrs.get_float("exponent");
+  return make_unary(g, n, [exponent](double x) { return std::pow(x, exponent); });
+}
+
+std::unique_ptr<Kernel> make_erf_backward_ref(const ir::Graph& g, const ir::Node& n) {
+  // inputs: dy, x (the forward input); erf'(x) = 2/√π · exp(-x²)
+  return make_backward(g, n, [](double dy, double x) { return dy * kTwoOverSqrtPi * std::exp(-x * x); });
 }
 
 std::unique_ptr<Kernel> make_dropout_ref(const ir::Graph& g, const ir::Node& n) {

@@ -1,4 +1,4 @@
-// Reference Softmax and LayerNorm, forward and backward. Row statistics
+// Reference Softmax and LayerNorm (and AddLayerNorm), forward and backward. Row statistics
 // (maxima, softmax denominators, means, variances, column sums) are computed in
 // double; outputs are rounded once on store.
 //
@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kernels/ref/ref_kernels.h"
+#include "kernels/rng.h"
 
 namespace fusetrain::kernels::ref {
 namespace {
@@ -130,24 +131,50 @@ class SoftmaxBackwardRef final : public RefKernel {
   int64_t R_ = 0, C_ = 0;
 };
 
+// LayerNorm, and AddLayerNorm: sum = dropout(x) + residual (each element in double, rounded once
+// to f32, as DropoutAdd's reference) into output 0, then LayerNorm of the rounded sum.
 class LayerNormRef final : public RefKernel {
  public:
-  LayerNormRef(const ir::Graph& g, const ir::Node& n) : eps_(n.attrs.get_float("eps")) {
+  LayerNormRef(const ir::Graph& g, const ir::Node& n)
+      : eps_(n.attrs.get_float("eps")),
+        add_(n.op == ir::OpKind::AddLayerNorm),
+        p_(n.attrs.get_float("p", 0.0)),
+        seed_(static_cast<uint64_t>(n.attrs.get_int("seed", 0))) {
     const Shape& x = input_shape(g, n, 0);
     C_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);
   }
 
-  void run(const KernelArgs& args, const StepContext&) override {
-    const bool acc[3] = {accumulate_flag(args, 0), accumulate_flag(args, 1), accumulate_flag(args, 2)};
-    // inputs: x, gamma, beta; outputs: y, mean, rstd
-    layernorm_forward(args.outputs[0].data_as<float>(), args.outputs[1].data_as<float>(),
-                      args.outputs[2].data_as<float>(), args.inputs[0].data_as<float>(),
-                      args.inputs[1].data_as<float>(), args.inputs[2].data_as<float>(), R_, C_, eps_, acc);
+  size_t scratch_bytes(int) const override { return add_ ? static_cast<size_t>(R_ * C_) * sizeof(float) : 0; }
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const size_t o = add_ ? 1 : 0;  // where y, mean, rstd start
+    const bool acc[3] = {accumulate_flag(args, o), accumulate_flag(args, o + 1), accumulate_flag(args, o + 2)};
+    // LayerNorm: x, gamma, beta -> y, mean, rstd. AddLayerNorm: x, residual, gamma, beta -> sum, y, mean, rstd.
+    const float* x = args.inputs[0].data_as<float>();
+    const size_t affine = add_ ? 2 : 1;
+    if (add_) {
+      float* sum = static_cast<float*>(args.scratch);
+      const float* residual = args.inputs[1].data_as<float>();
+      const float p = static_cast<float>(p_);
+      for (int64_t i = 0; i < R_ * C_; ++i) {
+        const bool keep = p_ == 0.0 || dropout_keep(seed_, ctx.rng_offset, static_cast<uint64_t>(i), p);
+        const double dropped = keep ? static_cast<double>(static_cast<float>(x[i] / (1.0 - p_))) : 0.0;
+        sum[i] = static_cast<float>(dropped + residual[i]);
+        store(args.outputs[0].data(), DType::f32, i, sum[i], accumulate_flag(args, 0));
+      }
+      x = sum;
+    }
+    layernorm_forward(args.outputs[o].data_as<float>(), args.outputs[o + 1].data_as<float>(),
+                      args.outputs[o + 2].data_as<float>(), x, args.inputs[affine].data_as<float>(),
+                      args.inputs[affine + 1].data_as<float>(), R_, C_, eps_, acc);
   }
 
  private:
   double eps_;
+  bool add_;
+  double p_;
+  uint64_t seed_;
   int64_t R_ = 0, C_ = 0;
 };
 

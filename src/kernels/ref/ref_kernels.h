@@ -220,6 +220,8 @@ std::unique_ptr<Kernel> make_tanh_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_tanh_backward_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_relu_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_relu_backward_ref(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_math_ref(const ir::Graph& g, const ir::Node& n);  // Pow, Sqrt, Erf
+std::unique_ptr<Kernel> make_erf_backward_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_dropout_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_dropout_add_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_cast_ref(const ir::Graph& g, const ir::Node& n);
@@ -235,7 +237,7 @@ std::unique_ptr<Kernel> make_linear_ref(const ir::Graph& g, const ir::Node& n); 
 // norm_ref.cpp
 std::unique_ptr<Kernel> make_softmax_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_softmax_backward_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_layernorm_ref(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_layernorm_ref(const ir::Graph& g, const ir::Node& n);  // LayerNorm, AddLayerNorm
 std::unique_ptr<Kernel> make_layernorm_backward_ref(const ir::Graph& g, const ir::Node& n);
 
 // movement_ref.cpp

@@ -60,9 +60,14 @@ std::unique_ptr<Kernel> make_ref_kernel(const ir::Graph& graph, const ir::Node& 
       return ref::make_tanh_ref(graph, node);
     case OpKind::Relu:
       return ref::make_relu_ref(graph, node);
+    case OpKind::Pow:
+    case OpKind::Sqrt:
+    case OpKind::Erf:
+      return ref::make_math_ref(graph, node);
     case OpKind::Softmax:
       return ref::make_softmax_ref(graph, node);
     case OpKind::LayerNorm:
+    case OpKind::AddLayerNorm:
       return ref::make_layernorm_ref(graph, node);
     case OpKind::Embedding:
       return ref::make_embedding_ref(graph, node);
@@ -102,6 +107,8 @@ std::unique_ptr<Kernel> make_ref_kernel(const ir::Graph& graph, const ir::Node& 
       return ref::make_tanh_backward_ref(graph, node);
     case OpKind::ReluBackward:
       return ref::make_relu_backward_ref(graph, node);
+    case OpKind::ErfBackward:
+      return ref::make_erf_backward_ref(graph, node);
     case OpKind::SoftmaxBackward:
       return ref::make_softmax_backward_ref(graph, node);
     case OpKind::LayerNormBackward:

@@ -1,0 +1,51 @@
+// Residual add + LayerNorm into AddLayerNorm (see fusion.h).
+#include "fusetrain/passes/fusion.h"
+#include "passes/remove_nodes.h"
+
+namespace fusetrain::passes {
+
+using ir::kNone;
+using ir::NodeId;
+using ir::OpKind;
+using ir::ValueId;
+
+FusionReport fuse_add_layernorm(ir::Graph& g) {
+  FusionReport report;
+  const std::vector<std::vector<NodeId>> consumers = g.consumers();
+  std::vector<bool> dead(g.nodes().size(), false);
+  for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id) {
+    ir::Node& ln = g.node(id);
+    if (ln.op != OpKind::LayerNorm) continue;
+    const ValueId sum = ln.inputs[0];
+    const ir::Value& value = g.value(sum);
+    if (value.producer == kNone) continue;
+    const ir::Node& add = g.node(value.producer);
+    if ((add.op != OpKind::Add && add.op != OpKind::DropoutAdd) || add.inputs[0] == add.inputs[1]) continue;
+    bool same_shapes = true;
+    for (ValueId in : add.inputs)
+      same_shapes = same_shapes && g.value(in).shape == value.shape && g.value(in).dtype == DType::f32;
+    if (!same_shapes) continue;
+    // The fused node sits where the LayerNorm was, so the sum appears there: every other
+    // reader of it must come later.
+    bool readers_after = true;
+    for (NodeId reader : consumers[static_cast<size_t>(sum)]) readers_after = readers_after && reader >= id;
+    if (!readers_after) continue;
+    ir::Attrs attrs{{"eps", ln.attrs.get_float("eps")}};
+    if (add.op == OpKind::DropoutAdd) {
+      attrs.set("p", add.attrs.get_float("p"));
+      attrs.set("seed", add.attrs.get_int("seed"));
+    }
+    ln.op = OpKind::AddLayerNorm;
+    ln.inputs = {add.inputs[0], add.inputs[1], ln.inputs[1], ln.inputs[2]};
+    ln.attrs = attrs;
+    ln.outputs.insert(ln.outputs.begin(), sum);  // output 0, so it may take over x's memory
+    g.value(sum).producer = ln.id;
+    for (size_t k = 0; k < ln.outputs.size(); ++k) g.value(ln.outputs[k]).output_index = static_cast<int>(k);
+    dead[static_cast<size_t>(add.id)] = true;
+    report.fused += 1;
+  }
+  if (report.fused > 0) report.nodes_removed = remove_nodes(g, dead);
+  return report;
+}
+
+}  // namespace fusetrain::passes

@@ -1,0 +1,217 @@
+// Decomposed LayerNorm and erf-GELU, as exporters write them, back into LayerNorm and Gelu
+// (see fusion.h).
+#include <cmath>
+#include <optional>
+
+#include "fusetrain/passes/fusion.h"
+#include "passes/remove_nodes.h"
+
+namespace fusetrain::passes {
+namespace {
+
+using ir::kNone;
+using ir::NodeId;
+using ir::OpKind;
+using ir::ValueId;
+
+// Pattern matching over one graph: who reads what, and which nodes a rewrite has consumed.
+class Matcher {
+ public:
+  explicit Matcher(ir::Graph& g) : g(g), dead(g.nodes().size(), false), consumers_(g.consumers()) {}
+
+  ir::Graph& g;
+  std::vector<bool> dead;
+
+  // The live node producing v when its op is `op` and v is an intermediate (read by exactly
+  // one node, not a graph output); null otherwise.
+  const ir::Node* inner(ValueId v, OpKind op) const {
+    const ir::Node* n = producer(v, op);
+    return n && single_reader(v) ? n : nullptr;
+  }
+
+  const ir::Node* producer(ValueId v, OpKind op) const {
+    const ir::Value& value = g.value(v);
+    if (value.producer == kNone || dead[static_cast<size_t>(value.producer)]) return nullptr;
+    const ir::Node& n = g.node(value.producer);
+    return n.op == op ? &n : nullptr;
+  }
+
+  // The one node reading v when v is not a graph output.
+  const ir::Node* only_reader(ValueId v) const {
+    if (!single_reader(v)) return nullptr;
+    const ir::Node& n = g.node(consumers_[static_cast<size_t>(v)][0]);
+    return dead[static_cast<size_t>(n.id)] ? nullptr : &n;
+  }
+
+  const std::vector<NodeId>& readers(ValueId v) const { return consumers_[static_cast<size_t>(v)]; }
+
+  bool single_reader(ValueId v) const {
+    const std::vector<NodeId>& readers = consumers_[static_cast<size_t>(v)];
+    if (g.is_output(v) || readers.empty()) return false;
+    for (NodeId r : readers)
+      if (r != readers[0]) return false;  // one node, possibly reading v twice
+    return true;
+  }
+
+  // The value of a one-element Fill (a scalar constant), if v is one.
+  std::optional<double> constant(ValueId v) const {
+    if (v == kNone) return std::nullopt;
+    const ir::Node* fill = producer(v, OpKind::Fill);
+    if (!fill || g.value(v).shape.numel() != 1) return std::nullopt;
+    return fill->attrs.get_float("value");
+  }
+
+  bool constant_near(ValueId v, double expected) const {
+    std::optional<double> c = constant(v);
+    return c && std::abs(*c - expected) <= 1e-6 * std::max(1.0, std::abs(expected));
+  }
+
+  // For a binary node with `known` as one operand: the other operand (kNone if neither is known).
+  static ValueId other_operand(const ir::Node& n, ValueId known) {
+    if (n.inputs[0] == known) return n.inputs[1];
+    if (n.inputs[1] == known) return n.inputs[0];
+    return kNone;
+  }
+
+  // ReduceMean over the last axis only, keeping it.
+  bool mean_over_last_axis(const ir::Node& n) const {
+    const int64_t rank = g.value(n.inputs[0]).shape.rank();
+    const std::vector<int64_t>& axes = n.attrs.get_ints("axes");
+    return n.attrs.get_int("keepdims", 0) == 1 && axes.size() == 1 && (axes[0] == -1 || axes[0] == rank - 1);
+  }
+
+  void kill(std::initializer_list<const ir::Node*> nodes) {
+    for (const ir::Node* n : nodes) dead[static_cast<size_t>(n->id)] = true;
+  }
+
+ private:
+  std::vector<std::vector<NodeId>> consumers_;
+};
+
+// Sqrt(ReduceMean((x - ReduceMean(x))^2) + eps) at `sqrt_node`, divided into the centred x, then
+// scaled by gamma and shifted by beta: rewritten into LayerNorm at the final Add. True if it was.
+bool rewrite_layernorm(Matcher& m, const ir::Node& sqrt_node) {
+  ir::Graph& g = m.g;
+  const ir::Node* eps_add = m.inner(sqrt_node.inputs[0], OpKind::Add);
+  if (!eps_add) return false;
+  double eps = 0.0;
+  ValueId variance = kNone;
+  for (int side = 0; side < 2 && variance == kNone; ++side) {
+    std::optional<double> c = m.constant(eps_add->inputs[static_cast<size_t>(side)]);
+    if (c && *c > 0.0) {
+      eps = *c;
+      variance = eps_add->inputs[static_cast<size_t>(1 - side)];
+    }
+  }
+  const ir::Node* var_mean = variance == kNone ? nullptr : m.inner(variance, OpKind::ReduceMean);
+  if (!var_mean || !m.mean_over_last_axis(*var_mean)) return false;
+  // The square: Pow(d, 2) or Mul(d, d).
+  const ValueId squared = var_mean->inputs[0];
+  const ir::Node* square = m.inner(squared, OpKind::Pow);
+  if (square && square->attrs.get_float("exponent") != 2.0) return false;
+  if (!square) {
+    square = m.inner(squared, OpKind::Mul);
+    if (!square || square->inputs[0] != square->inputs[1]) return false;
+  }
+  const ValueId centred = square->inputs[0];
+  const ir::Node* sub = m.producer(centred, OpKind::Sub);
+  if (!sub || g.is_output(centred)) return false;
+  const ValueId x = sub->inputs[0];
+  const ir::Node* mean = m.inner(sub->inputs[1], OpKind::ReduceMean);
+  if (!mean || mean->inputs[0] != x || !m.mean_over_last_axis(*mean)) return false;
+  const ir::Value& xv = g.value(x);
+  if (xv.dtype != DType::f32 || xv.shape.rank() < 1 || g.value(centred).shape != xv.shape) return false;
+  // Normalised = centred / sqrt(...): the only other reader of `centred`.
+  const ir::Node* div = m.only_reader(sqrt_node.outputs[0]);
+  if (!div || div->op != OpKind::Div || div->inputs[0] != centred || div->inputs[1] != sqrt_node.outputs[0])
+    return false;
+  for (NodeId r : m.readers(centred))
+    if (r != square->id && r != div->id) return false;
+  const Shape channels{xv.shape[-1]};
+  auto per_channel = [&](ValueId v) {
+    return v != kNone && g.value(v).shape == channels && g.value(v).dtype == DType::f32;
+  };
+  const ir::Node* scale = m.only_reader(div->outputs[0]);
+  const ValueId gamma = scale && scale->op == OpKind::Mul ? Matcher::other_operand(*scale, div->outputs[0]) : kNone;
+  if (!per_channel(gamma)) return false;
+  const ir::Node* shift = m.only_reader(scale->outputs[0]);
+  const ValueId beta = shift && shift->op == OpKind::Add ? Matcher::other_operand(*shift, scale->outputs[0]) : kNone;
+  if (!per_channel(beta) || g.value(shift->outputs[0]).shape != xv.shape) return false;
+
+  const NodeId at = shift->id;
+  m.kill({mean, sub, square, var_mean, eps_add, &sqrt_node, div, scale});
+  ir::Node& ln = g.node(at);
+  ln.op = OpKind::LayerNorm;
+  ln.inputs = {x, gamma, beta};
+  ln.attrs = ir::Attrs{{"eps", eps}};
+  const Shape rows(std::vector<int64_t>(xv.shape.dims().begin(), xv.shape.dims().end() - 1));
+  g.add_node_output(at, rows, DType::f32);  // mean
+  g.add_node_output(at, rows, DType::f32);  // rstd
+  return true;
+}
+
+// 0.5 · x · (1 + erf(x / √2)) around `erf_node`, in any order of its three factors: rewritten
+// into Gelu (erf form) at the last Mul. True if it was.
+bool rewrite_erf_gelu(Matcher& m, const ir::Node& erf_node) {
+  ir::Graph& g = m.g;
+  const ValueId scaled = erf_node.inputs[0];
+  ValueId x = kNone;
+  const ir::Node* scaling = m.inner(scaled, OpKind::Div);
+  if (scaling && m.constant_near(scaling->inputs[1], std::sqrt(2.0))) {
+    x = scaling->inputs[0];
+  } else {
+    scaling = m.inner(scaled, OpKind::Mul);
+    for (int side = 0; scaling && side < 2 && x == kNone; ++side)
+      if (m.constant_near(scaling->inputs[static_cast<size_t>(side)], std::sqrt(0.5)))
+        x = scaling->inputs[static_cast<size_t>(1 - side)];
+  }
+  if (x == kNone || g.value(x).dtype != DType::f32) return false;
+  const ir::Node* plus_one = m.only_reader(erf_node.outputs[0]);
+  if (!plus_one || plus_one->op != OpKind::Add ||
+      !m.constant_near(Matcher::other_operand(*plus_one, erf_node.outputs[0]), 1.0))
+    return false;
+  const ValueId cdf2 = plus_one->outputs[0];  // 1 + erf(x / √2)
+  const ir::Node* first = m.only_reader(cdf2);
+  if (!first || first->op != OpKind::Mul) return false;
+  const ValueId other = Matcher::other_operand(*first, cdf2);
+  const ir::Node* root = nullptr;
+  const ir::Node* half_mul = nullptr;  // Mul(x, 0.5) feeding `first`, in the first form
+  if (const ir::Node* h = m.inner(other, OpKind::Mul);
+      h && m.constant_near(Matcher::other_operand(*h, x), 0.5)) {
+    root = first;  // (x · 0.5) · (1 + erf)
+    half_mul = h;
+  } else if (other == x || m.constant_near(other, 0.5)) {
+    const ir::Node* second = m.only_reader(first->outputs[0]);
+    const ValueId last = second && second->op == OpKind::Mul ? Matcher::other_operand(*second, first->outputs[0]) : kNone;
+    if (last != kNone && (other == x ? m.constant_near(last, 0.5) : last == x)) root = second;
+  }
+  if (!root || g.value(root->outputs[0]).shape != g.value(x).shape) return false;
+
+  const NodeId at = root->id;
+  m.kill({scaling, &erf_node, plus_one});
+  if (root != first) m.kill({first});
+  if (half_mul) m.kill({half_mul});
+  ir::Node& gelu = g.node(at);
+  gelu.op = OpKind::Gelu;
+  gelu.inputs = {x};
+  gelu.attrs = ir::Attrs{{"approximate", std::string("none")}};
+  return true;
+}
+
+template <typename Rewrite>
+FusionReport rewrite_all(ir::Graph& g, OpKind anchor, Rewrite rewrite) {
+  FusionReport report;
+  Matcher m(g);
+  for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id)
+    if (g.node(id).op == anchor && !m.dead[static_cast<size_t>(id)] && rewrite(m, g.node(id))) report.fused += 1;
+  if (report.fused > 0) report.nodes_removed = remove_nodes(g, m.dead);
+  return report;
+}
+
+}  // namespace
+
+FusionReport fuse_decomposed_layernorm(ir::Graph& g) { return rewrite_all(g, OpKind::Sqrt, rewrite_layernorm); }
+
+FusionReport fuse_erf_gelu(ir::Graph& g) { return rewrite_all(g, OpKind::Erf, rewrite_erf_gelu); }
+
+}  // namespace fusetrain::passes
