@@ -176,13 +176,13 @@ bool rewrite_erf_gelu(Matcher& m, const ir::Node& erf_node) {
   const ValueId other = Matcher::other_operand(*first, cdf2);
   const ir::Node* root = nullptr;
   const ir::Node* half_mul = nullptr;  // Mul(x, 0.5) feeding `first`, in the first form
-  if (const ir::Node* h = m.inner(other, OpKind::Mul);
-      h && m.constant_near(Matcher::other_operand(*h, x), 0.5)) {
+  if (const ir::Node* h = m.inner(other, OpKind::Mul); h && m.constant_near(Matcher::other_operand(*h, x), 0.5)) {
     root = first;  // (x · 0.5) · (1 + erf)
     half_mul = h;
   } else if (other == x || m.constant_near(other, 0.5)) {
     const ir::Node* second = m.only_reader(first->outputs[0]);
-    const ValueId last = second && second->op == OpKind::Mul ? Matcher::other_operand(*second, first->outputs[0]) : kNone;
+    const ValueId last =
+        second && second->op == OpKind::Mul ? Matcher::other_operand(*second, first->outputs[0]) : kNone;
     if (last != kNone && (other == x ? m.constant_near(last, 0.5) : last == x)) root = second;
   }
   if (!root || g.value(root->outputs[0]).shape != g.value(x).shape) return false;
