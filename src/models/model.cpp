@@ -386,6 +386,12 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
     const size_t backward_begin = g.nodes().size();
     ir::ValueId seed = spec.fp16 ? g.add_input(kLossScaleInput, Shape{}, DType::f32) : ir::kNone;
     autodiff::build_backward(g, entry->built.loss, g.params(), seed);
+    if (spec.fusions) {
+      passes::MergeCastsReport m = passes::merge_duplicate_casts(g, backward_begin);
+      if (m.casts > 0)
+        entry->passes.applied.push_back(str("merge_duplicate_casts: ", m.casts, " repeated casts (",
+                                            m.bytes_saved / (size_t{1} << 20), " MiB) merged into the first"));
+    }
     if (spec.recompute) {
       passes::RecomputeReport r = passes::recompute_segments(g, entry->built.layer_boundaries, backward_begin);
       entry->passes.applied.push_back(str("recompute: ", r.segments, " layers, ", r.nodes_cloned,

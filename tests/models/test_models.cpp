@@ -341,6 +341,10 @@ TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
           const bool folded = std::any_of(log.applied.begin(), log.applied.end(),
                                           [](const std::string& a) { return a.rfind("fold_weight_casts:", 0) == 0; });
           EXPECT_EQ(folded, bf16) << arch;  // the GEMMs round the f32 weights themselves
+          const bool merged = std::any_of(log.applied.begin(), log.applied.end(), [](const std::string& a) {
+            return a.rfind("merge_duplicate_casts:", 0) == 0;
+          });
+          EXPECT_EQ(merged, bf16 && type != "gpt2") << arch;  // separate query, key and value projections
         } else {
           EXPECT_GT(transposes, 0) << arch;
           EXPECT_EQ(dropouts(log.ops_after), dropouts(log.ops_before)) << arch;

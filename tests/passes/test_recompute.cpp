@@ -211,5 +211,49 @@ TEST(FoldWeightCasts, LeavesCastsWithOtherReadersAlone) {
   EXPECT_EQ(count_weight_casts(g), 3);
 }
 
+// Three bf16 projections of one input, each casting it itself, as the model builders write them.
+std::unique_ptr<Stack> build_three_projections(int64_t R, int64_t C) {
+  auto s = std::make_unique<Stack>();
+  ir::GraphBuilder b(s->g);
+  ValueId x = b.tanh(b.input("x", {R, C}));
+  ValueId sum = ir::kNone;
+  for (int i = 0; i < 3; ++i) {
+    ValueId y = b.tanh(b.linear(b.cast(x, DType::bf16), b.cast(b.param(str("w", i), {C, C}), DType::bf16), ir::kNone));
+    sum = sum == ir::kNone ? y : b.mul(sum, y);
+  }
+  s->loss = b.reduce_sum(sum, {0, 1});
+  s->g.mark_output(s->loss);
+  s->backward_begin = s->g.nodes().size();
+  autodiff::build_backward(s->g, s->loss, s->g.params());
+  return s;
+}
+
+TEST(MergeDuplicateCasts, OneCopyOfEachValueAndBitIdenticalGradients) {
+  const int64_t R = 64, C = 32;
+  std::vector<float> x(R * C);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.53 * static_cast<double>(i)));
+  std::vector<std::vector<float>> grads;
+  std::vector<size_t> peaks;
+  for (bool merge : {false, true}) {
+    auto s = build_three_projections(R, C);
+    if (merge) {
+      passes::MergeCastsReport report = passes::merge_duplicate_casts(s->g, s->backward_begin);
+      EXPECT_EQ(report.casts, 2);  // the input's second and third casts; the weights differ
+      EXPECT_EQ(report.bytes_saved, size_t{2 * R * C * 2});
+      ValueId input = ir::kNone;  // tanh(x), what the first cast reads
+      int casts_of_input = 0;
+      for (const ir::Node& n : s->g.nodes()) {
+        if (n.op != OpKind::Cast) continue;
+        if (input == ir::kNone) input = n.inputs[0];
+        casts_of_input += n.inputs[0] == input;
+      }
+      EXPECT_EQ(casts_of_input, 1);
+    }
+    run_stack(*s, x, 0.1f, grads, peaks);
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << "gradient element " << i;
+  EXPECT_LT(peaks[1], peaks[0]) << "one bf16 copy of x kept for backward instead of three";
+}
+
 }  // namespace
 }  // namespace fusetrain::testing

@@ -1,4 +1,5 @@
-// Activation checkpointing as a graph rewrite.
+// Passes on the training graph after autodiff: activation checkpointing, and where the casts of
+// mixed precision happen.
 #pragma once
 
 #include <cstddef>
@@ -43,6 +44,18 @@ struct RecastReport {
 /// Costs a second cast of each weight per step; results are bit-identical (a cast is exact
 /// and deterministic).
 RecastReport recast_weights_for_backward(ir::Graph& graph, size_t backward_begin);
+
+/// What merge_duplicate_casts changed.
+struct MergeCastsReport {
+  int64_t casts = 0;       ///< casts removed because an earlier one made the same copy
+  size_t bytes_saved = 0;  ///< their outputs, each a buffer that was also kept for backward
+};
+
+/// Models cast a value for each product that reads it (a layer's input, once for each of the query,
+/// key and value projections). Forward casts of the same value to the same dtype are merged into the
+/// first, so one copy is made and saved for backward instead of three. Runs after autodiff, on the
+/// forward part (nodes before `backward_begin`), so gradients are bit-identical.
+MergeCastsReport merge_duplicate_casts(ir::Graph& graph, size_t backward_begin);
 
 /// What fold_weight_casts changed.
 struct FoldCastsReport {

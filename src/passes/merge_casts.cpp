@@ -1,0 +1,40 @@
+// Identical casts in forward merged into one (see recompute.h).
+#include <map>
+#include <utility>
+
+#include "fusetrain/core/error.h"
+#include "fusetrain/passes/recompute.h"
+#include "passes/remove_nodes.h"
+
+namespace fusetrain::passes {
+
+using ir::NodeId;
+using ir::ValueId;
+
+MergeCastsReport merge_duplicate_casts(ir::Graph& graph, size_t backward_begin) {
+  MergeCastsReport report;
+  FT_CHECK(backward_begin <= graph.nodes().size(), "merge_duplicate_casts: backward begins at node ", backward_begin,
+           " but the graph has ", graph.nodes().size(), " nodes");
+  std::map<std::pair<ValueId, DType>, ValueId> first;  // (input, dtype) -> the first cast's output
+  std::map<ValueId, ValueId> replace;                  // a duplicate's output -> the first's
+  std::vector<bool> dead(graph.nodes().size(), false);
+  for (NodeId n = 0; n < static_cast<NodeId>(backward_begin); ++n) {
+    const ir::Node& cast = graph.node(n);
+    if (cast.op != ir::OpKind::Cast || graph.is_output(cast.outputs[0])) continue;
+    const ValueId out = cast.outputs[0];
+    auto [it, inserted] = first.emplace(std::make_pair(cast.inputs[0], graph.value(out).dtype), out);
+    if (inserted) continue;
+    replace[out] = it->second;
+    dead[static_cast<size_t>(n)] = true;
+    report.casts += 1;
+    report.bytes_saved += static_cast<size_t>(graph.value(out).shape.numel()) * dtype_size(graph.value(out).dtype);
+  }
+  if (report.casts == 0) return report;
+  for (NodeId n = 0; n < static_cast<NodeId>(graph.nodes().size()); ++n)
+    for (ValueId& in : graph.node(n).inputs)
+      if (auto r = replace.find(in); r != replace.end()) in = r->second;
+  remove_nodes(graph, dead);
+  return report;
+}
+
+}  // namespace fusetrain::passes
