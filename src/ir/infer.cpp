@@ -144,7 +144,9 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       const std::string approximate = attrs.get_string("approximate", "none");
       c.require(approximate == "none" || approximate == "tanh", "approximate must be \"none\" or \"tanh\", found \"",
                 approximate, "\"");
-      return {{Shape(out), DType::f32}, {Shape(out), DType::f32}};  // gelu(z), z
+      const std::string z_dtype = attrs.get_string("z_dtype", "f32");
+      c.require(z_dtype == "f32" || z_dtype == "bf16", "z_dtype must be \"f32\" or \"bf16\", found \"", z_dtype, "\"");
+      return {{Shape(out), DType::f32}, {Shape(out), z_dtype == "bf16" ? DType::bf16 : DType::f32}};  // gelu(z), z
     }
     case OpKind::Add:
     case OpKind::Sub:
@@ -169,10 +171,13 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       std::string approximate = attrs.get_string("approximate", "none");
       c.require(approximate == "none" || approximate == "tanh", "approximate must be \"none\" or \"tanh\", found \"",
                 approximate, "\"");
-      c.require_f32(0, "x");
+      // Gelu: x f32 or bf16 (computed in f32). GeluBackward: dy f32, x as the forward's.
+      const size_t x_index = n_in == 2 ? 1 : 0;
+      c.require(c.dtype(x_index) == DType::f32 || c.dtype(x_index) == DType::bf16, "x must be f32 or bf16, found ",
+                dtype_name(c.dtype(x_index)));
       if (n_in == 2) {
+        c.require_f32(0, "dy");
         c.require_same_shape(0, 1);
-        c.require_same_dtype(0, 1);
       }
       return {{c.shape(0), DType::f32}};
     }

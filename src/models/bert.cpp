@@ -78,7 +78,7 @@ class BertFamily final : public Family {
                                     train ? attention_dropout_ : 0.0);
       attn = maybe_dropout(b, attn, hidden_dropout_, train);
       x = layer_norm(b, b.add(attn, x), layer + "attention.output.LayerNorm");
-      ValueId h = activation(b, dense(b, x, layer + "intermediate.dense", I_, C), act_);
+      ValueId h = activation(b, dense(b, x, layer + "intermediate.dense", I_, C), act_, matmul_dtype_);
       h = maybe_dropout(b, dense(b, h, layer + "output.dense", C, I_), hidden_dropout_, train);
       x = layer_norm(b, b.add(h, x), layer + "output.LayerNorm");
       out.layer_boundaries.push_back(x);
@@ -171,7 +171,7 @@ class BertFamily final : public Family {
     std::string head = roberta_ ? "lm_head." : "cls.predictions.";
     ValueId bias = b.param(head + "bias", {V_});
     ValueId h = roberta_ ? dense(b, x, "lm_head.dense", C_, C_) : dense(b, x, head + "transform.dense", C_, C_);
-    h = activation(b, h, roberta_ ? "gelu" : act_);
+    h = activation(b, h, roberta_ ? "gelu" : act_, matmul_dtype_);
     h = roberta_ ? layer_norm(b, h, "lm_head.layer_norm") : layer_norm(b, h, head + "transform.LayerNorm");
     if (tie_) return project(b, h, word, bias, matmul_dtype_);
     // Untied, transformers gives the decoder its own weight and bias; `bias` stays an unused parameter.

@@ -63,7 +63,7 @@ class DistilBertFamily final : public Family {
                                     layer + "attention.v_lin", layer + "attention.out_lin", B, T, C, H_,
                                     train ? attention_dropout_ : 0.0);
       x = layer_norm(b, b.add(attn, x), layer + "sa_layer_norm");
-      ValueId h = activation(b, dense(b, x, layer + "ffn.lin1", F_, C), act_);
+      ValueId h = activation(b, dense(b, x, layer + "ffn.lin1", F_, C), act_, matmul_dtype_);
       h = maybe_dropout(b, dense(b, h, layer + "ffn.lin2", C, F_), dropout_, train);
       x = layer_norm(b, b.add(h, x), layer + "output_layer_norm");
       out.layer_boundaries.push_back(x);
@@ -75,7 +75,7 @@ class DistilBertFamily final : public Family {
         out.logits = x;
         break;
       case Head::MaskedLM: {
-        ValueId h = activation(b, dense(b, x, "vocab_transform", C, C), act_);
+        ValueId h = activation(b, dense(b, x, "vocab_transform", C, C), act_, matmul_dtype_);
         h = layer_norm(b, h, "vocab_layer_norm");
         ValueId projector = tie_ ? word : b.param("vocab_projector.weight", {V_, C});
         out.logits = project(b, h, projector, b.param("vocab_projector.bias", {V_}), matmul_dtype_);

@@ -131,9 +131,12 @@ void check_activation(const std::string& name, const char* field) {
                   "relu, tanh)"));
 }
 
-ValueId activation(ir::GraphBuilder& b, ValueId x, const std::string& name) {
-  if (name == "gelu") return b.gelu(x, "none");
-  if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast") return b.gelu(x, "tanh");
+ValueId activation(ir::GraphBuilder& b, ValueId x, const std::string& name, DType matmul_dtype) {
+  const bool tanh_form = name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast";
+  if (name == "gelu" || tanh_form) {
+    if (matmul_dtype == DType::bf16) x = b.cast(x, DType::bf16);
+    return b.gelu(x, tanh_form ? "tanh" : "none");
+  }
   if (name == "relu") return b.relu(x);
   if (name == "tanh") return b.tanh(x);
   check_activation(name, "activation");

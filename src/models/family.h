@@ -132,7 +132,9 @@ SequenceInputs sequence_inputs(ir::GraphBuilder& b, int64_t B, int64_t T);
 /// Dropout only while training and only for p > 0.
 ir::ValueId maybe_dropout(ir::GraphBuilder& b, ir::ValueId x, double p, bool training);
 /// transformers' ACT2FN for the supported names ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "tanh").
-ir::ValueId activation(ir::GraphBuilder& b, ir::ValueId x, const std::string& name);
+/// With bf16 matmuls a GELU reads x rounded to bf16 (what autocast's bf16 projection hands it), so
+/// backward keeps half the bytes for it.
+ir::ValueId activation(ir::GraphBuilder& b, ir::ValueId x, const std::string& name, DType matmul_dtype = DType::f32);
 /// Throws unless `name` is an activation `activation` supports.
 void check_activation(const std::string& name, const char* field);
 /// (B, T) i64 1/0 mask -> additive (B, T) f32: 0 where 1, the lowest float where 0.

@@ -67,7 +67,7 @@ class Gpt2Family final : public Family {
                       split_heads(b, qkv[2], B, T, H_, D), mask_add, scale, true, train ? attn_dropout_ : 0.0);
       ValueId attn = conv1d(b, merge_heads(b, context, B, T, H_, D), block + "attn.c_proj", C, C);
       x = b.add(x, maybe_dropout(b, attn, resid_dropout_, train));
-      ValueId h = activation(b, conv1d(b, layer_norm(b, x, block + "ln_2"), block + "mlp.c_fc", C, F_), act_);
+      ValueId h = activation(b, conv1d(b, layer_norm(b, x, block + "ln_2"), block + "mlp.c_fc", C, F_), act_, matmul_dtype_);
       h = conv1d(b, h, block + "mlp.c_proj", F_, C);
       x = b.add(x, maybe_dropout(b, h, resid_dropout_, train));
       out.layer_boundaries.push_back(x);

@@ -13,23 +13,36 @@ FusionReport fuse_linear_gelu(ir::Graph& g) {
   FusionReport report;
   const std::vector<std::vector<NodeId>> consumers = g.consumers();
   std::vector<bool> dead(g.nodes().size(), false);
+  // The producer of v when v is read by nothing but one node and is not a graph output.
+  auto sole_producer = [&](ValueId v) -> const ir::Node* {
+    const ir::Value& value = g.value(v);
+    if (value.producer == kNone || g.is_output(v) || consumers[static_cast<size_t>(v)].size() != 1) return nullptr;
+    return &g.node(value.producer);
+  };
   for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id) {
     ir::Node& gelu = g.node(id);
     if (gelu.op != OpKind::Gelu) continue;
-    const ValueId z = gelu.inputs[0];
-    const ir::Value& pre = g.value(z);
-    if (pre.producer == kNone || g.is_output(z) || consumers[static_cast<size_t>(z)].size() != 1) continue;
-    const ir::Node& linear = g.node(pre.producer);
-    if (linear.op != OpKind::Linear) continue;
+    const ValueId z = gelu.inputs[0];  // the Linear's output, or its bf16 cast
+    const ir::Node* linear = sole_producer(z);
+    const ir::Node* cast = nullptr;
+    if (linear && linear->op == OpKind::Cast && g.value(z).dtype == DType::bf16) {
+      cast = linear;
+      linear = sole_producer(cast->inputs[0]);
+    }
+    if (!linear || linear->op != OpKind::Linear) continue;
     // The Gelu node becomes the fused node: it keeps its output (y = gelu(z)) and now also
-    // produces z, which only it read.
+    // produces z (or z rounded to bf16), which only it read.
     gelu.op = OpKind::LinearGelu;
-    gelu.inputs = linear.inputs;
+    gelu.inputs = linear->inputs;
     gelu.attrs = {{"approximate", gelu.attrs.get_string("approximate", "none")}};
+    if (cast) {
+      gelu.attrs.set("z_dtype", std::string("bf16"));
+      dead[static_cast<size_t>(cast->id)] = true;
+    }
     gelu.outputs.push_back(z);
     g.value(z).producer = gelu.id;
     g.value(z).output_index = 1;
-    dead[static_cast<size_t>(linear.id)] = true;
+    dead[static_cast<size_t>(linear->id)] = true;
     report.fused += 1;
   }
   if (report.fused > 0) report.nodes_removed = remove_nodes(g, dead);

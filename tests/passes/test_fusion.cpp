@@ -170,27 +170,34 @@ TEST(FuseDropoutAdd, LeavesDropoutsWithOtherReadersAlone) {
 }
 
 // Loss and every gradient of an MLP block, Linear -> GELU -> Linear, with and without the
-// fusion; `precision` is the matmul operands' dtype (casts before each Linear, as in models).
-GraphRun run_mlp(bool fuse, const std::string& approximate, bool bias, DType precision) {
+// fusion; `precision` is the matmul operands' dtype (casts before each Linear, as in models);
+// `round_z` has GELU read the first Linear's output rounded to bf16, as bf16 models build it.
+GraphRun run_mlp(bool fuse, const std::string& approximate, bool bias, DType precision, bool round_z = false,
+                 bool reference = false) {
   ir::Graph g;
   ir::GraphBuilder b(g, 5);
   ValueId x = b.param("x", {3, 7, 24});
   ValueId w1 = b.param("w1", {40, 24}), b1 = bias ? b.param("b1", {40}) : ir::kNone;
   ValueId w2 = b.param("w2", {24, 40});
   auto operand = [&](ValueId v) { return precision == DType::f32 ? v : b.cast(v, precision); };
-  ValueId h = g.add(OpKind::Gelu, {b.linear(operand(x), operand(w1), b1)}, {{"approximate", approximate}});
+  ValueId z = b.linear(operand(x), operand(w1), b1);
+  ValueId h = g.add(OpKind::Gelu, {round_z ? b.cast(z, DType::bf16) : z}, {{"approximate", approximate}});
   ValueId y = b.linear(operand(h), operand(w2), ir::kNone);
   ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1, 2});
   g.mark_output(loss);
   if (fuse) {
     passes::FusionReport report = passes::fuse_linear_gelu(g);
     EXPECT_EQ(report.fused, 1);
-    EXPECT_EQ(report.nodes_removed, 1);
+    EXPECT_EQ(report.nodes_removed, round_z ? 2 : 1);  // the Linear, and the cast of its output
     EXPECT_EQ(count(g, OpKind::Gelu), 0);
     EXPECT_EQ(count(g, OpKind::Linear), 1);
     EXPECT_EQ(count(g, OpKind::LinearGelu), 1);
+    for (const ir::Node& n : g.nodes())
+      if (n.op == OpKind::LinearGelu) EXPECT_EQ(g.value(n.outputs[1]).dtype, round_z ? DType::bf16 : DType::f32);
   }
-  return run_graph(g, loss, 0.4f, 0.37f, 0);
+  runtime::PlanOptions options;
+  options.reference_kernels = reference;
+  return run_graph(g, loss, 0.4f, 0.37f, 0, options);
 }
 
 TEST(FuseLinearGelu, FusesBiasAndGeluIntoTheLinearAndKeepsResultsBitForBit) {
@@ -199,6 +206,24 @@ TEST(FuseLinearGelu, FusesBiasAndGeluIntoTheLinearAndKeepsResultsBitForBit) {
       for (DType precision : {DType::f32, DType::bf16})
         expect_bit_identical(run_mlp(false, approximate, bias, precision), run_mlp(true, approximate, bias, precision),
                              str(approximate, bias ? " bias " : " no-bias ", dtype_name(precision)));
+}
+
+TEST(FuseLinearGelu, KeepsZInBf16WhenGeluReadsItsBf16Cast) {
+  for (const char* approximate : {"none", "tanh"})
+    for (bool bias : {true, false}) {
+      const std::string label = str(approximate, bias ? " bias" : " no-bias");
+      GraphRun fused = run_mlp(true, approximate, bias, DType::bf16, true);
+      expect_bit_identical(run_mlp(false, approximate, bias, DType::bf16, true), fused, label);
+      // Against the reference kernels (double accumulation): equal to rounding.
+      GraphRun reference = run_mlp(true, approximate, bias, DType::bf16, true, true);
+      EXPECT_NEAR(reference.loss, fused.loss, 1e-3 * std::abs(reference.loss)) << label;
+      double diff = 0.0, norm = 0.0;
+      for (size_t i = 0; i < fused.grads.size(); ++i) {
+        diff += std::pow(fused.grads[i] - reference.grads[i], 2);
+        norm += std::pow(reference.grads[i], 2);
+      }
+      EXPECT_LE(std::sqrt(diff), 1e-2 * std::sqrt(norm)) << label;
+    }
 }
 
 TEST(FuseLinearGelu, LeavesLinearsWhoseOutputIsReadElsewhereAlone) {

@@ -37,7 +37,9 @@ FusionReport fuse_add_layernorm(ir::Graph& graph);
 /// Bias + GELU into the matmul epilogue: Gelu(Linear(x, w, bias)), where the Linear's output
 /// feeds nothing else, becomes LinearGelu(x, w, bias) with outputs (gelu(z), z): the GEMM adds
 /// the bias and applies GELU to each strip of rows it finishes, while the strip is in cache,
-/// instead of two more passes over memory; z is kept for GELU's backward.
+/// instead of two more passes over memory; z is kept for GELU's backward. Gelu(Cast(Linear, bf16))
+/// (bf16 mixed precision) fuses the same way with z_dtype bf16: the epilogue rounds z to bf16, keeps
+/// that, and applies GELU to the rounded values.
 FusionReport fuse_linear_gelu(ir::Graph& graph);
 
 /// Decomposed LayerNorm, as ONNX exporters and hand-written modules spell it:

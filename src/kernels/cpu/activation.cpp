@@ -1,10 +1,14 @@
 // Tuned activation kernels, f32: Gelu (erf and tanh forms), Tanh, Relu and
-// GeluBackward (dy, x), TanhBackward (dy, y), ReluBackward (dy, x).
+// GeluBackward (dy, x), TanhBackward (dy, y), ReluBackward (dy, x). The input x (or the saved
+// value) may be bf16, widened exactly to f32 block by block.
 //
 // Shape legend: any shape, seen as n contiguous elements; out may alias the
 // first input (kInPlace), which is safe because element i is read before it
 // is written.
+#include <algorithm>
 #include <cmath>
+
+#include "fusetrain/core/half.h"
 
 #include "kernels/cpu/basic_kernels.h"
 #include "kernels/cpu/vec_math.h"
@@ -135,14 +139,38 @@ FT_AVX512 void backward_avx512(float* out, const float* dy, const float* saved, 
 using ForwardFn = void (*)(float* out, const float* x, int64_t n);
 using BackwardFn = void (*)(float* out, const float* dy, const float* saved, int64_t n);
 
-// out (R...) = f(x), n elements.
+// Elements [begin, end) of a bf16 tensor widened (exactly) to f32 a block at a time, each block
+// handed to `body(first, widened, count)`.
+constexpr int64_t kWidenBlock = 512;
+
+template <typename Body>
+void widened_blocks(const uint16_t* x, int64_t begin, int64_t end, Body body) {
+  alignas(64) float block[kWidenBlock];
+  for (int64_t i = begin; i < end; i += kWidenBlock) {
+    const int64_t n = std::min(kWidenBlock, end - i);
+    bf16_to_float(block, x + i, static_cast<size_t>(n));
+    body(i, block, n);
+  }
+}
+
+// out (R...) = f(x), n elements; x f32, or bf16 widened block by block.
 class ActivationKernel final : public Kernel {
  public:
-  ActivationKernel(int64_t numel, ForwardFn fn) : numel_(numel), fn_(fn) {}
+  ActivationKernel(int64_t numel, ForwardFn fn, bool bf16_x) : numel_(numel), fn_(fn), bf16_x_(bf16_x) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
-    const float* x = static_cast<const float*>(args.inputs[0].data());
     float* out = static_cast<float*>(args.outputs[0].data());
+    if (bf16_x_) {
+      const uint16_t* x = static_cast<const uint16_t*>(args.inputs[0].data());
+      parallel_for(
+          numel_, threads_for(numel_, ctx.num_threads),
+          [&](int64_t begin, int64_t end, int) {
+            widened_blocks(x, begin, end, [&](int64_t i, const float* xf, int64_t n) { fn_(out + i, xf, n); });
+          },
+          16);
+      return;
+    }
+    const float* x = static_cast<const float*>(args.inputs[0].data());
     parallel_for(
         numel_, threads_for(numel_, ctx.num_threads),
         [&](int64_t begin, int64_t end, int) { fn_(out + begin, x + begin, end - begin); }, 16);
@@ -151,17 +179,30 @@ class ActivationKernel final : public Kernel {
  private:
   int64_t numel_;
   ForwardFn fn_;
+  bool bf16_x_;
 };
 
-// dx = dy * f'(saved), n elements.
+// dx = dy * f'(saved), n elements; saved f32, or bf16 widened block by block.
 class ActivationBackwardKernel final : public Kernel {
  public:
-  ActivationBackwardKernel(int64_t numel, BackwardFn fn) : numel_(numel), fn_(fn) {}
+  ActivationBackwardKernel(int64_t numel, BackwardFn fn, bool bf16_saved)
+      : numel_(numel), fn_(fn), bf16_saved_(bf16_saved) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const float* dy = static_cast<const float*>(args.inputs[0].data());
-    const float* saved = static_cast<const float*>(args.inputs[1].data());
     float* out = static_cast<float*>(args.outputs[0].data());
+    if (bf16_saved_) {
+      const uint16_t* saved = static_cast<const uint16_t*>(args.inputs[1].data());
+      parallel_for(
+          numel_, threads_for(numel_, ctx.num_threads),
+          [&](int64_t begin, int64_t end, int) {
+            widened_blocks(saved, begin, end,
+                           [&](int64_t i, const float* sf, int64_t n) { fn_(out + i, dy + i, sf, n); });
+          },
+          16);
+      return;
+    }
+    const float* saved = static_cast<const float*>(args.inputs[1].data());
     parallel_for(
         numel_, threads_for(numel_, ctx.num_threads),
         [&](int64_t begin, int64_t end, int) { fn_(out + begin, dy + begin, saved + begin, end - begin); }, 16);
@@ -170,6 +211,7 @@ class ActivationBackwardKernel final : public Kernel {
  private:
   int64_t numel_;
   BackwardFn fn_;
+  bool bf16_saved_;
 };
 
 bool parse_act(const ir::Node& n, Act* act) {
@@ -205,7 +247,9 @@ BackwardFn backward_fn(bool avx512) {
 
 std::unique_ptr<Kernel> make_activation_kernel(const ir::Graph& g, const ir::Node& n) {
   Act act;
-  if (!parse_act(n, &act) || input_dtype(g, n, 0) != DType::f32 || output_dtype(g, n, 0) != DType::f32) return nullptr;
+  const DType x_dtype = input_dtype(g, n, 0);
+  if (!parse_act(n, &act) || (x_dtype != DType::f32 && x_dtype != DType::bf16) || output_dtype(g, n, 0) != DType::f32)
+    return nullptr;
   const bool avx512 = use_avx512();
   ForwardFn fn = nullptr;
   switch (act) {
@@ -222,7 +266,7 @@ std::unique_ptr<Kernel> make_activation_kernel(const ir::Graph& g, const ir::Nod
       fn = forward_fn<Act::Relu>(avx512);
       break;
   }
-  return std::make_unique<ActivationKernel>(output_shape(g, n, 0).numel(), fn);
+  return std::make_unique<ActivationKernel>(output_shape(g, n, 0).numel(), fn, x_dtype == DType::bf16);
 }
 
 GeluFn gelu_fn(bool tanh_form) {
@@ -231,7 +275,10 @@ GeluFn gelu_fn(bool tanh_form) {
 
 std::unique_ptr<Kernel> make_activation_backward_kernel(const ir::Graph& g, const ir::Node& n) {
   Act act;
-  if (!parse_act(n, &act) || input_dtype(g, n, 0) != DType::f32 || input_dtype(g, n, 1) != DType::f32) return nullptr;
+  const DType saved_dtype = input_dtype(g, n, 1);
+  if (!parse_act(n, &act) || input_dtype(g, n, 0) != DType::f32 ||
+      (saved_dtype != DType::f32 && saved_dtype != DType::bf16))
+    return nullptr;
   const bool avx512 = use_avx512();
   BackwardFn fn = nullptr;
   switch (act) {
@@ -248,7 +295,7 @@ std::unique_ptr<Kernel> make_activation_backward_kernel(const ir::Graph& g, cons
       fn = backward_fn<Act::Relu>(avx512);
       break;
   }
-  return std::make_unique<ActivationBackwardKernel>(output_shape(g, n, 0).numel(), fn);
+  return std::make_unique<ActivationBackwardKernel>(output_shape(g, n, 0).numel(), fn, saved_dtype == DType::bf16);
 }
 
 }  // namespace fusetrain::kernels::cpu_basic

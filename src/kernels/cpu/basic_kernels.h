@@ -141,6 +141,9 @@ using GeluFn = void (*)(float* out, const float* x, int64_t n);
 /// The GELU of the current code path: the erf form, or the tanh approximation when
 /// `tanh_form`. Read at kernel construction, like use_avx512().
 GeluFn gelu_fn(bool tanh_form);
+using RoundBf16Fn = void (*)(uint16_t* out, const float* x, int64_t n);
+/// f32 -> bf16 as the Cast kernel of the current code path rounds it (elementwise.cpp).
+RoundBf16Fn round_to_bf16_fn();
 std::unique_ptr<Kernel> make_activation_backward_kernel(const ir::Graph& g, const ir::Node& n);
 // softmax.cpp
 std::unique_ptr<Kernel> make_softmax_kernel(const ir::Graph& g, const ir::Node& n);

@@ -291,6 +291,8 @@ class CastKernel final : public Kernel {
 
 }  // namespace
 
+RoundBf16Fn round_to_bf16_fn() { return use_avx512() ? f32_to_bf16_avx512 : f32_to_bf16_portable; }
+
 std::unique_ptr<Kernel> make_fill_kernel(const ir::Graph& g, const ir::Node& n) {
   if (output_dtype(g, n, 0) != DType::f32) return nullptr;
   return std::make_unique<FillKernel>(output_shape(g, n, 0).numel(), static_cast<float>(n.attrs.get_float("value")));

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "fusetrain/core/half.h"
 #include "kernels/cpu/basic_kernels.h"
 #include "kernels/cpu/dense_kernels.h"
 #include "kernels/cpu/gemm.h"
@@ -118,11 +119,15 @@ void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t n, int thr
 }
 
 // What the Linear epilogue adds to a finished strip of the product: the bias, then, for
-// LinearGelu, y = gelu(z) into the second buffer (same layout as z).
+// LinearGelu, y = gelu(z) into the second buffer (same layout as z). With a bf16 z, the product
+// is computed in y's buffer; each row is rounded to bf16 into z (the Cast kernel's rounding),
+// widened back in place, and GELU applied there.
 struct LinearEpilogue {
   const float* bias = nullptr;  // (N) or null
   float* y = nullptr;           // (R, N) GELU output, or null
+  uint16_t* z_bf16 = nullptr;   // (R, N) z rounded to bf16, or null (then c is z, f32)
   cpu_basic::GeluFn gelu = nullptr;
+  cpu_basic::RoundBf16Fn round = nullptr;
 
   static void apply(const void* context, float* c, int64_t ldc, int64_t row, int64_t col, int64_t rows, int64_t cols) {
     const LinearEpilogue& e = *static_cast<const LinearEpilogue*>(context);
@@ -130,7 +135,14 @@ struct LinearEpilogue {
       float* z = c + r * ldc;
       if (e.bias)
         for (int64_t j = 0; j < cols; ++j) z[j] += e.bias[col + j];
-      if (e.y) e.gelu(e.y + (row + r) * ldc + col, z, cols);
+      if (e.z_bf16) {
+        uint16_t* zb = e.z_bf16 + (row + r) * ldc + col;
+        e.round(zb, z, cols);
+        bf16_to_float(z, zb, static_cast<size_t>(cols));
+        e.gelu(z, z, cols);  // c is y's buffer
+      } else if (e.y) {
+        e.gelu(e.y + (row + r) * ldc + col, z, cols);
+      }
     }
   }
 };
@@ -148,8 +160,10 @@ class LinearKernel final : public Kernel {
     dtype_ = g.value(node.inputs[0]).dtype;
     f32_w_ = dtype_ == DType::bf16 && g.value(node.inputs[1]).dtype == DType::f32;
     has_bias_ = node.inputs.size() == 3;
-    if (node.op == ir::OpKind::LinearGelu)
+    if (node.op == ir::OpKind::LinearGelu) {
       gelu_ = cpu_basic::gelu_fn(node.attrs.get_string("approximate", "none") == "tanh");
+      if (g.value(node.outputs[1]).dtype == DType::bf16) round_ = cpu_basic::round_to_bf16_fn();
+    }
     int64_t k = x[-1];
     int64_t n = w[0];
     int64_t rows = x.numel(0, x.rank() - 1);
@@ -166,11 +180,13 @@ class LinearKernel final : public Kernel {
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const bool accumulate = !gelu_ && !args.accumulate.empty() && args.accumulate[0];
-    float* c = static_cast<float*>(args.outputs[gelu_ ? 1 : 0].data());                          // y or z: (R, N)
+    // The product: y for Linear, z for LinearGelu with an f32 z, else y's buffer (see LinearEpilogue).
+    float* c = static_cast<float*>(args.outputs[gelu_ && !round_ ? 1 : 0].data());              // (R, N)
     const float* bias = has_bias_ ? static_cast<const float*>(args.inputs[2].data()) : nullptr;  // bias: (N)
     LinearEpilogue fused;
     fused.bias = accumulate ? nullptr : bias;
     if (gelu_) fused.y = static_cast<float*>(args.outputs[0].data()), fused.gelu = gelu_;
+    if (round_) fused.z_bf16 = static_cast<uint16_t*>(args.outputs[1].data()), fused.round = round_;
     const GemmEpilogue epilogue{&LinearEpilogue::apply, &fused};
     const GemmEpilogue* ep = fused.bias || fused.y ? &epilogue : nullptr;
     const float beta = accumulate ? 1.0f : 0.0f;
@@ -197,7 +213,8 @@ class LinearKernel final : public Kernel {
   DType dtype_ = DType::f32;  // of x, and of w unless f32_w_
   bool f32_w_ = false;        // bf16 x with f32 w, rounded to bf16 as it is packed
   bool has_bias_ = false;
-  cpu_basic::GeluFn gelu_ = nullptr;  // LinearGelu's activation; null for Linear
+  cpu_basic::GeluFn gelu_ = nullptr;         // LinearGelu's activation; null for Linear
+  cpu_basic::RoundBf16Fn round_ = nullptr;  // LinearGelu keeping z in bf16
   GemmShape shape_{};
 };
 

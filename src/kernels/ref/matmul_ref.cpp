@@ -82,7 +82,8 @@ class MatMulRef final : public RefKernel {
   int64_t M_ = 0, N_ = 0, K_ = 0, batch_ = 1, a_batch_stride_ = 0, b_batch_stride_ = 0;
 };
 
-// Linear, and LinearGelu: z = Linear into output 1, then output 0 = gelu(z).
+// Linear, and LinearGelu: z = Linear into output 1, then output 0 = gelu(z). A bf16 z is rounded
+// from the f32 product (computed in y's buffer) and GELU applied to the rounded value.
 class LinearRef final : public RefKernel {
  public:
   LinearRef(const ir::Graph& g, const ir::Node& n)
@@ -90,7 +91,8 @@ class LinearRef final : public RefKernel {
         w_dtype_(input_dtype(g, n, 1)),
         has_bias_(n.inputs.size() == 3),
         gelu_(n.op == ir::OpKind::LinearGelu),
-        tanh_(n.attrs.get_string("approximate", "none") == "tanh") {
+        tanh_(n.attrs.get_string("approximate", "none") == "tanh"),
+        bf16_z_(gelu_ && output_dtype(g, n, 1) == DType::bf16) {
     const Shape& x = input_shape(g, n, 0);
     K_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);
@@ -106,16 +108,25 @@ class LinearRef final : public RefKernel {
                      R_, N_, K_, accumulate_flag(args, 0));
       return;
     }
+    float* y = static_cast<float*>(args.outputs[0].data());
+    if (bf16_z_) {
+      uint16_t* z = static_cast<uint16_t*>(args.outputs[1].data());
+      linear_forward(y, args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, w_dtype_, R_, N_, K_, false);
+      for (int64_t i = 0; i < R_ * N_; ++i) {
+        z[i] = float_to_bf16(y[i]);
+        y[i] = static_cast<float>(gelu_forward(bf16_to_float(z[i]), tanh_));
+      }
+      return;
+    }
     float* z = static_cast<float*>(args.outputs[1].data());
     linear_forward(z, args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, w_dtype_, R_, N_, K_, false);
-    float* y = static_cast<float*>(args.outputs[0].data());
     for (int64_t i = 0; i < R_ * N_; ++i) y[i] = static_cast<float>(gelu_forward(z[i], tanh_));
   }
 
  private:
   DType xw_dtype_, w_dtype_;
   bool has_bias_;
-  bool gelu_, tanh_;
+  bool gelu_, tanh_, bf16_z_;
   int64_t R_ = 0, N_ = 0, K_ = 0;
 };
 
