@@ -120,8 +120,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
     }
     case OpKind::MatMul: {
       c.require_float(0, "a");
-      if (!(c.dtype(0) == DType::bf16 && c.dtype(1) == DType::f32))  // f32 b: rounded to bf16 as it is read
-        c.require_same_dtype(0, 1);
+      c.require_same_dtype(0, 1);
       DType out = parse_dtype_attr(c, attrs.get_string("out_dtype", "f32"));
       return {{matmul_shape(c, attrs.get_int("trans_a", 0) != 0, attrs.get_int("trans_b", 0) != 0), out}};
     }
@@ -130,8 +129,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       const Shape& x = c.shape(0);
       const Shape& w = c.shape(1);
       c.require_float(0, "x");
-      if (!(c.dtype(0) == DType::bf16 && c.dtype(1) == DType::f32))  // f32 w: rounded to bf16 as it is read
-        c.require_same_dtype(0, 1);
+      c.require_same_dtype(0, 1);
       c.require(x.rank() >= 1 && w.rank() == 2, "expected x (..., K) and weight (N, K)");
       c.require(x[-1] == w[1], "x has ", x[-1], " features but weight ", w.to_string(), " expects ", w[1]);
       if (n_in == 3) {

@@ -399,21 +399,12 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
                                           " saved activations freed after forward"));
     }
     if (spec.fusions) {
-      passes::FoldCastsReport w = passes::fold_weight_casts(g);
-      if (w.casts > 0)
-        entry->passes.applied.push_back(str("fold_weight_casts: ", w.casts, " bf16 weight casts (",
-                                            w.bytes_saved / (size_t{1} << 20), " MiB) done by ", w.readers,
-                                            " GEMMs as they pack the f32 weights"));
       passes::RecastReport c = passes::recast_weights_for_backward(g, backward_begin);
       if (c.casts > 0)
         entry->passes.applied.push_back(str("recast_weights_for_backward: ", c.casts, " low-precision weight copies (",
                                             c.bytes_freed / (size_t{1} << 20),
                                             " MiB) cast again in backward instead of kept"));
     }
-  } else if (spec.fusions) {
-    passes::FoldCastsReport w = passes::fold_weight_casts(g);
-    if (w.casts > 0)
-      entry->passes.applied.push_back(str("fold_weight_casts: ", w.casts, " bf16 weight casts done by the GEMMs"));
   }
   entry->passes.ops_after = op_counts(g);
   runtime::PlanOptions options;

@@ -338,9 +338,6 @@ TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
           if (type != "gpt2")  // GPT-2's MLP is Conv1D: MatMul + Add, not Linear
             EXPECT_GT(log.ops_after.count("LinearGelu") ? log.ops_after.at("LinearGelu") : 0, 0) << arch;
           EXPECT_LT(dropouts(log.ops_after), dropouts(log.ops_before)) << arch;
-          const bool folded = std::any_of(log.applied.begin(), log.applied.end(),
-                                          [](const std::string& a) { return a.rfind("fold_weight_casts:", 0) == 0; });
-          EXPECT_EQ(folded, bf16) << arch;  // the GEMMs round the f32 weights themselves
           const bool merged = std::any_of(log.applied.begin(), log.applied.end(), [](const std::string& a) {
             return a.rfind("merge_duplicate_casts:", 0) == 0;
           });

@@ -57,19 +57,4 @@ struct MergeCastsReport {
 /// forward part (nodes before `backward_begin`), so gradients are bit-identical.
 MergeCastsReport merge_duplicate_casts(ir::Graph& graph, size_t backward_begin);
 
-/// What fold_weight_casts changed.
-struct FoldCastsReport {
-  int64_t casts = 0;       ///< weight casts removed
-  int64_t readers = 0;     ///< products (forward and backward) now reading the f32 weight
-  size_t bytes_saved = 0;  ///< bf16 weight copies no longer written each step
-};
-
-/// bf16 mixed precision casts each 2-D weight to bf16 for the matmuls that read it. When every
-/// reader of such a cast is a product taking it as its weight operand (Linear's w, a single
-/// MatMul's b) against a bf16 operand, the readers take the f32 weight instead and the GEMM
-/// rounds it to bf16 as it packs it (the same rounding as Cast): no cast pass over the weights
-/// and no bf16 copies in the arena, in forward or backward. Results are bit-identical. Runs after
-/// autodiff, on the whole training graph; casts with any other reader are left alone.
-FoldCastsReport fold_weight_casts(ir::Graph& graph);
-
 }  // namespace fusetrain::passes

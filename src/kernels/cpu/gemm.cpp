@@ -11,7 +11,6 @@
 #include "kernels/cpu/gemm.h"
 
 #include "fusetrain/core/half.h"
-#include "kernels/cpu/vec_math.h"
 
 #include <immintrin.h>
 
@@ -59,21 +58,6 @@ float to_f32(uint16_t x) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
-}
-
-// An f32 operand of a bf16 product: read rounded to bf16 (nearest even), exactly as Cast rounds,
-// so the product equals the bf16 GEMM of the cast operand.
-struct F32AsBf16 {
-  float value;
-};
-float to_f32(F32AsBf16 x) { return to_f32(float_to_bf16(x.value)); }
-
-// n floats to bf16 with the Cast kernel's rounding (nearest even, subnormals kept, NaN quieted).
-FT_TARGET_AVX512 void round_to_bf16(uint16_t* out, const float* in, int64_t n) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = cpu_basic::tail_mask(n - i);
-    _mm256_mask_storeu_epi16(out + i, m, cpu_basic::f32_to_bf16_16(_mm512_maskz_loadu_ps(m, in + i)));
-  }
 }
 
 // ---------------------------------------------------------------------------
@@ -349,25 +333,6 @@ struct KernelBf16Avx512 {
       for (int x = 0; x < R; x++) dst[kp * R + x] = x < w ? src[x * xs + kc - 1] : 0;
   }
 
-  // An f32 operand: rounded to bf16 into a stack tile laid out as one of the cases above, then packed.
-  template <int R>
-  static void pack(uint32_t* dst, const F32AsBf16* src, int64_t xs, int64_t ks, int w, int64_t kc) {
-    alignas(64) uint16_t rounded[KC * R];  // (kc, R) or (R, kc); kc <= KC
-    const float* f = reinterpret_cast<const float*>(src);
-    if (xs == 1) {
-      for (int64_t k = 0; k < kc; k++) round_to_bf16(rounded + k * R, f + k * ks, w);
-      return pack<R>(dst, rounded, 1, R, w, kc);
-    }
-    for (int x = 0; x < w; x++) {
-      if (ks == 1) {
-        round_to_bf16(rounded + x * kc, f + x * xs, kc);
-      } else {
-        for (int64_t k = 0; k < kc; k++) rounded[x * kc + k] = float_to_bf16(f[x * xs + k * ks]);
-      }
-    }
-    pack<R>(dst, rounded, kc, 1, w, kc);
-  }
-
   template <int ROWS>
   FT_TARGET_AVX512_BF16 static void micro_rows(int64_t kd, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
                                                int nr, float alpha, float beta) {
@@ -419,8 +384,8 @@ char* thread_scratch(void* scratch, size_t slice_bytes, int t) {
 
 // C (M, N) = alpha * a (M, K) * b (K, N) + beta * C on one thread; requires K > 0. This C is
 // the block of the whole product at (row0, col0), which is what the epilogue is told.
-template <class Kernel, typename TA, typename TB>
-void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, Operand<TA> a, Operand<TB> b, float beta, float* C,
+template <class Kernel, typename T>
+void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, Operand<T> a, Operand<T> b, float beta, float* C,
                  int64_t ldc, char* work, const GemmEpilogue* epilogue = nullptr, int64_t row0 = 0, int64_t col0 = 0) {
   using Packed = typename Kernel::Packed;
   constexpr int MR = Kernel::MR, NR = Kernel::NR;
@@ -469,11 +434,11 @@ void split_range(int64_t total, int64_t unit, int parts, int index, int64_t* beg
   *end = std::min(total, units * (index + 1) / parts * unit);
 }
 
-template <class Kernel, typename TA, typename TB>
-void gemm_threads(const GemmShape& s, float alpha, const TA* A, const TB* B, float beta, float* C, void* scratch,
+template <class Kernel, typename T>
+void gemm_threads(const GemmShape& s, float alpha, const T* A, const T* B, float beta, float* C, void* scratch,
                   int threads, const GemmEpilogue* epilogue) {
-  Operand<TA> a{A, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1};
-  Operand<TB> b{B, s.trans_b ? s.ldb : 1, s.trans_b ? 1 : s.ldb};
+  Operand<T> a{A, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1};
+  Operand<T> b{B, s.trans_b ? s.ldb : 1, s.trans_b ? 1 : s.ldb};
   size_t slice = thread_scratch_bytes(s);
   if (threads <= 1) {
     gemm_serial<Kernel>(s.M, s.N, s.K, alpha, a, b, beta, C, s.ldc, thread_scratch(scratch, slice, 0), epilogue);
@@ -487,8 +452,7 @@ void gemm_threads(const GemmShape& s, float alpha, const TA* A, const TB* B, flo
     split_range(s.M, Kernel::MR, tm, t / tn, &m0, &m1);
     split_range(s.N, Kernel::NR, tn, t % tn, &n0, &n1);
     if (m0 < m1 && n0 < n1) {
-      Operand<TA> a_t{a.at(m0, 0), a.xs, a.ks};
-      Operand<TB> b_t{b.at(n0, 0), b.xs, b.ks};
+      Operand<T> a_t{a.at(m0, 0), a.xs, a.ks}, b_t{b.at(n0, 0), b.xs, b.ks};
       gemm_serial<Kernel>(m1 - m0, n1 - n0, s.K, alpha, a_t, b_t, beta, C + m0 * s.ldc + n0, s.ldc,
                           thread_scratch(scratch, slice, t), epilogue, m0, n0);
     }
@@ -530,8 +494,8 @@ void scale_c(const GemmShape& s, float beta, float* C) {
   }
 }
 
-template <typename TA, typename TB>
-void gemm_any(Isa isa, const GemmShape& s, float alpha, const TA* A, const TB* B, float beta, float* C, void* scratch,
+template <typename T>
+void gemm_any(Isa isa, const GemmShape& s, float alpha, const T* A, const T* B, float beta, float* C, void* scratch,
               int threads, const GemmEpilogue* epilogue = nullptr) {
   if (s.M <= 0 || s.N <= 0) return;
   if (s.K <= 0 || alpha == 0.0f) {
@@ -540,7 +504,7 @@ void gemm_any(Isa isa, const GemmShape& s, float alpha, const TA* A, const TB* B
     return;
   }
   if (2.0 * double(s.M) * double(s.N) * double(s.K) < 2e5) threads = 1;  // a parallel region costs more
-  if constexpr (std::is_same_v<TA, uint16_t>) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
     if (isa == Isa::avx512_bf16)
       return gemm_threads<KernelBf16Avx512>(s, alpha, A, B, beta, C, scratch, threads, epilogue);
   }
@@ -601,12 +565,6 @@ void gemm_f32(const GemmShape& shape, float alpha, const float* A, const float* 
 void gemm_bf16(const GemmShape& shape, float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C,
                void* scratch, int num_threads, const GemmEpilogue* epilogue) {
   gemm_any(select_isa(), shape, alpha, A, B, beta, C, scratch, num_threads, epilogue);
-}
-
-void gemm_bf16_f32b(const GemmShape& shape, float alpha, const uint16_t* A, const float* B, float beta, float* C,
-                    void* scratch, int num_threads, const GemmEpilogue* epilogue) {
-  gemm_any(select_isa(), shape, alpha, A, reinterpret_cast<const F32AsBf16*>(B), beta, C, scratch, num_threads,
-           epilogue);
 }
 
 void gemm_f32_batched(const GemmShape& shape, int64_t batch, int64_t stride_a, int64_t stride_b, int64_t stride_c,

@@ -40,11 +40,6 @@ size_t gemm_bf16_scratch_bytes(const GemmShape& shape, int num_threads);
 void gemm_bf16(const GemmShape& shape, float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C,
                void* scratch, int num_threads, const GemmEpilogue* epilogue = nullptr);
 
-// A holds bf16 bit patterns and B f32 values, which are rounded to bf16 (nearest even) as they
-// are packed: the result is gemm_bf16's on B cast to bf16, without the cast's pass or buffer.
-// Scratch as gemm_bf16_scratch_bytes.
-void gemm_bf16_f32b(const GemmShape& shape, float alpha, const uint16_t* A, const float* B, float beta, float* C,
-                    void* scratch, int num_threads, const GemmEpilogue* epilogue = nullptr);
 // A and B hold IEEE half bit patterns. No CPU this targets multiplies in f16, so
 // the operands are converted to f32 in scratch first (exactly: every half is an
 // f32) and the f32 GEMM runs: the products and f32 sums an fp16 tensor core forms.

@@ -18,8 +18,7 @@ namespace fusetrain::kernels {
 
 namespace {
 
-// a (..., M, K) x b (..., K, N) -> c (..., M, N), f32, bf16 or f16 operands (or bf16 a with a 2-D
-// f32 b, rounded as it is packed), f32 result.
+// a (..., M, K) x b (..., K, N) -> c (..., M, N), f32, bf16 or f16 operands, f32 result.
 // trans_a: a stored (..., K, M); trans_b: b stored (..., N, K).
 class MatMulKernel final : public Kernel {
  public:
@@ -27,7 +26,6 @@ class MatMulKernel final : public Kernel {
     const Shape& a = g.value(node.inputs[0]).shape;
     const Shape& b = g.value(node.inputs[1]).shape;
     dtype_ = g.value(node.inputs[0]).dtype;
-    f32_b_ = dtype_ == DType::bf16 && g.value(node.inputs[1]).dtype == DType::f32;
     bool trans_a = node.attrs.get_int("trans_a", 0) != 0;
     bool trans_b = node.attrs.get_int("trans_b", 0) != 0;
     int64_t m = trans_a ? a[-1] : a[-2];
@@ -68,10 +66,7 @@ class MatMulKernel final : public Kernel {
     float* c = static_cast<float*>(args.outputs[0].data());  // c: (batch, M, N)
     int threads = ctx.num_threads;
     if (batch_ == 1) {
-      if (f32_b_)
-        gemm_bf16_f32b(shape_, 1.0f, static_cast<const uint16_t*>(a), static_cast<const float*>(b), beta, c,
-                       args.scratch, threads);
-      else if (dtype_ == DType::f16)
+      if (dtype_ == DType::f16)
         gemm_f16(shape_, 1.0f, static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), beta, c, args.scratch,
                  threads);
       else if (dtype_ == DType::bf16)
@@ -93,12 +88,8 @@ class MatMulKernel final : public Kernel {
                        static_cast<const float*>(b), beta, c, args.scratch, threads);
   }
 
-  bool batched() const { return batch_ != 1; }
-  bool f32_b() const { return f32_b_; }
-
  private:
-  DType dtype_ = DType::f32;  // of a, and of b unless f32_b_
-  bool f32_b_ = false;        // bf16 a with f32 b, rounded to bf16 as it is packed
+  DType dtype_ = DType::f32;  // of both operands
   GemmShape shape_{};
   int64_t batch_ = 1;
   int64_t stride_a_ = 0, stride_b_ = 0, stride_c_ = 0;  // elements between consecutive batch matrices
@@ -148,8 +139,7 @@ struct LinearEpilogue {
 };
 
 // Linear: y (R, N) = x (R, K) · w (N, K)ᵀ + bias (N). LinearGelu: z = the same, output 1, and
-// y = gelu(z), output 0. x and w f32, bf16 or f16, or bf16 x with f32 w (rounded as it is
-// packed, see fold_weight_casts); y and z f32. The bias and the GELU are the
+// y = gelu(z), output 0. x and w f32, bf16 or f16; y and z f32. The bias and the GELU are the
 // GEMM's epilogue, applied to each strip of rows as it is finished, while it is in cache; only
 // an accumulating Linear (y += ..., never LinearGelu) adds its bias in a pass of its own.
 class LinearKernel final : public Kernel {
@@ -158,7 +148,6 @@ class LinearKernel final : public Kernel {
     const Shape& x = g.value(node.inputs[0]).shape;
     const Shape& w = g.value(node.inputs[1]).shape;
     dtype_ = g.value(node.inputs[0]).dtype;
-    f32_w_ = dtype_ == DType::bf16 && g.value(node.inputs[1]).dtype == DType::f32;
     has_bias_ = node.inputs.size() == 3;
     if (node.op == ir::OpKind::LinearGelu) {
       gelu_ = cpu_basic::gelu_fn(node.attrs.get_string("approximate", "none") == "tanh");
@@ -191,10 +180,7 @@ class LinearKernel final : public Kernel {
     const GemmEpilogue* ep = fused.bias || fused.y ? &epilogue : nullptr;
     const float beta = accumulate ? 1.0f : 0.0f;
     const int threads = ctx.num_threads;
-    if (f32_w_)
-      gemm_bf16_f32b(shape_, 1.0f, static_cast<const uint16_t*>(args.inputs[0].data()),
-                     static_cast<const float*>(args.inputs[1].data()), beta, c, args.scratch, threads, ep);
-    else if (dtype_ == DType::f16)
+    if (dtype_ == DType::f16)
       gemm_f16(shape_, 1.0f, static_cast<const uint16_t*>(args.inputs[0].data()),
                static_cast<const uint16_t*>(args.inputs[1].data()), beta, c, args.scratch, threads, ep);
     else if (dtype_ == DType::bf16)
@@ -210,8 +196,7 @@ class LinearKernel final : public Kernel {
   }
 
  private:
-  DType dtype_ = DType::f32;  // of x, and of w unless f32_w_
-  bool f32_w_ = false;        // bf16 x with f32 w, rounded to bf16 as it is packed
+  DType dtype_ = DType::f32;  // of x and w
   bool has_bias_ = false;
   cpu_basic::GeluFn gelu_ = nullptr;         // LinearGelu's activation; null for Linear
   cpu_basic::RoundBf16Fn round_ = nullptr;  // LinearGelu keeping z in bf16
@@ -225,11 +210,7 @@ std::unique_ptr<Kernel> make_cpu_matmul_kernel(const ir::Graph& graph, const ir:
     case ir::OpKind::MatMul:
       // A bf16 result is rare (inference casts); the reference kernel covers it.
       if (graph.value(node.outputs[0]).dtype != DType::f32) return nullptr;
-      {
-        auto kernel = std::make_unique<MatMulKernel>(graph, node);
-        if (kernel->f32_b() && kernel->batched()) return nullptr;  // mixed operands: single products only
-        return kernel;
-      }
+      return std::make_unique<MatMulKernel>(graph, node);
     case ir::OpKind::Linear:
     case ir::OpKind::LinearGelu:
       return std::make_unique<LinearKernel>(graph, node);

@@ -8,20 +8,12 @@
 namespace fusetrain::kernels::ref {
 namespace {
 
-// Element i of an operand stored as `stored` in a product computed in `compute`: an f32 operand of
-// a bf16 product is rounded to bf16 first, as the tuned GEMM rounds it while packing.
-double load_operand(const void* data, DType stored, DType compute, int64_t i) {
-  if (stored == DType::f32 && compute == DType::bf16)
-    return bf16_to_float(float_to_bf16(static_cast<const float*>(data)[i]));
-  return load(data, stored, i);
-}
-
 // c[batch] (M, N) = op(a[batch]) · op(b[batch])
 //   a: (batch, M, K), or (batch, K, M) with trans_a; batch stride 0 when a is 2-D
 //   b: (batch, K, N), or (batch, N, K) with trans_b; batch stride 0 when b is 2-D
-void matmul_forward(void* c, DType c_dtype, const void* a, const void* b, DType ab_dtype, DType b_dtype, int64_t batch,
-                    int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t a_batch_stride,
-                    int64_t b_batch_stride, bool accumulate) {
+void matmul_forward(void* c, DType c_dtype, const void* a, const void* b, DType ab_dtype, int64_t batch, int64_t M,
+                    int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t a_batch_stride, int64_t b_batch_stride,
+                    bool accumulate) {
   for (int64_t p = 0; p < batch; ++p) {
     const int64_t a0 = p * a_batch_stride, b0 = p * b_batch_stride, c0 = p * M * N;
     for (int64_t m = 0; m < M; ++m) {
@@ -29,7 +21,7 @@ void matmul_forward(void* c, DType c_dtype, const void* a, const void* b, DType 
         double sum = 0.0;
         for (int64_t k = 0; k < K; ++k) {
           double x = load(a, ab_dtype, a0 + (trans_a ? k * M + m : m * K + k));
-          double y = load_operand(b, b_dtype, ab_dtype, b0 + (trans_b ? n * K + k : k * N + n));
+          double y = load(b, ab_dtype, b0 + (trans_b ? n * K + k : k * N + n));
           sum += x * y;
         }
         store(c, c_dtype, c0 + m * N + n, sum, accumulate);
@@ -39,13 +31,12 @@ void matmul_forward(void* c, DType c_dtype, const void* a, const void* b, DType 
 }
 
 // y (R, N) = x (R, K) · wᵀ + bias;  w: (N, K), bias: (N) f32 or null
-void linear_forward(void* y, const void* x, const void* w, const void* bias, DType xw_dtype, DType w_dtype, int64_t R,
-                    int64_t N, int64_t K, bool accumulate) {
+void linear_forward(void* y, const void* x, const void* w, const void* bias, DType xw_dtype, int64_t R, int64_t N,
+                    int64_t K, bool accumulate) {
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t n = 0; n < N; ++n) {
       double sum = bias != nullptr ? load(bias, DType::f32, n) : 0.0;
-      for (int64_t k = 0; k < K; ++k)
-        sum += load(x, xw_dtype, r * K + k) * load_operand(w, w_dtype, xw_dtype, n * K + k);
+      for (int64_t k = 0; k < K; ++k) sum += load(x, xw_dtype, r * K + k) * load(w, xw_dtype, n * K + k);
       store(y, DType::f32, r * N + n, sum, accumulate);
     }
   }
@@ -57,7 +48,6 @@ class MatMulRef final : public RefKernel {
       : trans_a_(n.attrs.get_int("trans_a", 0) != 0),
         trans_b_(n.attrs.get_int("trans_b", 0) != 0),
         ab_dtype_(input_dtype(g, n, 0)),
-        b_dtype_(input_dtype(g, n, 1)),
         c_dtype_(output_dtype(g, n, 0)) {
     const Shape& a = input_shape(g, n, 0);
     const Shape& b = input_shape(g, n, 1);
@@ -72,13 +62,13 @@ class MatMulRef final : public RefKernel {
   }
 
   void run(const KernelArgs& args, const StepContext&) override {
-    matmul_forward(args.outputs[0].data(), c_dtype_, args.inputs[0].data(), args.inputs[1].data(), ab_dtype_, b_dtype_,
-                   batch_, M_, N_, K_, trans_a_, trans_b_, a_batch_stride_, b_batch_stride_, accumulate_flag(args, 0));
+    matmul_forward(args.outputs[0].data(), c_dtype_, args.inputs[0].data(), args.inputs[1].data(), ab_dtype_, batch_,
+                   M_, N_, K_, trans_a_, trans_b_, a_batch_stride_, b_batch_stride_, accumulate_flag(args, 0));
   }
 
  private:
   bool trans_a_, trans_b_;
-  DType ab_dtype_, b_dtype_, c_dtype_;
+  DType ab_dtype_, c_dtype_;
   int64_t M_ = 0, N_ = 0, K_ = 0, batch_ = 1, a_batch_stride_ = 0, b_batch_stride_ = 0;
 };
 
@@ -88,7 +78,6 @@ class LinearRef final : public RefKernel {
  public:
   LinearRef(const ir::Graph& g, const ir::Node& n)
       : xw_dtype_(input_dtype(g, n, 0)),
-        w_dtype_(input_dtype(g, n, 1)),
         has_bias_(n.inputs.size() == 3),
         gelu_(n.op == ir::OpKind::LinearGelu),
         tanh_(n.attrs.get_string("approximate", "none") == "tanh"),
@@ -104,14 +93,14 @@ class LinearRef final : public RefKernel {
   void run(const KernelArgs& args, const StepContext&) override {
     const void* bias = has_bias_ ? args.inputs[2].data() : nullptr;
     if (!gelu_) {
-      linear_forward(args.outputs[0].data(), args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, w_dtype_,
-                     R_, N_, K_, accumulate_flag(args, 0));
+      linear_forward(args.outputs[0].data(), args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_, K_,
+                     accumulate_flag(args, 0));
       return;
     }
     float* y = static_cast<float*>(args.outputs[0].data());
     if (bf16_z_) {
       uint16_t* z = static_cast<uint16_t*>(args.outputs[1].data());
-      linear_forward(y, args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, w_dtype_, R_, N_, K_, false);
+      linear_forward(y, args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_, K_, false);
       for (int64_t i = 0; i < R_ * N_; ++i) {
         z[i] = float_to_bf16(y[i]);
         y[i] = static_cast<float>(gelu_forward(bf16_to_float(z[i]), tanh_));
@@ -119,12 +108,12 @@ class LinearRef final : public RefKernel {
       return;
     }
     float* z = static_cast<float*>(args.outputs[1].data());
-    linear_forward(z, args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, w_dtype_, R_, N_, K_, false);
+    linear_forward(z, args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_, K_, false);
     for (int64_t i = 0; i < R_ * N_; ++i) y[i] = static_cast<float>(gelu_forward(z[i], tanh_));
   }
 
  private:
-  DType xw_dtype_, w_dtype_;
+  DType xw_dtype_;
   bool has_bias_;
   bool gelu_, tanh_, bf16_z_;
   int64_t R_ = 0, N_ = 0, K_ = 0;
