@@ -213,8 +213,9 @@ class LayerNormKernel final : public Kernel {
 
 // AddLayerNorm: row by row, sum = dropout(x) + residual (or x + residual when p is 0), then the
 // LayerNorm of that row while it is in cache. Each element of x is read before its sum is
-// written, so the sum may take over x's memory (kInPlace). Both steps are the Dropout/Add and LayerNorm kernels'
-// own code, so the result is bit for bit theirs.
+// written, so the sum may take over x's memory (kInPlace). With dropout the row goes through the
+// Dropout kernel's loop and then LayerNorm's; without, add_layernorm_row_* does the same
+// operations in the same order; either way the result is bit for bit the unfused kernels'.
 class AddLayerNormKernel final : public Kernel {
  public:
   AddLayerNormKernel(int64_t rows, int64_t C, float eps, double p, uint64_t seed)
