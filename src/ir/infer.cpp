@@ -392,6 +392,26 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       c.require(c.shape(2) == rows && c.shape(3) == rows, "targets and lse should be ", rows.to_string());
       return {{c.shape(1), DType::f32}};
     }
+    case OpKind::LinearCrossEntropy: {
+      // x (R..., K), w (V, K), targets (R...), [bias (V)] -> loss (), dx (R..., K), dw (V, K), dbias (V)
+      const Shape& x = c.shape(0);
+      const Shape& w = c.shape(1);
+      c.require(c.dtype(0) == DType::f32 || c.dtype(0) == DType::bf16, "x should be f32 or bf16, found ",
+                dtype_name(c.dtype(0)));
+      c.require_same_dtype(0, 1);
+      c.require(x.rank() >= 2 && w.rank() == 2, "expected x (..., K) and weight (V, K)");
+      c.require(x[-1] == w[1], "x has ", x[-1], " features but weight ", w.to_string(), " expects ", w[1]);
+      c.require_index(2, "targets");
+      Shape rows(std::vector<int64_t>(x.dims().begin(), x.dims().end() - 1));
+      c.require(c.shape(2) == rows, "targets should be ", rows.to_string(), ", found ", c.shape(2).to_string());
+      if (n_in == 4) {
+        c.require_f32(3, "bias");
+        c.require(c.shape(3) == Shape{w[0]}, "bias shape ", c.shape(3).to_string(), " should be (", w[0], ")");
+      }
+      attrs.get_int("ignore_index", -100);
+      c.require(attrs.get_int("chunk_rows", 0) >= 0, "chunk_rows must be 0 (automatic) or positive");
+      return {{Shape{}, DType::f32}, {x, DType::f32}, {w, DType::f32}, {Shape{w[0]}, DType::f32}};
+    }
     case OpKind::SigmoidCrossEntropy:
       c.require_f32(0, "logits");
       c.require_f32(1, "targets");

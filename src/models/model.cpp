@@ -383,6 +383,12 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
           str("fuse_linear_gelu: ", lg.fused, " bias + GELU applied by the Linear's GEMM epilogue"));
   }
   if (with_backward) {
+    if (spec.fusions && !spec.fp16) {  // fp16 must scale d(logits) before rounding it: not fused
+      passes::FusionReport ce = passes::fuse_linear_cross_entropy(g);
+      if (ce.fused > 0)
+        entry->passes.applied.push_back(str("fuse_linear_cross_entropy: ", ce.fused,
+                                            " output projections + losses in row chunks; logits never stored"));
+    }
     const size_t backward_begin = g.nodes().size();
     ir::ValueId seed = spec.fp16 ? g.add_input(kLossScaleInput, Shape{}, DType::f32) : ir::kNone;
     autodiff::build_backward(g, entry->built.loss, g.params(), seed);

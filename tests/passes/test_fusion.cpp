@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "fusetrain/fusetrain.h"
 #include "fusetrain/passes/fusion.h"
@@ -29,7 +30,7 @@ struct GraphRun {
 };
 
 GraphRun run_graph(ir::Graph& g, ValueId loss, float amplitude, float frequency, int64_t step,
-                   runtime::PlanOptions options = {}) {
+                   runtime::PlanOptions options = {}, const std::function<void(runtime::Plan&)>& feed = {}) {
   autodiff::build_backward(g, loss, g.params());
   runtime::ParameterStore params(g);
   for (size_t i = 0; i < params.slots().size(); ++i) {
@@ -38,6 +39,7 @@ GraphRun run_graph(ir::Graph& g, ValueId loss, float amplitude, float frequency,
       p[k] = amplitude * std::sin(frequency * static_cast<float>(k + 13 * static_cast<int64_t>(i)));
   }
   auto plan = runtime::Plan::compile(g, params, options);
+  if (feed) feed(*plan);
   params.zero_grads();
   plan->set_step(step);
   plan->run();
@@ -372,6 +374,83 @@ TEST(FuseDecomposed, LeavesLookalikesAlone) {
   EXPECT_EQ(passes::fuse_erf_gelu(g).fused, 0);
   EXPECT_EQ(count(g, OpKind::Sqrt), 1);
   EXPECT_EQ(count(g, OpKind::Erf), 2);
+}
+
+
+// A language-model head: h = tanh(x·w1ᵀ), logits = h·wvᵀ (+ bias) over V = 301 classes, and the
+// cross-entropy against targets of which `ignored` (a fraction) are -100. Operands in `precision`
+// (casts before the head, as bf16 models build it). Returns the loss and every gradient.
+GraphRun run_lm_head(bool fuse, DType precision, bool bias, double ignored, int64_t chunk_rows, int threads) {
+  ir::Graph g;
+  ir::GraphBuilder b(g, 3);
+  const int64_t B = 3, T = 37, C = 24, V = 301;
+  ValueId h = b.tanh(b.linear(b.param("x", {B, T, C}), b.param("w1", {C, C}), ir::kNone));
+  auto operand = [&](ValueId v) { return precision == DType::f32 ? v : b.cast(v, precision); };
+  ValueId logits =
+      b.linear(operand(h), operand(b.param("wv", {V, C})), bias ? b.param("bias", {V}) : ir::kNone);
+  ValueId loss = b.softmax_cross_entropy(logits, b.input("targets", {B, T}, DType::i64));
+  g.mark_output(loss);
+  if (fuse) {
+    passes::FusionReport report = passes::fuse_linear_cross_entropy(g, chunk_rows);
+    EXPECT_EQ(report.fused, 1);
+    EXPECT_EQ(report.nodes_removed, 1);
+    EXPECT_EQ(count(g, OpKind::SoftmaxCrossEntropy), 0);
+    EXPECT_EQ(count(g, OpKind::LinearCrossEntropy), 1);
+    EXPECT_EQ(count(g, OpKind::Linear), 1);  // the first one
+  }
+  runtime::PlanOptions options;
+  options.num_threads = threads;
+  return run_graph(g, loss, 0.5f, 0.29f, 0, options, [&](runtime::Plan& plan) {
+    int64_t* t = plan.input("targets").data_as<int64_t>();
+    for (int64_t i = 0; i < B * T; ++i) {
+      const bool skip = static_cast<double>((i * 37) % 100) < ignored * 100.0;
+      t[i] = skip ? -100 : (i * 7919) % V;
+    }
+  });
+}
+
+TEST(FuseLinearCrossEntropy, SameLossAndGradientsWithoutStoringLogits) {
+  for (DType precision : {DType::f32, DType::bf16})
+    for (bool bias : {true, false})
+      for (double ignored : {0.0, 0.85, 1.0})
+        for (int64_t chunk : {int64_t{0}, int64_t{16}})
+          for (int threads : {1, 2}) {
+            const std::string label = str(dtype_name(precision), bias ? " bias" : " no-bias", " ignored ", ignored,
+                                          " chunk ", chunk, " threads ", threads);
+            GraphRun plain = run_lm_head(false, precision, bias, ignored, chunk, threads);
+            GraphRun fused = run_lm_head(true, precision, bias, ignored, chunk, threads);
+            // Each row's logits, lse and d(logits) are the unfused kernels' own, so the loss and the
+            // gradients below the head (x, w1) agree bit for bit; the head's weight and bias sum the
+            // same terms over rows in another grouping (chunks of counted rows), so to rounding.
+            EXPECT_EQ(plain.loss, fused.loss) << label;
+            ASSERT_EQ(plain.grads.size(), fused.grads.size());
+            double max_grad = 0.0;
+            for (float v : plain.grads) max_grad = std::max(max_grad, static_cast<double>(std::abs(v)));
+            const size_t below_head = 3 * 37 * 24 + 24 * 24;  // x, then w1: the first parameters declared
+            for (size_t i = 0; i < plain.grads.size(); ++i) {
+              if (i < below_head)
+                ASSERT_EQ(plain.grads[i], fused.grads[i]) << label << " gradient " << i;
+              else
+                ASSERT_NEAR(plain.grads[i], fused.grads[i], 1e-6 * max_grad) << label << " gradient " << i;
+            }
+            if (ignored == 1.0) EXPECT_EQ(fused.loss, 0.0f) << label;
+          }
+}
+
+TEST(FuseLinearCrossEntropy, LeavesLogitsThatAreReadElsewhereAlone) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  ValueId x = b.param("x", {4, 8});
+  ValueId targets = b.input("targets", {4}, DType::i64);
+  ValueId read = b.linear(x, b.param("w", {5, 8}), ir::kNone);  // the logits are an output too
+  g.mark_output(read);
+  g.mark_output(b.softmax_cross_entropy(read, targets));
+  ValueId half = b.linear(b.cast(x, DType::f16), b.cast(b.param("w2", {5, 8}), DType::f16), ir::kNone);
+  g.mark_output(b.softmax_cross_entropy(half, targets));  // f16 operands: not fused
+  ValueId scaled = b.scale(b.linear(x, b.param("w3", {5, 8}), ir::kNone), 2.0);
+  g.mark_output(b.softmax_cross_entropy(scaled, targets));  // not a Linear's output
+  EXPECT_EQ(passes::fuse_linear_cross_entropy(g).fused, 0);
+  EXPECT_EQ(count(g, OpKind::SoftmaxCrossEntropy), 3);
 }
 
 }  // namespace

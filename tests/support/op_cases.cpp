@@ -210,6 +210,41 @@ std::vector<OpCase> make_cases() {
         return Outs{b.softmax_cross_entropy(b.param("logits", {2, n, 5}), b.input("targets", {2, n}, DType::i64))};
       },
       {{"logits", {-2, 2}}, {"targets", {0, 0, 5}}});
+  // Chunks of 2 rows make the weight gradient accumulate over several chunks; a quarter of
+  // the targets are ignored and must drop out of the loss and every gradient.
+  for (int64_t chunk : {int64_t{0}, int64_t{2}})
+    add(chunk == 0 ? "linear_cross_entropy" : "linear_cross_entropy_chunked", OpKind::LinearCrossEntropy,
+        [chunk](GraphBuilder& b, int64_t n) {
+          ValueId x = b.param("x", {2, n, 6}), w = b.param("w", {7, 6}), bias = b.param("bias", {7});
+          Outs out = b.graph().add_node(OpKind::LinearCrossEntropy, {x, w, b.input("targets", {2, n}, DType::i64), bias},
+                                        {{"ignore_index", int64_t{-100}}, {"chunk_rows", chunk}});
+          return Outs{out[0]};  // outputs 1-3 are the gradients the op forms itself
+        },
+        {{"targets", {0, 0, 7, 0.25}}});
+  add("linear_cross_entropy_no_bias", OpKind::LinearCrossEntropy,
+      [](GraphBuilder& b, int64_t n) {
+        ValueId x = b.param("x", {n, 5}), w = b.param("w", {9, 5});
+        return Outs{b.graph().add_node(OpKind::LinearCrossEntropy, {x, w, b.input("targets", {n}, DType::i32)},
+                                       {{"chunk_rows", int64_t{3}}})[0]};
+      },
+      {{"targets", {0, 0, 9}}});
+  {
+    // bf16 operands: values on a 1/16 grid are exact in bf16, and so are steps of 1/16.
+    OpCase& bf16 = add("linear_cross_entropy_bf16", OpKind::LinearCrossEntropy,
+                       [](GraphBuilder& b, int64_t n) {
+                         ValueId x = b.cast(b.param("x", {n, 8}), DType::bf16);
+                         ValueId w = b.cast(b.param("w", {6, 8}), DType::bf16);
+                         ValueId targets = b.input("targets", {n}, DType::i64);
+                         return Outs{b.graph().add_node(OpKind::LinearCrossEntropy, {x, w, targets, b.param("bias", {6})},
+                                                        {{"chunk_rows", int64_t{2}}})[0]};
+                       },
+                       {{"x", {-1, 1, 0, 0, 1.0 / 16}},
+                        {"w", {-1, 1, 0, 0, 1.0 / 16}},
+                        {"bias", {-1, 1, 0, 0, 1.0 / 16}},
+                        {"targets", {0, 0, 6, 0.25}}});
+    bf16.eps = 1.0 / 16;
+    bf16.tolerance = 5e-2;
+  }
   add("sigmoid_cross_entropy", OpKind::SigmoidCrossEntropy,
       [](GraphBuilder& b, int64_t n) {
         return Outs{b.sigmoid_cross_entropy(b.param("logits", {n, 3}), b.param("targets", {n, 3}))};

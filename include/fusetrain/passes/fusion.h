@@ -42,6 +42,15 @@ FusionReport fuse_add_layernorm(ir::Graph& graph);
 /// that, and applies GELU to the rounded values.
 FusionReport fuse_linear_gelu(ir::Graph& graph);
 
+/// Language-model head + loss: SoftmaxCrossEntropy(Linear(x, w, bias), targets) with f32 or bf16
+/// operands, where the logits feed nothing else, becomes LinearCrossEntropy(x, w, targets, bias)
+/// with outputs (loss, dx, dw, dbias). It works through the rows whose target counts in chunks
+/// (`chunk_rows`, 0: about 32 MiB of f32 logits per chunk) and forms each chunk's gradients while
+/// its logits are in cache, so the (rows, vocabulary) logits and their gradient are never stored,
+/// and rows with ignore_index (the unmasked positions of masked LM) cost nothing. Because the
+/// gradients are formed in the forward pass, run it only on graphs that will be differentiated.
+FusionReport fuse_linear_cross_entropy(ir::Graph& graph, int64_t chunk_rows = 0);
+
 /// Decomposed LayerNorm, as ONNX exporters and hand-written modules spell it:
 /// d = x - ReduceMean(x), Sqrt(ReduceMean(Pow(d, 2) or d·d) + eps), d divided by it, times
 /// gamma, plus beta (last axis, keepdims, either operand order), with every intermediate read

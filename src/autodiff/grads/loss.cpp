@@ -14,6 +14,23 @@ void grad_rule<OpKind::SoftmaxCrossEntropy>(GradContext& ctx) {
                                   {ctx.grad_output(0), ctx.input(0), ctx.input(1), ctx.output(1)}, ctx.attrs()));
 }
 
+// The forward already formed d(loss)/d(x, w, bias) for a unit upstream gradient (outputs 1-3);
+// backward scales them by the gradient that reached the loss, unless that is the constant 1.
+template <>
+void grad_rule<OpKind::LinearCrossEntropy>(GradContext& ctx) {
+  for (size_t i = 1; i < ctx.num_outputs(); ++i)
+    FT_CHECK(ctx.grad_output(i) == ir::kNone, "LinearCrossEntropy ", ctx.node().name, ": output ", i,
+             " is a gradient the op formed itself and is not differentiated");
+  const ValueId dloss = ctx.grad_output(0);
+  const ir::Value& d = ctx.g.value(dloss);
+  const bool unit = d.producer != ir::kNone && ctx.g.node(d.producer).op == OpKind::Fill &&
+                    ctx.g.node(d.producer).attrs.get_float("value", 0.0) == 1.0;
+  auto scaled = [&](ValueId unit_grad) { return unit ? unit_grad : ctx.b.mul(unit_grad, dloss); };
+  ctx.set_grad_input(0, scaled(ctx.output(1)));
+  ctx.set_grad_input(1, scaled(ctx.output(2)));
+  if (ctx.num_inputs() == 4) ctx.set_grad_input(3, scaled(ctx.output(3)));
+}
+
 template <>
 void grad_rule<OpKind::SigmoidCrossEntropy>(GradContext& ctx) {
   ctx.set_grad_input(0,

@@ -174,6 +174,20 @@ std::unique_ptr<Kernel> make_reduce_kernel(const ir::Graph& g, const ir::Node& n
 // loss.cpp
 std::unique_ptr<Kernel> make_cross_entropy_kernel(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_cross_entropy_backward_kernel(const ir::Graph& g, const ir::Node& n);
+/// The row pieces of SoftmaxCrossEntropy for the current code path, which LinearCrossEntropy
+/// shares so that its loss and gradients match the unfused ops. lse = log Σ_v exp(x[v]);
+/// softmax_grad writes d[v] = exp(x[v] - lse) * scale (d may be x).
+using RowLseFn = float (*)(const float* x, int64_t V);
+using RowSoftmaxGradFn = void (*)(float* d, const float* x, int64_t V, float lse, float scale);
+RowLseFn row_lse_fn();
+RowSoftmaxGradFn row_softmax_grad_fn();
+/// Target i of an i64 (`i64`) or i32 target tensor.
+inline int64_t load_target(const void* targets, bool i64, int64_t i) {
+  return i64 ? static_cast<const int64_t*>(targets)[i] : static_cast<const int32_t*>(targets)[i];
+}
+/// Rows whose target is not ignore_index; throws, naming `op` and `node`, on a target outside [0, V).
+int64_t count_targets(const char* op, const std::string& node, const void* targets, bool i64, int64_t N, int64_t V,
+                      int64_t ignore_index);
 
 // ---- plan-time graph access ----------------------------------------------------------
 

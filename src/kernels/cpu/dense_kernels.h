@@ -11,6 +11,9 @@ namespace fusetrain::kernels {
 /// other ops and for MatMul with out_dtype other than f32.
 std::unique_ptr<Kernel> make_cpu_matmul_kernel(const ir::Graph& graph, const ir::Node& node);
 
+/// LinearCrossEntropy in chunks of rows (kernels/cpu/linear_cross_entropy.cpp). Null for other ops.
+std::unique_ptr<Kernel> make_cpu_linear_cross_entropy_kernel(const ir::Graph& graph, const ir::Node& node);
+
 /// Flash-style Attention and AttentionBackward (kernels/cpu/attention.cpp). Null for other ops.
 std::unique_ptr<Kernel> make_cpu_attention_kernel(const ir::Graph& graph, const ir::Node& node);
 

@@ -20,25 +20,6 @@
 namespace fusetrain::kernels::cpu_basic {
 namespace {
 
-inline int64_t load_target(const void* targets, bool i64, int64_t i) {
-  return i64 ? static_cast<const int64_t*>(targets)[i] : static_cast<const int32_t*>(targets)[i];
-}
-
-// Counts rows whose target is not ignore_index; throws on a target outside [0, V).
-int64_t count_targets(const char* op, const std::string& node, const void* targets, bool i64, int64_t N, int64_t V,
-                      int64_t ignore_index) {
-  int64_t count = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    int64_t t = load_target(targets, i64, i);
-    if (t == ignore_index) continue;
-    if (t < 0 || t >= V)
-      throw Error(str(op, node.empty() ? "" : str(" \"", node, "\""), ": target ", t, " at row ", i,
-                      " is outside the vocabulary [0, ", V, ") and is not ignore_index ", ignore_index));
-    ++count;
-  }
-  return count;
-}
-
 // ---- log-sum-exp of one row ---------------------------------------------------------------------
 
 float row_lse_portable(const float* x, int64_t V) {
@@ -188,6 +169,25 @@ bool targets_dtype(DType t, bool* i64) {
 }
 
 }  // namespace
+
+// Counts rows whose target is not ignore_index; throws on a target outside [0, V).
+int64_t count_targets(const char* op, const std::string& node, const void* targets, bool i64, int64_t N, int64_t V,
+                      int64_t ignore_index) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    int64_t t = load_target(targets, i64, i);
+    if (t == ignore_index) continue;
+    if (t < 0 || t >= V)
+      throw Error(str(op, node.empty() ? "" : str(" \"", node, "\""), ": target ", t, " at row ", i,
+                      " is outside the vocabulary [0, ", V, ") and is not ignore_index ", ignore_index));
+    ++count;
+  }
+  return count;
+}
+
+RowLseFn row_lse_fn() { return use_avx512() ? row_lse_avx512 : row_lse_portable; }
+
+RowSoftmaxGradFn row_softmax_grad_fn() { return use_avx512() ? row_grad_avx512 : row_grad_portable; }
 
 std::unique_ptr<Kernel> make_cross_entropy_kernel(const ir::Graph& g, const ir::Node& n) {
   const Shape& logits = input_shape(g, n, 0);

@@ -228,6 +228,8 @@ std::unique_ptr<Kernel> make_cpu_dense_kernel(const ir::Graph& graph, const ir::
     case ir::OpKind::Attention:
     case ir::OpKind::AttentionBackward:
       return make_cpu_attention_kernel(graph, node);
+    case ir::OpKind::LinearCrossEntropy:
+      return make_cpu_linear_cross_entropy_kernel(graph, node);
     default:
       return nullptr;
   }

@@ -106,6 +106,7 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const ir::Graph& graph, const ir::
     case OpKind::LinearGelu:
     case OpKind::Attention:
     case OpKind::AttentionBackward:
+    case OpKind::LinearCrossEntropy:
       return nullptr;  // make_cpu_dense_kernel
     case OpKind::SigmoidCrossEntropy:
     case OpKind::SigmoidCrossEntropyBackward:

@@ -116,6 +116,81 @@ class CrossEntropyBackwardRef final : public RefKernel {
   int64_t R_ = 0, V_ = 0;
 };
 
+// LinearCrossEntropy: logits = x · wᵀ (+ bias) in double, then the loss of SoftmaxCrossEntropy and
+// d(loss)/d(x, w, bias) for a unit upstream gradient. With bf16 x and w, d(logits) is rounded to
+// bf16 before the products, as the unfused backward rounds it.
+class LinearCrossEntropyRef final : public RefKernel {
+ public:
+  LinearCrossEntropyRef(const ir::Graph& g, const ir::Node& n)
+      : label_(node_label(n)),
+        x_dtype_(input_dtype(g, n, 0)),
+        targets_dtype_(input_dtype(g, n, 2)),
+        ignore_index_(n.attrs.get_int("ignore_index", -100)),
+        has_bias_(n.inputs.size() == 4) {
+    const Shape& x = input_shape(g, n, 0);
+    K_ = x[-1];
+    R_ = x.numel(0, x.rank() - 1);
+    V_ = input_shape(g, n, 1)[0];
+  }
+
+  size_t scratch_bytes(int) const override {
+    return static_cast<size_t>(R_ * K_ + V_ * K_ + 2 * V_) * sizeof(double);
+  }
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const void* x = args.inputs[0].data();
+    const void* w = args.inputs[1].data();
+    const void* targets = args.inputs[2].data();
+    int64_t count = 0;
+    for (int64_t r = 0; r < R_; ++r)
+      if (checked_target(targets, targets_dtype_, r, V_, ignore_index_, label_) != ignore_index_) ++count;
+    // Sums in double, in scratch: dx (R, K), dw (V, K), dbias (V), one row of logits (V).
+    double* dx = static_cast<double*>(args.scratch);
+    double* dw = dx + R_ * K_;
+    double* dbias = dw + V_ * K_;
+    double* logits = dbias + V_;
+    std::fill(dx, logits, 0.0);
+    double loss_sum = 0.0;
+    for (int64_t r = 0; r < R_; ++r) {
+      const int64_t t = load_index(targets, targets_dtype_, r);
+      if (t == ignore_index_) continue;
+      double max = -std::numeric_limits<double>::infinity();
+      for (int64_t v = 0; v < V_; ++v) {
+        double z = has_bias_ ? load(args.inputs[3].data(), DType::f32, v) : 0.0;
+        for (int64_t k = 0; k < K_; ++k) z += load(x, x_dtype_, r * K_ + k) * load(w, x_dtype_, v * K_ + k);
+        logits[v] = z;
+        max = std::max(max, z);
+      }
+      double sum = 0.0;
+      for (int64_t v = 0; v < V_; ++v) sum += std::exp(logits[v] - max);
+      const double lse = max + std::log(sum);
+      loss_sum += lse - logits[t];
+      for (int64_t v = 0; v < V_; ++v) {
+        const double d = (std::exp(logits[v] - lse) - (v == t ? 1.0 : 0.0)) / count;
+        dbias[v] += d;
+        const double dg = x_dtype_ == DType::bf16 ? bf16_to_float(float_to_bf16(static_cast<float>(d))) : d;
+        for (int64_t k = 0; k < K_; ++k) {
+          dx[r * K_ + k] += dg * load(w, x_dtype_, v * K_ + k);
+          dw[v * K_ + k] += dg * load(x, x_dtype_, r * K_ + k);
+        }
+      }
+    }
+    store(args.outputs[0].data(), DType::f32, 0, count > 0 ? loss_sum / static_cast<double>(count) : 0.0,
+          accumulate_flag(args, 0));
+    for (int64_t i = 0; i < R_ * K_; ++i) store(args.outputs[1].data(), DType::f32, i, dx[i], accumulate_flag(args, 1));
+    for (int64_t i = 0; i < V_ * K_; ++i) store(args.outputs[2].data(), DType::f32, i, dw[i], accumulate_flag(args, 2));
+    for (int64_t i = 0; i < V_; ++i)
+      store(args.outputs[3].data(), DType::f32, i, has_bias_ ? dbias[i] : 0.0, accumulate_flag(args, 3));
+  }
+
+ private:
+  std::string label_;
+  DType x_dtype_, targets_dtype_;
+  int64_t ignore_index_;
+  bool has_bias_;
+  int64_t R_ = 0, K_ = 0, V_ = 0;
+};
+
 // loss () = mean over all N elements of max(x, 0) − x·y + log(1 + exp(−|x|)).
 class SigmoidCrossEntropyRef final : public RefKernel {
  public:
@@ -169,6 +244,10 @@ std::unique_ptr<Kernel> make_sigmoid_cross_entropy_backward_ref(const ir::Graph&
 
 std::unique_ptr<Kernel> make_cross_entropy_ref(const ir::Graph& g, const ir::Node& n) {
   return std::make_unique<CrossEntropyRef>(g, n);
+}
+
+std::unique_ptr<Kernel> make_linear_cross_entropy_ref(const ir::Graph& g, const ir::Node& n) {
+  return std::make_unique<LinearCrossEntropyRef>(g, n);
 }
 
 std::unique_ptr<Kernel> make_cross_entropy_backward_ref(const ir::Graph& g, const ir::Node& n) {

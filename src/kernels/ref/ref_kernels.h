@@ -258,6 +258,7 @@ std::unique_ptr<Kernel> make_reduce_sum_to_ref(const ir::Graph& g, const ir::Nod
 // loss_ref.cpp
 std::unique_ptr<Kernel> make_cross_entropy_ref(const ir::Graph& g, const ir::Node& n);
 std::unique_ptr<Kernel> make_cross_entropy_backward_ref(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_linear_cross_entropy_ref(const ir::Graph& g, const ir::Node& n);
 
 // attention_ref.cpp
 std::unique_ptr<Kernel> make_attention_ref(const ir::Graph& g, const ir::Node& n);

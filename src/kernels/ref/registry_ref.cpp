@@ -121,6 +121,8 @@ std::unique_ptr<Kernel> make_ref_kernel(const ir::Graph& graph, const ir::Node& 
       return ref::make_cross_entropy_backward_ref(graph, node);
     case OpKind::SigmoidCrossEntropy:
       return ref::make_sigmoid_cross_entropy_ref(graph, node);
+    case OpKind::LinearCrossEntropy:
+      return ref::make_linear_cross_entropy_ref(graph, node);
     case OpKind::SigmoidCrossEntropyBackward:
       return ref::make_sigmoid_cross_entropy_backward_ref(graph, node);
     case OpKind::AttentionBackward:

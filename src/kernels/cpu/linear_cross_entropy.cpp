@@ -1,0 +1,214 @@
+// LinearCrossEntropy: a language-model head and its loss in chunks of rows, with
+// the gradients formed in the same pass (see docs/ops.md).
+//
+// Legend: R rows (product of x's leading axes), K features, V vocabulary, m rows of one chunk.
+//   inputs:  x (R, K) and w (V, K), both f32 or both bf16; targets (R) i64/i32; bias (V) f32, optional
+//   outputs: loss () = mean over counted rows (target != ignore_index) of lse - logit[target]
+//            dx (R, K), dw (V, K), dbias (V): d(loss)/d(x, w, bias), f32
+// Only counted rows are computed: they are gathered into chunks of m, and per chunk
+//   logits (m, V) = x_c · wᵀ + bias           one GEMM, bias in its epilogue (as Linear)
+//   G = (softmax - onehot) / count            per row, in place (as SoftmaxCrossEntropyBackward)
+//   dx_c = G · w,  dw += Gᵀ · x_c,  dbias += Σ_rows G
+// With bf16 operands G is rounded to bf16 for the two GEMMs (as the unfused backward casts dlogits),
+// written over the first half of each f32 row, so the chunk needs no second buffer. The (R, V)
+// logits are never stored: scratch holds one chunk. Ignored rows get dx = 0 and cost nothing.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "fusetrain/core/alloc.h"
+#include "fusetrain/core/error.h"
+#include "kernels/cpu/basic_kernels.h"
+#include "kernels/cpu/dense_kernels.h"
+#include "kernels/cpu/gemm.h"
+
+namespace fusetrain::kernels {
+
+namespace {
+
+using cpu_basic::load_target;
+
+// Rows of one chunk when the node leaves it to the kernel: the f32 logits of a chunk stay near 32 MiB.
+constexpr int64_t kChunkBytes = int64_t{32} << 20;
+
+// The bias in the epilogue of the logits GEMM, exactly as LinearEpilogue adds it.
+struct BiasEpilogue {
+  const float* bias;
+  static void apply(const void* context, float* c, int64_t ldc, int64_t, int64_t col, int64_t rows, int64_t cols) {
+    const float* bias = static_cast<const BiasEpilogue*>(context)->bias + col;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] += bias[j];
+  }
+};
+
+class LinearCrossEntropyKernel final : public Kernel {
+ public:
+  LinearCrossEntropyKernel(const ir::Graph& g, const ir::Node& n) : name_(n.name) {
+    const Shape& x = g.value(n.inputs[0]).shape;
+    bf16_ = g.value(n.inputs[0]).dtype == DType::bf16;
+    i64_ = g.value(n.inputs[2]).dtype == DType::i64;
+    has_bias_ = n.inputs.size() == 4;
+    K_ = x[-1];
+    R_ = x.numel() / K_;
+    V_ = g.value(n.inputs[1]).shape[0];
+    ignore_index_ = n.attrs.get_int("ignore_index", -100);
+    const int64_t chunk = n.attrs.get_int("chunk_rows", 0);
+    m_ = std::clamp<int64_t>(chunk > 0 ? chunk : kChunkBytes / (V_ * 4), 1, std::max<int64_t>(R_, 1));
+    row_lse_ = cpu_basic::row_lse_fn();
+    softmax_grad_ = cpu_basic::row_softmax_grad_fn();
+    round_ = cpu_basic::round_to_bf16_fn();
+    const int64_t ldg = g_stride();
+    logits_shape_ = GemmShape{m_, V_, K_, false, true, K_, K_, V_};
+    dx_shape_ = GemmShape{m_, K_, V_, false, false, ldg, K_, K_};
+    dw_shape_ = GemmShape{V_, K_, m_, true, false, ldg, K_, K_};
+  }
+
+  size_t scratch_bytes(int num_threads) const override {
+    const int threads = std::max(num_threads, 1);
+    auto gemm_bytes = [&](const GemmShape& s) {
+      return bf16_ ? gemm_bf16_scratch_bytes(s, threads) : gemm_f32_scratch_bytes(s, threads);
+    };
+    Layout l = layout(threads);
+    return l.gemm + std::max({gemm_bytes(logits_shape_), gemm_bytes(dx_shape_), gemm_bytes(dw_shape_)});
+  }
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const int threads = std::max(ctx.num_threads, 1);
+    const Layout l = layout(threads);
+    char* scratch = static_cast<char*>(args.scratch);
+    auto* rows = reinterpret_cast<int64_t*>(scratch + l.rows);            // (R) counted rows, in order
+    auto* logits = reinterpret_cast<float*>(scratch + l.logits);          // (m, V), then G
+    char* x_chunk = scratch + l.x_chunk;                                  // (m, K) gathered rows of x
+    auto* dx_chunk = reinterpret_cast<float*>(scratch + l.dx_chunk);      // (m, K)
+    auto* bias_partial = reinterpret_cast<float*>(scratch + l.bias_sums); // (threads, V)
+    auto* loss_partial = reinterpret_cast<double*>(scratch + l.loss_sums);
+    void* gemm_scratch = scratch + l.gemm;
+
+    const char* x = static_cast<const char*>(args.inputs[0].data());
+    const void* w = args.inputs[1].data();
+    const void* targets = args.inputs[2].data();
+    const float* bias = has_bias_ ? static_cast<const float*>(args.inputs[3].data()) : nullptr;
+    float* loss = static_cast<float*>(args.outputs[0].data());
+    float* dx = static_cast<float*>(args.outputs[1].data());
+    float* dw = static_cast<float*>(args.outputs[2].data());
+    float* dbias = static_cast<float*>(args.outputs[3].data());
+
+    const int64_t count =
+        cpu_basic::count_targets("LinearCrossEntropy", name_, targets, i64_, R_, V_, ignore_index_);
+    std::memset(dx, 0, static_cast<size_t>(R_ * K_) * sizeof(float));
+    std::fill(dbias, dbias + V_, 0.0f);
+    *loss = 0.0f;
+    if (count == 0) {
+      std::memset(dw, 0, static_cast<size_t>(V_ * K_) * sizeof(float));
+      return;
+    }
+    for (int64_t r = 0, c = 0; r < R_; ++r)
+      if (load_target(targets, i64_, r) != ignore_index_) rows[c++] = r;
+
+    const float scale = static_cast<float>(1.0 / static_cast<double>(count));
+    const size_t x_row_bytes = static_cast<size_t>(K_) * (bf16_ ? 2 : 4);
+    const int row_threads = cpu_basic::threads_for(m_ * V_, threads);
+    constexpr size_t kSlot = kAlignment / sizeof(double);
+    for (int t = 0; t < threads; ++t) loss_partial[t * kSlot] = 0.0;
+    if (has_bias_) std::fill(bias_partial, bias_partial + threads * V_, 0.0f);
+    const BiasEpilogue bias_epilogue{bias};
+    const GemmEpilogue epilogue{&BiasEpilogue::apply, &bias_epilogue};
+
+    for (int64_t begin = 0; begin < count; begin += m_) {
+      const int64_t mc = std::min(m_, count - begin);
+      for (int64_t i = 0; i < mc; ++i)
+        std::memcpy(x_chunk + static_cast<size_t>(i) * x_row_bytes, x + rows[begin + i] * x_row_bytes, x_row_bytes);
+      GemmShape s = logits_shape_;
+      s.M = mc;
+      gemm(s, x_chunk, w, 0.0f, logits, gemm_scratch, threads, bias ? &epilogue : nullptr);
+
+      cpu_basic::parallel_for(mc, row_threads, [&](int64_t r0, int64_t r1, int t) {
+        double sum = 0.0;
+        float* bias_sum = bias_partial + t * V_;
+        for (int64_t i = r0; i < r1; ++i) {
+          float* row = logits + i * V_;
+          const int64_t target = load_target(targets, i64_, rows[begin + i]);
+          const float lse = row_lse_(row, V_);
+          const float target_logit = row[target];
+          sum += static_cast<double>(lse) - static_cast<double>(target_logit);
+          softmax_grad_(row, row, V_, lse, scale);
+          row[target] = (std::exp(target_logit - lse) - 1.0f) * scale;
+          if (has_bias_)
+            for (int64_t v = 0; v < V_; ++v) bias_sum[v] += row[v];
+          if (bf16_) round_(reinterpret_cast<uint16_t*>(row), row, V_);  // over the row's first half
+        }
+        loss_partial[t * kSlot] += sum;
+      });
+
+      s = dx_shape_;
+      s.M = mc;
+      gemm(s, logits, w, 0.0f, dx_chunk, gemm_scratch, threads, nullptr);
+      for (int64_t i = 0; i < mc; ++i)
+        std::memcpy(dx + rows[begin + i] * K_, dx_chunk + i * K_, static_cast<size_t>(K_) * sizeof(float));
+      s = dw_shape_;
+      s.K = mc;
+      gemm(s, logits, x_chunk, begin == 0 ? 0.0f : 1.0f, dw, gemm_scratch, threads, nullptr);
+    }
+    double total = 0.0;
+    for (int t = 0; t < threads; ++t) total += loss_partial[t * kSlot];
+    *loss = static_cast<float>(total / static_cast<double>(count));
+    if (has_bias_)
+      for (int t = 0; t < threads; ++t)
+        for (int64_t v = 0; v < V_; ++v) dbias[v] += bias_partial[t * V_ + v];
+  }
+
+ private:
+  // Byte offsets into scratch, each 64-byte aligned; `gemm` is where the GEMMs' workspace starts.
+  struct Layout {
+    size_t rows, logits, x_chunk, dx_chunk, bias_sums, loss_sums, gemm;
+  };
+
+  Layout layout(int threads) const {
+    Layout l{};
+    size_t at = 0;
+    auto take = [&](size_t bytes) {
+      const size_t start = at;
+      at += align_up(bytes);
+      return start;
+    };
+    l.rows = take(static_cast<size_t>(R_) * sizeof(int64_t));
+    l.logits = take(static_cast<size_t>(m_ * V_) * sizeof(float));
+    l.x_chunk = take(static_cast<size_t>(m_ * K_) * (bf16_ ? 2 : 4));
+    l.dx_chunk = take(static_cast<size_t>(m_ * K_) * sizeof(float));
+    l.bias_sums = take(has_bias_ ? static_cast<size_t>(threads * V_) * sizeof(float) : 0);
+    l.loss_sums = take(static_cast<size_t>(threads) * kAlignment);
+    l.gemm = at;
+    return l;
+  }
+
+  // Elements between rows of G as the GEMMs read it: bf16 G lies in the first half of each f32 row.
+  int64_t g_stride() const { return bf16_ ? 2 * V_ : V_; }
+
+  void gemm(const GemmShape& s, const void* a, const void* b, float beta, float* c, void* scratch, int threads,
+            const GemmEpilogue* epilogue) const {
+    if (bf16_)
+      gemm_bf16(s, 1.0f, static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), beta, c, scratch, threads,
+                epilogue);
+    else
+      gemm_f32(s, 1.0f, static_cast<const float*>(a), static_cast<const float*>(b), beta, c, scratch, threads,
+               epilogue);
+  }
+
+  std::string name_;
+  bool bf16_ = false, i64_ = true, has_bias_ = false;
+  int64_t R_ = 0, K_ = 0, V_ = 0, m_ = 1, ignore_index_ = -100;
+  GemmShape logits_shape_{}, dx_shape_{}, dw_shape_{};
+  cpu_basic::RowLseFn row_lse_ = nullptr;
+  cpu_basic::RowSoftmaxGradFn softmax_grad_ = nullptr;
+  cpu_basic::RoundBf16Fn round_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_cpu_linear_cross_entropy_kernel(const ir::Graph& graph, const ir::Node& node) {
+  if (node.op != ir::OpKind::LinearCrossEntropy || graph.value(node.inputs[1]).shape[0] == 0) return nullptr;
+  return std::make_unique<LinearCrossEntropyKernel>(graph, node);
+}
+
+}  // namespace fusetrain::kernels

@@ -1,0 +1,47 @@
+// Language-model head + loss: LinearCrossEntropy (see fusion.h).
+#include "fusetrain/passes/fusion.h"
+#include "passes/remove_nodes.h"
+
+namespace fusetrain::passes {
+
+using ir::kNone;
+using ir::NodeId;
+using ir::OpKind;
+using ir::ValueId;
+
+FusionReport fuse_linear_cross_entropy(ir::Graph& g, int64_t chunk_rows) {
+  FusionReport report;
+  const std::vector<std::vector<NodeId>> consumers = g.consumers();
+  auto unread = [&](ValueId v) { return !g.is_output(v) && consumers[static_cast<size_t>(v)].empty(); };
+  std::vector<bool> dead(g.nodes().size(), false);
+  for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id) {
+    ir::Node& loss = g.node(id);
+    if (loss.op != OpKind::SoftmaxCrossEntropy) continue;
+    const ValueId logits = loss.inputs[0], lse = loss.outputs[1];
+    const ir::Value& l = g.value(logits);
+    if (l.producer == kNone || g.is_output(logits) || consumers[static_cast<size_t>(logits)].size() != 1 ||
+        !unread(lse))
+      continue;
+    const ir::Node& linear = g.node(l.producer);
+    const DType dtype = g.value(linear.inputs[0]).dtype;
+    if (linear.op != OpKind::Linear || (dtype != DType::f32 && dtype != DType::bf16)) continue;
+    const ValueId x = linear.inputs[0], w = linear.inputs[1];
+    // The loss node becomes the fused node. It keeps the loss; lse's value becomes dx; dw and dbias are new.
+    std::vector<ValueId> inputs{x, w, loss.inputs[1]};
+    if (linear.inputs.size() == 3) inputs.push_back(linear.inputs[2]);
+    loss.op = OpKind::LinearCrossEntropy;
+    loss.inputs = inputs;
+    loss.attrs = {{"ignore_index", loss.attrs.get_int("ignore_index", -100)}, {"chunk_rows", chunk_rows}};
+    g.value(lse).shape = g.value(x).shape;
+    g.value(lse).dtype = DType::f32;
+    const Shape w_shape = g.value(w).shape;
+    g.add_node_output(id, w_shape, DType::f32);
+    g.add_node_output(id, Shape{w_shape[0]}, DType::f32);
+    dead[static_cast<size_t>(linear.id)] = true;
+    report.fused += 1;
+  }
+  if (report.fused > 0) report.nodes_removed = remove_nodes(g, dead);
+  return report;
+}
+
+}  // namespace fusetrain::passes
