@@ -389,11 +389,12 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
         entry->passes.applied.push_back(str("fuse_linear_cross_entropy: ", ce.fused,
                                             " output projections + losses in row chunks; logits never stored"));
     }
-    const size_t backward_begin = g.nodes().size();
+    size_t backward_begin = g.nodes().size();  // passes that drop forward nodes move it
     ir::ValueId seed = spec.fp16 ? g.add_input(kLossScaleInput, Shape{}, DType::f32) : ir::kNone;
     autodiff::build_backward(g, entry->built.loss, g.params(), seed);
     if (spec.fusions) {
       passes::MergeCastsReport m = passes::merge_duplicate_casts(g, backward_begin);
+      backward_begin -= static_cast<size_t>(m.casts);  // each merged cast was a forward node, now removed
       if (m.casts > 0)
         entry->passes.applied.push_back(str("merge_duplicate_casts: ", m.casts, " repeated casts (",
                                             m.bytes_saved / (size_t{1} << 20), " MiB) merged into the first"));
@@ -403,6 +404,13 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
       entry->passes.applied.push_back(str("recompute: ", r.segments, " layers, ", r.nodes_cloned,
                                           " forward nodes cloned into backward, ", r.values_freed,
                                           " saved activations freed after forward"));
+    }
+    if (spec.fusions) {
+      passes::GeluRecomputeReport r = passes::recompute_gelu_outputs(g, backward_begin);
+      if (r.gelus > 0)
+        entry->passes.applied.push_back(str("recompute_gelu_outputs: ", r.gelus, " GELU outputs (",
+                                            r.bytes_freed / (size_t{1} << 20),
+                                            " MiB) computed again in backward from the input it keeps"));
     }
     if (spec.fusions) {
       passes::RecastReport c = passes::recast_weights_for_backward(g, backward_begin);

@@ -342,6 +342,11 @@ TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
             return a.rfind("merge_duplicate_casts:", 0) == 0;
           });
           EXPECT_EQ(merged, bf16 && type != "gpt2") << arch;  // separate query, key and value projections
+          // Every GELU's output (or its bf16 cast) is read by backward, and recomputed there instead.
+          int recomputed = -1;
+          for (const std::string& a : log.applied)
+            if (a.rfind("recompute_gelu_outputs: ", 0) == 0) recomputed = std::stoi(a.substr(24));
+          EXPECT_EQ(recomputed, log.ops_before.count("Gelu") ? log.ops_before.at("Gelu") : -1) << arch;
           // Every head here ends in Linear + SoftmaxCrossEntropy except question answering (split logits)
           // and GPT-2's classifier (the logits of the pooled position are gathered from all of them).
           const bool gathered = arch.find("QuestionAnswering") != std::string::npos ||

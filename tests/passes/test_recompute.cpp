@@ -205,5 +205,72 @@ TEST(MergeDuplicateCasts, OneCopyOfEachValueAndBitIdenticalGradients) {
   EXPECT_LT(peaks[1], peaks[0]) << "one bf16 copy of x kept for backward instead of three";
 }
 
+// Two MLP blocks x -> Linear -> GELU -> Linear as the model builders write them: `fused` has the first
+// GELU folded into its Linear (LinearGelu, as fuse_linear_gelu leaves it), the second a plain Gelu;
+// `bf16` casts the products' operands, and GELU reads its input rounded to bf16.
+std::unique_ptr<Stack> build_mlps(int64_t R, int64_t C, bool bf16) {
+  auto s = std::make_unique<Stack>();
+  ir::GraphBuilder b(s->g);
+  auto operand = [&](ValueId v) { return bf16 ? b.cast(v, DType::bf16) : v; };
+  ValueId x = b.tanh(b.input("x", {R, C}));
+  for (int layer = 0; layer < 2; ++layer) {
+    ValueId w1 = b.param(str("w1_", layer), {4 * C, C}), w2 = b.param(str("w2_", layer), {C, 4 * C});
+    ValueId h;
+    if (layer == 0) {
+      std::vector<ValueId> outs =
+          s->g.add_node(OpKind::LinearGelu, {operand(x), operand(w1), b.param("b1", {4 * C})},
+                        bf16 ? ir::Attrs{{"z_dtype", std::string("bf16")}} : ir::Attrs{});
+      h = outs[0];
+    } else {
+      ValueId z = b.linear(operand(x), operand(w1), ir::kNone);
+      h = b.gelu(bf16 ? b.cast(z, DType::bf16) : z, "tanh");
+    }
+    x = b.add(x, b.linear(operand(h), operand(w2), ir::kNone));
+  }
+  s->loss = b.reduce_sum(b.mul(x, x), {0, 1});
+  s->g.mark_output(s->loss);
+  s->backward_begin = s->g.nodes().size();
+  autodiff::build_backward(s->g, s->loss, s->g.params());
+  return s;
+}
+
+TEST(RecomputeGeluOutputs, BackwardRecomputesWhatTheNextProductKeptAndGradientsAreUnchanged) {
+  const int64_t R = 48, C = 16;
+  std::vector<float> x(R * C);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.41 * static_cast<double>(i)));
+  for (bool bf16 : {false, true}) {
+    std::vector<std::vector<float>> grads;
+    std::vector<size_t> peaks;
+    for (bool recompute : {false, true}) {
+      auto s = build_mlps(R, C, bf16);
+      if (recompute) {
+        const size_t nodes_before = s->g.nodes().size();
+        passes::GeluRecomputeReport report = passes::recompute_gelu_outputs(s->g, s->backward_begin);
+        EXPECT_EQ(report.gelus, 2) << "bf16 " << bf16;
+        EXPECT_EQ(report.bytes_freed, size_t(2 * R * 4 * C * (bf16 ? 2 : 4))) << "bf16 " << bf16;
+        EXPECT_EQ(s->g.nodes().size(), nodes_before + (bf16 ? 4 : 2));  // a Gelu (and its Cast) each
+        // No backward node reads a forward GELU output or its cast: recomputing nodes go only into
+        // backward, so forward keeps its node ids.
+        const ir::Graph& g = s->g;
+        const std::vector<std::vector<ir::NodeId>> consumers = g.consumers();
+        for (ir::NodeId n = 0; n < static_cast<ir::NodeId>(s->backward_begin); ++n) {
+          const ir::Node& node = g.node(n);
+          if (node.op != OpKind::Gelu && node.op != OpKind::LinearGelu) continue;
+          std::vector<ValueId> kept{node.outputs[0]};
+          for (ir::NodeId c : consumers[static_cast<size_t>(node.outputs[0])])
+            if (g.node(c).op == OpKind::Cast) kept.push_back(g.node(c).outputs[0]);
+          for (ValueId v : kept)
+            for (ir::NodeId c : consumers[static_cast<size_t>(v)])
+              EXPECT_LT(static_cast<size_t>(c), s->backward_begin) << g.node(c).name << " reads " << g.describe(v);
+        }
+      }
+      run_stack(*s, x, 0.2f, grads, peaks);
+    }
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      ASSERT_EQ(grads[0][i], grads[1][i]) << "bf16 " << bf16 << " gradient element " << i;
+    EXPECT_LT(peaks[1], peaks[0]) << "bf16 " << bf16;
+  }
+}
+
 }  // namespace
 }  // namespace fusetrain::testing

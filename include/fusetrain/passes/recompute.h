@@ -54,7 +54,21 @@ struct MergeCastsReport {
 /// Models cast a value for each product that reads it (a layer's input, once for each of the query,
 /// key and value projections). Forward casts of the same value to the same dtype are merged into the
 /// first, so one copy is made and saved for backward instead of three. Runs after autodiff, on the
-/// forward part (nodes before `backward_begin`), so gradients are bit-identical.
+/// forward part (nodes before `backward_begin`), so gradients are bit-identical. The merged casts are
+/// removed, so backward then begins `casts` nodes earlier.
 MergeCastsReport merge_duplicate_casts(ir::Graph& graph, size_t backward_begin);
+
+/// What recompute_gelu_outputs changed.
+struct GeluRecomputeReport {
+  int64_t gelus = 0;       ///< GELU outputs backward now recomputes
+  size_t bytes_freed = 0;  ///< the values no longer kept from forward to backward
+};
+
+/// GELU's backward keeps its input z; the product after it keeps GELU's output y (or y's bf16
+/// cast) for its weight gradient: two (rows, intermediate) activations per MLP. For each Gelu or
+/// LinearGelu whose z backward reads anyway, the y (or its cast) that backward reads is computed
+/// again from z just before its first backward reader, so forward's copy dies in forward. Costs
+/// one GELU (and cast) per MLP per step; results are bit-identical (the same kernels on the same z).
+GeluRecomputeReport recompute_gelu_outputs(ir::Graph& graph, size_t backward_begin);
 
 }  // namespace fusetrain::passes

@@ -1,0 +1,77 @@
+// GELU outputs computed again in backward from the z it keeps anyway (see recompute.h).
+#include <algorithm>
+#include <map>
+
+#include "fusetrain/core/error.h"
+#include "fusetrain/passes/recompute.h"
+
+namespace fusetrain::passes {
+
+using ir::kNone;
+using ir::NodeId;
+using ir::OpKind;
+using ir::ValueId;
+
+GeluRecomputeReport recompute_gelu_outputs(ir::Graph& graph, size_t backward_begin) {
+  GeluRecomputeReport report;
+  FT_CHECK(backward_begin <= graph.nodes().size(), "recompute_gelu_outputs: backward begins at node ",
+           backward_begin, " but the graph has ", graph.nodes().size(), " nodes");
+  const std::vector<std::vector<NodeId>> consumers = graph.consumers();
+  auto is_backward = [&](NodeId c) { return static_cast<size_t>(c) >= backward_begin; };
+  auto backward_readers = [&](ValueId v) {
+    std::vector<NodeId> readers;
+    for (NodeId c : consumers[static_cast<size_t>(v)])
+      if (is_backward(c)) readers.push_back(c);
+    return readers;
+  };
+  const NodeId original_nodes = static_cast<NodeId>(graph.nodes().size());
+  std::multimap<NodeId, NodeId> before;  // first backward reader -> a recomputing node placed just before it
+  for (NodeId n = 0; n < static_cast<NodeId>(backward_begin); ++n) {
+    const ir::Node gelu = graph.node(n);  // a copy: add_node may grow the node list
+    if (gelu.op != OpKind::Gelu && gelu.op != OpKind::LinearGelu) continue;
+    const ValueId y = gelu.outputs[0];
+    const ValueId z = gelu.op == OpKind::Gelu ? gelu.inputs[0] : gelu.outputs[1];
+    if (graph.is_output(y) || backward_readers(z).empty()) continue;  // z must be kept for backward anyway
+    // What backward reads: y itself, or its cast to the matmul dtype (mixed precision).
+    ValueId kept = y;
+    const ir::Node* cast = nullptr;
+    if (backward_readers(y).empty()) {
+      for (NodeId c : consumers[static_cast<size_t>(y)])
+        if (!is_backward(c) && graph.node(c).op == OpKind::Cast && !graph.is_output(graph.node(c).outputs[0]) &&
+            !backward_readers(graph.node(c).outputs[0]).empty())
+          cast = &graph.node(c);
+      if (!cast) continue;
+      kept = cast->outputs[0];
+    }
+    const std::vector<NodeId> readers = backward_readers(kept);
+    if (readers.empty()) continue;
+    const ir::Attrs cast_attrs = cast ? cast->attrs : ir::Attrs{};
+    const std::string cast_name = cast ? cast->name : "";
+    const NodeId first = *std::min_element(readers.begin(), readers.end());
+    ValueId again = graph.add(OpKind::Gelu, {z}, {{"approximate", gelu.attrs.get_string("approximate", "none")}},
+                              gelu.name + ":recompute");
+    before.emplace(first, static_cast<NodeId>(graph.nodes().size() - 1));
+    if (cast) {
+      again = graph.add(OpKind::Cast, {again}, cast_attrs, cast_name + ":recompute");
+      before.emplace(first, static_cast<NodeId>(graph.nodes().size() - 1));
+    }
+    for (NodeId c : readers)
+      for (ValueId& in : graph.node(c).inputs)
+        if (in == kept) in = again;
+    report.gelus += 1;
+    report.bytes_freed += static_cast<size_t>(graph.value(kept).shape.numel()) * dtype_size(graph.value(kept).dtype);
+  }
+  if (report.gelus == 0) return report;
+  std::vector<NodeId> order;
+  order.reserve(graph.nodes().size());
+  for (NodeId n = 0; n < original_nodes; ++n) {
+    auto [lo, hi] = before.equal_range(n);
+    for (auto it = lo; it != hi; ++it) order.push_back(it->second);  // in insertion order: Gelu, then its Cast
+    order.push_back(n);
+  }
+  graph.reorder_nodes(order);
+  graph.verify();
+  return report;
+}
+
+}  // namespace fusetrain::passes
