@@ -433,7 +433,20 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       const Shape& q = c.shape(q_at);
       const Shape& k = c.shape(q_at + 1);
       const Shape& v = c.shape(q_at + 2);
-      for (size_t i = 0; i < n_in; ++i) c.require_f32(i, "every input");
+      // q, k, v: f32, or bf16 (mixed precision); the output: f32 unless out_dtype is "bf16". The rest f32.
+      c.require(c.dtype(q_at) == DType::f32 || c.dtype(q_at) == DType::bf16, "q should be f32 or bf16, found ",
+                dtype_name(c.dtype(q_at)));
+      c.require_same_dtype(q_at, q_at + 1);
+      c.require_same_dtype(q_at, q_at + 2);
+      const std::string out_dtype = attrs.get_string("out_dtype", "f32");
+      c.require(out_dtype == "f32" || out_dtype == "bf16", "out_dtype must be \"f32\" or \"bf16\", found \"",
+                out_dtype, "\"");
+      for (size_t i = 0; i < n_in; ++i)
+        if ((i < q_at || i > q_at + 2) && !(c.op == OpKind::AttentionBackward && i == 4))
+          c.require_f32(i, "every input but q, k, v");
+      if (c.op == OpKind::AttentionBackward)
+        c.require(c.dtype(4) == (out_dtype == "bf16" ? DType::bf16 : DType::f32), "out should be ", out_dtype,
+                  " (out_dtype), found ", dtype_name(c.dtype(4)));
       const bool seq_major = attrs.get_int("seq_major", 0) != 0;  // (B, T, H, D) instead of (B, H, T, D)
       c.require(q.rank() == 4 && k.rank() == 4 && v.rank() == 4,
                 seq_major ? "q, k, v should be (B, T, H, D)" : "q, k, v should be (B, H, T, D)");
@@ -450,7 +463,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
         c.require(c.shape(mask_at) == Shape{q[0], S}, "mask should be (B, S) = (", q[0], ", ", S, "), found ",
                   c.shape(mask_at).to_string());
       Shape lse{q[0], heads, T};
-      if (c.op == OpKind::Attention) return {{q, DType::f32}, {lse, DType::f32}};
+      if (c.op == OpKind::Attention) return {{q, out_dtype == "bf16" ? DType::bf16 : DType::f32}, {lse, DType::f32}};
       c.require(c.shape(0) == q && c.shape(4) == q, "dout and out should be ", q.to_string());
       c.require(c.shape(5) == lse, "lse should be ", lse.to_string());
       return {{q, DType::f32}, {k, DType::f32}, {v, DType::f32}};

@@ -19,10 +19,15 @@ ValueId Family::self_attention(ir::GraphBuilder& b, ValueId x, ValueId mask_add,
                                const std::string& k, const std::string& v, const std::string& out, int64_t B, int64_t T,
                                int64_t C, int64_t H, double dropout_p) const {
   const int64_t D = C / H;
-  ValueId qh = split_heads(b, dense(b, x, q, C, C), B, T, H, D);
-  ValueId kh = split_heads(b, dense(b, x, k, C, C), B, T, H, D);
-  ValueId vh = split_heads(b, dense(b, x, v, C, C), B, T, H, D);
-  ValueId context = b.attention(qh, kh, vh, mask_add, 1.0 / std::sqrt(static_cast<double>(D)), false, dropout_p);
+  // bf16: q, k, v and the context are kept in bf16, as autocast's bf16 projections and attention produce them.
+  const DType io = attention_dtype(matmul_dtype_);
+  auto heads = [&](const std::string& name) {
+    ValueId y = dense(b, x, name, C, C);
+    return split_heads(b, io == DType::f32 ? y : b.cast(y, io), B, T, H, D);
+  };
+  ValueId qh = heads(q), kh = heads(k), vh = heads(v);
+  ValueId context =
+      b.attention(qh, kh, vh, mask_add, 1.0 / std::sqrt(static_cast<double>(D)), false, dropout_p, io);
   return dense(b, merge_heads(b, context, B, T, H, D), out, C, C);
 }
 
@@ -94,9 +99,11 @@ int64_t ConfigReader::positive(const std::string& key) const {
 
 // ---- graph pieces ----------------------------------------------------------------------------
 
+DType attention_dtype(DType matmul_dtype) { return matmul_dtype == DType::bf16 ? DType::bf16 : DType::f32; }
+
 ValueId project(ir::GraphBuilder& b, ValueId x, ValueId w, ValueId bias, DType matmul_dtype) {
   if (matmul_dtype != DType::f32) {
-    x = b.cast(x, matmul_dtype);
+    if (b.graph().value(x).dtype != matmul_dtype) x = b.cast(x, matmul_dtype);
     w = b.cast(w, matmul_dtype);
   }
   return b.linear(x, w, bias);
@@ -104,7 +111,7 @@ ValueId project(ir::GraphBuilder& b, ValueId x, ValueId w, ValueId bias, DType m
 
 ValueId project_in_out(ir::GraphBuilder& b, ValueId x, ValueId w, ValueId bias, DType matmul_dtype) {
   if (matmul_dtype != DType::f32) {
-    x = b.cast(x, matmul_dtype);
+    if (b.graph().value(x).dtype != matmul_dtype) x = b.cast(x, matmul_dtype);
     w = b.cast(w, matmul_dtype);
   }
   return b.add(b.matmul(x, w), bias);

@@ -118,8 +118,11 @@ class ConfigReader {
 
 // ---- shared graph pieces ------------------------------------------------------------------
 
-/// x·wᵀ + bias with x and w cast to `matmul_dtype` (bf16 or f16; f32: no cast), f32
-/// accumulation and output.
+/// The dtype attention reads q, k, v in and writes its output in for a model whose matmuls take
+/// `matmul_dtype`: bf16 under bf16 mixed precision, else f32.
+DType attention_dtype(DType matmul_dtype);
+/// x·wᵀ + bias with x and w cast to `matmul_dtype` (bf16 or f16; f32: no cast; x already in it:
+/// not cast again), f32 accumulation and output.
 ir::ValueId project(ir::GraphBuilder& b, ir::ValueId x, ir::ValueId w, ir::ValueId bias, DType matmul_dtype);
 /// x·w (w stored (in, out), GPT-2's Conv1D) + bias, operands in `matmul_dtype`.
 ir::ValueId project_in_out(ir::GraphBuilder& b, ir::ValueId x, ir::ValueId w, ir::ValueId bias, DType matmul_dtype);

@@ -59,12 +59,15 @@ class Gpt2Family final : public Family {
     for (int64_t l = 0; l < layers_; ++l) {
       std::string block = p("h." + std::to_string(l) + ".");
       ValueId a = layer_norm(b, x, block + "ln_1");
-      std::vector<ValueId> qkv = b.split(conv1d(b, a, block + "attn.c_attn", C, 3 * C), -1, {C, C, C});
+      // bf16: q, k, v and the context are kept in bf16, as autocast's bf16 projections and attention produce them.
+      const DType io = attention_dtype(matmul_dtype_);
+      ValueId projected = conv1d(b, a, block + "attn.c_attn", C, 3 * C);
+      std::vector<ValueId> qkv = b.split(io == DType::f32 ? projected : b.cast(projected, io), -1, {C, C, C});
       double scale = scale_attn_ ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
       if (scale_by_layer_) scale /= static_cast<double>(l + 1);
       ValueId context =
           b.attention(split_heads(b, qkv[0], B, T, H_, D), split_heads(b, qkv[1], B, T, H_, D),
-                      split_heads(b, qkv[2], B, T, H_, D), mask_add, scale, true, train ? attn_dropout_ : 0.0);
+                      split_heads(b, qkv[2], B, T, H_, D), mask_add, scale, true, train ? attn_dropout_ : 0.0, io);
       ValueId attn = conv1d(b, merge_heads(b, context, B, T, H_, D), block + "attn.c_proj", C, C);
       x = b.add(x, maybe_dropout(b, attn, resid_dropout_, train));
       ValueId h = activation(b, conv1d(b, layer_norm(b, x, block + "ln_2"), block + "mlp.c_fc", C, F_), act_, matmul_dtype_);

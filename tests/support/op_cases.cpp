@@ -276,6 +276,36 @@ std::vector<OpCase> make_cases() {
     ValueId q = b.param("q", {1, 2, n, 8}), k = b.param("k", {1, 2, 4, 8}), v = b.param("v", {1, 2, 4, 8});
     return Outs{b.attention(q, k, v, ir::kNone, 0.35, false, 0.2)};
   });
+  // bf16 q, k, v (bf16 mixed precision), in both layouts, with a mask and causal: values on a 1/16
+  // grid are exact in bf16, and so are steps of 1/16. With a bf16 output as well, rounding the output
+  // swamps central differences, so that case is compared with the reference kernels only.
+  for (int variant = 0; variant < 3; ++variant) {
+    const bool seq_major = variant > 0, out_bf16 = variant == 2;
+    OpCase& bf16 = add(variant == 0 ? "attention_bf16" : variant == 1 ? "attention_bf16_seq_major"
+                                                                      : "attention_bf16_seq_major_bf16_out",
+                       OpKind::Attention,
+                       [seq_major, out_bf16](GraphBuilder& b, int64_t n) {
+                         auto operand = [&](const char* name, int64_t len) {
+                           Shape shape = seq_major ? Shape{2, len, 2, 4} : Shape{2, 2, len, 4};
+                           return b.cast(b.param(name, shape), DType::bf16);
+                         };
+                         ValueId q = operand("q", n), k = operand("k", n + 2), v = operand("v", n + 2);
+                         ir::Attrs attrs{{"scale", 0.5},
+                                         {"causal", int64_t{1}},
+                                         {"seed", int64_t{4}},
+                                         {"seq_major", int64_t{seq_major}}};
+                         if (out_bf16) attrs.set("out_dtype", std::string("bf16"));
+                         Outs outs = b.graph().add_node(OpKind::Attention, {q, k, v, b.input("mask", {2, n + 2})}, attrs);
+                         return Outs{out_bf16 ? b.cast(outs[0], DType::f32) : outs[0]};
+                       },
+                       {{"q", {-1, 1, 0, 0, 1.0 / 16}},
+                        {"k", {-1, 1, 0, 0, 1.0 / 16}},
+                        {"v", {-1, 1, 0, 0, 1.0 / 16}},
+                        {"mask", {0, 0, 0, 0, 0, 0.3}}});
+    bf16.eps = 1.0 / 16;
+    bf16.tolerance = 5e-2;
+    if (out_bf16) bf16.max_gradcheck_n = 0;
+  }
   return c;
 }
 

@@ -65,10 +65,10 @@ class GraphBuilder {
   ValueId softmax_cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index = -100);
   /// logits and targets in [0, 1], same shape -> mean binary cross-entropy with logits (scalar f32).
   ValueId sigmoid_cross_entropy(ValueId logits, ValueId targets);
-  /// Scaled dot-product attention. q (B, H, T, D), k/v (B, H, S, D), optional additive
-  /// key mask (B, S) (pass kNone); returns (B, H, T, D).
+  /// Scaled dot-product attention. q (B, H, T, D), k/v (B, H, S, D), all f32 or all bf16, optional
+  /// additive key mask (B, S) (pass kNone); returns (B, H, T, D) in `out_dtype` (f32 or bf16).
   ValueId attention(ValueId q, ValueId k, ValueId v, ValueId mask, double scale, bool causal = false,
-                    double dropout_p = 0.0);
+                    double dropout_p = 0.0, DType out_dtype = DType::f32);
 
  private:
   int64_t next_stream() { return static_cast<int64_t>(seed_ * 1000003ull + stream_++); }

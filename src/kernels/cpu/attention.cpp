@@ -31,11 +31,13 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <type_traits>
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+#include "fusetrain/core/half.h"
 #include "kernels/cpu/basic_kernels.h"
 #include "kernels/cpu/dense_kernels.h"
 #include "kernels/cpu/vec_math.h"
@@ -398,6 +400,7 @@ struct AttentionPlan {
   float scale = 1.0f;
   bool causal = false;
   bool has_mask = false;
+  bool grouped = false;  // through packed f32 copies: seq-major layout, or bf16 q, k, v or out
   float dropout_p = 0.0f;
   uint64_t seed = 0;
   const TileOps* ops = nullptr;
@@ -412,8 +415,14 @@ struct AttentionPlan {
     dropout_p = static_cast<float>(node.attrs.get_float("dropout_p", 0.0));
     seed = static_cast<uint64_t>(node.attrs.get_int("seed", 0));
     has_mask = node.inputs.size() > mask_at;
+    grouped = seq_major || g.value(node.inputs[q_at]).dtype != DType::f32 ||
+              node.attrs.get_string("out_dtype", "f32") != "f32";
     ops = &select_ops();
   }
+  // Elements between consecutive rows, and between consecutive heads, of one batch element's
+  // (len, H, D) seq-major or (H, len, D) block.
+  int64_t row_stride() const { return seq_major ? H * D : D; }
+  int64_t head_stride(int64_t len) const { return seq_major ? D : len * D; }
   // Local causal offset of a (query block t0, key block kb) tile: key j is visible to
   // query i when j <= i + offset.
   int64_t causal_offset(int64_t t0, int64_t kb) const { return causal ? t0 + S - T - kb : kNoCausal; }
@@ -426,8 +435,10 @@ struct AttentionPlan {
 // Seq-major heads are runs of D elements H·D apart: read head by head they touch a new,
 // poorly prefetched line every row (measured: attention at half its contiguous speed). So
 // the seq-major kernels work per (batch element, group of heads): the group's rows are
-// copied in one sequential pass into (heads, len, D) scratch, every tile loop reads those
-// contiguous copies, and results are copied back the same way.
+// copied in one sequential pass into (heads, len, D) f32 scratch, every tile loop reads those
+// contiguous copies, and results are copied back the same way. bf16 operands (mixed precision
+// keeps q, k, v and out in bf16) take the same route in either layout: widened exactly on the
+// way in, rounded to nearest even (as Cast) on the way out.
 constexpr int64_t kGroupBudgetFloats = int64_t{1} << 19;  // 2 MiB of packed operands per thread
 
 // Heads per group: at most what fits kGroupBudgetFloats at `floats_per_head`, and few enough
@@ -438,16 +449,52 @@ int64_t heads_per_group(int64_t B, int64_t H, int64_t floats_per_head, int threa
   return std::max<int64_t>(1, std::min(hg, (H + groups_needed - 1) / groups_needed));
 }
 
-// (len, H, D) block of one batch element, heads [h0, h0 + hg) -> dst (hg, len, D), and back.
-void gather_heads(float* dst, const float* src, int64_t len, int64_t H, int64_t D, int64_t h0, int64_t hg) {
+// Heads [h0, h0 + hg) of one batch element's block `src` (rows row_stride and heads head_stride
+// elements apart) -> dst (hg, len, D) f32, and back.
+template <typename T>
+void gather_heads(float* dst, const T* src, int64_t len, int64_t D, int64_t h0, int64_t hg, int64_t row_stride,
+                  int64_t head_stride) {
   for (int64_t t = 0; t < len; ++t)
-    for (int64_t h = 0; h < hg; ++h)
-      std::copy(src + (t * H + h0 + h) * D, src + (t * H + h0 + h + 1) * D, dst + (h * len + t) * D);
+    for (int64_t h = 0; h < hg; ++h) {
+      const T* row = src + t * row_stride + (h0 + h) * head_stride;
+      float* to = dst + (h * len + t) * D;
+      if constexpr (std::is_same_v<T, uint16_t>)
+        bf16_to_float(to, row, static_cast<size_t>(D));
+      else
+        std::copy(row, row + D, to);
+    }
 }
-void scatter_heads(float* dst, const float* src, int64_t len, int64_t H, int64_t D, int64_t h0, int64_t hg) {
+template <typename T>
+void scatter_heads(T* dst, const float* src, int64_t len, int64_t D, int64_t h0, int64_t hg, int64_t row_stride,
+                   int64_t head_stride) {
   for (int64_t t = 0; t < len; ++t)
-    for (int64_t h = 0; h < hg; ++h)
-      std::copy(src + (h * len + t) * D, src + (h * len + t + 1) * D, dst + (t * H + h0 + h) * D);
+    for (int64_t h = 0; h < hg; ++h) {
+      const float* from = src + (h * len + t) * D;
+      T* row = dst + t * row_stride + (h0 + h) * head_stride;
+      if constexpr (std::is_same_v<T, uint16_t>)
+        cpu_basic::round_to_bf16_fn()(row, from, D);
+      else
+        std::copy(from, from + D, row);
+    }
+}
+
+// The packed copy of heads [h0, h0 + hg) of batch element b of an f32 or bf16 operand with
+// `len` positions, and the way back.
+void gather_operand(float* dst, const Tensor& t, const AttentionPlan& p, int64_t len, int64_t b, int64_t h0,
+                    int64_t hg) {
+  const int64_t base = b * len * p.H * p.D;
+  if (t.dtype() == DType::bf16)
+    gather_heads(dst, t.data_as<uint16_t>() + base, len, p.D, h0, hg, p.row_stride(), p.head_stride(len));
+  else
+    gather_heads(dst, t.data_as<float>() + base, len, p.D, h0, hg, p.row_stride(), p.head_stride(len));
+}
+void scatter_operand(const Tensor& t, const float* src, const AttentionPlan& p, int64_t len, int64_t b, int64_t h0,
+                     int64_t hg) {
+  const int64_t base = b * len * p.H * p.D;
+  if (t.dtype() == DType::bf16)
+    scatter_heads(t.data_as<uint16_t>() + base, src, len, p.D, h0, hg, p.row_stride(), p.head_stride(len));
+  else
+    scatter_heads(t.data_as<float>() + base, src, len, p.D, h0, hg, p.row_stride(), p.head_stride(len));
 }
 
 // dst (cols, ld): dst[c·ld + r] = src[r·src_ld + c] for r < rows.
@@ -463,7 +510,7 @@ class AttentionForwardKernel final : public Kernel {
   size_t scratch_bytes(int num_threads) const override {
     const int threads = std::max(num_threads, 1);
     int64_t floats = tile_floats();
-    if (plan_.seq_major) floats += heads_per_group(plan_.B, plan_.H, head_floats(), threads) * head_floats();
+    if (plan_.grouped) floats += heads_per_group(plan_.B, plan_.H, head_floats(), threads) * head_floats();
     return static_cast<size_t>(threads * floats) * sizeof(float);
   }
 
@@ -471,15 +518,15 @@ class AttentionForwardKernel final : public Kernel {
     const AttentionPlan& p = plan_;
     const int threads = std::max(ctx.num_threads, 1);
     const int64_t query_blocks = (p.T + kBlockQ - 1) / kBlockQ;
-    // Tasks: (b·H + h, query block), or (b, group of heads) when seq-major.
-    const int64_t hg = p.seq_major ? heads_per_group(p.B, p.H, head_floats(), threads) : 1;
+    // Tasks: (b·H + h, query block), or (b, group of heads) when grouped.
+    const int64_t hg = p.grouped ? heads_per_group(p.B, p.H, head_floats(), threads) : 1;
     const int64_t groups = (p.H + hg - 1) / hg;
-    const int64_t tasks = p.seq_major ? p.B * groups : p.B * p.H * query_blocks;
+    const int64_t tasks = p.grouped ? p.B * groups : p.B * p.H * query_blocks;
     if (tasks == 0 || p.T == 0) return;
     float* scratch = static_cast<float*>(args.scratch);
-    const int64_t per_thread = tile_floats() + (p.seq_major ? hg * head_floats() : 0);
+    const int64_t per_thread = tile_floats() + (p.grouped ? hg * head_floats() : 0);
     auto task_body = [&](int64_t task, float* work) {
-      if (p.seq_major)
+      if (p.grouped)
         forward_group(args, ctx, task / groups, (task % groups) * hg, hg, work);
       else
         forward_direct(args, ctx, task / query_blocks, (task % query_blocks) * kBlockQ, work);
@@ -526,9 +573,9 @@ class AttentionForwardKernel final : public Kernel {
     float* k = q + hg * T * D;        // (hg, S, D)
     float* v = k + hg * S * D;        // (hg, S, D)
     float* out = v + hg * S * D;      // (hg, T, D)
-    gather_heads(q, static_cast<const float*>(args.inputs[0].data()) + b * T * H * D, T, H, D, h0, hg);
-    gather_heads(k, static_cast<const float*>(args.inputs[1].data()) + b * S * H * D, S, H, D, h0, hg);
-    gather_heads(v, static_cast<const float*>(args.inputs[2].data()) + b * S * H * D, S, H, D, h0, hg);
+    gather_operand(q, args.inputs[0], p, T, b, h0, hg);
+    gather_operand(k, args.inputs[1], p, S, b, h0, hg);
+    gather_operand(v, args.inputs[2], p, S, b, h0, hg);
     const float* mask = p.has_mask ? static_cast<const float*>(args.inputs[3].data()) + b * S : nullptr;
     for (int64_t h = 0; h < hg; ++h) {
       const int64_t bh = b * H + h0 + h;
@@ -536,7 +583,7 @@ class AttentionForwardKernel final : public Kernel {
         forward_block(q + h * T * D, k + h * S * D, v + h * S * D, mask, out + h * T * D,
                       static_cast<float*>(args.outputs[1].data()) + bh * T, ctx, bh, t0, work);
     }
-    scatter_heads(static_cast<float*>(args.outputs[0].data()) + b * T * H * D, out, T, H, D, h0, hg);
+    scatter_operand(args.outputs[0], out, p, T, b, h0, hg);
   }
 
   // One query block [t0, t0 + BQ) of head bh: q, out (T, D) and k, v (S, D), rows D apart;
@@ -595,7 +642,7 @@ class AttentionBackwardKernel final : public Kernel {
   size_t scratch_bytes(int num_threads) const override {
     const int threads = std::max(num_threads, 1);
     int64_t floats = threads * tile_floats();
-    if (plan_.seq_major) {
+    if (plan_.grouped) {
       floats += threads * heads_per_group(plan_.B, plan_.H, head_floats(), threads) * head_floats();
     } else {
       const int64_t chunks = key_chunks(threads);
@@ -607,7 +654,7 @@ class AttentionBackwardKernel final : public Kernel {
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const AttentionPlan& p = plan_;
     if (p.B * p.H == 0 || p.T == 0) return;
-    if (p.seq_major)
+    if (p.grouped)
       run_groups(args, ctx);
     else
       run_direct(args, ctx);
@@ -711,12 +758,11 @@ class AttentionBackwardKernel final : public Kernel {
     float* v = k + tk;
     float* dk = v + tk;
     float* dv = dk + tk;
-    auto in = [&](size_t i, int64_t len) { return static_cast<const float*>(args.inputs[i].data()) + b * len * H * D; };
-    gather_heads(dout, in(0, T), T, H, D, h0, hg);
-    gather_heads(q, in(1, T), T, H, D, h0, hg);
-    gather_heads(k, in(2, S), S, H, D, h0, hg);
-    gather_heads(v, in(3, S), S, H, D, h0, hg);
-    gather_heads(out, in(4, T), T, H, D, h0, hg);
+    gather_operand(dout, args.inputs[0], p, T, b, h0, hg);
+    gather_operand(q, args.inputs[1], p, T, b, h0, hg);
+    gather_operand(k, args.inputs[2], p, S, b, h0, hg);
+    gather_operand(v, args.inputs[3], p, S, b, h0, hg);
+    gather_operand(out, args.inputs[4], p, T, b, h0, hg);
     for (int64_t h = 0; h < hg; ++h) {
       const int64_t bh = b * H + h0 + h;
       Head head{dout + h * T * D,
@@ -731,10 +777,9 @@ class AttentionBackwardKernel final : public Kernel {
                 dv + h * S * D};
       backward_chunk(head, ctx, bh, 0, 1, work);
     }
-    auto result = [&](size_t i, int64_t len) { return static_cast<float*>(args.outputs[i].data()) + b * len * H * D; };
-    scatter_heads(result(0, T), dq, T, H, D, h0, hg);
-    scatter_heads(result(1, S), dk, S, H, D, h0, hg);
-    scatter_heads(result(2, S), dv, S, H, D, h0, hg);
+    scatter_operand(args.outputs[0], dq, p, T, b, h0, hg);
+    scatter_operand(args.outputs[1], dk, p, S, b, h0, hg);
+    scatter_operand(args.outputs[2], dv, p, S, b, h0, hg);
   }
 
   // Splits each (b, h) into runs of key blocks only when B·H alone cannot occupy the threads.

@@ -169,34 +169,69 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     }
 }
 
+// q, k, v (and out) may be bf16: they are widened into f32 scratch first (exactly), and a bf16
+// out is computed in f32 scratch and rounded once when stored.
+const float* as_f32(const Tensor& t, float* scratch) {
+  if (t.dtype() == DType::f32) return t.data_as<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) scratch[i] = static_cast<float>(load(t.data(), t.dtype(), i));
+  return scratch;
+}
+
+size_t widened_floats(const ir::Graph& g, const ir::Node& n, size_t first, size_t count) {
+  size_t floats = 0;
+  for (size_t i = first; i < first + count; ++i)
+    if (input_dtype(g, n, i) != DType::f32) floats += static_cast<size_t>(input_shape(g, n, i).numel());
+  return floats;
+}
+
 class AttentionRef final : public RefKernel {
  public:
   AttentionRef(const ir::Graph& g, const ir::Node& n)
-      : dims_(parse_attention(g, n, 0)), has_mask_(n.inputs.size() == 4) {}
+      : dims_(parse_attention(g, n, 0)),
+        has_mask_(n.inputs.size() == 4),
+        widened_(widened_floats(g, n, 0, 3)),
+        out_bf16_(output_dtype(g, n, 0) == DType::bf16),
+        out_numel_(output_shape(g, n, 0).numel()) {}
 
-  size_t scratch_bytes(int) const override { return static_cast<size_t>(dims_.S) * sizeof(double); }
+  size_t scratch_bytes(int) const override {
+    return static_cast<size_t>(dims_.S) * sizeof(double) +
+           (widened_ + (out_bf16_ ? static_cast<size_t>(out_numel_) : 0)) * sizeof(float);
+  }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
-    const bool acc[2] = {accumulate_flag(args, 0), accumulate_flag(args, 1)};
+    const bool acc[2] = {accumulate_flag(args, 0) && !out_bf16_, accumulate_flag(args, 1)};
     // inputs: q, k, v, [mask]; outputs: out, lse
     const float* mask = has_mask_ ? args.inputs[3].data_as<float>() : nullptr;
-    attention_forward(args.outputs[0].data_as<float>(), args.outputs[1].data_as<float>(),
-                      args.inputs[0].data_as<float>(), args.inputs[1].data_as<float>(), args.inputs[2].data_as<float>(),
-                      mask, dims_, ctx.rng_offset, acc, static_cast<double*>(args.scratch));
+    double* probs = static_cast<double*>(args.scratch);
+    float* floats = reinterpret_cast<float*>(probs + dims_.S);
+    const float* qkv[3];
+    for (size_t i = 0; i < 3; ++i) {
+      qkv[i] = as_f32(args.inputs[i], floats);
+      if (qkv[i] == floats) floats += args.inputs[i].numel();
+    }
+    float* out = out_bf16_ ? floats : args.outputs[0].data_as<float>();
+    attention_forward(out, args.outputs[1].data_as<float>(), qkv[0], qkv[1], qkv[2], mask, dims_, ctx.rng_offset, acc,
+                      probs);
+    if (out_bf16_)
+      for (int64_t i = 0; i < out_numel_; ++i)
+        store(args.outputs[0].data(), DType::bf16, i, out[i], accumulate_flag(args, 0));
   }
 
  private:
   AttentionDims dims_;
   bool has_mask_;
+  size_t widened_;
+  bool out_bf16_;
+  int64_t out_numel_;
 };
 
 class AttentionBackwardRef final : public RefKernel {
  public:
   AttentionBackwardRef(const ir::Graph& g, const ir::Node& n)
-      : dims_(parse_attention(g, n, 1)), has_mask_(n.inputs.size() == 7) {}
+      : dims_(parse_attention(g, n, 1)), has_mask_(n.inputs.size() == 7), widened_(widened_floats(g, n, 1, 3)) {}
 
   size_t scratch_bytes(int) const override {
-    return static_cast<size_t>(3 * dims_.S + 2 * dims_.S * dims_.D) * sizeof(double);
+    return static_cast<size_t>(3 * dims_.S + 2 * dims_.S * dims_.D) * sizeof(double) + widened_ * sizeof(float);
   }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
@@ -204,16 +239,22 @@ class AttentionBackwardRef final : public RefKernel {
     // inputs: dout, q, k, v, out, lse, [mask]; outputs: dq, dk, dv. `out` is not
     // needed: the row term Σ_s P·dPd is computed directly.
     const float* mask = has_mask_ ? args.inputs[6].data_as<float>() : nullptr;
+    double* work = static_cast<double*>(args.scratch);
+    float* floats = reinterpret_cast<float*>(work + 3 * dims_.S + 2 * dims_.S * dims_.D);
+    const float* qkv[3];
+    for (size_t i = 0; i < 3; ++i) {
+      qkv[i] = as_f32(args.inputs[i + 1], floats);
+      if (qkv[i] == floats) floats += args.inputs[i + 1].numel();
+    }
     attention_backward(args.outputs[0].data_as<float>(), args.outputs[1].data_as<float>(),
-                       args.outputs[2].data_as<float>(), args.inputs[0].data_as<float>(),
-                       args.inputs[1].data_as<float>(), args.inputs[2].data_as<float>(),
-                       args.inputs[3].data_as<float>(), args.inputs[5].data_as<float>(), mask, dims_, ctx.rng_offset,
-                       acc, static_cast<double*>(args.scratch));
+                       args.outputs[2].data_as<float>(), args.inputs[0].data_as<float>(), qkv[0], qkv[1], qkv[2],
+                       args.inputs[5].data_as<float>(), mask, dims_, ctx.rng_offset, acc, work);
   }
 
  private:
   AttentionDims dims_;
   bool has_mask_;
+  size_t widened_;
 };
 
 }  // namespace
