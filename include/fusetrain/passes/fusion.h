@@ -45,7 +45,7 @@ FusionReport fuse_linear_gelu(ir::Graph& graph);
 /// Language-model head + loss: SoftmaxCrossEntropy(Linear(x, w, bias), targets) with f32 or bf16
 /// operands, where the logits feed nothing else, becomes LinearCrossEntropy(x, w, targets, bias)
 /// with outputs (loss, dx, dw, dbias). It works through the rows whose target counts in chunks
-/// (`chunk_rows`, 0: about 32 MiB of f32 logits per chunk) and forms each chunk's gradients while
+/// (`chunk_rows`, 0: about 32 MiB of f32 logits per chunk, at least 512 rows) and forms each chunk's gradients while
 /// its logits are in cache, so the (rows, vocabulary) logits and their gradient are never stored,
 /// and rows with ignore_index (the unmasked positions of masked LM) cost nothing. Because the
 /// gradients are formed in the forward pass, run it only on graphs that will be differentiated.
