@@ -411,8 +411,6 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
         entry->passes.applied.push_back(str("recompute_gelu_outputs: ", r.gelus, " GELU outputs (",
                                             r.bytes_freed / (size_t{1} << 20),
                                             " MiB) computed again in backward from the input it keeps"));
-    }
-    if (spec.fusions) {
       passes::RecastReport c = passes::recast_weights_for_backward(g, backward_begin);
       if (c.casts > 0)
         entry->passes.applied.push_back(str("recast_weights_for_backward: ", c.casts, " low-precision weight copies (",

@@ -4,6 +4,7 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/passes/recompute.h"
+#include "passes/remove_nodes.h"
 
 namespace fusetrain::passes {
 
@@ -44,15 +45,7 @@ RecastReport recast_weights_for_backward(ir::Graph& graph, size_t backward_begin
     report.bytes_freed += static_cast<size_t>(graph.value(copy).shape.numel()) * dtype_size(graph.value(copy).dtype);
   }
   if (report.casts == 0) return report;
-  std::vector<NodeId> order;
-  order.reserve(graph.nodes().size());
-  for (NodeId n = 0; n < original_nodes; ++n) {
-    auto [lo, hi] = before.equal_range(n);
-    for (auto it = lo; it != hi; ++it) order.push_back(it->second);
-    order.push_back(n);
-  }
-  graph.reorder_nodes(order);
-  graph.verify();
+  place_before(graph, original_nodes, before);
   return report;
 }
 

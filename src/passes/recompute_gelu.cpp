@@ -4,6 +4,7 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/passes/recompute.h"
+#include "passes/remove_nodes.h"
 
 namespace fusetrain::passes {
 
@@ -62,15 +63,7 @@ GeluRecomputeReport recompute_gelu_outputs(ir::Graph& graph, size_t backward_beg
     report.bytes_freed += static_cast<size_t>(graph.value(kept).shape.numel()) * dtype_size(graph.value(kept).dtype);
   }
   if (report.gelus == 0) return report;
-  std::vector<NodeId> order;
-  order.reserve(graph.nodes().size());
-  for (NodeId n = 0; n < original_nodes; ++n) {
-    auto [lo, hi] = before.equal_range(n);
-    for (auto it = lo; it != hi; ++it) order.push_back(it->second);  // in insertion order: Gelu, then its Cast
-    order.push_back(n);
-  }
-  graph.reorder_nodes(order);
-  graph.verify();
+  place_before(graph, original_nodes, before);  // a Gelu before its Cast: insertion order
   return report;
 }
 

@@ -1,7 +1,9 @@
-// What fusion passes share: dropping the nodes a rewrite made dead.
+// What graph passes share: dropping the nodes a rewrite made dead, and placing appended nodes
+// earlier in the schedule.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "fusetrain/ir/graph.h"
@@ -18,6 +20,21 @@ inline int64_t remove_nodes(ir::Graph& g, const std::vector<bool>& dead) {
   g.reorder_nodes(order);
   g.verify();
   return removed;
+}
+
+/// Reorders the graph so that every node appended after the first `original_nodes` runs just
+/// before the original node it is keyed to in `before` (several for one key: in insertion
+/// order), then re-verifies it.
+inline void place_before(ir::Graph& g, ir::NodeId original_nodes, const std::multimap<ir::NodeId, ir::NodeId>& before) {
+  std::vector<ir::NodeId> order;
+  order.reserve(g.nodes().size());
+  for (ir::NodeId n = 0; n < original_nodes; ++n) {
+    auto [lo, hi] = before.equal_range(n);
+    for (auto it = lo; it != hi; ++it) order.push_back(it->second);
+    order.push_back(n);
+  }
+  g.reorder_nodes(order);
+  g.verify();
 }
 
 }  // namespace fusetrain::passes

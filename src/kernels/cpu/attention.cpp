@@ -467,12 +467,13 @@ void gather_heads(float* dst, const T* src, int64_t len, int64_t D, int64_t h0, 
 template <typename T>
 void scatter_heads(T* dst, const float* src, int64_t len, int64_t D, int64_t h0, int64_t hg, int64_t row_stride,
                    int64_t head_stride) {
+  [[maybe_unused]] const cpu_basic::RoundBf16Fn round = cpu_basic::round_to_bf16_fn();
   for (int64_t t = 0; t < len; ++t)
     for (int64_t h = 0; h < hg; ++h) {
       const float* from = src + (h * len + t) * D;
       T* row = dst + t * row_stride + (h0 + h) * head_stride;
       if constexpr (std::is_same_v<T, uint16_t>)
-        cpu_basic::round_to_bf16_fn()(row, from, D);
+        round(row, from, D);
       else
         std::copy(from, from + D, row);
     }
