@@ -83,4 +83,11 @@ std::string Attrs::to_string() const {
   return out.str();
 }
 
+Attrs dropout_attrs(const Attrs& from) {
+  Attrs out{{"p", from.get_float("p", 0.0)}, {"seed", from.get_int("seed", 0)}};
+  for (const char* name : {"index_block", "index_stride", "index_start"})
+    if (from.has(name)) out.set(name, from.get_int(name));
+  return out;
+}
+
 }  // namespace fusetrain::ir

@@ -102,6 +102,16 @@ Shape reduced_shape(const Shape& x, const std::vector<int64_t>& axes, bool keepd
 }
 
 // True if `small` broadcasts to `big` (numpy rules, small may have lower rank).
+// The stream index map of a node applying dropout (kernels/rng.h): absent, or runs of
+// index_block elements index_stride apart from index_start, inside one stride.
+void check_stream_index_map(const Checker& c, const Attrs& attrs) {
+  const int64_t block = attrs.get_int("index_block", 0), stride = attrs.get_int("index_stride", 0),
+                start = attrs.get_int("index_start", 0);
+  if (block == 0 && stride == 0 && start == 0) return;
+  c.require(block > 0 && start >= 0 && start + block <= stride, "index_block ", block, ", index_stride ", stride,
+            " and index_start ", start, " do not describe runs inside one stride");
+}
+
 bool broadcasts_to(const Shape& small, const Shape& big) {
   if (small.rank() > big.rank()) return false;
   int64_t offset = big.rank() - small.rank();
@@ -223,6 +233,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       c.require(attrs.get_float("eps") > 0, "eps must be positive");
       const double p = attrs.get_float("p", 0.0);
       c.require(p >= 0.0 && p < 1.0, "p must be in [0, 1), found ", p);
+      check_stream_index_map(c, attrs);
       Shape rows(std::vector<int64_t>(x.dims().begin(), x.dims().end() - 1));
       return {{x, DType::f32}, {x, DType::f32}, {rows, DType::f32}, {rows, DType::f32}};
     }
@@ -259,6 +270,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       double p = attrs.get_float("p");
       c.require(p >= 0.0 && p < 1.0, "p must be in [0, 1), found ", p);
       attrs.get_int("seed");
+      check_stream_index_map(c, attrs);
       c.require_float(0, "x");
       return {{c.shape(0), c.dtype(0)}};
     }
@@ -266,6 +278,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       double p = attrs.get_float("p");
       c.require(p >= 0.0 && p < 1.0, "p must be in [0, 1), found ", p);
       attrs.get_int("seed");
+      check_stream_index_map(c, attrs);
       c.require_f32(0, "x");
       c.require_f32(1, "residual");
       c.require(c.shape(0) == c.shape(1), "x ", c.shape(0).to_string(), " and residual ", c.shape(1).to_string(),
@@ -458,6 +471,9 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       double p = attrs.get_float("dropout_p", 0.0);
       c.require(p >= 0.0 && p < 1.0, "dropout_p must be in [0, 1)");
       if (attrs.get_int("causal", 0)) c.require(T <= S, "causal attention needs T <= S");
+      const int64_t rng_rows = attrs.get_int("rng_rows", T), rng_row_start = attrs.get_int("rng_row_start", 0);
+      c.require(rng_row_start >= 0 && rng_row_start + T <= rng_rows, "dropout rows [", rng_row_start, ", ",
+                rng_row_start + T, ") are outside rng_rows ", rng_rows);
       size_t mask_at = c.op == OpKind::Attention ? 3 : 6;
       if (n_in > mask_at)
         c.require(c.shape(mask_at) == Shape{q[0], S}, "mask should be (B, S) = (", q[0], ", ", S, "), found ",

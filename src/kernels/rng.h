@@ -2,7 +2,10 @@
 // is a pure function, so a mask can be regenerated in backward or after resume.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+
+#include "fusetrain/ir/attrs.h"
 
 namespace fusetrain::kernels {
 
@@ -50,6 +53,39 @@ inline void uniform4(uint64_t seed, uint64_t offset, uint64_t block, float out[4
 /// Dropout keeps element `index` when its uniform draw is >= p.
 inline bool dropout_keep(uint64_t seed, uint64_t offset, uint64_t index, float p) {
   return uniform_at(seed, offset, index) >= p;
+}
+
+/// Which element of the stream each element of a dropout's tensor draws. A Dropout that
+/// computes only some rows of a larger tensor (passes::prune_sliced_rows) keeps that tensor's
+/// masks: its elements come in runs of `block` that were `stride` apart, the first one at
+/// `start`, so element e draws (e / block)·stride + start + e % block. block 0: element e draws e.
+/// Attributes "index_block", "index_stride", "index_start" (absent: 0).
+struct StreamIndexMap {
+  int64_t block = 0, stride = 0, start = 0;
+
+  bool identity() const { return block == 0; }
+  uint64_t operator()(int64_t e) const {
+    return identity() ? static_cast<uint64_t>(e) : static_cast<uint64_t>((e / block) * stride + start + e % block);
+  }
+  /// Calls run(local_begin, local_end, stream_begin) for the pieces of [begin, end) whose stream
+  /// indices are consecutive.
+  template <typename Run>
+  void for_each_run(int64_t begin, int64_t end, Run&& run) const {
+    if (identity()) {
+      if (begin < end) run(begin, end, static_cast<uint64_t>(begin));
+      return;
+    }
+    for (int64_t e = begin; e < end;) {
+      const int64_t piece_end = std::min(end, (e / block + 1) * block);
+      run(e, piece_end, (*this)(e));
+      e = piece_end;
+    }
+  }
+};
+
+/// The map a node's attributes give (identity when they name none).
+inline StreamIndexMap stream_index_map(const ir::Attrs& attrs) {
+  return {attrs.get_int("index_block", 0), attrs.get_int("index_stride", 0), attrs.get_int("index_start", 0)};
 }
 
 }  // namespace fusetrain::kernels

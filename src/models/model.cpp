@@ -370,6 +370,16 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
       entry->passes.applied.push_back(str("fuse_decomposed_layernorm: ", dl.fused, " written-out LayerNorms"));
     passes::FusionReport eg = passes::fuse_erf_gelu(g);
     if (eg.fused > 0) entry->passes.applied.push_back(str("fuse_erf_gelu: ", eg.fused, " written-out erf GELUs"));
+    passes::FusionReport pr = passes::prune_sliced_rows(g);
+    if (pr.fused > 0) {
+      entry->passes.applied.push_back(
+          str("prune_sliced_rows: ", pr.fused, " ops compute only the rows a later Slice keeps"));
+      // The last layer's full output may be gone: checkpointing then keeps the boundaries still computed.
+      std::vector<ir::ValueId>& boundaries = entry->built.layer_boundaries;
+      std::erase_if(boundaries, [&](ir::ValueId v) {
+        return g.value(v).kind == ir::ValueKind::Activation && g.value(v).producer == ir::kNone;
+      });
+    }
     passes::FusionReport d = passes::fuse_dropout_add(g);
     if (d.fused > 0)
       entry->passes.applied.push_back(str("fuse_dropout_add: ", d.fused, " dropout + residual adds in one pass"));

@@ -32,8 +32,8 @@ FusionReport fuse_add_layernorm(ir::Graph& g) {
     if (!readers_after) continue;
     ir::Attrs attrs{{"eps", ln.attrs.get_float("eps")}};
     if (add.op == OpKind::DropoutAdd) {
-      attrs.set("p", add.attrs.get_float("p"));
-      attrs.set("seed", add.attrs.get_int("seed"));
+      const ir::Attrs dropout = ir::dropout_attrs(add.attrs);
+      for (const auto& [name, value] : dropout.items()) attrs.set(name, value);
     }
     ln.op = OpKind::AddLayerNorm;
     ln.inputs = {add.inputs[0], add.inputs[1], ln.inputs[1], ln.inputs[2]};

@@ -304,7 +304,9 @@ TEST(Models, RecomputeGivesIdenticalGradientsInASmallerArena) {
                               [](const std::string& a) { return a.rfind("recompute:", 0) == 0; }),
                 recompute ? 1 : 0)
           << arch;
-      EXPECT_EQ(model->last_pass_log()->ops_after.at("Attention"), recompute ? 8 : 4) << arch;
+      // The classifier reads the first token: the last layer runs on it alone and is not checkpointed.
+      const int recomputed_layers = arch == "BertForSequenceClassification" ? 3 : 4;
+      EXPECT_EQ(model->last_pass_log()->ops_after.at("Attention"), recompute ? 4 + recomputed_layers : 4) << arch;
     }
     EXPECT_EQ(losses[0], losses[1]) << arch;
     for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << arch << " gradient " << i;
@@ -313,7 +315,8 @@ TEST(Models, RecomputeGivesIdenticalGradientsInASmallerArena) {
 }
 
 // The fusion passes change where data lives, not the arithmetic: every architecture
-// gives the same loss and gradients, bit for bit, with and without them (dropout on).
+// gives the same loss and gradients with and without them (dropout on), bit for bit
+// except where a first-token classifier's last layer is pruned to that token.
 TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
   for (const auto& [type, arch] : kHeads)
     for (bool bf16 : {false, true}) {
@@ -322,6 +325,7 @@ TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
       Data d = make_batch(*model, 2, 9, 4);
       std::vector<double> losses;
       std::vector<std::vector<float>> grads;
+      bool pruned = false;
       for (bool fusions : {false, true}) {
         model->set_fusions(fusions);
         model->set_rng_step(1);
@@ -333,6 +337,8 @@ TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
           return ops.count("Dropout") ? ops.at("Dropout") : 0;
         };
         if (fusions) {
+          pruned = std::any_of(log.applied.begin(), log.applied.end(),
+                               [](const std::string& a) { return a.rfind("prune_sliced_rows:", 0) == 0; });
           EXPECT_EQ(transposes, 0) << arch;
           EXPECT_GT(log.ops_after.count("AddLayerNorm") ? log.ops_after.at("AddLayerNorm") : 0, 0) << arch;
           if (type != "gpt2")  // GPT-2's MLP is Conv1D: MatMul + Add, not Linear
@@ -359,8 +365,21 @@ TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
           EXPECT_EQ(dropouts(log.ops_after), dropouts(log.ops_before)) << arch;
         }
       }
-      EXPECT_EQ(losses[0], losses[1]) << arch;
-      for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << arch << " gradient " << i;
+      // A first-token classifier runs its last layer on one row per sequence (prune_sliced_rows):
+      // its weight gradients then sum fewer (only zero) rows, so they agree to rounding there.
+      const bool first_token = arch.find("SequenceClassification") != std::string::npos && type != "gpt2";
+      EXPECT_EQ(pruned, first_token) << arch;
+      if (!first_token) {
+        EXPECT_EQ(losses[0], losses[1]) << arch;
+        for (size_t i = 0; i < grads[0].size(); ++i)
+          ASSERT_EQ(grads[0][i], grads[1][i]) << arch << " gradient " << i;
+        continue;
+      }
+      EXPECT_NEAR(losses[0], losses[1], 1e-6 * std::abs(losses[0])) << arch;
+      double max_grad = 0.0;
+      for (float v : grads[0]) max_grad = std::max(max_grad, static_cast<double>(std::abs(v)));
+      for (size_t i = 0; i < grads[0].size(); ++i)
+        ASSERT_NEAR(grads[0][i], grads[1][i], 1e-5 * max_grad) << arch << " gradient " << i;
     }
 }
 

@@ -453,5 +453,118 @@ TEST(FuseLinearCrossEntropy, LeavesLogitsThatAreReadElsewhereAlone) {
   EXPECT_EQ(count(g, OpKind::SoftmaxCrossEntropy), 3);
 }
 
+// A post-norm encoder layer as the model builders write it (dropout on the attention
+// probabilities and both residual branches), read by a first-token classifier.
+struct LayerGraph {
+  ir::Graph g;
+  ValueId loss = ir::kNone;
+  int64_t T = 0;
+};
+
+std::unique_ptr<LayerGraph> build_first_token_layer(bool causal, bool read_all_rows) {
+  auto l = std::make_unique<LayerGraph>();
+  ir::GraphBuilder b(l->g, 9);
+  const int64_t B = 3, T = 11, H = 2, D = 8, C = H * D;
+  l->T = T;
+  ValueId x = b.param("x", {B, T, C});
+  auto dense = [&](ValueId v, const std::string& name, int64_t out, int64_t in) {
+    return b.linear(v, b.param(name + ".w", {out, in}), b.param(name + ".b", {out}));
+  };
+  auto ln = [&](ValueId v, const std::string& name) {
+    return b.layer_norm(v, b.param(name + ".gamma", {C}), b.param(name + ".beta", {C}), 1e-5);
+  };
+  auto heads = [&](const char* name) {
+    return b.transpose(b.reshape(dense(x, name, C, C), {B, T, H, D}), {0, 2, 1, 3});
+  };
+  ValueId q = heads("q"), k = heads("k"), v = heads("v");
+  ValueId context = b.attention(q, k, v, ir::kNone, 1.0 / std::sqrt(static_cast<double>(D)), causal, 0.2);
+  ValueId attn = dense(b.reshape(b.transpose(context, {0, 2, 1, 3}), {B, T, C}), "o", C, C);
+  ValueId y = ln(b.add(b.dropout(attn, 0.2), x), "ln1");
+  ValueId h = dense(b.gelu(dense(y, "up", 4 * C, C)), "down", C, 4 * C);
+  y = ln(b.add(b.dropout(h, 0.2), y), "ln2");
+  ValueId pooled = b.tanh(dense(b.reshape(b.slice(y, 1, 0, 1), {B, C}), "pool", C, C));
+  l->loss = b.reduce_sum(b.mul(pooled, pooled), {0, 1});
+  if (read_all_rows) l->loss = b.add(l->loss, b.reduce_sum(y, {0, 1, 2}));
+  l->g.mark_output(l->loss);
+  return l;
+}
+
+const ir::Node* find_op(const ir::Graph& g, OpKind op) {
+  for (const ir::Node& n : g.nodes())
+    if (n.op == op) return &n;
+  return nullptr;
+}
+
+// Pruned and unpruned, through the passes that follow in a model plan (folded attention
+// transposes, fused dropout + add + LayerNorm) or without them, on 1 and 2 threads.
+TEST(PruneSlicedRows, FirstTokenClassifierRunsTheLayerOnOneRowWithTheSameMasks) {
+  for (bool fold : {false, true})
+    for (bool fuse : {false, true})
+      for (int threads : {1, 2}) {
+        const std::string label = str(fold ? "folded" : "transposes", fuse ? " fused" : "", " threads ", threads);
+        GraphRun runs[2];
+        for (bool prune : {false, true}) {
+          auto l = build_first_token_layer(false, false);
+          ir::Graph& g = l->g;
+          if (fold) passes::fold_attention_transposes(g);
+          if (prune) {
+            passes::FusionReport report = passes::prune_sliced_rows(g);
+            EXPECT_GT(report.fused, 10) << label;
+            EXPECT_EQ(count(g, OpKind::Slice), 1) << label;  // of x, read by q and the residual
+            const ir::Node* attention = find_op(g, OpKind::Attention);
+            ASSERT_NE(attention, nullptr);
+            const Shape& qs = g.value(attention->inputs[0]).shape;
+            const Shape& ks = g.value(attention->inputs[1]).shape;
+            EXPECT_EQ(fold ? qs[1] : qs[2], 1) << label;  // one query row
+            EXPECT_EQ(fold ? ks[1] : ks[2], l->T) << label;  // every key
+            EXPECT_EQ(attention->attrs.get_int("rng_rows"), l->T) << label;
+            int full_rows = 0, dropouts_mapped = 0;
+            for (const ir::Node& n : g.nodes()) {
+              if (n.op == OpKind::Linear) full_rows += g.value(n.inputs[0]).shape[1] == l->T;
+              if (n.op == OpKind::Dropout) dropouts_mapped += n.attrs.get_int("index_block", 0) == 16;
+            }
+            EXPECT_EQ(full_rows, 2) << label;  // the key and value projections
+            EXPECT_EQ(dropouts_mapped, 2) << label;
+          }
+          if (fuse) {
+            passes::fuse_dropout_add(g);
+            EXPECT_EQ(passes::fuse_add_layernorm(g).fused, 2) << label;
+          }
+          runtime::PlanOptions options;
+          options.num_threads = threads;
+          runs[prune] = run_graph(g, l->loss, 0.6f, 0.37f, 5, options);
+        }
+        // Each kept row is computed by the same kernels from the same masks; products over
+        // fewer rows may group sums differently, so agreement is to rounding. Masks drawn
+        // afresh for the pruned rows would move the loss by far more.
+        EXPECT_NEAR(runs[0].loss, runs[1].loss, 1e-5 * std::abs(runs[0].loss)) << label;
+        ASSERT_EQ(runs[0].grads.size(), runs[1].grads.size());
+        double max_grad = 0.0;
+        for (float v : runs[0].grads) max_grad = std::max(max_grad, static_cast<double>(std::abs(v)));
+        for (size_t i = 0; i < runs[0].grads.size(); ++i)
+          ASSERT_NEAR(runs[0].grads[i], runs[1].grads[i], 1e-5 * max_grad) << label << " gradient " << i;
+      }
+}
+
+TEST(PruneSlicedRows, StopsWhereRowsAreReadInFullOrDependOnOtherRows) {
+  // Every row of the layer's output is also summed into the loss: nothing to prune.
+  auto all = build_first_token_layer(false, true);
+  EXPECT_EQ(passes::prune_sliced_rows(all->g).fused, 0);
+  // Causal attention: the query rows are not pruned (the pass stops at the attention).
+  auto causal = build_first_token_layer(true, false);
+  EXPECT_GT(passes::prune_sliced_rows(causal->g).fused, 0);
+  const ir::Node* attention = find_op(causal->g, OpKind::Attention);
+  ASSERT_NE(attention, nullptr);
+  EXPECT_EQ(causal->g.value(attention->outputs[0]).shape[2], causal->T);
+  // A Slice that keeps every row, and one across a LayerNorm's normalised axis, stay where they are.
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  ValueId x = b.param("x", {2, 3, 4});
+  ValueId n = b.layer_norm(x, b.param("gamma", {4}), b.param("beta", {4}), 1e-5);
+  g.mark_output(b.reduce_sum(b.slice(n, 2, 0, 2), {0, 1, 2}));
+  g.mark_output(b.reduce_sum(b.slice(b.tanh(x), 1, 0, 3), {0, 1, 2}));
+  EXPECT_EQ(passes::prune_sliced_rows(g).fused, 0);
+}
+
 }  // namespace
 }  // namespace fusetrain::testing

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 
 namespace fusetrain::testing {
 
@@ -156,6 +157,19 @@ std::vector<OpCase> make_cases() {
   add("dropout", OpKind::Dropout, [](GraphBuilder& b, int64_t n) {
     return Outs{b.dropout(b.param("x", {n, 8}), 0.3)};
   });
+  // Rows of a larger tensor (prune_sliced_rows): rows [2, 5) of 7 of 40 elements, and rows [1, 4)
+  // of 6 of 37, whose runs start off a Philox block of four.
+  for (int64_t width : {int64_t{40}, int64_t{37}}) {
+    add("dropout_stream_rows_" + std::to_string(width), OpKind::Dropout, [width](GraphBuilder& b, int64_t n) {
+      const int64_t first = width == 40 ? 2 : 1, rows = width == 40 ? 7 : 6;
+      return Outs{b.graph().add(OpKind::Dropout, {b.param("x", {n, 3, width})},
+                                {{"p", 0.3},
+                                 {"seed", int64_t{5}},
+                                 {"index_block", 3 * width},
+                                 {"index_stride", rows * width},
+                                 {"index_start", first * width}})};
+    });
+  }
   add("dropout_add", OpKind::DropoutAdd, [](GraphBuilder& b, int64_t n) {
     ValueId x = b.param("x", {n, 40}), residual = b.param("residual", {n, 40});
     Outs y{b.graph().add(OpKind::DropoutAdd, {x, residual}, {{"p", 0.3}, {"seed", int64_t{9}}})};
@@ -275,6 +289,18 @@ std::vector<OpCase> make_cases() {
   add("attention_dropout", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
     ValueId q = b.param("q", {1, 2, n, 8}), k = b.param("k", {1, 2, 4, 8}), v = b.param("v", {1, 2, 4, 8});
     return Outs{b.attention(q, k, v, ir::kNone, 0.35, false, 0.2)};
+  });
+  add("attention_dropout_query_rows", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
+    // Query rows [3, 3 + n) of n + 5 (prune_sliced_rows): the probabilities keep those rows' masks.
+    ValueId q = b.param("q", {1, 2, n, 8}), k = b.param("k", {1, 2, 4, 8}), v = b.param("v", {1, 2, 4, 8});
+    Outs outs = b.graph().add_node(OpKind::Attention, {q, k, v},
+                                   {{"scale", 0.35},
+                                    {"causal", int64_t{0}},
+                                    {"dropout_p", 0.2},
+                                    {"seed", int64_t{6}},
+                                    {"rng_rows", n + 5},
+                                    {"rng_row_start", int64_t{3}}});
+    return Outs{outs[0]};
   });
   // bf16 q, k, v (bf16 mixed precision), in both layouts, with a mask and causal: values on a 1/16
   // grid are exact in bf16, and so are steps of 1/16. With a bf16 output as well, rounding the output

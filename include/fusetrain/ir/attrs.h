@@ -39,4 +39,8 @@ class Attrs {
   std::vector<std::pair<std::string, AttrValue>> items_;
 };
 
+/// The attributes that decide the mask of a node applying dropout: "p", "seed" and, when set,
+/// the stream index map ("index_block", "index_stride", "index_start"; see kernels/rng.h).
+Attrs dropout_attrs(const Attrs& from);
+
 }  // namespace fusetrain::ir

@@ -51,6 +51,16 @@ FusionReport fuse_linear_gelu(ir::Graph& graph);
 /// gradients are formed in the forward pass, run it only on graphs that will be differentiated.
 FusionReport fuse_linear_cross_entropy(ir::Graph& graph, int64_t chunk_rows = 0);
 
+/// Rows a Slice keeps, computed alone: a Slice along a row axis moves above the op that produced
+/// its input (Linear, LayerNorm, Softmax on another axis, elementwise ops, Dropout, Reshape and
+/// Transpose that keep the axis, and Attention, whose query rows it slices while every key and value
+/// stays) as long as nothing else reads that op's rows in full. A classifier that reads the first
+/// token then runs its last layer's query, output projection, MLP and norms on one row per sequence;
+/// only the keys and values still see every position. Dropout keeps the masks of the full tensor
+/// (stream index attributes), so losses and gradients are those of the unpruned graph.
+/// `fused`: ops rebuilt on fewer rows.
+FusionReport prune_sliced_rows(ir::Graph& graph);
+
 /// Decomposed LayerNorm, as ONNX exporters and hand-written modules spell it:
 /// d = x - ReduceMean(x), Sqrt(ReduceMean(Pow(d, 2) or d·d) + eps), d divided by it, times
 /// gamma, plus beta (last axis, keepdims, either operand order), with every intermediate read

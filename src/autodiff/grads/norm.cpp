@@ -31,7 +31,7 @@ void grad_rule<OpKind::AddLayerNorm>(GradContext& ctx) {
   if (dsum != ir::kNone && ctx.needs_grad(0)) {
     const double p = ctx.attrs().get_float("p", 0.0);
     ctx.set_grad_input(
-        0, p > 0.0 ? ctx.g.add(OpKind::Dropout, {dsum}, {{"p", p}, {"seed", ctx.attrs().get_int("seed")}}) : dsum);
+        0, p > 0.0 ? ctx.g.add(OpKind::Dropout, {dsum}, ir::dropout_attrs(ctx.attrs())) : dsum);
   }
   if (dsum != ir::kNone && ctx.needs_grad(1)) ctx.set_grad_input(1, dsum);
   if (dgamma != ir::kNone) ctx.set_grad_input(2, dgamma);

@@ -21,6 +21,7 @@
 // deterministic for a given thread count.
 //
 // Dropout keeps probability (b, h, t, s) when uniform_at(seed, rng_offset, ((bh·T)+t)·S+s) ≥ p
+// (with rng_rows / rng_row_start set: ((bh·rng_rows)+rng_row_start+t)·S+s, the rows of a longer query)
 // and scales it by 1/(1−p); lse and the softmax sum are taken before dropout.
 // A query row that sees no key (all masked with −inf) gets out 0 and lse 0.
 #include <immintrin.h>
@@ -403,6 +404,7 @@ struct AttentionPlan {
   bool grouped = false;  // through packed f32 copies: seq-major layout, or bf16 q, k, v or out
   float dropout_p = 0.0f;
   uint64_t seed = 0;
+  int64_t rng_rows = 0, rng_row_start = 0;  // the query rows whose dropout stream these T rows draw
   const TileOps* ops = nullptr;
 
   AttentionPlan(const ir::Graph& g, const ir::Node& node, size_t q_at, size_t mask_at) {
@@ -414,6 +416,8 @@ struct AttentionPlan {
     causal = node.attrs.get_int("causal", 0) != 0;
     dropout_p = static_cast<float>(node.attrs.get_float("dropout_p", 0.0));
     seed = static_cast<uint64_t>(node.attrs.get_int("seed", 0));
+    rng_rows = node.attrs.get_int("rng_rows", T);
+    rng_row_start = node.attrs.get_int("rng_row_start", 0);
     has_mask = node.inputs.size() > mask_at;
     grouped = seq_major || g.value(node.inputs[q_at]).dtype != DType::f32 ||
               node.attrs.get_string("out_dtype", "f32") != "f32";
@@ -429,7 +433,9 @@ struct AttentionPlan {
   // Offset of row 0 of head bh in a (B, H, len, D) tensor (not seq-major).
   int64_t head_offset(int64_t bh, int64_t len) const { return bh * len * D; }
   // Dropout stream index of (bh, t, s).
-  uint64_t drop_index(int64_t bh, int64_t t, int64_t s) const { return static_cast<uint64_t>((bh * T + t) * S + s); }
+  uint64_t drop_index(int64_t bh, int64_t t, int64_t s) const {
+    return static_cast<uint64_t>((bh * rng_rows + rng_row_start + t) * S + s);
+  }
 };
 
 // Seq-major heads are runs of D elements H·D apart: read head by head they touch a new,

@@ -156,9 +156,10 @@ std::unique_ptr<Kernel> make_embedding_kernel(const ir::Graph& g, const ir::Node
 std::unique_ptr<Kernel> make_embedding_backward_kernel(const ir::Graph& g, const ir::Node& n);
 // dropout.cpp
 std::unique_ptr<Kernel> make_dropout_kernel(const ir::Graph& g, const ir::Node& n);
-/// y[i] = dropout(x)[i], plus residual[i] when residual is not null, for i in [begin, end); `scale` is
-/// float(1 / (1 - p)). The Dropout kernel's own loop for the current code path, so bit for bit its result.
-using DropoutRangeFn = void (*)(float* y, const float* x, const float* residual, int64_t begin, int64_t end,
+/// y[i] = dropout(x)[i], plus residual[i] when residual is not null, for i in [0, n), element i
+/// drawing stream index first + i; `scale` is float(1 / (1 - p)). The Dropout kernel's own loop
+/// for the current code path, so bit for bit its result.
+using DropoutRangeFn = void (*)(float* y, const float* x, const float* residual, int64_t n, uint64_t first,
                                 uint64_t seed, uint64_t offset, float p, float scale);
 DropoutRangeFn dropout_range_fn();
 // movement.cpp: Reshape Transpose Split Concat Slice SliceBackward ExpandTo

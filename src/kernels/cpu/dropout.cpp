@@ -1,5 +1,5 @@
 // Tuned Dropout, f32: y[i] = keep(i) ? x[i] / (1 - p) : 0 with
-// keep(i) = uniform_at(seed, rng_offset, i) >= p (kernels/rng.h), bit for bit;
+// keep(i) = uniform_at(seed, rng_offset, map(i)) >= p (kernels/rng.h, StreamIndexMap), bit for bit;
 // DropoutAdd adds residual[i] to that in the same pass.
 //
 // Shape legend: any shape, seen as n contiguous elements; y may alias x.
@@ -13,21 +13,26 @@
 namespace fusetrain::kernels::cpu_basic {
 namespace {
 
-// Elements [begin, end) the scalar way, one uniform4 per block of four.
-// residual: null for Dropout, else added (DropoutAdd).
-void dropout_portable(float* y, const float* x, const float* residual, int64_t begin, int64_t end, uint64_t seed,
-                      uint64_t offset, float p, float scale) {
+// Elements [begin, end) of the arrays, which draw stream indices first + begin .. first + end,
+// the scalar way, one uniform4 per block of four. residual: null for Dropout, else added (DropoutAdd).
+void dropout_portable_from(float* y, const float* x, const float* residual, int64_t begin, int64_t end,
+                           uint64_t first, uint64_t seed, uint64_t offset, float p, float scale) {
   int64_t i = begin;
   while (i < end) {
-    const uint64_t block = static_cast<uint64_t>(i) >> 2;
+    const uint64_t index = first + static_cast<uint64_t>(i);
     float u[4];
-    uniform4(seed, offset, block, u);
-    const int64_t block_end = std::min<int64_t>(end, static_cast<int64_t>(block * 4 + 4));
+    uniform4(seed, offset, index >> 2, u);
+    const int64_t block_end = std::min<int64_t>(end, i + static_cast<int64_t>(4 - (index & 3)));
     for (; i < block_end; ++i) {
-      const float dropped = u[i & 3] >= p ? x[i] * scale : 0.0f;
+      const float dropped = u[(first + static_cast<uint64_t>(i)) & 3] >= p ? x[i] * scale : 0.0f;
       y[i] = residual ? dropped + residual[i] : dropped;
     }
   }
+}
+
+void dropout_portable(float* y, const float* x, const float* residual, int64_t n, uint64_t first, uint64_t seed,
+                      uint64_t offset, float p, float scale) {
+  dropout_portable_from(y, x, residual, 0, n, first, seed, offset, p, scale);
 }
 
 // 32x32 -> 64 bit products of 16 lanes: high and low halves.
@@ -42,7 +47,7 @@ FT_AVX512_INLINE __m512 to_uniform16(__m512i bits) {
   return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(bits, 8)), _mm512_set1_ps(1.0f / 16777216.0f));
 }
 
-FT_AVX512 void dropout_avx512(float* y, const float* x, const float* residual, int64_t begin, int64_t end,
+FT_AVX512 void dropout_avx512(float* y, const float* x, const float* residual, int64_t n, uint64_t first,
                               uint64_t seed, uint64_t offset, float p, float scale) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i mul0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
@@ -55,17 +60,18 @@ FT_AVX512 void dropout_avx512(float* y, const float* x, const float* residual, i
   const __m512i quad_hi = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
   const __m512 vp = _mm512_set1_ps(p), vscale = _mm512_set1_ps(scale);
 
-  int64_t i = begin;
-  // Head up to a multiple of 4 (callers pass 64-aligned begins; this is for safety).
-  if (i & 3) {
-    int64_t head_end = std::min(end, (i + 3) & ~int64_t{3});
-    dropout_portable(y, x, residual, i, head_end, seed, offset, p, scale);
+  const int64_t end = n;
+  int64_t i = 0;
+  // Head up to a stream index that is a multiple of 4 (whole Philox blocks from there on).
+  if (first & 3) {
+    const int64_t head_end = std::min(end, static_cast<int64_t>(4 - (first & 3)));
+    dropout_portable_from(y, x, residual, 0, head_end, first, seed, offset, p, scale);
     i = head_end;
   }
   for (; i + 64 <= end; i += 64) {
-    const uint64_t block = static_cast<uint64_t>(i) >> 2;
+    const uint64_t block = (first + static_cast<uint64_t>(i)) >> 2;
     if (static_cast<uint32_t>(block) > 0xFFFFFFFFu - 15u) {  // low counter word would carry
-      dropout_portable(y, x, residual, i, i + 64, seed, offset, p, scale);
+      dropout_portable_from(y, x, residual, i, i + 64, first, seed, offset, p, scale);
       continue;
     }
     __m512i c0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(block))), lane);
@@ -99,17 +105,18 @@ FT_AVX512 void dropout_avx512(float* y, const float* x, const float* residual, i
       _mm512_storeu_ps(y + i + 16 * q, dropped);
     }
   }
-  if (i < end) dropout_portable(y, x, residual, i, end, seed, offset, p, scale);
+  if (i < end) dropout_portable_from(y, x, residual, i, end, first, seed, offset, p, scale);
 }
 
 class DropoutKernel final : public Kernel {
  public:
-  DropoutKernel(int64_t numel, double p, uint64_t seed, bool residual)
+  DropoutKernel(int64_t numel, double p, uint64_t seed, StreamIndexMap map, bool residual)
       : numel_(numel),
         residual_(residual),
         p_(static_cast<float>(p)),
         scale_(static_cast<float>(1.0 / (1.0 - p))),
         seed_(seed),
+        map_(map),
         fn_(dropout_range_fn()) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
@@ -120,7 +127,12 @@ class DropoutKernel final : public Kernel {
     // Philox costs far more than the memory traffic: parallelise earlier.
     parallel_for(
         numel_, threads_for(numel_ * 8, ctx.num_threads),
-        [&](int64_t begin, int64_t end, int) { fn_(y, x, residual, begin, end, seed_, offset, p_, scale_); }, 64);
+        [&](int64_t begin, int64_t end, int) {
+          map_.for_each_run(begin, end, [&](int64_t b, int64_t e, uint64_t first) {
+            fn_(y + b, x + b, residual ? residual + b : nullptr, e - b, first, seed_, offset, p_, scale_);
+          });
+        },
+        64);
   }
 
  private:
@@ -128,6 +140,7 @@ class DropoutKernel final : public Kernel {
   bool residual_;
   float p_, scale_;
   uint64_t seed_;
+  StreamIndexMap map_;
   DropoutRangeFn fn_;
 };
 
@@ -138,7 +151,7 @@ DropoutRangeFn dropout_range_fn() { return use_avx512() ? dropout_avx512 : dropo
 std::unique_ptr<Kernel> make_dropout_kernel(const ir::Graph& g, const ir::Node& n) {
   if (input_dtype(g, n, 0) != DType::f32) return nullptr;
   return std::make_unique<DropoutKernel>(output_shape(g, n, 0).numel(), n.attrs.get_float("p"),
-                                         static_cast<uint64_t>(n.attrs.get_int("seed")),
+                                         static_cast<uint64_t>(n.attrs.get_int("seed")), stream_index_map(n.attrs),
                                          n.op == ir::OpKind::DropoutAdd);
 }
 

@@ -19,6 +19,7 @@
 #include "fusetrain/core/alloc.h"
 #include "kernels/cpu/basic_kernels.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/rng.h"
 
 namespace fusetrain::kernels::cpu_basic {
 namespace {
@@ -218,13 +219,14 @@ class LayerNormKernel final : public Kernel {
 // operations in the same order; either way the result is bit for bit the unfused kernels'.
 class AddLayerNormKernel final : public Kernel {
  public:
-  AddLayerNormKernel(int64_t rows, int64_t C, float eps, double p, uint64_t seed)
+  AddLayerNormKernel(int64_t rows, int64_t C, float eps, double p, uint64_t seed, StreamIndexMap map)
       : rows_(rows),
         C_(C),
         eps_(eps),
         p_(static_cast<float>(p)),
         scale_(static_cast<float>(1.0 / (1.0 - p))),  // as the Dropout kernel rounds it
         seed_(seed),
+        map_(map),
         row_fn_(use_avx512() ? layernorm_row_avx512 : layernorm_row_portable),
         add_row_fn_(use_avx512() ? add_layernorm_row_avx512 : add_layernorm_row_portable),
         dropout_fn_(p > 0.0 ? dropout_range_fn() : nullptr) {}
@@ -246,7 +248,9 @@ class AddLayerNormKernel final : public Kernel {
       for (int64_t r = begin; r < end; ++r) {
         const int64_t first = r * C;
         if (dropout_fn_) {
-          dropout_fn_(sum, x, residual, first, first + C, seed_, offset, p_, scale_);
+          map_.for_each_run(first, first + C, [&](int64_t b, int64_t e, uint64_t stream) {
+            dropout_fn_(sum + b, x + b, residual + b, e - b, stream, seed_, offset, p_, scale_);
+          });
           row_fn_(y + first, mean + r, rstd + r, sum + first, gamma, beta, C, eps_);
         } else {
           add_row_fn_(y + first, mean + r, rstd + r, sum + first, x + first, residual + first, gamma, beta, C, eps_);
@@ -259,6 +263,7 @@ class AddLayerNormKernel final : public Kernel {
   int64_t rows_, C_;
   float eps_, p_, scale_;
   uint64_t seed_;
+  StreamIndexMap map_;
   ForwardRowFn row_fn_;
   void (*add_row_fn_)(float*, float*, float*, float*, const float*, const float*, const float*, const float*, int64_t,
                       float);
@@ -359,7 +364,8 @@ std::unique_ptr<Kernel> make_layernorm_kernel(const ir::Graph& g, const ir::Node
   if (n.op == ir::OpKind::AddLayerNorm)
     return std::make_unique<AddLayerNormKernel>(x.numel() / x[-1], x[-1], static_cast<float>(n.attrs.get_float("eps")),
                                                 n.attrs.get_float("p", 0.0),
-                                                static_cast<uint64_t>(n.attrs.get_int("seed", 0)));
+                                                static_cast<uint64_t>(n.attrs.get_int("seed", 0)),
+                                                stream_index_map(n.attrs));
   return std::make_unique<LayerNormKernel>(x.numel() / x[-1], x[-1], static_cast<float>(n.attrs.get_float("eps")));
 }
 

@@ -25,6 +25,7 @@ struct AttentionDims {
   bool causal = false;
   double dropout_p = 0.0;
   uint64_t seed = 0;
+  int64_t rng_rows = 0, rng_row_start = 0;  // dropout draws the stream of rows [start, start + T) of rng_rows
 };
 
 AttentionDims parse_attention(const ir::Graph& g, const ir::Node& n, size_t q_input) {
@@ -41,6 +42,8 @@ AttentionDims parse_attention(const ir::Graph& g, const ir::Node& n, size_t q_in
   a.causal = n.attrs.get_int("causal", 0) != 0;
   a.dropout_p = n.attrs.get_float("dropout_p", 0.0);
   a.seed = static_cast<uint64_t>(n.attrs.get_int("seed", 0));
+  a.rng_rows = n.attrs.get_int("rng_rows", a.T);
+  a.rng_row_start = n.attrs.get_int("rng_row_start", 0);
   return a;
 }
 
@@ -74,7 +77,7 @@ double attention_scores(double* scores, const float* q_row, const float* k, cons
 // The dropout factor of probability (b, h, t, s): 1/(1−p) if kept, 0 if dropped.
 double dropout_factor(const AttentionDims& a, uint64_t rng_offset, int64_t b, int64_t h, int64_t t, int64_t s) {
   if (a.dropout_p == 0.0) return 1.0;
-  const uint64_t index = static_cast<uint64_t>(((b * a.H + h) * a.T + t) * a.S + s);
+  const uint64_t index = static_cast<uint64_t>(((b * a.H + h) * a.rng_rows + a.rng_row_start + t) * a.S + s);
   return dropout_keep(a.seed, rng_offset, index, static_cast<float>(a.dropout_p)) ? 1.0 / (1.0 - a.dropout_p) : 0.0;
 }
 

@@ -171,14 +171,15 @@ class BinaryRef final : public RefKernel {
 
 // ---- Dropout ------------------------------------------------------------------
 
-// y[i] = keep(i) ? x[i] / (1 - p) : 0, keep(i) = uniform(seed, rng_offset, i) >= p.
+// y[i] = keep(i) ? x[i] / (1 - p) : 0, keep(i) = uniform(seed, rng_offset, map(i)) >= p.
 class DropoutRef final : public RefKernel {
  public:
   DropoutRef(const ir::Graph& g, const ir::Node& n)
       : numel_(output_shape(g, n, 0).numel()),
         dtype_(output_dtype(g, n, 0)),
         p_(n.attrs.get_float("p")),
-        seed_(static_cast<uint64_t>(n.attrs.get_int("seed"))) {}
+        seed_(static_cast<uint64_t>(n.attrs.get_int("seed"))),
+        map_(stream_index_map(n.attrs)) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const void* x = args.inputs[0].data();
@@ -186,7 +187,7 @@ class DropoutRef final : public RefKernel {
     const bool acc = accumulate_flag(args, 0);
     const float p = static_cast<float>(p_);
     for (int64_t i = 0; i < numel_; ++i) {
-      bool keep = dropout_keep(seed_, ctx.rng_offset, static_cast<uint64_t>(i), p);
+      bool keep = dropout_keep(seed_, ctx.rng_offset, map_(i), p);
       store(y, dtype_, i, keep ? load(x, dtype_, i) / (1.0 - p_) : 0.0, acc);
     }
   }
@@ -196,6 +197,7 @@ class DropoutRef final : public RefKernel {
   DType dtype_;
   double p_;
   uint64_t seed_;
+  StreamIndexMap map_;
 };
 
 // y[i] = dropout(x)[i] + residual[i], computed in double, rounded once.
@@ -204,7 +206,8 @@ class DropoutAddRef final : public RefKernel {
   DropoutAddRef(const ir::Graph& g, const ir::Node& n)
       : numel_(output_shape(g, n, 0).numel()),
         p_(n.attrs.get_float("p")),
-        seed_(static_cast<uint64_t>(n.attrs.get_int("seed"))) {}
+        seed_(static_cast<uint64_t>(n.attrs.get_int("seed"))),
+        map_(stream_index_map(n.attrs)) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const float* x = args.inputs[0].data_as<float>();
@@ -212,7 +215,7 @@ class DropoutAddRef final : public RefKernel {
     const bool acc = accumulate_flag(args, 0);
     const float p = static_cast<float>(p_);
     for (int64_t i = 0; i < numel_; ++i) {
-      bool keep = dropout_keep(seed_, ctx.rng_offset, static_cast<uint64_t>(i), p);
+      bool keep = dropout_keep(seed_, ctx.rng_offset, map_(i), p);
       double dropped = keep ? static_cast<double>(static_cast<float>(x[i] / (1.0 - p_))) : 0.0;
       store(args.outputs[0].data(), DType::f32, i, dropped + residual[i], acc);
     }
@@ -222,6 +225,7 @@ class DropoutAddRef final : public RefKernel {
   int64_t numel_;
   double p_;
   uint64_t seed_;
+  StreamIndexMap map_;
 };
 
 // ---- Cast -----------------------------------------------------------------------

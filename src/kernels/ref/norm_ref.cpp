@@ -139,7 +139,8 @@ class LayerNormRef final : public RefKernel {
       : eps_(n.attrs.get_float("eps")),
         add_(n.op == ir::OpKind::AddLayerNorm),
         p_(n.attrs.get_float("p", 0.0)),
-        seed_(static_cast<uint64_t>(n.attrs.get_int("seed", 0))) {
+        seed_(static_cast<uint64_t>(n.attrs.get_int("seed", 0))),
+        map_(stream_index_map(n.attrs)) {
     const Shape& x = input_shape(g, n, 0);
     C_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);
@@ -158,7 +159,7 @@ class LayerNormRef final : public RefKernel {
       const float* residual = args.inputs[1].data_as<float>();
       const float p = static_cast<float>(p_);
       for (int64_t i = 0; i < R_ * C_; ++i) {
-        const bool keep = p_ == 0.0 || dropout_keep(seed_, ctx.rng_offset, static_cast<uint64_t>(i), p);
+        const bool keep = p_ == 0.0 || dropout_keep(seed_, ctx.rng_offset, map_(i), p);
         const double dropped = keep ? static_cast<double>(static_cast<float>(x[i] / (1.0 - p_))) : 0.0;
         sum[i] = static_cast<float>(dropped + residual[i]);
         store(args.outputs[0].data(), DType::f32, i, sum[i], accumulate_flag(args, 0));
@@ -175,6 +176,7 @@ class LayerNormRef final : public RefKernel {
   bool add_;
   double p_;
   uint64_t seed_;
+  StreamIndexMap map_;
   int64_t R_ = 0, C_ = 0;
 };
 
