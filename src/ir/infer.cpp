@@ -81,6 +81,13 @@ DType parse_dtype_attr(const Checker& c, const std::string& name) {
   return *t;
 }
 
+// The "out_dtype" of an op that computes in f32 and may round its result to bf16 (default f32).
+DType f32_or_bf16_out(const Checker& c, const Attrs& attrs) {
+  const std::string name = attrs.get_string("out_dtype", "f32");
+  c.require(name == "f32" || name == "bf16", "out_dtype must be \"f32\" or \"bf16\", found \"", name, "\"");
+  return name == "bf16" ? DType::bf16 : DType::f32;
+}
+
 std::vector<int64_t> reduce_axes(const Checker& c, const Attrs& attrs, int64_t rank) {
   std::vector<int64_t> axes = attrs.get_ints("axes");
   for (int64_t& a : axes) a = c.axis(a, rank);
@@ -154,7 +161,8 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
                 approximate, "\"");
       const std::string z_dtype = attrs.get_string("z_dtype", "f32");
       c.require(z_dtype == "f32" || z_dtype == "bf16", "z_dtype must be \"f32\" or \"bf16\", found \"", z_dtype, "\"");
-      return {{Shape(out), DType::f32}, {Shape(out), z_dtype == "bf16" ? DType::bf16 : DType::f32}};  // gelu(z), z
+      // gelu(z) in out_dtype (rounded from f32), z in z_dtype
+      return {{Shape(out), f32_or_bf16_out(c, attrs)}, {Shape(out), z_dtype == "bf16" ? DType::bf16 : DType::f32}};
     }
     case OpKind::Add:
     case OpKind::Sub:
@@ -187,7 +195,8 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
         c.require_f32(0, "dy");
         c.require_same_shape(0, 1);
       }
-      return {{c.shape(0), DType::f32}};
+      // Gelu's result may be rounded to bf16 (out_dtype, written by fold_output_casts); dx is f32.
+      return {{c.shape(0), n_in == 2 ? DType::f32 : f32_or_bf16_out(c, attrs)}};
     }
     case OpKind::Pow:
       attrs.get_float("exponent");

@@ -428,6 +428,12 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
                                             " MiB) cast again in backward instead of kept"));
     }
   }
+  if (spec.fusions) {
+    passes::OutputCastsReport oc = passes::fold_output_casts(g);
+    if (oc.casts > 0)
+      entry->passes.applied.push_back(str("fold_output_casts: ", oc.casts, " GELUs write bf16 themselves (",
+                                          oc.bytes_saved / (size_t{1} << 20), " MiB of f32 results not written)"));
+  }
   entry->passes.ops_after = op_counts(g);
   runtime::PlanOptions options;
   options.num_threads = num_threads_;

@@ -272,5 +272,52 @@ TEST(RecomputeGeluOutputs, BackwardRecomputesWhatTheNextProductKeptAndGradientsA
   }
 }
 
+int count_op(const ir::Graph& g, OpKind op) {
+  return static_cast<int>(std::count_if(g.nodes().begin(), g.nodes().end(), [&](const ir::Node& n) { return n.op == op; }));
+}
+
+// After recompute_gelu_outputs, the bf16 MLPs cast four GELU results (two in forward, two
+// recomputed in backward): each GELU then writes bf16 itself, with bit-identical gradients.
+TEST(FoldOutputCasts, GelusWriteBf16ThemselvesAndGradientsAreUnchanged) {
+  const int64_t R = 48, C = 16;
+  std::vector<float> x(R * C);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.29 * static_cast<double>(i)));
+  std::vector<std::vector<float>> grads;
+  std::vector<size_t> peaks;
+  for (bool fold : {false, true}) {
+    auto s = build_mlps(R, C, true);
+    passes::recompute_gelu_outputs(s->g, s->backward_begin);
+    const int casts = count_op(s->g, OpKind::Cast);
+    if (fold) {
+      passes::OutputCastsReport report = passes::fold_output_casts(s->g);
+      EXPECT_EQ(report.casts, 4);
+      EXPECT_EQ(report.bytes_saved, size_t(4 * R * 4 * C * 4));
+      EXPECT_EQ(count_op(s->g, OpKind::Cast), casts - 4);
+      int bf16_results = 0;
+      for (const ir::Node& n : s->g.nodes())
+        if (n.op == OpKind::Gelu || n.op == OpKind::LinearGelu)
+          bf16_results += s->g.value(n.outputs[0]).dtype == DType::bf16;
+      EXPECT_EQ(bf16_results, 4);
+    }
+    run_stack(*s, x, 0.2f, grads, peaks);
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << "gradient element " << i;
+  EXPECT_LE(peaks[1], peaks[0]);  // never more memory (here the peak lies elsewhere)
+}
+
+TEST(FoldOutputCasts, LeavesResultsReadElsewhereAndOtherOpsAlone) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  ValueId x = b.input("x", {4, 8});
+  ValueId read_twice = b.gelu(x, "none");  // cast, and read in f32 too
+  g.mark_output(b.reduce_sum(b.cast(read_twice, DType::bf16), {0, 1}));
+  g.mark_output(b.reduce_sum(read_twice, {0, 1}));
+  g.mark_output(b.cast(b.tanh(x), DType::bf16));  // not a GELU
+  ValueId kept = b.gelu(b.scale(x, 2.0), "tanh");  // the f32 result leaves the graph
+  g.mark_output(kept);
+  g.mark_output(b.cast(kept, DType::bf16));
+  EXPECT_EQ(passes::fold_output_casts(g).casts, 0);
+}
+
 }  // namespace
 }  // namespace fusetrain::testing

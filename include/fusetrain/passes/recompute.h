@@ -71,4 +71,17 @@ struct GeluRecomputeReport {
 /// one GELU (and cast) per MLP per step; results are bit-identical (the same kernels on the same z).
 GeluRecomputeReport recompute_gelu_outputs(ir::Graph& graph, size_t backward_begin);
 
+/// What fold_output_casts changed.
+struct OutputCastsReport {
+  int64_t casts = 0;       ///< casts removed: their producer now writes bf16 itself
+  size_t bytes_saved = 0;  ///< the f32 results no longer written
+};
+
+/// A bf16 model casts GELU's result to bf16 for the product after it. Where a Gelu's (or a
+/// LinearGelu's) f32 output is read only by a Cast to bf16, the op rounds its result to bf16
+/// itself (out_dtype) and the Cast goes: no f32 copy is written and read back. The rounding is
+/// the Cast kernel's, so results are bit-identical. Runs on the whole graph after autodiff and
+/// the passes that clone GELUs into backward, so recomputed GELUs fold too.
+OutputCastsReport fold_output_casts(ir::Graph& graph);
+
 }  // namespace fusetrain::passes

@@ -46,7 +46,9 @@ void grad_rule<OpKind::Scale>(GradContext& ctx) {
 
 template <>
 void grad_rule<OpKind::Gelu>(GradContext& ctx) {
-  ctx.set_grad_input(0, ctx.g.add(OpKind::GeluBackward, {ctx.grad_output(0), ctx.input(0)},
+  ValueId dy = ctx.grad_output(0);
+  if (ctx.g.value(dy).dtype != DType::f32) dy = ctx.b.cast(dy, DType::f32);  // a bf16 result (out_dtype)
+  ctx.set_grad_input(0, ctx.g.add(OpKind::GeluBackward, {dy, ctx.input(0)},
                                   {{"approximate", ctx.attrs().get_string("approximate", "none")}}));
 }
 

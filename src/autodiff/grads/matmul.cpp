@@ -75,6 +75,7 @@ void grad_rule<OpKind::Linear>(GradContext& ctx) {
 template <>
 void grad_rule<OpKind::LinearGelu>(GradContext& ctx) {
   ValueId dz = ctx.grad_output(0);
+  if (dz != ir::kNone && ctx.g.value(dz).dtype != DType::f32) dz = ctx.b.cast(dz, DType::f32);  // bf16 y (out_dtype)
   if (dz != ir::kNone)
     dz = ctx.g.add(OpKind::GeluBackward, {dz, ctx.output(1)},
                    {{"approximate", ctx.attrs().get_string("approximate", "none")}});

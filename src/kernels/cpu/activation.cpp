@@ -1,6 +1,7 @@
 // Tuned activation kernels, f32: Gelu (erf and tanh forms), Tanh, Relu and
 // GeluBackward (dy, x), TanhBackward (dy, y), ReluBackward (dy, x). The input x (or the saved
-// value) may be bf16, widened exactly to f32 block by block.
+// value) may be bf16, widened exactly to f32 block by block; a forward op's bf16 output
+// (out_dtype) is computed in f32 and rounded block by block.
 //
 // Shape legend: any shape, seen as n contiguous elements; out may alias the
 // first input (kInPlace), which is safe because element i is read before it
@@ -153,33 +154,48 @@ void widened_blocks(const uint16_t* x, int64_t begin, int64_t end, Body body) {
   }
 }
 
-// out (R...) = f(x), n elements; x f32, or bf16 widened block by block.
+// Results computed in f32 a block at a time and rounded to bf16 (the Cast kernel's rounding):
+// `compute(first, block, count)` fills block with elements [first, first + count).
+template <typename Compute>
+void rounded_blocks(uint16_t* out, int64_t begin, int64_t end, RoundBf16Fn round, Compute compute) {
+  alignas(64) float block[kWidenBlock];
+  for (int64_t i = begin; i < end; i += kWidenBlock) {
+    const int64_t n = std::min(kWidenBlock, end - i);
+    compute(i, block, n);
+    round(out + i, block, n);
+  }
+}
+
+// out (R...) = f(x), n elements; x f32, or bf16 widened block by block; out f32, or rounded to bf16.
 class ActivationKernel final : public Kernel {
  public:
-  ActivationKernel(int64_t numel, ForwardFn fn, bool bf16_x) : numel_(numel), fn_(fn), bf16_x_(bf16_x) {}
+  ActivationKernel(int64_t numel, ForwardFn fn, bool bf16_x, RoundBf16Fn round_out)
+      : numel_(numel), fn_(fn), bf16_x_(bf16_x), round_out_(round_out) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
-    float* out = static_cast<float*>(args.outputs[0].data());
-    if (bf16_x_) {
-      const uint16_t* x = static_cast<const uint16_t*>(args.inputs[0].data());
-      parallel_for(
-          numel_, threads_for(numel_, ctx.num_threads),
-          [&](int64_t begin, int64_t end, int) {
-            widened_blocks(x, begin, end, [&](int64_t i, const float* xf, int64_t n) { fn_(out + i, xf, n); });
-          },
-          16);
-      return;
-    }
-    const float* x = static_cast<const float*>(args.inputs[0].data());
+    // f32 results of elements [begin, end) into out (f32 elements from out_at).
+    auto compute = [&](float* out, int64_t begin, int64_t end) {
+      if (bf16_x_)
+        widened_blocks(static_cast<const uint16_t*>(args.inputs[0].data()), begin, end,
+                       [&](int64_t i, const float* xf, int64_t n) { fn_(out + (i - begin), xf, n); });
+      else
+        fn_(out, static_cast<const float*>(args.inputs[0].data()) + begin, end - begin);
+    };
     parallel_for(
         numel_, threads_for(numel_, ctx.num_threads),
-        [&](int64_t begin, int64_t end, int) { fn_(out + begin, x + begin, end - begin); }, 16);
+        [&](int64_t begin, int64_t end, int) {
+          if (!round_out_) return compute(static_cast<float*>(args.outputs[0].data()) + begin, begin, end);
+          rounded_blocks(static_cast<uint16_t*>(args.outputs[0].data()), begin, end, round_out_,
+                         [&](int64_t i, float* block, int64_t n) { compute(block, i, i + n); });
+        },
+        16);
   }
 
  private:
   int64_t numel_;
   ForwardFn fn_;
   bool bf16_x_;
+  RoundBf16Fn round_out_;  // null: f32 output
 };
 
 // dx = dy * f'(saved), n elements; saved f32, or bf16 widened block by block.
@@ -248,7 +264,9 @@ BackwardFn backward_fn(bool avx512) {
 std::unique_ptr<Kernel> make_activation_kernel(const ir::Graph& g, const ir::Node& n) {
   Act act;
   const DType x_dtype = input_dtype(g, n, 0);
-  if (!parse_act(n, &act) || (x_dtype != DType::f32 && x_dtype != DType::bf16) || output_dtype(g, n, 0) != DType::f32)
+  const DType out_dtype = output_dtype(g, n, 0);
+  if (!parse_act(n, &act) || (x_dtype != DType::f32 && x_dtype != DType::bf16) ||
+      (out_dtype != DType::f32 && out_dtype != DType::bf16))
     return nullptr;
   const bool avx512 = use_avx512();
   ForwardFn fn = nullptr;
@@ -266,7 +284,8 @@ std::unique_ptr<Kernel> make_activation_kernel(const ir::Graph& g, const ir::Nod
       fn = forward_fn<Act::Relu>(avx512);
       break;
   }
-  return std::make_unique<ActivationKernel>(output_shape(g, n, 0).numel(), fn, x_dtype == DType::bf16);
+  return std::make_unique<ActivationKernel>(output_shape(g, n, 0).numel(), fn, x_dtype == DType::bf16,
+                                            out_dtype == DType::bf16 ? round_to_bf16_fn() : nullptr);
 }
 
 GeluFn gelu_fn(bool tanh_form) {

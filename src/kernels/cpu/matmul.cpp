@@ -5,6 +5,7 @@
 //
 // Both kernels honour KernelArgs::accumulate themselves (beta = 1), so parameter
 // gradients produced by a MatMul land in their buffers without an extra pass.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 
@@ -110,12 +111,13 @@ void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t n, int thr
 }
 
 // What the Linear epilogue adds to a finished strip of the product: the bias, then, for
-// LinearGelu, y = gelu(z) into the second buffer (same layout as z). With a bf16 z, the product
-// is computed in y's buffer; each row is rounded to bf16 into z (the Cast kernel's rounding),
-// widened back in place, and GELU applied there.
+// LinearGelu, y = gelu(z) into the second buffer (same layout as z). With a bf16 z, each row is
+// rounded to bf16 into z (the Cast kernel's rounding) and widened back in place, and GELU is
+// applied to that. A bf16 y (out_dtype) is GELU's f32 result rounded the same way.
 struct LinearEpilogue {
   const float* bias = nullptr;  // (N) or null
-  float* y = nullptr;           // (R, N) GELU output, or null
+  float* y = nullptr;           // (R, N) f32 GELU output, or null
+  uint16_t* y_bf16 = nullptr;   // (R, N) bf16 GELU output, or null
   uint16_t* z_bf16 = nullptr;   // (R, N) z rounded to bf16, or null (then c is z, f32)
   cpu_basic::GeluFn gelu = nullptr;
   cpu_basic::RoundBf16Fn round = nullptr;
@@ -124,22 +126,30 @@ struct LinearEpilogue {
     const LinearEpilogue& e = *static_cast<const LinearEpilogue*>(context);
     for (int64_t r = 0; r < rows; ++r) {
       float* z = c + r * ldc;
+      const int64_t at = (row + r) * ldc + col;
       if (e.bias)
         for (int64_t j = 0; j < cols; ++j) z[j] += e.bias[col + j];
       if (e.z_bf16) {
-        uint16_t* zb = e.z_bf16 + (row + r) * ldc + col;
-        e.round(zb, z, cols);
-        bf16_to_float(z, zb, static_cast<size_t>(cols));
-        e.gelu(z, z, cols);  // c is y's buffer
+        e.round(e.z_bf16 + at, z, cols);
+        bf16_to_float(z, e.z_bf16 + at, static_cast<size_t>(cols));
+      }
+      if (e.y_bf16) {
+        // GELU into a block of f32, then rounded: z (f32) stays intact when it is an output.
+        alignas(64) float block[256];
+        for (int64_t j = 0; j < cols; j += 256) {
+          const int64_t n = std::min<int64_t>(256, cols - j);
+          e.gelu(block, z + j, n);
+          e.round(e.y_bf16 + at + j, block, n);
+        }
       } else if (e.y) {
-        e.gelu(e.y + (row + r) * ldc + col, z, cols);
+        e.gelu(e.y + at, z, cols);  // in place when c is y's buffer (bf16 z)
       }
     }
   }
 };
 
 // Linear: y (R, N) = x (R, K) · w (N, K)ᵀ + bias (N). LinearGelu: z = the same, output 1, and
-// y = gelu(z), output 0. x and w f32, bf16 or f16; y and z f32. The bias and the GELU are the
+// y = gelu(z), output 0. x and w f32, bf16 or f16; y and z f32, or (LinearGelu) bf16. The bias and the GELU are the
 // GEMM's epilogue, applied to each strip of rows as it is finished, while it is in cache; only
 // an accumulating Linear (y += ..., never LinearGelu) adds its bias in a pass of its own.
 class LinearKernel final : public Kernel {
@@ -151,7 +161,9 @@ class LinearKernel final : public Kernel {
     has_bias_ = node.inputs.size() == 3;
     if (node.op == ir::OpKind::LinearGelu) {
       gelu_ = cpu_basic::gelu_fn(node.attrs.get_string("approximate", "none") == "tanh");
-      if (g.value(node.outputs[1]).dtype == DType::bf16) round_ = cpu_basic::round_to_bf16_fn();
+      z_bf16_ = g.value(node.outputs[1]).dtype == DType::bf16;
+      y_bf16_ = g.value(node.outputs[0]).dtype == DType::bf16;
+      if (z_bf16_ || y_bf16_) round_ = cpu_basic::round_to_bf16_fn();
     }
     int64_t k = x[-1];
     int64_t n = w[0];
@@ -159,36 +171,59 @@ class LinearKernel final : public Kernel {
     shape_ = GemmShape{rows, n, k, false, true, k, k, n};
   }
 
+  // With z and y both bf16 the f32 product has no output buffer to live in: it goes to scratch.
+  size_t product_bytes() const {
+    return z_bf16_ && y_bf16_ ? (static_cast<size_t>(shape_.M * shape_.N) * sizeof(float) + 63) / 64 * 64 : 0;
+  }
+
   size_t scratch_bytes(int num_threads) const override {
-    if (dtype_ == DType::f16) return gemm_f16_scratch_bytes(shape_, num_threads);
-    return dtype_ == DType::bf16 ? gemm_bf16_scratch_bytes(shape_, num_threads)
-                                 : gemm_f32_scratch_bytes(shape_, num_threads);
+    const size_t gemm = dtype_ == DType::f16    ? gemm_f16_scratch_bytes(shape_, num_threads)
+                        : dtype_ == DType::bf16 ? gemm_bf16_scratch_bytes(shape_, num_threads)
+                                                : gemm_f32_scratch_bytes(shape_, num_threads);
+    return product_bytes() + gemm;
   }
 
   bool accumulates() const override { return gelu_ == nullptr; }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const bool accumulate = !gelu_ && !args.accumulate.empty() && args.accumulate[0];
-    // The product: y for Linear, z for LinearGelu with an f32 z, else y's buffer (see LinearEpilogue).
-    float* c = static_cast<float*>(args.outputs[gelu_ && !round_ ? 1 : 0].data());              // (R, N)
+    // The product: y for Linear; for LinearGelu z when z is f32, else y's buffer when y is f32, else scratch.
+    char* scratch = static_cast<char*>(args.scratch);
+    float* c = nullptr;
+    if (!gelu_ || (!z_bf16_ && !y_bf16_))
+      c = static_cast<float*>(args.outputs[gelu_ ? 1 : 0].data());
+    else if (!z_bf16_)
+      c = static_cast<float*>(args.outputs[1].data());
+    else if (!y_bf16_)
+      c = static_cast<float*>(args.outputs[0].data());
+    else
+      c = reinterpret_cast<float*>(scratch);  // 64-byte aligned, product_bytes() long
+    void* gemm_scratch = scratch + product_bytes();
     const float* bias = has_bias_ ? static_cast<const float*>(args.inputs[2].data()) : nullptr;  // bias: (N)
     LinearEpilogue fused;
     fused.bias = accumulate ? nullptr : bias;
-    if (gelu_) fused.y = static_cast<float*>(args.outputs[0].data()), fused.gelu = gelu_;
-    if (round_) fused.z_bf16 = static_cast<uint16_t*>(args.outputs[1].data()), fused.round = round_;
+    if (gelu_) {
+      fused.gelu = gelu_;
+      fused.round = round_;
+      if (y_bf16_)
+        fused.y_bf16 = static_cast<uint16_t*>(args.outputs[0].data());
+      else
+        fused.y = static_cast<float*>(args.outputs[0].data());
+      if (z_bf16_) fused.z_bf16 = static_cast<uint16_t*>(args.outputs[1].data());
+    }
     const GemmEpilogue epilogue{&LinearEpilogue::apply, &fused};
-    const GemmEpilogue* ep = fused.bias || fused.y ? &epilogue : nullptr;
+    const GemmEpilogue* ep = fused.bias || gelu_ ? &epilogue : nullptr;
     const float beta = accumulate ? 1.0f : 0.0f;
     const int threads = ctx.num_threads;
     if (dtype_ == DType::f16)
       gemm_f16(shape_, 1.0f, static_cast<const uint16_t*>(args.inputs[0].data()),
-               static_cast<const uint16_t*>(args.inputs[1].data()), beta, c, args.scratch, threads, ep);
+               static_cast<const uint16_t*>(args.inputs[1].data()), beta, c, gemm_scratch, threads, ep);
     else if (dtype_ == DType::bf16)
       gemm_bf16(shape_, 1.0f, static_cast<const uint16_t*>(args.inputs[0].data()),
-                static_cast<const uint16_t*>(args.inputs[1].data()), beta, c, args.scratch, threads, ep);
+                static_cast<const uint16_t*>(args.inputs[1].data()), beta, c, gemm_scratch, threads, ep);
     else
       gemm_f32(shape_, 1.0f, static_cast<const float*>(args.inputs[0].data()),
-               static_cast<const float*>(args.inputs[1].data()), beta, c, args.scratch, threads, ep);
+               static_cast<const float*>(args.inputs[1].data()), beta, c, gemm_scratch, threads, ep);
     if (bias && accumulate) {
       const bool parallel = shape_.M * shape_.N >= (int64_t{1} << 16) && threads > 1;
       add_bias_rows(c, bias, shape_.M, shape_.N, parallel ? threads : 1);
@@ -199,7 +234,8 @@ class LinearKernel final : public Kernel {
   DType dtype_ = DType::f32;  // of x and w
   bool has_bias_ = false;
   cpu_basic::GeluFn gelu_ = nullptr;         // LinearGelu's activation; null for Linear
-  cpu_basic::RoundBf16Fn round_ = nullptr;  // LinearGelu keeping z in bf16
+  bool z_bf16_ = false, y_bf16_ = false;     // LinearGelu's z and y dtypes
+  cpu_basic::RoundBf16Fn round_ = nullptr;  // when either is bf16
   GemmShape shape_{};
 };
 

@@ -73,7 +73,7 @@ class MatMulRef final : public RefKernel {
 };
 
 // Linear, and LinearGelu: z = Linear into output 1, then output 0 = gelu(z). A bf16 z is rounded
-// from the f32 product (computed in y's buffer) and GELU applied to the rounded value.
+// from the f32 product and GELU applied to the rounded value; a bf16 y is GELU's result rounded.
 class LinearRef final : public RefKernel {
  public:
   LinearRef(const ir::Graph& g, const ir::Node& n)
@@ -81,7 +81,8 @@ class LinearRef final : public RefKernel {
         has_bias_(n.inputs.size() == 3),
         gelu_(n.op == ir::OpKind::LinearGelu),
         tanh_(n.attrs.get_string("approximate", "none") == "tanh"),
-        bf16_z_(gelu_ && output_dtype(g, n, 1) == DType::bf16) {
+        bf16_z_(gelu_ && output_dtype(g, n, 1) == DType::bf16),
+        bf16_y_(gelu_ && output_dtype(g, n, 0) == DType::bf16) {
     const Shape& x = input_shape(g, n, 0);
     K_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);
@@ -89,6 +90,7 @@ class LinearRef final : public RefKernel {
   }
 
   bool accumulates() const override { return !gelu_; }
+  size_t scratch_bytes(int) const override { return gelu_ ? static_cast<size_t>(R_ * N_) * sizeof(float) : 0; }
 
   void run(const KernelArgs& args, const StepContext&) override {
     const void* bias = has_bias_ ? args.inputs[2].data() : nullptr;
@@ -97,25 +99,32 @@ class LinearRef final : public RefKernel {
                      accumulate_flag(args, 0));
       return;
     }
-    float* y = static_cast<float*>(args.outputs[0].data());
-    if (bf16_z_) {
-      uint16_t* z = static_cast<uint16_t*>(args.outputs[1].data());
-      linear_forward(y, args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_, K_, false);
-      for (int64_t i = 0; i < R_ * N_; ++i) {
-        z[i] = float_to_bf16(y[i]);
-        y[i] = static_cast<float>(gelu_forward(bf16_to_float(z[i]), tanh_));
+    // gelu(z) into y, f32 or rounded to bf16.
+    void* y = args.outputs[0].data();
+    auto store_y = [&](int64_t i, double v) {
+      if (bf16_y_)
+        static_cast<uint16_t*>(y)[i] = float_to_bf16(static_cast<float>(v));
+      else
+        static_cast<float*>(y)[i] = static_cast<float>(v);
+    };
+    float* product = static_cast<float*>(args.scratch);
+    linear_forward(product, args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_, K_, false);
+    for (int64_t i = 0; i < R_ * N_; ++i) {
+      if (bf16_z_) {
+        const uint16_t z = float_to_bf16(product[i]);
+        static_cast<uint16_t*>(args.outputs[1].data())[i] = z;
+        store_y(i, gelu_forward(bf16_to_float(z), tanh_));
+      } else {
+        static_cast<float*>(args.outputs[1].data())[i] = product[i];
+        store_y(i, gelu_forward(product[i], tanh_));
       }
-      return;
     }
-    float* z = static_cast<float*>(args.outputs[1].data());
-    linear_forward(z, args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_, K_, false);
-    for (int64_t i = 0; i < R_ * N_; ++i) y[i] = static_cast<float>(gelu_forward(z[i], tanh_));
   }
 
  private:
   DType xw_dtype_;
   bool has_bias_;
-  bool gelu_, tanh_, bf16_z_;
+  bool gelu_, tanh_, bf16_z_, bf16_y_;
   int64_t R_ = 0, N_ = 0, K_ = 0;
 };
 
