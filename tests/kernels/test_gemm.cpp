@@ -277,6 +277,45 @@ TEST_P(GemmPath, EpilogueVisitsEveryFinishedElementOnce) {
       }
 }
 
+// Without C (K within one pass): the epilogue sees each element once, with the value the
+// same call computes into C, and nothing else is written.
+TEST_P(GemmPath, StripsWithoutCGiveTheEpilogueTheProduct) {
+  ScopedPath path(GetParam());
+  for (bool bf16 : {false, true}) {
+    const int64_t max_k = gemm_strip_max_k(bf16);
+    const int64_t shapes[][3] = {{255, 1030, max_k}, {33, 17, 7}, {1, 40, 5}, {100, 800, max_k / 2 + 1}};
+    for (auto& sh : shapes)
+      for (int threads : {1, 2, 3}) {
+        Case c{sh[0], sh[1], sh[2], false, true, 3, 1.0f, 0.0f, false, threads};
+        SCOPED_TRACE(describe(c) + (bf16 ? " bf16" : " f32"));
+        GemmShape s = shape_of(c);
+        std::mt19937 rng(7);
+        auto A = random_matrix(c.M, c.K, s.lda, rng, bf16);
+        auto B = random_matrix(c.N, c.K, s.ldb, rng, bf16);
+        std::vector<float> with_c(size_t(c.M * s.ldc), 0.0f), seen = with_c, unused = with_c;
+        std::vector<int> visits(with_c.size(), 0);
+        EpilogueProbe probe{&seen, &visits, s.ldc}, into_unused{&unused, &visits, s.ldc};
+        GemmEpilogue strips{&EpilogueProbe::apply, &probe}, full{&EpilogueProbe::apply, &into_unused};
+        Scratch scratch(bf16 ? gemm_bf16_scratch_bytes(s, threads) : gemm_f32_scratch_bytes(s, threads));
+        auto A16 = to_bf16(A), B16 = to_bf16(B);
+        if (bf16) {
+          gemm_bf16(s, 1.0f, A16.data(), B16.data(), 0.0f, with_c.data(), scratch.data(), threads, &full);
+          gemm_bf16(s, 1.0f, A16.data(), B16.data(), 0.0f, nullptr, scratch.data(), threads, &strips);
+        } else {
+          gemm_f32(s, 1.0f, A.data(), B.data(), 0.0f, with_c.data(), scratch.data(), threads, &full);
+          gemm_f32(s, 1.0f, A.data(), B.data(), 0.0f, nullptr, scratch.data(), threads, &strips);
+        }
+        for (int64_t i = 0; i < c.M; ++i)
+          for (int64_t j = 0; j < s.ldc; ++j) {
+            const size_t at = size_t(i * s.ldc + j);
+            ASSERT_EQ(visits[at], j < c.N ? 2 : 0) << "(" << i << ", " << j << ")";
+            ASSERT_EQ(seen[at], with_c[at]) << "(" << i << ", " << j << ")";  // bit for bit the product
+          }
+        if (HasFailure()) return;
+      }
+  }
+}
+
 // Batched products against per-batch references, with either operand broadcast (stride 0).
 template <typename T>
 void run_batched(const Case& c, int64_t batch, bool broadcast_a, bool broadcast_b) {

@@ -369,11 +369,18 @@ size_t kernel_thread_bytes(int64_t N, int64_t K) {
   return size_t(b_elems + a_elems) * sizeof(typename Kernel::Packed);
 }
 
+// Packed operands, then (for a call without C) one (MR, NC) f32 strip of C, 64-byte aligned.
+template <class Kernel>
+size_t kernel_thread_bytes_with_strip(int64_t N, int64_t K) {
+  return size_t(round_up(int64_t(kernel_thread_bytes<Kernel>(N, K)), 64)) + size_t(Kernel::MR * Kernel::NC) * 4;
+}
+
 // Bytes of one thread's slice: the largest any path needs, so the size never depends on the path taken.
 size_t thread_scratch_bytes(const GemmShape& s) {
-  size_t bytes =
-      std::max({kernel_thread_bytes<KernelF32Portable>(s.N, s.K), kernel_thread_bytes<KernelF32Avx2>(s.N, s.K),
-                kernel_thread_bytes<KernelF32Avx512>(s.N, s.K), kernel_thread_bytes<KernelBf16Avx512>(s.N, s.K)});
+  size_t bytes = std::max({kernel_thread_bytes_with_strip<KernelF32Portable>(s.N, s.K),
+                           kernel_thread_bytes_with_strip<KernelF32Avx2>(s.N, s.K),
+                           kernel_thread_bytes_with_strip<KernelF32Avx512>(s.N, s.K),
+                           kernel_thread_bytes_with_strip<KernelBf16Avx512>(s.N, s.K)});
   return size_t(round_up(int64_t(bytes), 64));
 }
 
@@ -383,7 +390,9 @@ char* thread_scratch(void* scratch, size_t slice_bytes, int t) {
 }
 
 // C (M, N) = alpha * a (M, K) * b (K, N) + beta * C on one thread; requires K > 0. This C is
-// the block of the whole product at (row0, col0), which is what the epilogue is told.
+// the block of the whole product at (row0, col0), which is what the epilogue is told. Without C
+// (null; K within one KC block, beta 0) each strip goes to an (MR, NC) buffer in `work` and the
+// epilogue alone consumes it.
 template <class Kernel, typename T>
 void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, Operand<T> a, Operand<T> b, float beta, float* C,
                  int64_t ldc, char* work, const GemmEpilogue* epilogue = nullptr, int64_t row0 = 0, int64_t col0 = 0) {
@@ -392,6 +401,7 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, Operand<T> a, Ope
   int64_t kd_max = ceil_div(std::min<int64_t>(K, Kernel::KC), Kernel::KSTEP);
   Packed* b_pack = reinterpret_cast<Packed*>(work);  // (nc / NR) panels of (kd, NR)
   Packed* a_pack = b_pack + round_up(kd_max * round_up(std::min<int64_t>(N, Kernel::NC), NR), 16);  // (kd, MR)
+  float* strip = C ? nullptr : reinterpret_cast<float*>(work + round_up(int64_t(kernel_thread_bytes<Kernel>(N, K)), 64));
   for (int64_t jc = 0; jc < N; jc += Kernel::NC) {
     int64_t nc = std::min<int64_t>(Kernel::NC, N - jc);
     for (int64_t pc = 0; pc < K; pc += Kernel::KC) {
@@ -404,11 +414,13 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, Operand<T> a, Ope
       for (int64_t ic = 0; ic < M; ic += MR) {
         int mr = int(std::min<int64_t>(MR, M - ic));
         Kernel::template pack<MR>(a_pack, a.at(ic, pc), a.xs, a.ks, mr, kc);
+        float* c = strip ? strip : C + ic * ldc + jc;
+        const int64_t ld = strip ? Kernel::NC : ldc;
         for (int64_t jr = 0; jr < nc; jr += NR)
-          Kernel::micro(kd, a_pack, b_pack + jr * kd, C + ic * ldc + jc + jr, ldc, mr,
-                        int(std::min<int64_t>(NR, nc - jr)), alpha, beta_k);
+          Kernel::micro(kd, a_pack, b_pack + jr * kd, c + jr, ld, mr, int(std::min<int64_t>(NR, nc - jr)), alpha,
+                        beta_k);
         if (epilogue && pc + kc >= K)  // this strip of C is final and still in cache
-          epilogue->apply(epilogue->context, C + ic * ldc + jc, ldc, row0 + ic, col0 + jc, mr, nc);
+          epilogue->apply(epilogue->context, c, ld, row0 + ic, col0 + jc, mr, nc);
       }
     }
   }
@@ -453,7 +465,7 @@ void gemm_threads(const GemmShape& s, float alpha, const T* A, const T* B, float
     split_range(s.N, Kernel::NR, tn, t % tn, &n0, &n1);
     if (m0 < m1 && n0 < n1) {
       Operand<T> a_t{a.at(m0, 0), a.xs, a.ks}, b_t{b.at(n0, 0), b.xs, b.ks};
-      gemm_serial<Kernel>(m1 - m0, n1 - n0, s.K, alpha, a_t, b_t, beta, C + m0 * s.ldc + n0, s.ldc,
+      gemm_serial<Kernel>(m1 - m0, n1 - n0, s.K, alpha, a_t, b_t, beta, C ? C + m0 * s.ldc + n0 : nullptr, s.ldc,
                           thread_scratch(scratch, slice, t), epilogue, m0, n0);
     }
   }
@@ -555,6 +567,19 @@ size_t gemm_f32_batched_scratch_bytes(const GemmShape& shape, int64_t, int num_t
 
 size_t gemm_bf16_batched_scratch_bytes(const GemmShape& shape, int64_t, int num_threads) {
   return gemm_f32_scratch_bytes(shape, num_threads);
+}
+
+int64_t gemm_strip_max_k(bool bf16_operands) {
+  switch (select_isa()) {
+    case Isa::avx512_bf16:
+      return bf16_operands ? KernelBf16Avx512::KC : KernelF32Avx512::KC;
+    case Isa::avx512:
+      return KernelF32Avx512::KC;
+    case Isa::avx2:
+      return KernelF32Avx2::KC;
+    default:
+      return KernelF32Portable::KC;
+  }
 }
 
 void gemm_f32(const GemmShape& shape, float alpha, const float* A, const float* B, float beta, float* C, void* scratch,

@@ -30,6 +30,12 @@ struct GemmEpilogue {
   const void* context;
 };
 
+// C may be null when an epilogue is given, beta is 0 and K <= gemm_strip_max_k(): each finished
+// strip is then formed in a per-thread buffer inside scratch and handed to the epilogue (with that
+// buffer's own row stride), and no (M, N) result is stored: for epilogues that write their own
+// outputs (a rounded, activated copy) the f32 product never reaches memory.
+int64_t gemm_strip_max_k(bool bf16_operands);
+
 // Bytes of scratch for one call with num_threads threads (covers all of them).
 size_t gemm_f32_scratch_bytes(const GemmShape& shape, int num_threads);
 void gemm_f32(const GemmShape& shape, float alpha, const float* A, const float* B, float beta, float* C, void* scratch,

@@ -115,6 +115,7 @@ void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t n, int thr
 // rounded to bf16 into z (the Cast kernel's rounding) and widened back in place, and GELU is
 // applied to that. A bf16 y (out_dtype) is GELU's f32 result rounded the same way.
 struct LinearEpilogue {
+  int64_t ld = 0;               // row stride of the outputs (N)
   const float* bias = nullptr;  // (N) or null
   float* y = nullptr;           // (R, N) f32 GELU output, or null
   uint16_t* y_bf16 = nullptr;   // (R, N) bf16 GELU output, or null
@@ -126,7 +127,7 @@ struct LinearEpilogue {
     const LinearEpilogue& e = *static_cast<const LinearEpilogue*>(context);
     for (int64_t r = 0; r < rows; ++r) {
       float* z = c + r * ldc;
-      const int64_t at = (row + r) * ldc + col;
+      const int64_t at = (row + r) * e.ld + col;
       if (e.bias)
         for (int64_t j = 0; j < cols; ++j) z[j] += e.bias[col + j];
       if (e.z_bf16) {
@@ -171,7 +172,9 @@ class LinearKernel final : public Kernel {
     shape_ = GemmShape{rows, n, k, false, true, k, k, n};
   }
 
-  // With z and y both bf16 the f32 product has no output buffer to live in: it goes to scratch.
+  // With z and y both bf16 the f32 product has no output buffer to live in: the GEMM hands each
+  // strip to the epilogue from a buffer of its own when K fits one pass (gemm_strip_max_k), else
+  // the product goes to scratch.
   size_t product_bytes() const {
     return z_bf16_ && y_bf16_ ? (static_cast<size_t>(shape_.M * shape_.N) * sizeof(float) + 63) / 64 * 64 : 0;
   }
@@ -196,11 +199,12 @@ class LinearKernel final : public Kernel {
       c = static_cast<float*>(args.outputs[1].data());
     else if (!y_bf16_)
       c = static_cast<float*>(args.outputs[0].data());
-    else
+    else if (shape_.K == 0 || shape_.K > gemm_strip_max_k(dtype_ == DType::bf16))
       c = reinterpret_cast<float*>(scratch);  // 64-byte aligned, product_bytes() long
     void* gemm_scratch = scratch + product_bytes();
     const float* bias = has_bias_ ? static_cast<const float*>(args.inputs[2].data()) : nullptr;  // bias: (N)
     LinearEpilogue fused;
+    fused.ld = shape_.N;
     fused.bias = accumulate ? nullptr : bias;
     if (gelu_) {
       fused.gelu = gelu_;
