@@ -146,6 +146,9 @@ std::map<std::string, double> Trainer::train() {
   auto lr_at = [&](int64_t step) {
     return a.learning_rate * lr_lambda(impl_->schedule, step, impl_->warmup, state_.max_steps, a.learning_rate);
   };
+  // The learning rate of the schedule's current step. As in transformers, the schedule advances only
+  // after an optimizer step that ran: fp16 steps skipped for overflow hold it.
+  auto current_lr = [&] { return lr_at(state_.global_step - (a.fp16 ? impl_->scaler.skipped_steps() : 0)); };
 
   auto evaluate_and_track = [&] {
     std::map<std::string, double> metrics = evaluate();
@@ -171,7 +174,7 @@ std::map<std::string, double> Trainer::train() {
       total_loss += loss_since_log;
       loss_since_log = 0;
       steps_since_log = 0;
-      log({{"loss", mean}, {"grad_norm", last_norm}, {"learning_rate", lr_at(state_.global_step)}, {"epoch", state_.epoch}});
+      log({{"loss", mean}, {"grad_norm", last_norm}, {"learning_rate", current_lr()}, {"epoch", state_.epoch}});
     }
     bool improved = false;
     if (control_.should_evaluate && eval_ != nullptr) improved = evaluate_and_track();
@@ -207,10 +210,10 @@ std::map<std::string, double> Trainer::train() {
 
       if (a.fp16) {  // unscale in the fused pass; an overflowed step changes nothing but the scale
         last_norm = impl_->optimizer->clip_and_step_if_finite(
-            a.max_grad_norm, lr_at(state_.global_step), 1.0 / (static_cast<double>(accum) * impl_->scaler.scale()));
+            a.max_grad_norm, current_lr(), 1.0 / (static_cast<double>(accum) * impl_->scaler.scale()));
         impl_->scaler.update(!std::isfinite(last_norm));
       } else {
-        last_norm = impl_->optimizer->clip_and_step(a.max_grad_norm, lr_at(state_.global_step),
+        last_norm = impl_->optimizer->clip_and_step(a.max_grad_norm, current_lr(),
                                                     1.0 / static_cast<double>(accum));
       }
       model_.params().zero_grads();
@@ -220,7 +223,7 @@ std::map<std::string, double> Trainer::train() {
       state_.epoch =
           static_cast<double>(epoch) + static_cast<double>(micro) / static_cast<double>(impl_->batches_per_epoch);
       progress.update(state_.global_step, {{"loss", loss_since_log / static_cast<double>(steps_since_log)},
-                                           {"lr", lr_at(state_.global_step)}});
+                                           {"lr", current_lr()}});
       control_.should_log = state_.global_step % a.logging_steps == 0;
       control_.should_evaluate = a.eval_strategy == "steps" && state_.global_step % a.effective_eval_steps() == 0;
       control_.should_save = a.save_strategy == "steps" && state_.global_step % a.save_steps == 0;

@@ -10,7 +10,9 @@ import pathlib
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
+import safetensors.numpy
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("FUSETRAIN_BUILD_DIR", ROOT / "build"))
@@ -197,6 +199,35 @@ def test_fp16_tracks_fp32(tiny_model, data, tmp_path):
         assert fp16["loss"] == pytest.approx(fp32["loss"], rel=1e-2)
         assert fp16["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=1e-2)
     assert any(a["loss"] != b["loss"] for a, b in zip(*logs)), "fp16 must actually round"
+
+
+def test_fp16_overflowed_steps_hold_the_learning_rate_schedule(tiny_model, data, tmp_path):
+    """A step skipped for overflow neither changes the weights nor advances the schedule (transformers steps
+    its scheduler only after an optimizer step that ran). A checkpoint's loss scale of 2^40 overflows
+    every step after resuming."""
+    out = tmp_path / "run"
+    steps = ["--max-steps", "6", "--save-strategy", "steps", "--save-steps", "2", "--lr-scheduler-type", "linear"]
+    result = run(*train_args(tiny_model, data, out, *steps, "--fp16"))
+    assert result.returncode == 0, result.stderr
+    plain = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines() if '"loss"' in l]
+    assert len({round(e["learning_rate"], 12) for e in plain}) == 6  # the schedule moves every step
+
+    checkpoint = out / "checkpoint-2"
+    scaler = json.loads((checkpoint / "scaler.json").read_text())
+    assert scaler["skipped_steps"] == 0
+    (checkpoint / "scaler.json").write_text(json.dumps({**scaler, "scale": 2.0 ** 40}))
+    resumed = tmp_path / "resumed"
+    result = run(*train_args(tiny_model, data, resumed, *steps, "--fp16", "--resume-from-checkpoint", str(checkpoint)))
+    assert result.returncode == 0, result.stderr
+    logged = [json.loads(l) for l in (resumed / "log.jsonl").read_text().splitlines() if '"loss"' in l]
+    assert [e["step"] for e in logged] == [3, 4, 5, 6]
+    assert all(e["learning_rate"] == plain[1]["learning_rate"] for e in logged)  # held at step 2's
+    final = json.loads((resumed / "checkpoint-6" / "scaler.json").read_text())
+    assert final["skipped_steps"] == 4 and final["scale"] == 2.0 ** 36
+    weights = safetensors.numpy.load_file(str(checkpoint / "model.safetensors"))
+    after = safetensors.numpy.load_file(str(resumed / "checkpoint-6" / "model.safetensors"))
+    for name, value in weights.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
 
 
 def activation_peak_mib(inspect_output: str) -> float:
