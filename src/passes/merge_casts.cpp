@@ -30,11 +30,7 @@ MergeCastsReport merge_duplicate_casts(ir::Graph& graph, size_t backward_begin) 
     report.casts += 1;
     report.bytes_saved += static_cast<size_t>(graph.value(out).shape.numel()) * dtype_size(graph.value(out).dtype);
   }
-  if (report.casts == 0) return report;
-  for (NodeId n = 0; n < static_cast<NodeId>(graph.nodes().size()); ++n)
-    for (ValueId& in : graph.node(n).inputs)
-      if (auto r = replace.find(in); r != replace.end()) in = r->second;
-  remove_nodes(graph, dead);
+  if (report.casts > 0) replace_and_remove(graph, replace, dead);
   return report;
 }
 
@@ -62,11 +58,7 @@ OutputCastsReport fold_output_casts(ir::Graph& graph) {
     report.casts += 1;
     report.bytes_saved += static_cast<size_t>(value.shape.numel()) * dtype_size(DType::f32);
   }
-  if (report.casts == 0) return report;
-  for (NodeId n = 0; n < static_cast<NodeId>(graph.nodes().size()); ++n)
-    for (ValueId& in : graph.node(n).inputs)
-      if (auto r = replace.find(in); r != replace.end()) in = r->second;
-  remove_nodes(graph, dead);
+  if (report.casts > 0) replace_and_remove(graph, replace, dead);
   return report;
 }
 

@@ -6,6 +6,7 @@
 // Slice counts as read by that Slice alone, so a residual stream read by two branches is
 // pruned once both branches have been.
 #include <algorithm>
+#include <map>
 #include <optional>
 
 #include "fusetrain/passes/fusion.h"
@@ -182,7 +183,7 @@ bool push_one(ir::Graph& g, FusionReport& report) {
 void merge_duplicate_slices(ir::Graph& g) {
   const std::vector<std::vector<NodeId>> consumers = g.consumers();
   std::vector<bool> dead(g.nodes().size(), false);
-  bool any = false;
+  std::map<ValueId, ValueId> replace;  // a later Slice's output -> the first's
   for (const ir::Node& a : g.nodes()) {
     if (a.op != OpKind::Slice || dead[static_cast<size_t>(a.id)]) continue;
     for (NodeId id : consumers[static_cast<size_t>(a.inputs[0])]) {
@@ -190,14 +191,11 @@ void merge_duplicate_slices(ir::Graph& g) {
       if (id <= a.id || b.op != OpKind::Slice || dead[static_cast<size_t>(id)] || !(range_of(g, a) == range_of(g, b)) ||
           g.is_output(b.outputs[0]))
         continue;
-      for (NodeId user : consumers[static_cast<size_t>(b.outputs[0])])
-        for (ValueId& in : g.node(user).inputs)
-          if (in == b.outputs[0]) in = a.outputs[0];
+      replace[b.outputs[0]] = a.outputs[0];
       dead[static_cast<size_t>(id)] = true;
-      any = true;
     }
   }
-  if (any) remove_nodes(g, dead);
+  if (!replace.empty()) replace_and_remove(g, replace, dead);
 }
 
 }  // namespace

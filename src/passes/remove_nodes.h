@@ -22,6 +22,16 @@ inline int64_t remove_nodes(ir::Graph& g, const std::vector<bool>& dead) {
   return removed;
 }
 
+/// Drops the nodes marked in `dead` after pointing every read of a key of `replace` at its value
+/// (the output of a removed node at what takes its place); returns how many nodes were removed.
+inline int64_t replace_and_remove(ir::Graph& g, const std::map<ir::ValueId, ir::ValueId>& replace,
+                                  const std::vector<bool>& dead) {
+  for (ir::NodeId n = 0; n < static_cast<ir::NodeId>(g.nodes().size()); ++n)
+    for (ir::ValueId& in : g.node(n).inputs)
+      if (auto r = replace.find(in); r != replace.end()) in = r->second;
+  return remove_nodes(g, dead);
+}
+
 /// Reorders the graph so that every node appended after the first `original_nodes` runs just
 /// before the original node it is keyed to in `before` (several for one key: in insertion
 /// order), then re-verifies it.
