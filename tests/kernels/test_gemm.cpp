@@ -241,6 +241,42 @@ struct EpilogueProbe {
   }
 };
 
+// One NT product (x · wᵀ, as Linear runs it) of a case's random operands, f32 or bf16, with its scratch.
+struct EpilogueCall {
+  Case c;
+  bool bf16;
+  GemmShape s;
+  std::vector<float> A, B;
+  std::vector<uint16_t> A16, B16;
+  Scratch scratch;
+
+  EpilogueCall(const Case& c_in, bool bf16_in, unsigned seed)
+      : c(c_in),
+        bf16(bf16_in),
+        s(shape_of(c_in)),
+        scratch(bf16_in ? gemm_bf16_scratch_bytes(s, c_in.threads) : gemm_f32_scratch_bytes(s, c_in.threads)) {
+    std::mt19937 rng(seed);
+    A = random_matrix(c.M, c.K, s.lda, rng, bf16);
+    B = random_matrix(c.N, c.K, s.ldb, rng, bf16);
+    A16 = to_bf16(A);
+    B16 = to_bf16(B);
+  }
+  // C = A · Bᵀ (C may be null: strips only), the epilogue on every finished strip.
+  void run(float* C, const GemmEpilogue* epilogue) {
+    if (bf16)
+      gemm_bf16(s, 1.0f, A16.data(), B16.data(), 0.0f, C, scratch.data(), c.threads, epilogue);
+    else
+      gemm_f32(s, 1.0f, A.data(), B.data(), 0.0f, C, scratch.data(), c.threads, epilogue);
+  }
+  // The reference product, into `want`.
+  void reference(float* want) const {
+    if (bf16)
+      gemm_bf16_ref(s, 1.0f, A16.data(), B16.data(), 0.0f, want);
+    else
+      gemm_f32_ref(s, 1.0f, A.data(), B.data(), 0.0f, want);
+  }
+};
+
 TEST_P(GemmPath, EpilogueVisitsEveryFinishedElementOnce) {
   ScopedPath path(GetParam());
   const int64_t shapes[][3] = {{255, 1030, 300}, {33, 17, 801}, {1, 40, 5}, {17, 33, 0}};
@@ -249,23 +285,14 @@ TEST_P(GemmPath, EpilogueVisitsEveryFinishedElementOnce) {
       for (int threads : {1, 2, 3}) {
         Case c{sh[0], sh[1], sh[2], false, true, 3, 1.0f, 0.0f, false, threads};
         SCOPED_TRACE(describe(c) + (bf16 ? " bf16" : " f32"));
-        GemmShape s = shape_of(c);
-        std::mt19937 rng(5);
-        auto A = random_matrix(c.M, c.K, s.lda, rng, bf16);
-        auto B = random_matrix(c.N, c.K, s.ldb, rng, bf16);
+        EpilogueCall call(c, bf16, 5);
+        const GemmShape& s = call.s;
         std::vector<float> want(size_t(c.M * s.ldc), 0.0f), got = want, seen = want;
         std::vector<int> visits(want.size(), 0);
         EpilogueProbe probe{&seen, &visits, s.ldc};
         GemmEpilogue epilogue{&EpilogueProbe::apply, &probe};
-        Scratch scratch(bf16 ? gemm_bf16_scratch_bytes(s, threads) : gemm_f32_scratch_bytes(s, threads));
-        if (bf16) {
-          auto A16 = to_bf16(A), B16 = to_bf16(B);
-          gemm_bf16_ref(s, 1.0f, A16.data(), B16.data(), 0.0f, want.data());
-          gemm_bf16(s, 1.0f, A16.data(), B16.data(), 0.0f, got.data(), scratch.data(), threads, &epilogue);
-        } else {
-          gemm_f32_ref(s, 1.0f, A.data(), B.data(), 0.0f, want.data());
-          gemm_f32(s, 1.0f, A.data(), B.data(), 0.0f, got.data(), scratch.data(), threads, &epilogue);
-        }
+        call.reference(want.data());
+        call.run(got.data(), &epilogue);
         for (int64_t i = 0; i < c.M; ++i)
           for (int64_t j = 0; j < s.ldc; ++j) {
             const size_t at = size_t(i * s.ldc + j);
@@ -288,23 +315,14 @@ TEST_P(GemmPath, StripsWithoutCGiveTheEpilogueTheProduct) {
       for (int threads : {1, 2, 3}) {
         Case c{sh[0], sh[1], sh[2], false, true, 3, 1.0f, 0.0f, false, threads};
         SCOPED_TRACE(describe(c) + (bf16 ? " bf16" : " f32"));
-        GemmShape s = shape_of(c);
-        std::mt19937 rng(7);
-        auto A = random_matrix(c.M, c.K, s.lda, rng, bf16);
-        auto B = random_matrix(c.N, c.K, s.ldb, rng, bf16);
+        EpilogueCall call(c, bf16, 7);
+        const GemmShape& s = call.s;
         std::vector<float> with_c(size_t(c.M * s.ldc), 0.0f), seen = with_c, unused = with_c;
         std::vector<int> visits(with_c.size(), 0);
         EpilogueProbe probe{&seen, &visits, s.ldc}, into_unused{&unused, &visits, s.ldc};
         GemmEpilogue strips{&EpilogueProbe::apply, &probe}, full{&EpilogueProbe::apply, &into_unused};
-        Scratch scratch(bf16 ? gemm_bf16_scratch_bytes(s, threads) : gemm_f32_scratch_bytes(s, threads));
-        auto A16 = to_bf16(A), B16 = to_bf16(B);
-        if (bf16) {
-          gemm_bf16(s, 1.0f, A16.data(), B16.data(), 0.0f, with_c.data(), scratch.data(), threads, &full);
-          gemm_bf16(s, 1.0f, A16.data(), B16.data(), 0.0f, nullptr, scratch.data(), threads, &strips);
-        } else {
-          gemm_f32(s, 1.0f, A.data(), B.data(), 0.0f, with_c.data(), scratch.data(), threads, &full);
-          gemm_f32(s, 1.0f, A.data(), B.data(), 0.0f, nullptr, scratch.data(), threads, &strips);
-        }
+        call.run(with_c.data(), &full);
+        call.run(nullptr, &strips);
         for (int64_t i = 0; i < c.M; ++i)
           for (int64_t j = 0; j < s.ldc; ++j) {
             const size_t at = size_t(i * s.ldc + j);

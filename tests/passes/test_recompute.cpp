@@ -42,6 +42,13 @@ std::unique_ptr<Stack> build_stack(int layers, int64_t R, int64_t C) {
   return s;
 }
 
+// sin(frequency · i) for i < n: an input for the stacks below.
+std::vector<float> sine_input(int64_t n, double frequency) {
+  std::vector<float> x(static_cast<size_t>(n));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(frequency * static_cast<double>(i)));
+  return x;
+}
+
 // Runs the stack's plan on input x with weights scale·cos(0.11·(k + i)); appends the gradients
 // and the activation peak.
 void run_stack(Stack& s, const std::vector<float>& x, float scale, std::vector<std::vector<float>>& grads,
@@ -88,8 +95,7 @@ TEST(Recompute, ClonesEachLayerBeforeItsBackward) {
 
 TEST(Recompute, SameGradientsSmallerArena) {
   const int64_t R = 64, C = 32;
-  std::vector<float> x(R * C);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+  const std::vector<float> x = sine_input(R * C, 0.37);
   std::vector<std::vector<float>> grads;
   std::vector<size_t> peaks;
   for (bool recompute : {false, true}) {
@@ -127,8 +133,7 @@ std::unique_ptr<Stack> build_bf16_stack(int layers, int64_t R, int64_t C) {
 
 TEST(RecastWeights, BackwardReadsASecondCastPlacedBeforeItAndGradientsAreUnchanged) {
   const int64_t R = 8, C = 256;  // weights large next to activations, so their copies matter
-  std::vector<float> x(R * C);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+  const std::vector<float> x = sine_input(R * C, 0.37);
   std::vector<std::vector<float>> grads;
   std::vector<size_t> peaks;
   for (bool recast : {false, true}) {
@@ -180,8 +185,7 @@ std::unique_ptr<Stack> build_three_projections(int64_t R, int64_t C) {
 
 TEST(MergeDuplicateCasts, OneCopyOfEachValueAndBitIdenticalGradients) {
   const int64_t R = 64, C = 32;
-  std::vector<float> x(R * C);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.53 * static_cast<double>(i)));
+  const std::vector<float> x = sine_input(R * C, 0.53);
   std::vector<std::vector<float>> grads;
   std::vector<size_t> peaks;
   for (bool merge : {false, true}) {
@@ -236,8 +240,7 @@ std::unique_ptr<Stack> build_mlps(int64_t R, int64_t C, bool bf16) {
 
 TEST(RecomputeGeluOutputs, BackwardRecomputesWhatTheNextProductKeptAndGradientsAreUnchanged) {
   const int64_t R = 48, C = 16;
-  std::vector<float> x(R * C);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.41 * static_cast<double>(i)));
+  const std::vector<float> x = sine_input(R * C, 0.41);
   for (bool bf16 : {false, true}) {
     std::vector<std::vector<float>> grads;
     std::vector<size_t> peaks;
@@ -280,8 +283,7 @@ int count_op(const ir::Graph& g, OpKind op) {
 // recomputed in backward): each GELU then writes bf16 itself, with bit-identical gradients.
 TEST(FoldOutputCasts, GelusWriteBf16ThemselvesAndGradientsAreUnchanged) {
   const int64_t R = 48, C = 16;
-  std::vector<float> x(R * C);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(std::sin(0.29 * static_cast<double>(i)));
+  const std::vector<float> x = sine_input(R * C, 0.29);
   std::vector<std::vector<float>> grads;
   std::vector<size_t> peaks;
   for (bool fold : {false, true}) {
