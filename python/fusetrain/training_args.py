@@ -33,7 +33,8 @@ class TrainingArguments:
 
     The engine-specific fields are `fusetrain_recompute` (activation checkpointing, the
     same as `gradient_checkpointing`), `fusetrain_threads` (kernel threads, 0 = all
-    cores) and `early_stopping_patience` / `early_stopping_threshold` (early stopping
+    cores), `fusetrain_max_nonfinite_steps` (a step whose loss or gradient norm is inf or
+    NaN is skipped; this many in a row stop training with an error) and `early_stopping_patience` / `early_stopping_threshold` (early stopping
     without a callback). `bf16` runs bfloat16 matmuls (AMX / AVX512-BF16) with float32
     master weights; `fp16` runs IEEE half operands with dynamic loss scaling.
     """
@@ -75,6 +76,7 @@ class TrainingArguments:
     # fusetrain's own fields.
     fusetrain_recompute: bool = False
     fusetrain_threads: int = 0
+    fusetrain_max_nonfinite_steps: int = 3
     early_stopping_patience: int = 0
     early_stopping_threshold: float = 0.0
 

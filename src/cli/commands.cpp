@@ -342,7 +342,8 @@ int run_train(Options& o, bool default_job) {
   train::Trainer trainer(*job.model, o.args, job.task, job.train.get(), job.eval.get(), job.ids);
   trainer.set_checkpoint_files(tokenizer_files(o.model));
   trainer.set_log_sink([](const nlohmann::json& entry) {
-    if (entry.contains("loss") || entry.contains("eval_loss")) std::fprintf(stderr, "\n%s\n", entry.dump().c_str());
+    if (entry.contains("loss") || entry.contains("eval_loss") || entry.contains("skipped_step"))
+      std::fprintf(stderr, "\n%s\n", entry.dump().c_str());
   });
   std::map<std::string, double> metrics = trainer.train();
   trainer.save_model(o.args.output_dir);

@@ -294,7 +294,8 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     header[name] = {
         {"dtype", safetensors_dtype_name(t.dtype())}, {"shape", dims}, {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
-    pieces.push_back({t.data(), static_cast<size_t>(nbytes)});
+    pieces.push_back({t.data(), static_cast<size_t>(nbytes), is_floating(t.dtype()) ? name.c_str() : nullptr,
+                      t.dtype()});
   }
   std::string text;
   try {
@@ -322,16 +323,32 @@ void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pie
     throw Error(
         str(path, ": ", step, " ", temporary, " failed: ", std::strerror(error), " (", path, " was left unchanged)"));
   };
+  // Checked pieces go in 1 MiB blocks, each checked for inf and NaN just before it is written (still in cache).
   for (const ByteSpan& piece : pieces) {
-    const char* p = static_cast<const char*>(piece.data);
-    size_t left = piece.size;
-    while (left > 0) {
-      ssize_t written = ::write(fd, p, std::min<size_t>(left, size_t{1} << 30));
-      if (written < 0 && errno == EINTR) continue;
-      if (written == 0) errno = EIO;
-      if (written <= 0) fail("writing");
-      p += written;
-      left -= static_cast<size_t>(written);
+    const size_t element = dtype_size(piece.dtype);
+    const size_t block = piece.finite_name != nullptr ? (size_t{1} << 20) / element * element : size_t{1} << 30;
+    for (size_t done = 0; done < piece.size;) {
+      const char* p = static_cast<const char*>(piece.data) + done;
+      const size_t chunk = std::min(piece.size - done, block);
+      if (piece.finite_name != nullptr) {
+        const int64_t bad = find_nonfinite(p, piece.dtype, static_cast<int64_t>(chunk / element));
+        if (bad >= 0) {
+          ::close(fd);
+          ::unlink(temporary.c_str());
+          throw Error(str(path, ": tensor \"", piece.finite_name, "\" holds a non-finite value at element ",
+                          done / element + static_cast<size_t>(bad), "; a non-finite weight is never written (",
+                          path, " was left unchanged)"));
+        }
+      }
+      for (size_t left = chunk; left > 0;) {
+        ssize_t written = ::write(fd, p, left);
+        if (written < 0 && errno == EINTR) continue;
+        if (written == 0) errno = EIO;
+        if (written <= 0) fail("writing");
+        p += written;
+        left -= static_cast<size_t>(written);
+      }
+      done += chunk;
     }
   }
   if (::fsync(fd) != 0) fail("syncing");

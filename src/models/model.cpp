@@ -87,7 +87,12 @@ std::unique_ptr<Family> family_for(const std::string& architecture, const nlohma
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
-void copy_converted(float* dst, const Tensor& src) {
+// Copies `src` into f32 storage; `where` names the tensor (and its file) when a value is inf or NaN, which no
+// weight may hold.
+void copy_converted(float* dst, const Tensor& src, const std::string& where) {
+  const int64_t bad = find_nonfinite(src.data(), src.dtype(), src.numel());
+  FT_CHECK(bad < 0, where, " holds a non-finite value at element ", bad,
+           "; a model with inf or NaN weights cannot be trained or evaluated (was it saved from a diverged run?)");
   switch (src.dtype()) {
     case DType::f32:
       std::memcpy(dst, src.data(), src.nbytes());
@@ -230,7 +235,7 @@ std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std:
              " but the config (", m->architecture_, ") expects ", dest.shape().to_string());
     FT_CHECK(is_floating(source.dtype()), file, ": tensor \"", name, "\" is ", dtype_name(source.dtype()),
              "; weights must be F32, BF16 or F16");
-    copy_converted(dest.data_as<float>(), source);
+    copy_converted(dest.data_as<float>(), source, str(file, ": tensor \"", name, "\""));
     loaded.insert(target);
   }
   std::vector<std::string> missing_required;
@@ -287,7 +292,7 @@ void Model::load_state_dict(const std::map<std::string, Tensor>& tensors, bool s
     Tensor dest = parameter(name);
     FT_CHECK(tensor.shape() == dest.shape(), "load_state_dict: \"", name, "\" has shape ", tensor.shape().to_string(),
              " but the model expects ", dest.shape().to_string());
-    copy_converted(dest.data_as<float>(), tensor);
+    copy_converted(dest.data_as<float>(), tensor, str("load_state_dict: \"", name, "\""));
     seen.insert(aliases_.count(name) ? aliases_.at(name) : name);
   }
   for (const runtime::ParamSlot& slot : params_->slots())

@@ -7,7 +7,12 @@
 
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +20,7 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/io/hf_dir.h"
+#include "fusetrain/io/json_fields.h"
 #include "fusetrain/io/safetensors.h"
 #include "fusetrain/optim/optimizer.h"
 #include "fusetrain/train/trainer.h"
@@ -28,7 +34,11 @@ void load_checkpoint_weights(models::Model& model, const std::string& dir) {
   io::HfModelDir hf = io::read_hf_dir(dir);
   std::map<std::string, Tensor> tensors;
   for (const std::string& name : hf.tensor_names()) tensors[name] = hf.tensor(name);
-  model.load_state_dict(tensors, /*strict=*/true);
+  try {
+    model.load_state_dict(tensors, /*strict=*/true);
+  } catch (const Error& e) {
+    throw Error(str(dir, ": ", e.what()));
+  }
 }
 
 void commit_directory(const std::string& staged_dir, const std::string& final_dir) {
@@ -79,17 +89,51 @@ nlohmann::json TrainerState::to_json(const TrainingArguments& args) const {
           {"trial_params", nullptr}};
 }
 
-TrainerState TrainerState::from_json(const nlohmann::json& j) {
+TrainerState TrainerState::from_json(const nlohmann::json& j, const std::string& file) {
   TrainerState s;
-  FT_CHECK(j.is_object() && j.contains("global_step"), "trainer_state.json: expected an object with global_step");
-  s.global_step = j.at("global_step").get<int64_t>();
-  s.epoch = j.value("epoch", 0.0);
-  s.max_steps = j.value("max_steps", int64_t{0});
-  if (j.contains("best_metric") && !j["best_metric"].is_null()) s.best_metric = j["best_metric"].get<double>();
-  if (j.contains("best_model_checkpoint") && !j["best_model_checkpoint"].is_null())
-    s.best_model_checkpoint = j["best_model_checkpoint"].get<std::string>();
-  if (j.contains("log_history")) s.log_history = j["log_history"];
+  io::JsonFields fields(j, file);
+  s.global_step = fields.integer("global_step", 0);
+  s.epoch = fields.optional_number("epoch", 0.0).value_or(0.0);
+  s.max_steps = fields.optional_integer("max_steps", 0).value_or(0);
+  s.best_metric = fields.optional_number("best_metric");
+  s.best_model_checkpoint = fields.optional_string("best_model_checkpoint");
+  if (fields.has("log_history")) {
+    FT_CHECK(j["log_history"].is_array(), file, ": \"log_history\" should be an array, found a JSON ",
+             j["log_history"].type_name());
+    s.log_history = j["log_history"];
+  }
   return s;
+}
+
+void remove_unfinished_saves(const std::string& output_dir) {
+  std::error_code error;
+  if (!fs::is_directory(output_dir, error)) return;
+  // A staging directory ".checkpoint-N.tmp-PID", or a file "NAME.tmp-PID" of write_file_atomic, whose process is gone.
+  const std::regex staged(R"((\.checkpoint-[0-9]+|.+)\.tmp-([0-9]+))");
+  const std::regex replaced(R"((checkpoint-[0-9]+)\.old)");
+  std::vector<std::string> removed;
+  for (const auto& entry : fs::directory_iterator(output_dir, error)) {
+    const std::string name = entry.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, staged)) {
+      const pid_t pid = static_cast<pid_t>(std::stoll(m[2]));
+      if (pid == getpid() || ::kill(pid, 0) == 0 || errno == EPERM) continue;  // its writer may still be running
+      fs::remove_all(entry.path(), error);
+      removed.push_back(name);
+    } else if (std::regex_match(name, m, replaced)) {
+      // commit_directory stopped between its two renames: the older checkpoint goes back under its name unless the
+      // newer one is already there.
+      const fs::path final_dir = fs::path(output_dir) / m[1].str();
+      if (fs::exists(final_dir, error))
+        fs::remove_all(entry.path(), error);
+      else
+        fs::rename(entry.path(), final_dir, error);
+      removed.push_back(name);
+    }
+  }
+  if (!removed.empty())
+    std::fprintf(stderr, "fusetrain: %s: cleaned up after an interrupted save: %s\n", output_dir.c_str(),
+                 join(removed).c_str());
 }
 
 std::string Trainer::save_checkpoint() {
@@ -99,6 +143,19 @@ std::string Trainer::save_checkpoint() {
   const fs::path staged = fs::path(args_.output_dir) / ("." + name + ".tmp-" + std::to_string(getpid()));
   fs::remove_all(staged);
   fs::create_directories(staged);
+  try {
+    write_checkpoint(staged);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(staged, ignored);  // a failed save leaves nothing behind; earlier checkpoints are untouched
+    throw;
+  }
+  commit_directory(staged.string(), final_dir.string());
+  for (const auto& c : callbacks_) c->on_save(state_, control_, final_dir.string());
+  return final_dir.string();
+}
+
+void Trainer::write_checkpoint(const std::filesystem::path& staged) {
   model_.save_pretrained(staged.string());
   maybe_fault_during_save(state_.global_step);
   const runtime::ParameterStore& params = model_.params();
@@ -109,6 +166,7 @@ std::string Trainer::save_checkpoint() {
   io::save_safetensors((staged / "optimizer.safetensors").string(), moments,
                        {{"step", std::to_string(impl_->optimizer->step_count())}, {"optimizer", "AdamW"}});
   write_json(staged / "scheduler.json", nlohmann::json{{"last_epoch", state_.global_step},
+                                                       {"nonfinite_skipped_steps", impl_->nonfinite_skipped_steps},
                                                        {"type", args_.lr_scheduler_type},
                                                        {"warmup_steps", impl_->warmup}});
   write_json(staged / "rng_state.json", nlohmann::json{{"dropout_step", model_.rng_step()}, {"seed", args_.seed}});
@@ -118,9 +176,6 @@ std::string Trainer::save_checkpoint() {
   write_json(staged / "training_args.json", args_.to_json());
   for (const std::string& file : checkpoint_files_)
     fs::copy_file(file, staged / fs::path(file).filename(), fs::copy_options::overwrite_existing);
-  commit_directory(staged.string(), final_dir.string());
-  for (const auto& c : callbacks_) c->on_save(state_, control_, final_dir.string());
-  return final_dir.string();
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
@@ -129,24 +184,62 @@ void Trainer::load_checkpoint(const std::string& dir) {
        {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json", "rng_state.json"})
     FT_CHECK(fs::exists(fs::path(dir) / file), "resume_from_checkpoint: \"", dir, "\" has no ", file,
              " (not a fusetrain checkpoint)");
-  load_checkpoint_weights(model_, dir);
+  // Every field is read and checked against this run before anything is loaded.
+  const std::string state_file = (fs::path(dir) / "trainer_state.json").string();
+  TrainerState resumed = TrainerState::from_json(io::read_json_file(state_file), state_file);
+  const int64_t step = resumed.global_step;
+  FT_CHECK(step < state_.max_steps, state_file, ": \"global_step\" is ", step, " but this run ends at step ",
+           state_.max_steps, ", so nothing is left to train (raise --max-steps or --num-train-epochs to continue)");
+  FT_CHECK(resumed.epoch <= static_cast<double>(step), state_file, ": \"epoch\" is ", resumed.epoch,
+           ", more than its \"global_step\" ", step, " allows (every epoch has at least one step)");
+  const std::string rng_file = (fs::path(dir) / "rng_state.json").string();
+  const nlohmann::json rng = io::read_json_file(rng_file);
+  const int64_t dropout_step = io::JsonFields(rng, rng_file).integer("dropout_step", 0);
+  int64_t nonfinite_skipped = 0;
+  if (const fs::path scheduler = fs::path(dir) / "scheduler.json"; fs::exists(scheduler)) {
+    const nlohmann::json json = io::read_json_file(scheduler.string());
+    nonfinite_skipped =
+        io::JsonFields(json, scheduler.string()).optional_integer("nonfinite_skipped_steps", 0, step).value_or(0);
+  }
+  LossScaler scaler = impl_->scaler;
+  if (args_.fp16 && fs::exists(fs::path(dir) / "scaler.json")) {
+    const std::string scaler_file = (fs::path(dir) / "scaler.json").string();
+    scaler.load_json(io::read_json_file(scaler_file), scaler_file, step);
+  }
   io::SafetensorsFile optimizer = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
+  const auto step_text = optimizer.metadata().find("step");
+  int64_t optimizer_steps = -1;
+  if (step_text != optimizer.metadata().end()) {
+    const std::string& text = step_text->second;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), optimizer_steps);
+    if (ec != std::errc() || end != text.data() + text.size()) optimizer_steps = -1;
+  }
+  FT_CHECK(optimizer_steps >= 0 && optimizer_steps <= step, optimizer.path(),
+           ": the metadata \"step\" (AdamW's update count) should be an integer in [0, ", step,
+           "] (the checkpoint's global_step), found ",
+           step_text == optimizer.metadata().end() ? std::string("none") : "\"" + step_text->second + "\"");
   const int64_t n = model_.params().flat_numel();
+  std::vector<Tensor> moments;
   for (const char* name : {"exp_avg", "exp_avg_sq"}) {
     Tensor t = optimizer.tensor(name);
-    FT_CHECK(t.dtype() == DType::f32 && t.numel() == n, optimizer.path(), ": \"", name, "\" has ", t.numel(),
-             " elements, the model has ", n);
-    float* dest = std::string(name) == "exp_avg" ? impl_->optimizer->exp_avg() : impl_->optimizer->exp_avg_sq();
-    std::copy_n(t.data_as<float>(), n, dest);
+    FT_CHECK(t.dtype() == DType::f32 && t.numel() == n, optimizer.path(), ": \"", name, "\" has ", t.numel(), " ",
+             dtype_name(t.dtype()), " elements, the model needs ", n, " f32");
+    const int64_t bad = find_nonfinite(t.data(), t.dtype(), n);
+    FT_CHECK(bad < 0, optimizer.path(), ": \"", name, "\" holds a non-finite value at element ", bad,
+             "; the optimizer state of a diverged run cannot be resumed");
+    moments.push_back(t);
   }
-  impl_->optimizer->set_step_count(std::stoll(optimizer.metadata().at("step")));
-  int64_t max_steps = state_.max_steps;
-  state_ = TrainerState::from_json(io::read_json_file((fs::path(dir) / "trainer_state.json").string()));
-  state_.max_steps = max_steps;
-  nlohmann::json rng = io::read_json_file((fs::path(dir) / "rng_state.json").string());
-  model_.set_rng_step(rng.at("dropout_step").get<uint64_t>());
-  if (args_.fp16 && fs::exists(fs::path(dir) / "scaler.json"))
-    impl_->scaler.load_json(io::read_json_file((fs::path(dir) / "scaler.json").string()));
+
+  load_checkpoint_weights(model_, dir);
+  std::copy_n(moments[0].data_as<float>(), n, impl_->optimizer->exp_avg());
+  std::copy_n(moments[1].data_as<float>(), n, impl_->optimizer->exp_avg_sq());
+  impl_->optimizer->set_step_count(optimizer_steps);
+  resumed.max_steps = state_.max_steps;
+  state_ = std::move(resumed);
+  model_.set_rng_step(static_cast<uint64_t>(dropout_step));
+  impl_->scaler = scaler;
+  impl_->nonfinite_skipped_steps = nonfinite_skipped;
+  impl_->last_checkpoint = dir;
 }
 
 void Trainer::rotate_checkpoints() {

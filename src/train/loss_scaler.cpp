@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "fusetrain/core/error.h"
+#include "fusetrain/io/json_fields.h"
 
 namespace fusetrain::train {
 
@@ -33,15 +34,16 @@ nlohmann::json LossScaler::to_json() const {
   return {{"scale", scale_}, {"growth_tracker", growth_tracker_}, {"skipped_steps", skipped_}};
 }
 
-void LossScaler::load_json(const nlohmann::json& json) {
-  FT_CHECK(json.is_object() && json.contains("scale") && json["scale"].is_number() && json.contains("growth_tracker") &&
-               json["growth_tracker"].is_number_integer(),
-           "loss scaler state: expected {\"scale\": number, \"growth_tracker\": integer}, found ", json.dump());
-  double scale = json["scale"].get<double>();
-  FT_CHECK(scale > 0 && std::isfinite(scale), "loss scaler state: scale must be positive, found ", scale);
+void LossScaler::load_json(const nlohmann::json& json, const std::string& file, int64_t max_skipped) {
+  io::JsonFields fields(json, file);
+  FT_CHECK(fields.has("scale"), file, ": missing the field \"scale\"");
+  const double scale = *fields.optional_number("scale", 0.0);
+  FT_CHECK(scale > 0, file, ": \"scale\" must be positive, found ", scale);
+  const int64_t growth_tracker = fields.integer("growth_tracker", 0);
+  const int64_t skipped = fields.optional_integer("skipped_steps", 0, max_skipped).value_or(0);
   scale_ = scale;
-  growth_tracker_ = json["growth_tracker"].get<int64_t>();
-  skipped_ = json.value("skipped_steps", int64_t{0});
+  growth_tracker_ = growth_tracker;
+  skipped_ = skipped;
 }
 
 }  // namespace fusetrain::train

@@ -130,6 +130,9 @@ std::map<std::string, double> Trainer::train() {
           ? a.max_steps
           : static_cast<int64_t>(std::ceil(a.num_train_epochs * static_cast<double>(impl_->updates_per_epoch)));
   impl_->warmup = warmup_steps_for(a.warmup_steps, a.warmup_ratio, state_.max_steps);
+  impl_->nonfinite_skipped_steps = 0;
+  impl_->last_checkpoint.clear();
+  remove_unfinished_saves(args_.output_dir);
   if (a.resume_from_checkpoint) load_checkpoint(*a.resume_from_checkpoint);
   model_.params().zero_grads();
 
@@ -140,15 +143,37 @@ std::map<std::string, double> Trainer::train() {
   Progress progress(state_.max_steps, !a.disable_tqdm);
   progress.update(state_.global_step, {});
   auto started = std::chrono::steady_clock::now();
-  double loss_since_log = 0, total_loss = 0;
-  int64_t steps_since_log = 0, steps_this_run = 0, samples_this_run = 0;
+  double loss_since_log = 0, total_loss = 0, step_loss = 0, nonfinite_loss = 0;
+  int64_t steps_since_log = 0, steps_this_run = 0, steps_in_loss = 0, samples_this_run = 0;
   double last_norm = 0;
   auto lr_at = [&](int64_t step) {
     return a.learning_rate * lr_lambda(impl_->schedule, step, impl_->warmup, state_.max_steps, a.learning_rate);
   };
   // The learning rate of the schedule's current step. As in transformers, the schedule advances only
-  // after an optimizer step that ran: fp16 steps skipped for overflow hold it.
-  auto current_lr = [&] { return lr_at(state_.global_step - (a.fp16 ? impl_->scaler.skipped_steps() : 0)); };
+  // after an optimizer step that ran: fp16 steps skipped for overflow and steps the non-finite guard skipped hold it.
+  auto current_lr = [&] {
+    return lr_at(state_.global_step - (a.fp16 ? impl_->scaler.skipped_steps() : 0) - impl_->nonfinite_skipped_steps);
+  };
+  // The non-finite guard: a step whose loss (any micro-batch's) or gradient norm is inf or NaN is not applied; the
+  // norm is the one the clip pass computes anyway, so the guard costs no pass over the gradients. (An fp16 step
+  // whose loss is finite but whose scaled gradients overflowed is the loss scaler's to skip, as before.)
+  int64_t nonfinite_in_a_row = 0, first_nonfinite_step = 0;
+  std::string checkpoint_before_streak;
+  auto skip_nonfinite_step = [&](const std::string& reason) {
+    ++impl_->nonfinite_skipped_steps;
+    if (nonfinite_in_a_row++ == 0) {
+      first_nonfinite_step = state_.global_step;
+      checkpoint_before_streak = impl_->last_checkpoint;
+    }
+    log({{"skipped_step", reason}, {"epoch", state_.epoch}});
+    if (nonfinite_in_a_row < a.fusetrain_max_nonfinite_steps) return;
+    throw Error(str("training stopped at step ", state_.global_step, ": ", nonfinite_in_a_row,
+                    " steps in a row (", first_nonfinite_step, " to ", state_.global_step,
+                    ") had a non-finite loss or gradient norm and were skipped (the last: ", reason, "); ",
+                    checkpoint_before_streak.empty() ? "no checkpoint was saved before them"
+                                                     : "the last good checkpoint is " + checkpoint_before_streak,
+                    ". Try a lower learning_rate (it is ", a.learning_rate, "), max_grad_norm or warmup"));
+  };
 
   auto evaluate_and_track = [&] {
     std::map<std::string, double> metrics = evaluate();
@@ -180,6 +205,7 @@ std::map<std::string, double> Trainer::train() {
     if (control_.should_evaluate && eval_ != nullptr) improved = evaluate_and_track();
     if (control_.should_save || (a.save_strategy == "best" && improved)) {
       std::string dir = save_checkpoint();
+      impl_->last_checkpoint = dir;
       if (improved) state_.best_model_checkpoint = dir;
       rotate_checkpoints();
     }
@@ -200,29 +226,45 @@ std::map<std::string, double> Trainer::train() {
         for (const auto& c : callbacks_) c->on_step_begin(state_, control_);
       if (a.fp16) model_.set_loss_scale(impl_->scaler.scale());
       double loss = model_.accumulate_grads(view_of(*batch), /*training=*/true);
-      FT_CHECK(std::isfinite(loss), "training loss became ", loss, " at step ", state_.global_step + 1,
-               " (try a lower learning_rate)");
-      loss_since_log += loss / static_cast<double>(accum);
+      if (!std::isfinite(loss) && std::isfinite(step_loss)) nonfinite_loss = loss;
+      step_loss += loss / static_cast<double>(accum);
       samples_this_run += batch->batch_size;
       ++micro;
       const bool last_in_epoch = micro == impl_->batches_per_epoch;
       if (micro % accum != 0 && !last_in_epoch) continue;
 
-      if (a.fp16) {  // unscale in the fused pass; an overflowed step changes nothing but the scale
-        last_norm = impl_->optimizer->clip_and_step_if_finite(
+      std::string skipped;
+      auto nonfinite_name = [](double v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; };
+      if (!std::isfinite(step_loss)) {
+        skipped = str("the loss is ", nonfinite_name(nonfinite_loss));
+      } else if (a.fp16) {  // unscale in the fused pass; an overflowed step changes nothing but the scale
+        const double norm = impl_->optimizer->clip_and_step_if_finite(
             a.max_grad_norm, current_lr(), 1.0 / (static_cast<double>(accum) * impl_->scaler.scale()));
-        impl_->scaler.update(!std::isfinite(last_norm));
+        impl_->scaler.update(!std::isfinite(norm));
+        last_norm = norm;
       } else {
-        last_norm = impl_->optimizer->clip_and_step(a.max_grad_norm, current_lr(),
-                                                    1.0 / static_cast<double>(accum));
+        const double norm =
+            impl_->optimizer->clip_and_step_if_finite(a.max_grad_norm, current_lr(), 1.0 / static_cast<double>(accum));
+        if (std::isfinite(norm))
+          last_norm = norm;
+        else
+          skipped = str("the gradient norm is ", nonfinite_name(norm));
       }
       model_.params().zero_grads();
       ++state_.global_step;
       ++steps_this_run;
-      ++steps_since_log;
       state_.epoch =
           static_cast<double>(epoch) + static_cast<double>(micro) / static_cast<double>(impl_->batches_per_epoch);
-      progress.update(state_.global_step, {{"loss", loss_since_log / static_cast<double>(steps_since_log)},
+      if (!skipped.empty()) {
+        skip_nonfinite_step(skipped);
+      } else {
+        nonfinite_in_a_row = 0;
+        loss_since_log += step_loss;
+        ++steps_since_log;
+        ++steps_in_loss;
+      }
+      step_loss = 0;
+      progress.update(state_.global_step, {{"loss", loss_since_log / static_cast<double>(std::max<int64_t>(steps_since_log, 1))},
                                            {"lr", current_lr()}});
       control_.should_log = state_.global_step % a.logging_steps == 0;
       control_.should_evaluate = a.eval_strategy == "steps" && state_.global_step % a.effective_eval_steps() == 0;
@@ -246,7 +288,7 @@ std::map<std::string, double> Trainer::train() {
       {"train_runtime", runtime},
       {"train_samples_per_second", static_cast<double>(samples_this_run) / std::max(runtime, 1e-9)},
       {"train_steps_per_second", static_cast<double>(steps_this_run) / std::max(runtime, 1e-9)},
-      {"train_loss", steps_this_run ? total_loss / static_cast<double>(steps_this_run) : 0.0},
+      {"train_loss", steps_in_loss ? total_loss / static_cast<double>(steps_in_loss) : 0.0},
       {"epoch", state_.epoch}};
   nlohmann::json entry = nlohmann::json::object();
   for (const auto& [k, v] : metrics) entry[k] = v;

@@ -18,6 +18,11 @@ struct Trainer::Impl {
   int64_t batches_per_epoch = 0;
   int evaluations_without_improvement = 0;
   LossScaler scaler;  // fp16 only
+  /// Steps skipped by the non-finite guard (their loss or gradient norm was inf or NaN); the learning-rate
+  /// schedule does not advance over them, as over fp16's overflowed steps.
+  int64_t nonfinite_skipped_steps = 0;
+  /// The newest checkpoint this run saved or resumed from ("" when none): the one a stopped run points to.
+  std::string last_checkpoint;
 };
 
 }  // namespace fusetrain::train

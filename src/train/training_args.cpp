@@ -93,6 +93,7 @@ void TrainingArguments::validate() const {
   FT_CHECK(early_stopping_patience == 0 || eval_strategy != "no",
            "TrainingArguments.early_stopping_patience needs an eval_strategy other than \"no\"");
   FT_CHECK(fusetrain_threads >= 0, "TrainingArguments.fusetrain_threads must be >= 0");
+  positive("fusetrain_max_nonfinite_steps", fusetrain_max_nonfinite_steps);
 }
 
 std::string TrainingArguments::effective_metric() const {

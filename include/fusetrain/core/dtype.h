@@ -39,4 +39,8 @@ std::optional<DType> parse_dtype(std::string_view name);
 /// True for f32, bf16 and f16.
 constexpr bool is_floating(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
+/// Index of the first inf or NaN among the `n` values of type `dtype` at `data`, or -1 when every value is finite
+/// (always -1 for integer types). Reads the values once, in blocks, so a writer can check what it is about to write.
+int64_t find_nonfinite(const void* data, DType dtype, int64_t n);
+
 }  // namespace fusetrain

@@ -66,20 +66,25 @@ class SafetensorsFile {
 /// (omitted when empty), then one entry per tensor in the order given, with contiguous data offsets in that order;
 /// the JSON is compact and padded with spaces to a multiple of 8 bytes, as the safetensors library writes it.
 /// The file is written to "<path>.tmp-<pid>", fsynced and renamed over `path`, so a failure never leaves a
-/// truncated file at `path` (an existing file there stays intact). Throws Error on duplicate or reserved names,
-/// undefined tensors, or any I/O failure.
+/// truncated file at `path` (an existing file there stays intact). Every floating-point tensor is checked for inf
+/// and NaN as it is written: a non-finite value stops the write and throws Error naming the tensor (a non-finite
+/// weight is never saved). Throws Error on duplicate or reserved names, undefined tensors, or any I/O failure.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
-/// One contiguous piece of bytes to write.
+/// One contiguous piece of bytes to write. With `finite_name` set, the bytes are values of the floating type
+/// `dtype` that must all be finite: the writer checks each block just before writing it, and a non-finite value
+/// fails the write with an Error naming `finite_name`.
 struct ByteSpan {
   const void* data = nullptr;
   size_t size = 0;
+  const char* finite_name = nullptr;
+  DType dtype = DType::u8;
 };
 
 /// The io layer's crash-safe writer: writes the concatenation of `pieces` to "<path>.tmp-<pid>", fsyncs it,
 /// renames it over `path` and fsyncs the directory. On failure the temporary file is removed, `path` is left as it
-/// was, and Error names the file and the failing step.
+/// was, and Error names the file and the failing step (or the tensor holding a non-finite value).
 void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces);
 
 }  // namespace fusetrain::io

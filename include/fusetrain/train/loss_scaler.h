@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <nlohmann/json.hpp>
 
 namespace fusetrain::train {
@@ -20,8 +22,10 @@ class LossScaler {
   int64_t skipped_steps() const { return skipped_; }
   /// State for checkpoints ({"scale", "growth_tracker", "skipped_steps"}).
   nlohmann::json to_json() const;
-  /// Restores to_json()'s state; throws Error naming a missing or invalid field.
-  void load_json(const nlohmann::json& json);
+  /// Restores to_json()'s state read from `file`; throws Error naming the file and a missing or invalid field
+  /// (the scale must be positive and finite, skipped_steps at most `max_skipped`).
+  void load_json(const nlohmann::json& json, const std::string& file = "scaler.json",
+                 int64_t max_skipped = std::numeric_limits<int64_t>::max());
 
  private:
   double scale_, growth_factor_, backoff_factor_;

@@ -2,6 +2,7 @@
 // evaluation and metrics, logging, checkpoints and resume, early stopping.
 #pragma once
 
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -35,7 +36,9 @@ struct TrainerState {
   std::optional<std::string> best_model_checkpoint;
   nlohmann::json log_history = nlohmann::json::array();
   nlohmann::json to_json(const TrainingArguments& args) const;
-  static TrainerState from_json(const nlohmann::json& json);
+  /// Reads trainer_state.json (`file` names it in errors): every field type- and range-checked (global_step and
+  /// max_steps >= 0, epoch finite and >= 0, ...); a wrong one is an Error naming the file and the field.
+  static TrainerState from_json(const nlohmann::json& json, const std::string& file = "trainer_state.json");
 };
 
 /// What the loop does after a step or an epoch, as transformers' TrainerControl: the loop sets should_log,
@@ -150,6 +153,7 @@ class Trainer {
 
   void log(nlohmann::json entry);
   std::string save_checkpoint();
+  void write_checkpoint(const std::filesystem::path& staged);
   void load_checkpoint(const std::string& dir);
   void rotate_checkpoints();
   data::CollateFn collate_for(const data::TokenizedDataset& dataset, uint64_t seed, bool training) const;

@@ -50,6 +50,8 @@ struct TrainingArguments {
   bool fusetrain_recompute = false;
   /// Kernel threads (0: all cores).
   int64_t fusetrain_threads = 0;
+  /// Steps in a row whose loss or gradient norm is inf or NaN (each skipped, not applied) before training stops.
+  int64_t fusetrain_max_nonfinite_steps = 3;
   /// Show a progress bar on the terminal.
   bool disable_tqdm = false;
 
@@ -110,6 +112,8 @@ void for_each_field(Args& a, Visit&& visit) {
         "recompute each layer's activations in backward: a smaller activation peak for one extra forward");
   visit("fusetrain_recompute", a.fusetrain_recompute, "same as gradient_checkpointing");
   visit("fusetrain_threads", a.fusetrain_threads, "kernel threads (0: all cores)");
+  visit("fusetrain_max_nonfinite_steps", a.fusetrain_max_nonfinite_steps,
+        "a step whose loss or gradient norm is inf or NaN is skipped; this many in a row stop training");
   visit("disable_tqdm", a.disable_tqdm, "no progress bar");
 }
 
