@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fusetrain: error: %s (see --help)\n", e.what());
     return 2;
   }
+  for (CLI::App* command : {train, evaluate, predict, inspect})
+    if (command->parsed()) options.max_seq_length_given = command->count("--max-seq-length") > 0;
   try {
     if (train->parsed()) return cli::run_train(options, argc == 2);
     if (evaluate->parsed()) return cli::run_evaluate(options);

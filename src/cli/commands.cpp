@@ -14,6 +14,7 @@
 #include "fusetrain/data/qa.h"
 #include "fusetrain/data/tokenizer.h"
 #include "fusetrain/io/hf_dir.h"
+#include "fusetrain/io/json_fields.h"
 #include "fusetrain/models/model.h"
 #include "fusetrain/train/trainer.h"
 
@@ -79,8 +80,9 @@ std::string default_data_dir() {
 }
 
 std::string architecture_for(const std::string& model_dir, train::Task task) {
-  nlohmann::json config = io::read_json_file((fs::path(model_dir) / "config.json").string());
-  std::string type = config.value("model_type", "");
+  const std::string config_path = (fs::path(model_dir) / "config.json").string();
+  nlohmann::json config = io::read_json_object(config_path);
+  const std::string type = io::JsonFields(config, config_path).optional_string("model_type").value_or("");
   std::map<std::string, std::string> prefix{
       {"bert", "Bert"}, {"roberta", "Roberta"}, {"distilbert", "DistilBert"}, {"gpt2", "GPT2"}};
   FT_CHECK(prefix.count(type), model_dir, "/config.json: model_type \"", type,
@@ -212,10 +214,21 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
     FT_CHECK(cpu_features().avx512_bf16 || cpu_features().amx_bf16,
              "--bf16 needs a CPU with AVX512-BF16 or AMX-BF16; this one has: ", cpu_features().to_string());
   job.tokenizer = data::Tokenizer::from_pretrained(o.model);
+  // Sequences longer than the model's positions are refused now rather than at the first batch that has one. An
+  // explicit --max-seq-length above them is an error; the default is capped, as run_glue caps it at the
+  // tokenizer's model_max_length.
+  const std::string config_path = (fs::path(o.model) / "config.json").string();
+  const nlohmann::json config = io::read_json_object(config_path);
+  const int64_t positions = models::max_positions(config);
+  if (o.max_seq_length > positions) {
+    FT_CHECK(!o.max_seq_length_given, "--max-seq-length ", o.max_seq_length, " is more than the model takes: ",
+             config_path, " gives it ", positions, " positions; pass --max-seq-length ", positions, " or less");
+    o.max_seq_length = positions;
+  }
   // Token classification's class names: the training file's tag names (the dataset sorts them, as run_ner lists
   // them), else the model's id2label.
   if (job.task == train::Task::TokenClassification && !need_train)
-    job.label_names = config_label_names(io::read_json_file((fs::path(o.model) / "config.json").string()));
+    job.label_names = config_label_names(config);
   // Datasets first (labels decide num_labels), then the model.
   if (need_train) {
     FT_CHECK(!o.train_file.empty(), "--train-file is required");

@@ -16,6 +16,7 @@ struct Options {
   /// Columns; empty means the task's default (see add_options).
   std::string text_column, text_pair_column, label_column;
   int64_t max_seq_length = 128;
+  bool max_seq_length_given = false;  ///< --max-seq-length was on the command line (else the default, capped)
   int64_t num_labels = 0;
   int64_t doc_stride = 128;
   bool line_by_line = false;

@@ -36,6 +36,25 @@ std::pair<int64_t, int64_t> longest_first(int64_t a, int64_t b, int64_t budget) 
   return {n1, n2};
 }
 
+// Without a given number of classes they are inferred as 0 .. largest + 1; an id missing below the largest is far
+// more often a stray label (a typo, a row from another label set) than a class with no example, so it is an error.
+void require_contiguous_labels(const std::set<int64_t>& seen, const std::string& source, const char* what) {
+  if (seen.empty() || *seen.rbegin() + 1 == static_cast<int64_t>(seen.size())) return;
+  std::string listed;
+  size_t shown = 0;
+  for (int64_t id : seen) {
+    if (++shown > 12) {
+      listed += str(", ... (", seen.size(), " distinct)");
+      break;
+    }
+    listed += (listed.empty() ? "" : ", ") + std::to_string(id);
+  }
+  throw Error(str(source, ": the ", what, " are not the contiguous class ids 0 .. ", *seen.rbegin(),
+                  " (seen: ", listed, "), so the number of classes cannot be inferred; fix the stray labels, or give ",
+                  "the number of classes (--num-labels ", *seen.rbegin() + 1, ") if the classes really are ",
+                  *seen.rbegin() + 1));
+}
+
 }  // namespace
 
 std::vector<int8_t> sequence_ids(const TokenizedText& tokens) {
@@ -251,6 +270,8 @@ TextDataset::TextDataset(const Table& table, const TextColumns& columns, const T
         num_labels_ = std::max(num_labels_, value + 1);
       }
     }
+    if (options.num_labels == 0 && !options.regression)
+      require_contiguous_labels(std::set<int64_t>(labels_.begin(), labels_.end()), table.source, "labels");
     if (options.num_labels > 0 && !options.regression) num_labels_ = options.num_labels;
   }
 
@@ -374,10 +395,15 @@ TokenClassificationDataset::TokenClassificationDataset(const Table& table, const
       num_labels_ = std::max(num_labels_, id + 1);
     }
   }
-  if (!label_names_.empty())
+  if (!label_names_.empty()) {
     num_labels_ = static_cast<int64_t>(label_names_.size());
-  else if (options.num_labels > 0)
+  } else if (options.num_labels > 0) {
     num_labels_ = options.num_labels;
+  } else {
+    std::set<int64_t> seen;
+    for (const auto& row : tags) seen.insert(row.begin(), row.end());
+    require_contiguous_labels(seen, table.source, "tags");
+  }
   label_kind_ = labelled ? LabelKind::TokenClasses : LabelKind::None;
   // With label_all_tokens, a word's later sub-tokens get I-X where its tag is B-X (run_ner's b_to_i_label).
   std::vector<int64_t> inside(static_cast<size_t>(num_labels_));

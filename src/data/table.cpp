@@ -175,8 +175,14 @@ void parse_json_lines(Table& table, std::string_view content) {
     fields.reserve(table.columns.size());
     for (const auto& name : table.columns) {
       auto it = object.find(name);
-      FT_CHECK(it != object.end(), table.source, ":", line, ": no key \"", name,
-               "\" (keys of the first object: ", join(table.columns), ")");
+      if (it == object.end()) {
+        std::vector<std::string> keys;
+        for (const auto& [key, value] : object.items()) keys.push_back(key);
+        throw Error(str(table.source, ":", line, ": no key \"", name, "\", which the first object (line ",
+                        table.row_lines.empty() ? line : table.row_lines[0],
+                        ") has; every line needs the same keys (this line's: ",
+                        keys.empty() ? std::string("none") : join(keys), ")"));
+      }
       fields.push_back(field_text(*it));
     }
     for (const auto& [key, value] : object.items())

@@ -62,8 +62,7 @@ void write_json_file(const fs::path& path, const json& value) {
 // Opens every shard the index names and maps each listed tensor to its shard.
 void read_sharded_weights(HfModelDir& model, const fs::path& index_path) {
   const std::string index_name = index_path.string();
-  json index = read_json_file(index_name);
-  FT_CHECK(index.is_object(), index_name, ": expected a JSON object, found a JSON ", index.type_name());
+  json index = read_json_object(index_name);
   auto weight_map = index.find("weight_map");
   FT_CHECK(weight_map != index.end() && weight_map->is_object(), index_name,
            ": no \"weight_map\" object (tensor name -> shard file)");
@@ -140,6 +139,12 @@ json read_json_file(const std::string& path) {
   }
 }
 
+json read_json_object(const std::string& path) {
+  json j = read_json_file(path);
+  FT_CHECK(j.is_object(), path, ": expected a JSON object, found a JSON ", j.type_name());
+  return j;
+}
+
 HfModelDir read_hf_dir(const std::string& path) {
   const fs::path dir(path);
   std::error_code error;
@@ -151,9 +156,7 @@ HfModelDir read_hf_dir(const std::string& path) {
   model.path = path;
   const fs::path config_path = dir / "config.json";
   FT_CHECK(fs::exists(config_path, error), path, ": no config.json");
-  model.config = read_json_file(config_path.string());
-  FT_CHECK(model.config.is_object(), config_path.string(), ": expected a JSON object, found a JSON ",
-           model.config.type_name());
+  model.config = read_json_object(config_path.string());
   auto model_type = model.config.find("model_type");
   FT_CHECK(model_type != model.config.end(), config_path.string(),
            ": no \"model_type\" (expected a string such as \"bert\", \"gpt2\" or \"llama\")");

@@ -30,10 +30,10 @@ class BertFamily final : public Family {
     FT_CHECK(C_ % H_ == 0, "config.json: \"hidden_size\" is ", C_, " but \"num_attention_heads\" ", H_,
              " does not divide it");
     pad_ = c.get_int("pad_token_id", roberta ? 1 : 0);
-    eps_ = c.get_float("layer_norm_eps", 1e-12);
-    hidden_dropout_ = c.get_float("hidden_dropout_prob", 0.1);
-    attention_dropout_ = c.get_float("attention_probs_dropout_prob", 0.1);
-    classifier_dropout_ = c.get_float("classifier_dropout", hidden_dropout_);
+    eps_ = c.epsilon("layer_norm_eps", 1e-12);
+    hidden_dropout_ = c.probability("hidden_dropout_prob", 0.1);
+    attention_dropout_ = c.probability("attention_probs_dropout_prob", 0.1);
+    classifier_dropout_ = c.probability("classifier_dropout", hidden_dropout_);
     init_std_ = c.get_float("initializer_range", 0.02);
     act_ = c.get_string("hidden_act", "gelu");
     check_activation(act_, "hidden_act");

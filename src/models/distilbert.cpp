@@ -29,9 +29,9 @@ class DistilBertFamily final : public Family {
     pad_ = c.get_int("pad_token_id", 0);
     FT_CHECK(pad_ >= 0 && pad_ < V_, "config.json: \"pad_token_id\" ", pad_, " is outside the vocabulary [0, ", V_,
              ")");
-    dropout_ = c.get_float("dropout", 0.1);
-    attention_dropout_ = c.get_float("attention_dropout", 0.1);
-    classifier_dropout_ = c.get_float("seq_classif_dropout", 0.2);
+    dropout_ = c.probability("dropout", 0.1);
+    attention_dropout_ = c.probability("attention_dropout", 0.1);
+    classifier_dropout_ = c.probability("seq_classif_dropout", 0.2);
     init_std_ = c.get_float("initializer_range", 0.02);
     act_ = c.get_string("activation", "gelu");
     check_activation(act_, "activation");

@@ -97,6 +97,19 @@ int64_t ConfigReader::positive(const std::string& key) const {
   return v;
 }
 
+double ConfigReader::epsilon(const std::string& key, double fallback) const {
+  const double v = get_float(key, fallback);
+  FT_CHECK(v > 0 && std::isfinite(v), "config.json: \"", key, "\" is ", v,
+           ", expected a positive number (the epsilon added to the variance in each LayerNorm)");
+  return v;
+}
+
+double ConfigReader::probability(const std::string& key, double fallback) const {
+  const double v = get_float(key, fallback);
+  FT_CHECK(v >= 0 && v < 1, "config.json: \"", key, "\" is ", v, ", expected a dropout probability in [0, 1)");
+  return v;
+}
+
 // ---- graph pieces ----------------------------------------------------------------------------
 
 DType attention_dtype(DType matmul_dtype) { return matmul_dtype == DType::bf16 ? DType::bf16 : DType::f32; }

@@ -110,6 +110,10 @@ class ConfigReader {
   int64_t num_labels() const;
   /// Throws unless `value` is positive.
   int64_t positive(const std::string& key) const;
+  /// A norm's epsilon: a finite number > 0 (else an Error naming the field).
+  double epsilon(const std::string& key, double fallback) const;
+  /// A dropout probability in [0, 1) (else an Error naming the field).
+  double probability(const std::string& key, double fallback) const;
   const nlohmann::json& json() const { return config_; }
 
  private:

@@ -26,10 +26,10 @@ class Gpt2Family final : public Family {
     P_ = c.positive("n_positions");
     F_ = c.has("n_inner") ? c.positive("n_inner") : 4 * C_;
     FT_CHECK(C_ % H_ == 0, "config.json: \"n_embd\" is ", C_, " but \"n_head\" ", H_, " does not divide it");
-    eps_ = c.get_float("layer_norm_epsilon", 1e-5);
-    embd_dropout_ = c.get_float("embd_pdrop", 0.1);
-    attn_dropout_ = c.get_float("attn_pdrop", 0.1);
-    resid_dropout_ = c.get_float("resid_pdrop", 0.1);
+    eps_ = c.epsilon("layer_norm_epsilon", 1e-5);
+    embd_dropout_ = c.probability("embd_pdrop", 0.1);
+    attn_dropout_ = c.probability("attn_pdrop", 0.1);
+    resid_dropout_ = c.probability("resid_pdrop", 0.1);
     init_std_ = c.get_float("initializer_range", 0.02);
     act_ = c.get_string("activation_function", "gelu_new");
     check_activation(act_, "activation_function");

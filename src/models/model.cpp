@@ -257,6 +257,16 @@ std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std:
   return m;
 }
 
+int64_t Model::max_positions() const { return family_for(architecture_, config_)->max_positions(); }
+
+int64_t max_positions(const nlohmann::json& config) {
+  // Positions do not depend on the head: the base model of the config's model_type answers.
+  for (const ArchitectureInfo& a : kArchitectures)
+    if (a.head == Head::Base && config.is_object() && config.value("model_type", nlohmann::json()) == a.model_type)
+      return family_for(choose_architecture(config, a.name), config)->max_positions();
+  return family_for(choose_architecture(config, ""), config)->max_positions();  // throws the config's problem
+}
+
 bool Model::decays(const std::string& name) const {
   if (name.find("bias") != std::string::npos) return false;
   for (const char* norm : {"LayerNorm", "layer_norm", "ln_1.", "ln_2.", "ln_f."})
@@ -484,6 +494,14 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     plan.bind_input(name, t.data());
   };
   bind_optional(InputNames::attention_mask, batch.attention_mask);
+  if (batch.attention_mask.data() != nullptr) {
+    // The graph turns the mask into an additive bias, (1 - m) * min: any value but 0 or 1 would silently become
+    // NaN (large values), a full mask (2) or a reweighting (negative values).
+    const int64_t* mask = batch.attention_mask.data_as<int64_t>();
+    for (int64_t i = 0; i < B * T; ++i)
+      FT_CHECK(mask[i] == 0 || mask[i] == 1, "attention_mask: value ", mask[i], " at (", i / T, ", ", i % T,
+               "); expected 1 for a token to attend to and 0 for padding");
+  }
   if (family->uses_token_type_ids())
     bind_optional(InputNames::token_type_ids, batch.token_type_ids);
   else

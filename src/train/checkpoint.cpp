@@ -186,7 +186,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
              " (not a fusetrain checkpoint)");
   // Every field is read and checked against this run before anything is loaded.
   const std::string state_file = (fs::path(dir) / "trainer_state.json").string();
-  TrainerState resumed = TrainerState::from_json(io::read_json_file(state_file), state_file);
+  TrainerState resumed = TrainerState::from_json(io::read_json_object(state_file), state_file);
   const int64_t step = resumed.global_step;
   FT_CHECK(step < state_.max_steps, state_file, ": \"global_step\" is ", step, " but this run ends at step ",
            state_.max_steps, ", so nothing is left to train (raise --max-steps or --num-train-epochs to continue)");

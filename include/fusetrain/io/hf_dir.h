@@ -53,4 +53,8 @@ void write_hf_dir(const std::string& path, const nlohmann::json& config,
 /// Parses a JSON file; on failure the Error names the file and, for malformed JSON, the line and column.
 nlohmann::json read_json_file(const std::string& path);
 
+/// read_json_file for files whose top level must be an object (config.json, trainer_state.json, ...): anything else
+/// is an Error "<path>: expected a JSON object, found a JSON array".
+nlohmann::json read_json_object(const std::string& path);
+
 }  // namespace fusetrain::io

@@ -100,6 +100,8 @@ class Model {
   const std::string& architecture() const { return architecture_; }
   /// "bert", "roberta", "distilbert" or "gpt2".
   const std::string& model_type() const { return model_type_; }
+  /// The longest sequence the model takes (its position embeddings; RoBERTa's two padding offsets left out).
+  int64_t max_positions() const;
   /// Whether the architecture reads token_type_ids (BERT and RoBERTa do).
   bool uses_token_type_ids() const { return model_type_ == "bert" || model_type_ == "roberta"; }
   /// Names of parameters that get no weight decay under transformers' Trainer:
@@ -203,5 +205,8 @@ class Model {
 
 /// The transformers classes fusetrain implements, for error messages.
 std::vector<std::string> supported_architectures();
+
+/// Model::max_positions of the model a config.json describes, without building it (Error on an invalid config).
+int64_t max_positions(const nlohmann::json& config);
 
 }  // namespace fusetrain::models
