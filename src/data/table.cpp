@@ -158,7 +158,7 @@ void parse_json_lines(Table& table, std::string_view content) {
     nlohmann::ordered_json object;
     try {
       object = nlohmann::ordered_json::parse(lines[i]);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers too large for a double (406)
       std::string what = e.what();
       size_t bracket = what.find("] ");  // drop nlohmann's "[json.exception.parse_error.101] " prefix
       throw Error(str(table.source, ":", line,

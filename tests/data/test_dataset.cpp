@@ -118,6 +118,9 @@ TEST(DataReaders, JsonLinesErrorsNameTheLine) {
             "x.json:1: expected one JSON object per line (JSON Lines), found the start of an array");
   std::string message = error_of([] { parse("{\"a\": 1}\n{\"a\": 1,}\n", "x.jsonl"); });
   EXPECT_EQ(message.rfind("x.jsonl:2: invalid JSON: ", 0), 0u) << message;
+  // nlohmann reports a number beyond a double's range as out_of_range, not as a parse error.
+  EXPECT_EQ(error_of([] { parse("{\"a\": 1}\n{\"a\": 1e999}\n", "x.jsonl"); }),
+            "x.jsonl:2: invalid JSON: number overflow parsing '1e999'");
 }
 
 TEST(DataReaders, PlainTextOneRowPerLine) {
