@@ -296,7 +296,7 @@ std::vector<std::string> tokenizer_files(const std::string& dir) {
 
 void copy_tokenizer_files(const std::string& from, const std::string& to) {
   for (const std::string& file : tokenizer_files(from))
-    fs::copy_file(file, fs::path(to) / fs::path(file).filename(), fs::copy_options::overwrite_existing);
+    io::copy_file_atomic(file, (fs::path(to) / fs::path(file).filename()).string());
 }
 
 }  // namespace

@@ -29,8 +29,9 @@ int64_t JsonFields::integer(const std::string& key, int64_t min, int64_t max) co
     if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) value = static_cast<int64_t>(d);
   }
   FT_CHECK(value, file_, ": \"", key, "\" should be an integer, found ", v.dump());
+  const bool unbounded = max == std::numeric_limits<int64_t>::max();
   FT_CHECK(*value >= min && *value <= max, file_, ": \"", key, "\" is ", *value, ", expected ",
-           max == std::numeric_limits<int64_t>::max() ? str("at least ", min) : str("a value in [", min, ", ", max, "]"));
+           unbounded ? str("at least ", min) : str("a value in [", min, ", ", max, "]"));
   return *value;
 }
 

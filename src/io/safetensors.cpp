@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -363,6 +364,14 @@ void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pie
     ::fsync(directory_fd);
     ::close(directory_fd);
   }
+}
+
+void copy_file_atomic(const std::string& from, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  FT_CHECK(in.is_open(), from, ": cannot open: ", std::strerror(errno));
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  FT_CHECK(!in.bad(), from, ": cannot read: ", std::strerror(errno));
+  write_file_atomic(to, {{bytes.data(), bytes.size()}});
 }
 
 }  // namespace fusetrain::io

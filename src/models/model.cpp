@@ -302,7 +302,7 @@ void Model::load_state_dict(const std::map<std::string, Tensor>& tensors, bool s
     Tensor dest = parameter(name);
     FT_CHECK(tensor.shape() == dest.shape(), "load_state_dict: \"", name, "\" has shape ", tensor.shape().to_string(),
              " but the model expects ", dest.shape().to_string());
-    copy_converted(dest.data_as<float>(), tensor, str("load_state_dict: \"", name, "\""));
+    copy_converted(dest.data_as<float>(), tensor, str("tensor \"", name, "\""));
     seen.insert(aliases_.count(name) ? aliases_.at(name) : name);
   }
   for (const runtime::ParamSlot& slot : params_->slots())

@@ -145,10 +145,10 @@ std::string Trainer::save_checkpoint() {
   fs::create_directories(staged);
   try {
     write_checkpoint(staged);
-  } catch (...) {
+  } catch (const std::exception& e) {
     std::error_code ignored;
     fs::remove_all(staged, ignored);  // a failed save leaves nothing behind; earlier checkpoints are untouched
-    throw;
+    throw Error(str(final_dir.string(), " was not saved (earlier checkpoints are intact): ", e.what()));
   }
   commit_directory(staged.string(), final_dir.string());
   for (const auto& c : callbacks_) c->on_save(state_, control_, final_dir.string());
@@ -175,7 +175,7 @@ void Trainer::write_checkpoint(const std::filesystem::path& staged) {
   write_json(staged / "trainer_state.json", saved.to_json(args_));
   write_json(staged / "training_args.json", args_.to_json());
   for (const std::string& file : checkpoint_files_)
-    fs::copy_file(file, staged / fs::path(file).filename(), fs::copy_options::overwrite_existing);
+    io::copy_file_atomic(file, (staged / fs::path(file).filename()).string());
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
@@ -188,8 +188,11 @@ void Trainer::load_checkpoint(const std::string& dir) {
   const std::string state_file = (fs::path(dir) / "trainer_state.json").string();
   TrainerState resumed = TrainerState::from_json(io::read_json_object(state_file), state_file);
   const int64_t step = resumed.global_step;
-  FT_CHECK(step < state_.max_steps, state_file, ": \"global_step\" is ", step, " but this run ends at step ",
-           state_.max_steps, ", so nothing is left to train (raise --max-steps or --num-train-epochs to continue)");
+  // A checkpoint at the run's last step resumes to an immediate end, as in transformers (rerunning a finished
+  // script with resume_from_checkpoint=True); one past it belongs to a different run.
+  FT_CHECK(step <= state_.max_steps, state_file, ": \"global_step\" is ", step, " but this run ends at step ",
+           state_.max_steps, ", so the checkpoint is from a longer run (raise --max-steps or --num-train-epochs to ",
+           "continue it)");
   FT_CHECK(resumed.epoch <= static_cast<double>(step), state_file, ": \"epoch\" is ", resumed.epoch,
            ", more than its \"global_step\" ", step, " allows (every epoch has at least one step)");
   const std::string rng_file = (fs::path(dir) / "rng_state.json").string();

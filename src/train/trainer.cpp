@@ -264,8 +264,8 @@ std::map<std::string, double> Trainer::train() {
         ++steps_in_loss;
       }
       step_loss = 0;
-      progress.update(state_.global_step, {{"loss", loss_since_log / static_cast<double>(std::max<int64_t>(steps_since_log, 1))},
-                                           {"lr", current_lr()}});
+      const double mean_loss = loss_since_log / static_cast<double>(std::max<int64_t>(steps_since_log, 1));
+      progress.update(state_.global_step, {{"loss", mean_loss}, {"lr", current_lr()}});
       control_.should_log = state_.global_step % a.logging_steps == 0;
       control_.should_evaluate = a.eval_strategy == "steps" && state_.global_step % a.effective_eval_steps() == 0;
       control_.should_save = a.save_strategy == "steps" && state_.global_step % a.save_steps == 0;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -314,6 +315,52 @@ TEST(Safetensors, SaveRejectsBadTensorLists) {
   message = error_of([&] { io::save_safetensors(path, {{"bad\xff", t}}); });
   EXPECT_CONTAINS(message, "not valid UTF-8");
   EXPECT_FALSE(fs::exists(path));
+}
+
+// A non-finite value is found in the block being written, the save stops, the old file stays, nothing is left
+// behind, and the error names the tensor and the element; integer tensors are not checked.
+TEST(Safetensors, SaveRefusesNonFiniteValuesAsItWrites) {
+  TempDir dir;
+  std::string path = dir.file("model.safetensors");
+  io::save_safetensors(path, {{"w", filled({4}, DType::f32, 1.0)}});
+  const std::string old_bytes = read_file(path);
+  const int64_t n = 3 * (int64_t{1} << 18) + 5;  // past one 1 MiB block of f32, so the hit is in a later block
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+      Tensor big = Tensor::zeros({n}, dtype);
+      big.set_item(n - 2, bad);
+      std::string message =
+          error_of([&] { io::save_safetensors(path, {{"ok", filled({3}, DType::f32, 0)}, {"big", big}}); });
+      EXPECT_CONTAINS(message, path + ": tensor \"big\" holds a non-finite value at element " + std::to_string(n - 2));
+      EXPECT_CONTAINS(message, "was left unchanged");
+      EXPECT_EQ(read_file(path), old_bytes) << dtype_name(dtype);
+    }
+  }
+  for (const auto& entry : fs::directory_iterator(dir.path))
+    EXPECT_EQ(entry.path().filename(), "model.safetensors") << "temporary file left behind";
+  Tensor ids = Tensor::zeros({4}, DType::i32);
+  ids.set_item(1, -1);
+  io::save_safetensors(path, {{"ids", ids}});  // integers hold no inf or NaN: written as they are
+  EXPECT_TRUE(same_bytes(SafetensorsFile::open(path).tensor("ids"), ids));
+}
+
+TEST(FindNonfinite, FindsTheFirstInfOrNanOfEachFloatingType) {
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    for (int64_t n : {int64_t{1}, int64_t{1023}, int64_t{1024}, int64_t{1025}, int64_t{5000}}) {
+      Tensor t = filled({n}, dtype, 3.0);  // a finite ramp (3, 1.5, 0, -1.5, ...; within f16's range)
+      EXPECT_EQ(find_nonfinite(t.data(), dtype, n), -1) << dtype_name(dtype) << " n=" << n;
+      for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+        Tensor u = filled({n}, dtype, 3.0);
+        u.set_item(at, std::nan(""));
+        if (at + 1 < n) u.set_item(n - 1, HUGE_VAL);  // a later hit does not hide the first
+        EXPECT_EQ(find_nonfinite(u.data(), dtype, n), at) << dtype_name(dtype) << " n=" << n;
+      }
+    }
+  }
+  const float largest = 3.4028235e38f;
+  EXPECT_EQ(find_nonfinite(&largest, DType::f32, 1), -1);
+  int64_t ids[2] = {-1, 0x7ff0000000000000};
+  EXPECT_EQ(find_nonfinite(ids, DType::i64, 2), -1);
 }
 
 }  // namespace

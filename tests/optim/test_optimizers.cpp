@@ -6,6 +6,7 @@
 #include <random>
 
 #include "fusetrain/fusetrain.h"
+#include "support/test_util.h"
 
 namespace fusetrain::testing {
 namespace {
@@ -118,6 +119,16 @@ TEST(LossScaler, BacksOffGrowsAndRoundTrips) {
   EXPECT_EQ(restored.to_json(), scaler.to_json());
   EXPECT_THROW(restored.load_json(nlohmann::json{{"scale", -1.0}, {"growth_tracker", 0}}), Error);
   EXPECT_THROW(restored.load_json(nlohmann::json::array()), Error);
+  // Errors name the file and the field; skipped_steps cannot exceed the steps taken.
+  std::string message = error_of([&] {
+    restored.load_json(nlohmann::json{{"scale", 8.0}, {"growth_tracker", "x"}}, "ckpt/scaler.json");
+  });
+  EXPECT_CONTAINS(message, "ckpt/scaler.json: \"growth_tracker\" should be an integer, found \"x\"");
+  message = error_of([&] {
+    restored.load_json(nlohmann::json{{"scale", 8.0}, {"growth_tracker", 0}, {"skipped_steps", 9}}, "s.json", 4);
+  });
+  EXPECT_CONTAINS(message, "s.json: \"skipped_steps\" is 9, expected a value in [0, 4]");
+  EXPECT_EQ(restored.scale(), 1024.0) << "a refused state changes nothing";
   EXPECT_THROW(train::LossScaler(0.0), Error);
 }
 

@@ -87,4 +87,8 @@ struct ByteSpan {
 /// was, and Error names the file and the failing step (or the tensor holding a non-finite value).
 void write_file_atomic(const std::string& path, const std::vector<ByteSpan>& pieces);
 
+/// Copies the file `from` to `to` with write_file_atomic (so a full disk is an Error saying so, and `to` is either
+/// the old file or the whole copy); an Error names `from` if it cannot be read.
+void copy_file_atomic(const std::string& from, const std::string& to);
+
 }  // namespace fusetrain::io
