@@ -45,7 +45,9 @@
 #include "kernels/rng.h"
 
 // GCC 12 flags the _mm512_undefined_ps() inside its own intrinsics as maybe-uninitialized.
+#ifndef __clang__
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace fusetrain::kernels {
 

@@ -14,7 +14,9 @@
 // AVX-512 intrinsics (_mm512_undefined_*); silence that for the header only.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#ifndef __clang__  // a GCC-only warning; clang would warn that it does not know it
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
