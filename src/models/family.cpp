@@ -53,8 +53,13 @@ void Family::default_position_ids(const int64_t* input_ids, int64_t B, int64_t T
 int64_t ConfigReader::get_int(const std::string& key) const {
   FT_CHECK(has(key), "config.json: missing required field \"", key, "\"");
   const nlohmann::json& v = config_[key];
-  FT_CHECK(v.is_number_integer() || (v.is_number_float() && v.get<double>() == std::floor(v.get<double>())),
-           "config.json: \"", key, "\" should be an integer, found ", v.dump());
+  // As io::JsonFields::integer: an unsigned value above INT64_MAX, or a float too large to be an exact integer,
+  // is no int64_t (converting it would be undefined behaviour).
+  const double d = v.is_number_float() ? v.get<double>() : 0.0;
+  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t{std::numeric_limits<int64_t>::max()}
+                    : v.is_number_float()  ? d == std::floor(d) && std::fabs(d) < 9.0e15
+                                           : v.is_number_integer();
+  FT_CHECK(fits, "config.json: \"", key, "\" should be an integer, found ", v.dump());
   return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
 }
 

@@ -213,6 +213,14 @@ TEST(Models, ConfigErrorsNameTheField) {
   cfg = tiny_config("gpt2");
   cfg.erase("n_embd");
   EXPECT_NE(error_of([&] { Model::from_config(cfg); }).find("missing required field \"n_embd\""), std::string::npos);
+  // Integral values no int64_t holds are refused, not converted (found by fuzz/config.cpp).
+  cfg = tiny_config("bert");
+  auto refused = [&](const nlohmann::json& size) {
+    cfg["intermediate_size"] = size;
+    return error_of([&] { Model::from_config(cfg); });
+  };
+  EXPECT_NE(refused(1.5e106).find("\"intermediate_size\" should be an integer, found 1.5e+106"), std::string::npos);
+  EXPECT_NE(refused(uint64_t{1} << 63).find("should be an integer, found 9223372036854775808"), std::string::npos);
 }
 
 TEST(Models, BadBatchesGiveClearErrors) {
