@@ -8,12 +8,12 @@
 //   5 model.safetensors
 // With FUSETRAIN_FUZZ_WRITE_SEEDS=<dir> set, start-up also writes each file of that checkpoint, prefixed with its
 // role byte, into <dir> (how fuzz/corpus/checkpoint was made).
-#include <array>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "fuzz_support.h"
 #include "fusetrain/models/model.h"
@@ -26,10 +26,6 @@ namespace fuzz = fusetrain::fuzz;
 namespace train = fusetrain::train;
 namespace data = fusetrain::data;
 
-constexpr std::array<const char*, 6> kRoles = {"trainer_state.json",    "rng_state.json",
-                                               "scheduler.json",        "scaler.json",
-                                               "optimizer.safetensors", "model.safetensors"};
-
 // Thrown by StopAfterResume; not an exception the library could throw.
 struct Resumed {};
 
@@ -40,7 +36,7 @@ struct StopAfterResume : train::Callback {
 struct Setup {
   std::unique_ptr<fusetrain::models::Model> model;
   data::TokenizedDataset dataset;
-  std::array<fs::path, kRoles.size()> dirs;  // a copy of the checkpoint per role
+  std::vector<fuzz::RoleFile> roles;  // a copy of the checkpoint per role
 };
 
 train::TrainingArguments arguments(const fs::path& output_dir) {
@@ -65,9 +61,8 @@ std::string read_file(const fs::path& path) {
 
 Setup make_setup() {
   Setup s;
-  const nlohmann::json config = {{"model_type", "bert"},      {"vocab_size", 32},
-                                 {"hidden_size", 8},          {"num_hidden_layers", 1},
-                                 {"num_attention_heads", 2},  {"intermediate_size", 16},
+  const nlohmann::json config = {{"model_type", "bert"}, {"vocab_size", 32}, {"hidden_size", 8},
+                                 {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"intermediate_size", 16},
                                  {"max_position_embeddings", 16}, {"num_labels", 2}};
   s.model = fusetrain::models::Model::from_config(config, 0, "BertForSequenceClassification");
   s.dataset = data::TokenizedDataset::from_flat({.offsets = {0, 3, 7},
@@ -81,12 +76,18 @@ Setup make_setup() {
   train::Trainer trainer(*s.model, args, train::Task::SequenceClassification, &s.dataset, nullptr, {});
   trainer.train();
   const fs::path saved = fuzz::scratch_dir() / "run" / "checkpoint-2";
+  s.roles = fuzz::make_role_dirs({{"trainer_state", "trainer_state.json"},
+                                  {"rng_state", "rng_state.json"},
+                                  {"scheduler", "scheduler.json"},
+                                  {"scaler", "scaler.json"},
+                                  {"optimizer", "optimizer.safetensors"},
+                                  {"model", "model.safetensors"}});
   const char* seeds = std::getenv("FUSETRAIN_FUZZ_WRITE_SEEDS");
-  for (size_t role = 0; role < kRoles.size(); ++role) {
-    s.dirs[role] = fuzz::scratch_dir() / ("role-" + std::to_string(role));
-    fs::copy(saved, s.dirs[role], fs::copy_options::recursive);
-    if (seeds != nullptr)
-      fuzz::write_file(fs::path(seeds) / kRoles[role], std::string(1, static_cast<char>(role)) + read_file(saved / kRoles[role]));
+  for (size_t i = 0; i < s.roles.size(); ++i) {
+    const fuzz::RoleFile& role = s.roles[i];
+    fs::copy(saved, role.dir, fs::copy_options::recursive);
+    const std::string role_byte(1, static_cast<char>(i));
+    if (seeds != nullptr) fuzz::write_file(fs::path(seeds) / role.file, role_byte + read_file(saved / role.file));
   }
   return s;
 }
@@ -95,11 +96,10 @@ Setup make_setup() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Setup setup = make_setup();
-  if (size == 0) return 0;
-  const size_t role = data[0] % kRoles.size();
-  fuzz::write_file(setup.dirs[role] / kRoles[role], fuzz::as_text(data + 1, size - 1));
+  const fuzz::RoleFile* role = fuzz::replace_role_file(setup.roles, data, size);
+  if (role == nullptr) return 0;
   train::TrainingArguments args = arguments(fuzz::scratch_dir() / "resumed");
-  args.resume_from_checkpoint = setup.dirs[role].string();
+  args.resume_from_checkpoint = role->dir.string();
   fuzz::parses("Trainer resuming from a checkpoint", [&] {
     train::Trainer trainer(*setup.model, args, train::Task::SequenceClassification, &setup.dataset, nullptr, {});
     trainer.add_callback(std::make_shared<StopAfterResume>());

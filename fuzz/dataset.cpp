@@ -96,7 +96,8 @@ void decode(const data::QuestionAnsweringDataset& dataset, bool labelled) {
     start[i] = static_cast<float>((i * 7919) % 13);
     end[i] = static_cast<float>((i * 104729) % 11);
   }
-  std::vector<std::string> answers = data::decode_answers(dataset, start, end, feature_offsets, {.n_best = 3, .max_answer_length = 5});
+  const std::vector<std::string> answers =
+      data::decode_answers(dataset, start, end, feature_offsets, {.n_best = 3, .max_answer_length = 5});
   if (labelled) fuzz::sink = fuzz::sink + data::squad_metrics(answers, dataset).size();
   for (int64_t e = 0; e < dataset.num_examples(); ++e)
     fuzz::sink = fuzz::sink + dataset.context(e).size() + dataset.answers(e).size();

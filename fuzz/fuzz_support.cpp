@@ -62,6 +62,22 @@ const fs::path& scratch_dir() {
   return dir;
 }
 
+std::vector<RoleFile> make_role_dirs(std::initializer_list<std::pair<const char*, const char*>> roles) {
+  std::vector<RoleFile> out;
+  for (const auto& [name, file] : roles) {
+    out.push_back({file, scratch_dir() / name});
+    fs::create_directories(out.back().dir);
+  }
+  return out;
+}
+
+const RoleFile* replace_role_file(const std::vector<RoleFile>& roles, const uint8_t* data, size_t size) {
+  if (size == 0) return nullptr;
+  const RoleFile& role = roles[data[0] % roles.size()];
+  write_file(role.dir / role.file, as_text(data + 1, size - 1));
+  return &role;
+}
+
 void write_file(const fs::path& path, std::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
@@ -146,8 +162,8 @@ void write_wordpiece_files(const fs::path& dir) {
 }
 
 void exercise_tokenizer(data::Tokenizer& tokenizer, std::string_view text) {
-  const std::string_view fixed[] = {"Hello, world! It's 2024.", "  naïve café — 東京 ﬁ  ", "[CLS] [MASK] <s> </s> <unk>",
-                                    "a\tb\nc\r\n", ""};
+  const std::string_view fixed[] = {"Hello, world! It's 2024.", "  naïve café — 東京 ﬁ  ",
+                                    "[CLS] [MASK] <s> </s> <unk>", "a\tb\nc\r\n", ""};
   std::vector<std::string_view> texts(std::begin(fixed), std::end(fixed));
   texts.push_back(text);
   for (std::string_view t : texts) {

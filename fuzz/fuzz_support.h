@@ -9,8 +9,11 @@
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <initializer_list>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/core/tensor.h"
@@ -53,6 +56,20 @@ bool parses(const char* what, F&& parse) {
 /// A directory private to this process, created on first use and removed at exit (a crash leaves it): under
 /// $FUSETRAIN_FUZZ_SCRATCH when set, else /dev/shm when there is one, else the temporary directory.
 const std::filesystem::path& scratch_dir();
+
+/// One file of a prepared, valid directory, for the targets whose first input byte chooses which file the rest of
+/// the input replaces.
+struct RoleFile {
+  std::string file;
+  std::filesystem::path dir;
+};
+
+/// Creates scratch_dir()/<name> for each role given as {name, file}.
+std::vector<RoleFile> make_role_dirs(std::initializer_list<std::pair<const char*, const char*>> roles);
+
+/// Writes the input after its first byte over the file of role data[0] % roles.size() and returns that role, or
+/// nullptr for an empty input.
+const RoleFile* replace_role_file(const std::vector<RoleFile>& roles, const uint8_t* data, size_t size);
 
 /// Writes `bytes` to `path`, replacing it.
 void write_file(const std::filesystem::path& path, std::string_view bytes);

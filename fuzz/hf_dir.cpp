@@ -5,8 +5,8 @@
 //   2 model.safetensors.index.json (config.json and two shards fixed)
 //   3 model-00001-of-00002.safetensors, a shard the fixed index names
 //   4 generation_config.json     (config.json and model.safetensors fixed)
-#include <array>
 #include <string>
+#include <vector>
 
 #include "fuzz_support.h"
 #include "fusetrain/io/hf_dir.h"
@@ -25,25 +25,17 @@ constexpr const char* kIndex =
     R"({"metadata": {"total_size": 16}, "weight_map": {"a": "model-00001-of-00002.safetensors",)"
     R"( "b": "model-00002-of-00002.safetensors"}})";
 
-struct Role {
-  const char* file;  // the file the input replaces
-  fs::path dir;
-};
-
 // One directory per role, each valid before the input replaces its file.
-std::array<Role, 5> make_dirs() {
-  const fs::path root = fuzz::scratch_dir();
-  std::array<Role, 5> roles = {{{"model.safetensors", root / "weights"},
-                                {"config.json", root / "config"},
-                                {"model.safetensors.index.json", root / "index"},
-                                {"model-00001-of-00002.safetensors", root / "shard"},
-                                {"generation_config.json", root / "generation"}}};
+std::vector<fuzz::RoleFile> make_dirs() {
+  std::vector<fuzz::RoleFile> roles = fuzz::make_role_dirs({{"weights", "model.safetensors"},
+                                                            {"config", "config.json"},
+                                                            {"index", "model.safetensors.index.json"},
+                                                            {"shard", "model-00001-of-00002.safetensors"},
+                                                            {"generation", "generation_config.json"}});
   Tensor a = Tensor::zeros({2}, DType::f32), b = Tensor::zeros({2, 1}, DType::bf16);
-  for (const Role& role : roles) {
-    fs::create_directories(role.dir);
-    fuzz::write_file(role.dir / "config.json", kConfig);
-  }
-  for (const fs::path& dir : {roles[1].dir, roles[4].dir}) io::save_safetensors((dir / "model.safetensors").string(), {{"a", a}});
+  for (const fuzz::RoleFile& role : roles) fuzz::write_file(role.dir / "config.json", kConfig);
+  for (const fs::path& dir : {roles[1].dir, roles[4].dir})
+    io::save_safetensors((dir / "model.safetensors").string(), {{"a", a}});
   for (const fs::path& dir : {roles[2].dir, roles[3].dir}) {
     fuzz::write_file(dir / "model.safetensors.index.json", kIndex);
     io::save_safetensors((dir / "model-00001-of-00002.safetensors").string(), {{"a", a}});
@@ -55,12 +47,11 @@ std::array<Role, 5> make_dirs() {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::array<Role, 5> roles = make_dirs();
-  if (size == 0) return 0;
-  const Role& role = roles[data[0] % roles.size()];
-  fuzz::write_file(role.dir / role.file, fuzz::as_text(data + 1, size - 1));
+  static const std::vector<fuzz::RoleFile> roles = make_dirs();
+  const fuzz::RoleFile* role = fuzz::replace_role_file(roles, data, size);
+  if (role == nullptr) return 0;
   fuzz::parses("read_hf_dir", [&] {
-    io::HfModelDir model = io::read_hf_dir(role.dir.string());
+    io::HfModelDir model = io::read_hf_dir(role->dir.string());
     for (const std::string& name : model.tensor_names()) fuzz::sink = fuzz::sink + fuzz::touch(model.tensor(name));
     if (model.generation_config) fuzz::sink = fuzz::sink + model.generation_config->size();
   });

@@ -264,7 +264,8 @@ def tokenizer_seeds():
 
 def tokenizer_dir_seeds():
     # The first byte chooses the file (fuzz/tokenizer_dir.cpp).
-    write("tokenizer_dir", "vocab_txt", b"\x00" + "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\n##s\nworld\n東\n".encode())
+    vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\n##s\nworld\n東\n"
+    write("tokenizer_dir", "vocab_txt", b"\x00" + vocab.encode())
     write("tokenizer_dir", "wordpiece_tokenizer_config", b"\x01" + json.dumps(
         {"do_lower_case": False, "strip_accents": True, "unk_token": "[UNK]",
          "cls_token": {"content": "[CLS]", "lstrip": False}}).encode())

@@ -3,35 +3,26 @@
 // input replaces (byte % 7):
 //   0 vocab.txt, 1 tokenizer_config.json, 2 special_tokens_map.json    of a BERT WordPiece directory
 //   3 vocab.json, 4 merges.txt, 5 tokenizer_config.json, 6 config.json  of a RoBERTa byte-level BPE directory
-#include <array>
 #include <memory>
-#include <string>
+#include <vector>
 
 #include "fuzz_support.h"
 #include "fusetrain/data/tokenizer.h"
 
 namespace {
 
-namespace fs = std::filesystem;
 namespace fuzz = fusetrain::fuzz;
 
-struct Role {
-  const char* file;  // the file the input replaces
-  fs::path dir;
-};
-
 // One directory per role, each valid before the input replaces its file.
-std::array<Role, 7> make_dirs() {
-  const fs::path root = fuzz::scratch_dir();
-  std::array<Role, 7> roles = {{{"vocab.txt", root / "wp_vocab"},
-                                {"tokenizer_config.json", root / "wp_config"},
-                                {"special_tokens_map.json", root / "wp_special"},
-                                {"vocab.json", root / "bpe_vocab"},
-                                {"merges.txt", root / "bpe_merges"},
-                                {"tokenizer_config.json", root / "bpe_config"},
-                                {"config.json", root / "bpe_model_config"}}};
+std::vector<fuzz::RoleFile> make_dirs() {
+  std::vector<fuzz::RoleFile> roles = fuzz::make_role_dirs({{"wp_vocab", "vocab.txt"},
+                                                            {"wp_config", "tokenizer_config.json"},
+                                                            {"wp_special", "special_tokens_map.json"},
+                                                            {"bpe_vocab", "vocab.json"},
+                                                            {"bpe_merges", "merges.txt"},
+                                                            {"bpe_config", "tokenizer_config.json"},
+                                                            {"bpe_model_config", "config.json"}});
   for (size_t i = 0; i < roles.size(); ++i) {
-    fs::create_directories(roles[i].dir);
     if (i < 3)
       fuzz::write_wordpiece_files(roles[i].dir);
     else
@@ -43,13 +34,12 @@ std::array<Role, 7> make_dirs() {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::array<Role, 7> roles = make_dirs();
-  if (size == 0) return 0;
-  const Role& role = roles[data[0] % roles.size()];
-  fuzz::write_file(role.dir / role.file, fuzz::as_text(data + 1, size - 1));
+  static const std::vector<fuzz::RoleFile> roles = make_dirs();
+  const fuzz::RoleFile* role = fuzz::replace_role_file(roles, data, size);
+  if (role == nullptr) return 0;
   std::unique_ptr<fusetrain::data::Tokenizer> tokenizer;
   fuzz::parses("Tokenizer::from_pretrained",
-               [&] { tokenizer = fusetrain::data::Tokenizer::from_pretrained(role.dir.string()); });
+               [&] { tokenizer = fusetrain::data::Tokenizer::from_pretrained(role->dir.string()); });
   if (tokenizer) fuzz::exercise_tokenizer(*tokenizer, "");
   return 0;
 }
