@@ -35,11 +35,10 @@ std::vector<fuzz::RoleFile> make_dirs() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::vector<fuzz::RoleFile> roles = make_dirs();
-  const fuzz::RoleFile* role = fuzz::replace_role_file(roles, data, size);
-  if (role == nullptr) return 0;
   std::unique_ptr<fusetrain::data::Tokenizer> tokenizer;
-  fuzz::parses("Tokenizer::from_pretrained",
-               [&] { tokenizer = fusetrain::data::Tokenizer::from_pretrained(role->dir.string()); });
+  if (const fuzz::RoleFile* role = fuzz::replace_role_file(roles, data, size))
+    fuzz::parses("Tokenizer::from_pretrained",
+                 [&] { tokenizer = fusetrain::data::Tokenizer::from_pretrained(role->dir.string()); });
   if (tokenizer) fuzz::exercise_tokenizer(*tokenizer, "");
   return 0;
 }
