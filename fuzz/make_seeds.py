@@ -323,6 +323,7 @@ def dataset_seeds():
         "csv_qa_unlabelled": ("1", "2", "@", 'question,context\nWhere?,"In Paris, France."\n'),
         "text_mlm_grouped": ("3", "3", "@", shakespeare),
         "text_mlm_line_by_line": ("3", "3", chr(64 | 2 | 16), shakespeare),
+        "jsonl_mlm_line_by_line": ("2", "3", chr(64 | 2), '{"text": "To be, or not to be"}\n{"text": "  "}\n'),
         "text_clm_bpe": ("3", "4", chr(64 | 1 | 4), shakespeare),
         "jsonl_clm": ("2", "4", chr(64 | 1), '{"text": "hello world"}\n{"text": ""}\n{"text": "the end"}\n'),
     }
