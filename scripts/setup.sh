@@ -8,7 +8,7 @@ APT_PACKAGES=(
   libdnnl-dev            # oneDNN: the benchmark baseline for matmul
   nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang-14 libclang-rt-14-dev libomp-14-dev llvm-14  # scripts/fuzz.sh: libFuzzer, sanitizer runtimes, clang OpenMP, symbolizer
+  clang-14 libclang-rt-14-dev libomp-14-dev llvm-14  # fuzz.sh, sanitize.sh: sanitizer runtimes, libomp + Archer, symbolizer
 )
 
 missing=()
