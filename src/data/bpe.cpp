@@ -42,13 +42,7 @@ class Bpe final : public Model {
   Bpe(StringMap<int64_t> vocab, const std::vector<std::pair<std::string, std::string>>& merges, BpeOptions options,
       const std::string& where)
       : vocab_(std::move(vocab)), options_(std::move(options)), where_(where), instance_(next_instance++) {
-    int64_t max_id = -1;
-    for (const auto& [token, id] : vocab_) {
-      FT_CHECK(id >= 0 && id < (int64_t{1} << 31), where, ": BPE vocabulary id ", id, " of \"", token,
-               "\" is out of range");
-      max_id = std::max(max_id, id);
-    }
-    by_id_.resize(static_cast<size_t>(max_id + 1));
+    by_id_.resize(static_cast<size_t>(checked_max_id(vocab_, where, "BPE") + 1));
     present_.resize(by_id_.size(), 0);
     for (const auto& [token, id] : vocab_) by_id_[id] = token, present_[id] = 1;
     merges_.reserve(merges.size());

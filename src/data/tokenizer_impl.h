@@ -309,6 +309,11 @@ std::unique_ptr<Decoder> make_decoder(const nlohmann::json& config, const std::s
 /// Building blocks for from_pretrained (a model directory without tokenizer.json).
 std::unique_ptr<Model> make_wordpiece(StringMap<int64_t> vocab, std::string unk_token, std::string prefix,
                                       int64_t max_input_chars_per_word, const std::string& where);
+/// Checks the ids of a model's vocabulary and returns the largest (-1 when empty). Models keep an id -> token table
+/// sized by the largest id (and BPE stores ids in 32 bits), so ids must be non-negative and below max(2 * size, 256)
+/// and 2^31: numbered from 0, with room for gaps but not for an id that would size the table far beyond the
+/// vocabulary. `model` names it in errors ("BPE").
+int64_t checked_max_id(const StringMap<int64_t>& vocab, const std::string& where, const char* model);
 struct BpeOptions {
   std::string unk_token, prefix, suffix;  ///< "" when absent
   bool fuse_unk = false, byte_fallback = false, ignore_merges = false;

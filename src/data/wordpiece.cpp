@@ -16,14 +16,8 @@ inline bool is_continuation_byte(char c) { return (static_cast<unsigned char>(c)
 // Vocabulary shared by the models: token -> id and id -> token.
 class Vocabulary {
  public:
-  Vocabulary(StringMap<int64_t> vocab, const std::string& where) : by_token_(std::move(vocab)) {
-    int64_t max_id = -1;
-    for (const auto& [token, id] : by_token_) {
-      FT_CHECK(id >= 0 && id < (int64_t{1} << 31), where, ": vocabulary id ", id, " of token \"", token,
-               "\" is out of range");
-      max_id = std::max(max_id, id);
-    }
-    by_id_.resize(static_cast<size_t>(max_id + 1));
+  Vocabulary(StringMap<int64_t> vocab, const std::string& where, const char* model) : by_token_(std::move(vocab)) {
+    by_id_.resize(static_cast<size_t>(checked_max_id(by_token_, where, model) + 1));
     present_.resize(by_id_.size(), 0);
     for (const auto& [token, id] : by_token_) by_id_[id] = token, present_[id] = 1;
   }
@@ -47,7 +41,8 @@ class Vocabulary {
 class WordPiece final : public Model {
  public:
   WordPiece(StringMap<int64_t> vocab, std::string unk, std::string prefix, int64_t max_chars, const std::string& where)
-      : vocab_(std::move(vocab), where), unk_(std::move(unk)), prefix_(std::move(prefix)), max_chars_(max_chars) {
+      : vocab_(std::move(vocab), where, "WordPiece"), unk_(std::move(unk)), prefix_(std::move(prefix)),
+        max_chars_(max_chars) {
     unk_id_ = vocab_.find(unk_);
     for (const auto& [token, id] : vocab_.map()) {
       max_word_bytes_ = std::max(max_word_bytes_, token.size());
@@ -115,7 +110,7 @@ class WordPiece final : public Model {
 class WordLevel final : public Model {
  public:
   WordLevel(StringMap<int64_t> vocab, std::string unk, const std::string& where)
-      : vocab_(std::move(vocab), where), unk_(std::move(unk)), where_(where) {
+      : vocab_(std::move(vocab), where, "WordLevel"), unk_(std::move(unk)), where_(where) {
     unk_id_ = vocab_.find(unk_);
   }
   void tokenize(std::string_view word, std::vector<Token>& out) const override {
@@ -159,6 +154,17 @@ std::string optional_string(const json& config, const char* key) {
 }
 
 }  // namespace
+
+int64_t checked_max_id(const StringMap<int64_t>& vocab, const std::string& where, const char* model) {
+  const int64_t limit = std::min(std::max<int64_t>(2 * static_cast<int64_t>(vocab.size()), 256), int64_t{1} << 31);
+  int64_t max_id = -1;
+  for (const auto& [token, id] : vocab) {
+    FT_CHECK(id >= 0 && id < limit, where, ": ", model, " vocabulary id ", id, " of token \"", token,
+             "\" is out of range: ids number the ", vocab.size(), " tokens from 0 (accepted: below ", limit, ")");
+    max_id = std::max(max_id, id);
+  }
+  return max_id;
+}
 
 std::unique_ptr<Model> make_wordpiece(StringMap<int64_t> vocab, std::string unk_token, std::string prefix,
                                       int64_t max_input_chars_per_word, const std::string& where) {

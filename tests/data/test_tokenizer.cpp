@@ -579,6 +579,14 @@ TEST(Tokenizer, ClearErrors) {
                     load(small_bpe({"a", "b", "ab"}, {"a b"}, kWhitespaceSplit, {{"dropout", 0.1}}));
                   }),
                   "dropout");
+  // An id far beyond the vocabulary would size the id -> token table by it (found by fuzz/tokenizer_dir.cpp).
+  config = small_bpe({"a", "b"}, json::array(), kWhitespaceSplit);
+  config["model"]["vocab"]["b"] = 86860209;
+  EXPECT_CONTAINS(error_of([&] { load(config); }),
+                  "BPE vocabulary id 86860209 of token \"b\" is out of range: ids number the 2 tokens from 0");
+  config = bert_config();
+  config["model"]["vocab"]["[UNK]"] = -1;
+  EXPECT_CONTAINS(error_of([&] { load(config); }), "WordPiece vocabulary id -1 of token \"[UNK]\" is out of range");
   auto tokenizer = load(bert_config());
   EXPECT_CONTAINS(error_of([&] { tokenizer->encode("ok \xC3("); }), "not valid UTF-8 at byte 3");
   EXPECT_CONTAINS(error_of([&] { Tokenizer::from_pretrained(dir.path.string()); }), "no tokenizer found");
