@@ -109,7 +109,8 @@ TEST(DataReaders, JsonLinesKeepArraysAndObjectsAsJson) {
 
 TEST(DataReaders, JsonLinesErrorsNameTheLine) {
   EXPECT_EQ(error_of([] { parse("{\"a\": 1, \"b\": 2}\n{\"a\": 3}\n", "x.jsonl"); }),
-            "x.jsonl:2: no key \"b\" (keys of the first object: a, b)");
+            "x.jsonl:2: no key \"b\", which the first object (line 1) has; every line needs the same keys (this "
+            "line's: a)");
   EXPECT_EQ(error_of([] { parse("{\"a\": 1}\n{\"a\": 3, \"c\": 4}\n", "x.jsonl"); }),
             "x.jsonl:2: unexpected key \"c\" (keys of the first object: a)");
   EXPECT_EQ(error_of([] { parse("{\"a\": 1}\n\"just a string\"\n", "x.jsonl"); }),
