@@ -286,11 +286,42 @@ json read_json_if_exists(const std::filesystem::path& path) {
   return parse_json(read_text_file(path.string(), "JSON file"), path.string());
 }
 
-// A special token's content from special_tokens_map.json / tokenizer_config.json: a string or {"content": ...}.
-std::string token_content(const json& value) {
+// An option of tokenizer_config.json, special_tokens_map.json or config.json (`options`, read from `file`): null
+// when the file or the option is absent. The typed readers throw an Error naming the file and the option.
+json option(const json& options, const char* key) {
+  auto it = options.is_object() ? options.find(key) : options.end();
+  return it == options.end() ? json() : *it;
+}
+
+bool bool_option(const json& options, const char* key, bool fallback, const std::string& file) {
+  const json value = option(options, key);
+  FT_CHECK(value.is_null() || value.is_boolean(), file, ": \"", key, "\" should be true or false, found ",
+           value.dump());
+  return value.is_null() ? fallback : value.get<bool>();
+}
+
+std::string string_option(const json& options, const char* key, const std::string& file) {
+  const json value = option(options, key);
+  FT_CHECK(value.is_null() || value.is_string(), file, ": \"", key, "\" should be a string, found ", value.dump());
+  return value.is_null() ? std::string() : value.get<std::string>();
+}
+
+// A special token's content: a string or {"content": "..."}; "" when absent or of another kind.
+std::string token_content(const json& options, const char* key, const std::string& file) {
+  const json value = option(options, key);
   if (value.is_string()) return value.get<std::string>();
-  if (value.is_object() && value.contains("content")) return value.at("content").get<std::string>();
-  return "";
+  if (!value.is_object() || !value.contains("content")) return "";
+  FT_CHECK(value["content"].is_string(), file, ": \"", key, "\" has a \"content\" that should be a string, found ",
+           value["content"].dump());
+  return value["content"].get<std::string>();
+}
+
+// vocab.json's id of `token`, -1 when absent.
+int64_t vocab_id(const json& vocab, const char* token, const std::string& file) {
+  if (!vocab.contains(token)) return -1;
+  FT_CHECK(vocab[token].is_number_integer(), file, ": \"", token, "\" has id ", vocab[token].dump(),
+           ", expected an integer");
+  return vocab[token].get<int64_t>();
 }
 
 json added_token_json(int64_t id, const std::string& content, bool lstrip = false) {
@@ -309,14 +340,14 @@ json wordpiece_config(const std::filesystem::path& dir, const json& tokenizer_co
     if (!vocab.contains(line)) vocab[line] = id;
     ++id;
   }
-  auto option = [&](const char* key, const json& fallback) {
-    auto it = tokenizer_config.find(key);
-    return (it == tokenizer_config.end() || it->is_null()) ? fallback : *it;
-  };
-  const bool lowercase = option("do_lower_case", true).get<bool>();
-  const json strip_accents = option("strip_accents", json());
+  const std::string options_file = (dir / "tokenizer_config.json").string();
+  const bool lowercase = bool_option(tokenizer_config, "do_lower_case", true, options_file);
+  const bool chinese_chars = bool_option(tokenizer_config, "tokenize_chinese_chars", true, options_file);
+  const json strip_accents = option(tokenizer_config, "strip_accents");  // null: as lowercase
+  FT_CHECK(strip_accents.is_null() || strip_accents.is_boolean(), options_file,
+           ": \"strip_accents\" should be true, false or null, found ", strip_accents.dump());
   auto role = [&](const char* key, const char* fallback) {
-    std::string content = token_content(option(key, json()));
+    std::string content = token_content(tokenizer_config, key, options_file);
     return content.empty() ? std::string(fallback) : content;
   };
   const std::string unk = role("unk_token", "[UNK]"), cls = role("cls_token", "[CLS]"),
@@ -341,7 +372,7 @@ json wordpiece_config(const std::filesystem::path& dir, const json& tokenizer_co
               {"normalizer",
                {{"type", "BertNormalizer"},
                 {"clean_text", true},
-                {"handle_chinese_chars", option("tokenize_chinese_chars", true)},
+                {"handle_chinese_chars", chinese_chars},
                 {"strip_accents", strip_accents},
                 {"lowercase", lowercase}}},
               {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
@@ -374,28 +405,26 @@ json byte_level_bpe_config(const std::filesystem::path& dir, const json& tokeniz
     if (line.empty() || line.rfind("#version", 0) == 0) continue;
     merges.push_back(line);
   }
-  auto option = [&](const char* key, const json& fallback) {
-    auto it = tokenizer_config.find(key);
-    return (it == tokenizer_config.end() || it->is_null()) ? fallback : *it;
-  };
-  const bool add_prefix_space = option("add_prefix_space", false).get<bool>();
+  const std::string options_file = (dir / "tokenizer_config.json").string();
+  const bool add_prefix_space = bool_option(tokenizer_config, "add_prefix_space", false, options_file);
   json added = json::array();
   json post;
   if (roberta) {
     std::set<int64_t> seen;
     for (const char* token : {"<s>", "<pad>", "</s>", "<unk>", "<mask>"}) {
-      if (vocab.contains(token) && seen.insert(vocab[token].get<int64_t>()).second) {
-        added.push_back(added_token_json(vocab[token].get<int64_t>(), token, std::string(token) == "<mask>"));
-      }
+      const int64_t id = vocab_id(vocab, token, vocab_path);
+      if (id >= 0 && seen.insert(id).second)
+        added.push_back(added_token_json(id, token, std::string(token) == "<mask>"));
     }
     FT_CHECK(vocab.contains("<s>") && vocab.contains("</s>"), vocab_path, ": a RoBERTa vocabulary needs <s> and </s>");
     post = {{"type", "RobertaProcessing"},
             {"sep", {"</s>", vocab["</s>"]}},
             {"cls", {"<s>", vocab["<s>"]}},
-            {"trim_offsets", option("trim_offsets", true)},
+            {"trim_offsets", bool_option(tokenizer_config, "trim_offsets", true, options_file)},
             {"add_prefix_space", add_prefix_space}};
   } else {
-    if (vocab.contains("<|endoftext|>")) added.push_back(added_token_json(vocab["<|endoftext|>"], "<|endoftext|>"));
+    if (const int64_t id = vocab_id(vocab, "<|endoftext|>", vocab_path); id >= 0)
+      added.push_back(added_token_json(id, "<|endoftext|>"));
     post = {{"type", "ByteLevel"}, {"add_prefix_space", add_prefix_space}, {"trim_offsets", false}};
   }
   return json{{"version", "1.0"},
@@ -408,11 +437,14 @@ json byte_level_bpe_config(const std::filesystem::path& dir, const json& tokeniz
 }
 
 // Explicit roles from special_tokens_map.json / tokenizer_config.json win over the guesses.
-void apply_role_files(TokenizerParts& parts, const json& special_tokens_map, const json& tokenizer_config) {
+void apply_role_files(TokenizerParts& parts, const std::filesystem::path& dir, const json& special_tokens_map,
+                      const json& tokenizer_config) {
+  const std::pair<const json*, std::string> sources[] = {
+      {&special_tokens_map, (dir / "special_tokens_map.json").string()},
+      {&tokenizer_config, (dir / "tokenizer_config.json").string()}};
   auto role = [&](const char* key, int64_t& id) {
-    for (const json* source : {&special_tokens_map, &tokenizer_config}) {
-      if (!source->is_object() || !source->contains(key)) continue;
-      const std::string content = token_content(source->at(key));
+    for (const auto& [source, file] : sources) {
+      const std::string content = token_content(*source, key, file);
       if (content.empty()) continue;
       const int64_t found = parts.find(content);
       if (found >= 0) {
@@ -470,9 +502,9 @@ std::unique_ptr<Tokenizer> Tokenizer::from_pretrained(const std::string& model_d
     } else if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) {
       where = (dir / "vocab.json").string();
       const auto model_config = detail::read_json_if_exists(dir / "config.json");
-      std::string model_type = model_config.is_object() ? model_config.value("model_type", "") : "";
-      std::string tokenizer_class =
-          tokenizer_config.is_object() ? tokenizer_config.value("tokenizer_class", "") : std::string();
+      const std::string model_type = detail::string_option(model_config, "model_type", (dir / "config.json").string());
+      const std::string tokenizer_class =
+          detail::string_option(tokenizer_config, "tokenizer_class", (dir / "tokenizer_config.json").string());
       const bool roberta = model_type == "roberta" || tokenizer_class.find("Roberta") != std::string::npos;
       config = detail::byte_level_bpe_config(
           dir, tokenizer_config.is_object() ? tokenizer_config : nlohmann::json::object(), roberta);
@@ -486,7 +518,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_pretrained(const std::string& model_d
       throw Error(str(where, ": unexpected content (", e.what(), ")"));
     }
   }
-  detail::apply_role_files(*tokenizer->parts_, special_tokens_map, tokenizer_config);
+  detail::apply_role_files(*tokenizer->parts_, dir, special_tokens_map, tokenizer_config);
   return tokenizer;
 }
 

@@ -543,6 +543,34 @@ TEST(Tokenizer, FromPretrainedVocabJsonAndMerges) {
   EXPECT_EQ(tokenizer->unk_id(), 3);
 }
 
+TEST(Tokenizer, FromPretrainedOptionsOfTheWrongTypeNameTheFile) {  // found by fuzz/tokenizer_dir.cpp
+  TempDir dir;
+  std::string vocab;
+  for (const std::string& token : kBertVocab) vocab += token + "\n";
+  dir.write("vocab.txt", vocab);
+  dir.write("tokenizer_config.json", R"({"do_lower_case": "yes"})");
+  const std::string options = (dir.path / "tokenizer_config.json").string();
+  EXPECT_CONTAINS(error_of([&] { Tokenizer::from_pretrained(dir.path.string()); }),
+                  options + ": \"do_lower_case\" should be true or false, found \"yes\"");
+  dir.write("tokenizer_config.json", R"({"cls_token": {"content": 7}})");
+  EXPECT_CONTAINS(error_of([&] { Tokenizer::from_pretrained(dir.path.string()); }),
+                  options + ": \"cls_token\" has a \"content\" that should be a string, found 7");
+  dir.write("tokenizer_config.json", "{}");
+  dir.write("special_tokens_map.json", R"({"mask_token": {"content": null}})");
+  EXPECT_CONTAINS(error_of([&] { Tokenizer::from_pretrained(dir.path.string()); }),
+                  "special_tokens_map.json: \"mask_token\" has a \"content\" that should be a string, found null");
+
+  TempDir bpe;
+  bpe.write("vocab.json", R"({"<s>": "zero", "</s>": 1, "a": 2})");
+  bpe.write("merges.txt", "#version: 0.2\n");
+  bpe.write("config.json", R"({"model_type": "roberta"})");
+  EXPECT_CONTAINS(error_of([&] { Tokenizer::from_pretrained(bpe.path.string()); }),
+                  "vocab.json: \"<s>\" has id \"zero\", expected an integer");
+  bpe.write("config.json", R"({"model_type": ["roberta"]})");
+  EXPECT_CONTAINS(error_of([&] { Tokenizer::from_pretrained(bpe.path.string()); }),
+                  "config.json: \"model_type\" should be a string, found [\"roberta\"]");
+}
+
 // ---- errors ----------------------------------------------------------------------------------------------------
 
 TEST(Tokenizer, ClearErrors) {
