@@ -277,8 +277,10 @@ std::unique_ptr<Decoder> make_decoder(const json& config, const std::string& whe
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
   if (type == "Strip") {
+    const std::string what = str(where, ": Strip decoder");
     return std::make_unique<StripDecoder>(one_char(config.at("content"), where, "Strip decoder content"),
-                                          config.value("start", size_t{0}), config.value("stop", size_t{0}));
+                                          integer_field(config, "start", 0, what, 0, kMaxTokenId),
+                                          integer_field(config, "stop", 0, what, 0, kMaxTokenId));
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Decoder>> steps;

@@ -209,21 +209,24 @@ SpecialToken read_special(const json& config, const char* key, const std::string
   const auto it = config.find(key);
   FT_CHECK(it != config.end() && it->is_array() && it->size() == 2, where, ": ", type, " \"", key,
            "\" should be [token, id]");
-  return SpecialToken{(*it)[0].get<std::string>(), (*it)[1].get<int64_t>()};
+  return SpecialToken{(*it)[0].get<std::string>(),
+                      json_integer((*it)[1], str(where, ": ", type, " \"", key, "\" id"), 0, kMaxTokenId)};
 }
 
 std::vector<TemplateProcessing::Item> read_template(const json& items, const std::string& where) {
   std::vector<TemplateProcessing::Item> out;
   FT_CHECK(items.is_array(), where, ": TemplateProcessing template ", items.dump(), " is not a list");
+  const std::string type_id_what = str(where, ": TemplateProcessing item");
   for (const json& item : items) {
     if (item.contains("Sequence")) {
       const json& sequence = item.at("Sequence");
       const std::string id = sequence.at("id").get<std::string>();
       FT_CHECK(id == "A" || id == "B", where, ": TemplateProcessing sequence id \"", id, "\" is not A or B");
-      out.push_back({true, id == "A" ? 0 : 1, "", sequence.value("type_id", int64_t{0})});
+      out.push_back({true, id == "A" ? 0 : 1, "", integer_field(sequence, "type_id", 0, type_id_what, 0, kMaxTokenId)});
     } else if (item.contains("SpecialToken")) {
       const json& special = item.at("SpecialToken");
-      out.push_back({false, 0, special.at("id").get<std::string>(), special.value("type_id", int64_t{0})});
+      out.push_back({false, 0, special.at("id").get<std::string>(),
+                     integer_field(special, "type_id", 0, type_id_what, 0, kMaxTokenId)});
     } else {
       throw Error(str(where, ": TemplateProcessing item ", item.dump(), " is neither Sequence nor SpecialToken"));
     }
@@ -254,7 +257,11 @@ std::unique_ptr<PostProcessor> make_post_processor(const json& config, const std
     if (auto it = config.find("special_tokens"); it != config.end()) {
       for (const auto& [name, value] : it->items()) {
         TemplateProcessing::Special special;
-        special.ids = value.at("ids").get<std::vector<int64_t>>();
+        const json& ids = value.at("ids");
+        FT_CHECK(ids.is_array(), where, ": TemplateProcessing special token \"", name, "\": \"ids\" is not a list");
+        for (const json& id : ids)
+          special.ids.push_back(json_integer(id, str(where, ": TemplateProcessing special token \"", name, "\" id"), 0,
+                                             kMaxTokenId));
         special.tokens = value.at("tokens").get<std::vector<std::string>>();
         specials.emplace(value.value("id", name), std::move(special));
       }

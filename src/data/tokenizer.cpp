@@ -6,6 +6,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -62,6 +63,25 @@ json parse_json(const std::string& text, const std::string& path) {
   }
 }
 
+}  // namespace
+
+int64_t json_integer(const json& value, const std::string& what, int64_t min, int64_t max) {
+  const bool fits = value.is_number_unsigned() ? value.get<uint64_t>() <= static_cast<uint64_t>(max)
+                                               : value.is_number_integer();
+  const int64_t v = fits ? value.get<int64_t>() : 0;
+  FT_CHECK(fits && v >= min && v <= max, what, " should be an integer in [", min, ", ", max, "], found ",
+           value.dump());
+  return v;
+}
+
+int64_t integer_field(const json& config, const char* key, int64_t fallback, const std::string& what, int64_t min,
+                      int64_t max) {
+  auto it = config.find(key);
+  return it == config.end() || it->is_null() ? fallback : json_integer(*it, str(what, " \"", key, "\""), min, max);
+}
+
+namespace {
+
 std::vector<AddedToken> read_added_tokens(const json& config, const std::string& where) {
   std::vector<AddedToken> tokens;
   auto it = config.find("added_tokens");
@@ -71,15 +91,13 @@ std::vector<AddedToken> read_added_tokens(const json& config, const std::string&
     AddedToken token;
     FT_CHECK(entry.contains("id") && entry.contains("content"), where, ": added token ", entry.dump(),
              " needs \"id\" and \"content\"");
-    token.id = entry.at("id").get<int64_t>();
+    token.id = json_integer(entry.at("id"), str(where, ": added token ", entry.dump(), ": \"id\""), 0, kMaxTokenId);
     token.content = entry.at("content").get<std::string>();
     token.special = entry.value("special", false);
     token.single_word = entry.value("single_word", false);
     token.lstrip = entry.value("lstrip", false);
     token.rstrip = entry.value("rstrip", false);
     token.normalized = entry.value("normalized", !token.special);
-    FT_CHECK(token.id >= 0 && token.id < (int64_t{1} << 31), where, ": added token \"", token.content, "\" has id ",
-             token.id);
     if (!token.content.empty()) tokens.push_back(std::move(token));
   }
   return tokens;
@@ -130,7 +148,8 @@ std::unique_ptr<TokenizerParts> load(const json& config, const std::string& wher
   parts->post_processor = make_post_processor(section("post_processor"), where);
   parts->decoder = make_decoder(section("decoder"), where);
   if (const json& truncation = section("truncation"); truncation.is_object()) {
-    parts->file_truncation = truncation.value("max_length", int64_t{0});
+    parts->file_truncation = integer_field(truncation, "max_length", 0, str(where, ": \"truncation\""), 0,
+                                           std::numeric_limits<int64_t>::max());
   }
   if (const json& padding = section("padding"); padding.is_object()) {
     parts->file_pad_token = padding.value("pad_token", std::string());
@@ -318,10 +337,8 @@ std::string token_content(const json& options, const char* key, const std::strin
 
 // vocab.json's id of `token`, -1 when absent.
 int64_t vocab_id(const json& vocab, const char* token, const std::string& file) {
-  if (!vocab.contains(token)) return -1;
-  FT_CHECK(vocab[token].is_number_integer(), file, ": \"", token, "\" has id ", vocab[token].dump(),
-           ", expected an integer");
-  return vocab[token].get<int64_t>();
+  return vocab.contains(token) ? json_integer(vocab[token], str(file, ": the id of \"", token, "\""), 0, kMaxTokenId)
+                                : -1;
 }
 
 json added_token_json(int64_t id, const std::string& content, bool lstrip = false) {

@@ -300,6 +300,17 @@ class AddedVocabulary {
 
 // ---- factories (src/data/<stage>.cpp); `where` names the file for errors -----------------------------------
 
+/// The largest token or type id a tokenizer.json may hold (ids are 32-bit in the tokenizers library).
+constexpr int64_t kMaxTokenId = (int64_t{1} << 31) - 1;
+
+/// `value` as an integer in [min, max]; otherwise an Error "<what> should be an integer in [min, max], found <value>".
+/// Floats are refused however integral they look: converting one outside int64_t's range would be undefined.
+int64_t json_integer(const nlohmann::json& value, const std::string& what, int64_t min, int64_t max);
+
+/// json_integer of config[key] (what: "<what> \"<key>\""), or `fallback` when the key is absent or null.
+int64_t integer_field(const nlohmann::json& config, const char* key, int64_t fallback, const std::string& what,
+                      int64_t min, int64_t max);
+
 std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& config, const std::string& where);
 std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& config, const std::string& where);
 std::unique_ptr<Model> make_model(const nlohmann::json& config, const std::string& where);

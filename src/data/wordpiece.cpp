@@ -191,7 +191,7 @@ std::unique_ptr<Model> make_model(const json& config, const std::string& where) 
         config.contains("continuing_subword_prefix") && !config.at("continuing_subword_prefix").is_null()
             ? config.at("continuing_subword_prefix").get<std::string>()
             : std::string("##"),
-        config.value("max_input_chars_per_word", int64_t{100}), where);
+        integer_field(config, "max_input_chars_per_word", 100, str(where, ": WordPiece model"), 0, kMaxTokenId), where);
   }
   if (type == "WordLevel") {
     return std::make_unique<WordLevel>(read_vocab(config, where, "WordLevel"), optional_string(config, "unk_token"),

@@ -565,7 +565,7 @@ TEST(Tokenizer, FromPretrainedOptionsOfTheWrongTypeNameTheFile) {  // found by f
   bpe.write("merges.txt", "#version: 0.2\n");
   bpe.write("config.json", R"({"model_type": "roberta"})");
   EXPECT_CONTAINS(error_of([&] { Tokenizer::from_pretrained(bpe.path.string()); }),
-                  "vocab.json: \"<s>\" has id \"zero\", expected an integer");
+                  "vocab.json: the id of \"<s>\" should be an integer in [0, 2147483647], found \"zero\"");
   bpe.write("config.json", R"({"model_type": ["roberta"]})");
   EXPECT_CONTAINS(error_of([&] { Tokenizer::from_pretrained(bpe.path.string()); }),
                   "config.json: \"model_type\" should be a string, found [\"roberta\"]");
@@ -615,6 +615,16 @@ TEST(Tokenizer, ClearErrors) {
   config = bert_config();
   config["model"]["vocab"]["[UNK]"] = -1;
   EXPECT_CONTAINS(error_of([&] { load(config); }), "WordPiece vocabulary id -1 of token \"[UNK]\" is out of range");
+  // Integers as floats, which nlohmann would convert with undefined behaviour (found by fuzz/tokenizer.cpp).
+  config = bert_config();
+  config["added_tokens"][0]["id"] = 2.65e92;
+  EXPECT_CONTAINS(error_of([&] { load(config); }), "\"id\" should be an integer in [0, 2147483647], found 2.65e+92");
+  config = bert_config();
+  config["truncation"] = {{"max_length", -1e300}};
+  EXPECT_CONTAINS(error_of([&] { load(config); }), "\"truncation\" \"max_length\" should be an integer");
+  config = bert_config();
+  config["post_processor"]["single"][0]["SpecialToken"]["type_id"] = 0.5;
+  EXPECT_CONTAINS(error_of([&] { load(config); }), "TemplateProcessing item \"type_id\" should be an integer");
   auto tokenizer = load(bert_config());
   EXPECT_CONTAINS(error_of([&] { tokenizer->encode("ok \xC3("); }), "not valid UTF-8 at byte 3");
   EXPECT_CONTAINS(error_of([&] { Tokenizer::from_pretrained(dir.path.string()); }), "no tokenizer found");
