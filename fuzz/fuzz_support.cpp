@@ -17,6 +17,8 @@
 // Under AddressSanitizer a single allocation above this size fails (malloc and aligned_alloc return null), so a
 // parser asked for a huge buffer reports its own "out of memory" Error instead of taking the machine's memory.
 extern "C" const char* __asan_default_options() { return "allocator_may_return_null=1:max_allocation_size_mb=64"; }
+// UBSan reports say where the undefined operation was called from.
+extern "C" const char* __ubsan_default_options() { return "print_stacktrace=1"; }
 
 namespace fusetrain::fuzz {
 

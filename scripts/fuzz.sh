@@ -3,7 +3,7 @@
 # copy of its seed corpus (fuzz/corpus/<target>/), one after another. Prints, per target, the executions, libFuzzer's
 # coverage figures (cov: edges, ft: features), the corpus it ended with, the time and whether it crashed; exits 1 when
 # any target crashed. Reproducers go to build-fuzz/crashes/<target>/ (ignored by git), libFuzzer's output to
-# build-fuzz/logs/<target>.log.
+# build-fuzz/logs/<target>.log. Inputs slower than 10 s are saved there too (slow-unit-*) but are not failures.
 #
 # usage: scripts/fuzz.sh [SECONDS_PER_TARGET | --runs N] [TARGET ...]    (default: 60 seconds each, every target)
 # Replay a reproducer:  build-fuzz/fuzz/fuzz_<target> build-fuzz/crashes/<target>/crash-...
@@ -16,7 +16,7 @@ targets=()
 while (($#)); do
   case "$1" in
     --runs) limit=(-runs="$2"); shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     [0-9]*) limit=(-max_total_time="$1"); shift ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -24,7 +24,8 @@ done
 ((${#targets[@]})) || targets=(safetensors hf_dir config tokenizer tokenizer_dir dataset checkpoint)
 
 CXX_FUZZ=${CXX_FUZZ:-clang++-14}
-command -v "$CXX_FUZZ" >/dev/null || { echo "fuzz: $CXX_FUZZ not found; run scripts/setup.sh (clang-14, libclang-rt-14-dev, libomp-14-dev)" >&2; exit 2; }
+command -v "$CXX_FUZZ" >/dev/null ||
+  { echo "fuzz: $CXX_FUZZ not found; run scripts/setup.sh (clang-14, libclang-rt-14-dev, libomp-14-dev)" >&2; exit 2; }
 # Sanitizer reports name source lines through llvm-symbolizer (package llvm-14, which installs it under this name).
 [[ -z "${ASAN_SYMBOLIZER_PATH:-}" && -x /usr/lib/llvm-14/bin/llvm-symbolizer ]] &&
   export ASAN_SYMBOLIZER_PATH=/usr/lib/llvm-14/bin/llvm-symbolizer
@@ -58,7 +59,7 @@ for target in "${targets[@]}"; do
   status_line=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)
   field() { sed -nE "s/.* $1: ([^ ]+).*/\1/p" <<<"$status_line"; }
   executions=$(sed -nE 's/^stat::number_of_executed_units: ([0-9]+)/\1/p' "$log" | tail -1)
-  reproducer=$(sed -nE 's/.*Test unit written to (.*)$/\1/p' "$log" | tail -1)
+  reproducer=$(sed -nE 's/.*Test unit written to (.*)$/\1/p' "$log" | grep -v '/slow-unit-' | tail -1 || true)
   crashed=0
   if ((rc != 0)) || [[ -n "$reproducer" ]]; then
     crashed=1
@@ -66,6 +67,8 @@ for target in "${targets[@]}"; do
   fi
   printf '%-14s %10s %8s %7s %8s %14s %7s  %s\n' "$target" "${executions:-?}" "$seconds" "$(field cov)" "$(field ft)" \
     "$(field corp)" "$crashed" "${reproducer:-}"
+  slow=$(grep -c 'Test unit written to .*/slow-unit-' "$log" || true)
+  ((slow)) && echo "    $slow input(s) took over 10 s (not a failure): $crashes/slow-unit-*" >&2
   if ((crashed)); then
     grep -E '^(fuzz: |==[0-9]+==ERROR|SUMMARY|.*runtime error)' "$log" | head -5 | sed 's/^/    /' >&2 || true
   fi
