@@ -90,9 +90,9 @@ void write_wordpiece_files(const std::filesystem::path& dir);
 /// <mask>), merges.txt, tokenizer_config.json and config.json into `dir`.
 void write_byte_level_files(const std::filesystem::path& dir);
 
-/// Encodes `text` and a few fixed strings with `tokenizer` (alone, as pairs, with and without special tokens and
-/// truncation), decodes the ids (and ids outside the vocabulary), and looks tokens up; fails the run when an encoding
-/// breaks its promises (one type id, mask entry and offset per id; offsets inside the text).
+/// Encodes `text` with `tokenizer` (alone and as either text of a pair, with and without special tokens and
+/// truncation) and two fixed texts, decodes the ids (and ids outside the vocabulary), and looks tokens up; fails the
+/// run when an encoding breaks its promises (one type id, mask entry and offset per id; offsets inside the text).
 void exercise_tokenizer(data::Tokenizer& tokenizer, std::string_view text);
 
 /// Where touch() sums go.
