@@ -48,20 +48,21 @@ std::string type_name(const std::exception& e) {
 }
 
 const fs::path& scratch_dir() {
-  static const fs::path dir = [] {
+  // Never destroyed: static objects are destroyed before the exit handler below would read one.
+  static const fs::path* const dir = [] {
     const char* chosen = std::getenv("FUSETRAIN_FUZZ_SCRATCH");
     const fs::path base = chosen != nullptr                ? fs::path(chosen)
                           : fs::is_directory("/dev/shm") ? fs::path("/dev/shm")
                                                          : fs::temp_directory_path();
-    fs::path d = base / ("fusetrain-fuzz-" + std::to_string(::getpid()));
-    fs::create_directories(d);
+    const auto* d = new fs::path(base / ("fusetrain-fuzz-" + std::to_string(::getpid())));
+    fs::create_directories(*d);
     std::atexit([] {
       std::error_code ignored;
       fs::remove_all(scratch_dir(), ignored);
     });
     return d;
   }();
-  return dir;
+  return *dir;
 }
 
 std::vector<RoleFile> make_role_dirs(std::initializer_list<std::pair<const char*, const char*>> roles) {
