@@ -27,7 +27,7 @@ constexpr GradRule rule_for() {
 // grad_rule<K> for every differentiable op makes a missing rule a link error.
 constexpr std::array<GradRule, ir::kNumOps> kRules = {{
 #define FT_OP(Name, min_in, max_in, num_out, flags) rule_for<OpKind::Name>(),
-#include "fusetrain/ir/ops.def"
+#include "fusetrain/ops/ops.def"
 #undef FT_OP
 }};
 

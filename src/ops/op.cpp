@@ -1,13 +1,13 @@
-#include "fusetrain/ir/op.h"
+#include "fusetrain/ops/op.h"
 
 #include <array>
 
-namespace fusetrain::ir {
+namespace fusetrain::ops {
 namespace {
 
 constexpr std::array<OpInfo, kNumOps> kOpTable = {{
 #define FT_OP(Name, min_in, max_in, num_out, flags) {OpKind::Name, #Name, min_in, max_in, num_out, flags},
-#include "fusetrain/ir/ops.def"
+#include "fusetrain/ops/ops.def"
 #undef FT_OP
 }};
 
@@ -21,4 +21,4 @@ std::optional<OpKind> parse_op(std::string_view name) {
   return std::nullopt;
 }
 
-}  // namespace fusetrain::ir
+}  // namespace fusetrain::ops

@@ -1,0 +1,134 @@
+"""Bit-level fingerprints of what fusetrain computes: losses, logits and gradients, hashed exactly.
+
+A refactor of the compiler, the kernels or the runtime that claims to change no arithmetic must leave
+every fingerprint as it was. test_fingerprints.py compares against tests/python/fingerprints.json,
+written by a build before the change:
+
+    python tests/python/fingerprint.py --write          # parity cases (every architecture and head)
+    python tests/python/fingerprint.py --workloads bench/.compare-work --out /tmp/w.json   # W1-W3
+
+Each parity case runs in train mode (dropout on, so the counter-based masks are covered) with two threads,
+in fp32 and bf16 (all cases) and in fp16 and bf16 with recompute (the small size): the loss and the sha256
+of every gradient after one step, then the losses of two AdamW steps; eval-mode logits for every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+STORED = HERE / "fingerprints.json"
+THREADS = 2  # results depend on how work is split: fixed, so the fingerprints do not depend on the machine
+MODES = {
+    "fp32": {},
+    "bf16": {"bf16": True},
+    "fp16": {"fp16": True},
+    "bf16_recompute": {"bf16": True, "recompute": True},
+}
+
+
+def digest(arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str(a.dtype).encode() + str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:24]
+
+
+def configure(model, mode: str):
+    model.set_num_threads(THREADS)
+    for key, value in MODES[mode].items():
+        setattr(model, key, value)
+    if mode == "fp16":
+        model.loss_scale = 1024.0
+
+
+def train_fingerprint(fusetrain, model, batches) -> dict:
+    """Loss and gradient digest of one step on batches[0], then the losses of AdamW steps on every batch."""
+    model.train()
+    loss, grads = model.loss_and_grads(**batches[0])
+    out = {"loss": float(loss).hex(), "grads": digest(grads[k] for k in sorted(grads))}
+    optimizer = fusetrain.AdamW(model, lr=1e-3, weight_decay=0.01)
+    losses = []
+    for batch in batches:
+        model.zero_grad()
+        losses.append(float(model.accumulate_grads(**batch)).hex())
+        optimizer.clip_and_step(1.0)
+    out["steps"] = losses
+    return out
+
+
+def case_fingerprints() -> dict:
+    import hf_models as hf
+    import test_parity_models as parity
+
+    fusetrain = hf.fusetrain_module()
+    result = {}
+    for case in parity.CASES + parity.VARIANTS:
+        directory = hf.reference_dir(case)
+        try:
+            probe = fusetrain.Model.from_pretrained(directory)
+        except ValueError as refusal:  # a variant fusetrain refuses (hf_models.Variant.may_refuse)
+            result[f"{case.id}/refused"] = {"error": str(refusal)}
+            continue
+        probe.set_num_threads(THREADS)
+        probe.eval()
+        outputs = probe.forward(**hf.make_batch(case, labels=False))
+        result[f"{case.id}/eval"] = {"logits": digest(np.asarray(outputs[k]) for k in sorted(outputs))}
+        if case.task == "base":
+            continue
+        batches = [hf.make_batch(case, seed=s) for s in range(2)]
+        for mode in MODES:
+            if mode in ("fp16", "bf16_recompute") and case.size != "small":
+                continue
+            model = fusetrain.Model.from_pretrained(directory)
+            configure(model, mode)
+            result[f"{case.id}/{mode}"] = train_fingerprint(fusetrain, model, batches)
+    return result
+
+
+def workload_fingerprints(work: pathlib.Path, steps: int) -> dict:
+    """W1-W3 as bench/compare.py prepares them: `steps` full steps in fp32 and bf16."""
+    sys.path.insert(0, str(HERE.parents[1] / "build" / "python"))
+    import fusetrain
+
+    result = {}
+    for directory in sorted(p for p in work.iterdir() if (p / "batches.npz").exists()):
+        data = np.load(directory / "batches.npz")
+        batches = [{k: data[k][i] for k in data.files} for i in range(steps)]
+        for mode in ("fp32", "bf16"):
+            model = fusetrain.Model.from_pretrained(str(directory))
+            configure(model, mode)
+            result[f"{directory.name}/{mode}"] = train_fingerprint(fusetrain, model, batches)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", help=f"write the parity fingerprints to {STORED.name}")
+    parser.add_argument("--workloads", type=pathlib.Path, help="bench/compare.py's work directory (W1-W3)")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", type=pathlib.Path)
+    args = parser.parse_args()
+    sys.path.insert(0, str(HERE))
+    import conftest  # noqa: F401  (puts the development build on sys.path)
+
+    prints = workload_fingerprints(args.workloads, args.steps) if args.workloads else case_fingerprints()
+    text = json.dumps(prints, indent=1, sort_keys=True) + "\n"
+    target = STORED if args.write else args.out
+    if target:
+        target.write_text(text)
+        print(f"{len(prints)} fingerprints written to {target}")
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""Losses, logits and gradients are bit-identical to the stored fingerprints (fingerprint.py): a change to the
+compiler, passes, kernels or runtime that is meant to keep the arithmetic must not move a single bit. A change that
+means to alter results rewrites fingerprints.json with `python tests/python/fingerprint.py --write` and says why."""
+
+import json
+
+import fingerprint
+
+
+def test_every_case_is_bit_identical_to_the_stored_fingerprints():
+    stored = json.loads(fingerprint.STORED.read_text())
+    computed = fingerprint.case_fingerprints()
+    assert sorted(computed) == sorted(stored), (
+        f"cases differ: new {sorted(set(computed) - set(stored))}, gone {sorted(set(stored) - set(computed))}")
+    changed = [f"{key}: stored {stored[key]}, computed {computed[key]}" for key in sorted(stored)
+               if stored[key] != computed[key]]
+    assert not changed, f"{len(changed)} of {len(stored)} fingerprints changed:\n  " + "\n  ".join(changed)
