@@ -55,7 +55,7 @@ ValueId GradContext::sum_to(ValueId grad, const Shape& shape) {
 }
 
 Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<ValueId>& params, ValueId seed) {
-  const ir::Value loss_value = graph.value(loss);  // a copy: adding nodes moves value storage
+  const ir::Value& loss_value = graph.value(loss);
   FT_CHECK(loss_value.shape.numel() == 1 && is_floating(loss_value.dtype), "build_backward: the loss ",
            graph.describe(loss), " must be a floating-point scalar, found shape ", loss_value.shape.to_string());
   for (ValueId p : params)
@@ -84,6 +84,13 @@ Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<Value
   }
   auto on_path = [&](ValueId v) { return from_param[static_cast<size_t>(v)] && to_loss[static_cast<size_t>(v)]; };
 
+  // Every node emitted from here on is backward; the graph's phase is restored however this returns.
+  struct PhaseScope {
+    ir::Graph& g;
+    ir::Phase saved;
+    ~PhaseScope() { g.set_phase(saved); }
+  } scope{graph, graph.phase()};
+  graph.set_phase(ir::Phase::Backward);
   ir::GraphBuilder b(graph);
   std::vector<std::vector<ValueId>> contributions(num_values);
   Gradients result;
@@ -97,7 +104,7 @@ Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<Value
   contributions[static_cast<size_t>(loss)].push_back(result.seed);
 
   for (NodeId id = num_forward_nodes - 1; id >= 0; --id) {
-    const ir::Node node = graph.node(id);  // copy: the rule appends nodes
+    const ir::Node& node = graph.node(id);
     std::vector<bool> needs(node.inputs.size());
     bool any_input = false;
     for (size_t i = 0; i < node.inputs.size(); ++i) {
@@ -138,8 +145,8 @@ Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<Value
     ValueId grad = sum_contributions(b, contributions[static_cast<size_t>(p)]);
     if (grad != kNone) {
       const ir::Value& gv = graph.value(grad);
-      bool shared = gv.producer == kNone || gv.producer < num_forward_nodes || taken[static_cast<size_t>(grad)] ||
-                    graph.is_output(grad);
+      bool shared = gv.producer == kNone || graph.node(gv.producer).phase == ir::Phase::Forward ||
+                    taken[static_cast<size_t>(grad)] || graph.is_output(grad);
       if (!shared)
         for (const ir::Node& n : graph.nodes())
           for (ValueId v : n.inputs) shared = shared || v == grad;
@@ -147,6 +154,7 @@ Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<Value
       if (static_cast<size_t>(grad) >= taken.size()) taken.resize(static_cast<size_t>(grad) + 1, false);
       taken[static_cast<size_t>(grad)] = true;
       graph.value(grad).name = "grad:" + graph.value(p).name;
+      graph.value(grad).gradient_of = p;
       graph.mark_output(grad);
     }
     result.grads.push_back(grad);

@@ -452,6 +452,7 @@ int run_inspect(Options& o) {
   model->set_bf16(o.args.bf16);
   model->set_fp16(o.args.fp16);
   model->set_recompute(o.args.gradient_checkpointing || o.args.fusetrain_recompute);
+  model->set_count_unfused_ops(true);
   model->loss_and_grads(batch, true);
   const runtime::Plan& plan = *model->last_plan();
   const models::PassLog& log = *model->last_pass_log();

@@ -40,6 +40,7 @@ std::vector<ValueId> Graph::add_node(OpKind op, std::vector<ValueId> inputs, Att
   n.inputs = std::move(inputs);
   n.attrs = std::move(attrs);
   n.name = name.empty() ? str(op_name(op), "_", n.id) : std::move(name);
+  n.phase = phase_;
   for (size_t i = 0; i < outs.size(); ++i) {
     ValueId v =
         new_value(outs.size() == 1 ? n.name : str(n.name, ":", i), outs[i].shape, outs[i].dtype, ValueKind::Activation);
@@ -64,6 +65,91 @@ ValueId Graph::add_node_output(NodeId node, Shape shape, DType dtype) {
   values_[static_cast<size_t>(v)].output_index = static_cast<int>(n.outputs.size());
   n.outputs.push_back(v);
   return v;
+}
+
+void Graph::replace_all_uses(ValueId from, ValueId to, NodeId except) {
+  const Value& a = value(from);
+  const Value& b = value(to);
+  FT_CHECK(a.shape == b.shape && a.dtype == b.dtype, "replace_all_uses: ", describe(from), " and ", describe(to),
+           " differ in shape or dtype");
+  for (Node& n : nodes_)
+    if (n.id != except)
+      for (ValueId& in : n.inputs)
+        if (in == from) in = to;
+  for (ValueId& out : outputs_)
+    if (out == from) out = to;
+}
+
+int Graph::replace_uses_if(ValueId from, ValueId to, const std::function<bool(const Node&)>& which) {
+  FT_CHECK(value(from).shape == value(to).shape && value(from).dtype == value(to).dtype, "replace_uses_if: ",
+           describe(from), " and ", describe(to), " differ in shape or dtype");
+  int changed = 0;
+  for (Node& n : nodes_) {
+    if (is_removed(n.id) || !which(n)) continue;
+    for (ValueId& in : n.inputs)
+      if (in == from) {
+        in = to;
+        ++changed;
+      }
+  }
+  return changed;
+}
+
+std::vector<ValueId> Graph::insert_before(NodeId anchor, OpKind op, std::vector<ValueId> inputs, Attrs attrs,
+                                          std::string name) {
+  const Phase saved = phase_;
+  phase_ = node(anchor).phase;
+  std::vector<ValueId> outs = add_node(op, std::move(inputs), std::move(attrs), std::move(name));
+  phase_ = saved;
+  inserted_before_.emplace(anchor, static_cast<NodeId>(nodes_.size() - 1));
+  return outs;
+}
+
+void Graph::set_op(NodeId id, OpKind op, std::vector<ValueId> inputs, Attrs attrs) {
+  Node& n = node(id);
+  std::vector<TypedShape> outs = infer_outputs(*this, op, inputs, attrs, n.name);
+  FT_CHECK(outs.size() >= n.outputs.size(), "set_op: node ", n.name, " has ", n.outputs.size(), " outputs but ",
+           op_name(op), " gives ", outs.size());
+  for (size_t k = 0; k < n.outputs.size(); ++k) {
+    const Value& v = values_[static_cast<size_t>(n.outputs[k])];
+    FT_CHECK(v.shape == outs[k].shape && v.dtype == outs[k].dtype, "set_op: node ", n.name, " as ", op_name(op),
+             " would turn output ", describe(n.outputs[k]), " into ", dtype_name(outs[k].dtype),
+             outs[k].shape.to_string());
+  }
+  n.op = op;
+  n.inputs = std::move(inputs);
+  n.attrs = std::move(attrs);
+  for (size_t k = n.outputs.size(); k < outs.size(); ++k) add_node_output(id, outs[k].shape, outs[k].dtype);
+}
+
+void Graph::remove_node(NodeId id) {
+  node(id);  // checks the id
+  if (removed_.size() < nodes_.size()) removed_.resize(nodes_.size(), false);
+  if (!removed_[static_cast<size_t>(id)]) ++removed_count_;
+  removed_[static_cast<size_t>(id)] = true;
+}
+
+int64_t Graph::commit() {
+  if (!has_pending_edits()) return 0;
+  std::vector<NodeId> order;
+  order.reserve(nodes_.size());
+  std::vector<bool> placed(nodes_.size(), false);
+  for (const auto& [anchor, inserted] : inserted_before_) placed[static_cast<size_t>(inserted)] = true;
+  // Nodes inserted before an inserted node run with it; chains resolve recursively.
+  std::function<void(NodeId)> emit = [&](NodeId id) {
+    auto [lo, hi] = inserted_before_.equal_range(id);
+    for (auto it = lo; it != hi; ++it) emit(it->second);
+    if (!is_removed(id)) order.push_back(id);
+  };
+  for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id)
+    if (!placed[static_cast<size_t>(id)]) emit(id);
+  const int64_t removed = removed_count_;
+  inserted_before_.clear();
+  removed_.clear();
+  removed_count_ = 0;
+  reorder_nodes(order);
+  verify();
+  return removed;
 }
 
 void Graph::mark_output(ValueId v) {
@@ -122,6 +208,7 @@ std::vector<std::vector<NodeId>> Graph::consumers() const {
 }
 
 void Graph::verify() const {
+  FT_CHECK(!has_pending_edits(), "verify: the graph has insertions or removals not yet applied (call commit())");
   std::vector<NodeId> producer(values_.size(), kNone);
   std::vector<bool> defined(values_.size(), false);
   for (const Value& v : values_) {
@@ -192,8 +279,7 @@ std::string Graph::dump() const {
 }
 
 void Graph::reorder_nodes(const std::vector<NodeId>& order) {
-  std::vector<Node> nodes;
-  nodes.reserve(order.size());
+  std::deque<Node> nodes;
   for (NodeId id : order) nodes.push_back(std::move(nodes_[static_cast<size_t>(id)]));
   for (Value& v : values_)
     if (v.kind == ValueKind::Activation) v.producer = kNone;

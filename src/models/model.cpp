@@ -8,12 +8,9 @@
 #include <random>
 #include <set>
 
-#include "fusetrain/autodiff/backward.h"
 #include "fusetrain/core/error.h"
 #include "fusetrain/core/half.h"
 #include "fusetrain/io/hf_dir.h"
-#include "fusetrain/passes/fusion.h"
-#include "fusetrain/passes/recompute.h"
 #include "models/family.h"
 
 namespace fusetrain::models {
@@ -115,15 +112,6 @@ std::vector<std::string> supported_architectures() {
   for (const ArchitectureInfo& a : kArchitectures) names.push_back(a.name);
   return names;
 }
-
-// A compiled plan for one batch spec, with where its outputs live.
-struct Model::Entry {
-  BatchSpec spec;
-  bool with_backward = false;
-  BuiltGraph built;
-  std::unique_ptr<runtime::Plan> plan;
-  PassLog passes;
-};
 
 Model::~Model() = default;
 
@@ -323,22 +311,9 @@ void Model::save_pretrained(const std::string& dir) const {
   io::write_hf_dir(dir, config, tensors);
 }
 
-namespace {
-
-// fp16 training plans: the scalar backward starts from (the loss scale).
-constexpr const char* kLossScaleInput = "loss_scale";
-
-std::map<std::string, int> op_counts(const ir::Graph& g) {
-  std::map<std::string, int> counts;
-  for (const ir::Node& n : g.nodes()) ++counts[ir::op_name(n.op)];
-  return counts;
-}
-
-}  // namespace
-
 BuiltGraph Model::build(const BatchSpec& spec) const { return family_for(architecture_, config_)->build(spec); }
 
-Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backward) {
+BatchSpec Model::spec_for(const Batch& batch, bool training, bool with_backward) const {
   BatchSpec spec;
   spec.batch = batch.input_ids.shape()[0];
   spec.seq = batch.input_ids.shape()[1];
@@ -355,109 +330,35 @@ Model::Entry& Model::plan_for(const Batch& batch, bool training, bool with_backw
     else
       spec.labels = batch.labels.shape().rank() == 2 ? LabelKind::TokenIds : LabelKind::ClassIds;
   }
-  for (const std::unique_ptr<Entry>& e : plans_)
-    if (e->spec == spec && e->with_backward == with_backward) return *e;
-  auto entry = std::make_unique<Entry>();
-  entry->spec = spec;
-  entry->with_backward = with_backward;
-  entry->built = build(spec);
-  ir::Graph& g = entry->built.graph;
-  // Training plans return only the loss: unpinned, the vocabulary-sized logits of a language-model head can be
-  // overwritten by their own gradient.
-  for (ir::ValueId v : {entry->built.logits, entry->built.end_logits, entry->built.loss})
-    if (v != ir::kNone && (!with_backward || v == entry->built.loss)) g.mark_output(v);
-  FT_CHECK(!with_backward || entry->built.loss != ir::kNone, architecture_,
-           ": gradients need labels (no loss without them)");
-  {  // op counts of the graph as built, for reports
-    ir::Graph plain = g;
-    if (with_backward) autodiff::build_backward(plain, entry->built.loss, plain.params());
-    entry->passes.ops_before = op_counts(plain);
-  }
-  if (spec.fusions) {
-    passes::FusionReport f = passes::fold_attention_transposes(g);
-    if (f.fused > 0)
-      entry->passes.applied.push_back(str("fold_attention_transposes: ", f.fused,
-                                          " attentions read and write (B, T, H, D), ", f.nodes_removed,
-                                          " transposes removed (and their gradients' transposes)"));
-    // Decomposed LayerNorm and GELU first, so the passes after them see the fused ops.
-    passes::FusionReport dl = passes::fuse_decomposed_layernorm(g);
-    if (dl.fused > 0)
-      entry->passes.applied.push_back(str("fuse_decomposed_layernorm: ", dl.fused, " written-out LayerNorms"));
-    passes::FusionReport eg = passes::fuse_erf_gelu(g);
-    if (eg.fused > 0) entry->passes.applied.push_back(str("fuse_erf_gelu: ", eg.fused, " written-out erf GELUs"));
-    passes::FusionReport pr = passes::prune_sliced_rows(g);
-    if (pr.fused > 0) {
-      entry->passes.applied.push_back(
-          str("prune_sliced_rows: ", pr.fused, " ops compute only the rows a later Slice keeps"));
-      // The last layer's full output may be gone: checkpointing then keeps the boundaries still computed.
-      std::vector<ir::ValueId>& boundaries = entry->built.layer_boundaries;
-      std::erase_if(boundaries, [&](ir::ValueId v) {
-        return g.value(v).kind == ir::ValueKind::Activation && g.value(v).producer == ir::kNone;
-      });
-    }
-    passes::FusionReport d = passes::fuse_dropout_add(g);
-    if (d.fused > 0)
-      entry->passes.applied.push_back(str("fuse_dropout_add: ", d.fused, " dropout + residual adds in one pass"));
-    passes::FusionReport al = passes::fuse_add_layernorm(g);
-    if (al.fused > 0)
-      entry->passes.applied.push_back(
-          str("fuse_add_layernorm: ", al.fused, " residual adds formed and normalised in one pass"));
-    passes::FusionReport lg = passes::fuse_linear_gelu(g);
-    if (lg.fused > 0)
-      entry->passes.applied.push_back(
-          str("fuse_linear_gelu: ", lg.fused, " bias + GELU applied by the Linear's GEMM epilogue"));
-  }
-  if (with_backward) {
-    if (spec.fusions && !spec.fp16) {  // fp16 must scale d(logits) before rounding it: not fused
-      passes::FusionReport ce = passes::fuse_linear_cross_entropy(g);
-      if (ce.fused > 0)
-        entry->passes.applied.push_back(str("fuse_linear_cross_entropy: ", ce.fused,
-                                            " output projections + losses in row chunks; logits never stored"));
-    }
-    size_t backward_begin = g.nodes().size();  // passes that drop forward nodes move it
-    ir::ValueId seed = spec.fp16 ? g.add_input(kLossScaleInput, Shape{}, DType::f32) : ir::kNone;
-    autodiff::build_backward(g, entry->built.loss, g.params(), seed);
-    if (spec.fusions) {
-      passes::MergeCastsReport m = passes::merge_duplicate_casts(g, backward_begin);
-      backward_begin -= static_cast<size_t>(m.casts);  // each merged cast was a forward node, now removed
-      if (m.casts > 0)
-        entry->passes.applied.push_back(str("merge_duplicate_casts: ", m.casts, " repeated casts (",
-                                            m.bytes_saved / (size_t{1} << 20), " MiB) merged into the first"));
-    }
-    if (spec.recompute) {
-      passes::RecomputeReport r = passes::recompute_segments(g, entry->built.layer_boundaries, backward_begin);
-      entry->passes.applied.push_back(str("recompute: ", r.segments, " layers, ", r.nodes_cloned,
-                                          " forward nodes cloned into backward, ", r.values_freed,
-                                          " saved activations freed after forward"));
-    }
-    if (spec.fusions) {
-      passes::GeluRecomputeReport r = passes::recompute_gelu_outputs(g, backward_begin);
-      if (r.gelus > 0)
-        entry->passes.applied.push_back(str("recompute_gelu_outputs: ", r.gelus, " GELU outputs (",
-                                            r.bytes_freed / (size_t{1} << 20),
-                                            " MiB) computed again in backward from the input it keeps"));
-      passes::RecastReport c = passes::recast_weights_for_backward(g, backward_begin);
-      if (c.casts > 0)
-        entry->passes.applied.push_back(str("recast_weights_for_backward: ", c.casts, " low-precision weight copies (",
-                                            c.bytes_freed / (size_t{1} << 20),
-                                            " MiB) cast again in backward instead of kept"));
-    }
-  }
-  if (spec.fusions) {
-    passes::OutputCastsReport oc = passes::fold_output_casts(g);
-    if (oc.casts > 0)
-      entry->passes.applied.push_back(str("fold_output_casts: ", oc.casts, " GELUs write bf16 themselves (",
-                                          oc.bytes_saved / (size_t{1} << 20), " MiB of f32 results not written)"));
-  }
-  entry->passes.ops_after = op_counts(g);
-  runtime::PlanOptions options;
-  options.num_threads = num_threads_;
-  entry->plan = runtime::Plan::compile(g, *params_, options);
+  return spec;
+}
+
+compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
+  // Everything that decides the graph or how it is compiled.
+  const compile::ProgramCache::Key key{spec.batch,  spec.seq,       spec.training,      spec.bf16,
+                                       spec.fp16,   spec.recompute, spec.fusions,       static_cast<int64_t>(spec.labels),
+                                       with_backward, count_unfused_ops_};
+  if (compile::Program* program = programs_.find(key)) return *program;
+  BuiltGraph built = build(spec);
+  FT_CHECK(!with_backward || built.loss != ir::kNone, architecture_, ": gradients need labels (no loss without them)");
+  compile::GraphRoles roles;
+  roles.loss = built.loss;
+  for (ir::ValueId v : {built.logits, built.end_logits})
+    if (v != ir::kNone) roles.outputs.push_back(v);
+  roles.layer_boundaries = built.layer_boundaries;
+  compile::CompileOptions options;
+  options.backward = with_backward;
+  options.fusions = spec.fusions;
+  options.loss_scale_input = spec.fp16 && with_backward;
+  options.recompute = spec.recompute;
+  options.count_unfused_ops = count_unfused_ops_;
+  options.plan.num_threads = num_threads_;
+  compile::Program& program =
+      programs_.insert(key, compile::compile(std::move(built.graph), std::move(roles), *params_, options));
   // Defaults for inputs the caller may leave out: all-ones mask, zero token types.
-  Tensor mask = entry->plan->input(InputNames::attention_mask);
+  Tensor mask = program.plan->input(InputNames::attention_mask);
   std::fill(mask.data_as<int64_t>(), mask.data_as<int64_t>() + mask.numel(), int64_t{1});
-  plans_.push_back(std::move(entry));
-  return *plans_.back();
+  return program;
 }
 
 namespace {
@@ -480,8 +381,10 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
   std::unique_ptr<Family> family = family_for(architecture_, config_);
   FT_CHECK(T <= family->max_positions(), "sequence length ", T, " exceeds the model's maximum of ",
            family->max_positions(), " positions");
-  Entry& e = plan_for(batch, training, with_backward);
-  runtime::Plan& plan = *e.plan;
+  const BatchSpec spec = spec_for(batch, training, with_backward);
+  compile::Program& program = plan_for(spec, with_backward);
+  runtime::Plan& plan = *program.plan;
+  const ir::ValueId logits = program.roles.outputs.empty() ? ir::kNone : program.roles.outputs[0];
   const int64_t* id_data = ids.data_as<int64_t>();
   plan.bind_input(InputNames::input_ids, ids.data());
 
@@ -520,13 +423,13 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
 
   // Integer labels must name a class of the logits (or be -100, ignored).
   auto check_classes = [&](const Tensor& labels) {
-    const int64_t classes = e.built.graph.value(e.built.logits).shape[-1];
+    const int64_t classes = plan.graph().value(logits).shape[-1];
     const int64_t* l = labels.data_as<int64_t>();
     for (int64_t i = 0; i < labels.numel(); ++i)
       FT_CHECK(l[i] == -100 || (l[i] >= 0 && l[i] < classes), "labels: value ", l[i], " at position ", i,
                " is outside [0, ", classes, ") (the model has ", classes, " classes; -100 marks ignored positions)");
   };
-  switch (e.spec.labels) {
+  switch (spec.labels) {
     case LabelKind::None:
       break;
     case LabelKind::TokenIds: {
@@ -571,18 +474,19 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     }
   }
 
-  if (e.spec.fp16 && with_backward) *plan.input(kLossScaleInput).data_as<float>() = static_cast<float>(loss_scale_);
+  if (spec.fp16 && with_backward)
+    *plan.input(compile::kLossScaleInput).data_as<float>() = static_cast<float>(loss_scale_);
   if (zero_grads) params_->zero_grads();
   if (training) plan.set_step((dropout_seed_ << 32) + rng_step_++);
   plan.run();
   last_plan_ = &plan;
-  last_pass_log_ = &e.passes;
+  last_pass_log_ = &program.log;
   ModelOutput out;
   if (!with_backward) {
-    out.logits = plan.output(e.built.logits);
-    if (e.built.end_logits != ir::kNone) out.end_logits = plan.output(e.built.end_logits);
+    out.logits = plan.output(logits);
+    if (program.roles.outputs.size() > 1) out.end_logits = plan.output(program.roles.outputs[1]);
   }
-  if (e.built.loss != ir::kNone) out.loss = plan.output(e.built.loss).item();
+  if (program.roles.loss != ir::kNone) out.loss = plan.output(program.roles.loss).item();
   return out;
 }
 

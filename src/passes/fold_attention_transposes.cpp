@@ -2,7 +2,6 @@
 #include <algorithm>
 
 #include "fusetrain/passes/fusion.h"
-#include "passes/remove_nodes.h"
 
 namespace fusetrain::passes {
 
@@ -27,7 +26,6 @@ const ir::Node* heads_transpose(const ir::Graph& g, ValueId v) {
 FusionReport fold_attention_transposes(ir::Graph& g) {
   FusionReport report;
   std::vector<std::vector<NodeId>> consumers = g.consumers();
-  std::vector<bool> dead(g.nodes().size(), false);
   for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id) {
     ir::Node& n = g.node(id);
     if (n.op != OpKind::Attention || n.attrs.get_int("seq_major", 0) != 0) continue;
@@ -44,19 +42,16 @@ FusionReport fold_attention_transposes(ir::Graph& g) {
     for (int i = 0; i < 3; ++i) n.inputs[static_cast<size_t>(i)] = in[i]->inputs[0];
     n.attrs.set("seq_major", int64_t{1});
     g.value(out).shape = g.value(back.outputs[0]).shape;
-    const ValueId transposed = back.outputs[0];
-    for (NodeId reader : consumers[static_cast<size_t>(transposed)])
-      for (ValueId& v : g.node(reader).inputs)
-        if (v == transposed) v = out;
-    dead[static_cast<size_t>(back.id)] = true;
+    g.replace_all_uses(back.outputs[0], out);
+    g.remove_node(back.id);
     for (const ir::Node* t : in) {
       std::vector<NodeId>& r = consumers[static_cast<size_t>(t->outputs[0])];
       r.erase(std::find(r.begin(), r.end(), id));
-      if (r.empty() && !g.is_output(t->outputs[0])) dead[static_cast<size_t>(t->id)] = true;
+      if (r.empty() && !g.is_output(t->outputs[0])) g.remove_node(t->id);
     }
     report.fused += 1;
   }
-  if (report.fused > 0) report.nodes_removed = remove_nodes(g, dead);
+  report.nodes_removed = g.commit();
   return report;
 }
 

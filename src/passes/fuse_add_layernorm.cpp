@@ -1,6 +1,5 @@
 // Residual add + LayerNorm into AddLayerNorm (see fusion.h).
 #include "fusetrain/passes/fusion.h"
-#include "passes/remove_nodes.h"
 
 namespace fusetrain::passes {
 
@@ -12,7 +11,6 @@ using ir::ValueId;
 FusionReport fuse_add_layernorm(ir::Graph& g) {
   FusionReport report;
   const std::vector<std::vector<NodeId>> consumers = g.consumers();
-  std::vector<bool> dead(g.nodes().size(), false);
   for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id) {
     ir::Node& ln = g.node(id);
     if (ln.op != OpKind::LayerNorm) continue;
@@ -41,10 +39,10 @@ FusionReport fuse_add_layernorm(ir::Graph& g) {
     ln.outputs.insert(ln.outputs.begin(), sum);  // output 0, so it may take over x's memory
     g.value(sum).producer = ln.id;
     for (size_t k = 0; k < ln.outputs.size(); ++k) g.value(ln.outputs[k]).output_index = static_cast<int>(k);
-    dead[static_cast<size_t>(add.id)] = true;
+    g.remove_node(add.id);
     report.fused += 1;
   }
-  if (report.fused > 0) report.nodes_removed = remove_nodes(g, dead);
+  report.nodes_removed = g.commit();
   return report;
 }
 

@@ -4,7 +4,6 @@
 #include <optional>
 
 #include "fusetrain/passes/fusion.h"
-#include "passes/remove_nodes.h"
 
 namespace fusetrain::passes {
 namespace {
@@ -17,10 +16,9 @@ using ir::ValueId;
 // Pattern matching over one graph: who reads what, and which nodes a rewrite has consumed.
 class Matcher {
  public:
-  explicit Matcher(ir::Graph& g) : g(g), dead(g.nodes().size(), false), consumers_(g.consumers()) {}
+  explicit Matcher(ir::Graph& g) : g(g), consumers_(g.consumers()) {}
 
   ir::Graph& g;
-  std::vector<bool> dead;
 
   // The live node producing v when its op is `op` and v is an intermediate (read by exactly
   // one node, not a graph output); null otherwise.
@@ -31,7 +29,7 @@ class Matcher {
 
   const ir::Node* producer(ValueId v, OpKind op) const {
     const ir::Value& value = g.value(v);
-    if (value.producer == kNone || dead[static_cast<size_t>(value.producer)]) return nullptr;
+    if (value.producer == kNone || g.is_removed(value.producer)) return nullptr;
     const ir::Node& n = g.node(value.producer);
     return n.op == op ? &n : nullptr;
   }
@@ -40,7 +38,7 @@ class Matcher {
   const ir::Node* only_reader(ValueId v) const {
     if (!single_reader(v)) return nullptr;
     const ir::Node& n = g.node(consumers_[static_cast<size_t>(v)][0]);
-    return dead[static_cast<size_t>(n.id)] ? nullptr : &n;
+    return g.is_removed(n.id) ? nullptr : &n;
   }
 
   const std::vector<NodeId>& readers(ValueId v) const { return consumers_[static_cast<size_t>(v)]; }
@@ -81,7 +79,7 @@ class Matcher {
   }
 
   void kill(std::initializer_list<const ir::Node*> nodes) {
-    for (const ir::Node* n : nodes) dead[static_cast<size_t>(n->id)] = true;
+    for (const ir::Node* n : nodes) g.remove_node(n->id);
   }
 
  private:
@@ -140,13 +138,7 @@ bool rewrite_layernorm(Matcher& m, const ir::Node& sqrt_node) {
 
   const NodeId at = shift->id;
   m.kill({mean, sub, square, var_mean, eps_add, &sqrt_node, div, scale});
-  ir::Node& ln = g.node(at);
-  ln.op = OpKind::LayerNorm;
-  ln.inputs = {x, gamma, beta};
-  ln.attrs = ir::Attrs{{"eps", eps}};
-  const Shape rows(std::vector<int64_t>(xv.shape.dims().begin(), xv.shape.dims().end() - 1));
-  g.add_node_output(at, rows, DType::f32);  // mean
-  g.add_node_output(at, rows, DType::f32);  // rstd
+  g.set_op(at, OpKind::LayerNorm, {x, gamma, beta}, ir::Attrs{{"eps", eps}});  // adds mean and rstd
   return true;
 }
 
@@ -191,10 +183,7 @@ bool rewrite_erf_gelu(Matcher& m, const ir::Node& erf_node) {
   m.kill({scaling, &erf_node, plus_one});
   if (root != first) m.kill({first});
   if (half_mul) m.kill({half_mul});
-  ir::Node& gelu = g.node(at);
-  gelu.op = OpKind::Gelu;
-  gelu.inputs = {x};
-  gelu.attrs = ir::Attrs{{"approximate", std::string("none")}};
+  g.set_op(at, OpKind::Gelu, {x}, ir::Attrs{{"approximate", std::string("none")}});
   return true;
 }
 
@@ -203,8 +192,8 @@ FusionReport rewrite_all(ir::Graph& g, OpKind anchor, Rewrite rewrite) {
   FusionReport report;
   Matcher m(g);
   for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id)
-    if (g.node(id).op == anchor && !m.dead[static_cast<size_t>(id)] && rewrite(m, g.node(id))) report.fused += 1;
-  if (report.fused > 0) report.nodes_removed = remove_nodes(g, m.dead);
+    if (g.node(id).op == anchor && !g.is_removed(id) && rewrite(m, g.node(id))) report.fused += 1;
+  report.nodes_removed = g.commit();
   return report;
 }
 

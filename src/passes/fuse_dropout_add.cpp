@@ -1,6 +1,5 @@
 // Dropout + residual add into DropoutAdd (see fusion.h).
 #include "fusetrain/passes/fusion.h"
-#include "passes/remove_nodes.h"
 
 namespace fusetrain::passes {
 
@@ -12,19 +11,18 @@ using ir::ValueId;
 FusionReport fuse_dropout_add(ir::Graph& g) {
   FusionReport report;
   const std::vector<std::vector<NodeId>> consumers = g.consumers();
-  std::vector<bool> dead(g.nodes().size(), false);
   // A Dropout output read only by `add`, f32 and of the add's own shape (no broadcasting).
   auto fusable_dropout = [&](ValueId v, const ir::Node& add) -> const ir::Node* {
     const ir::Value& value = g.value(v);
     if (value.producer == kNone || g.is_output(v) || value.dtype != DType::f32) return nullptr;
     const ir::Node& d = g.node(value.producer);
-    if (d.op != OpKind::Dropout || dead[static_cast<size_t>(d.id)]) return nullptr;
+    if (d.op != OpKind::Dropout || g.is_removed(d.id)) return nullptr;
     const std::vector<NodeId>& readers = consumers[static_cast<size_t>(v)];
     if (readers.size() != 1 || readers[0] != add.id) return nullptr;
     return value.shape == g.value(add.outputs[0]).shape ? &d : nullptr;
   };
   for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id) {
-    ir::Node& add = g.node(id);
+    const ir::Node& add = g.node(id);
     if (add.op != OpKind::Add || add.inputs[0] == add.inputs[1]) continue;
     for (int side = 0; side < 2; ++side) {
       const ir::Node* dropout = fusable_dropout(add.inputs[static_cast<size_t>(side)], add);
@@ -32,15 +30,13 @@ FusionReport fuse_dropout_add(ir::Graph& g) {
       if (!dropout || g.value(residual).shape != g.value(add.outputs[0]).shape ||
           g.value(residual).dtype != DType::f32)
         continue;
-      add.op = OpKind::DropoutAdd;
-      add.inputs = {dropout->inputs[0], residual};
-      add.attrs = dropout->attrs;
-      dead[static_cast<size_t>(dropout->id)] = true;
+      g.set_op(id, OpKind::DropoutAdd, {dropout->inputs[0], residual}, dropout->attrs);
+      g.remove_node(dropout->id);
       report.fused += 1;
       break;
     }
   }
-  if (report.fused > 0) report.nodes_removed = remove_nodes(g, dead);
+  report.nodes_removed = g.commit();
   return report;
 }
 

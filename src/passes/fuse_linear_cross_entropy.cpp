@@ -1,6 +1,5 @@
 // Language-model head + loss: LinearCrossEntropy (see fusion.h).
 #include "fusetrain/passes/fusion.h"
-#include "passes/remove_nodes.h"
 
 namespace fusetrain::passes {
 
@@ -13,7 +12,6 @@ FusionReport fuse_linear_cross_entropy(ir::Graph& g, int64_t chunk_rows) {
   FusionReport report;
   const std::vector<std::vector<NodeId>> consumers = g.consumers();
   auto unread = [&](ValueId v) { return !g.is_output(v) && consumers[static_cast<size_t>(v)].empty(); };
-  std::vector<bool> dead(g.nodes().size(), false);
   for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id) {
     ir::Node& loss = g.node(id);
     if (loss.op != OpKind::SoftmaxCrossEntropy) continue;
@@ -37,10 +35,10 @@ FusionReport fuse_linear_cross_entropy(ir::Graph& g, int64_t chunk_rows) {
     const Shape w_shape = g.value(w).shape;
     g.add_node_output(id, w_shape, DType::f32);
     g.add_node_output(id, Shape{w_shape[0]}, DType::f32);
-    dead[static_cast<size_t>(linear.id)] = true;
+    g.remove_node(linear.id);
     report.fused += 1;
   }
-  if (report.fused > 0) report.nodes_removed = remove_nodes(g, dead);
+  report.nodes_removed = g.commit();
   return report;
 }
 

@@ -1,6 +1,5 @@
 // Bias + GELU into the Linear's GEMM epilogue: LinearGelu (see fusion.h).
 #include "fusetrain/passes/fusion.h"
-#include "passes/remove_nodes.h"
 
 namespace fusetrain::passes {
 
@@ -12,7 +11,6 @@ using ir::ValueId;
 FusionReport fuse_linear_gelu(ir::Graph& g) {
   FusionReport report;
   const std::vector<std::vector<NodeId>> consumers = g.consumers();
-  std::vector<bool> dead(g.nodes().size(), false);
   // The producer of v when v is read by nothing but one node and is not a graph output.
   auto sole_producer = [&](ValueId v) -> const ir::Node* {
     const ir::Value& value = g.value(v);
@@ -37,15 +35,15 @@ FusionReport fuse_linear_gelu(ir::Graph& g) {
     gelu.attrs = {{"approximate", gelu.attrs.get_string("approximate", "none")}};
     if (cast) {
       gelu.attrs.set("z_dtype", std::string("bf16"));
-      dead[static_cast<size_t>(cast->id)] = true;
+      g.remove_node(cast->id);
     }
     gelu.outputs.push_back(z);
     g.value(z).producer = gelu.id;
     g.value(z).output_index = 1;
-    dead[static_cast<size_t>(linear->id)] = true;
+    g.remove_node(linear->id);
     report.fused += 1;
   }
-  if (report.fused > 0) report.nodes_removed = remove_nodes(g, dead);
+  report.nodes_removed = g.commit();
   return report;
 }
 

@@ -10,7 +10,6 @@
 #include <optional>
 
 #include "fusetrain/passes/fusion.h"
-#include "passes/remove_nodes.h"
 
 namespace fusetrain::passes {
 namespace {
@@ -143,36 +142,20 @@ bool push_one(ir::Graph& g, FusionReport& report) {
     if (!w) continue;
 
     // Rebuild the producer on sliced inputs, placed where the first reader was.
-    const NodeId original_nodes = static_cast<NodeId>(g.nodes().size());
     const NodeId first_reader = *std::min_element(readers.begin(), readers.end());
-    const NodeId producer_id = producer.id;
     std::vector<ValueId> inputs = producer.inputs;
     for (size_t i = 0; i < inputs.size(); ++i)
       if (w->inputs[i])
-        inputs[i] = g.add(OpKind::Slice, {inputs[i]},
-                          {{"axis", w->inputs[i]->axis}, {"start", w->inputs[i]->start}, {"end", w->inputs[i]->end}});
-    const OpKind op = g.node(producer_id).op;
-    const std::string name = g.node(producer_id).name;
-    const ValueId rows = g.add_node(op, inputs, w->attrs, name)[out_index];
-
-    std::vector<bool> dead(static_cast<size_t>(original_nodes), false);
-    dead[static_cast<size_t>(producer_id)] = true;
+        inputs[i] = g.insert_before(
+            first_reader, OpKind::Slice, {inputs[i]},
+            {{"axis", w->inputs[i]->axis}, {"start", w->inputs[i]->start}, {"end", w->inputs[i]->end}})[0];
+    const ValueId rows = g.insert_before(first_reader, producer.op, inputs, w->attrs, producer.name)[out_index];
+    g.remove_node(producer.id);
     for (NodeId reader : readers) {
-      dead[static_cast<size_t>(reader)] = true;
-      const ValueId sliced = g.node(reader).outputs[0];
-      for (NodeId user : consumers[static_cast<size_t>(sliced)])
-        for (ValueId& in : g.node(user).inputs)
-          if (in == sliced) in = rows;
+      g.remove_node(reader);
+      g.replace_all_uses(g.node(reader).outputs[0], rows);
     }
-    std::vector<NodeId> order;
-    for (NodeId n = 0; n < original_nodes; ++n) {
-      if (n == first_reader)
-        for (NodeId added = original_nodes; added < static_cast<NodeId>(g.nodes().size()); ++added)
-          order.push_back(added);
-      if (!dead[static_cast<size_t>(n)]) order.push_back(n);
-    }
-    g.reorder_nodes(order);
-    g.verify();
+    g.commit();
     report.fused += 1;
     return true;
   }
@@ -182,20 +165,18 @@ bool push_one(ir::Graph& g, FusionReport& report) {
 // Identical Slices of one value: the first one's output serves every reader of the others.
 void merge_duplicate_slices(ir::Graph& g) {
   const std::vector<std::vector<NodeId>> consumers = g.consumers();
-  std::vector<bool> dead(g.nodes().size(), false);
-  std::map<ValueId, ValueId> replace;  // a later Slice's output -> the first's
   for (const ir::Node& a : g.nodes()) {
-    if (a.op != OpKind::Slice || dead[static_cast<size_t>(a.id)]) continue;
+    if (a.op != OpKind::Slice || g.is_removed(a.id)) continue;
     for (NodeId id : consumers[static_cast<size_t>(a.inputs[0])]) {
       const ir::Node& b = g.node(id);
-      if (id <= a.id || b.op != OpKind::Slice || dead[static_cast<size_t>(id)] || !(range_of(g, a) == range_of(g, b)) ||
+      if (id <= a.id || b.op != OpKind::Slice || g.is_removed(id) || !(range_of(g, a) == range_of(g, b)) ||
           g.is_output(b.outputs[0]))
         continue;
-      replace[b.outputs[0]] = a.outputs[0];
-      dead[static_cast<size_t>(id)] = true;
+      g.replace_all_uses(b.outputs[0], a.outputs[0]);
+      g.remove_node(id);
     }
   }
-  if (!replace.empty()) replace_and_remove(g, replace, dead);
+  g.commit();
 }
 
 }  // namespace

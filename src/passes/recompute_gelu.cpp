@@ -4,7 +4,6 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/passes/recompute.h"
-#include "passes/remove_nodes.h"
 
 namespace fusetrain::passes {
 
@@ -13,12 +12,10 @@ using ir::NodeId;
 using ir::OpKind;
 using ir::ValueId;
 
-GeluRecomputeReport recompute_gelu_outputs(ir::Graph& graph, size_t backward_begin) {
+GeluRecomputeReport recompute_gelu_outputs(ir::Graph& graph) {
   GeluRecomputeReport report;
-  FT_CHECK(backward_begin <= graph.nodes().size(), "recompute_gelu_outputs: backward begins at node ",
-           backward_begin, " but the graph has ", graph.nodes().size(), " nodes");
   const std::vector<std::vector<NodeId>> consumers = graph.consumers();
-  auto is_backward = [&](NodeId c) { return static_cast<size_t>(c) >= backward_begin; };
+  auto is_backward = [&](NodeId c) { return graph.node(c).phase == ir::Phase::Backward; };
   auto backward_readers = [&](ValueId v) {
     std::vector<NodeId> readers;
     for (NodeId c : consumers[static_cast<size_t>(v)])
@@ -26,10 +23,9 @@ GeluRecomputeReport recompute_gelu_outputs(ir::Graph& graph, size_t backward_beg
     return readers;
   };
   const NodeId original_nodes = static_cast<NodeId>(graph.nodes().size());
-  std::multimap<NodeId, NodeId> before;  // first backward reader -> a recomputing node placed just before it
-  for (NodeId n = 0; n < static_cast<NodeId>(backward_begin); ++n) {
-    const ir::Node gelu = graph.node(n);  // a copy: add_node may grow the node list
-    if (gelu.op != OpKind::Gelu && gelu.op != OpKind::LinearGelu) continue;
+  for (NodeId n = 0; n < original_nodes; ++n) {
+    const ir::Node& gelu = graph.node(n);
+    if (gelu.phase != ir::Phase::Forward || (gelu.op != OpKind::Gelu && gelu.op != OpKind::LinearGelu)) continue;
     const ValueId y = gelu.outputs[0];
     const ValueId z = gelu.op == OpKind::Gelu ? gelu.inputs[0] : gelu.outputs[1];
     if (graph.is_output(y) || backward_readers(z).empty()) continue;  // z must be kept for backward anyway
@@ -49,21 +45,18 @@ GeluRecomputeReport recompute_gelu_outputs(ir::Graph& graph, size_t backward_beg
     const ir::Attrs cast_attrs = cast ? cast->attrs : ir::Attrs{};
     const std::string cast_name = cast ? cast->name : "";
     const NodeId first = *std::min_element(readers.begin(), readers.end());
-    ValueId again = graph.add(OpKind::Gelu, {z}, {{"approximate", gelu.attrs.get_string("approximate", "none")}},
-                              gelu.name + ":recompute");
-    before.emplace(first, static_cast<NodeId>(graph.nodes().size() - 1));
-    if (cast) {
-      again = graph.add(OpKind::Cast, {again}, cast_attrs, cast_name + ":recompute");
-      before.emplace(first, static_cast<NodeId>(graph.nodes().size() - 1));
-    }
-    for (NodeId c : readers)
-      for (ValueId& in : graph.node(c).inputs)
-        if (in == kept) in = again;
+    // Placed just before the first backward reader, a Gelu before its Cast (insertion order).
+    ValueId again = graph.insert_before(first, OpKind::Gelu, {z},
+                                        {{"approximate", gelu.attrs.get_string("approximate", "none")}},
+                                        gelu.name + ":recompute")[0];
+    if (cast) again = graph.insert_before(first, OpKind::Cast, {again}, cast_attrs, cast_name + ":recompute")[0];
+    graph.replace_uses_if(kept, again, [&](const ir::Node& reader) {
+      return reader.phase == ir::Phase::Backward && reader.id < original_nodes;
+    });
     report.gelus += 1;
     report.bytes_freed += static_cast<size_t>(graph.value(kept).shape.numel()) * dtype_size(graph.value(kept).dtype);
   }
-  if (report.gelus == 0) return report;
-  place_before(graph, original_nodes, before);  // a Gelu before its Cast: insertion order
+  graph.commit();
   return report;
 }
 

@@ -98,9 +98,8 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
       FT_CHECK(t.shape() == v.shape && v.dtype == DType::f32, "parameter \"", v.name, "\" is ", dtype_name(v.dtype),
                v.shape.to_string(), " in the graph but f32", t.shape().to_string(), " in the parameter store");
       p.value_tensors_[static_cast<size_t>(v.id)] = t;
-    } else if (v.kind == ValueKind::Activation && v.name.rfind("grad:", 0) == 0 && g.is_output(v.id) &&
-               params.contains(v.name.substr(5))) {
-      Tensor t = params.grad(v.name.substr(5));
+    } else if (v.gradient_of != kNone && g.is_output(v.id)) {
+      Tensor t = params.grad(g.value(v.gradient_of).name);
       FT_CHECK(t.shape() == v.shape && v.dtype == DType::f32, "gradient ", g.describe(v.id),
                " does not match its parameter ", t.shape().to_string());
       p.value_tensors_[static_cast<size_t>(v.id)] = t;

@@ -331,6 +331,7 @@ TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
     for (bool bf16 : {false, true}) {
       auto model = Model::from_config(tiny_config(type), 2, arch);
       model->set_bf16(bf16);
+      model->set_count_unfused_ops(true);
       Data d = make_batch(*model, 2, 9, 4);
       std::vector<double> losses;
       std::vector<std::vector<float>> grads;

@@ -69,7 +69,7 @@ void run_stack(Stack& s, const std::vector<float>& x, float scale, std::vector<s
 TEST(Recompute, ClonesEachLayerBeforeItsBackward) {
   auto s = build_stack(3, 8, 16);
   const size_t nodes_before = s->g.nodes().size();
-  passes::RecomputeReport report = passes::recompute_segments(s->g, s->boundaries, s->backward_begin);
+  passes::RecomputeReport report = passes::recompute_segments(s->g, s->boundaries);
   EXPECT_EQ(report.segments, 3);
   // Per layer m = x·W, t = tanh(m), tanh(t·W): backward reads the boundaries, W and t (for TanhBackward
   // and the second weight gradient), never m; t needs m, so the first MatMul and Tanh are cloned.
@@ -100,7 +100,7 @@ TEST(Recompute, SameGradientsSmallerArena) {
   std::vector<size_t> peaks;
   for (bool recompute : {false, true}) {
     auto s = build_stack(4, R, C);
-    if (recompute) passes::recompute_segments(s->g, s->boundaries, s->backward_begin);
+    if (recompute) passes::recompute_segments(s->g, s->boundaries);
     run_stack(*s, x, 0.2f, grads, peaks);
   }
   ASSERT_EQ(grads[0].size(), grads[1].size());
@@ -111,7 +111,7 @@ TEST(Recompute, SameGradientsSmallerArena) {
 TEST(Recompute, RejectsBoundariesOutOfOrder) {
   auto s = build_stack(2, 4, 8);
   std::vector<ValueId> reversed(s->boundaries.rbegin(), s->boundaries.rend());
-  std::string msg = error_of([&] { passes::recompute_segments(s->g, reversed, s->backward_begin); });
+  std::string msg = error_of([&] { passes::recompute_segments(s->g, reversed); });
   EXPECT_NE(msg.find("node order"), std::string::npos) << msg;
 }
 
@@ -140,7 +140,7 @@ TEST(RecastWeights, BackwardReadsASecondCastPlacedBeforeItAndGradientsAreUnchang
     auto s = build_bf16_stack(4, R, C);
     if (recast) {
       const size_t nodes_before = s->g.nodes().size();
-      passes::RecastReport report = passes::recast_weights_for_backward(s->g, s->backward_begin);
+      passes::RecastReport report = passes::recast_weights_for_backward(s->g);
       // Backward reads W only for dx = dy·W, which the first layer (x is an input) does not need.
       EXPECT_EQ(report.casts, 3);
       EXPECT_EQ(report.bytes_freed, size_t{3 * C * C * 2});
@@ -191,7 +191,7 @@ TEST(MergeDuplicateCasts, OneCopyOfEachValueAndBitIdenticalGradients) {
   for (bool merge : {false, true}) {
     auto s = build_three_projections(R, C);
     if (merge) {
-      passes::MergeCastsReport report = passes::merge_duplicate_casts(s->g, s->backward_begin);
+      passes::MergeCastsReport report = passes::merge_duplicate_casts(s->g);
       EXPECT_EQ(report.casts, 2);  // the input's second and third casts; the weights differ
       EXPECT_EQ(report.bytes_saved, size_t{2 * R * C * 2});
       ValueId input = ir::kNone;  // tanh(x), what the first cast reads
@@ -248,7 +248,7 @@ TEST(RecomputeGeluOutputs, BackwardRecomputesWhatTheNextProductKeptAndGradientsA
       auto s = build_mlps(R, C, bf16);
       if (recompute) {
         const size_t nodes_before = s->g.nodes().size();
-        passes::GeluRecomputeReport report = passes::recompute_gelu_outputs(s->g, s->backward_begin);
+        passes::GeluRecomputeReport report = passes::recompute_gelu_outputs(s->g);
         EXPECT_EQ(report.gelus, 2) << "bf16 " << bf16;
         EXPECT_EQ(report.bytes_freed, size_t(2 * R * 4 * C * (bf16 ? 2 : 4))) << "bf16 " << bf16;
         EXPECT_EQ(s->g.nodes().size(), nodes_before + (bf16 ? 4 : 2));  // a Gelu (and its Cast) each
@@ -288,7 +288,7 @@ TEST(FoldOutputCasts, GelusWriteBf16ThemselvesAndGradientsAreUnchanged) {
   std::vector<size_t> peaks;
   for (bool fold : {false, true}) {
     auto s = build_mlps(R, C, true);
-    passes::recompute_gelu_outputs(s->g, s->backward_begin);
+    passes::recompute_gelu_outputs(s->g);
     const int casts = count_op(s->g, OpKind::Cast);
     if (fold) {
       passes::OutputCastsReport report = passes::fold_output_casts(s->g);

@@ -2,6 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,6 +26,11 @@ enum class ValueKind : uint8_t {
   Activation,  ///< produced by a node
 };
 
+/// Which half of a training graph a node belongs to. Autodiff emits Backward nodes; a pass that
+/// moves work into backward (recompute) inserts Backward nodes. Forward/backward membership is this
+/// property of each node, never a position in the node list.
+enum class Phase : uint8_t { Forward, Backward };
+
 /// A tensor-valued SSA value. Every value has exactly one definition: a graph
 /// input, a parameter, or one output of one node.
 struct Value {
@@ -32,6 +40,7 @@ struct Value {
   ValueKind kind = ValueKind::Activation;
   NodeId producer = kNone;  ///< kNone for inputs and parameters
   int output_index = 0;     ///< which output of `producer`
+  ValueId gradient_of = kNone;  ///< for a parameter's gradient (autodiff sets it): that parameter
   std::string name;
 };
 
@@ -43,12 +52,18 @@ struct Node {
   std::vector<ValueId> outputs;
   Attrs attrs;
   std::string name;
+  Phase phase = Phase::Forward;
 };
 
 /// A dataflow graph. Nodes are kept in an order where every input is defined
 /// before it is used, so node order is a valid schedule. Adding a node infers
 /// its output shapes and dtypes and throws Error (naming the op and the input
 /// shapes) if the inputs do not fit the op.
+///
+/// Rewrites. References to nodes and values stay valid while nodes are added, and a NodeId
+/// stays the same node until commit(): insert_before() and remove_node() only record where a
+/// node goes (or that it goes), and commit() applies all of them at once, renumbers the nodes in
+/// their new order and verifies the graph. The compiler commits after every pass.
 class Graph {
  public:
   /// Declares a value fed by the caller each step.
@@ -66,12 +81,40 @@ class Graph {
   /// Marks a value as a graph output: it stays readable after a step.
   void mark_output(ValueId v);
 
+  // ---- rewrites ----
+  /// The phase given to nodes added from now on (autodiff sets Backward while it emits).
+  void set_phase(Phase phase) { phase_ = phase; }
+  Phase phase() const { return phase_; }
+  /// Points every read of `from` (node inputs and graph outputs) at `to`; both must have the same
+  /// shape and dtype. `except` (optional) keeps its reads: the node that computes `to` from `from`.
+  void replace_all_uses(ValueId from, ValueId to, NodeId except = kNone);
+  /// Points the reads of `from` by the nodes `which` accepts at `to`; returns how many changed.
+  int replace_uses_if(ValueId from, ValueId to, const std::function<bool(const Node&)>& which);
+  /// Adds a node that runs just before node `anchor` once committed, in `anchor`'s phase; several
+  /// inserted before one anchor run in insertion order. Returns its outputs.
+  std::vector<ValueId> insert_before(NodeId anchor, OpKind op, std::vector<ValueId> inputs, Attrs attrs = {},
+                                     std::string name = "");
+  /// Turns node `id` into another op on other inputs, keeping its outputs (and so every reader): the
+  /// new op must infer the same shapes and dtypes for them. An op with more outputs gets new values for
+  /// the extra ones.
+  void set_op(NodeId id, OpKind op, std::vector<ValueId> inputs, Attrs attrs);
+  /// Marks node `id` for removal at the next commit(); nothing may read its outputs by then.
+  void remove_node(NodeId id);
+  bool is_removed(NodeId id) const {
+    return id >= 0 && id < static_cast<NodeId>(removed_.size()) && removed_[static_cast<size_t>(id)];
+  }
+  /// Applies pending insertions and removals (see the class comment) and verifies the graph.
+  /// Returns the number of nodes removed.
+  int64_t commit();
+  /// True while insertions or removals wait for commit().
+  bool has_pending_edits() const { return !inserted_before_.empty() || removed_count_ > 0; }
+
   const Value& value(ValueId id) const;
   Value& value(ValueId id);
   const Node& node(NodeId id) const;
   Node& node(NodeId id);
-  const std::vector<Value>& values() const { return values_; }
-  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::deque<Value>& values() const { return values_; }
+  const std::deque<Node>& nodes() const { return nodes_; }
   const std::vector<ValueId>& outputs() const { return outputs_; }
   bool is_output(ValueId v) const;
   /// Values of kind Input / Param, in declaration order.
@@ -91,15 +134,20 @@ class Graph {
   /// "%12:f32(3, 17)" style label used in dumps and errors.
   std::string describe(ValueId v) const;
 
-  /// Replaces the node list with `order` (a permutation of a subset of node ids,
-  /// used by passes that reorder or drop nodes). Ids are renumbered.
+  /// Replaces the node list with `order` (a permutation of a subset of node ids). Ids are
+  /// renumbered. Passes use the rewrites above instead; commit() calls this.
   void reorder_nodes(const std::vector<NodeId>& order);
 
  private:
   ValueId new_value(const std::string& name, Shape shape, DType dtype, ValueKind kind);
-  std::vector<Value> values_;
-  std::vector<Node> nodes_;
+  // Deques: a reference to a node or value survives appends.
+  std::deque<Value> values_;
+  std::deque<Node> nodes_;
   std::vector<ValueId> outputs_;
+  Phase phase_ = Phase::Forward;
+  std::multimap<NodeId, NodeId> inserted_before_;  // anchor -> nodes placed just before it
+  std::vector<bool> removed_;
+  int64_t removed_count_ = 0;
 };
 
 /// Inferred (shape, dtype) of one output.

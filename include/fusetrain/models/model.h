@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "fusetrain/compile/compiler.h"
 #include "fusetrain/core/tensor.h"
 #include "fusetrain/ir/graph.h"
 #include "fusetrain/runtime/parameters.h"
@@ -51,12 +52,8 @@ struct BuiltGraph {
   std::vector<ir::ValueId> layer_boundaries;
 };
 
-/// How graph passes changed a plan's graph (forward + backward), for reports.
-struct PassLog {
-  std::map<std::string, int> ops_before;  ///< op name -> node count of the graph as built
-  std::map<std::string, int> ops_after;   ///< the same after every pass
-  std::vector<std::string> applied;       ///< one line per pass that changed the graph
-};
+/// How the graph passes changed a plan's graph (forward + backward), for reports.
+using PassLog = compile::PassLog;
 
 /// One batch of inputs, as views of caller memory (i64 ids, f32 values).
 struct Batch {
@@ -173,6 +170,9 @@ class Model {
   bool fusions() const { return fusions_; }
   /// Threads used by the kernels (0: all cores).
   void set_num_threads(int n) { num_threads_ = n; }
+  /// Plans compiled from now on also count the ops of the graph as built (PassLog::ops_before), at the
+  /// cost of a second autodiff per plan: for reports such as `fusetrain inspect`.
+  void set_count_unfused_ops(bool on) { count_unfused_ops_ = on; }
   /// The compiled plan for the most recent batch shape, for reports.
   const runtime::Plan* last_plan() const { return last_plan_; }
   /// How the graph passes changed the most recent plan (null before the first run).
@@ -180,8 +180,8 @@ class Model {
 
  private:
   Model() = default;
-  struct Entry;
-  Entry& plan_for(const Batch& batch, bool training, bool with_backward);
+  BatchSpec spec_for(const Batch& batch, bool training, bool with_backward) const;
+  compile::Program& plan_for(const BatchSpec& spec, bool with_backward);
   ModelOutput run(const Batch& batch, bool training, bool with_backward, bool zero_grads);
 
   nlohmann::json config_;
@@ -190,7 +190,7 @@ class Model {
   std::unique_ptr<runtime::ParameterStore> params_;
   std::map<std::string, std::string> aliases_;  // tied name -> stored name
   std::vector<std::string> missing_keys_;
-  std::vector<std::unique_ptr<Entry>> plans_;
+  compile::ProgramCache programs_;
   const runtime::Plan* last_plan_ = nullptr;
   const PassLog* last_pass_log_ = nullptr;
   int num_threads_ = 0;
@@ -198,6 +198,7 @@ class Model {
   uint64_t dropout_seed_ = 0;
   bool bf16_ = false;
   bool recompute_ = false;
+  bool count_unfused_ops_ = false;
   bool fusions_ = true;
   bool fp16_ = false;
   double loss_scale_ = 1.0;

@@ -22,14 +22,13 @@ struct RecomputeReport {
 ///
 /// `boundaries` are values in node order (a layer's input, then each layer's
 /// output); the forward nodes after boundary i−1's producer up to and including
-/// boundary i's producer form segment i. Nodes at or after `backward_begin` are
-/// backward. For each segment, the forward values that backward reads are
+/// boundary i's producer form segment i. For each segment, the forward values that backward reads are
 /// recomputed by clones of the forward nodes that produce them, placed just before
 /// the first backward node that reads one of them, and backward is rewired to the
 /// clones; the boundaries themselves stay saved. Clones keep their attributes, so
 /// dropout (a counter-based stream keyed by seed and step) draws the same masks and
 /// gradients are bit-identical to the graph without recompute.
-RecomputeReport recompute_segments(ir::Graph& graph, const std::vector<ir::ValueId>& boundaries, size_t backward_begin);
+RecomputeReport recompute_segments(ir::Graph& graph, const std::vector<ir::ValueId>& boundaries);
 
 /// What recast_weights_for_backward changed.
 struct RecastReport {
@@ -43,7 +42,7 @@ struct RecastReport {
 /// reads is cloned just before its first backward reader, and backward reads the clone.
 /// Costs a second cast of each weight per step; results are bit-identical (a cast is exact
 /// and deterministic).
-RecastReport recast_weights_for_backward(ir::Graph& graph, size_t backward_begin);
+RecastReport recast_weights_for_backward(ir::Graph& graph);
 
 /// What merge_duplicate_casts changed.
 struct MergeCastsReport {
@@ -54,9 +53,8 @@ struct MergeCastsReport {
 /// Models cast a value for each product that reads it (a layer's input, once for each of the query,
 /// key and value projections). Forward casts of the same value to the same dtype are merged into the
 /// first, so one copy is made and saved for backward instead of three. Runs after autodiff, on the
-/// forward part (nodes before `backward_begin`), so gradients are bit-identical. The merged casts are
-/// removed, so backward then begins `casts` nodes earlier.
-MergeCastsReport merge_duplicate_casts(ir::Graph& graph, size_t backward_begin);
+/// forward nodes, so gradients are bit-identical.
+MergeCastsReport merge_duplicate_casts(ir::Graph& graph);
 
 /// What recompute_gelu_outputs changed.
 struct GeluRecomputeReport {
@@ -69,7 +67,7 @@ struct GeluRecomputeReport {
 /// LinearGelu whose z backward reads anyway, the y (or its cast) that backward reads is computed
 /// again from z just before its first backward reader, so forward's copy dies in forward. Costs
 /// one GELU (and cast) per MLP per step; results are bit-identical (the same kernels on the same z).
-GeluRecomputeReport recompute_gelu_outputs(ir::Graph& graph, size_t backward_begin);
+GeluRecomputeReport recompute_gelu_outputs(ir::Graph& graph);
 
 /// What fold_output_casts changed.
 struct OutputCastsReport {

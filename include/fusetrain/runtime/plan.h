@@ -37,8 +37,8 @@ struct PlanOptions {
 class Plan {
  public:
   /// Compiles `graph` against `params` (which must outlive the plan).
-  /// Gradient values named "grad:<param>" (as autodiff names them) are bound to
-  /// the gradient buffer of <param>.
+  /// A graph output that is a parameter's gradient (Value::gradient_of, set by autodiff) is bound
+  /// to that parameter's gradient buffer.
   static std::unique_ptr<Plan> compile(const ir::Graph& graph, ParameterStore& params, const PlanOptions& options = {});
   ~Plan();
   Plan(const Plan&) = delete;

@@ -1,0 +1,123 @@
+// The pass pipeline, in the order it runs. Each row names a pass, its stage, when it applies and how
+// its report reads; adding a pass is adding a row here (and its test under tests/passes).
+#include <algorithm>
+
+#include "fusetrain/compile/compiler.h"
+#include "fusetrain/core/error.h"
+#include "fusetrain/passes/fusion.h"
+#include "fusetrain/passes/recompute.h"
+
+namespace fusetrain::compile {
+namespace {
+
+size_t mib(size_t bytes) { return bytes / (size_t{1} << 20); }
+
+bool with_fusions(const CompileOptions& o) { return o.fusions; }
+// fp16 must scale d(logits) before rounding it, which the fused loss cannot: not fused then.
+bool fusing_loss(const CompileOptions& o) { return o.fusions && o.backward && !o.loss_scale_input; }
+bool recomputing(const CompileOptions& o) { return o.recompute && o.backward; }
+
+std::string fold_attention_transposes(ir::Graph& g, PassState&) {
+  passes::FusionReport f = passes::fold_attention_transposes(g);
+  if (f.fused == 0) return "";
+  return str(f.fused, " attentions read and write (B, T, H, D), ", f.nodes_removed,
+             " transposes removed (and their gradients' transposes)");
+}
+
+std::string fuse_decomposed_layernorm(ir::Graph& g, PassState&) {
+  passes::FusionReport f = passes::fuse_decomposed_layernorm(g);
+  return f.fused == 0 ? "" : str(f.fused, " written-out LayerNorms");
+}
+
+std::string fuse_erf_gelu(ir::Graph& g, PassState&) {
+  passes::FusionReport f = passes::fuse_erf_gelu(g);
+  return f.fused == 0 ? "" : str(f.fused, " written-out erf GELUs");
+}
+
+std::string prune_sliced_rows(ir::Graph& g, PassState& state) {
+  passes::FusionReport f = passes::prune_sliced_rows(g);
+  if (f.fused == 0) return "";
+  // The last layer's full output may be gone: checkpointing then keeps the boundaries still computed.
+  std::erase_if(state.roles.layer_boundaries, [&](ir::ValueId v) {
+    return g.value(v).kind == ir::ValueKind::Activation && g.value(v).producer == ir::kNone;
+  });
+  return str(f.fused, " ops compute only the rows a later Slice keeps");
+}
+
+std::string fuse_dropout_add(ir::Graph& g, PassState&) {
+  passes::FusionReport f = passes::fuse_dropout_add(g);
+  return f.fused == 0 ? "" : str(f.fused, " dropout + residual adds in one pass");
+}
+
+std::string fuse_add_layernorm(ir::Graph& g, PassState&) {
+  passes::FusionReport f = passes::fuse_add_layernorm(g);
+  return f.fused == 0 ? "" : str(f.fused, " residual adds formed and normalised in one pass");
+}
+
+std::string fuse_linear_gelu(ir::Graph& g, PassState&) {
+  passes::FusionReport f = passes::fuse_linear_gelu(g);
+  return f.fused == 0 ? "" : str(f.fused, " bias + GELU applied by the Linear's GEMM epilogue");
+}
+
+std::string fuse_linear_cross_entropy(ir::Graph& g, PassState&) {
+  passes::FusionReport f = passes::fuse_linear_cross_entropy(g);
+  return f.fused == 0 ? "" : str(f.fused, " output projections + losses in row chunks; logits never stored");
+}
+
+std::string merge_duplicate_casts(ir::Graph& g, PassState&) {
+  passes::MergeCastsReport r = passes::merge_duplicate_casts(g);
+  return r.casts == 0 ? "" : str(r.casts, " repeated casts (", mib(r.bytes_saved), " MiB) merged into the first");
+}
+
+std::string recompute(ir::Graph& g, PassState& state) {
+  passes::RecomputeReport r = passes::recompute_segments(g, state.roles.layer_boundaries);
+  return str(r.segments, " layers, ", r.nodes_cloned, " forward nodes cloned into backward, ", r.values_freed,
+             " saved activations freed after forward");
+}
+
+std::string recompute_gelu_outputs(ir::Graph& g, PassState&) {
+  passes::GeluRecomputeReport r = passes::recompute_gelu_outputs(g);
+  return r.gelus == 0 ? ""
+                      : str(r.gelus, " GELU outputs (", mib(r.bytes_freed),
+                            " MiB) computed again in backward from the input it keeps");
+}
+
+std::string recast_weights_for_backward(ir::Graph& g, PassState&) {
+  passes::RecastReport r = passes::recast_weights_for_backward(g);
+  return r.casts == 0 ? ""
+                      : str(r.casts, " low-precision weight copies (", mib(r.bytes_freed),
+                            " MiB) cast again in backward instead of kept");
+}
+
+std::string fold_output_casts(ir::Graph& g, PassState&) {
+  passes::OutputCastsReport r = passes::fold_output_casts(g);
+  return r.casts == 0 ? ""
+                      : str(r.casts, " GELUs write bf16 themselves (", mib(r.bytes_saved),
+                            " MiB of f32 results not written)");
+}
+
+}  // namespace
+
+const std::vector<Pass>& pipeline() {
+  static const std::vector<Pass> kPipeline = {
+      {"fold_attention_transposes", Stage::Forward, with_fusions, fold_attention_transposes},
+      // Decomposed LayerNorm and GELU first, so the passes after them see the fused ops.
+      {"fuse_decomposed_layernorm", Stage::Forward, with_fusions, fuse_decomposed_layernorm},
+      {"fuse_erf_gelu", Stage::Forward, with_fusions, fuse_erf_gelu},
+      {"prune_sliced_rows", Stage::Forward, with_fusions, prune_sliced_rows},
+      {"fuse_dropout_add", Stage::Forward, with_fusions, fuse_dropout_add},
+      {"fuse_add_layernorm", Stage::Forward, with_fusions, fuse_add_layernorm},
+      {"fuse_linear_gelu", Stage::Forward, with_fusions, fuse_linear_gelu},
+      // Forms the head's gradients in forward: training programs only.
+      {"fuse_linear_cross_entropy", Stage::Forward, fusing_loss, fuse_linear_cross_entropy},
+      {"merge_duplicate_casts", Stage::Joint, with_fusions, merge_duplicate_casts},
+      {"recompute", Stage::Joint, recomputing, recompute},
+      {"recompute_gelu_outputs", Stage::Joint, with_fusions, recompute_gelu_outputs},
+      {"recast_weights_for_backward", Stage::Joint, with_fusions, recast_weights_for_backward},
+      // After the passes that clone GELUs into backward, so recomputed GELUs fold too.
+      {"fold_output_casts", Stage::Final, with_fusions, fold_output_casts},
+  };
+  return kPipeline;
+}
+
+}  // namespace fusetrain::compile
