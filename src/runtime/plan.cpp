@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "fusetrain/core/error.h"
+#include "fusetrain/memory/storage.h"
 #include "kernels/kernel.h"
 
 namespace fusetrain::runtime {
@@ -36,15 +37,6 @@ struct Plan::InputBinding {
 };
 
 namespace {
-
-// Storage: a byte range in the arena shared by a value, its aliases and in-place successors.
-struct Storage {
-  size_t bytes = 0;
-  int first = 0;
-  int last = 0;
-  bool pinned = false;  // a graph output: lives to the end
-  std::string name;
-};
 
 // Serial below a size where threads pay off; otherwise the whole team (libgomp
 // allocates when team sizes change between regions, so no `if` clauses).
@@ -91,19 +83,17 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
 
   // Parameters and gradients: views into the store.
   p.value_tensors_.assign(num_values, Tensor());
-  std::vector<bool> is_grad(num_values, false);
   for (const ir::Value& v : g.values()) {
     if (v.kind == ValueKind::Param) {
       Tensor t = params.param(v.name);
       FT_CHECK(t.shape() == v.shape && v.dtype == DType::f32, "parameter \"", v.name, "\" is ", dtype_name(v.dtype),
                v.shape.to_string(), " in the graph but f32", t.shape().to_string(), " in the parameter store");
       p.value_tensors_[static_cast<size_t>(v.id)] = t;
-    } else if (v.gradient_of != kNone && g.is_output(v.id)) {
+    } else if (memory::is_bound_gradient(g, v.id)) {
       Tensor t = params.grad(g.value(v.gradient_of).name);
       FT_CHECK(t.shape() == v.shape && v.dtype == DType::f32, "gradient ", g.describe(v.id),
                " does not match its parameter ", t.shape().to_string());
       p.value_tensors_[static_cast<size_t>(v.id)] = t;
-      is_grad[static_cast<size_t>(v.id)] = true;
     }
   }
 
@@ -114,88 +104,21 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
     p.steps_[i].kernel = kernels::create_kernel(g, *p.steps_[i].node, backend);
   }
 
-  // Last use of every value, in schedule positions.
-  std::vector<int> last_use(num_values, -1);
-  for (int i = 0; i < num_steps; ++i)
-    for (ValueId v : p.steps_[static_cast<size_t>(i)].node->inputs) last_use[static_cast<size_t>(v)] = i;
-
-  // Storage for every activation: fresh, an alias, or in place of input 0.
-  std::vector<int> storage_of(num_values, -1);
-  std::vector<Storage> storages;
-  std::vector<int> scratch_storage(schedule.size(), -1);
-  std::vector<std::vector<int>> temp_storage(schedule.size());
-  size_t naive = 0;
-  auto extend = [&](int s, ValueId v, int position) {
-    Storage& st = storages[static_cast<size_t>(s)];
-    st.last = std::max({st.last, position, last_use[static_cast<size_t>(v)]});
-    st.pinned = st.pinned || g.is_output(v);
-  };
-  for (int i = 0; i < num_steps; ++i) {
-    Step& step = p.steps_[static_cast<size_t>(i)];
-    const ir::Node& n = *step.node;
-    const ir::OpInfo& info = ir::op_info(n.op);
-    for (size_t k = 0; k < n.outputs.size(); ++k) {
-      ValueId v = n.outputs[k];
-      const ir::Value& val = g.value(v);
-      if (is_grad[static_cast<size_t>(v)]) {
-        if (!step.kernel->accumulates()) {
-          temp_storage[static_cast<size_t>(i)].push_back(static_cast<int>(storages.size()));
-          storages.push_back({val.shape.numel() * sizeof(float), i, i, false, "accumulate:" + val.name});
-        } else {
-          temp_storage[static_cast<size_t>(i)].push_back(-1);
-        }
-        continue;
-      }
-      size_t bytes = static_cast<size_t>(val.shape.numel()) * dtype_size(val.dtype);
-      const size_t source = info.has(ir::kInPlaceInput1) ? 1 : 0;  // the input output 0 may overwrite
-      if (k == 0 && n.inputs.size() > source) {
-        ValueId in = n.inputs[source];
-        int s = storage_of[static_cast<size_t>(in)];
-        const ir::Value& in_val = g.value(in);
-        size_t in_bytes = static_cast<size_t>(in_val.shape.numel()) * dtype_size(in_val.dtype);
-        bool alias = info.has(ir::kAlias) && s >= 0;
-        bool in_place = !options.reference_kernels && (info.has(ir::kInPlace) || info.has(ir::kInPlaceInput1)) &&
-                        s >= 0 && in_bytes == bytes &&
-                        in_val.dtype == val.dtype && !storages[static_cast<size_t>(s)].pinned &&
-                        storages[static_cast<size_t>(s)].last <= i;
-        // An input read again at another slot of the same node would be clobbered mid-kernel unless elementwise.
-        for (size_t j = 0; in_place && j < n.inputs.size(); ++j)
-          if (j != source && storage_of[static_cast<size_t>(n.inputs[j])] == s && !info.has(ir::kElementwise))
-            in_place = false;
-        if (alias || in_place) {
-          storage_of[static_cast<size_t>(v)] = s;
-          extend(s, v, i);
-          if (in_place && !alias) ++p.report_.num_in_place;
-          if (!alias) naive += align_up(bytes);
-          continue;
-        }
-      }
-      storage_of[static_cast<size_t>(v)] = static_cast<int>(storages.size());
-      storages.push_back({bytes, i, i, false, val.name});
-      extend(storage_of[static_cast<size_t>(v)], v, i);
-      naive += align_up(bytes);
-    }
-    size_t scratch = step.kernel->scratch_bytes(p.num_threads_);
-    if (scratch > 0) {
-      scratch_storage[static_cast<size_t>(i)] = static_cast<int>(storages.size());
-      storages.push_back({scratch, i, i, false, "scratch:" + n.name});
-      naive += align_up(scratch);
-    }
-  }
-  for (Storage& s : storages)
-    if (s.pinned) s.last = num_steps;
-
-  // One arena for all of them.
-  for (const Storage& s : storages) p.buffers_.push_back({s.bytes, s.first, s.last, s.name});
-  p.arena_plan_ = memory::plan_arena(p.buffers_);
-  memory::check_arena(p.buffers_, p.arena_plan_);
+  // Storage: one arena for activations, scratch and gradient temporaries (memory/storage.h).
+  std::vector<memory::ScheduledNode> scheduled(p.steps_.size());
+  for (size_t i = 0; i < p.steps_.size(); ++i)
+    scheduled[i] = {p.steps_[i].node, p.steps_[i].kernel->scratch_bytes(p.num_threads_),
+                    p.steps_[i].kernel->accumulates()};
+  memory::StoragePlan storage = memory::plan_storage(g, scheduled, /*in_place=*/!options.reference_kernels);
+  p.buffers_ = std::move(storage.buffers);
+  p.arena_plan_ = std::move(storage.arena);
   p.arena_ = aligned_allocate(p.arena_plan_.arena_bytes);
   char* arena = static_cast<char*>(p.arena_.get());
   auto storage_ptr = [&](int s) { return arena + p.arena_plan_.offsets[static_cast<size_t>(s)]; };
   for (const ir::Value& v : g.values())
-    if (storage_of[static_cast<size_t>(v.id)] >= 0)
+    if (storage.buffer_of[static_cast<size_t>(v.id)] >= 0)
       p.value_tensors_[static_cast<size_t>(v.id)] =
-          Tensor::view(storage_ptr(storage_of[static_cast<size_t>(v.id)]), v.shape, v.dtype);
+          Tensor::view(storage_ptr(storage.buffer_of[static_cast<size_t>(v.id)]), v.shape, v.dtype);
 
   // Inputs: one plan-owned buffer each, inside a single allocation.
   size_t input_bytes = 0;
@@ -226,8 +149,8 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
     for (ValueId v : n.outputs) {
       Tensor out = p.value_tensors_[static_cast<size_t>(v)];
       uint8_t accumulate = 0;
-      if (is_grad[static_cast<size_t>(v)]) {
-        int temp = temp_storage[static_cast<size_t>(i)][temp_index++];
+      if (memory::is_bound_gradient(g, v)) {
+        int temp = storage.temporaries_of[static_cast<size_t>(i)][temp_index++];
         if (temp >= 0) {
           Tensor t = Tensor::view(storage_ptr(temp), out.shape(), out.dtype());
           step.accumulations.push_back({t.data_as<float>(), out.data_as<float>(), out.numel()});
@@ -239,15 +162,16 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
       step.args.outputs.push_back(out);
       step.args.accumulate.push_back(accumulate);
     }
-    if (scratch_storage[static_cast<size_t>(i)] >= 0)
-      step.args.scratch = storage_ptr(scratch_storage[static_cast<size_t>(i)]);
+    if (storage.scratch_of[static_cast<size_t>(i)] >= 0)
+      step.args.scratch = storage_ptr(storage.scratch_of[static_cast<size_t>(i)]);
   }
   p.report_.input_bytes = input_bytes;
   p.report_.parameter_bytes = static_cast<size_t>(params.flat_numel()) * sizeof(float);
   p.report_.gradient_bytes = p.report_.parameter_bytes;
   p.report_.activation_peak_bytes = p.arena_plan_.arena_bytes;
-  p.report_.activation_naive_bytes = naive;
-  p.report_.num_buffers = storages.size();
+  p.report_.activation_naive_bytes = storage.naive_bytes;
+  p.report_.num_buffers = p.buffers_.size();
+  p.report_.num_in_place = storage.num_in_place;
   p.input_memory_ = std::move(input_memory);
   return plan;
 }
@@ -310,14 +234,6 @@ std::vector<const ir::Node*> Plan::scheduled_nodes() const {
 Tensor Plan::output(ValueId value) const {
   FT_CHECK(graph_.is_output(value), "value ", graph_.describe(value), " is not a graph output of this plan");
   return value_tensors_[static_cast<size_t>(value)];
-}
-
-Plan& PlanCache::get(const std::vector<Shape>& input_shapes) {
-  for (Entry& e : entries_)
-    if (e.shapes == input_shapes) return *e.plan;
-  ir::Graph graph = factory_(input_shapes, user_);
-  entries_.push_back({input_shapes, Plan::compile(graph, params_, options_)});
-  return *entries_.back().plan;
 }
 
 }  // namespace fusetrain::runtime

@@ -1,4 +1,4 @@
-// Plan behaviour: dropout reproducibility, gradient accumulation, input binding, the plan cache.
+// Plan behaviour: dropout reproducibility, gradient accumulation, input binding.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -82,26 +82,6 @@ TEST(Plan, BindInputReadsCallerMemory) {
   plan->bind_input("x", nullptr);  // back to the plan's own buffer (zeros)
   plan->run();
   EXPECT_FLOAT_EQ(plan->output(y).item(3), 0.0f);
-}
-
-ir::Graph sequence_graph(const std::vector<Shape>& shapes, void*) {
-  ir::Graph g;
-  ir::GraphBuilder b(g);
-  ValueId ids = b.input("ids", shapes.at(0), DType::i64);
-  ValueId h = b.embedding(b.param("emb", {10, 4}), ids);
-  g.mark_output(b.reduce_mean(h, {0, 1, 2}));
-  return g;
-}
-
-TEST(PlanCache, CompilesOncePerShapeSignature) {
-  runtime::ParameterStore params(std::vector<std::pair<std::string, Shape>>{{"emb", {10, 4}}});
-  runtime::PlanCache cache(&sequence_graph, nullptr, params);
-  runtime::Plan& a = cache.get({Shape{2, 8}});
-  runtime::Plan& b = cache.get({Shape{2, 16}});
-  runtime::Plan& c = cache.get({Shape{2, 8}});
-  EXPECT_EQ(&a, &c);
-  EXPECT_NE(&a, &b);
-  EXPECT_EQ(cache.size(), 2u);
 }
 
 TEST(Plan, ReferenceAndTunedKernelsAgreeOnATrainingStep) {

@@ -90,28 +90,4 @@ class Plan {
   uint64_t step_ = 0;
 };
 
-/// Plans compiled per input-shape signature. Collators pad lengths to a
-/// multiple of 8 so few signatures occur; a lookup allocates nothing.
-class PlanCache {
- public:
-  /// Builds the graph for a given list of input shapes.
-  using GraphFactory = ir::Graph (*)(const std::vector<Shape>& input_shapes, void* user);
-  PlanCache(GraphFactory factory, void* user, ParameterStore& params, PlanOptions options = {})
-      : factory_(factory), user_(user), params_(params), options_(options) {}
-  /// The plan for these input shapes, compiled on first use.
-  Plan& get(const std::vector<Shape>& input_shapes);
-  size_t size() const { return entries_.size(); }
-
- private:
-  struct Entry {
-    std::vector<Shape> shapes;
-    std::unique_ptr<Plan> plan;
-  };
-  GraphFactory factory_;
-  void* user_;
-  ParameterStore& params_;
-  PlanOptions options_;
-  std::vector<Entry> entries_;
-};
-
 }  // namespace fusetrain::runtime
