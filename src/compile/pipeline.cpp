@@ -17,21 +17,21 @@ bool with_fusions(const CompileOptions& o) { return o.fusions; }
 bool fusing_loss(const CompileOptions& o) { return o.fusions && o.backward && !o.loss_scale_input; }
 bool recomputing(const CompileOptions& o) { return o.recompute && o.backward; }
 
+// "<count><what>", or "" when the pass changed nothing.
+std::string report(int64_t count, const std::string& what) { return count == 0 ? "" : str(count, what); }
+
 std::string fold_attention_transposes(ir::Graph& g, PassState&) {
   passes::FusionReport f = passes::fold_attention_transposes(g);
-  if (f.fused == 0) return "";
-  return str(f.fused, " attentions read and write (B, T, H, D), ", f.nodes_removed,
-             " transposes removed (and their gradients' transposes)");
+  return report(f.fused, str(" attentions read and write (B, T, H, D), ", f.nodes_removed,
+                             " transposes removed (and their gradients' transposes)"));
 }
 
 std::string fuse_decomposed_layernorm(ir::Graph& g, PassState&) {
-  passes::FusionReport f = passes::fuse_decomposed_layernorm(g);
-  return f.fused == 0 ? "" : str(f.fused, " written-out LayerNorms");
+  return report(passes::fuse_decomposed_layernorm(g).fused, " written-out LayerNorms");
 }
 
 std::string fuse_erf_gelu(ir::Graph& g, PassState&) {
-  passes::FusionReport f = passes::fuse_erf_gelu(g);
-  return f.fused == 0 ? "" : str(f.fused, " written-out erf GELUs");
+  return report(passes::fuse_erf_gelu(g).fused, " written-out erf GELUs");
 }
 
 std::string prune_sliced_rows(ir::Graph& g, PassState& state) {
@@ -45,28 +45,25 @@ std::string prune_sliced_rows(ir::Graph& g, PassState& state) {
 }
 
 std::string fuse_dropout_add(ir::Graph& g, PassState&) {
-  passes::FusionReport f = passes::fuse_dropout_add(g);
-  return f.fused == 0 ? "" : str(f.fused, " dropout + residual adds in one pass");
+  return report(passes::fuse_dropout_add(g).fused, " dropout + residual adds in one pass");
 }
 
 std::string fuse_add_layernorm(ir::Graph& g, PassState&) {
-  passes::FusionReport f = passes::fuse_add_layernorm(g);
-  return f.fused == 0 ? "" : str(f.fused, " residual adds formed and normalised in one pass");
+  return report(passes::fuse_add_layernorm(g).fused, " residual adds formed and normalised in one pass");
 }
 
 std::string fuse_linear_gelu(ir::Graph& g, PassState&) {
-  passes::FusionReport f = passes::fuse_linear_gelu(g);
-  return f.fused == 0 ? "" : str(f.fused, " bias + GELU applied by the Linear's GEMM epilogue");
+  return report(passes::fuse_linear_gelu(g).fused, " bias + GELU applied by the Linear's GEMM epilogue");
 }
 
 std::string fuse_linear_cross_entropy(ir::Graph& g, PassState&) {
-  passes::FusionReport f = passes::fuse_linear_cross_entropy(g);
-  return f.fused == 0 ? "" : str(f.fused, " output projections + losses in row chunks; logits never stored");
+  return report(passes::fuse_linear_cross_entropy(g).fused,
+                " output projections + losses in row chunks; logits never stored");
 }
 
 std::string merge_duplicate_casts(ir::Graph& g, PassState&) {
   passes::MergeCastsReport r = passes::merge_duplicate_casts(g);
-  return r.casts == 0 ? "" : str(r.casts, " repeated casts (", mib(r.bytes_saved), " MiB) merged into the first");
+  return report(r.casts, str(" repeated casts (", mib(r.bytes_saved), " MiB) merged into the first"));
 }
 
 std::string recompute(ir::Graph& g, PassState& state) {
@@ -77,23 +74,19 @@ std::string recompute(ir::Graph& g, PassState& state) {
 
 std::string recompute_gelu_outputs(ir::Graph& g, PassState&) {
   passes::GeluRecomputeReport r = passes::recompute_gelu_outputs(g);
-  return r.gelus == 0 ? ""
-                      : str(r.gelus, " GELU outputs (", mib(r.bytes_freed),
-                            " MiB) computed again in backward from the input it keeps");
+  return report(r.gelus,
+                str(" GELU outputs (", mib(r.bytes_freed), " MiB) computed again in backward from the input it keeps"));
 }
 
 std::string recast_weights_for_backward(ir::Graph& g, PassState&) {
   passes::RecastReport r = passes::recast_weights_for_backward(g);
-  return r.casts == 0 ? ""
-                      : str(r.casts, " low-precision weight copies (", mib(r.bytes_freed),
-                            " MiB) cast again in backward instead of kept");
+  return report(r.casts, str(" low-precision weight copies (", mib(r.bytes_freed),
+                             " MiB) cast again in backward instead of kept"));
 }
 
 std::string fold_output_casts(ir::Graph& g, PassState&) {
   passes::OutputCastsReport r = passes::fold_output_casts(g);
-  return r.casts == 0 ? ""
-                      : str(r.casts, " GELUs write bf16 themselves (", mib(r.bytes_saved),
-                            " MiB of f32 results not written)");
+  return report(r.casts, str(" GELUs write bf16 themselves (", mib(r.bytes_saved), " MiB of f32 results not written)"));
 }
 
 }  // namespace

@@ -2,13 +2,9 @@
 #include <algorithm>
 
 #include "fusetrain/passes/fusion.h"
+#include "passes/names.h"
 
 namespace fusetrain::passes {
-
-using ir::kNone;
-using ir::NodeId;
-using ir::OpKind;
-using ir::ValueId;
 
 namespace {
 

@@ -1,12 +1,8 @@
 // Residual add + LayerNorm into AddLayerNorm (see fusion.h).
 #include "fusetrain/passes/fusion.h"
+#include "passes/names.h"
 
 namespace fusetrain::passes {
-
-using ir::kNone;
-using ir::NodeId;
-using ir::OpKind;
-using ir::ValueId;
 
 FusionReport fuse_add_layernorm(ir::Graph& g) {
   FusionReport report;

@@ -4,14 +4,11 @@
 #include <optional>
 
 #include "fusetrain/passes/fusion.h"
+#include "passes/names.h"
 
 namespace fusetrain::passes {
 namespace {
 
-using ir::kNone;
-using ir::NodeId;
-using ir::OpKind;
-using ir::ValueId;
 
 // Pattern matching over one graph: who reads what, and which nodes a rewrite has consumed.
 class Matcher {

@@ -1,12 +1,8 @@
 // Dropout + residual add into DropoutAdd (see fusion.h).
 #include "fusetrain/passes/fusion.h"
+#include "passes/names.h"
 
 namespace fusetrain::passes {
-
-using ir::kNone;
-using ir::NodeId;
-using ir::OpKind;
-using ir::ValueId;
 
 FusionReport fuse_dropout_add(ir::Graph& g) {
   FusionReport report;

@@ -1,12 +1,8 @@
 // Language-model head + loss: LinearCrossEntropy (see fusion.h).
 #include "fusetrain/passes/fusion.h"
+#include "passes/names.h"
 
 namespace fusetrain::passes {
-
-using ir::kNone;
-using ir::NodeId;
-using ir::OpKind;
-using ir::ValueId;
 
 FusionReport fuse_linear_cross_entropy(ir::Graph& g, int64_t chunk_rows) {
   FusionReport report;

@@ -1,12 +1,8 @@
 // Bias + GELU into the Linear's GEMM epilogue: LinearGelu (see fusion.h).
 #include "fusetrain/passes/fusion.h"
+#include "passes/names.h"
 
 namespace fusetrain::passes {
-
-using ir::kNone;
-using ir::NodeId;
-using ir::OpKind;
-using ir::ValueId;
 
 FusionReport fuse_linear_gelu(ir::Graph& g) {
   FusionReport report;

@@ -5,11 +5,9 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/passes/recompute.h"
+#include "passes/names.h"
 
 namespace fusetrain::passes {
-
-using ir::NodeId;
-using ir::ValueId;
 
 MergeCastsReport merge_duplicate_casts(ir::Graph& graph) {
   MergeCastsReport report;

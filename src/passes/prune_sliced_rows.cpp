@@ -10,14 +10,10 @@
 #include <optional>
 
 #include "fusetrain/passes/fusion.h"
+#include "passes/names.h"
 
 namespace fusetrain::passes {
 namespace {
-
-using ir::kNone;
-using ir::NodeId;
-using ir::OpKind;
-using ir::ValueId;
 
 // Rows [start, end) of `axis`.
 struct RowRange {

@@ -4,12 +4,9 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/passes/recompute.h"
+#include "passes/names.h"
 
 namespace fusetrain::passes {
-
-using ir::kNone;
-using ir::NodeId;
-using ir::ValueId;
 
 RecastReport recast_weights_for_backward(ir::Graph& graph) {
   RecastReport report;

@@ -5,12 +5,9 @@
 #include <map>
 
 #include "fusetrain/core/error.h"
+#include "passes/names.h"
 
 namespace fusetrain::passes {
-
-using ir::kNone;
-using ir::NodeId;
-using ir::ValueId;
 
 RecomputeReport recompute_segments(ir::Graph& graph, const std::vector<ValueId>& boundaries) {
   RecomputeReport report;

@@ -4,13 +4,9 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/passes/recompute.h"
+#include "passes/names.h"
 
 namespace fusetrain::passes {
-
-using ir::kNone;
-using ir::NodeId;
-using ir::OpKind;
-using ir::ValueId;
 
 GeluRecomputeReport recompute_gelu_outputs(ir::Graph& graph) {
   GeluRecomputeReport report;
