@@ -6,6 +6,7 @@ written by a build before the change:
 
     python tests/python/fingerprint.py --write          # parity cases (every architecture and head)
     python tests/python/fingerprint.py --workloads bench/.compare-work --out /tmp/w.json   # W1-W3
+    python tests/python/fingerprint.py --workloads bench/.compare-work --build /tmp/base/build --out /tmp/b.json
 
 Each parity case runs in train mode (dropout on, so the counter-based masks are covered) with two threads,
 in fp32 and bf16 (all cases) and in fp16 and bf16 with recompute (the small size): the loss and the sha256
@@ -94,9 +95,9 @@ def case_fingerprints() -> dict:
     return result
 
 
-def workload_fingerprints(work: pathlib.Path, steps: int) -> dict:
-    """W1-W3 as bench/compare.py prepares them: `steps` full steps in fp32 and bf16."""
-    sys.path.insert(0, str(HERE.parents[1] / "build" / "python"))
+def workload_fingerprints(work: pathlib.Path, steps: int, build: pathlib.Path) -> dict:
+    """W1-W3 as bench/compare.py prepares them: `steps` full steps in fp32 and bf16, with the module of `build`."""
+    sys.path.insert(0, str(build / "python"))
     import fusetrain
 
     result = {}
@@ -115,12 +116,17 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help=f"write the parity fingerprints to {STORED.name}")
     parser.add_argument("--workloads", type=pathlib.Path, help="bench/compare.py's work directory (W1-W3)")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--build", type=pathlib.Path, default=HERE.parents[1] / "build",
+                        help="the build whose Python module --workloads runs (another checkout's, to compare)")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
-    import conftest  # noqa: F401  (puts the development build on sys.path)
+    if args.workloads:
+        prints = workload_fingerprints(args.workloads, args.steps, args.build)
+    else:
+        import conftest  # noqa: F401  (puts the development build on sys.path)
 
-    prints = workload_fingerprints(args.workloads, args.steps) if args.workloads else case_fingerprints()
+        prints = case_fingerprints()
     text = json.dumps(prints, indent=1, sort_keys=True) + "\n"
     target = STORED if args.write else args.out
     if target:
