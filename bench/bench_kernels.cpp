@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "fusetrain/fusetrain.h"
-#include "kernels/kernel.h"
+#include "fusetrain/compile/lower.h"
+#include "fusetrain/kernels/device.h"
 
 namespace {
 
@@ -47,7 +48,7 @@ struct OneNode {
       args.outputs.push_back(ft::Tensor::zeros(graph.value(v).shape, graph.value(v).dtype));
       args.accumulate.push_back(0);
     }
-    kernel = ft::kernels::create_kernel(graph, node, ft::kernels::Backend::Optimized);
+    kernel = ft::kernels::cpu_device().make_kernel(ft::compile::lower(graph, node));
     scratch.resize(kernel->scratch_bytes(kThreads) + 64);
     args.scratch = scratch.data();
   }

@@ -26,7 +26,7 @@ constexpr GradRule rule_for() {
 // One entry per op: its gradient rule, or null for ops without one. Referencing
 // grad_rule<K> for every differentiable op makes a missing rule a link error.
 constexpr std::array<GradRule, ir::kNumOps> kRules = {{
-#define FT_OP(Name, min_in, max_in, num_out, flags) rule_for<OpKind::Name>(),
+#define FT_OP(Name, min_in, max_in, num_out, flags, Params) rule_for<OpKind::Name>(),
 #include "fusetrain/ops/ops.def"
 #undef FT_OP
 }};

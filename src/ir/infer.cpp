@@ -5,9 +5,12 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/ir/graph.h"
+#include "fusetrain/ir/params.h"
 
 namespace fusetrain::ir {
 namespace {
+
+using namespace ops;  // the parameter structs
 
 struct Checker {
   const Graph& g;
@@ -75,21 +78,7 @@ Shape matmul_shape(const Checker& c, bool trans_a, bool trans_b) {
   return Shape(batch);
 }
 
-DType parse_dtype_attr(const Checker& c, const std::string& name) {
-  std::optional<DType> t = parse_dtype(name);
-  c.require(t.has_value(), "unknown dtype \"", name, "\"");
-  return *t;
-}
-
-// The "out_dtype" of an op that computes in f32 and may round its result to bf16 (default f32).
-DType f32_or_bf16_out(const Checker& c, const Attrs& attrs) {
-  const std::string name = attrs.get_string("out_dtype", "f32");
-  c.require(name == "f32" || name == "bf16", "out_dtype must be \"f32\" or \"bf16\", found \"", name, "\"");
-  return name == "bf16" ? DType::bf16 : DType::f32;
-}
-
-std::vector<int64_t> reduce_axes(const Checker& c, const Attrs& attrs, int64_t rank) {
-  std::vector<int64_t> axes = attrs.get_ints("axes");
+std::vector<int64_t> reduce_axes(const Checker& c, std::vector<int64_t> axes, int64_t rank) {
   for (int64_t& a : axes) a = c.axis(a, rank);
   std::sort(axes.begin(), axes.end());
   c.require(std::adjacent_find(axes.begin(), axes.end()) == axes.end(), "axes repeat an axis");
@@ -111,9 +100,8 @@ Shape reduced_shape(const Shape& x, const std::vector<int64_t>& axes, bool keepd
 // True if `small` broadcasts to `big` (numpy rules, small may have lower rank).
 // The stream index map of a node applying dropout (kernels/rng.h): absent, or runs of
 // index_block elements index_stride apart from index_start, inside one stride.
-void check_stream_index_map(const Checker& c, const Attrs& attrs) {
-  const int64_t block = attrs.get_int("index_block", 0), stride = attrs.get_int("index_stride", 0),
-                start = attrs.get_int("index_start", 0);
+void check_stream_index_map(const Checker& c, const DropoutParams& p) {
+  const int64_t block = p.index_block, stride = p.index_stride, start = p.index_start;
   if (block == 0 && stride == 0 && start == 0) return;
   c.require(block > 0 && start >= 0 && start + block <= stride, "index_block ", block, ", index_stride ", stride,
             " and index_start ", start, " do not describe runs inside one stride");
@@ -127,19 +115,18 @@ bool broadcasts_to(const Shape& small, const Shape& big) {
   return true;
 }
 
-std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
+std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
   const size_t n_in = c.in.size();
   switch (c.op) {
     case OpKind::Fill: {
-      DType t = parse_dtype_attr(c, attrs.get_string("dtype", "f32"));
-      attrs.get_float("value");
-      return {{Shape(attrs.get_ints("shape")), t}};
+      const auto& p = std::get<FillParams>(params);
+      return {{Shape(p.shape), p.dtype}};
     }
     case OpKind::MatMul: {
       c.require_float(0, "a");
       c.require_same_dtype(0, 1);
-      DType out = parse_dtype_attr(c, attrs.get_string("out_dtype", "f32"));
-      return {{matmul_shape(c, attrs.get_int("trans_a", 0) != 0, attrs.get_int("trans_b", 0) != 0), out}};
+      const auto& p = std::get<MatMulParams>(params);
+      return {{matmul_shape(c, p.trans_a, p.trans_b), p.out_dtype}};
     }
     case OpKind::Linear:
     case OpKind::LinearGelu: {
@@ -156,13 +143,9 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       std::vector<int64_t> out = x.dims();
       out.back() = w[0];
       if (c.op == OpKind::Linear) return {{Shape(out), DType::f32}};
-      const std::string approximate = attrs.get_string("approximate", "none");
-      c.require(approximate == "none" || approximate == "tanh", "approximate must be \"none\" or \"tanh\", found \"",
-                approximate, "\"");
-      const std::string z_dtype = attrs.get_string("z_dtype", "f32");
-      c.require(z_dtype == "f32" || z_dtype == "bf16", "z_dtype must be \"f32\" or \"bf16\", found \"", z_dtype, "\"");
       // gelu(z) in out_dtype (rounded from f32), z in z_dtype
-      return {{Shape(out), f32_or_bf16_out(c, attrs)}, {Shape(out), z_dtype == "bf16" ? DType::bf16 : DType::f32}};
+      const auto& p = std::get<LinearGeluParams>(params);
+      return {{Shape(out), p.out_dtype}, {Shape(out), p.z_dtype}};
     }
     case OpKind::Add:
     case OpKind::Sub:
@@ -179,14 +162,10 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       return {{out, c.dtype(0)}};
     }
     case OpKind::Scale:
-      attrs.get_float("alpha");
       c.require_float(0, "x");
       return {{c.shape(0), c.dtype(0)}};
     case OpKind::Gelu:
     case OpKind::GeluBackward: {
-      std::string approximate = attrs.get_string("approximate", "none");
-      c.require(approximate == "none" || approximate == "tanh", "approximate must be \"none\" or \"tanh\", found \"",
-                approximate, "\"");
       // Gelu: x f32 or bf16 (computed in f32). GeluBackward: dy f32, x as the forward's.
       const size_t x_index = n_in == 2 ? 1 : 0;
       c.require(c.dtype(x_index) == DType::f32 || c.dtype(x_index) == DType::bf16, "x must be f32 or bf16, found ",
@@ -196,11 +175,9 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
         c.require_same_shape(0, 1);
       }
       // Gelu's result may be rounded to bf16 (out_dtype, written by fold_output_casts); dx is f32.
-      return {{c.shape(0), n_in == 2 ? DType::f32 : f32_or_bf16_out(c, attrs)}};
+      return {{c.shape(0), n_in == 2 ? DType::f32 : std::get<GeluParams>(params).out_dtype}};
     }
     case OpKind::Pow:
-      attrs.get_float("exponent");
-      [[fallthrough]];
     case OpKind::Tanh:
     case OpKind::Relu:
     case OpKind::Sqrt:
@@ -225,7 +202,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       c.require_f32(2, "beta");
       c.require(x.rank() >= 1, "x needs rank >= 1");
       c.require(c.shape(1) == Shape{x[-1]} && c.shape(2) == Shape{x[-1]}, "gamma and beta should be (", x[-1], ")");
-      c.require(attrs.get_float("eps") > 0, "eps must be positive");
+      c.require(std::get<LayerNormParams>(params).eps > 0, "eps must be positive");
       Shape rows(std::vector<int64_t>(x.dims().begin(), x.dims().end() - 1));
       return {{x, DType::f32}, {rows, DType::f32}, {rows, DType::f32}};
     }
@@ -239,10 +216,11 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       c.require(x.rank() >= 1, "x needs rank >= 1");
       c.require(c.shape(1) == x, "x ", x.to_string(), " and residual ", c.shape(1).to_string(), " differ");
       c.require(c.shape(2) == Shape{x[-1]} && c.shape(3) == Shape{x[-1]}, "gamma and beta should be (", x[-1], ")");
-      c.require(attrs.get_float("eps") > 0, "eps must be positive");
-      const double p = attrs.get_float("p", 0.0);
+      const auto& add_layernorm = std::get<AddLayerNormParams>(params);
+      c.require(add_layernorm.eps > 0, "eps must be positive");
+      const double p = add_layernorm.dropout.p;
       c.require(p >= 0.0 && p < 1.0, "p must be in [0, 1), found ", p);
-      check_stream_index_map(c, attrs);
+      check_stream_index_map(c, add_layernorm.dropout);
       Shape rows(std::vector<int64_t>(x.dims().begin(), x.dims().end() - 1));
       return {{x, DType::f32}, {x, DType::f32}, {rows, DType::f32}, {rows, DType::f32}};
     }
@@ -267,7 +245,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
     case OpKind::EmbeddingBackward: {
       c.require_f32(0, "dy");
       c.require_index(1, "ids");
-      int64_t vocab = attrs.get_int("num_embeddings");
+      int64_t vocab = std::get<EmbeddingBackwardParams>(params).num_embeddings;
       c.require(vocab > 0, "num_embeddings must be positive");
       const Shape& dy = c.shape(0);
       c.require(dy.rank() == c.shape(1).rank() + 1 &&
@@ -276,18 +254,16 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       return {{Shape{vocab, dy[-1]}, DType::f32}};
     }
     case OpKind::Dropout: {
-      double p = attrs.get_float("p");
-      c.require(p >= 0.0 && p < 1.0, "p must be in [0, 1), found ", p);
-      attrs.get_int("seed");
-      check_stream_index_map(c, attrs);
+      const auto& dropout = std::get<DropoutParams>(params);
+      c.require(dropout.p >= 0.0 && dropout.p < 1.0, "p must be in [0, 1), found ", dropout.p);
+      check_stream_index_map(c, dropout);
       c.require_float(0, "x");
       return {{c.shape(0), c.dtype(0)}};
     }
     case OpKind::DropoutAdd: {  // dropout(x) + residual, one pass
-      double p = attrs.get_float("p");
-      c.require(p >= 0.0 && p < 1.0, "p must be in [0, 1), found ", p);
-      attrs.get_int("seed");
-      check_stream_index_map(c, attrs);
+      const auto& dropout = std::get<DropoutParams>(params);
+      c.require(dropout.p >= 0.0 && dropout.p < 1.0, "p must be in [0, 1), found ", dropout.p);
+      check_stream_index_map(c, dropout);
       c.require_f32(0, "x");
       c.require_f32(1, "residual");
       c.require(c.shape(0) == c.shape(1), "x ", c.shape(0).to_string(), " and residual ", c.shape(1).to_string(),
@@ -295,7 +271,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       return {{c.shape(0), DType::f32}};
     }
     case OpKind::Reshape: {
-      std::vector<int64_t> out = attrs.get_ints("shape");
+      std::vector<int64_t> out = std::get<ShapeParams>(params).shape;
       int64_t known = 1;
       int infer_at = -1;
       for (size_t i = 0; i < out.size(); ++i) {
@@ -317,7 +293,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       return {{Shape(out), c.dtype(0)}};
     }
     case OpKind::Transpose: {
-      const std::vector<int64_t>& perm = attrs.get_ints("perm");
+      const std::vector<int64_t>& perm = std::get<TransposeParams>(params).perm;
       const Shape& x = c.shape(0);
       c.require(static_cast<int64_t>(perm.size()) == x.rank(), "perm has ", perm.size(), " entries for rank ",
                 x.rank());
@@ -331,8 +307,9 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
     }
     case OpKind::Split: {
       const Shape& x = c.shape(0);
-      int64_t axis = c.axis(attrs.get_int("axis"), x.rank());
-      const std::vector<int64_t>& sizes = attrs.get_ints("sizes");
+      const auto& split = std::get<SplitParams>(params);
+      int64_t axis = c.axis(split.axis, x.rank());
+      const std::vector<int64_t>& sizes = split.sizes;
       c.require(!sizes.empty(), "sizes is empty");
       int64_t total = 0;
       std::vector<TypedShape> out;
@@ -348,7 +325,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
     }
     case OpKind::Concat: {
       const Shape& first = c.shape(0);
-      int64_t axis = c.axis(attrs.get_int("axis"), first.rank());
+      int64_t axis = c.axis(std::get<ConcatParams>(params).axis, first.rank());
       Shape out = first;
       out[axis] = 0;
       for (size_t i = 0; i < n_in; ++i) {
@@ -363,9 +340,12 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
     }
     case OpKind::Slice:
     case OpKind::SliceBackward: {
-      Shape full = c.op == OpKind::Slice ? c.shape(0) : Shape(attrs.get_ints("shape"));
-      int64_t axis = c.axis(attrs.get_int("axis"), full.rank());
-      int64_t start = attrs.get_int("start"), end = attrs.get_int("end");
+      const bool forward = c.op == OpKind::Slice;
+      const SliceParams* slice = std::get_if<SliceParams>(&params);
+      const SliceBackwardParams* backward = std::get_if<SliceBackwardParams>(&params);
+      Shape full = forward ? c.shape(0) : Shape(backward->shape);
+      int64_t axis = c.axis(forward ? slice->axis : backward->axis, full.rank());
+      int64_t start = forward ? slice->start : backward->start, end = forward ? slice->end : backward->end;
       c.require(0 <= start && start <= end && end <= full[axis], "slice [", start, ", ", end, ") is outside axis ",
                 axis, " of extent ", full[axis]);
       Shape part = full;
@@ -377,23 +357,24 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
     case OpKind::ReduceSum:
     case OpKind::ReduceMean: {
       c.require_float(0, "x");
-      std::vector<int64_t> axes = reduce_axes(c, attrs, c.shape(0).rank());
-      return {{reduced_shape(c.shape(0), axes, attrs.get_int("keepdims", 0) != 0), c.dtype(0)}};
+      const auto& reduce = std::get<ReduceParams>(params);
+      std::vector<int64_t> axes = reduce_axes(c, reduce.axes, c.shape(0).rank());
+      return {{reduced_shape(c.shape(0), axes, reduce.keepdims), c.dtype(0)}};
     }
     case OpKind::ExpandTo: {
-      Shape target(attrs.get_ints("shape"));
+      Shape target(std::get<ShapeParams>(params).shape);
       c.require(broadcasts_to(c.shape(0), target), "cannot broadcast ", c.shape(0).to_string(), " to ",
                 target.to_string());
       return {{target, c.dtype(0)}};
     }
     case OpKind::ReduceSumTo: {
-      Shape target(attrs.get_ints("shape"));
+      Shape target(std::get<ShapeParams>(params).shape);
       c.require(broadcasts_to(target, c.shape(0)), "cannot sum ", c.shape(0).to_string(), " down to ",
                 target.to_string());
       return {{target, c.dtype(0)}};
     }
     case OpKind::Cast:
-      return {{c.shape(0), parse_dtype_attr(c, attrs.get_string("dtype"))}};
+      return {{c.shape(0), std::get<CastParams>(params).dtype}};
     case OpKind::SoftmaxCrossEntropy: {
       const Shape& logits = c.shape(0);
       c.require_f32(0, "logits");
@@ -401,7 +382,6 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
       c.require(logits.rank() >= 2, "logits should be (..., V)");
       Shape rows(std::vector<int64_t>(logits.dims().begin(), logits.dims().end() - 1));
       c.require(c.shape(1) == rows, "targets should be ", rows.to_string(), ", found ", c.shape(1).to_string());
-      attrs.get_int("ignore_index", -100);
       return {{Shape{}, DType::f32}, {rows, DType::f32}};
     }
     case OpKind::SoftmaxCrossEntropyBackward: {
@@ -430,8 +410,8 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
         c.require_f32(3, "bias");
         c.require(c.shape(3) == Shape{w[0]}, "bias shape ", c.shape(3).to_string(), " should be (", w[0], ")");
       }
-      attrs.get_int("ignore_index", -100);
-      c.require(attrs.get_int("chunk_rows", 0) >= 0, "chunk_rows must be 0 (automatic) or positive");
+      c.require(std::get<LinearCrossEntropyParams>(params).chunk_rows >= 0,
+                "chunk_rows must be 0 (automatic) or positive");
       return {{Shape{}, DType::f32}, {x, DType::f32}, {w, DType::f32}, {Shape{w[0]}, DType::f32}};
     }
     case OpKind::SigmoidCrossEntropy:
@@ -460,27 +440,25 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
                 dtype_name(c.dtype(q_at)));
       c.require_same_dtype(q_at, q_at + 1);
       c.require_same_dtype(q_at, q_at + 2);
-      const std::string out_dtype = attrs.get_string("out_dtype", "f32");
-      c.require(out_dtype == "f32" || out_dtype == "bf16", "out_dtype must be \"f32\" or \"bf16\", found \"",
-                out_dtype, "\"");
+      const auto& attention = std::get<AttentionParams>(params);
+      const DType out_dtype = attention.out_dtype;
       for (size_t i = 0; i < n_in; ++i)
         if ((i < q_at || i > q_at + 2) && !(c.op == OpKind::AttentionBackward && i == 4))
           c.require_f32(i, "every input but q, k, v");
       if (c.op == OpKind::AttentionBackward)
-        c.require(c.dtype(4) == (out_dtype == "bf16" ? DType::bf16 : DType::f32), "out should be ", out_dtype,
-                  " (out_dtype), found ", dtype_name(c.dtype(4)));
-      const bool seq_major = attrs.get_int("seq_major", 0) != 0;  // (B, T, H, D) instead of (B, H, T, D)
+        c.require(c.dtype(4) == out_dtype, "out should be ", dtype_name(out_dtype), " (out_dtype), found ",
+                  dtype_name(c.dtype(4)));
+      const bool seq_major = attention.seq_major;  // (B, T, H, D) instead of (B, H, T, D)
       c.require(q.rank() == 4 && k.rank() == 4 && v.rank() == 4,
                 seq_major ? "q, k, v should be (B, T, H, D)" : "q, k, v should be (B, H, T, D)");
       c.require(k == v, "k ", k.to_string(), " and v ", v.to_string(), " differ");
       const int64_t heads = seq_major ? q[2] : q[1], T = seq_major ? q[1] : q[2], S = seq_major ? k[1] : k[2];
       c.require(q[0] == k[0] && heads == (seq_major ? k[2] : k[1]) && q[3] == k[3], "q ", q.to_string(),
                 " does not match k ", k.to_string());
-      attrs.get_float("scale");
-      double p = attrs.get_float("dropout_p", 0.0);
+      const double p = attention.dropout_p;
       c.require(p >= 0.0 && p < 1.0, "dropout_p must be in [0, 1)");
-      if (attrs.get_int("causal", 0)) c.require(T <= S, "causal attention needs T <= S");
-      const int64_t rng_rows = attrs.get_int("rng_rows", T), rng_row_start = attrs.get_int("rng_row_start", 0);
+      if (attention.causal) c.require(T <= S, "causal attention needs T <= S");
+      const int64_t rng_rows = attention.stream_rows(T), rng_row_start = attention.rng_row_start;
       c.require(rng_row_start >= 0 && rng_row_start + T <= rng_rows, "dropout rows [", rng_row_start, ", ",
                 rng_row_start + T, ") are outside rng_rows ", rng_rows);
       size_t mask_at = c.op == OpKind::Attention ? 3 : 6;
@@ -488,7 +466,7 @@ std::vector<TypedShape> infer(const Checker& c, const Attrs& attrs) {
         c.require(c.shape(mask_at) == Shape{q[0], S}, "mask should be (B, S) = (", q[0], ", ", S, "), found ",
                   c.shape(mask_at).to_string());
       Shape lse{q[0], heads, T};
-      if (c.op == OpKind::Attention) return {{q, out_dtype == "bf16" ? DType::bf16 : DType::f32}, {lse, DType::f32}};
+      if (c.op == OpKind::Attention) return {{q, out_dtype}, {lse, DType::f32}};
       c.require(c.shape(0) == q && c.shape(4) == q, "dout and out should be ", q.to_string());
       c.require(c.shape(5) == lse, "lse should be ", lse.to_string());
       return {{q, DType::f32}, {k, DType::f32}, {v, DType::f32}};
@@ -509,8 +487,9 @@ std::vector<TypedShape> infer_outputs(const Graph& g, OpKind op, const std::vect
                 ? ""
                 : str(" to ", info.max_inputs < 0 ? "any" : std::to_string(info.max_inputs)),
             " inputs, found ", n);
+  const OpParams params = decode_params(op, attrs, node_name);
   try {
-    return infer(c, attrs);
+    return infer(c, params);
   } catch (const Error& e) {
     std::string msg = e.what();
     if (msg.rfind(op_name(op), 0) == 0) throw;

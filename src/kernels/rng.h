@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "fusetrain/ir/attrs.h"
+#include "fusetrain/ops/params.h"
 
 namespace fusetrain::kernels {
 
@@ -59,7 +59,7 @@ inline bool dropout_keep(uint64_t seed, uint64_t offset, uint64_t index, float p
 /// computes only some rows of a larger tensor (passes::prune_sliced_rows) keeps that tensor's
 /// masks: its elements come in runs of `block` that were `stride` apart, the first one at
 /// `start`, so element e draws (e / block)·stride + start + e % block. block 0: element e draws e.
-/// Attributes "index_block", "index_stride", "index_start" (absent: 0).
+/// From DropoutParams::index_block, index_stride, index_start.
 struct StreamIndexMap {
   int64_t block = 0, stride = 0, start = 0;
 
@@ -83,9 +83,9 @@ struct StreamIndexMap {
   }
 };
 
-/// The map a node's attributes give (identity when they name none).
-inline StreamIndexMap stream_index_map(const ir::Attrs& attrs) {
-  return {attrs.get_int("index_block", 0), attrs.get_int("index_stride", 0), attrs.get_int("index_start", 0)};
+/// The map of a dropout's parameters (identity when index_block is 0).
+inline StreamIndexMap stream_index_map(const ops::DropoutParams& params) {
+  return {params.index_block, params.index_stride, params.index_start};
 }
 
 }  // namespace fusetrain::kernels

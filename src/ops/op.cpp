@@ -6,7 +6,7 @@ namespace fusetrain::ops {
 namespace {
 
 constexpr std::array<OpInfo, kNumOps> kOpTable = {{
-#define FT_OP(Name, min_in, max_in, num_out, flags) {OpKind::Name, #Name, min_in, max_in, num_out, flags},
+#define FT_OP(Name, min_in, max_in, num_out, flags, Params) {OpKind::Name, #Name, min_in, max_in, num_out, flags},
 #include "fusetrain/ops/ops.def"
 #undef FT_OP
 }};

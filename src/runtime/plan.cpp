@@ -6,8 +6,9 @@
 #include <cstring>
 
 #include "fusetrain/core/error.h"
+#include "fusetrain/compile/lower.h"
+#include "fusetrain/kernels/device.h"
 #include "fusetrain/memory/storage.h"
-#include "kernels/kernel.h"
 
 namespace fusetrain::runtime {
 
@@ -36,21 +37,6 @@ struct Plan::InputBinding {
   std::vector<std::pair<size_t, size_t>> readers;  // (step index, input slot)
 };
 
-namespace {
-
-// Serial below a size where threads pay off; otherwise the whole team (libgomp
-// allocates when team sizes change between regions, so no `if` clauses).
-void add_into(float* dest, const float* src, int64_t n, int num_threads) {
-  if (n <= 32768 || num_threads <= 1) {
-    for (int64_t i = 0; i < n; ++i) dest[i] += src[i];
-    return;
-  }
-#pragma omp parallel for simd num_threads(num_threads) schedule(static)
-  for (int64_t i = 0; i < n; ++i) dest[i] += src[i];
-}
-
-}  // namespace
-
 Plan::~Plan() = default;
 
 size_t Plan::num_scheduled_nodes() const { return steps_.size(); }
@@ -64,7 +50,7 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
   p.num_threads_ = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   const ir::Graph& g = p.graph_;
   const size_t num_values = g.values().size();
-  kernels::Backend backend = options.reference_kernels ? kernels::Backend::Reference : kernels::Backend::Optimized;
+  p.device_ = &kernels::device_for(options.reference_kernels ? kernels::Backend::Reference : kernels::Backend::Optimized);
 
   // Schedule: the nodes the outputs depend on, in graph order.
   std::vector<bool> needed(num_values, false);
@@ -101,7 +87,7 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
   p.steps_.resize(schedule.size());
   for (size_t i = 0; i < schedule.size(); ++i) {
     p.steps_[i].node = &g.node(schedule[i]);
-    p.steps_[i].kernel = kernels::create_kernel(g, *p.steps_[i].node, backend);
+    p.steps_[i].kernel = p.device_->make_kernel(compile::lower(g, *p.steps_[i].node));
   }
 
   // Storage: one arena for activations, scratch and gradient temporaries (memory/storage.h).
@@ -206,7 +192,7 @@ void Plan::run() {
   ctx.num_threads = num_threads_;
   for (Step& step : steps_) {
     step.kernel->run(step.args, ctx);
-    for (const Step::Accumulation& a : step.accumulations) add_into(a.dest, a.temp, a.numel, num_threads_);
+    for (const Step::Accumulation& a : step.accumulations) device_->add_into(a.dest, a.temp, a.numel, ctx);
   }
   ++step_;
 }
@@ -219,7 +205,7 @@ void Plan::run_profiled(std::vector<double>& seconds) {
   for (size_t i = 0; i < steps_.size(); ++i) {
     double start = omp_get_wtime();
     steps_[i].kernel->run(steps_[i].args, ctx);
-    for (const Step::Accumulation& a : steps_[i].accumulations) add_into(a.dest, a.temp, a.numel, num_threads_);
+    for (const Step::Accumulation& a : steps_[i].accumulations) device_->add_into(a.dest, a.temp, a.numel, ctx);
     seconds[i] += omp_get_wtime() - start;
   }
   ++step_;

@@ -18,6 +18,7 @@
 #include "fusetrain/core/half.h"
 #include "fusetrain/ir/graph.h"
 #include "kernels/cpu/basic_kernels.h"
+#include "fusetrain/compile/lower.h"
 #include "kernels/factories.h"
 #include "kernels/rng.h"
 
@@ -134,7 +135,7 @@ void check_node(const Graph& g, const ir::Node& node, const std::vector<Tensor>&
                 const CheckOptions& options = {}) {
   PathGuard guard;
   std::mt19937 rng(1234);
-  std::unique_ptr<Kernel> ref = make_ref_kernel(g, node);
+  std::unique_ptr<Kernel> ref = make_ref_kernel(compile::lower(g, node));
   ASSERT_TRUE(ref != nullptr);
   std::vector<Tensor> initial;
   for (ValueId v : node.outputs) {
@@ -143,7 +144,7 @@ void check_node(const Graph& g, const ir::Node& node, const std::vector<Tensor>&
   }
   for (const Path& path : paths()) {
     cpu_basic::force_portable_path(path.portable);
-    std::unique_ptr<Kernel> cpu = make_cpu_basic_kernel(g, node);
+    std::unique_ptr<Kernel> cpu = make_cpu_basic_kernel(compile::lower(g, node));
     ASSERT_TRUE(cpu != nullptr) << ir::op_name(node.op) << " has no CPU kernel";
     if (options.expect_accumulates) {
       EXPECT_TRUE(cpu->accumulates()) << ir::op_name(node.op);
@@ -295,7 +296,7 @@ TEST(CpuBasicKernels, GeluErfAccuracySweep) {
   PathGuard guard;
   for (const Path& path : paths()) {
     cpu_basic::force_portable_path(path.portable);
-    std::unique_ptr<Kernel> k = make_cpu_basic_kernel(g, node);
+    std::unique_ptr<Kernel> k = make_cpu_basic_kernel(compile::lower(g, node));
     std::vector<Tensor> y = run_node(*k, g, node, {x}, nullptr, 2, 0);
     double worst = 0.0;
     for (int64_t i = 0; i < n; ++i) {
@@ -381,7 +382,7 @@ TEST(CpuBasicKernels, EmbeddingRejectsOutOfRangeIds) {
     const ir::Node& n = op == OpKind::Embedding ? one_node(g, op, {{Shape{5, 3}, DType::f32}, {Shape{4}, DType::i64}})
                                                 : one_node(g, op, {{Shape{4, 3}, DType::f32}, {Shape{4}, DType::i64}},
                                                            {{"num_embeddings", int64_t{5}}});
-    std::unique_ptr<Kernel> k = make_cpu_basic_kernel(g, n);
+    std::unique_ptr<Kernel> k = make_cpu_basic_kernel(compile::lower(g, n));
     ASSERT_TRUE(k != nullptr);
     Tensor first = Tensor::zeros(op == OpKind::Embedding ? Shape{5, 3} : Shape{4, 3}, DType::f32);
     Tensor ids = Tensor::zeros(Shape{4}, DType::i64);
@@ -411,7 +412,7 @@ TEST(CpuBasicKernels, DropoutMatchesRngBitForBit) {
       PathGuard guard;
       for (const Path& path : paths()) {
         cpu_basic::force_portable_path(path.portable);
-        std::unique_ptr<Kernel> k = make_cpu_basic_kernel(g, n);
+        std::unique_ptr<Kernel> k = make_cpu_basic_kernel(compile::lower(g, n));
         std::vector<Tensor> y = run_node(*k, g, n, in, nullptr, 2, 987654321ull);
         int64_t mismatches = 0;
         for (int64_t i = 0; i < shape.numel(); ++i) {
@@ -433,7 +434,7 @@ TEST(CpuBasicKernels, ReshapeCopiesOrAliases) {
       one_node(g, OpKind::Reshape, {{Shape{17, 129}, DType::f32}}, {{"shape", std::vector<int64_t>{129, -1}}});
   std::vector<Tensor> in = random_inputs(g, n, rng);
   check_node(g, n, in, {kExact});
-  std::unique_ptr<Kernel> k = make_cpu_basic_kernel(g, n);
+  std::unique_ptr<Kernel> k = make_cpu_basic_kernel(compile::lower(g, n));
   KernelArgs args;
   args.inputs = {in[0]};
   args.outputs = {in[0].reshaped(Shape{129, 17})};
@@ -602,7 +603,7 @@ TEST(CpuBasicKernels, SoftmaxCrossEntropy) {
                      {{Shape{}, DType::f32}, {shape, DType::f32}, {rows, targets_t}, {rows, DType::f32}},
                      {{"ignore_index", int64_t{-1}}});
         // lse from the reference forward, so softmax is normalised.
-        std::unique_ptr<Kernel> ref = make_ref_kernel(g, n);
+        std::unique_ptr<Kernel> ref = make_ref_kernel(compile::lower(g, n));
         std::vector<Tensor> fwd = run_node(*ref, g, n, in, nullptr, 1, 0);
         Tensor dloss = Tensor::zeros(Shape{}, DType::f32);
         dloss.set_item(0, 1.7);
@@ -615,7 +616,7 @@ TEST(CpuBasicKernels, SoftmaxCrossEntropy) {
 TEST(CpuBasicKernels, SoftmaxCrossEntropyRejectsBadTargets) {
   Graph g;
   const ir::Node& n = one_node(g, OpKind::SoftmaxCrossEntropy, {{Shape{2, 5}, DType::f32}, {Shape{2}, DType::i64}});
-  std::unique_ptr<Kernel> k = make_cpu_basic_kernel(g, n);
+  std::unique_ptr<Kernel> k = make_cpu_basic_kernel(compile::lower(g, n));
   ASSERT_TRUE(k != nullptr);
   Tensor logits = Tensor::zeros(Shape{2, 5}, DType::f32);
   Tensor targets = Tensor::zeros(Shape{2}, DType::i64);
@@ -630,7 +631,7 @@ TEST(CpuBasicKernels, CrossEntropyLossIsStableAcrossThreads) {
   const ir::Node& n =
       one_node(g, OpKind::SoftmaxCrossEntropy, {{Shape{64, 1000}, DType::f32}, {Shape{64}, DType::i64}});
   std::vector<Tensor> in = random_inputs(g, n, rng, -6.0, 6.0, 1000);
-  std::unique_ptr<Kernel> k = make_cpu_basic_kernel(g, n);
+  std::unique_ptr<Kernel> k = make_cpu_basic_kernel(compile::lower(g, n));
   std::vector<Tensor> one = run_node(*k, g, n, in, nullptr, 1, 0);
   std::vector<Tensor> two = run_node(*k, g, n, in, nullptr, 2, 0);
   EXPECT_NEAR(one[0].item(0), two[0].item(0), 1e-6 * std::abs(one[0].item(0)));
@@ -641,7 +642,7 @@ TEST(CpuBasicKernels, CrossEntropyLossIsStableAcrossThreads) {
 TEST(CpuBasicKernels, DenseOpsAreNotHere) {
   Graph g;
   const ir::Node& n = one_node(g, OpKind::MatMul, {{Shape{3, 4}, DType::f32}, {Shape{4, 5}, DType::f32}});
-  EXPECT_EQ(make_cpu_basic_kernel(g, n), nullptr);
+  EXPECT_EQ(make_cpu_basic_kernel(compile::lower(g, n)), nullptr);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "fusetrain/core/half.h"
 #include "fusetrain/ir/builder.h"
 #include "kernels/cpu/basic_kernels.h"
+#include "fusetrain/compile/lower.h"
 #include "kernels/factories.h"
 
 namespace fusetrain::kernels {
@@ -105,10 +106,10 @@ void expect_matches_reference(const ir::Graph& g, const ir::Node& node, int thre
   for (ValueId v : node.inputs) inputs.push_back(random_tensor(g.value(v).shape, g.value(v).dtype, rng));
   std::vector<Tensor> initial;
   for (ValueId v : node.outputs) initial.push_back(random_tensor(g.value(v).shape, g.value(v).dtype, rng));
-  std::unique_ptr<Kernel> tuned = make_cpu_dense_kernel(g, node);
+  std::unique_ptr<Kernel> tuned = make_cpu_dense_kernel(compile::lower(g, node));
   ASSERT_NE(tuned, nullptr) << label;
   EXPECT_TRUE(tuned->accumulates()) << label;  // MatMul and Linear handle the flag themselves
-  std::unique_ptr<Kernel> reference = make_ref_kernel(g, node);
+  std::unique_ptr<Kernel> reference = make_ref_kernel(compile::lower(g, node));
   std::vector<Tensor> got = run_kernel(*tuned, g, node, inputs, threads, 0, accumulate ? &initial : nullptr);
   std::vector<Tensor> want = run_kernel(*reference, g, node, inputs, 1, 0, accumulate ? &initial : nullptr);
   for (size_t i = 0; i < got.size(); ++i) {
@@ -196,9 +197,9 @@ TEST(CpuDenseKernels, MatMulBf16ResultFallsBackToReference) {
   ValueId a = builder.input("a", Shape{3, 4}, DType::bf16);
   ValueId b = builder.input("b", Shape{4, 5}, DType::bf16);
   g.add(OpKind::MatMul, {a, b}, {{"out_dtype", std::string("bf16")}});
-  EXPECT_EQ(make_cpu_dense_kernel(g, g.nodes().back()), nullptr);
+  EXPECT_EQ(make_cpu_dense_kernel(compile::lower(g, g.nodes().back())), nullptr);
   builder.add(a, a);
-  EXPECT_EQ(make_cpu_dense_kernel(g, g.nodes().back()), nullptr);
+  EXPECT_EQ(make_cpu_dense_kernel(compile::lower(g, g.nodes().back())), nullptr);
 }
 
 void check_linear(std::vector<int64_t> x_dims, int64_t n, bool bias, DType dtype, int threads, bool accumulate,
@@ -302,9 +303,9 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
   const ir::Node backward = g.nodes().back();
 
   std::vector<Tensor> inputs = attention_inputs(c, rng);
-  std::unique_ptr<Kernel> tuned = make_cpu_dense_kernel(g, forward);
+  std::unique_ptr<Kernel> tuned = make_cpu_dense_kernel(compile::lower(g, forward));
   ASSERT_NE(tuned, nullptr) << label;
-  std::unique_ptr<Kernel> reference = make_ref_kernel(g, forward);
+  std::unique_ptr<Kernel> reference = make_ref_kernel(compile::lower(g, forward));
   std::vector<Tensor> got = run_kernel(*tuned, g, forward, inputs, c.threads, rng_offset);
   std::vector<Tensor> want = run_kernel(*reference, g, forward, inputs, 1, rng_offset);
   EXPECT_LE(scaled_max_error(got[0], want[0]), 1e-5) << label << " out";
@@ -317,10 +318,10 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
   std::vector<Tensor> backward_in{
       random_tensor(c.q_shape(), DType::f32, rng), inputs[0], inputs[1], inputs[2], want[0], want[1]};
   if (c.mask) backward_in.push_back(inputs[3]);
-  std::unique_ptr<Kernel> tuned_backward = make_cpu_dense_kernel(g, backward);
+  std::unique_ptr<Kernel> tuned_backward = make_cpu_dense_kernel(compile::lower(g, backward));
   ASSERT_NE(tuned_backward, nullptr) << label;
   EXPECT_FALSE(tuned_backward->accumulates());
-  std::unique_ptr<Kernel> reference_backward = make_ref_kernel(g, backward);
+  std::unique_ptr<Kernel> reference_backward = make_ref_kernel(compile::lower(g, backward));
   std::vector<Tensor> grads = run_kernel(*tuned_backward, g, backward, backward_in, c.threads, rng_offset);
   std::vector<Tensor> want_grads = run_kernel(*reference_backward, g, backward, backward_in, 1, rng_offset);
   const char* names[] = {" dq", " dk", " dv"};
@@ -461,7 +462,7 @@ TEST(CpuDenseKernels, AttentionSeqMajorIsTransposedHeadMajor) {
       ValueId v = builder.input("v", c->kv_shape()), mask = builder.input("mask", Shape{c->B, c->S});
       g.add_node(OpKind::Attention, {q, k, v, mask}, c->attrs());
       const ir::Node forward = g.nodes().back();
-      std::unique_ptr<Kernel> fwd = make_cpu_dense_kernel(g, forward);
+      std::unique_ptr<Kernel> fwd = make_cpu_dense_kernel(compile::lower(g, forward));
       std::vector<Tensor> out = run_kernel(*fwd, g, forward, {layout(in[0]), layout(in[1]), layout(in[2]), in[3]},
                                            threads, 5);
       g.add_node(OpKind::AttentionBackward,
@@ -469,7 +470,7 @@ TEST(CpuDenseKernels, AttentionSeqMajorIsTransposedHeadMajor) {
                   builder.input("lse", Shape{c->B, c->H, c->T}), mask},
                  c->attrs());
       const ir::Node backward = g.nodes().back();
-      std::unique_ptr<Kernel> bwd = make_cpu_dense_kernel(g, backward);
+      std::unique_ptr<Kernel> bwd = make_cpu_dense_kernel(compile::lower(g, backward));
       std::vector<Tensor> grads = run_kernel(
           *bwd, g, backward, {layout(dout), layout(in[0]), layout(in[1]), layout(in[2]), out[0], out[1], in[3]},
           threads, 5);
@@ -495,7 +496,7 @@ TEST(CpuDenseKernels, AttentionBackwardIsDeterministic) {
   const ir::Node& node = g.nodes().back();
   std::vector<Tensor> inputs;
   for (ValueId v : node.inputs) inputs.push_back(random_tensor(g.value(v).shape, DType::f32, rng));
-  std::unique_ptr<Kernel> kernel = make_cpu_dense_kernel(g, node);
+  std::unique_ptr<Kernel> kernel = make_cpu_dense_kernel(compile::lower(g, node));
   std::vector<Tensor> first = run_kernel(*kernel, g, node, inputs, 4);
   for (int repeat = 0; repeat < 3; ++repeat) {
     std::vector<Tensor> again = run_kernel(*kernel, g, node, inputs, 4);

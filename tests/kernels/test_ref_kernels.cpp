@@ -18,6 +18,7 @@
 #include "fusetrain/core/error.h"
 #include "fusetrain/core/half.h"
 #include "fusetrain/ir/builder.h"
+#include "fusetrain/compile/lower.h"
 #include "kernels/factories.h"
 #include "kernels/rng.h"
 
@@ -63,7 +64,7 @@ void expect_values(const Tensor& t, const std::vector<double>& want, double tol 
 std::vector<Tensor> run_ref(const Graph& g, const std::vector<Tensor>& inputs, uint64_t rng_offset = 0,
                             std::vector<Tensor> outputs = {}, std::vector<uint8_t> accumulate = {}) {
   const ir::Node& node = g.nodes().back();
-  std::unique_ptr<Kernel> kernel = make_ref_kernel(g, node);
+  std::unique_ptr<Kernel> kernel = make_ref_kernel(compile::lower(g, node));
   EXPECT_TRUE(kernel->accumulates());
   KernelArgs args;
   args.inputs = inputs;

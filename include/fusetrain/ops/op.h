@@ -18,14 +18,14 @@ enum OpFlags : unsigned {
 
 /// Every op the IR knows, in ops.def order.
 enum class OpKind : uint16_t {
-#define FT_OP(Name, min_in, max_in, num_out, flags) Name,
+#define FT_OP(Name, min_in, max_in, num_out, flags, Params) Name,
 #include "fusetrain/ops/ops.def"
 #undef FT_OP
 };
 
 /// Number of op kinds.
 constexpr int kNumOps = 0
-#define FT_OP(Name, min_in, max_in, num_out, flags) +1
+#define FT_OP(Name, min_in, max_in, num_out, flags, Params) +1
 #include "fusetrain/ops/ops.def"
 #undef FT_OP
     ;
@@ -33,7 +33,7 @@ constexpr int kNumOps = 0
 /// Flags of an op, usable in constant expressions.
 constexpr unsigned op_flags(OpKind kind) {
   switch (kind) {
-#define FT_OP(Name, min_in, max_in, num_out, flags) \
+#define FT_OP(Name, min_in, max_in, num_out, flags, Params) \
   case OpKind::Name:                                \
     return flags;
 #include "fusetrain/ops/ops.def"

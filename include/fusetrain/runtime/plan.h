@@ -13,6 +13,7 @@
 #include "fusetrain/runtime/parameters.h"
 
 namespace fusetrain::kernels {
+class Device;
 class Kernel;
 struct KernelArgs;
 enum class Backend;
@@ -88,6 +89,7 @@ class Plan {
   memory::MemoryReport report_;
   int num_threads_ = 1;
   uint64_t step_ = 0;
+  const kernels::Device* device_ = nullptr;  // builds the kernels; adds accumulations
 };
 
 }  // namespace fusetrain::runtime

@@ -230,18 +230,18 @@ class ActivationBackwardKernel final : public Kernel {
   bool bf16_saved_;
 };
 
-bool parse_act(const ir::Node& n, Act* act) {
-  switch (n.op) {
-    case ir::OpKind::Gelu:
-    case ir::OpKind::GeluBackward:
-      *act = n.attrs.get_string("approximate", "none") == "tanh" ? Act::GeluTanh : Act::GeluErf;
+bool parse_act(const KernelCall& call, Act* act) {
+  switch (call.op) {
+    case OpKind::Gelu:
+    case OpKind::GeluBackward:
+      *act = ops::gelu_approximation(call.op_params) == ops::GeluApproximation::Tanh ? Act::GeluTanh : Act::GeluErf;
       return true;
-    case ir::OpKind::Tanh:
-    case ir::OpKind::TanhBackward:
+    case OpKind::Tanh:
+    case OpKind::TanhBackward:
       *act = Act::Tanh;
       return true;
-    case ir::OpKind::Relu:
-    case ir::OpKind::ReluBackward:
+    case OpKind::Relu:
+    case OpKind::ReluBackward:
       *act = Act::Relu;
       return true;
     default:
@@ -261,11 +261,11 @@ BackwardFn backward_fn(bool avx512) {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_activation_kernel(const ir::Graph& g, const ir::Node& n) {
+std::unique_ptr<Kernel> make_activation_kernel(const KernelCall& call) {
   Act act;
-  const DType x_dtype = input_dtype(g, n, 0);
-  const DType out_dtype = output_dtype(g, n, 0);
-  if (!parse_act(n, &act) || (x_dtype != DType::f32 && x_dtype != DType::bf16) ||
+  const DType x_dtype = input_dtype(call, 0);
+  const DType out_dtype = output_dtype(call, 0);
+  if (!parse_act(call, &act) || (x_dtype != DType::f32 && x_dtype != DType::bf16) ||
       (out_dtype != DType::f32 && out_dtype != DType::bf16))
     return nullptr;
   const bool avx512 = use_avx512();
@@ -284,7 +284,7 @@ std::unique_ptr<Kernel> make_activation_kernel(const ir::Graph& g, const ir::Nod
       fn = forward_fn<Act::Relu>(avx512);
       break;
   }
-  return std::make_unique<ActivationKernel>(output_shape(g, n, 0).numel(), fn, x_dtype == DType::bf16,
+  return std::make_unique<ActivationKernel>(output_shape(call, 0).numel(), fn, x_dtype == DType::bf16,
                                             out_dtype == DType::bf16 ? round_to_bf16_fn() : nullptr);
 }
 
@@ -292,10 +292,10 @@ GeluFn gelu_fn(bool tanh_form) {
   return tanh_form ? forward_fn<Act::GeluTanh>(use_avx512()) : forward_fn<Act::GeluErf>(use_avx512());
 }
 
-std::unique_ptr<Kernel> make_activation_backward_kernel(const ir::Graph& g, const ir::Node& n) {
+std::unique_ptr<Kernel> make_activation_backward_kernel(const KernelCall& call) {
   Act act;
-  const DType saved_dtype = input_dtype(g, n, 1);
-  if (!parse_act(n, &act) || input_dtype(g, n, 0) != DType::f32 ||
+  const DType saved_dtype = input_dtype(call, 1);
+  if (!parse_act(call, &act) || input_dtype(call, 0) != DType::f32 ||
       (saved_dtype != DType::f32 && saved_dtype != DType::bf16))
     return nullptr;
   const bool avx512 = use_avx512();
@@ -314,7 +314,7 @@ std::unique_ptr<Kernel> make_activation_backward_kernel(const ir::Graph& g, cons
       fn = backward_fn<Act::Relu>(avx512);
       break;
   }
-  return std::make_unique<ActivationBackwardKernel>(output_shape(g, n, 0).numel(), fn, saved_dtype == DType::bf16);
+  return std::make_unique<ActivationBackwardKernel>(output_shape(call, 0).numel(), fn, saved_dtype == DType::bf16);
 }
 
 }  // namespace fusetrain::kernels::cpu_basic

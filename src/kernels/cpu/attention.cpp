@@ -3,7 +3,7 @@
 // Legend: B batch, H heads, T query length, S key length, D head size; bh = b·H + h
 // indexes one (batch, head) pair; BQ query rows and BK keys per tile.
 //   q, out, dq, dout: (B, H, T, D)   k, v, dk, dv: (B, H, S, D)   mask: (B, S)   lse: (B, H, T)
-// With the seq_major attribute those six are (B, T, H, D) and (B, S, H, D) instead, the
+// With AttentionParams::seq_major those six are (B, T, H, D) and (B, S, H, D) instead, the
 // layout projections produce, so no transpose is needed around the op. One head's rows are
 // then H·D elements apart; tasks there take a batch element and a group of heads, copy the
 // group into contiguous (heads, len, D) scratch first and copy results back (gather_heads).
@@ -41,6 +41,7 @@
 #include "fusetrain/core/half.h"
 #include "kernels/cpu/basic_kernels.h"
 #include "kernels/cpu/dense_kernels.h"
+#include "kernels/cpu/philox_avx512.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/rng.h"
 
@@ -326,20 +327,10 @@ FT_AVX512 void backward_ds_row_avx512(float* p, float* dp, int64_t n, float di, 
   }
 }
 
-// High 32 bits of the 32×32-bit products of each lane of a with m.
-FT_AVX512_INLINE __m512i mulhi_epu32(__m512i a, __m512i m) {
-  const __m512i even = _mm512_srli_epi64(_mm512_mul_epu32(a, m), 32);
-  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);
-  return _mm512_mask_blend_epi32(0xAAAA, even, odd);
-}
-
-// Philox4x32-10 of kernels/rng.h on 16 consecutive counter blocks at once.
+// Dropout multipliers (0 or 1 / (1 - p)) of stream elements first .. first + n - 1, 64 at a time.
 FT_AVX512 void dropout_row_avx512(uint64_t seed, uint64_t offset, uint64_t first, int64_t n, float p, float* out) {
   const __m512 keep_scale = _mm512_set1_ps(1.0f / (1.0f - p));
   const __m512 threshold = _mm512_set1_ps(p);
-  const __m512 unit = _mm512_set1_ps(1.0f / 16777216.0f);
-  const __m512i mul0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m512i mul1 = _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u));
   const uint64_t end = first + static_cast<uint64_t>(n);
   for (uint64_t block0 = first >> 2; block0 * 4 < end; block0 += 16) {
     alignas(64) uint32_t lo[16], hi[16];
@@ -347,40 +338,13 @@ FT_AVX512 void dropout_row_avx512(uint64_t seed, uint64_t offset, uint64_t first
       lo[lane] = static_cast<uint32_t>(block0 + lane);
       hi[lane] = static_cast<uint32_t>((block0 + lane) >> 32);
     }
-    __m512i c0 = _mm512_load_si512(lo), c1 = _mm512_load_si512(hi);
-    __m512i c2 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset)));
-    __m512i c3 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset >> 32)));
-    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-    for (int round = 0; round < 10; ++round) {
-      const __m512i hi0 = mulhi_epu32(c0, mul0), lo0 = _mm512_mullo_epi32(c0, mul0);
-      const __m512i hi1 = mulhi_epu32(c2, mul1), lo1 = _mm512_mullo_epi32(c2, mul1);
-      c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32(static_cast<int>(k0)));
-      c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32(static_cast<int>(k1)));
-      c1 = lo1;
-      c3 = lo0;
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    // Word w of block b is element 4·b + w: interleave the four words into element order.
-    const __m512i words[4] = {c0, c1, c2, c3};
-    __m512 mult[4];
-    for (int w = 0; w < 4; ++w) {
-      const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(words[w], 8)), unit);
-      mult[w] = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, threshold, _CMP_GE_OQ), keep_scale);
-    }
-    const __m512i pair_lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i pair_hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    const __m512i quad_lo = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
-    const __m512i quad_hi = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
-    const __m512d w01[2] = {_mm512_castps_pd(_mm512_permutex2var_ps(mult[0], pair_lo, mult[1])),
-                            _mm512_castps_pd(_mm512_permutex2var_ps(mult[0], pair_hi, mult[1]))};
-    const __m512d w23[2] = {_mm512_castps_pd(_mm512_permutex2var_ps(mult[2], pair_lo, mult[3])),
-                            _mm512_castps_pd(_mm512_permutex2var_ps(mult[2], pair_hi, mult[3]))};
+    __m512i bits[4];
+    cpu_basic::philox_element_order(
+        cpu_basic::philox4x32_16(_mm512_load_si512(lo), _mm512_load_si512(hi), offset, seed), bits);
     alignas(64) float ordered[64];
-    for (int half = 0; half < 2; ++half) {
-      _mm512_store_ps(ordered + 32 * half, _mm512_castpd_ps(_mm512_permutex2var_pd(w01[half], quad_lo, w23[half])));
-      _mm512_store_ps(ordered + 32 * half + 16,
-                      _mm512_castpd_ps(_mm512_permutex2var_pd(w01[half], quad_hi, w23[half])));
+    for (int q = 0; q < 4; ++q) {
+      const __m512 u = cpu_basic::to_uniform16(bits[q]);
+      _mm512_store_ps(ordered + 16 * q, _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, threshold, _CMP_GE_OQ), keep_scale));
     }
     const uint64_t lo_e = std::max(block0 * 4, first), hi_e = std::min(block0 * 4 + 64, end);
     std::memcpy(out + (lo_e - first), ordered + (lo_e - block0 * 4), (hi_e - lo_e) * sizeof(float));
@@ -409,20 +373,20 @@ struct AttentionPlan {
   int64_t rng_rows = 0, rng_row_start = 0;  // the query rows whose dropout stream these T rows draw
   const TileOps* ops = nullptr;
 
-  AttentionPlan(const ir::Graph& g, const ir::Node& node, size_t q_at, size_t mask_at) {
-    const Shape& q = g.value(node.inputs[q_at]).shape;
-    const Shape& k = g.value(node.inputs[q_at + 1]).shape;
-    seq_major = node.attrs.get_int("seq_major", 0) != 0;
+  AttentionPlan(const KernelCall& call, size_t q_at, size_t mask_at) {
+    const Shape& q = call.inputs[q_at].shape;
+    const Shape& k = call.inputs[q_at + 1].shape;
+    const ops::AttentionParams& params = call.params<ops::AttentionParams>();
+    seq_major = params.seq_major;
     B = q[0], H = seq_major ? q[2] : q[1], T = seq_major ? q[1] : q[2], S = seq_major ? k[1] : k[2], D = q[3];
-    scale = static_cast<float>(node.attrs.get_float("scale"));
-    causal = node.attrs.get_int("causal", 0) != 0;
-    dropout_p = static_cast<float>(node.attrs.get_float("dropout_p", 0.0));
-    seed = static_cast<uint64_t>(node.attrs.get_int("seed", 0));
-    rng_rows = node.attrs.get_int("rng_rows", T);
-    rng_row_start = node.attrs.get_int("rng_row_start", 0);
-    has_mask = node.inputs.size() > mask_at;
-    grouped = seq_major || g.value(node.inputs[q_at]).dtype != DType::f32 ||
-              node.attrs.get_string("out_dtype", "f32") != "f32";
+    scale = static_cast<float>(params.scale);
+    causal = params.causal;
+    dropout_p = static_cast<float>(params.dropout_p);
+    seed = params.seed;
+    rng_rows = params.stream_rows(T);
+    rng_row_start = params.rng_row_start;
+    has_mask = call.inputs.size() > mask_at;
+    grouped = seq_major || call.inputs[q_at].dtype != DType::f32 || params.out_dtype != DType::f32;
     ops = &select_ops();
   }
   // Elements between consecutive rows, and between consecutive heads, of one batch element's
@@ -514,7 +478,7 @@ void transpose_block(float* dst, int64_t ld, const float* src, int64_t src_ld, i
 
 class AttentionForwardKernel final : public Kernel {
  public:
-  AttentionForwardKernel(const ir::Graph& g, const ir::Node& node) : plan_(g, node, 0, 3) {}
+  AttentionForwardKernel(const KernelCall& call) : plan_(call, 0, 3) {}
 
   size_t scratch_bytes(int num_threads) const override {
     const int threads = std::max(num_threads, 1);
@@ -646,7 +610,7 @@ class AttentionForwardKernel final : public Kernel {
 
 class AttentionBackwardKernel final : public Kernel {
  public:
-  AttentionBackwardKernel(const ir::Graph& g, const ir::Node& node) : plan_(g, node, 1, 6) {}
+  AttentionBackwardKernel(const KernelCall& call) : plan_(call, 1, 6) {}
 
   size_t scratch_bytes(int num_threads) const override {
     const int threads = std::max(num_threads, 1);
@@ -871,12 +835,12 @@ class AttentionBackwardKernel final : public Kernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_cpu_attention_kernel(const ir::Graph& graph, const ir::Node& node) {
-  switch (node.op) {
-    case ir::OpKind::Attention:
-      return std::make_unique<AttentionForwardKernel>(graph, node);
-    case ir::OpKind::AttentionBackward:
-      return std::make_unique<AttentionBackwardKernel>(graph, node);
+std::unique_ptr<Kernel> make_cpu_attention_kernel(const KernelCall& call) {
+  switch (call.op) {
+    case OpKind::Attention:
+      return std::make_unique<AttentionForwardKernel>(call);
+    case OpKind::AttentionBackward:
+      return std::make_unique<AttentionBackwardKernel>(call);
     default:
       return nullptr;
   }

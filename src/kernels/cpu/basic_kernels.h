@@ -6,7 +6,7 @@
 // V vocabulary, R rows (product of all leading axes).
 //
 // Every factory returns null for a dtype combination it does not optimise; the
-// registry then binds the plain reference kernel (kernels/ref).
+// CPU device then binds the plain reference kernel (kernels/ref).
 #pragma once
 
 #include <omp.h>
@@ -17,8 +17,8 @@
 #include <memory>
 
 #include "fusetrain/core/shape.h"
-#include "fusetrain/ir/graph.h"
-#include "kernels/kernel.h"
+#include "fusetrain/kernels/device.h"
+#include "fusetrain/kernels/device.h"
 
 namespace fusetrain::kernels::cpu_basic {
 
@@ -129,13 +129,13 @@ void for_each_run(const StridedSpace& space, int64_t begin, int64_t end, Fn&& fn
 // ---- family factories (registry_cpu.cpp dispatches) ------------------------------------
 
 // elementwise.cpp: Fill Add Sub Mul Div Scale Copy Cast
-std::unique_ptr<Kernel> make_fill_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_binary_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_scale_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_copy_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_cast_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_fill_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_binary_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_scale_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_copy_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_cast_kernel(const KernelCall& call);
 // activation.cpp: Gelu Tanh Relu and their backward ops
-std::unique_ptr<Kernel> make_activation_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_activation_kernel(const KernelCall& call);
 /// out[i] = GELU(x[i]) for i < n, on the calling thread (out may equal x).
 using GeluFn = void (*)(float* out, const float* x, int64_t n);
 /// The GELU of the current code path: the erf form, or the tanh approximation when
@@ -144,18 +144,18 @@ GeluFn gelu_fn(bool tanh_form);
 using RoundBf16Fn = void (*)(uint16_t* out, const float* x, int64_t n);
 /// f32 -> bf16 as the Cast kernel of the current code path rounds it (elementwise.cpp).
 RoundBf16Fn round_to_bf16_fn();
-std::unique_ptr<Kernel> make_activation_backward_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_activation_backward_kernel(const KernelCall& call);
 // softmax.cpp
-std::unique_ptr<Kernel> make_softmax_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_softmax_backward_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_softmax_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_softmax_backward_kernel(const KernelCall& call);
 // layernorm.cpp (LayerNorm, AddLayerNorm)
-std::unique_ptr<Kernel> make_layernorm_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_layernorm_backward_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_layernorm_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_layernorm_backward_kernel(const KernelCall& call);
 // embedding.cpp
-std::unique_ptr<Kernel> make_embedding_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_embedding_backward_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_embedding_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_embedding_backward_kernel(const KernelCall& call);
 // dropout.cpp
-std::unique_ptr<Kernel> make_dropout_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_dropout_kernel(const KernelCall& call);
 /// y[i] = dropout(x)[i], plus residual[i] when residual is not null, for i in [0, n), element i
 /// drawing stream index first + i; `scale` is float(1 / (1 - p)). The Dropout kernel's own loop
 /// for the current code path, so bit for bit its result.
@@ -163,18 +163,18 @@ using DropoutRangeFn = void (*)(float* y, const float* x, const float* residual,
                                 uint64_t seed, uint64_t offset, float p, float scale);
 DropoutRangeFn dropout_range_fn();
 // movement.cpp: Reshape Transpose Split Concat Slice SliceBackward ExpandTo
-std::unique_ptr<Kernel> make_reshape_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_transpose_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_split_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_concat_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_slice_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_slice_backward_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_expand_to_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_reshape_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_transpose_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_split_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_concat_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_slice_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_slice_backward_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_expand_to_kernel(const KernelCall& call);
 // reduce.cpp: ReduceSum ReduceMean ReduceSumTo
-std::unique_ptr<Kernel> make_reduce_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_reduce_kernel(const KernelCall& call);
 // loss.cpp
-std::unique_ptr<Kernel> make_cross_entropy_kernel(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_cross_entropy_backward_kernel(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_cross_entropy_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_cross_entropy_backward_kernel(const KernelCall& call);
 /// The row pieces of SoftmaxCrossEntropy for the current code path, which LinearCrossEntropy
 /// shares so that its loss and gradients match the unfused ops. lse = log Σ_v exp(x[v]);
 /// softmax_grad writes d[v] = exp(x[v] - lse) * scale (d may be x).
@@ -190,13 +190,13 @@ inline int64_t load_target(const void* targets, bool i64, int64_t i) {
 int64_t count_targets(const char* op, const std::string& node, const void* targets, bool i64, int64_t N, int64_t V,
                       int64_t ignore_index);
 
-// ---- plan-time graph access ----------------------------------------------------------
+// ---- the call's tensors, read at construction ------------------------------------------
 
-inline const Shape& input_shape(const ir::Graph& g, const ir::Node& n, size_t i) { return g.value(n.inputs[i]).shape; }
-inline DType input_dtype(const ir::Graph& g, const ir::Node& n, size_t i) { return g.value(n.inputs[i]).dtype; }
-inline const Shape& output_shape(const ir::Graph& g, const ir::Node& n, size_t i) {
-  return g.value(n.outputs[i]).shape;
+inline const Shape& input_shape(const KernelCall& call, size_t i) { return call.inputs[i].shape; }
+inline DType input_dtype(const KernelCall& call, size_t i) { return call.inputs[i].dtype; }
+inline const Shape& output_shape(const KernelCall& call, size_t i) {
+  return call.outputs[i].shape;
 }
-inline DType output_dtype(const ir::Graph& g, const ir::Node& n, size_t i) { return g.value(n.outputs[i]).dtype; }
+inline DType output_dtype(const KernelCall& call, size_t i) { return call.outputs[i].dtype; }
 
 }  // namespace fusetrain::kernels::cpu_basic

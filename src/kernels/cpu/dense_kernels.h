@@ -3,18 +3,18 @@
 
 #include <memory>
 
-#include "kernels/kernel.h"
+#include "fusetrain/kernels/device.h"
 
 namespace fusetrain::kernels {
 
 /// MatMul and Linear on top of kernels/cpu/gemm (kernels/cpu/matmul.cpp). Null for
 /// other ops and for MatMul with out_dtype other than f32.
-std::unique_ptr<Kernel> make_cpu_matmul_kernel(const ir::Graph& graph, const ir::Node& node);
+std::unique_ptr<Kernel> make_cpu_matmul_kernel(const KernelCall& call);
 
 /// LinearCrossEntropy in chunks of rows (kernels/cpu/linear_cross_entropy.cpp). Null for other ops.
-std::unique_ptr<Kernel> make_cpu_linear_cross_entropy_kernel(const ir::Graph& graph, const ir::Node& node);
+std::unique_ptr<Kernel> make_cpu_linear_cross_entropy_kernel(const KernelCall& call);
 
 /// Flash-style Attention and AttentionBackward (kernels/cpu/attention.cpp). Null for other ops.
-std::unique_ptr<Kernel> make_cpu_attention_kernel(const ir::Graph& graph, const ir::Node& node);
+std::unique_ptr<Kernel> make_cpu_attention_kernel(const KernelCall& call);
 
 }  // namespace fusetrain::kernels

@@ -7,6 +7,7 @@
 // path runs 16 counters per vector (64 elements), then interleaves the four
 // result vectors into element order.
 #include "kernels/cpu/basic_kernels.h"
+#include "kernels/cpu/philox_avx512.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/rng.h"
 
@@ -35,29 +36,9 @@ void dropout_portable(float* y, const float* x, const float* residual, int64_t n
   dropout_portable_from(y, x, residual, 0, n, first, seed, offset, p, scale);
 }
 
-// 32x32 -> 64 bit products of 16 lanes: high and low halves.
-FT_AVX512_INLINE void mulhilo16(__m512i a, __m512i multiplier, __m512i* hi, __m512i* lo) {
-  const __m512i even = _mm512_mul_epu32(a, multiplier);
-  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), multiplier);
-  *lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
-  *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
-}
-
-FT_AVX512_INLINE __m512 to_uniform16(__m512i bits) {
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(bits, 8)), _mm512_set1_ps(1.0f / 16777216.0f));
-}
-
 FT_AVX512 void dropout_avx512(float* y, const float* x, const float* residual, int64_t n, uint64_t first,
                               uint64_t seed, uint64_t offset, float p, float scale) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512i mul0 = _mm512_set1_epi32(static_cast<int>(0xD2511F53u));
-  const __m512i mul1 = _mm512_set1_epi32(static_cast<int>(0xCD9E8D57u));
-  // Interleave lanes of two vectors: pairs (a[l], b[l]) for l = 0..7 and l = 8..15.
-  const __m512i pair_lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i pair_hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  // Interleave 64-bit pairs: quads for lanes 0..3 and 4..7 of the pair vectors.
-  const __m512i quad_lo = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
-  const __m512i quad_hi = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
   const __m512 vp = _mm512_set1_ps(p), vscale = _mm512_set1_ps(scale);
 
   const int64_t end = n;
@@ -74,30 +55,10 @@ FT_AVX512 void dropout_avx512(float* y, const float* x, const float* residual, i
       dropout_portable_from(y, x, residual, i, i + 64, first, seed, offset, p, scale);
       continue;
     }
-    __m512i c0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(block))), lane);
-    __m512i c1 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(block >> 32)));
-    __m512i c2 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset)));
-    __m512i c3 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(offset >> 32)));
-    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-    for (int round = 0; round < 10; ++round) {
-      __m512i hi0, lo0, hi1, lo1;
-      mulhilo16(c0, mul0, &hi0, &lo0);
-      mulhilo16(c2, mul1, &hi1, &lo1);
-      c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, c1), _mm512_set1_epi32(static_cast<int>(k0)));
-      c1 = lo1;
-      c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, c3), _mm512_set1_epi32(static_cast<int>(k1)));
-      c3 = lo0;
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    // c_j[l] is uniform j of block (block + l); element order wants block-major.
-    const __m512i p01_lo = _mm512_permutex2var_epi32(c0, pair_lo, c1);
-    const __m512i p01_hi = _mm512_permutex2var_epi32(c0, pair_hi, c1);
-    const __m512i p23_lo = _mm512_permutex2var_epi32(c2, pair_lo, c3);
-    const __m512i p23_hi = _mm512_permutex2var_epi32(c2, pair_hi, c3);
-    const __m512i ordered[4] = {
-        _mm512_permutex2var_epi64(p01_lo, quad_lo, p23_lo), _mm512_permutex2var_epi64(p01_lo, quad_hi, p23_lo),
-        _mm512_permutex2var_epi64(p01_hi, quad_lo, p23_hi), _mm512_permutex2var_epi64(p01_hi, quad_hi, p23_hi)};
+    const __m512i c0 = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(block))), lane);
+    const __m512i c1 = _mm512_set1_epi32(static_cast<int>(static_cast<uint32_t>(block >> 32)));
+    __m512i ordered[4];
+    philox_element_order(philox4x32_16(c0, c1, offset, seed), ordered);
     for (int q = 0; q < 4; ++q) {
       const __mmask16 keep = _mm512_cmp_ps_mask(to_uniform16(ordered[q]), vp, _CMP_GE_OQ);
       __m512 dropped = _mm512_maskz_mul_ps(keep, _mm512_loadu_ps(x + i + 16 * q), vscale);
@@ -148,11 +109,11 @@ class DropoutKernel final : public Kernel {
 
 DropoutRangeFn dropout_range_fn() { return use_avx512() ? dropout_avx512 : dropout_portable; }
 
-std::unique_ptr<Kernel> make_dropout_kernel(const ir::Graph& g, const ir::Node& n) {
-  if (input_dtype(g, n, 0) != DType::f32) return nullptr;
-  return std::make_unique<DropoutKernel>(output_shape(g, n, 0).numel(), n.attrs.get_float("p"),
-                                         static_cast<uint64_t>(n.attrs.get_int("seed")), stream_index_map(n.attrs),
-                                         n.op == ir::OpKind::DropoutAdd);
+std::unique_ptr<Kernel> make_dropout_kernel(const KernelCall& call) {
+  if (input_dtype(call, 0) != DType::f32) return nullptr;
+  const ops::DropoutParams& params = call.params<ops::DropoutParams>();
+  return std::make_unique<DropoutKernel>(output_shape(call, 0).numel(), params.p, params.seed,
+                                         stream_index_map(params), call.op == OpKind::DropoutAdd);
 }
 
 }  // namespace fusetrain::kernels::cpu_basic

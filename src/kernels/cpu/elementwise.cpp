@@ -293,55 +293,57 @@ class CastKernel final : public Kernel {
 
 RoundBf16Fn round_to_bf16_fn() { return use_avx512() ? f32_to_bf16_avx512 : f32_to_bf16_portable; }
 
-std::unique_ptr<Kernel> make_fill_kernel(const ir::Graph& g, const ir::Node& n) {
-  if (output_dtype(g, n, 0) != DType::f32) return nullptr;
-  return std::make_unique<FillKernel>(output_shape(g, n, 0).numel(), static_cast<float>(n.attrs.get_float("value")));
+std::unique_ptr<Kernel> make_fill_kernel(const KernelCall& call) {
+  if (output_dtype(call, 0) != DType::f32) return nullptr;
+  const float value = static_cast<float>(call.params<ops::FillParams>().value);
+  return std::make_unique<FillKernel>(output_shape(call, 0).numel(), value);
 }
 
-std::unique_ptr<Kernel> make_binary_kernel(const ir::Graph& g, const ir::Node& n) {
-  if (output_dtype(g, n, 0) != DType::f32) return nullptr;
+std::unique_ptr<Kernel> make_binary_kernel(const KernelCall& call) {
+  if (output_dtype(call, 0) != DType::f32) return nullptr;
   StridedSpace space;
-  const Shape& a = input_shape(g, n, 0);
-  const Shape& b = input_shape(g, n, 1);
-  if (!broadcast_space(output_shape(g, n, 0), a, &b, &space)) return nullptr;
+  const Shape& a = input_shape(call, 0);
+  const Shape& b = input_shape(call, 1);
+  if (!broadcast_space(output_shape(call, 0), a, &b, &space)) return nullptr;
   const bool avx512 = use_avx512();
   BinaryRunFn write = nullptr, add = nullptr;
-  switch (n.op) {
-    case ir::OpKind::Add:
+  switch (call.op) {
+    case OpKind::Add:
       pick_binary<BinaryOp::Add>(avx512, &write, &add);
       break;
-    case ir::OpKind::Sub:
+    case OpKind::Sub:
       pick_binary<BinaryOp::Sub>(avx512, &write, &add);
       break;
-    case ir::OpKind::Mul:
+    case OpKind::Mul:
       pick_binary<BinaryOp::Mul>(avx512, &write, &add);
       break;
-    case ir::OpKind::Div:
+    case OpKind::Div:
       pick_binary<BinaryOp::Div>(avx512, &write, &add);
       break;
     default:
       return nullptr;
   }
-  return std::make_unique<BinaryKernel>(space, output_shape(g, n, 0).numel(), write, add);
+  return std::make_unique<BinaryKernel>(space, output_shape(call, 0).numel(), write, add);
 }
 
-std::unique_ptr<Kernel> make_scale_kernel(const ir::Graph& g, const ir::Node& n) {
-  if (output_dtype(g, n, 0) != DType::f32) return nullptr;
-  return std::make_unique<ScaleKernel>(output_shape(g, n, 0).numel(), static_cast<float>(n.attrs.get_float("alpha")));
+std::unique_ptr<Kernel> make_scale_kernel(const KernelCall& call) {
+  if (output_dtype(call, 0) != DType::f32) return nullptr;
+  const float alpha = static_cast<float>(call.params<ops::ScaleParams>().alpha);
+  return std::make_unique<ScaleKernel>(output_shape(call, 0).numel(), alpha);
 }
 
-std::unique_ptr<Kernel> make_copy_kernel(const ir::Graph& g, const ir::Node& n) {
-  DType t = output_dtype(g, n, 0);
+std::unique_ptr<Kernel> make_copy_kernel(const KernelCall& call) {
+  DType t = output_dtype(call, 0);
   if (t != DType::f32 && t != DType::bf16) return nullptr;
-  return std::make_unique<CopyKernel>(output_shape(g, n, 0).numel(), t);
+  return std::make_unique<CopyKernel>(output_shape(call, 0).numel(), t);
 }
 
-std::unique_ptr<Kernel> make_cast_kernel(const ir::Graph& g, const ir::Node& n) {
-  DType from = input_dtype(g, n, 0), to = output_dtype(g, n, 0);
+std::unique_ptr<Kernel> make_cast_kernel(const KernelCall& call) {
+  DType from = input_dtype(call, 0), to = output_dtype(call, 0);
   auto low = [](DType t) { return t == DType::bf16 || t == DType::f16; };
   bool supported = from == to || (from == DType::f32 && low(to)) || (low(from) && to == DType::f32);
   if (!supported) return nullptr;
-  return std::make_unique<CastKernel>(output_shape(g, n, 0).numel(), from, to);
+  return std::make_unique<CastKernel>(output_shape(call, 0).numel(), from, to);
 }
 
 }  // namespace fusetrain::kernels::cpu_basic

@@ -123,20 +123,20 @@ bool ids_dtype(DType t, bool* i64) {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_embedding_kernel(const ir::Graph& g, const ir::Node& n) {
-  const Shape& weight = input_shape(g, n, 0);
+std::unique_ptr<Kernel> make_embedding_kernel(const KernelCall& call) {
+  const Shape& weight = input_shape(call, 0);
   bool i64;
-  if (!ids_dtype(input_dtype(g, n, 1), &i64) || weight.rank() != 2) return nullptr;
-  return std::make_unique<EmbeddingKernel>(input_shape(g, n, 1).numel(), weight[0], weight[1],
-                                           dtype_size(input_dtype(g, n, 0)), i64, n.name);
+  if (!ids_dtype(input_dtype(call, 1), &i64) || weight.rank() != 2) return nullptr;
+  return std::make_unique<EmbeddingKernel>(input_shape(call, 1).numel(), weight[0], weight[1],
+                                           dtype_size(input_dtype(call, 0)), i64, call.name);
 }
 
-std::unique_ptr<Kernel> make_embedding_backward_kernel(const ir::Graph& g, const ir::Node& n) {
-  const Shape& dweight = output_shape(g, n, 0);
+std::unique_ptr<Kernel> make_embedding_backward_kernel(const KernelCall& call) {
+  const Shape& dweight = output_shape(call, 0);
   bool i64;
-  if (!ids_dtype(input_dtype(g, n, 1), &i64) || input_dtype(g, n, 0) != DType::f32) return nullptr;
-  return std::make_unique<EmbeddingBackwardKernel>(input_shape(g, n, 1).numel(), dweight[0], dweight[1], i64,
-                                                   n.attrs.get_int("padding_idx", -1), n.name);
+  if (!ids_dtype(input_dtype(call, 1), &i64) || input_dtype(call, 0) != DType::f32) return nullptr;
+  return std::make_unique<EmbeddingBackwardKernel>(input_shape(call, 1).numel(), dweight[0], dweight[1], i64,
+                                                   call.params<ops::EmbeddingBackwardParams>().padding_idx, call.name);
 }
 
 }  // namespace fusetrain::kernels::cpu_basic

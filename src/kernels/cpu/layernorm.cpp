@@ -358,19 +358,21 @@ class LayerNormBackwardKernel final : public Kernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_layernorm_kernel(const ir::Graph& g, const ir::Node& n) {
-  const Shape& x = input_shape(g, n, 0);
+std::unique_ptr<Kernel> make_layernorm_kernel(const KernelCall& call) {
+  const Shape& x = input_shape(call, 0);
   if (x.rank() < 1 || x[-1] == 0) return nullptr;
-  if (n.op == ir::OpKind::AddLayerNorm)
-    return std::make_unique<AddLayerNormKernel>(x.numel() / x[-1], x[-1], static_cast<float>(n.attrs.get_float("eps")),
-                                                n.attrs.get_float("p", 0.0),
-                                                static_cast<uint64_t>(n.attrs.get_int("seed", 0)),
-                                                stream_index_map(n.attrs));
-  return std::make_unique<LayerNormKernel>(x.numel() / x[-1], x[-1], static_cast<float>(n.attrs.get_float("eps")));
+  if (call.op == OpKind::AddLayerNorm) {
+    const ops::AddLayerNormParams& params = call.params<ops::AddLayerNormParams>();
+    return std::make_unique<AddLayerNormKernel>(x.numel() / x[-1], x[-1], static_cast<float>(params.eps),
+                                                params.dropout.p, params.dropout.seed,
+                                                stream_index_map(params.dropout));
+  }
+  return std::make_unique<LayerNormKernel>(x.numel() / x[-1], x[-1],
+                                           static_cast<float>(call.params<ops::LayerNormParams>().eps));
 }
 
-std::unique_ptr<Kernel> make_layernorm_backward_kernel(const ir::Graph& g, const ir::Node& n) {
-  const Shape& x = input_shape(g, n, 1);
+std::unique_ptr<Kernel> make_layernorm_backward_kernel(const KernelCall& call) {
+  const Shape& x = input_shape(call, 1);
   if (x.rank() < 1 || x[-1] == 0) return nullptr;
   return std::make_unique<LayerNormBackwardKernel>(x.numel() / x[-1], x[-1]);
 }

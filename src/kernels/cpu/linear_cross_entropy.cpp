@@ -29,7 +29,7 @@ namespace {
 
 using cpu_basic::load_target;
 
-// Rows of one chunk when the node leaves it to the kernel: about 32 MiB of f32 logits, but at least
+// Rows of one chunk when the call leaves it to the kernel (chunk_rows 0): about 32 MiB of f32 logits, but at least
 // kMinChunkRows, because the logits and dx GEMMs pack all of w again for every chunk (gpt2's 50257-word
 // head: 13 chunks of 166 rows cost 25% more than the three unchunked GEMMs, 4 chunks of 512 about 10%).
 constexpr int64_t kChunkBytes = int64_t{32} << 20;
@@ -47,16 +47,17 @@ struct BiasEpilogue {
 
 class LinearCrossEntropyKernel final : public Kernel {
  public:
-  LinearCrossEntropyKernel(const ir::Graph& g, const ir::Node& n) : name_(n.name) {
-    const Shape& x = g.value(n.inputs[0]).shape;
-    bf16_ = g.value(n.inputs[0]).dtype == DType::bf16;
-    i64_ = g.value(n.inputs[2]).dtype == DType::i64;
-    has_bias_ = n.inputs.size() == 4;
+  LinearCrossEntropyKernel(const KernelCall& call) : name_(call.name) {
+    const Shape& x = call.inputs[0].shape;
+    bf16_ = call.inputs[0].dtype == DType::bf16;
+    i64_ = call.inputs[2].dtype == DType::i64;
+    has_bias_ = call.inputs.size() == 4;
     K_ = x[-1];
     R_ = x.numel() / K_;
-    V_ = g.value(n.inputs[1]).shape[0];
-    ignore_index_ = n.attrs.get_int("ignore_index", -100);
-    const int64_t chunk = n.attrs.get_int("chunk_rows", 0);
+    V_ = call.inputs[1].shape[0];
+    const ops::LinearCrossEntropyParams& params = call.params<ops::LinearCrossEntropyParams>();
+    ignore_index_ = params.ignore_index;
+    const int64_t chunk = params.chunk_rows;
     m_ = std::clamp<int64_t>(chunk > 0 ? chunk : std::max(kMinChunkRows, kChunkBytes / (V_ * 4)), 1,
                              std::max<int64_t>(R_, 1));
     row_lse_ = cpu_basic::row_lse_fn();
@@ -210,9 +211,9 @@ class LinearCrossEntropyKernel final : public Kernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_cpu_linear_cross_entropy_kernel(const ir::Graph& graph, const ir::Node& node) {
-  if (node.op != ir::OpKind::LinearCrossEntropy || graph.value(node.inputs[1]).shape[0] == 0) return nullptr;
-  return std::make_unique<LinearCrossEntropyKernel>(graph, node);
+std::unique_ptr<Kernel> make_cpu_linear_cross_entropy_kernel(const KernelCall& call) {
+  if (call.op != OpKind::LinearCrossEntropy || call.inputs[1].shape[0] == 0) return nullptr;
+  return std::make_unique<LinearCrossEntropyKernel>(call);
 }
 
 }  // namespace fusetrain::kernels

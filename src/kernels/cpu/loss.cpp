@@ -189,20 +189,21 @@ RowLseFn row_lse_fn() { return use_avx512() ? row_lse_avx512 : row_lse_portable;
 
 RowSoftmaxGradFn row_softmax_grad_fn() { return use_avx512() ? row_grad_avx512 : row_grad_portable; }
 
-std::unique_ptr<Kernel> make_cross_entropy_kernel(const ir::Graph& g, const ir::Node& n) {
-  const Shape& logits = input_shape(g, n, 0);
+std::unique_ptr<Kernel> make_cross_entropy_kernel(const KernelCall& call) {
+  const Shape& logits = input_shape(call, 0);
   bool i64;
-  if (!targets_dtype(input_dtype(g, n, 1), &i64) || logits[-1] == 0) return nullptr;
+  if (!targets_dtype(input_dtype(call, 1), &i64) || logits[-1] == 0) return nullptr;
   return std::make_unique<CrossEntropyKernel>(logits.numel() / logits[-1], logits[-1],
-                                              n.attrs.get_int("ignore_index", -100), i64, n.name);
+                                              call.params<ops::CrossEntropyParams>().ignore_index, i64, call.name);
 }
 
-std::unique_ptr<Kernel> make_cross_entropy_backward_kernel(const ir::Graph& g, const ir::Node& n) {
-  const Shape& logits = input_shape(g, n, 1);
+std::unique_ptr<Kernel> make_cross_entropy_backward_kernel(const KernelCall& call) {
+  const Shape& logits = input_shape(call, 1);
   bool i64;
-  if (!targets_dtype(input_dtype(g, n, 2), &i64) || logits.rank() < 1 || logits[-1] == 0) return nullptr;
-  return std::make_unique<CrossEntropyBackwardKernel>(logits.numel() / logits[-1], logits[-1],
-                                                      n.attrs.get_int("ignore_index", -100), i64, n.name);
+  if (!targets_dtype(input_dtype(call, 2), &i64) || logits.rank() < 1 || logits[-1] == 0) return nullptr;
+  const int64_t ignore_index = call.params<ops::CrossEntropyParams>().ignore_index;
+  return std::make_unique<CrossEntropyBackwardKernel>(logits.numel() / logits[-1], logits[-1], ignore_index, i64,
+                                                      call.name);
 }
 
 }  // namespace fusetrain::kernels::cpu_basic

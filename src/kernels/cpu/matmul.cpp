@@ -1,4 +1,4 @@
-// MatMul and Linear as calls into kernels/cpu/gemm, planned once per node.
+// MatMul and Linear as calls into kernels/cpu/gemm, planned once per call.
 //
 // Legend: M, N, K matrix dims of one product; R rows of a Linear input (product of
 // its leading axes); batch the product of the leading (batch) axes of a MatMul.
@@ -23,12 +23,12 @@ namespace {
 // trans_a: a stored (..., K, M); trans_b: b stored (..., N, K).
 class MatMulKernel final : public Kernel {
  public:
-  MatMulKernel(const ir::Graph& g, const ir::Node& node) {
-    const Shape& a = g.value(node.inputs[0]).shape;
-    const Shape& b = g.value(node.inputs[1]).shape;
-    dtype_ = g.value(node.inputs[0]).dtype;
-    bool trans_a = node.attrs.get_int("trans_a", 0) != 0;
-    bool trans_b = node.attrs.get_int("trans_b", 0) != 0;
+  MatMulKernel(const KernelCall& call) {
+    const Shape& a = call.inputs[0].shape;
+    const Shape& b = call.inputs[1].shape;
+    dtype_ = call.inputs[0].dtype;
+    bool trans_a = call.params<ops::MatMulParams>().trans_a;
+    bool trans_b = call.params<ops::MatMulParams>().trans_b;
     int64_t m = trans_a ? a[-1] : a[-2];
     int64_t k = trans_a ? a[-2] : a[-1];
     int64_t n = trans_b ? b[-2] : b[-1];
@@ -155,15 +155,15 @@ struct LinearEpilogue {
 // an accumulating Linear (y += ..., never LinearGelu) adds its bias in a pass of its own.
 class LinearKernel final : public Kernel {
  public:
-  LinearKernel(const ir::Graph& g, const ir::Node& node) {
-    const Shape& x = g.value(node.inputs[0]).shape;
-    const Shape& w = g.value(node.inputs[1]).shape;
-    dtype_ = g.value(node.inputs[0]).dtype;
-    has_bias_ = node.inputs.size() == 3;
-    if (node.op == ir::OpKind::LinearGelu) {
-      gelu_ = cpu_basic::gelu_fn(node.attrs.get_string("approximate", "none") == "tanh");
-      z_bf16_ = g.value(node.outputs[1]).dtype == DType::bf16;
-      y_bf16_ = g.value(node.outputs[0]).dtype == DType::bf16;
+  LinearKernel(const KernelCall& call) {
+    const Shape& x = call.inputs[0].shape;
+    const Shape& w = call.inputs[1].shape;
+    dtype_ = call.inputs[0].dtype;
+    has_bias_ = call.inputs.size() == 3;
+    if (call.op == OpKind::LinearGelu) {
+      gelu_ = cpu_basic::gelu_fn(call.params<ops::LinearGeluParams>().approximate == ops::GeluApproximation::Tanh);
+      z_bf16_ = call.outputs[1].dtype == DType::bf16;
+      y_bf16_ = call.outputs[0].dtype == DType::bf16;
       if (z_bf16_ || y_bf16_) round_ = cpu_basic::round_to_bf16_fn();
     }
     int64_t k = x[-1];
@@ -245,31 +245,31 @@ class LinearKernel final : public Kernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_cpu_matmul_kernel(const ir::Graph& graph, const ir::Node& node) {
-  switch (node.op) {
-    case ir::OpKind::MatMul:
+std::unique_ptr<Kernel> make_cpu_matmul_kernel(const KernelCall& call) {
+  switch (call.op) {
+    case OpKind::MatMul:
       // A bf16 result is rare (inference casts); the reference kernel covers it.
-      if (graph.value(node.outputs[0]).dtype != DType::f32) return nullptr;
-      return std::make_unique<MatMulKernel>(graph, node);
-    case ir::OpKind::Linear:
-    case ir::OpKind::LinearGelu:
-      return std::make_unique<LinearKernel>(graph, node);
+      if (call.outputs[0].dtype != DType::f32) return nullptr;
+      return std::make_unique<MatMulKernel>(call);
+    case OpKind::Linear:
+    case OpKind::LinearGelu:
+      return std::make_unique<LinearKernel>(call);
     default:
       return nullptr;
   }
 }
 
-std::unique_ptr<Kernel> make_cpu_dense_kernel(const ir::Graph& graph, const ir::Node& node) {
-  switch (node.op) {
-    case ir::OpKind::MatMul:
-    case ir::OpKind::Linear:
-    case ir::OpKind::LinearGelu:
-      return make_cpu_matmul_kernel(graph, node);
-    case ir::OpKind::Attention:
-    case ir::OpKind::AttentionBackward:
-      return make_cpu_attention_kernel(graph, node);
-    case ir::OpKind::LinearCrossEntropy:
-      return make_cpu_linear_cross_entropy_kernel(graph, node);
+std::unique_ptr<Kernel> make_cpu_dense_kernel(const KernelCall& call) {
+  switch (call.op) {
+    case OpKind::MatMul:
+    case OpKind::Linear:
+    case OpKind::LinearGelu:
+      return make_cpu_matmul_kernel(call);
+    case OpKind::Attention:
+    case OpKind::AttentionBackward:
+      return make_cpu_attention_kernel(call);
+    case OpKind::LinearCrossEntropy:
+      return make_cpu_linear_cross_entropy_kernel(call);
     default:
       return nullptr;
   }

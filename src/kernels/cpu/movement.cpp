@@ -288,74 +288,93 @@ std::unique_ptr<Kernel> by_element_size(size_t size, Args&&... args) {
   }
 }
 
-int64_t node_axis(const ir::Node& n, int64_t rank) {
-  int64_t axis = n.attrs.get_int("axis");
-  return axis < 0 ? axis + rank : axis;
+// Axis, start and end of a Split, Concat, Slice or SliceBackward (start and end 0 where absent).
+struct AxisRange {
+  int64_t axis = 0, start = 0, end = 0;
+};
+
+AxisRange axis_range(const KernelCall& call, int64_t rank) {
+  AxisRange r = std::visit(
+      [&](const auto& p) -> AxisRange {
+        if constexpr (requires { p.start; })
+          return {p.axis, p.start, p.end};
+        else if constexpr (requires { p.axis; })
+          return {p.axis, 0, 0};
+        else
+          throw Error(str(call.label(), ": has no axis parameter"));
+      },
+      call.op_params);
+  if (r.axis < 0) r.axis += rank;
+  return r;
 }
+
+int64_t node_axis(const KernelCall& call, int64_t rank) { return axis_range(call, rank).axis; }
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_reshape_kernel(const ir::Graph& g, const ir::Node& n) {
-  const size_t size = dtype_size(input_dtype(g, n, 0));
-  return std::make_unique<ReshapeKernel>(input_shape(g, n, 0).numel() * static_cast<int64_t>(size));
+std::unique_ptr<Kernel> make_reshape_kernel(const KernelCall& call) {
+  const size_t size = dtype_size(input_dtype(call, 0));
+  return std::make_unique<ReshapeKernel>(input_shape(call, 0).numel() * static_cast<int64_t>(size));
 }
 
-std::unique_ptr<Kernel> make_transpose_kernel(const ir::Graph& g, const ir::Node& n) {
+std::unique_ptr<Kernel> make_transpose_kernel(const KernelCall& call) {
   StridedSpace space;
-  if (!transpose_space(input_shape(g, n, 0), n.attrs.get_ints("perm"), &space)) return nullptr;
-  return by_element_size<TransposeKernel>(dtype_size(input_dtype(g, n, 0)), space);
+  if (!transpose_space(input_shape(call, 0), call.params<ops::TransposeParams>().perm, &space)) return nullptr;
+  return by_element_size<TransposeKernel>(dtype_size(input_dtype(call, 0)), space);
 }
 
-std::unique_ptr<Kernel> make_split_kernel(const ir::Graph& g, const ir::Node& n) {
-  const Shape& x = input_shape(g, n, 0);
-  const int64_t axis = node_axis(n, x.rank());
-  AxisLayout layout = axis_layout(x, axis, dtype_size(input_dtype(g, n, 0)));
+std::unique_ptr<Kernel> make_split_kernel(const KernelCall& call) {
+  const Shape& x = input_shape(call, 0);
+  const int64_t axis = node_axis(call, x.rank());
+  AxisLayout layout = axis_layout(x, axis, dtype_size(input_dtype(call, 0)));
   std::vector<Piece> pieces;
   int64_t start = 0;
-  for (int64_t size : n.attrs.get_ints("sizes")) {
+  for (int64_t size : call.params<ops::SplitParams>().sizes) {
     pieces.push_back({start * layout.inner_bytes, size * layout.inner_bytes});
     start += size;
   }
   return std::make_unique<PiecesKernel>(layout, std::move(pieces), false);
 }
 
-std::unique_ptr<Kernel> make_concat_kernel(const ir::Graph& g, const ir::Node& n) {
-  const Shape& out = output_shape(g, n, 0);
-  const int64_t axis = node_axis(n, out.rank());
-  AxisLayout layout = axis_layout(out, axis, dtype_size(output_dtype(g, n, 0)));
+std::unique_ptr<Kernel> make_concat_kernel(const KernelCall& call) {
+  const Shape& out = output_shape(call, 0);
+  const int64_t axis = node_axis(call, out.rank());
+  AxisLayout layout = axis_layout(out, axis, dtype_size(output_dtype(call, 0)));
   std::vector<Piece> pieces;
   int64_t start = 0;
-  for (size_t i = 0; i < n.inputs.size(); ++i) {
-    int64_t size = input_shape(g, n, i)[axis];
+  for (size_t i = 0; i < call.inputs.size(); ++i) {
+    int64_t size = input_shape(call, i)[axis];
     pieces.push_back({start * layout.inner_bytes, size * layout.inner_bytes});
     start += size;
   }
   return std::make_unique<PiecesKernel>(layout, std::move(pieces), true);
 }
 
-std::unique_ptr<Kernel> make_slice_kernel(const ir::Graph& g, const ir::Node& n) {
-  const Shape& x = input_shape(g, n, 0);
-  const int64_t axis = node_axis(n, x.rank());
-  AxisLayout layout = axis_layout(x, axis, dtype_size(input_dtype(g, n, 0)));
-  const int64_t start = n.attrs.get_int("start"), end = n.attrs.get_int("end");
+std::unique_ptr<Kernel> make_slice_kernel(const KernelCall& call) {
+  const Shape& x = input_shape(call, 0);
+  const AxisRange range = axis_range(call, x.rank());
+  const int64_t axis = range.axis;
+  AxisLayout layout = axis_layout(x, axis, dtype_size(input_dtype(call, 0)));
+  const int64_t start = range.start, end = range.end;
   std::vector<Piece> pieces{{start * layout.inner_bytes, (end - start) * layout.inner_bytes}};
   return std::make_unique<PiecesKernel>(layout, std::move(pieces), false);
 }
 
-std::unique_ptr<Kernel> make_slice_backward_kernel(const ir::Graph& g, const ir::Node& n) {
-  const Shape& full = output_shape(g, n, 0);
-  const int64_t axis = node_axis(n, full.rank());
-  AxisLayout layout = axis_layout(full, axis, dtype_size(output_dtype(g, n, 0)));
-  const int64_t start = n.attrs.get_int("start"), end = n.attrs.get_int("end");
+std::unique_ptr<Kernel> make_slice_backward_kernel(const KernelCall& call) {
+  const Shape& full = output_shape(call, 0);
+  const AxisRange range = axis_range(call, full.rank());
+  const int64_t axis = range.axis;
+  AxisLayout layout = axis_layout(full, axis, dtype_size(output_dtype(call, 0)));
+  const int64_t start = range.start, end = range.end;
   return std::make_unique<SliceBackwardKernel>(layout,
                                                Piece{start * layout.inner_bytes, (end - start) * layout.inner_bytes});
 }
 
-std::unique_ptr<Kernel> make_expand_to_kernel(const ir::Graph& g, const ir::Node& n) {
+std::unique_ptr<Kernel> make_expand_to_kernel(const KernelCall& call) {
   StridedSpace space;
-  const Shape& out = output_shape(g, n, 0);
-  if (!broadcast_space(out, input_shape(g, n, 0), nullptr, &space)) return nullptr;
-  return by_element_size<ExpandKernel>(dtype_size(output_dtype(g, n, 0)), space, out.numel());
+  const Shape& out = output_shape(call, 0);
+  if (!broadcast_space(out, input_shape(call, 0), nullptr, &space)) return nullptr;
+  return by_element_size<ExpandKernel>(dtype_size(output_dtype(call, 0)), space, out.numel());
 }
 
 }  // namespace fusetrain::kernels::cpu_basic

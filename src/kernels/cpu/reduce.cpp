@@ -259,17 +259,17 @@ class GenericReduceKernel final : public Kernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_reduce_kernel(const ir::Graph& g, const ir::Node& n) {
-  const Shape& x = input_shape(g, n, 0);
-  if (input_dtype(g, n, 0) != DType::f32 || x.numel() == 0) return nullptr;
+std::unique_ptr<Kernel> make_reduce_kernel(const KernelCall& call) {
+  const Shape& x = input_shape(call, 0);
+  if (input_dtype(call, 0) != DType::f32 || x.numel() == 0) return nullptr;
   const int64_t rank = x.rank();
   std::vector<bool> reduced(static_cast<size_t>(rank), false);
-  if (n.op == ir::OpKind::ReduceSumTo) {
-    const Shape target(n.attrs.get_ints("shape"));
+  if (call.op == OpKind::ReduceSumTo) {
+    const Shape target(call.params<ops::ShapeParams>().shape);
     const int64_t lead = rank - target.rank();
     for (int64_t a = 0; a < rank; ++a) reduced[a] = a < lead || (target[a - lead] == 1 && x[a] != 1);
   } else {
-    for (int64_t a : n.attrs.get_ints("axes")) reduced[static_cast<size_t>(a < 0 ? a + rank : a)] = true;
+    for (int64_t a : call.params<ops::ReduceParams>().axes) reduced[static_cast<size_t>(a < 0 ? a + rank : a)] = true;
   }
   // Merge into (extent, reduced) groups, skipping extent-1 axes.
   std::vector<std::pair<int64_t, bool>> groups;
@@ -287,7 +287,7 @@ std::unique_ptr<Kernel> make_reduce_kernel(const ir::Graph& g, const ir::Node& n
   if (at < groups.size() && !groups[at].second) O = groups[at++].first;
   if (at < groups.size() && groups[at].second) R = groups[at++].first;
   if (at < groups.size() && !groups[at].second) I = groups[at++].first;
-  const float scale = n.op == ir::OpKind::ReduceMean ? static_cast<float>(1.0 / static_cast<double>(count)) : 1.0f;
+  const float scale = call.op == OpKind::ReduceMean ? static_cast<float>(1.0 / static_cast<double>(count)) : 1.0f;
   if (at == groups.size()) return std::make_unique<ReduceKernel>(O, R, I, scale);
   // Reduced groups on both sides of a kept one: the generic walk.
   GroupLayout kept, summed;

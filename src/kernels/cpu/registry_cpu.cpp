@@ -1,6 +1,6 @@
 // make_cpu_basic_kernel: the tuned CPU kernel for every op but the dense ones
 // (MatMul, Linear, Attention, AttentionBackward live in matmul.cpp and
-// attention.cpp). Null means "no tuned kernel for this node": the registry
+// attention.cpp). Null means "no tuned kernel for this call": the CPU device
 // falls back to the reference kernel. The switch has no default, so a new op in
 // ops.def is a compile error here until someone decides (-Werror=switch).
 //
@@ -97,10 +97,10 @@ bool broadcast_space(const Shape& out, const Shape& a, const Shape* b, StridedSp
 
 }  // namespace cpu_basic
 
-std::unique_ptr<Kernel> make_cpu_basic_kernel(const ir::Graph& graph, const ir::Node& node) {
-  using ir::OpKind;
+std::unique_ptr<Kernel> make_cpu_basic_kernel(const KernelCall& call) {
+  using ops::OpKind;
   using namespace cpu_basic;
-  switch (node.op) {
+  switch (call.op) {
     case OpKind::MatMul:
     case OpKind::Linear:
     case OpKind::LinearGelu:
@@ -112,69 +112,69 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const ir::Graph& graph, const ir::
     case OpKind::SigmoidCrossEntropyBackward:
       return nullptr;  // small (B, labels) tensors: the reference is enough
     case OpKind::Fill:
-      return make_fill_kernel(graph, node);
+      return make_fill_kernel(call);
     case OpKind::Add:
     case OpKind::Sub:
     case OpKind::Mul:
     case OpKind::Div:
-      return make_binary_kernel(graph, node);
+      return make_binary_kernel(call);
     case OpKind::Scale:
-      return make_scale_kernel(graph, node);
+      return make_scale_kernel(call);
     case OpKind::Copy:
-      return make_copy_kernel(graph, node);
+      return make_copy_kernel(call);
     case OpKind::Cast:
-      return make_cast_kernel(graph, node);
+      return make_cast_kernel(call);
     case OpKind::Gelu:
     case OpKind::Tanh:
     case OpKind::Relu:
-      return make_activation_kernel(graph, node);
+      return make_activation_kernel(call);
     case OpKind::GeluBackward:
     case OpKind::TanhBackward:
     case OpKind::ReluBackward:
-      return make_activation_backward_kernel(graph, node);
+      return make_activation_backward_kernel(call);
     case OpKind::Pow:
     case OpKind::Sqrt:
     case OpKind::Erf:
     case OpKind::ErfBackward:
       return nullptr;  // decomposed forms that fuse_decomposed_norms rewrites; the reference kernels run what is left
     case OpKind::Softmax:
-      return make_softmax_kernel(graph, node);
+      return make_softmax_kernel(call);
     case OpKind::SoftmaxBackward:
-      return make_softmax_backward_kernel(graph, node);
+      return make_softmax_backward_kernel(call);
     case OpKind::LayerNorm:
     case OpKind::AddLayerNorm:
-      return make_layernorm_kernel(graph, node);
+      return make_layernorm_kernel(call);
     case OpKind::LayerNormBackward:
-      return make_layernorm_backward_kernel(graph, node);
+      return make_layernorm_backward_kernel(call);
     case OpKind::Embedding:
-      return make_embedding_kernel(graph, node);
+      return make_embedding_kernel(call);
     case OpKind::EmbeddingBackward:
-      return make_embedding_backward_kernel(graph, node);
+      return make_embedding_backward_kernel(call);
     case OpKind::Dropout:
     case OpKind::DropoutAdd:
-      return make_dropout_kernel(graph, node);
+      return make_dropout_kernel(call);
     case OpKind::Reshape:
-      return make_reshape_kernel(graph, node);
+      return make_reshape_kernel(call);
     case OpKind::Transpose:
-      return make_transpose_kernel(graph, node);
+      return make_transpose_kernel(call);
     case OpKind::Split:
-      return make_split_kernel(graph, node);
+      return make_split_kernel(call);
     case OpKind::Concat:
-      return make_concat_kernel(graph, node);
+      return make_concat_kernel(call);
     case OpKind::Slice:
-      return make_slice_kernel(graph, node);
+      return make_slice_kernel(call);
     case OpKind::SliceBackward:
-      return make_slice_backward_kernel(graph, node);
+      return make_slice_backward_kernel(call);
     case OpKind::ExpandTo:
-      return make_expand_to_kernel(graph, node);
+      return make_expand_to_kernel(call);
     case OpKind::ReduceSum:
     case OpKind::ReduceMean:
     case OpKind::ReduceSumTo:
-      return make_reduce_kernel(graph, node);
+      return make_reduce_kernel(call);
     case OpKind::SoftmaxCrossEntropy:
-      return make_cross_entropy_kernel(graph, node);
+      return make_cross_entropy_kernel(call);
     case OpKind::SoftmaxCrossEntropyBackward:
-      return make_cross_entropy_backward_kernel(graph, node);
+      return make_cross_entropy_backward_kernel(call);
   }
   return nullptr;
 }

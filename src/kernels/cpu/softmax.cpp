@@ -133,15 +133,15 @@ class SoftmaxBackwardKernel final : public Kernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_softmax_kernel(const ir::Graph& g, const ir::Node& n) {
-  const Shape& x = input_shape(g, n, 0);
-  if (input_dtype(g, n, 0) != DType::f32 || x.rank() < 1 || x[-1] == 0) return nullptr;
+std::unique_ptr<Kernel> make_softmax_kernel(const KernelCall& call) {
+  const Shape& x = input_shape(call, 0);
+  if (input_dtype(call, 0) != DType::f32 || x.rank() < 1 || x[-1] == 0) return nullptr;
   return std::make_unique<SoftmaxKernel>(x.numel() / x[-1], x[-1]);
 }
 
-std::unique_ptr<Kernel> make_softmax_backward_kernel(const ir::Graph& g, const ir::Node& n) {
-  const Shape& y = input_shape(g, n, 1);
-  if (input_dtype(g, n, 0) != DType::f32 || y.rank() < 1 || y[-1] == 0) return nullptr;
+std::unique_ptr<Kernel> make_softmax_backward_kernel(const KernelCall& call) {
+  const Shape& y = input_shape(call, 1);
+  if (input_dtype(call, 0) != DType::f32 || y.rank() < 1 || y[-1] == 0) return nullptr;
   return std::make_unique<SoftmaxBackwardKernel>(y.numel() / y[-1], y[-1]);
 }
 

@@ -28,22 +28,23 @@ struct AttentionDims {
   int64_t rng_rows = 0, rng_row_start = 0;  // dropout draws the stream of rows [start, start + T) of rng_rows
 };
 
-AttentionDims parse_attention(const ir::Graph& g, const ir::Node& n, size_t q_input) {
-  const Shape& q = input_shape(g, n, q_input);
-  const Shape& k = input_shape(g, n, q_input + 1);
+AttentionDims parse_attention(const KernelCall& call, size_t q_input) {
+  const Shape& q = input_shape(call, q_input);
+  const Shape& k = input_shape(call, q_input + 1);
   AttentionDims a;
-  a.seq_major = n.attrs.get_int("seq_major", 0) != 0;
+  const ops::AttentionParams& params = call.params<ops::AttentionParams>();
+  a.seq_major = params.seq_major;
   a.B = q[0];
   a.H = a.seq_major ? q[2] : q[1];
   a.T = a.seq_major ? q[1] : q[2];
   a.D = q[3];
   a.S = a.seq_major ? k[1] : k[2];
-  a.scale = n.attrs.get_float("scale");
-  a.causal = n.attrs.get_int("causal", 0) != 0;
-  a.dropout_p = n.attrs.get_float("dropout_p", 0.0);
-  a.seed = static_cast<uint64_t>(n.attrs.get_int("seed", 0));
-  a.rng_rows = n.attrs.get_int("rng_rows", a.T);
-  a.rng_row_start = n.attrs.get_int("rng_row_start", 0);
+  a.scale = params.scale;
+  a.causal = params.causal;
+  a.dropout_p = params.dropout_p;
+  a.seed = params.seed;
+  a.rng_rows = params.stream_rows(a.T);
+  a.rng_row_start = params.rng_row_start;
   return a;
 }
 
@@ -180,21 +181,21 @@ const float* as_f32(const Tensor& t, float* scratch) {
   return scratch;
 }
 
-size_t widened_floats(const ir::Graph& g, const ir::Node& n, size_t first, size_t count) {
+size_t widened_floats(const KernelCall& call, size_t first, size_t count) {
   size_t floats = 0;
   for (size_t i = first; i < first + count; ++i)
-    if (input_dtype(g, n, i) != DType::f32) floats += static_cast<size_t>(input_shape(g, n, i).numel());
+    if (input_dtype(call, i) != DType::f32) floats += static_cast<size_t>(input_shape(call, i).numel());
   return floats;
 }
 
 class AttentionRef final : public RefKernel {
  public:
-  AttentionRef(const ir::Graph& g, const ir::Node& n)
-      : dims_(parse_attention(g, n, 0)),
-        has_mask_(n.inputs.size() == 4),
-        widened_(widened_floats(g, n, 0, 3)),
-        out_bf16_(output_dtype(g, n, 0) == DType::bf16),
-        out_numel_(output_shape(g, n, 0).numel()) {}
+  AttentionRef(const KernelCall& call)
+      : dims_(parse_attention(call, 0)),
+        has_mask_(call.inputs.size() == 4),
+        widened_(widened_floats(call, 0, 3)),
+        out_bf16_(output_dtype(call, 0) == DType::bf16),
+        out_numel_(output_shape(call, 0).numel()) {}
 
   size_t scratch_bytes(int) const override {
     return static_cast<size_t>(dims_.S) * sizeof(double) +
@@ -230,8 +231,8 @@ class AttentionRef final : public RefKernel {
 
 class AttentionBackwardRef final : public RefKernel {
  public:
-  AttentionBackwardRef(const ir::Graph& g, const ir::Node& n)
-      : dims_(parse_attention(g, n, 1)), has_mask_(n.inputs.size() == 7), widened_(widened_floats(g, n, 1, 3)) {}
+  AttentionBackwardRef(const KernelCall& call)
+      : dims_(parse_attention(call, 1)), has_mask_(call.inputs.size() == 7), widened_(widened_floats(call, 1, 3)) {}
 
   size_t scratch_bytes(int) const override {
     return static_cast<size_t>(3 * dims_.S + 2 * dims_.S * dims_.D) * sizeof(double) + widened_ * sizeof(float);
@@ -262,12 +263,12 @@ class AttentionBackwardRef final : public RefKernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_attention_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<AttentionRef>(g, n);
+std::unique_ptr<Kernel> make_attention_ref(const KernelCall& call) {
+  return std::make_unique<AttentionRef>(call);
 }
 
-std::unique_ptr<Kernel> make_attention_backward_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<AttentionBackwardRef>(g, n);
+std::unique_ptr<Kernel> make_attention_backward_ref(const KernelCall& call) {
+  return std::make_unique<AttentionBackwardRef>(call);
 }
 
 }  // namespace fusetrain::kernels::ref

@@ -39,15 +39,17 @@ double gelu_derivative(double x, bool tanh_approximation) {
   return cdf + x * pdf;
 }
 
-bool parse_approximate(const ir::Node& node) { return node.attrs.get_string("approximate", "none") == "tanh"; }
+bool parse_approximate(const KernelCall& call) {
+  return ops::gelu_approximation(call.op_params) == ops::GeluApproximation::Tanh;
+}
 
 // ---- Fill -------------------------------------------------------------------
 
 // out: `shape` of `dtype`, every element = value (accumulate: += value).
 class FillRef final : public RefKernel {
  public:
-  FillRef(const ir::Graph& g, const ir::Node& n)
-      : numel_(output_shape(g, n, 0).numel()), dtype_(output_dtype(g, n, 0)), value_(n.attrs.get_float("value")) {}
+  FillRef(const KernelCall& call)
+      : numel_(output_shape(call, 0).numel()), dtype_(output_dtype(call, 0)), value_(call.params<ops::FillParams>().value) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
     void* out = args.outputs[0].data();
@@ -67,10 +69,10 @@ class FillRef final : public RefKernel {
 template <typename F>
 class UnaryMapRef final : public RefKernel {
  public:
-  UnaryMapRef(const ir::Graph& g, const ir::Node& n, F f)
-      : numel_(output_shape(g, n, 0).numel()),
-        in_dtype_(input_dtype(g, n, 0)),
-        out_dtype_(output_dtype(g, n, 0)),
+  UnaryMapRef(const KernelCall& call, F f)
+      : numel_(output_shape(call, 0).numel()),
+        in_dtype_(input_dtype(call, 0)),
+        out_dtype_(output_dtype(call, 0)),
         f_(f) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
@@ -90,11 +92,11 @@ class UnaryMapRef final : public RefKernel {
 template <typename F>
 class BackwardMapRef final : public RefKernel {
  public:
-  BackwardMapRef(const ir::Graph& g, const ir::Node& n, F f)
-      : numel_(output_shape(g, n, 0).numel()),
-        dy_dtype_(input_dtype(g, n, 0)),
-        saved_dtype_(input_dtype(g, n, 1)),
-        out_dtype_(output_dtype(g, n, 0)),
+  BackwardMapRef(const KernelCall& call, F f)
+      : numel_(output_shape(call, 0).numel()),
+        dy_dtype_(input_dtype(call, 0)),
+        saved_dtype_(input_dtype(call, 1)),
+        out_dtype_(output_dtype(call, 0)),
         f_(f) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
@@ -113,13 +115,13 @@ class BackwardMapRef final : public RefKernel {
 };
 
 template <typename F>
-std::unique_ptr<Kernel> make_unary(const ir::Graph& g, const ir::Node& n, F f) {
-  return std::make_unique<UnaryMapRef<F>>(g, n, f);
+std::unique_ptr<Kernel> make_unary(const KernelCall& call, F f) {
+  return std::make_unique<UnaryMapRef<F>>(call, f);
 }
 
 template <typename F>
-std::unique_ptr<Kernel> make_backward(const ir::Graph& g, const ir::Node& n, F f) {
-  return std::make_unique<BackwardMapRef<F>>(g, n, f);
+std::unique_ptr<Kernel> make_backward(const KernelCall& call, F f) {
+  return std::make_unique<BackwardMapRef<F>>(call, f);
 }
 
 // ---- Add, Sub, Mul, Div ---------------------------------------------------------
@@ -127,12 +129,12 @@ std::unique_ptr<Kernel> make_backward(const ir::Graph& g, const ir::Node& n, F f
 // a, b broadcast (numpy rules) to out; same floating dtype throughout.
 class BinaryRef final : public RefKernel {
  public:
-  BinaryRef(const ir::Graph& g, const ir::Node& n)
-      : op_(n.op),
-        numel_(output_shape(g, n, 0).numel()),
-        dtype_(output_dtype(g, n, 0)),
-        a_index_(broadcast_index(input_shape(g, n, 0), output_shape(g, n, 0))),
-        b_index_(broadcast_index(input_shape(g, n, 1), output_shape(g, n, 0))) {}
+  BinaryRef(const KernelCall& call)
+      : op_(call.op),
+        numel_(output_shape(call, 0).numel()),
+        dtype_(output_dtype(call, 0)),
+        a_index_(broadcast_index(input_shape(call, 0), output_shape(call, 0))),
+        b_index_(broadcast_index(input_shape(call, 1), output_shape(call, 0))) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
     const void* a = args.inputs[0].data();
@@ -149,13 +151,13 @@ class BinaryRef final : public RefKernel {
  private:
   double apply(double x, double y) const {
     switch (op_) {
-      case ir::OpKind::Add:
+      case OpKind::Add:
         return x + y;
-      case ir::OpKind::Sub:
+      case OpKind::Sub:
         return x - y;
-      case ir::OpKind::Mul:
+      case OpKind::Mul:
         return x * y;
-      case ir::OpKind::Div:
+      case OpKind::Div:
         return x / y;
       default:
         break;
@@ -163,7 +165,7 @@ class BinaryRef final : public RefKernel {
     return 0.0;
   }
 
-  ir::OpKind op_;
+  OpKind op_;
   int64_t numel_;
   DType dtype_;
   StridedIndex a_index_, b_index_;
@@ -174,12 +176,12 @@ class BinaryRef final : public RefKernel {
 // y[i] = keep(i) ? x[i] / (1 - p) : 0, keep(i) = uniform(seed, rng_offset, map(i)) >= p.
 class DropoutRef final : public RefKernel {
  public:
-  DropoutRef(const ir::Graph& g, const ir::Node& n)
-      : numel_(output_shape(g, n, 0).numel()),
-        dtype_(output_dtype(g, n, 0)),
-        p_(n.attrs.get_float("p")),
-        seed_(static_cast<uint64_t>(n.attrs.get_int("seed"))),
-        map_(stream_index_map(n.attrs)) {}
+  DropoutRef(const KernelCall& call)
+      : numel_(output_shape(call, 0).numel()),
+        dtype_(output_dtype(call, 0)),
+        p_(call.params<ops::DropoutParams>().p),
+        seed_(call.params<ops::DropoutParams>().seed),
+        map_(stream_index_map(call.params<ops::DropoutParams>())) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const void* x = args.inputs[0].data();
@@ -203,11 +205,11 @@ class DropoutRef final : public RefKernel {
 // y[i] = dropout(x)[i] + residual[i], computed in double, rounded once.
 class DropoutAddRef final : public RefKernel {
  public:
-  DropoutAddRef(const ir::Graph& g, const ir::Node& n)
-      : numel_(output_shape(g, n, 0).numel()),
-        p_(n.attrs.get_float("p")),
-        seed_(static_cast<uint64_t>(n.attrs.get_int("seed"))),
-        map_(stream_index_map(n.attrs)) {}
+  DropoutAddRef(const KernelCall& call)
+      : numel_(output_shape(call, 0).numel()),
+        p_(call.params<ops::DropoutParams>().p),
+        seed_(call.params<ops::DropoutParams>().seed),
+        map_(stream_index_map(call.params<ops::DropoutParams>())) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const float* x = args.inputs[0].data_as<float>();
@@ -238,8 +240,8 @@ class DropoutAddRef final : public RefKernel {
 // With accumulate the converted value is added in the destination's arithmetic.
 class CastRef final : public RefKernel {
  public:
-  CastRef(const ir::Graph& g, const ir::Node& n)
-      : numel_(output_shape(g, n, 0).numel()), src_(input_dtype(g, n, 0)), dst_(output_dtype(g, n, 0)) {}
+  CastRef(const KernelCall& call)
+      : numel_(output_shape(call, 0).numel()), src_(input_dtype(call, 0)), dst_(output_dtype(call, 0)) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
     const void* x = args.inputs[0].data();
@@ -290,8 +292,8 @@ class CastRef final : public RefKernel {
 // out = x bit for bit (any dtype); accumulate adds.
 class CopyRef final : public RefKernel {
  public:
-  CopyRef(const ir::Graph& g, const ir::Node& n)
-      : numel_(output_shape(g, n, 0).numel()), dtype_(output_dtype(g, n, 0)) {}
+  CopyRef(const KernelCall& call)
+      : numel_(output_shape(call, 0).numel()), dtype_(output_dtype(call, 0)) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
     const void* x = args.inputs[0].data();
@@ -307,69 +309,69 @@ class CopyRef final : public RefKernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_fill_ref(const ir::Graph& g, const ir::Node& n) { return std::make_unique<FillRef>(g, n); }
+std::unique_ptr<Kernel> make_fill_ref(const KernelCall& call) { return std::make_unique<FillRef>(call); }
 
-std::unique_ptr<Kernel> make_binary_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<BinaryRef>(g, n);
+std::unique_ptr<Kernel> make_binary_ref(const KernelCall& call) {
+  return std::make_unique<BinaryRef>(call);
 }
 
-std::unique_ptr<Kernel> make_scale_ref(const ir::Graph& g, const ir::Node& n) {
-  const double alpha = n.attrs.get_float("alpha");
-  return make_unary(g, n, [alpha](double x) { return alpha * x; });
+std::unique_ptr<Kernel> make_scale_ref(const KernelCall& call) {
+  const double alpha = call.params<ops::ScaleParams>().alpha;
+  return make_unary(call, [alpha](double x) { return alpha * x; });
 }
 
-std::unique_ptr<Kernel> make_gelu_ref(const ir::Graph& g, const ir::Node& n) {
-  const bool tanh_approximation = parse_approximate(n);
-  return make_unary(g, n, [tanh_approximation](double x) { return gelu_forward(x, tanh_approximation); });
+std::unique_ptr<Kernel> make_gelu_ref(const KernelCall& call) {
+  const bool tanh_approximation = parse_approximate(call);
+  return make_unary(call, [tanh_approximation](double x) { return gelu_forward(x, tanh_approximation); });
 }
 
-std::unique_ptr<Kernel> make_gelu_backward_ref(const ir::Graph& g, const ir::Node& n) {
+std::unique_ptr<Kernel> make_gelu_backward_ref(const KernelCall& call) {
   // inputs: dy, x (the forward input)
-  const bool tanh_approximation = parse_approximate(n);
+  const bool tanh_approximation = parse_approximate(call);
   return make_backward(
-      g, n, [tanh_approximation](double dy, double x) { return dy * gelu_derivative(x, tanh_approximation); });
+      call, [tanh_approximation](double dy, double x) { return dy * gelu_derivative(x, tanh_approximation); });
 }
 
-std::unique_ptr<Kernel> make_tanh_ref(const ir::Graph& g, const ir::Node& n) {
-  return make_unary(g, n, [](double x) { return std::tanh(x); });
+std::unique_ptr<Kernel> make_tanh_ref(const KernelCall& call) {
+  return make_unary(call, [](double x) { return std::tanh(x); });
 }
 
-std::unique_ptr<Kernel> make_tanh_backward_ref(const ir::Graph& g, const ir::Node& n) {
+std::unique_ptr<Kernel> make_tanh_backward_ref(const KernelCall& call) {
   // inputs: dy, y (the forward output)
-  return make_backward(g, n, [](double dy, double y) { return dy * (1.0 - y * y); });
+  return make_backward(call, [](double dy, double y) { return dy * (1.0 - y * y); });
 }
 
-std::unique_ptr<Kernel> make_relu_ref(const ir::Graph& g, const ir::Node& n) {
-  return make_unary(g, n, [](double x) { return x > 0.0 ? x : 0.0; });
+std::unique_ptr<Kernel> make_relu_ref(const KernelCall& call) {
+  return make_unary(call, [](double x) { return x > 0.0 ? x : 0.0; });
 }
 
-std::unique_ptr<Kernel> make_relu_backward_ref(const ir::Graph& g, const ir::Node& n) {
+std::unique_ptr<Kernel> make_relu_backward_ref(const KernelCall& call) {
   // inputs: dy, x (the forward input)
-  return make_backward(g, n, [](double dy, double x) { return x > 0.0 ? dy : 0.0; });
+  return make_backward(call, [](double dy, double x) { return x > 0.0 ? dy : 0.0; });
 }
 
-std::unique_ptr<Kernel> make_math_ref(const ir::Graph& g, const ir::Node& n) {
-  if (n.op == ir::OpKind::Sqrt) return make_unary(g, n, [](double x) { return std::sqrt(x); });
-  if (n.op == ir::OpKind::Erf) return make_unary(g, n, [](double x) { return std::erf(x); });
-  const double exponent = n.attrs.get_float("exponent");
-  return make_unary(g, n, [exponent](double x) { return std::pow(x, exponent); });
+std::unique_ptr<Kernel> make_math_ref(const KernelCall& call) {
+  if (call.op == OpKind::Sqrt) return make_unary(call, [](double x) { return std::sqrt(x); });
+  if (call.op == OpKind::Erf) return make_unary(call, [](double x) { return std::erf(x); });
+  const double exponent = call.params<ops::PowParams>().exponent;
+  return make_unary(call, [exponent](double x) { return std::pow(x, exponent); });
 }
 
-std::unique_ptr<Kernel> make_erf_backward_ref(const ir::Graph& g, const ir::Node& n) {
+std::unique_ptr<Kernel> make_erf_backward_ref(const KernelCall& call) {
   // inputs: dy, x (the forward input); erf'(x) = 2/√π · exp(-x²)
-  return make_backward(g, n, [](double dy, double x) { return dy * kTwoOverSqrtPi * std::exp(-x * x); });
+  return make_backward(call, [](double dy, double x) { return dy * kTwoOverSqrtPi * std::exp(-x * x); });
 }
 
-std::unique_ptr<Kernel> make_dropout_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<DropoutRef>(g, n);
+std::unique_ptr<Kernel> make_dropout_ref(const KernelCall& call) {
+  return std::make_unique<DropoutRef>(call);
 }
 
-std::unique_ptr<Kernel> make_dropout_add_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<DropoutAddRef>(g, n);
+std::unique_ptr<Kernel> make_dropout_add_ref(const KernelCall& call) {
+  return std::make_unique<DropoutAddRef>(call);
 }
 
-std::unique_ptr<Kernel> make_cast_ref(const ir::Graph& g, const ir::Node& n) { return std::make_unique<CastRef>(g, n); }
+std::unique_ptr<Kernel> make_cast_ref(const KernelCall& call) { return std::make_unique<CastRef>(call); }
 
-std::unique_ptr<Kernel> make_copy_ref(const ir::Graph& g, const ir::Node& n) { return std::make_unique<CopyRef>(g, n); }
+std::unique_ptr<Kernel> make_copy_ref(const KernelCall& call) { return std::make_unique<CopyRef>(call); }
 
 }  // namespace fusetrain::kernels::ref

@@ -67,11 +67,11 @@ void cross_entropy_backward(float* dlogits, float dloss, const float* logits, co
 
 class CrossEntropyRef final : public RefKernel {
  public:
-  CrossEntropyRef(const ir::Graph& g, const ir::Node& n)
-      : label_(node_label(n)),
-        targets_dtype_(input_dtype(g, n, 1)),
-        ignore_index_(n.attrs.get_int("ignore_index", -100)) {
-    const Shape& logits = input_shape(g, n, 0);
+  CrossEntropyRef(const KernelCall& call)
+      : label_(node_label(call)),
+        targets_dtype_(input_dtype(call, 1)),
+        ignore_index_(call.params<ops::CrossEntropyParams>().ignore_index) {
+    const Shape& logits = input_shape(call, 0);
     V_ = logits[-1];
     R_ = logits.numel(0, logits.rank() - 1);
   }
@@ -93,11 +93,11 @@ class CrossEntropyRef final : public RefKernel {
 
 class CrossEntropyBackwardRef final : public RefKernel {
  public:
-  CrossEntropyBackwardRef(const ir::Graph& g, const ir::Node& n)
-      : label_(node_label(n)),
-        targets_dtype_(input_dtype(g, n, 2)),
-        ignore_index_(n.attrs.get_int("ignore_index", -100)) {
-    const Shape& logits = input_shape(g, n, 1);
+  CrossEntropyBackwardRef(const KernelCall& call)
+      : label_(node_label(call)),
+        targets_dtype_(input_dtype(call, 2)),
+        ignore_index_(call.params<ops::CrossEntropyParams>().ignore_index) {
+    const Shape& logits = input_shape(call, 1);
     V_ = logits[-1];
     R_ = logits.numel(0, logits.rank() - 1);
   }
@@ -121,16 +121,16 @@ class CrossEntropyBackwardRef final : public RefKernel {
 // bf16 before the products, as the unfused backward rounds it.
 class LinearCrossEntropyRef final : public RefKernel {
  public:
-  LinearCrossEntropyRef(const ir::Graph& g, const ir::Node& n)
-      : label_(node_label(n)),
-        x_dtype_(input_dtype(g, n, 0)),
-        targets_dtype_(input_dtype(g, n, 2)),
-        ignore_index_(n.attrs.get_int("ignore_index", -100)),
-        has_bias_(n.inputs.size() == 4) {
-    const Shape& x = input_shape(g, n, 0);
+  LinearCrossEntropyRef(const KernelCall& call)
+      : label_(node_label(call)),
+        x_dtype_(input_dtype(call, 0)),
+        targets_dtype_(input_dtype(call, 2)),
+        ignore_index_(call.params<ops::LinearCrossEntropyParams>().ignore_index),
+        has_bias_(call.inputs.size() == 4) {
+    const Shape& x = input_shape(call, 0);
     K_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);
-    V_ = input_shape(g, n, 1)[0];
+    V_ = input_shape(call, 1)[0];
   }
 
   size_t scratch_bytes(int) const override {
@@ -194,7 +194,7 @@ class LinearCrossEntropyRef final : public RefKernel {
 // loss () = mean over all N elements of max(x, 0) − x·y + log(1 + exp(−|x|)).
 class SigmoidCrossEntropyRef final : public RefKernel {
  public:
-  SigmoidCrossEntropyRef(const ir::Graph& g, const ir::Node& n) : N_(input_shape(g, n, 0).numel()) {}
+  SigmoidCrossEntropyRef(const KernelCall& call) : N_(input_shape(call, 0).numel()) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
     const float* x = args.inputs[0].data_as<float>();
@@ -215,7 +215,7 @@ class SigmoidCrossEntropyRef final : public RefKernel {
 // dlogits = dloss · (sigmoid(x) − y) / N.
 class SigmoidCrossEntropyBackwardRef final : public RefKernel {
  public:
-  SigmoidCrossEntropyBackwardRef(const ir::Graph& g, const ir::Node& n) : N_(input_shape(g, n, 1).numel()) {}
+  SigmoidCrossEntropyBackwardRef(const KernelCall& call) : N_(input_shape(call, 1).numel()) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
     const double dloss = args.inputs[0].data_as<float>()[0];
@@ -234,24 +234,24 @@ class SigmoidCrossEntropyBackwardRef final : public RefKernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_sigmoid_cross_entropy_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<SigmoidCrossEntropyRef>(g, n);
+std::unique_ptr<Kernel> make_sigmoid_cross_entropy_ref(const KernelCall& call) {
+  return std::make_unique<SigmoidCrossEntropyRef>(call);
 }
 
-std::unique_ptr<Kernel> make_sigmoid_cross_entropy_backward_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<SigmoidCrossEntropyBackwardRef>(g, n);
+std::unique_ptr<Kernel> make_sigmoid_cross_entropy_backward_ref(const KernelCall& call) {
+  return std::make_unique<SigmoidCrossEntropyBackwardRef>(call);
 }
 
-std::unique_ptr<Kernel> make_cross_entropy_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<CrossEntropyRef>(g, n);
+std::unique_ptr<Kernel> make_cross_entropy_ref(const KernelCall& call) {
+  return std::make_unique<CrossEntropyRef>(call);
 }
 
-std::unique_ptr<Kernel> make_linear_cross_entropy_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<LinearCrossEntropyRef>(g, n);
+std::unique_ptr<Kernel> make_linear_cross_entropy_ref(const KernelCall& call) {
+  return std::make_unique<LinearCrossEntropyRef>(call);
 }
 
-std::unique_ptr<Kernel> make_cross_entropy_backward_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<CrossEntropyBackwardRef>(g, n);
+std::unique_ptr<Kernel> make_cross_entropy_backward_ref(const KernelCall& call) {
+  return std::make_unique<CrossEntropyBackwardRef>(call);
 }
 
 }  // namespace fusetrain::kernels::ref

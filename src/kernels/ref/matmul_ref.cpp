@@ -44,14 +44,14 @@ void linear_forward(void* y, const void* x, const void* w, const void* bias, DTy
 
 class MatMulRef final : public RefKernel {
  public:
-  MatMulRef(const ir::Graph& g, const ir::Node& n)
-      : trans_a_(n.attrs.get_int("trans_a", 0) != 0),
-        trans_b_(n.attrs.get_int("trans_b", 0) != 0),
-        ab_dtype_(input_dtype(g, n, 0)),
-        c_dtype_(output_dtype(g, n, 0)) {
-    const Shape& a = input_shape(g, n, 0);
-    const Shape& b = input_shape(g, n, 1);
-    const Shape& c = output_shape(g, n, 0);
+  MatMulRef(const KernelCall& call)
+      : trans_a_(call.params<ops::MatMulParams>().trans_a),
+        trans_b_(call.params<ops::MatMulParams>().trans_b),
+        ab_dtype_(input_dtype(call, 0)),
+        c_dtype_(output_dtype(call, 0)) {
+    const Shape& a = input_shape(call, 0);
+    const Shape& b = input_shape(call, 1);
+    const Shape& c = output_shape(call, 0);
     M_ = c[-2];
     N_ = c[-1];
     K_ = trans_a_ ? a[-2] : a[-1];
@@ -76,17 +76,17 @@ class MatMulRef final : public RefKernel {
 // from the f32 product and GELU applied to the rounded value; a bf16 y is GELU's result rounded.
 class LinearRef final : public RefKernel {
  public:
-  LinearRef(const ir::Graph& g, const ir::Node& n)
-      : xw_dtype_(input_dtype(g, n, 0)),
-        has_bias_(n.inputs.size() == 3),
-        gelu_(n.op == ir::OpKind::LinearGelu),
-        tanh_(n.attrs.get_string("approximate", "none") == "tanh"),
-        bf16_z_(gelu_ && output_dtype(g, n, 1) == DType::bf16),
-        bf16_y_(gelu_ && output_dtype(g, n, 0) == DType::bf16) {
-    const Shape& x = input_shape(g, n, 0);
+  LinearRef(const KernelCall& call)
+      : xw_dtype_(input_dtype(call, 0)),
+        has_bias_(call.inputs.size() == 3),
+        gelu_(call.op == OpKind::LinearGelu),
+        tanh_(ops::gelu_approximation(call.op_params) == ops::GeluApproximation::Tanh),
+        bf16_z_(gelu_ && output_dtype(call, 1) == DType::bf16),
+        bf16_y_(gelu_ && output_dtype(call, 0) == DType::bf16) {
+    const Shape& x = input_shape(call, 0);
     K_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);
-    N_ = input_shape(g, n, 1)[0];
+    N_ = input_shape(call, 1)[0];
   }
 
   bool accumulates() const override { return !gelu_; }
@@ -130,12 +130,12 @@ class LinearRef final : public RefKernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_matmul_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<MatMulRef>(g, n);
+std::unique_ptr<Kernel> make_matmul_ref(const KernelCall& call) {
+  return std::make_unique<MatMulRef>(call);
 }
 
-std::unique_ptr<Kernel> make_linear_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<LinearRef>(g, n);
+std::unique_ptr<Kernel> make_linear_ref(const KernelCall& call) {
+  return std::make_unique<LinearRef>(call);
 }
 
 }  // namespace fusetrain::kernels::ref

@@ -38,8 +38,8 @@ void copy_along_axis(void* dst, const AxisView& dst_view, int64_t dst_start, con
 // then the data is already in place and nothing moves.
 class ReshapeRef final : public RefKernel {
  public:
-  ReshapeRef(const ir::Graph& g, const ir::Node& n)
-      : numel_(output_shape(g, n, 0).numel()), dtype_(output_dtype(g, n, 0)) {}
+  ReshapeRef(const KernelCall& call)
+      : numel_(output_shape(call, 0).numel()), dtype_(output_dtype(call, 0)) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
     const void* x = args.inputs[0].data();
@@ -60,11 +60,11 @@ class ReshapeRef final : public RefKernel {
 // out axis i = x axis perm[i]; out[o] = x[index.offset(o)].
 class TransposeRef final : public RefKernel {
  public:
-  TransposeRef(const ir::Graph& g, const ir::Node& n)
-      : numel_(output_shape(g, n, 0).numel()), dtype_(output_dtype(g, n, 0)) {
-    const std::vector<int64_t>& perm = n.attrs.get_ints("perm");
-    std::vector<int64_t> x_strides = contiguous_strides(input_shape(g, n, 0));
-    index_.dims = output_shape(g, n, 0).dims();
+  TransposeRef(const KernelCall& call)
+      : numel_(output_shape(call, 0).numel()), dtype_(output_dtype(call, 0)) {
+    const std::vector<int64_t>& perm = call.params<ops::TransposeParams>().perm;
+    std::vector<int64_t> x_strides = contiguous_strides(input_shape(call, 0));
+    index_.dims = output_shape(call, 0).dims();
     for (int64_t p : perm) index_.strides.push_back(x_strides[static_cast<size_t>(p)]);
   }
 
@@ -84,8 +84,8 @@ class TransposeRef final : public RefKernel {
 // x (outer, X, inner) -> out_k (outer, sizes[k], inner), piece k starting at Σ_{j<k} sizes[j].
 class SplitRef final : public RefKernel {
  public:
-  SplitRef(const ir::Graph& g, const ir::Node& n) : dtype_(input_dtype(g, n, 0)), sizes_(n.attrs.get_ints("sizes")) {
-    x_view_ = view_around(input_shape(g, n, 0), n.attrs.get_int("axis"));
+  SplitRef(const KernelCall& call) : dtype_(input_dtype(call, 0)), sizes_(call.params<ops::SplitParams>().sizes) {
+    x_view_ = view_around(input_shape(call, 0), call.params<ops::SplitParams>().axis);
   }
 
   void run(const KernelArgs& args, const StepContext&) override {
@@ -107,10 +107,10 @@ class SplitRef final : public RefKernel {
 // x_k (outer, X_k, inner) -> out (outer, Σ X_k, inner).
 class ConcatRef final : public RefKernel {
  public:
-  ConcatRef(const ir::Graph& g, const ir::Node& n) : dtype_(output_dtype(g, n, 0)) {
-    const int64_t axis = n.attrs.get_int("axis");
-    out_view_ = view_around(output_shape(g, n, 0), axis);
-    for (size_t k = 0; k < n.inputs.size(); ++k) input_views_.push_back(view_around(input_shape(g, n, k), axis));
+  ConcatRef(const KernelCall& call) : dtype_(output_dtype(call, 0)) {
+    const int64_t axis = call.params<ops::ConcatParams>().axis;
+    out_view_ = view_around(output_shape(call, 0), axis);
+    for (size_t k = 0; k < call.inputs.size(); ++k) input_views_.push_back(view_around(input_shape(call, k), axis));
   }
 
   void run(const KernelArgs& args, const StepContext&) override {
@@ -133,13 +133,14 @@ class ConcatRef final : public RefKernel {
 // SliceBackward: out (outer, X, inner) = zeros with dy written at [start, end)
 class SliceRef final : public RefKernel {
  public:
-  SliceRef(const ir::Graph& g, const ir::Node& n)
-      : backward_(n.op == ir::OpKind::SliceBackward),
-        dtype_(output_dtype(g, n, 0)),
-        start_(n.attrs.get_int("start")),
-        end_(n.attrs.get_int("end")) {
-    const Shape& full = backward_ ? output_shape(g, n, 0) : input_shape(g, n, 0);
-    full_view_ = view_around(full, n.attrs.get_int("axis"));
+  SliceRef(const KernelCall& call)
+      : backward_(call.op == OpKind::SliceBackward),
+        dtype_(output_dtype(call, 0)),
+        start_(backward_ ? call.params<ops::SliceBackwardParams>().start : call.params<ops::SliceParams>().start),
+        end_(backward_ ? call.params<ops::SliceBackwardParams>().end : call.params<ops::SliceParams>().end) {
+    const Shape& full = backward_ ? output_shape(call, 0) : input_shape(call, 0);
+    full_view_ = view_around(full, backward_ ? call.params<ops::SliceBackwardParams>().axis
+                                             : call.params<ops::SliceParams>().axis);
     part_view_ = {full_view_.outer, end_ - start_, full_view_.inner};
   }
 
@@ -171,10 +172,10 @@ class SliceRef final : public RefKernel {
 // out (shape) = x broadcast to `shape` (numpy rules).
 class ExpandToRef final : public RefKernel {
  public:
-  ExpandToRef(const ir::Graph& g, const ir::Node& n)
-      : numel_(output_shape(g, n, 0).numel()),
-        dtype_(output_dtype(g, n, 0)),
-        index_(broadcast_index(input_shape(g, n, 0), output_shape(g, n, 0))) {}
+  ExpandToRef(const KernelCall& call)
+      : numel_(output_shape(call, 0).numel()),
+        dtype_(output_dtype(call, 0)),
+        index_(broadcast_index(input_shape(call, 0), output_shape(call, 0))) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
     const void* x = args.inputs[0].data();
@@ -201,13 +202,13 @@ int64_t checked_id(const void* ids, DType ids_dtype, int64_t position, int64_t V
 // out (N, C) = weight (V, C)[ids (N)]
 class EmbeddingRef final : public RefKernel {
  public:
-  EmbeddingRef(const ir::Graph& g, const ir::Node& n)
-      : label_(node_label(n)),
-        weight_dtype_(input_dtype(g, n, 0)),
-        ids_dtype_(input_dtype(g, n, 1)),
-        V_(input_shape(g, n, 0)[0]),
-        C_(input_shape(g, n, 0)[1]),
-        N_(input_shape(g, n, 1).numel()) {}
+  EmbeddingRef(const KernelCall& call)
+      : label_(node_label(call)),
+        weight_dtype_(input_dtype(call, 0)),
+        ids_dtype_(input_dtype(call, 1)),
+        V_(input_shape(call, 0)[0]),
+        C_(input_shape(call, 0)[1]),
+        N_(input_shape(call, 1).numel()) {}
 
   void run(const KernelArgs& args, const StepContext&) override {
     const void* weight = args.inputs[0].data();
@@ -231,13 +232,13 @@ class EmbeddingRef final : public RefKernel {
 // (scratch: C doubles), then rounded once.
 class EmbeddingBackwardRef final : public RefKernel {
  public:
-  EmbeddingBackwardRef(const ir::Graph& g, const ir::Node& n)
-      : label_(node_label(n)),
-        ids_dtype_(input_dtype(g, n, 1)),
-        V_(n.attrs.get_int("num_embeddings")),
-        padding_idx_(n.attrs.get_int("padding_idx", -1)),
-        C_(input_shape(g, n, 0)[-1]),
-        N_(input_shape(g, n, 1).numel()) {}
+  EmbeddingBackwardRef(const KernelCall& call)
+      : label_(node_label(call)),
+        ids_dtype_(input_dtype(call, 1)),
+        V_(call.params<ops::EmbeddingBackwardParams>().num_embeddings),
+        padding_idx_(call.params<ops::EmbeddingBackwardParams>().padding_idx),
+        C_(input_shape(call, 0)[-1]),
+        N_(input_shape(call, 1).numel()) {}
 
   size_t scratch_bytes(int) const override { return static_cast<size_t>(C_) * sizeof(double); }
 
@@ -270,40 +271,40 @@ class EmbeddingBackwardRef final : public RefKernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_reshape_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<ReshapeRef>(g, n);
+std::unique_ptr<Kernel> make_reshape_ref(const KernelCall& call) {
+  return std::make_unique<ReshapeRef>(call);
 }
 
-std::unique_ptr<Kernel> make_transpose_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<TransposeRef>(g, n);
+std::unique_ptr<Kernel> make_transpose_ref(const KernelCall& call) {
+  return std::make_unique<TransposeRef>(call);
 }
 
-std::unique_ptr<Kernel> make_split_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<SplitRef>(g, n);
+std::unique_ptr<Kernel> make_split_ref(const KernelCall& call) {
+  return std::make_unique<SplitRef>(call);
 }
 
-std::unique_ptr<Kernel> make_concat_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<ConcatRef>(g, n);
+std::unique_ptr<Kernel> make_concat_ref(const KernelCall& call) {
+  return std::make_unique<ConcatRef>(call);
 }
 
-std::unique_ptr<Kernel> make_slice_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<SliceRef>(g, n);
+std::unique_ptr<Kernel> make_slice_ref(const KernelCall& call) {
+  return std::make_unique<SliceRef>(call);
 }
 
-std::unique_ptr<Kernel> make_slice_backward_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<SliceRef>(g, n);
+std::unique_ptr<Kernel> make_slice_backward_ref(const KernelCall& call) {
+  return std::make_unique<SliceRef>(call);
 }
 
-std::unique_ptr<Kernel> make_expand_to_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<ExpandToRef>(g, n);
+std::unique_ptr<Kernel> make_expand_to_ref(const KernelCall& call) {
+  return std::make_unique<ExpandToRef>(call);
 }
 
-std::unique_ptr<Kernel> make_embedding_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<EmbeddingRef>(g, n);
+std::unique_ptr<Kernel> make_embedding_ref(const KernelCall& call) {
+  return std::make_unique<EmbeddingRef>(call);
 }
 
-std::unique_ptr<Kernel> make_embedding_backward_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<EmbeddingBackwardRef>(g, n);
+std::unique_ptr<Kernel> make_embedding_backward_ref(const KernelCall& call) {
+  return std::make_unique<EmbeddingBackwardRef>(call);
 }
 
 }  // namespace fusetrain::kernels::ref

@@ -97,8 +97,8 @@ void layernorm_backward(float* dx, float* dgamma, float* dbeta, const float* dy,
 
 class SoftmaxRef final : public RefKernel {
  public:
-  SoftmaxRef(const ir::Graph& g, const ir::Node& n) : x_dtype_(input_dtype(g, n, 0)), y_dtype_(output_dtype(g, n, 0)) {
-    const Shape& x = input_shape(g, n, 0);
+  SoftmaxRef(const KernelCall& call) : x_dtype_(input_dtype(call, 0)), y_dtype_(output_dtype(call, 0)) {
+    const Shape& x = input_shape(call, 0);
     C_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);
   }
@@ -115,8 +115,8 @@ class SoftmaxRef final : public RefKernel {
 
 class SoftmaxBackwardRef final : public RefKernel {
  public:
-  SoftmaxBackwardRef(const ir::Graph& g, const ir::Node& n) {
-    const Shape& dy = input_shape(g, n, 0);
+  SoftmaxBackwardRef(const KernelCall& call) {
+    const Shape& dy = input_shape(call, 0);
     C_ = dy[-1];
     R_ = dy.numel(0, dy.rank() - 1);
   }
@@ -135,13 +135,14 @@ class SoftmaxBackwardRef final : public RefKernel {
 // to f32, as DropoutAdd's reference) into output 0, then LayerNorm of the rounded sum.
 class LayerNormRef final : public RefKernel {
  public:
-  LayerNormRef(const ir::Graph& g, const ir::Node& n)
-      : eps_(n.attrs.get_float("eps")),
-        add_(n.op == ir::OpKind::AddLayerNorm),
-        p_(n.attrs.get_float("p", 0.0)),
-        seed_(static_cast<uint64_t>(n.attrs.get_int("seed", 0))),
-        map_(stream_index_map(n.attrs)) {
-    const Shape& x = input_shape(g, n, 0);
+  LayerNormRef(const KernelCall& call)
+      : eps_(call.op == OpKind::AddLayerNorm ? call.params<ops::AddLayerNormParams>().eps
+                                             : call.params<ops::LayerNormParams>().eps),
+        add_(call.op == OpKind::AddLayerNorm),
+        p_(add_ ? call.params<ops::AddLayerNormParams>().dropout.p : 0.0),
+        seed_(add_ ? call.params<ops::AddLayerNormParams>().dropout.seed : 0),
+        map_(add_ ? stream_index_map(call.params<ops::AddLayerNormParams>().dropout) : StreamIndexMap{}) {
+    const Shape& x = input_shape(call, 0);
     C_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);
   }
@@ -182,8 +183,8 @@ class LayerNormRef final : public RefKernel {
 
 class LayerNormBackwardRef final : public RefKernel {
  public:
-  LayerNormBackwardRef(const ir::Graph& g, const ir::Node& n) {
-    const Shape& x = input_shape(g, n, 1);
+  LayerNormBackwardRef(const KernelCall& call) {
+    const Shape& x = input_shape(call, 1);
     C_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);
   }
@@ -206,20 +207,20 @@ class LayerNormBackwardRef final : public RefKernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_softmax_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<SoftmaxRef>(g, n);
+std::unique_ptr<Kernel> make_softmax_ref(const KernelCall& call) {
+  return std::make_unique<SoftmaxRef>(call);
 }
 
-std::unique_ptr<Kernel> make_softmax_backward_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<SoftmaxBackwardRef>(g, n);
+std::unique_ptr<Kernel> make_softmax_backward_ref(const KernelCall& call) {
+  return std::make_unique<SoftmaxBackwardRef>(call);
 }
 
-std::unique_ptr<Kernel> make_layernorm_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<LayerNormRef>(g, n);
+std::unique_ptr<Kernel> make_layernorm_ref(const KernelCall& call) {
+  return std::make_unique<LayerNormRef>(call);
 }
 
-std::unique_ptr<Kernel> make_layernorm_backward_ref(const ir::Graph& g, const ir::Node& n) {
-  return std::make_unique<LayerNormBackwardRef>(g, n);
+std::unique_ptr<Kernel> make_layernorm_backward_ref(const KernelCall& call) {
+  return std::make_unique<LayerNormBackwardRef>(call);
 }
 
 }  // namespace fusetrain::kernels::ref

@@ -20,13 +20,13 @@ void reduce_forward(void* out, DType out_dtype, const void* x, DType x_dtype, co
 class ReduceRef final : public RefKernel {
  public:
   // mean: divide by the number of elements summed into each output (ReduceMean).
-  ReduceRef(const ir::Graph& g, const ir::Node& n, const Shape& kept_shape, bool mean)
-      : x_dtype_(input_dtype(g, n, 0)),
-        out_dtype_(output_dtype(g, n, 0)),
-        n_in_(input_shape(g, n, 0).numel()),
-        n_out_(output_shape(g, n, 0).numel()),
-        index_(broadcast_index(kept_shape, input_shape(g, n, 0))) {
-    if (mean) divisor_ = static_cast<double>(input_shape(g, n, 0).numel()) / static_cast<double>(kept_shape.numel());
+  ReduceRef(const KernelCall& call, const Shape& kept_shape, bool mean)
+      : x_dtype_(input_dtype(call, 0)),
+        out_dtype_(output_dtype(call, 0)),
+        n_in_(input_shape(call, 0).numel()),
+        n_out_(output_shape(call, 0).numel()),
+        index_(broadcast_index(kept_shape, input_shape(call, 0))) {
+    if (mean) divisor_ = static_cast<double>(input_shape(call, 0).numel()) / static_cast<double>(kept_shape.numel());
   }
 
   size_t scratch_bytes(int) const override { return static_cast<size_t>(n_out_) * sizeof(double); }
@@ -45,18 +45,18 @@ class ReduceRef final : public RefKernel {
 
 }  // namespace
 
-std::unique_ptr<Kernel> make_reduce_ref(const ir::Graph& g, const ir::Node& n) {
+std::unique_ptr<Kernel> make_reduce_ref(const KernelCall& call) {
   // The output with keepdims=1 (reduced axes kept as extent 1) has the same
   // element order as the output either way.
-  const Shape& x = input_shape(g, n, 0);
+  const Shape& x = input_shape(call, 0);
   Shape kept = x;
-  for (int64_t axis : n.attrs.get_ints("axes")) kept[normalize_axis(axis, x.rank(), "ReduceSum axes")] = 1;
-  return std::make_unique<ReduceRef>(g, n, kept, n.op == ir::OpKind::ReduceMean);
+  for (int64_t axis : call.params<ops::ReduceParams>().axes) kept[normalize_axis(axis, x.rank(), "ReduceSum axes")] = 1;
+  return std::make_unique<ReduceRef>(call, kept, call.op == OpKind::ReduceMean);
 }
 
-std::unique_ptr<Kernel> make_reduce_sum_to_ref(const ir::Graph& g, const ir::Node& n) {
+std::unique_ptr<Kernel> make_reduce_sum_to_ref(const KernelCall& call) {
   // `shape` broadcasts to x, so x's elements map onto it by broadcasting rules.
-  return std::make_unique<ReduceRef>(g, n, output_shape(g, n, 0), false);
+  return std::make_unique<ReduceRef>(call, output_shape(call, 0), false);
 }
 
 }  // namespace fusetrain::kernels::ref

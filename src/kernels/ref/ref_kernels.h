@@ -19,8 +19,8 @@
 #include "fusetrain/core/error.h"
 #include "fusetrain/core/half.h"
 #include "fusetrain/core/shape.h"
-#include "fusetrain/ir/graph.h"
-#include "kernels/kernel.h"
+#include "fusetrain/kernels/device.h"
+#include "fusetrain/kernels/device.h"
 
 namespace fusetrain::kernels::ref {
 
@@ -187,17 +187,17 @@ std::vector<int64_t> contiguous_strides(const Shape& shape);
 /// broadcasts to `out` by numpy rules (aligned right, extent-1 axes repeat).
 StridedIndex broadcast_index(const Shape& in, const Shape& out);
 
-// ---- graph access at plan time -----------------------------------------------
+// ---- the call's tensors, read at construction -------------------------------------
 
-inline const Shape& input_shape(const ir::Graph& g, const ir::Node& n, size_t i) { return g.value(n.inputs[i]).shape; }
-inline DType input_dtype(const ir::Graph& g, const ir::Node& n, size_t i) { return g.value(n.inputs[i]).dtype; }
-inline const Shape& output_shape(const ir::Graph& g, const ir::Node& n, size_t i) {
-  return g.value(n.outputs[i]).shape;
+inline const Shape& input_shape(const KernelCall& call, size_t i) { return call.inputs[i].shape; }
+inline DType input_dtype(const KernelCall& call, size_t i) { return call.inputs[i].dtype; }
+inline const Shape& output_shape(const KernelCall& call, size_t i) {
+  return call.outputs[i].shape;
 }
-inline DType output_dtype(const ir::Graph& g, const ir::Node& n, size_t i) { return g.value(n.outputs[i]).dtype; }
+inline DType output_dtype(const KernelCall& call, size_t i) { return call.outputs[i].dtype; }
 
 /// `Op "name"` for error messages raised while a kernel runs.
-std::string node_label(const ir::Node& node);
+std::string node_label(const KernelCall& call);
 
 /// Base of every reference kernel: they all honour KernelArgs::accumulate.
 class RefKernel : public Kernel {
@@ -211,57 +211,57 @@ double gelu_forward(double x, bool tanh_approximation);
 // ---- factories, one per op (registry_ref.cpp dispatches) ------------------------
 
 // elementwise_ref.cpp
-std::unique_ptr<Kernel> make_fill_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_binary_ref(const ir::Graph& g, const ir::Node& n);  // Add Sub Mul Div
-std::unique_ptr<Kernel> make_scale_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_gelu_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_gelu_backward_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_tanh_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_tanh_backward_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_relu_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_relu_backward_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_math_ref(const ir::Graph& g, const ir::Node& n);  // Pow, Sqrt, Erf
-std::unique_ptr<Kernel> make_erf_backward_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_dropout_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_dropout_add_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_cast_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_copy_ref(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_fill_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_binary_ref(const KernelCall& call);  // Add Sub Mul Div
+std::unique_ptr<Kernel> make_scale_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_gelu_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_gelu_backward_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_tanh_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_tanh_backward_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_relu_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_relu_backward_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_math_ref(const KernelCall& call);  // Pow, Sqrt, Erf
+std::unique_ptr<Kernel> make_erf_backward_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_dropout_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_dropout_add_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_cast_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_copy_ref(const KernelCall& call);
 
 // matmul_ref.cpp
-std::unique_ptr<Kernel> make_matmul_ref(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_matmul_ref(const KernelCall& call);
 // loss_ref.cpp (binary cross-entropy with logits)
-std::unique_ptr<Kernel> make_sigmoid_cross_entropy_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_sigmoid_cross_entropy_backward_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_linear_ref(const ir::Graph& g, const ir::Node& n);  // Linear, LinearGelu
+std::unique_ptr<Kernel> make_sigmoid_cross_entropy_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_sigmoid_cross_entropy_backward_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_linear_ref(const KernelCall& call);  // Linear, LinearGelu
 
 // norm_ref.cpp
-std::unique_ptr<Kernel> make_softmax_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_softmax_backward_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_layernorm_ref(const ir::Graph& g, const ir::Node& n);  // LayerNorm, AddLayerNorm
-std::unique_ptr<Kernel> make_layernorm_backward_ref(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_softmax_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_softmax_backward_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_layernorm_ref(const KernelCall& call);  // LayerNorm, AddLayerNorm
+std::unique_ptr<Kernel> make_layernorm_backward_ref(const KernelCall& call);
 
 // movement_ref.cpp
-std::unique_ptr<Kernel> make_reshape_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_transpose_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_split_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_concat_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_slice_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_slice_backward_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_expand_to_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_embedding_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_embedding_backward_ref(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_reshape_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_transpose_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_split_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_concat_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_slice_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_slice_backward_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_expand_to_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_embedding_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_embedding_backward_ref(const KernelCall& call);
 
 // reduce_ref.cpp
-std::unique_ptr<Kernel> make_reduce_ref(const ir::Graph& g, const ir::Node& n);  // ReduceSum ReduceMean
-std::unique_ptr<Kernel> make_reduce_sum_to_ref(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_reduce_ref(const KernelCall& call);  // ReduceSum ReduceMean
+std::unique_ptr<Kernel> make_reduce_sum_to_ref(const KernelCall& call);
 
 // loss_ref.cpp
-std::unique_ptr<Kernel> make_cross_entropy_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_cross_entropy_backward_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_linear_cross_entropy_ref(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_cross_entropy_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_cross_entropy_backward_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_linear_cross_entropy_ref(const KernelCall& call);
 
 // attention_ref.cpp
-std::unique_ptr<Kernel> make_attention_ref(const ir::Graph& g, const ir::Node& n);
-std::unique_ptr<Kernel> make_attention_backward_ref(const ir::Graph& g, const ir::Node& n);
+std::unique_ptr<Kernel> make_attention_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_attention_backward_ref(const KernelCall& call);
 
 }  // namespace fusetrain::kernels::ref

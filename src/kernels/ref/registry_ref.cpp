@@ -32,103 +32,103 @@ StridedIndex broadcast_index(const Shape& in, const Shape& out) {
   return index;
 }
 
-std::string node_label(const ir::Node& node) { return str(ir::op_name(node.op), " \"", node.name, "\""); }
+std::string node_label(const KernelCall& call) { return str(ops::op_name(call.op), " \"", call.name, "\""); }
 
 }  // namespace ref
 
-std::unique_ptr<Kernel> make_ref_kernel(const ir::Graph& graph, const ir::Node& node) {
-  using ir::OpKind;
-  switch (node.op) {
+std::unique_ptr<Kernel> make_ref_kernel(const KernelCall& call) {
+  using ops::OpKind;
+  switch (call.op) {
     // forward ops
     case OpKind::Fill:
-      return ref::make_fill_ref(graph, node);
+      return ref::make_fill_ref(call);
     case OpKind::MatMul:
-      return ref::make_matmul_ref(graph, node);
+      return ref::make_matmul_ref(call);
     case OpKind::Linear:
     case OpKind::LinearGelu:
-      return ref::make_linear_ref(graph, node);
+      return ref::make_linear_ref(call);
     case OpKind::Add:
     case OpKind::Sub:
     case OpKind::Mul:
     case OpKind::Div:
-      return ref::make_binary_ref(graph, node);
+      return ref::make_binary_ref(call);
     case OpKind::Scale:
-      return ref::make_scale_ref(graph, node);
+      return ref::make_scale_ref(call);
     case OpKind::Gelu:
-      return ref::make_gelu_ref(graph, node);
+      return ref::make_gelu_ref(call);
     case OpKind::Tanh:
-      return ref::make_tanh_ref(graph, node);
+      return ref::make_tanh_ref(call);
     case OpKind::Relu:
-      return ref::make_relu_ref(graph, node);
+      return ref::make_relu_ref(call);
     case OpKind::Pow:
     case OpKind::Sqrt:
     case OpKind::Erf:
-      return ref::make_math_ref(graph, node);
+      return ref::make_math_ref(call);
     case OpKind::Softmax:
-      return ref::make_softmax_ref(graph, node);
+      return ref::make_softmax_ref(call);
     case OpKind::LayerNorm:
     case OpKind::AddLayerNorm:
-      return ref::make_layernorm_ref(graph, node);
+      return ref::make_layernorm_ref(call);
     case OpKind::Embedding:
-      return ref::make_embedding_ref(graph, node);
+      return ref::make_embedding_ref(call);
     case OpKind::Dropout:
-      return ref::make_dropout_ref(graph, node);
+      return ref::make_dropout_ref(call);
     case OpKind::DropoutAdd:
-      return ref::make_dropout_add_ref(graph, node);
+      return ref::make_dropout_add_ref(call);
     case OpKind::Reshape:
-      return ref::make_reshape_ref(graph, node);
+      return ref::make_reshape_ref(call);
     case OpKind::Transpose:
-      return ref::make_transpose_ref(graph, node);
+      return ref::make_transpose_ref(call);
     case OpKind::Split:
-      return ref::make_split_ref(graph, node);
+      return ref::make_split_ref(call);
     case OpKind::Concat:
-      return ref::make_concat_ref(graph, node);
+      return ref::make_concat_ref(call);
     case OpKind::Slice:
-      return ref::make_slice_ref(graph, node);
+      return ref::make_slice_ref(call);
     case OpKind::ReduceSum:
     case OpKind::ReduceMean:
-      return ref::make_reduce_ref(graph, node);
+      return ref::make_reduce_ref(call);
     case OpKind::Cast:
-      return ref::make_cast_ref(graph, node);
+      return ref::make_cast_ref(call);
     case OpKind::SoftmaxCrossEntropy:
-      return ref::make_cross_entropy_ref(graph, node);
+      return ref::make_cross_entropy_ref(call);
     case OpKind::Attention:
-      return ref::make_attention_ref(graph, node);
+      return ref::make_attention_ref(call);
     // ops that gradient rules emit
     case OpKind::Copy:
-      return ref::make_copy_ref(graph, node);
+      return ref::make_copy_ref(call);
     case OpKind::ExpandTo:
-      return ref::make_expand_to_ref(graph, node);
+      return ref::make_expand_to_ref(call);
     case OpKind::ReduceSumTo:
-      return ref::make_reduce_sum_to_ref(graph, node);
+      return ref::make_reduce_sum_to_ref(call);
     case OpKind::GeluBackward:
-      return ref::make_gelu_backward_ref(graph, node);
+      return ref::make_gelu_backward_ref(call);
     case OpKind::TanhBackward:
-      return ref::make_tanh_backward_ref(graph, node);
+      return ref::make_tanh_backward_ref(call);
     case OpKind::ReluBackward:
-      return ref::make_relu_backward_ref(graph, node);
+      return ref::make_relu_backward_ref(call);
     case OpKind::ErfBackward:
-      return ref::make_erf_backward_ref(graph, node);
+      return ref::make_erf_backward_ref(call);
     case OpKind::SoftmaxBackward:
-      return ref::make_softmax_backward_ref(graph, node);
+      return ref::make_softmax_backward_ref(call);
     case OpKind::LayerNormBackward:
-      return ref::make_layernorm_backward_ref(graph, node);
+      return ref::make_layernorm_backward_ref(call);
     case OpKind::EmbeddingBackward:
-      return ref::make_embedding_backward_ref(graph, node);
+      return ref::make_embedding_backward_ref(call);
     case OpKind::SliceBackward:
-      return ref::make_slice_backward_ref(graph, node);
+      return ref::make_slice_backward_ref(call);
     case OpKind::SoftmaxCrossEntropyBackward:
-      return ref::make_cross_entropy_backward_ref(graph, node);
+      return ref::make_cross_entropy_backward_ref(call);
     case OpKind::SigmoidCrossEntropy:
-      return ref::make_sigmoid_cross_entropy_ref(graph, node);
+      return ref::make_sigmoid_cross_entropy_ref(call);
     case OpKind::LinearCrossEntropy:
-      return ref::make_linear_cross_entropy_ref(graph, node);
+      return ref::make_linear_cross_entropy_ref(call);
     case OpKind::SigmoidCrossEntropyBackward:
-      return ref::make_sigmoid_cross_entropy_backward_ref(graph, node);
+      return ref::make_sigmoid_cross_entropy_backward_ref(call);
     case OpKind::AttentionBackward:
-      return ref::make_attention_backward_ref(graph, node);
+      return ref::make_attention_backward_ref(call);
   }
-  throw Error(str("make_ref_kernel: ", ref::node_label(node), " has an unknown op kind ", static_cast<int>(node.op)));
+  throw Error(str("make_ref_kernel: ", ref::node_label(call), " has an unknown op kind ", static_cast<int>(call.op)));
 }
 
 }  // namespace fusetrain::kernels

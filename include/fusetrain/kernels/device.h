@@ -1,0 +1,135 @@
+// The kernel boundary. Lowering (compile/lower.h) turns each graph node into a KernelCall:
+// the op, its typed parameters and the shapes and dtypes of its tensors. A Device turns a
+// KernelCall into a Kernel, owns the memory kernels run on, and does the few host-side
+// operations the runtime needs between kernels (add_into, zero). Nothing here sees a graph,
+// so a backend (CPU today, CUDA later) implements Device and nothing else.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusetrain/core/dtype.h"
+#include "fusetrain/core/shape.h"
+#include "fusetrain/core/tensor.h"
+#include "fusetrain/ops/params.h"
+
+namespace fusetrain::kernels {
+
+using ops::OpKind;
+using ops::OpParams;
+
+/// Shape and dtype of one tensor a kernel reads or writes; contiguous and row-major.
+struct TensorDesc {
+  Shape shape;
+  DType dtype = DType::f32;
+};
+
+/// Throws Error: `call_label` asked for parameters `wanted` but holds alternative `held`.
+[[noreturn]] void throw_params_mismatch(const std::string& call_label, const char* wanted, size_t held);
+
+/// Everything a backend needs to build the kernel for one op: no graph, no attribute strings.
+struct KernelCall {
+  OpKind op = OpKind::Copy;
+  OpParams op_params;               ///< ParamsOf<op>, decoded once (ir::decode_params)
+  std::vector<TensorDesc> inputs;   ///< in the op's input order (docs/ops.md)
+  std::vector<TensorDesc> outputs;  ///< in the op's output order
+  std::string name;                 ///< the node's name, for error messages
+
+  /// The typed parameters; throws Error if they are not a P (the op's Params in ops.def).
+  template <class P>
+  const P& params() const {
+    if (const P* p = std::get_if<P>(&op_params)) return *p;
+    throw_params_mismatch(label(), ops::params_name(ops::params_index_of<P>()), op_params.index());
+  }
+  /// `Op "name"`, for messages.
+  std::string label() const;
+  /// `Op "name" (inputs: f32(2, 3) ...)`, for messages about dtypes or shapes.
+  std::string describe() const;
+};
+
+/// A device queue. CPU devices run synchronously and ignore it; a GPU backend would put
+/// its stream here.
+struct Stream;
+
+/// Per-step values a kernel may read. Plain data: building one never allocates.
+struct StepContext {
+  uint64_t rng_offset = 0;  ///< advances every step; dropout masks depend on (seed, rng_offset, element)
+  int num_threads = 1;      ///< CPU threads a kernel may use
+  Stream* stream = nullptr; ///< where the device enqueues work (null on CPU)
+};
+
+/// The memory a kernel reads and writes, bound once at plan time.
+struct KernelArgs {
+  std::vector<Tensor> inputs;
+  std::vector<Tensor> outputs;
+  /// Per output: 1 means add into the existing contents (gradient buffers), 0 means overwrite.
+  std::vector<uint8_t> accumulate;
+  /// scratch_bytes() bytes of 64-byte aligned device memory, live only during run().
+  void* scratch = nullptr;
+};
+
+/// A kernel for one KernelCall. The constructor reads the call's parameters and shapes;
+/// run() does the arithmetic and must not allocate.
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  /// Scratch memory run() needs with `num_threads` threads.
+  virtual size_t scratch_bytes(int num_threads) const {
+    (void)num_threads;
+    return 0;
+  }
+  /// True if run() honours KernelArgs::accumulate itself; otherwise the runtime
+  /// directs the output to a temporary and adds it into the destination (Device::add_into).
+  virtual bool accumulates() const { return false; }
+  /// Computes the outputs from the inputs on ctx.stream.
+  virtual void run(const KernelArgs& args, const StepContext& ctx) = 0;
+};
+
+class Device;
+
+/// Returns memory to the device that allocated it.
+struct DeviceFree {
+  const Device* device = nullptr;
+  void operator()(void* data) const;
+};
+
+/// Device memory with one owner; freed by its device.
+using DeviceBuffer = std::unique_ptr<void, DeviceFree>;
+
+/// A backend: builds kernels and owns the memory they run on.
+class Device {
+ public:
+  virtual ~Device() = default;
+  /// Short name for messages and reports ("cpu", "cpu-reference").
+  virtual const char* name() const = 0;
+  /// The kernel that computes `call`. Throws Error naming the op and its dtypes when this
+  /// device does not implement the combination.
+  virtual std::unique_ptr<Kernel> make_kernel(const KernelCall& call) const = 0;
+  /// `bytes` of device memory (64-byte aligned on CPU, zero-filled); throws Error on failure.
+  virtual DeviceBuffer allocate(size_t bytes) const = 0;
+  /// Frees memory from allocate(); called by DeviceBuffer's deleter.
+  virtual void deallocate(void* data) const = 0;
+  /// dest[i] += src[i] for i < n, f32, on ctx.stream: the runtime's accumulation into
+  /// gradient buffers for kernels that do not accumulate themselves.
+  virtual void add_into(float* dest, const float* src, int64_t n, const StepContext& ctx) const = 0;
+  /// Sets `bytes` bytes at `data` to zero on ctx.stream.
+  virtual void zero(void* data, size_t bytes, const StepContext& ctx) const = 0;
+};
+
+/// The two CPU backends a plan can bind.
+enum class Backend {
+  Optimized,  ///< tuned CPU kernels (AVX-512 where present), falling back to the reference kernel
+  Reference,  ///< the plain-loop kernels under kernels/ref that tests compare against
+};
+
+/// The tuned CPU device: kernels/cpu, and the reference kernel for what it does not tune.
+const Device& cpu_device();
+/// The plain-loop reference CPU device (kernels/ref).
+const Device& reference_device();
+/// The device of `backend`.
+const Device& device_for(Backend backend);
+
+}  // namespace fusetrain::kernels

@@ -1,0 +1,241 @@
+// Typed op parameters: one plain struct per op that has attributes, named by the Params
+// column of ops.def. ir::decode_params fills them from a node's attributes once, at graph
+// build or lowering time; shape inference, the reference kernels and the CPU kernels all
+// read these structs and never an attribute string. Defaults are written here, once.
+//
+// Attribute names and meanings: docs/ops.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <variant>
+#include <vector>
+
+#include "fusetrain/core/dtype.h"
+#include "fusetrain/ops/op.h"
+
+namespace fusetrain::ops {
+
+/// Parameters of an op without attributes.
+struct NoParams {};
+
+/// Fill: a constant tensor.
+struct FillParams {
+  std::vector<int64_t> shape;  ///< "shape" (required)
+  double value = 0.0;          ///< "value" (required)
+  DType dtype = DType::f32;    ///< "dtype"
+};
+
+/// MatMul of a (…, M, K) and b (…, K, N).
+struct MatMulParams {
+  bool trans_a = false;          ///< "trans_a": a is stored (…, K, M)
+  bool trans_b = false;          ///< "trans_b": b is stored (…, N, K)
+  DType out_dtype = DType::f32;  ///< "out_dtype"
+};
+
+/// The GELU formula: erf form ("none") or tanh approximation ("tanh").
+enum class GeluApproximation : uint8_t { None, Tanh };
+
+/// Gelu.
+struct GeluParams {
+  GeluApproximation approximate = GeluApproximation::None;  ///< "approximate"
+  DType out_dtype = DType::f32;                              ///< "out_dtype": f32 or bf16
+};
+
+/// GeluBackward.
+struct GeluBackwardParams {
+  GeluApproximation approximate = GeluApproximation::None;  ///< "approximate"
+};
+
+/// LinearGelu: y = gelu(z), z = x·wᵀ + bias.
+struct LinearGeluParams {
+  GeluApproximation approximate = GeluApproximation::None;  ///< "approximate"
+  DType z_dtype = DType::f32;                                ///< "z_dtype": f32 or bf16
+  DType out_dtype = DType::f32;                              ///< "out_dtype" of y: f32 or bf16
+};
+
+/// Scale: alpha·x.
+struct ScaleParams {
+  double alpha = 1.0;  ///< "alpha" (required)
+};
+
+/// Pow: x^exponent.
+struct PowParams {
+  double exponent = 1.0;  ///< "exponent" (required)
+};
+
+/// LayerNorm.
+struct LayerNormParams {
+  double eps = 0.0;  ///< "eps" (required, positive)
+};
+
+/// Dropout and DropoutAdd (and the dropout half of AddLayerNorm): keep(e) = uniform(seed,
+/// step, index(e)) >= p. Element e draws stream index e, or, when index_block is not 0,
+/// (e / index_block)·index_stride + index_start + e % index_block (kernels/rng.h).
+struct DropoutParams {
+  double p = 0.0;            ///< "p" (required for Dropout and DropoutAdd)
+  uint64_t seed = 0;         ///< "seed": the stream id (required for Dropout and DropoutAdd)
+  int64_t index_block = 0;   ///< "index_block"
+  int64_t index_stride = 0;  ///< "index_stride"
+  int64_t index_start = 0;   ///< "index_start"
+};
+
+/// AddLayerNorm: LayerNorm(dropout(x) + residual).
+struct AddLayerNormParams {
+  double eps = 0.0;       ///< "eps" (required, positive)
+  DropoutParams dropout;  ///< "p", "seed" and the stream index map, all optional (p 0: no dropout)
+};
+
+/// Embedding.
+struct EmbeddingParams {
+  int64_t padding_idx = -1;  ///< "padding_idx": this row gets no gradient (-1: none)
+};
+
+/// EmbeddingBackward.
+struct EmbeddingBackwardParams {
+  int64_t num_embeddings = 0;  ///< "num_embeddings" V (required)
+  int64_t padding_idx = -1;    ///< "padding_idx": skipped (-1: none)
+};
+
+/// Reshape (one extent may be -1), ExpandTo and ReduceSumTo (the target shape).
+struct ShapeParams {
+  std::vector<int64_t> shape;  ///< "shape" (required)
+};
+
+/// Transpose: output axis i is input axis perm[i].
+struct TransposeParams {
+  std::vector<int64_t> perm;  ///< "perm" (required)
+};
+
+/// Split along an axis.
+struct SplitParams {
+  int64_t axis = 0;            ///< "axis" (required)
+  std::vector<int64_t> sizes;  ///< "sizes" (required)
+};
+
+/// Concat along an axis.
+struct ConcatParams {
+  int64_t axis = 0;  ///< "axis" (required)
+};
+
+/// Slice: elements [start, end) along axis.
+struct SliceParams {
+  int64_t axis = 0;   ///< "axis" (required)
+  int64_t start = 0;  ///< "start" (required)
+  int64_t end = 0;    ///< "end" (required)
+};
+
+/// SliceBackward: zeros of `shape` with dy written at [start, end) along axis.
+struct SliceBackwardParams {
+  std::vector<int64_t> shape;  ///< "shape" (required): the forward input's
+  int64_t axis = 0;            ///< "axis" (required)
+  int64_t start = 0;           ///< "start" (required)
+  int64_t end = 0;             ///< "end" (required)
+};
+
+/// ReduceSum and ReduceMean.
+struct ReduceParams {
+  std::vector<int64_t> axes;  ///< "axes" (required)
+  bool keepdims = false;      ///< "keepdims"
+};
+
+/// Cast.
+struct CastParams {
+  DType dtype = DType::f32;  ///< "dtype" (required)
+};
+
+/// SoftmaxCrossEntropy and its backward.
+struct CrossEntropyParams {
+  int64_t ignore_index = -100;  ///< "ignore_index": rows with this target do not count
+};
+
+/// LinearCrossEntropy.
+struct LinearCrossEntropyParams {
+  int64_t ignore_index = -100;  ///< "ignore_index": rows with this target do not count
+  int64_t chunk_rows = 0;       ///< "chunk_rows": 0 chooses (about 32 MiB of f32 logits per chunk)
+};
+
+/// Attention and AttentionBackward.
+struct AttentionParams {
+  double scale = 1.0;                   ///< "scale" (required)
+  bool causal = false;                  ///< "causal": query t sees keys s <= t + S - T
+  bool seq_major = false;               ///< "seq_major": (B, T, H, D) tensors instead of (B, H, T, D)
+  double dropout_p = 0.0;               ///< "dropout_p"
+  uint64_t seed = 0;                    ///< "seed": the dropout stream id
+  std::optional<int64_t> rng_rows;      ///< "rng_rows": query rows of the dropout stream (absent: T)
+  int64_t rng_row_start = 0;            ///< "rng_row_start": the first of those rows these T rows are
+  DType out_dtype = DType::f32;         ///< "out_dtype" of out: f32 or bf16
+
+  /// Query rows of the dropout stream for a query length T.
+  int64_t stream_rows(int64_t T) const { return rng_rows.value_or(T); }
+};
+
+/// The parameters of any op: one alternative per struct above.
+using OpParams =
+    std::variant<NoParams, FillParams, MatMulParams, GeluParams, GeluBackwardParams, LinearGeluParams, ScaleParams,
+                 PowParams, LayerNormParams, DropoutParams, AddLayerNormParams, EmbeddingParams,
+                 EmbeddingBackwardParams, ShapeParams, TransposeParams, SplitParams, ConcatParams, SliceParams,
+                 SliceBackwardParams, ReduceParams, CastParams, CrossEntropyParams, LinearCrossEntropyParams,
+                 AttentionParams>;
+
+namespace detail {
+template <OpKind K>
+struct ParamsOfOp;
+#define FT_OP(Name, min_in, max_in, num_out, flags, Params) \
+  template <>                                               \
+  struct ParamsOfOp<OpKind::Name> {                         \
+    using type = Params;                                    \
+  };
+#include "fusetrain/ops/ops.def"
+#undef FT_OP
+
+template <typename P, size_t I = 0>
+constexpr size_t variant_index() {
+  static_assert(I < std::variant_size_v<OpParams>, "a Params struct of ops.def is not an alternative of OpParams");
+  if constexpr (std::is_same_v<std::variant_alternative_t<I, OpParams>, P>)
+    return I;
+  else
+    return variant_index<P, I + 1>();
+}
+}  // namespace detail
+
+/// The parameter struct of op K, as the Params column of ops.def names it.
+template <OpKind K>
+using ParamsOf = typename detail::ParamsOfOp<K>::type;
+
+/// Index in OpParams of the alternative that holds P.
+template <typename P>
+constexpr size_t params_index_of() {
+  return detail::variant_index<P>();
+}
+
+/// Index in OpParams of op `kind`'s parameter struct (ParamsOf<kind>).
+constexpr size_t params_index(OpKind kind) {
+  switch (kind) {
+#define FT_OP(Name, min_in, max_in, num_out, flags, Params) \
+  case OpKind::Name:                                        \
+    return params_index_of<Params>();
+#include "fusetrain/ops/ops.def"
+#undef FT_OP
+  }
+  return 0;
+}
+
+/// The GELU form held by Gelu, GeluBackward or LinearGelu parameters (None for other ops).
+inline GeluApproximation gelu_approximation(const OpParams& params) {
+  return std::visit(
+      [](const auto& p) {
+        if constexpr (requires { p.approximate; })
+          return p.approximate;
+        else
+          return GeluApproximation::None;
+      },
+      params);
+}
+
+/// Name of an OpParams alternative ("AttentionParams"), for messages.
+const char* params_name(size_t index);
+
+}  // namespace fusetrain::ops

@@ -1,0 +1,108 @@
+// The two CPU devices: the tuned one (kernels/cpu, falling back to kernels/ref) and the
+// reference one (kernels/ref only).
+#include <omp.h>
+
+#include <cstring>
+
+#include "fusetrain/core/alloc.h"
+#include "fusetrain/core/error.h"
+#include "kernels/factories.h"
+
+namespace fusetrain::kernels {
+
+void throw_params_mismatch(const std::string& call_label, const char* wanted, size_t held) {
+  throw Error(str(call_label, ": a kernel asked for ", wanted, " but the call holds ", ops::params_name(held)));
+}
+
+std::string KernelCall::label() const { return str(ops::op_name(op), name.empty() ? "" : str(" \"", name, "\"")); }
+
+std::string KernelCall::describe() const {
+  std::string s = label() + " (inputs:";
+  for (const TensorDesc& t : inputs) s += str(" ", dtype_name(t.dtype), t.shape.to_string());
+  s += "; outputs:";
+  for (const TensorDesc& t : outputs) s += str(" ", dtype_name(t.dtype), t.shape.to_string());
+  return s + ")";
+}
+
+void DeviceFree::operator()(void* data) const {
+  if (data != nullptr && device != nullptr) device->deallocate(data);
+}
+
+namespace {
+
+// The host memory and host-side helpers both CPU devices share.
+class CpuDeviceBase : public Device {
+ public:
+  DeviceBuffer allocate(size_t bytes) const override {
+    return DeviceBuffer(aligned_allocate(bytes).release(), DeviceFree{this});
+  }
+  void deallocate(void* data) const override { AlignedFree()(data); }
+
+  // Serial below a size where threads pay off; otherwise the whole team (libgomp
+  // allocates when team sizes change between regions, so no `if` clauses).
+  void add_into(float* dest, const float* src, int64_t n, const StepContext& ctx) const override {
+    const int num_threads = ctx.num_threads;
+    if (n <= 32768 || num_threads <= 1) {
+      for (int64_t i = 0; i < n; ++i) dest[i] += src[i];
+      return;
+    }
+#pragma omp parallel for simd num_threads(num_threads) schedule(static)
+    for (int64_t i = 0; i < n; ++i) dest[i] += src[i];
+  }
+
+  void zero(void* data, size_t bytes, const StepContext& ctx) const override {
+    (void)ctx;
+    std::memset(data, 0, bytes);
+  }
+
+ protected:
+  // Construction errors name the call and its dtypes.
+  template <typename Make>
+  static std::unique_ptr<Kernel> with_context(const KernelCall& call, Make&& make) {
+    try {
+      return make();
+    } catch (const Error& e) {
+      const std::string label = call.label();
+      if (std::string_view(e.what()).rfind(label, 0) == 0) throw;
+      throw Error(str(call.describe(), ": ", e.what()));
+    }
+  }
+};
+
+class CpuDevice final : public CpuDeviceBase {
+ public:
+  const char* name() const override { return "cpu"; }
+  std::unique_ptr<Kernel> make_kernel(const KernelCall& call) const override {
+    return with_context(call, [&] {
+      if (std::unique_ptr<Kernel> k = make_cpu_dense_kernel(call)) return k;
+      if (std::unique_ptr<Kernel> k = make_cpu_basic_kernel(call)) return k;
+      return make_ref_kernel(call);
+    });
+  }
+};
+
+class ReferenceDevice final : public CpuDeviceBase {
+ public:
+  const char* name() const override { return "cpu-reference"; }
+  std::unique_ptr<Kernel> make_kernel(const KernelCall& call) const override {
+    return with_context(call, [&] { return make_ref_kernel(call); });
+  }
+};
+
+}  // namespace
+
+const Device& cpu_device() {
+  static const CpuDevice device;
+  return device;
+}
+
+const Device& reference_device() {
+  static const ReferenceDevice device;
+  return device;
+}
+
+const Device& device_for(Backend backend) {
+  return backend == Backend::Reference ? reference_device() : cpu_device();
+}
+
+}  // namespace fusetrain::kernels
