@@ -50,7 +50,8 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
   p.num_threads_ = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   const ir::Graph& g = p.graph_;
   const size_t num_values = g.values().size();
-  p.device_ = &kernels::device_for(options.reference_kernels ? kernels::Backend::Reference : kernels::Backend::Optimized);
+  p.device_ =
+      &kernels::device_for(options.reference_kernels ? kernels::Backend::Reference : kernels::Backend::Optimized);
 
   // Schedule: the nodes the outputs depend on, in graph order.
   std::vector<bool> needed(num_values, false);
@@ -98,7 +99,7 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
   memory::StoragePlan storage = memory::plan_storage(g, scheduled, /*in_place=*/!options.reference_kernels);
   p.buffers_ = std::move(storage.buffers);
   p.arena_plan_ = std::move(storage.arena);
-  p.arena_ = aligned_allocate(p.arena_plan_.arena_bytes);
+  p.arena_ = p.device_->allocate(p.arena_plan_.arena_bytes);
   char* arena = static_cast<char*>(p.arena_.get());
   auto storage_ptr = [&](int s) { return arena + p.arena_plan_.offsets[static_cast<size_t>(s)]; };
   for (const ir::Value& v : g.values())

@@ -9,15 +9,9 @@
 #include "fusetrain/core/alloc.h"
 #include "fusetrain/core/tensor.h"
 #include "fusetrain/ir/graph.h"
+#include "fusetrain/kernels/device.h"
 #include "fusetrain/memory/planner.h"
 #include "fusetrain/runtime/parameters.h"
-
-namespace fusetrain::kernels {
-class Device;
-class Kernel;
-struct KernelArgs;
-enum class Backend;
-}  // namespace fusetrain::kernels
 
 namespace fusetrain::runtime {
 
@@ -82,7 +76,7 @@ class Plan {
   std::vector<Step> steps_;
   std::vector<InputBinding> inputs_;
   std::vector<Tensor> value_tensors_;  // indexed by ValueId: where each value lives
-  AlignedPtr arena_;
+  kernels::DeviceBuffer arena_;  // activations, scratch and gradient temporaries: the device's memory
   AlignedPtr input_memory_;
   std::vector<memory::BufferRequest> buffers_;
   memory::ArenaPlan arena_plan_;
