@@ -179,15 +179,16 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
     FT_CHECK(cpu_features().avx512_bf16 || cpu_features().amx_bf16,
              "--bf16 needs a CPU with AVX512-BF16 or AMX-BF16; this one has: ", cpu_features().to_string());
   job.tokenizer = data::Tokenizer::from_pretrained(o.model);
-  // Sequences longer than the model's positions are refused now rather than at the first batch that has one. An
-  // explicit --max-seq-length above them is an error; the default is capped, as run_glue caps it at the
-  // tokenizer's model_max_length.
-  // config.json is read and parsed here, once: the model is built from the same directory read.
+  // config.json is read and parsed here, once: the model is built from the same directory read, and an
+  // architecture without the task's head is refused before any data is read.
   io::HfModelDir hf = io::read_hf_dir(o.model);
   const nlohmann::json& config = hf.config;
   const std::string config_path = (fs::path(o.model) / "config.json").string();
-  const int64_t positions = models::max_positions(config);
   const std::string architecture = architecture_for(hf, job.task);
+  // Sequences longer than the model's positions are refused now rather than at the first batch that has one. An
+  // explicit --max-seq-length above them is an error; the default is capped, as run_glue caps it at the
+  // tokenizer's model_max_length.
+  const int64_t positions = models::max_positions(config);
   if (o.max_seq_length > positions) {
     FT_CHECK(!o.max_seq_length_given, "--max-seq-length ", o.max_seq_length, " is more than the model takes: ",
              config_path, " gives it ", positions, " positions; pass --max-seq-length ", positions, " or less");

@@ -60,6 +60,8 @@ class Family {
     (void)T;
     return 0;
   }
+  /// Whether the graph reads InputNames::pool_index, the rows pool_position picks (GPT-2's sequence classification).
+  virtual bool reads_pool_index() const { return false; }
   virtual bool uses_token_type_ids() const { return true; }
   virtual int64_t max_positions() const = 0;
   Head head() const { return head_; }

@@ -457,7 +457,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     plan.bind_input(InputNames::position_ids, nullptr);
     family->default_position_ids(id_data, B, T, plan.input(InputNames::position_ids).data_as<int64_t>());
   }
-  if (family->head() == Head::SequenceClassification && model_type_ == "gpt2") {
+  if (family->reads_pool_index()) {
     int64_t* rows = plan.input(InputNames::pool_index).data_as<int64_t>();
     for (int64_t b = 0; b < B; ++b) rows[b] = b * T + family->pool_position(id_data + b * T, T);
   }
