@@ -184,7 +184,9 @@ class Trainer:
         self._model = engine_model(model)
         self._hf_model = None if isinstance(model, (Model, str, os.PathLike)) else model
         self.task = _task_of(self._model.architecture)
-        self._language_model = _registry_row(self._model.architecture)["language_model"]
+        row = _registry_row(self._model.architecture)
+        self._language_model = row["language_model"]
+        self._token_labels = "token_classes" in row["label_kinds"]  # one label per token: rows scattered back
         if isinstance(eval_dataset, dict):
             raise ValueError("eval_dataset must be one dataset; fusetrain.Trainer does not take a dict of datasets")
         self.data_collator = data_collator
@@ -341,7 +343,7 @@ class Trainer:
 
     def _eval_prediction(self, predictions: dict, dataset: Any) -> EvalPrediction:
         logits, labels = predictions["logits"], predictions.get("labels", predictions.get("float_labels"))
-        if self.task == "token-cls":
+        if self._token_labels:
             logits, labels = data.scatter_token_rows(logits, dataset.lengths(), dataset.token_labels())
         elif labels is not None and "float_labels" in predictions:
             labels = labels.astype(np.float32)
