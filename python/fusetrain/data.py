@@ -18,6 +18,8 @@ import numpy as np
 from fusetrain import _core
 
 LABEL_COLUMNS = ("labels", "label", "label_ids")
+# The dataset label kinds to_engine converts (the engine's names; a task's kinds come from fusetrain.architectures()).
+LABEL_KINDS = ("class", "regression", "token_classes", "tokens")
 # Columns a batch may carry into the model; others (text, ids of rows) are dropped
 # before a collator sees them, as transformers' remove_unused_columns does.
 MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask") + LABEL_COLUMNS
@@ -105,7 +107,8 @@ def to_engine(
     problem_type: str | None = None,
     name: str = "dataset",
 ) -> _core._Dataset:
-    """Converts a tokenized dataset into the engine's `_Dataset` for `task` (seq-cls, token-cls, mlm, clm).
+    """Converts a tokenized dataset into the engine's `_Dataset` for `task` (seq-cls, token-cls, mlm, clm: a
+    task of fusetrain.architectures() whose labels are among LABEL_KINDS).
 
     Raises ValueError naming the dataset and what is wrong: no input_ids, labels missing or
     of the wrong shape, out-of-range ids or labels, left padding.
@@ -150,8 +153,12 @@ def to_engine(
     ids = _unpad(ids, keep)
 
     label_column = next((c for c in LABEL_COLUMNS if c in columns), None)
+    task_kinds = next((row["label_kinds"] for row in _core.architectures() if row["task"] == task), None)
+    if task_kinds is None or not set(task_kinds) <= set(LABEL_KINDS):
+        raise ValueError(f"to_engine converts datasets for the tasks whose labels are {', '.join(LABEL_KINDS)}; "
+                         f"got task {task!r}")
     kind, labels = "none", None
-    if task == "seq-cls" and label_column is not None:
+    if "class" in task_kinds and label_column is not None:
         values = _scalar_column(dataset, label_column)
         if values.ndim != 1:
             raise ValueError(
@@ -167,12 +174,12 @@ def to_engine(
             kind, labels = "regression", np.ascontiguousarray(values, dtype=np.float32)
         else:
             kind, labels = "class", _as_int(values, f'the {name}\'s "{label_column}"')
-    elif task == "token-cls" and label_column is not None:
+    elif "token_classes" in task_kinds and label_column is not None:
         values, label_offsets = _ragged(dataset, label_column)
         if not np.array_equal(label_offsets, offsets):
             raise ValueError(f'the {name}\'s "{label_column}" must hold one label per token of input_ids')
         kind, labels = "token_classes", _unpad(_as_int(values, f'the {name}\'s "{label_column}"'), keep)
-    elif task in ("mlm", "clm"):
+    elif "tokens" in task_kinds:
         kind = "tokens"
     return _core._Dataset(new_offsets, ids, type_ids, kind, labels, num_labels if kind != "regression" else 0,
                           vocab_size)

@@ -41,13 +41,9 @@ from fusetrain import _core, data
 from fusetrain._core import Model
 from fusetrain.training_args import TrainingArguments
 
-_TASKS = (
-    ("ForSequenceClassification", "seq-cls"),
-    ("ForTokenClassification", "token-cls"),
-    ("ForMaskedLM", "mlm"),
-    ("LMHeadModel", "clm"),
-    ("ForCausalLM", "clm"),
-)
+# The dataset labels data.to_engine converts; heads that train on others (question answering's spans) are left
+# to the CLI.
+_CONVERTED_LABELS = frozenset(data.LABEL_KINDS)
 # transformers collators whose batches equal the engine's own up to padding.
 _PADDING_COLLATORS = ("DataCollatorWithPadding", "DataCollatorForTokenClassification", "default_data_collator",
                       "DefaultDataCollator")
@@ -55,15 +51,23 @@ _EVENTS = ("on_train_begin", "on_epoch_begin", "on_step_begin", "on_step_end", "
            "on_evaluate", "on_save", "on_train_end")
 
 
+def _trainable(row: dict) -> bool:
+    return bool(row["task"]) and set(row["label_kinds"]) <= _CONVERTED_LABELS
+
+
 def supported_trainer_classes() -> list[str]:
-    """The transformers model classes fusetrain.Trainer trains."""
-    return [a for a in _core.supported_architectures() if any(a.endswith(suffix) for suffix, _ in _TASKS)]
+    """The transformers model classes fusetrain.Trainer trains (rows of fusetrain.architectures())."""
+    return [row["architecture"] for row in _core.architectures() if _trainable(row)]
+
+
+def _registry_row(architecture: str) -> dict | None:
+    return next((row for row in _core.architectures() if row["architecture"] == architecture), None)
 
 
 def _task_of(architecture: str) -> str:
-    for suffix, task in _TASKS:
-        if architecture.endswith(suffix):
-            return task
+    row = _registry_row(architecture)
+    if row is not None and _trainable(row):
+        return row["task"]
     raise TypeError(
         f"fusetrain.Trainer cannot train a {architecture}; supported model classes: "
         + ", ".join(supported_trainer_classes())
@@ -83,7 +87,7 @@ def engine_model(model: Any) -> Model:
             f"{type(model).__name__}"
         )
     architecture = type(model).__name__
-    if architecture not in _core.supported_architectures():
+    if _registry_row(architecture) is None:
         raise TypeError(
             f"fusetrain does not implement {architecture}; supported model classes: "
             + ", ".join(supported_trainer_classes())
@@ -180,13 +184,16 @@ class Trainer:
         self._model = engine_model(model)
         self._hf_model = None if isinstance(model, (Model, str, os.PathLike)) else model
         self.task = _task_of(self._model.architecture)
+        row = _registry_row(self._model.architecture)
+        self._language_model = row["language_model"]
+        self._token_labels = "token_classes" in row["label_kinds"]  # one label per token: rows scattered back
         if isinstance(eval_dataset, dict):
             raise ValueError("eval_dataset must be one dataset; fusetrain.Trainer does not take a dict of datasets")
         self.data_collator = data_collator
         self.train_dataset = data.tokenize_if_needed(train_dataset, self.processing_class, "train_dataset")
         self.eval_dataset = data.tokenize_if_needed(eval_dataset, self.processing_class, "eval_dataset")
         self.compute_metrics = compute_metrics
-        if compute_metrics is not None and self.task in ("mlm", "clm"):
+        if compute_metrics is not None and self._language_model:
             raise ValueError(
                 "compute_metrics is not supported for language modelling: fusetrain reports eval_loss and "
                 "eval_perplexity"
@@ -305,7 +312,7 @@ class Trainer:
         # keep their perplexity.
         if self.compute_metrics is not None:
             engine.set_compute_metrics(self._metrics_hook)
-        elif self.task not in ("mlm", "clm"):
+        elif not self._language_model:
             engine.set_compute_metrics(lambda predictions: {})
         if self._uses_python_collator():
             engine.set_collate(self._collate_hook())
@@ -336,7 +343,7 @@ class Trainer:
 
     def _eval_prediction(self, predictions: dict, dataset: Any) -> EvalPrediction:
         logits, labels = predictions["logits"], predictions.get("labels", predictions.get("float_labels"))
-        if self.task == "token-cls":
+        if self._token_labels:
             logits, labels = data.scatter_token_rows(logits, dataset.lengths(), dataset.token_labels())
         elif labels is not None and "float_labels" in predictions:
             labels = labels.astype(np.float32)
@@ -421,7 +428,7 @@ class Trainer:
         started = time.perf_counter()
         out = engine.predict(dataset)
         runtime = time.perf_counter() - started
-        if self.task in ("mlm", "clm"):
+        if self._language_model:
             raise ValueError("predict() returns logits for classification models; for language models use "
                              "evaluate() (loss and perplexity)")
         prediction = self._eval_prediction(out, dataset)

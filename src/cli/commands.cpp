@@ -14,8 +14,8 @@
 #include "fusetrain/data/qa.h"
 #include "fusetrain/data/tokenizer.h"
 #include "fusetrain/io/hf_dir.h"
-#include "fusetrain/io/json_fields.h"
 #include "fusetrain/models/model.h"
+#include "fusetrain/models/registry.h"
 #include "fusetrain/train/trainer.h"
 
 namespace fusetrain::cli {
@@ -79,38 +79,15 @@ std::string default_data_dir() {
   throw Error("the default job's data (data/sst2/train.tsv) is missing; set FUSETRAIN_DEFAULT_DATA");
 }
 
-std::string architecture_for(const std::string& model_dir, train::Task task) {
-  const std::string config_path = (fs::path(model_dir) / "config.json").string();
-  nlohmann::json config = io::read_json_object(config_path);
-  const std::string type = io::JsonFields(config, config_path).optional_string("model_type").value_or("");
-  std::map<std::string, std::string> prefix{
-      {"bert", "Bert"}, {"roberta", "Roberta"}, {"distilbert", "DistilBert"}, {"gpt2", "GPT2"}};
-  FT_CHECK(prefix.count(type), model_dir, "/config.json: model_type \"", type,
-           "\" is not supported (supported: bert, roberta, distilbert, gpt2)");
-  switch (task) {
-    case train::Task::SequenceClassification:
-      return prefix[type] + "ForSequenceClassification";
-    case train::Task::TokenClassification:
-      FT_CHECK(type == "bert" || type == "roberta", "--task token-cls supports bert and roberta models, found \"",
-               type, "\"");
-      return prefix[type] + "ForTokenClassification";
-    case train::Task::QuestionAnswering:
-      FT_CHECK(type == "bert" || type == "roberta", "--task qa supports bert and roberta models, found \"", type,
-               "\"");
-      return prefix[type] + "ForQuestionAnswering";
-    case train::Task::MaskedLM:
-      FT_CHECK(type != "gpt2", "GPT-2 is a causal LM: use --task clm");
-      return prefix[type] + "ForMaskedLM";
-    case train::Task::CausalLM:
-      FT_CHECK(type == "gpt2", "--task clm needs a GPT-2 model, found model_type \"", type, "\"");
-      return "GPT2LMHeadModel";
-  }
-  return "";
+// The architecture --task builds on a model directory's model_type (read_hf_dir checked it is a string).
+std::string architecture_for(const io::HfModelDir& hf, models::Head task) {
+  const std::string config_path = (fs::path(hf.path) / "config.json").string();
+  return models::architecture_for_task(hf.config["model_type"].get<std::string>(), task, config_path).name;
 }
 
 // Everything a command needs: tokenizer, model, datasets.
 struct Job {
-  train::Task task = train::Task::SequenceClassification;
+  models::Head task = models::Head::SequenceClassification;
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::unique_ptr<models::Model> model;
   std::unique_ptr<data::TokenizedDataset> train, eval, test;
@@ -119,29 +96,11 @@ struct Job {
 };
 
 // The columns a task reads unless flags name others.
-void default_columns(Options& o, train::Task task) {
-  auto set = [](std::string& column, const char* name) {
-    if (column.empty()) column = name;
-  };
-  switch (task) {
-    case train::Task::SequenceClassification:
-      set(o.text_column, "sentence");
-      set(o.label_column, "label");
-      break;
-    case train::Task::TokenClassification:
-      set(o.text_column, "tokens");
-      set(o.label_column, "ner_tags");
-      break;
-    case train::Task::QuestionAnswering:
-      set(o.text_column, "question");
-      set(o.text_pair_column, "context");
-      set(o.label_column, "answers");
-      break;
-    case train::Task::MaskedLM:
-    case train::Task::CausalLM:
-      set(o.text_column, "text");
-      break;
-  }
+void default_columns(Options& o, models::Head task) {
+  const models::DefaultColumns& defaults = models::head_info(task).columns;
+  for (auto [column, name] : {std::pair{&o.text_column, defaults.text}, std::pair{&o.text_pair_column, defaults.text_pair},
+                              std::pair{&o.label_column, defaults.label}})
+    if (column->empty()) *column = name;
 }
 
 // Class names from a model's config.json id2label, unless they are transformers' generic LABEL_0, LABEL_1, ...
@@ -166,45 +125,51 @@ std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job
   FT_CHECK(fs::exists(path), "data file \"", path, "\" does not exist");
   data::Table table = data::read_table(path);
   FT_CHECK(!table.rows.empty(), path, ": has a header but no rows");
-  if (job.task == train::Task::SequenceClassification) {
-    data::TextColumns columns{o.text_column, o.text_pair_column, labelled ? o.label_column : ""};
-    data::TextDatasetOptions options;
-    options.max_length = o.max_seq_length;
-    options.num_labels = job.model ? config_int(job.model->config(), "num_labels", 0) : o.num_labels;
-    return std::make_unique<data::TextDataset>(table, columns, data::tokenize_with(*job.tokenizer), options);
+  const auto tokenize = data::tokenize_with(*job.tokenizer);
+  const int64_t num_labels = job.model ? config_int(job.model->config(), "num_labels", 0) : o.num_labels;
+  // The dataset reads the labels the task's head trains on.
+  switch (models::head_info(job.task).data_labels.at(0)) {
+    case data::LabelKind::Class:
+    case data::LabelKind::Regression: {
+      data::TextColumns columns{o.text_column, o.text_pair_column, labelled ? o.label_column : ""};
+      data::TextDatasetOptions options;
+      options.max_length = o.max_seq_length;
+      options.num_labels = num_labels;
+      return std::make_unique<data::TextDataset>(table, columns, tokenize, options);
+    }
+    case data::LabelKind::TokenClasses: {
+      data::TokenColumns columns{o.text_column, labelled ? o.label_column : ""};
+      data::TokenDatasetOptions options;
+      options.max_length = o.max_seq_length;
+      options.label_names = job.label_names;
+      options.num_labels = num_labels;
+      options.label_all_tokens = o.label_all_tokens;
+      return std::make_unique<data::TokenClassificationDataset>(table, columns, tokenize, options);
+    }
+    case data::LabelKind::Spans: {
+      data::QaColumns columns{o.text_column, o.text_pair_column, labelled ? o.label_column : ""};
+      data::QaDatasetOptions options;
+      options.max_length = o.max_seq_length;
+      options.doc_stride = o.doc_stride;
+      return std::make_unique<data::QuestionAnsweringDataset>(table, columns, tokenize, options);
+    }
+    case data::LabelKind::Tokens: {
+      data::LmDatasetOptions options;
+      options.line_by_line = o.line_by_line;
+      options.block_size = o.max_seq_length;
+      options.max_length = o.max_seq_length;
+      std::string column = table.columns.size() == 1 ? table.columns[0] : o.text_column;
+      return std::make_unique<data::LmDataset>(table, column, tokenize, options);
+    }
+    case data::LabelKind::None:
+      break;
   }
-  if (job.task == train::Task::TokenClassification) {
-    data::TokenColumns columns{o.text_column, labelled ? o.label_column : ""};
-    data::TokenDatasetOptions options;
-    options.max_length = o.max_seq_length;
-    options.label_names = job.label_names;
-    options.num_labels = job.model ? config_int(job.model->config(), "num_labels", 0) : o.num_labels;
-    options.label_all_tokens = o.label_all_tokens;
-    return std::make_unique<data::TokenClassificationDataset>(table, columns, data::tokenize_with(*job.tokenizer),
-                                                              options);
-  }
-  if (job.task == train::Task::QuestionAnswering) {
-    data::QaColumns columns{o.text_column, o.text_pair_column, labelled ? o.label_column : ""};
-    data::QaDatasetOptions options;
-    options.max_length = o.max_seq_length;
-    options.doc_stride = o.doc_stride;
-    return std::make_unique<data::QuestionAnsweringDataset>(table, columns, data::tokenize_with(*job.tokenizer),
-                                                           options);
-  }
-  if (job.task == train::Task::MaskedLM || job.task == train::Task::CausalLM) {
-    data::LmDatasetOptions options;
-    options.line_by_line = o.line_by_line;
-    options.block_size = o.max_seq_length;
-    options.max_length = o.max_seq_length;
-    std::string column = table.columns.size() == 1 ? table.columns[0] : o.text_column;
-    return std::make_unique<data::LmDataset>(table, column, data::tokenize_with(*job.tokenizer), options);
-  }
-  throw Error("unreachable: every task has a dataset");
+  throw Error(str("--task ", o.task, " has no dataset"));
 }
 
 Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   Job job;
-  job.task = train::parse_task(o.task);
+  job.task = models::head_for_task(o.task);
   default_columns(o, job.task);
   FT_CHECK(!o.model.empty(), "--model DIR is required (a Hugging Face model directory with its tokenizer files)");
   FT_CHECK(fs::is_directory(o.model), "--model: \"", o.model, "\" is not a directory");
@@ -214,11 +179,15 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
     FT_CHECK(cpu_features().avx512_bf16 || cpu_features().amx_bf16,
              "--bf16 needs a CPU with AVX512-BF16 or AMX-BF16; this one has: ", cpu_features().to_string());
   job.tokenizer = data::Tokenizer::from_pretrained(o.model);
+  // config.json is read and parsed here, once: the model is built from the same directory read, and an
+  // architecture without the task's head is refused before any data is read.
+  io::HfModelDir hf = io::read_hf_dir(o.model);
+  const nlohmann::json& config = hf.config;
+  const std::string config_path = (fs::path(o.model) / "config.json").string();
+  const std::string architecture = architecture_for(hf, job.task);
   // Sequences longer than the model's positions are refused now rather than at the first batch that has one. An
   // explicit --max-seq-length above them is an error; the default is capped, as run_glue caps it at the
   // tokenizer's model_max_length.
-  const std::string config_path = (fs::path(o.model) / "config.json").string();
-  const nlohmann::json config = io::read_json_object(config_path);
   const int64_t positions = models::max_positions(config);
   if (o.max_seq_length > positions) {
     FT_CHECK(!o.max_seq_length_given, "--max-seq-length ", o.max_seq_length, " is more than the model takes: ",
@@ -227,22 +196,22 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   }
   // Token classification's class names: the training file's tag names (the dataset sorts them, as run_ner lists
   // them), else the model's id2label.
-  if (job.task == train::Task::TokenClassification && !need_train)
+  if (job.task == models::Head::TokenClassification && !need_train)
     job.label_names = config_label_names(config);
   // Datasets first (labels decide num_labels), then the model.
   if (need_train) {
     FT_CHECK(!o.train_file.empty(), "--train-file is required");
     job.train = load_dataset(o, job, o.train_file, true);
-    if (job.task == train::Task::TokenClassification)
+    if (job.task == models::Head::TokenClassification)
       job.label_names = static_cast<const data::TokenClassificationDataset&>(*job.train).label_names();
   }
   nlohmann::json overrides = nlohmann::json::object();
-  if (job.task == train::Task::SequenceClassification) {
+  if (job.task == models::Head::SequenceClassification) {
     int64_t labels = o.num_labels;
     if (labels == 0 && job.train) labels = static_cast<data::TextDataset*>(job.train.get())->num_labels();
     if (labels > 0) overrides["num_labels"] = std::max<int64_t>(labels, 2);
   }
-  if (job.task == train::Task::TokenClassification && job.train) {
+  if (job.task == models::Head::TokenClassification && job.train) {
     const auto& train = static_cast<const data::TokenClassificationDataset&>(*job.train);
     overrides["num_labels"] = std::max<int64_t>(o.num_labels > 0 ? o.num_labels : train.num_labels(), 1);
     if (!train.label_names().empty()) {
@@ -255,8 +224,7 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
       overrides["label2id"] = label2id;
     }
   }
-  std::string architecture = architecture_for(o.model, job.task);
-  job.model = models::Model::from_pretrained(o.model, architecture, overrides, static_cast<uint64_t>(o.args.seed));
+  job.model = models::Model::from_pretrained(hf, architecture, overrides, static_cast<uint64_t>(o.args.seed));
   if (!job.model->missing_keys().empty()) {
     std::string names;
     for (const std::string& k : job.model->missing_keys()) names += (names.empty() ? "" : ", ") + k;
@@ -271,7 +239,7 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
     job.test = load_dataset(o, job, o.test_file, false);
   }
   job.ids.pad_id = std::max<int64_t>(job.tokenizer->pad_id(), 0);
-  if (job.task == train::Task::MaskedLM) {
+  if (job.task == models::Head::MaskedLM) {
     FT_CHECK(job.tokenizer->mask_id() >= 0, "masked LM needs a tokenizer with a mask token");
     job.ids.mlm = data::mask_spec(*job.tokenizer);
   }
@@ -303,7 +271,10 @@ void copy_tokenizer_files(const std::string& from, const std::string& to) {
 
 void add_options(CLI::App& app, Options& o) {
   app.add_option("--model", o.model, "Hugging Face model directory (config.json, model.safetensors, tokenizer files)");
-  app.add_option("--task", o.task, "seq-cls, token-cls, qa, mlm or clm")->capture_default_str();
+  std::string tasks;
+  for (const models::HeadInfo& head : models::heads())
+    if (*head.task) tasks += str(tasks.empty() ? "" : ", ", head.task, " (", head.problem, ")");
+  app.add_option("--task", o.task, "what to train: " + tasks)->capture_default_str();
   app.add_option("--train-file", o.train_file, "training data: .tsv/.csv (header row), .jsonl or .txt");
   app.add_option("--eval-file", o.eval_file, "evaluation data, same formats");
   app.add_option("--test-file", o.test_file, "data to predict (predict)");
@@ -383,9 +354,11 @@ int run_evaluate(Options& o) {
 int run_predict(Options& o) {
   FT_CHECK(!o.output.empty(), "--output FILE is required");
   Job job = prepare(o, false, false, true);
-  FT_CHECK(job.task == train::Task::SequenceClassification || job.task == train::Task::TokenClassification ||
-               job.task == train::Task::QuestionAnswering,
-           "predict supports --task seq-cls, token-cls and qa");
+  std::vector<std::string> predictable;  // heads whose outputs are per-example answers, not a language model's
+  for (const models::HeadInfo& head : models::heads())
+    if (*head.task && !head.language_model) predictable.push_back(head.task);
+  FT_CHECK(!models::head_info(job.task).language_model, "predict supports --task ", join(predictable), ", not ",
+           o.task);
   train::Trainer trainer(*job.model, o.args, job.task, nullptr, nullptr, job.ids);
   train::Predictions p = trainer.predict(*job.test);
   auto argmax = [&](int64_t row) {
@@ -398,10 +371,10 @@ int run_predict(Options& o) {
   {
     std::ofstream out(tmp);
     FT_CHECK(out.good(), "cannot write ", o.output);
-    if (job.task == train::Task::SequenceClassification) {
+    if (job.task == models::Head::SequenceClassification) {
       out << "index\tprediction\n";
       for (; written < p.rows; ++written) out << written << '\t' << argmax(written) << '\n';
-    } else if (job.task == train::Task::TokenClassification) {
+    } else if (job.task == models::Head::TokenClassification) {
       const auto& test = static_cast<const data::TokenClassificationDataset&>(*job.test);
       int64_t row = 0;
       for (; written < test.size(); ++written) {
@@ -431,22 +404,26 @@ int run_predict(Options& o) {
 
 int run_inspect(Options& o) {
   FT_CHECK(!o.model.empty(), "--model DIR is required");
-  train::Task task = train::parse_task(o.task);
-  auto model = models::Model::from_pretrained(o.model, architecture_for(o.model, task));
+  const models::Head task = models::head_for_task(o.task);
+  const io::HfModelDir hf = io::read_hf_dir(o.model);
+  auto model = models::Model::from_pretrained(hf, architecture_for(hf, task));
   std::printf("%s (%s), %lld parameters\n", model->architecture().c_str(), model->model_type().c_str(),
               static_cast<long long>(model->params().num_parameters()));
   const int64_t B = o.args.per_device_train_batch_size, T = o.max_seq_length;
   // Any non-padding id will do for a shape-only run.
   std::vector<int64_t> ids(static_cast<size_t>(B * T), std::max<int64_t>(config_int(model->config(), "pad_token_id", 0) + 1, 1));
-  std::vector<int64_t> labels(static_cast<size_t>(task == train::Task::SequenceClassification ? B : B * T), 0);
+  // Zero labels in the first layout the head's loss takes: one per example or one per token.
+  const models::LabelKind label_kind = models::head_info(task).batch_labels.at(0);
+  const bool per_token = label_kind == models::LabelKind::TokenIds;
+  std::vector<int64_t> labels(static_cast<size_t>(per_token ? B * T : B), 0);
   models::Batch batch;
   batch.input_ids = Tensor::view(ids.data(), {B, T}, DType::i64);
-  if (task == train::Task::QuestionAnswering) {
+  if (label_kind == models::LabelKind::Spans) {
     batch.start_positions = Tensor::view(labels.data(), {B}, DType::i64);
     batch.end_positions = Tensor::view(labels.data(), {B}, DType::i64);
   } else {
-    batch.labels = task == train::Task::SequenceClassification ? Tensor::view(labels.data(), {B}, DType::i64)
-                                                               : Tensor::view(labels.data(), {B, T}, DType::i64);
+    batch.labels = per_token ? Tensor::view(labels.data(), {B, T}, DType::i64)
+                             : Tensor::view(labels.data(), {B}, DType::i64);
   }
   model->set_num_threads(static_cast<int>(o.args.fusetrain_threads));
   model->set_bf16(o.args.bf16);

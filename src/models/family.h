@@ -11,6 +11,7 @@
 
 #include "fusetrain/ir/builder.h"
 #include "fusetrain/models/model.h"
+#include "fusetrain/models/registry.h"
 
 namespace fusetrain::models {
 
@@ -34,9 +35,6 @@ struct InputNames {
   static constexpr const char* end_positions = "end_positions";
   static constexpr const char* pool_index = "pool_index";  ///< (B): flat row b·T + t of the pooled token
 };
-
-/// The task a head solves, which decides outputs and loss.
-enum class Head : uint8_t { Base, MaskedLM, CausalLM, SequenceClassification, TokenClassification, QuestionAnswering };
 
 /// An architecture family (BERT, RoBERTa, DistilBERT, GPT-2) with one head.
 class Family {
@@ -62,6 +60,8 @@ class Family {
     (void)T;
     return 0;
   }
+  /// Whether the graph reads InputNames::pool_index, the rows pool_position picks (GPT-2's sequence classification).
+  virtual bool reads_pool_index() const { return false; }
   virtual bool uses_token_type_ids() const { return true; }
   virtual int64_t max_positions() const = 0;
   Head head() const { return head_; }
@@ -90,9 +90,11 @@ class Family {
 /// True if `name` ends with `suffix`.
 bool ends_with(const std::string& name, const std::string& suffix);
 
-/// Creates the family and head for a transformers class name and config; throws
-/// Error naming the unsupported architecture, model_type or config value.
-std::unique_ptr<Family> make_family(const std::string& architecture, const nlohmann::json& config);
+/// The families' factories, which the registry's rows name (src/models/registry.cpp); each throws Error naming
+/// the config.json field it cannot build.
+std::unique_ptr<Family> make_bert_family(bool roberta, Head head, const nlohmann::json& config);
+std::unique_ptr<Family> make_distilbert_family(Head head, const nlohmann::json& config);
+std::unique_ptr<Family> make_gpt2_family(Head head, const nlohmann::json& config);
 
 // ---- config access ------------------------------------------------------------------------
 

@@ -123,6 +123,7 @@ class Gpt2Family final : public Family {
   std::string base_prefix() const override { return "transformer"; }
   std::vector<std::string> head_prefixes() const override { return {"lm_head.", "score."}; }
   bool uses_token_type_ids() const override { return false; }
+  bool reads_pool_index() const override { return head_ == Head::SequenceClassification; }
   int64_t max_positions() const override { return P_; }
 
   // transformers' GPT2ForSequenceClassification pools the last non-padding token

@@ -15,71 +15,11 @@
 
 namespace fusetrain::models {
 
-std::unique_ptr<Family> make_bert_family(bool roberta, Head head, const nlohmann::json& config);
-std::unique_ptr<Family> make_distilbert_family(Head head, const nlohmann::json& config);
-std::unique_ptr<Family> make_gpt2_family(Head head, const nlohmann::json& config);
-
 namespace {
 
-struct ArchitectureInfo {
-  const char* name;
-  const char* model_type;
-  Head head;
-};
-
-constexpr ArchitectureInfo kArchitectures[] = {
-    {"BertModel", "bert", Head::Base},
-    {"BertForMaskedLM", "bert", Head::MaskedLM},
-    {"BertForSequenceClassification", "bert", Head::SequenceClassification},
-    {"BertForTokenClassification", "bert", Head::TokenClassification},
-    {"BertForQuestionAnswering", "bert", Head::QuestionAnswering},
-    {"RobertaModel", "roberta", Head::Base},
-    {"RobertaForMaskedLM", "roberta", Head::MaskedLM},
-    {"RobertaForSequenceClassification", "roberta", Head::SequenceClassification},
-    {"RobertaForTokenClassification", "roberta", Head::TokenClassification},
-    {"RobertaForQuestionAnswering", "roberta", Head::QuestionAnswering},
-    {"DistilBertModel", "distilbert", Head::Base},
-    {"DistilBertForMaskedLM", "distilbert", Head::MaskedLM},
-    {"DistilBertForSequenceClassification", "distilbert", Head::SequenceClassification},
-    {"GPT2Model", "gpt2", Head::Base},
-    {"GPT2LMHeadModel", "gpt2", Head::CausalLM},
-    {"GPT2ForSequenceClassification", "gpt2", Head::SequenceClassification},
-};
-
-const ArchitectureInfo& find_architecture(const std::string& name) {
-  for (const ArchitectureInfo& a : kArchitectures)
-    if (name == a.name) return a;
-  throw Error(str("architecture \"", name, "\" is not supported (supported: ", join(supported_architectures()), ")"));
-}
-
-// The architecture to build: explicit, else config["architectures"][0], else the base model of model_type.
-std::string choose_architecture(const nlohmann::json& config, const std::string& requested) {
-  FT_CHECK(config.is_object(), "config.json: expected a JSON object");
-  FT_CHECK(config.contains("model_type") && config["model_type"].is_string(),
-           "config.json: missing \"model_type\" (expected one of bert, roberta, distilbert, gpt2)");
-  std::string model_type = config["model_type"].get<std::string>();
-  bool known = false;
-  for (const ArchitectureInfo& a : kArchitectures) known = known || model_type == a.model_type;
-  FT_CHECK(known, "config.json: unknown model_type \"", model_type, "\" (supported: bert, roberta, distilbert, gpt2)");
-  std::string name = requested;
-  if (name.empty() && config.contains("architectures") && config["architectures"].is_array() &&
-      !config["architectures"].empty() && config["architectures"][0].is_string())
-    name = config["architectures"][0].get<std::string>();
-  if (name.empty())
-    for (const ArchitectureInfo& a : kArchitectures)
-      if (model_type == a.model_type && a.head == Head::Base) name = a.name;
-  const ArchitectureInfo& info = find_architecture(name);
-  FT_CHECK(model_type == info.model_type, "architecture ", name, " is a ", info.model_type,
-           " model but config.json has model_type \"", model_type, "\"");
-  return name;
-}
-
-std::unique_ptr<Family> family_for(const std::string& architecture, const nlohmann::json& config) {
-  const ArchitectureInfo& info = find_architecture(architecture);
-  std::string type = info.model_type;
-  if (type == "bert" || type == "roberta") return make_bert_family(type == "roberta", info.head, config);
-  if (type == "distilbert") return make_distilbert_family(info.head, config);
-  return make_gpt2_family(info.head, config);
+// The family of a registry row, built from a config.
+std::unique_ptr<Family> family_for(const ArchitectureInfo& info, const nlohmann::json& config) {
+  return info.make_family(info.head, config);
 }
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
@@ -107,11 +47,6 @@ void copy_converted(float* dst, const Tensor& src, const std::string& where) {
 
 }  // namespace
 
-std::vector<std::string> supported_architectures() {
-  std::vector<std::string> names;
-  for (const ArchitectureInfo& a : kArchitectures) names.push_back(a.name);
-  return names;
-}
 
 Model::~Model() = default;
 
@@ -155,20 +90,27 @@ std::unique_ptr<Model> Model::from_config(const nlohmann::json& config_or_path, 
   nlohmann::json config =
       config_or_path.is_string() ? io::read_json_file(config_or_path.get<std::string>()) : config_or_path;
   std::unique_ptr<Model> m(new Model());
-  m->architecture_ = choose_architecture(config, architecture);
-  m->model_type_ = config["model_type"].get<std::string>();
+  const ArchitectureInfo& info = choose_architecture(config, architecture);
+  m->architecture_info_ = &info;
+  m->architecture_ = info.name;
+  m->model_type_ = info.model_type;
   m->config_ = config;
   m->config_["architectures"] = nlohmann::json::array({m->architecture_});
-  std::unique_ptr<Family> family = family_for(m->architecture_, m->config_);
-  m->params_ = layout_parameters(*family);
-  m->aliases_ = family->tied();
-  initialise(*m->params_, *family, seed);
+  m->family_ = family_for(info, m->config_);
+  m->params_ = layout_parameters(*m->family_);
+  m->aliases_ = m->family_->tied();
+  initialise(*m->params_, *m->family_, seed);
   return m;
 }
 
 std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std::string& architecture,
                                               const nlohmann::json& config_overrides, uint64_t init_seed) {
-  io::HfModelDir hf = io::read_hf_dir(dir);
+  return from_pretrained(io::read_hf_dir(dir), architecture, config_overrides, init_seed);
+}
+
+std::unique_ptr<Model> Model::from_pretrained(const io::HfModelDir& hf, const std::string& architecture,
+                                              const nlohmann::json& config_overrides, uint64_t init_seed) {
+  const std::string& dir = hf.path;
   nlohmann::json config = hf.config;
   FT_CHECK(config_overrides.is_object(), "config overrides must be a JSON object");
   for (auto it = config_overrides.begin(); it != config_overrides.end(); ++it) config[it.key()] = it.value();
@@ -176,7 +118,7 @@ std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std:
     for (const char* key : {"id2label", "label2id"})
       if (!config_overrides.contains(key)) config.erase(key);
   std::unique_ptr<Model> m = from_config(config, init_seed, architecture);
-  std::unique_ptr<Family> family = family_for(m->architecture_, m->config_);
+  const Family* family = m->family_.get();
   const std::string prefix = family->base_prefix() + ".";
   const bool head_model = family->head() != Head::Base;
   runtime::ParameterStore& params = *m->params_;
@@ -245,14 +187,17 @@ std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std:
   return m;
 }
 
-int64_t Model::max_positions() const { return family_for(architecture_, config_)->max_positions(); }
+int64_t Model::max_positions() const { return family_->max_positions(); }
+
+bool Model::uses_token_type_ids() const { return family_->uses_token_type_ids(); }
 
 int64_t max_positions(const nlohmann::json& config) {
-  // Positions do not depend on the head: the base model of the config's model_type answers.
-  for (const ArchitectureInfo& a : kArchitectures)
-    if (a.head == Head::Base && config.is_object() && config.value("model_type", nlohmann::json()) == a.model_type)
-      return family_for(choose_architecture(config, a.name), config)->max_positions();
-  return family_for(choose_architecture(config, ""), config)->max_positions();  // throws the config's problem
+  // Positions do not depend on the head: the base model of the config's model_type answers, whatever
+  // config["architectures"] names; choose_architecture throws the problem of a config without a known model_type.
+  const nlohmann::json model_type = config.is_object() ? config.value("model_type", nlohmann::json()) : nullptr;
+  const ArchitectureInfo* base = model_type.is_string() ? find_architecture(model_type.get<std::string>(), Head::Base)
+                                                        : nullptr;
+  return family_for(choose_architecture(config, base ? base->name : ""), config)->max_positions();
 }
 
 bool Model::decays(const std::string& name) const {
@@ -311,7 +256,7 @@ void Model::save_pretrained(const std::string& dir) const {
   io::write_hf_dir(dir, config, tensors);
 }
 
-BuiltGraph Model::build(const BatchSpec& spec) const { return family_for(architecture_, config_)->build(spec); }
+BuiltGraph Model::build(const BatchSpec& spec) const { return family_->build(spec); }
 
 BatchSpec Model::spec_for(const Batch& batch, bool training, bool with_backward) const {
   BatchSpec spec;
@@ -335,9 +280,10 @@ BatchSpec Model::spec_for(const Batch& batch, bool training, bool with_backward)
 
 compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
   // Everything that decides the graph or how it is compiled.
-  const compile::ProgramCache::Key key{spec.batch,  spec.seq,       spec.training,      spec.bf16,
-                                       spec.fp16,   spec.recompute, spec.fusions,       static_cast<int64_t>(spec.labels),
-                                       with_backward, count_unfused_ops_};
+  const compile::ProgramCache::Key key{spec.batch,     spec.seq,      spec.training,
+                                       spec.bf16,      spec.fp16,     spec.recompute,
+                                       spec.fusions,   static_cast<int64_t>(spec.labels),
+                                       with_backward,  count_unfused_ops_};
   if (compile::Program* program = programs_.find(key)) return *program;
   BuiltGraph built = build(spec);
   FT_CHECK(!with_backward || built.loss != ir::kNone, architecture_, ": gradients need labels (no loss without them)");
@@ -378,7 +324,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
   FT_CHECK(ids.dtype() == DType::i64, "input_ids must be int64, found ", dtype_name(ids.dtype()));
   const int64_t B = ids.shape()[0], T = ids.shape()[1];
   FT_CHECK(B > 0 && T > 0, "input_ids is empty: shape ", ids.shape().to_string());
-  std::unique_ptr<Family> family = family_for(architecture_, config_);
+  const Family* family = family_.get();
   FT_CHECK(T <= family->max_positions(), "sequence length ", T, " exceeds the model's maximum of ",
            family->max_positions(), " positions");
   const BatchSpec spec = spec_for(batch, training, with_backward);
@@ -416,7 +362,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     plan.bind_input(InputNames::position_ids, nullptr);
     family->default_position_ids(id_data, B, T, plan.input(InputNames::position_ids).data_as<int64_t>());
   }
-  if (family->head() == Head::SequenceClassification && model_type_ == "gpt2") {
+  if (family->reads_pool_index()) {
     int64_t* rows = plan.input(InputNames::pool_index).data_as<int64_t>();
     for (int64_t b = 0; b < B; ++b) rows[b] = b * T + family->pool_position(id_data + b * T, T);
   }

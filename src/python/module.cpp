@@ -31,6 +31,7 @@
 #include "fusetrain/core/tensor.h"
 #include "fusetrain/kernels/benchmark.h"
 #include "fusetrain/models/model.h"
+#include "fusetrain/models/registry.h"
 #include "fusetrain/optim/optimizer.h"
 #include "cli/app.h"
 #include "python/binding.h"
@@ -281,6 +282,27 @@ Input weight_input(py::handle obj, const std::string& name) {
 
 // ---------------------------------------------------------------- Model
 
+// The registry's architectures with their heads' rows, as fusetrain.architectures() returns them.
+py::list architecture_rows() {
+  py::list rows;
+  for (const models::ArchitectureInfo& a : models::architectures()) {
+    const models::HeadInfo& head = a.head_info();
+    py::list label_kinds;
+    for (data::LabelKind kind : head.data_labels) label_kinds.append(models::data_label_name(kind));
+    py::dict row;
+    row["architecture"] = a.name;
+    row["model_type"] = a.model_type;
+    row["head"] = head.name;
+    row["task"] = head.task;
+    row["problem"] = head.problem;
+    row["outputs"] = models::output_names(head.outputs);
+    row["label_kinds"] = label_kinds;
+    row["language_model"] = head.language_model;
+    rows.append(row);
+  }
+  return rows;
+}
+
 nlohmann::json config_argument(py::handle config) {
   if (py::isinstance<py::str>(config) || py::hasattr(config, "__fspath__"))
     return py::str(py::module_::import("os").attr("fspath")(config)).cast<std::string>();  // a config.json path
@@ -301,8 +323,7 @@ py::dict forward(PyModel& self, const PreparedBatch& prepared) {
     Tensor logits = out.logits.defined() ? f32_copy(out.logits) : Tensor();
     Tensor end = out.end_logits.defined() ? f32_copy(out.end_logits) : Tensor();
     // A model without a head (BertModel, GPT2Model, ...) returns its last hidden states.
-    const std::string& arch = self.model->architecture();
-    bool base = arch.size() > 5 && arch.compare(arch.size() - 5, 5, "Model") == 0 && arch != "GPT2LMHeadModel";
+    bool base = self.model->architecture_info().head_info().outputs == models::Outputs::HiddenStates;
     Tensor hidden = base ? logits : Tensor();
     if (base) logits = Tensor();
     return std::make_tuple(logits, end, hidden, out.loss);
@@ -496,6 +517,14 @@ PYBIND11_MODULE(_core, m) {
       "argv"_a, "Runs the fusetrain command line (argv[0] is the program name); returns the exit status.");
   m.def("supported_architectures", &models::supported_architectures,
         "The transformers classes fusetrain implements, e.g. [\"BertForSequenceClassification\", ...].");
+  m.def("architectures", &architecture_rows, R"doc(
+The registry of architectures fusetrain builds, one dict per transformers class, in registry order:
+architecture ("BertForSequenceClassification"), model_type ("bert"), head ("SequenceClassification";
+"Base" for a model without a head), task (the Trainer's and the CLI's task, "seq-cls"; "" for Base),
+problem (what the head solves, in words), outputs (the keys forward returns: ["logits"],
+["start_logits", "end_logits"] or ["last_hidden_state"]), label_kinds (the dataset labels it trains on:
+"class", "regression", "token_classes", "tokens", "spans") and language_model (evaluation reports perplexity).
+)doc");
   m.def(
       "_input_address",
       [](py::handle array, const char* name) {

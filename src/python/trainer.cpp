@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fusetrain/core/error.h"
+#include "fusetrain/models/registry.h"
 #include "fusetrain/train/trainer.h"
 #include "python/binding.h"
 
@@ -48,17 +49,6 @@ std::vector<int64_t> int64_values(py::handle obj, const std::string& name) {
 std::vector<float> float_values(py::handle obj) {
   auto values = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(as_array(obj));
   return std::vector<float>(values.data(), values.data() + values.size());
-}
-
-data::LabelKind parse_label_kind(const std::string& name) {
-  static const std::map<std::string, data::LabelKind> kinds{
-      {"none", data::LabelKind::None},       {"class", data::LabelKind::Class},
-      {"regression", data::LabelKind::Regression}, {"tokens", data::LabelKind::Tokens},
-      {"token_classes", data::LabelKind::TokenClasses}, {"spans", data::LabelKind::Spans}};
-  auto it = kinds.find(name);
-  FT_CHECK(it != kinds.end(), "label_kind must be none, class, regression, tokens, token_classes or spans; got \"",
-           name, "\"");
-  return it->second;
 }
 
 /// A tokenized dataset owned by Python (train::Trainer holds datasets by pointer).
@@ -251,7 +241,7 @@ datasets, lists of dicts or map-style datasets). Example i is ids[offsets[i]:off
              e.offsets = int64_values(offsets, "offsets");
              e.ids = int64_values(ids, "input_ids");
              if (!type_ids.is_none()) e.type_ids = int64_values(type_ids, "token_type_ids");
-             e.label_kind = parse_label_kind(label_kind);
+             e.label_kind = models::parse_data_label(label_kind);
              if (e.label_kind == data::LabelKind::Regression)
                e.float_labels = float_values(labels);
              else if (!labels.is_none())
@@ -312,7 +302,7 @@ The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.T
              }
              model.num_threads = static_cast<int>(parsed.fusetrain_threads);
              auto out = std::make_unique<PyTrainer>(PyTrainer{model, train_dataset, eval_dataset, nullptr});
-             out->trainer = std::make_unique<train::Trainer>(*model.model, std::move(parsed), train::parse_task(task),
+             out->trainer = std::make_unique<train::Trainer>(*model.model, std::move(parsed), models::head_for_task(task),
                                                              dataset_of(train_dataset), dataset_of(eval_dataset), ids);
              return out;
            }),

@@ -20,17 +20,9 @@
 namespace fusetrain::train {
 
 namespace fs = std::filesystem;
+using models::Head;
 
-Task parse_task(const std::string& name) {
-  if (name == "seq-cls") return Task::SequenceClassification;
-  if (name == "token-cls") return Task::TokenClassification;
-  if (name == "qa") return Task::QuestionAnswering;
-  if (name == "mlm") return Task::MaskedLM;
-  if (name == "clm") return Task::CausalLM;
-  throw Error(str("task \"", name, "\" is not supported (supported: seq-cls, token-cls, qa, mlm, clm)"));
-}
-
-Trainer::Trainer(models::Model& model, TrainingArguments args, Task task, const data::TokenizedDataset* train_dataset,
+Trainer::Trainer(models::Model& model, TrainingArguments args, Head task, const data::TokenizedDataset* train_dataset,
                  const data::TokenizedDataset* eval_dataset, CollationIds ids)
     : impl_(std::make_unique<Impl>()),
       model_(model),
@@ -40,9 +32,10 @@ Trainer::Trainer(models::Model& model, TrainingArguments args, Task task, const 
       eval_(eval_dataset),
       ids_(std::move(ids)) {
   args_.validate();
-  FT_CHECK(!(task == Task::MaskedLM && !ids_.mlm), "masked-LM training needs a tokenizer with a mask token");
+  FT_CHECK(*models::head_info(task).task, "a model without a head (", model.architecture(), ") has nothing to train");
+  FT_CHECK(!(task == Head::MaskedLM && !ids_.mlm), "masked-LM training needs a tokenizer with a mask token");
   for (const data::TokenizedDataset* d : {train_dataset, eval_dataset})
-    FT_CHECK(!(task == Task::QuestionAnswering && d && !dynamic_cast<const data::QuestionAnsweringDataset*>(d)),
+    FT_CHECK(!(task == Head::QuestionAnswering && d && !dynamic_cast<const data::QuestionAnsweringDataset*>(d)),
              "question answering needs QuestionAnsweringDataset datasets");
   FT_CHECK(!(args_.eval_strategy != "no" && eval_ == nullptr), "eval_strategy is \"", args_.eval_strategy,
            "\" but there is no evaluation dataset");
@@ -75,7 +68,7 @@ models::Batch Trainer::view_of(const data::Batch& b) const {
   if (model_.uses_token_type_ids() && !b.token_type_ids.empty()) m.token_type_ids = ids(b.token_type_ids);
   if (!b.float_labels.empty())
     m.labels = Tensor::view(const_cast<float*>(b.float_labels.data()), {B, 1}, DType::f32);
-  else if (static_cast<int64_t>(b.labels.size()) == B * T && task_ != Task::SequenceClassification)
+  else if (static_cast<int64_t>(b.labels.size()) == B * T && task_ != Head::SequenceClassification)
     m.labels = ids(b.labels);
   else if (static_cast<int64_t>(b.labels.size()) == B)
     m.labels = Tensor::view(const_cast<int64_t*>(b.labels.data()), {B}, DType::i64);
@@ -104,7 +97,7 @@ data::CollateFn Trainer::collate_for(const data::TokenizedDataset& dataset, uint
   data::CollateOptions options;
   options.pad_id = ids_.pad_id;
   options.seed = seed;
-  if (task_ == Task::MaskedLM) options.mlm = ids_.mlm;
+  if (task_ == Head::MaskedLM) options.mlm = ids_.mlm;
   return data::padded_collate(dataset, options);
 }
 
@@ -326,7 +319,7 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
   int64_t loss_weight = 0;
   const bool labelled = dataset.label_kind() != data::LabelKind::None;
   const auto* qa = dynamic_cast<const data::QuestionAnsweringDataset*>(&dataset);
-  FT_CHECK(task_ != Task::QuestionAnswering || qa, "question answering needs a QuestionAnsweringDataset");
+  FT_CHECK(task_ != Head::QuestionAnswering || qa, "question answering needs a QuestionAnsweringDataset");
   int64_t feature = 0;
   if (qa) p.feature_offsets.push_back(0);
   while (std::optional<data::Batch> batch = loader.next()) {
@@ -340,7 +333,7 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
     const int64_t K = out.logits.shape()[-1];
     const float* logits = out.logits.data_as<float>();
     p.classes = K;
-    if (task_ == Task::QuestionAnswering) {
+    if (task_ == Head::QuestionAnswering) {
       // (B, T) start and end logits; each feature keeps its own tokens, not the padding.
       const float* end_logits = out.end_logits.data_as<float>();
       const int64_t T = batch->seq_len;
@@ -351,14 +344,14 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
         p.feature_offsets.push_back(static_cast<int64_t>(p.logits.size()));
       }
       p.rows += batch->batch_size;
-    } else if (task_ == Task::SequenceClassification) {
+    } else if (task_ == Head::SequenceClassification) {
       p.logits.insert(p.logits.end(), logits, logits + batch->batch_size * K);
       p.rows += batch->batch_size;
       if (labelled && batch->float_labels.empty())
         p.labels.insert(p.labels.end(), batch->labels.begin(), batch->labels.end());
       else if (labelled)
         p.float_labels.insert(p.float_labels.end(), batch->float_labels.begin(), batch->float_labels.end());
-    } else if (!labelled && task_ == Task::TokenClassification) {
+    } else if (!labelled && task_ == Head::TokenClassification) {
       // Unlabelled tokens: every token of every example, in order, padding dropped.
       const int64_t T = batch->seq_len;
       for (int64_t b = 0; b < batch->batch_size; ++b) {
@@ -371,11 +364,11 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
       const int64_t B = batch->batch_size, T = batch->seq_len;
       for (int64_t b = 0; b < B; ++b)
         for (int64_t t = 0; t < T; ++t) {
-          int64_t target_t = task_ == Task::CausalLM ? t + 1 : t;
+          int64_t target_t = task_ == Head::CausalLM ? t + 1 : t;
           if (target_t >= T) continue;
           int64_t label = batch->labels[b * T + target_t];
           if (label == data::kIgnoreIndex) continue;
-          if (task_ == Task::TokenClassification)
+          if (task_ == Head::TokenClassification)
             p.logits.insert(p.logits.end(), logits + (b * T + t) * K, logits + (b * T + t + 1) * K);
           p.labels.push_back(label);
           ++p.rows;
@@ -388,7 +381,7 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
     for (const auto& [k, v] : compute_metrics_(p)) p.metrics[k] = v;
     return p;
   }
-  if (task_ == Task::MaskedLM || task_ == Task::CausalLM) {
+  if (models::head_info(task_).language_model) {
     if (p.metrics.count("loss")) p.metrics["perplexity"] = std::exp(p.metrics["loss"]);
   } else if (qa) {
     p.classes = 0;
@@ -398,7 +391,7 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
   } else if (!p.labels.empty()) {
     for (const auto& [k, v] : classification_metrics(p)) p.metrics[k] = v;
     const auto* tagged = dynamic_cast<const data::TokenClassificationDataset*>(&dataset);
-    if (task_ == Task::TokenClassification && tagged && is_bio(tagged->label_names())) {
+    if (task_ == Head::TokenClassification && tagged && is_bio(tagged->label_names())) {
       // NER: precision, recall and F1 over whole entities, as run_ner reports them (seqeval).
       std::vector<std::vector<std::string>> predicted, reference;
       int64_t row = 0;

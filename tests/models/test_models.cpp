@@ -8,10 +8,12 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include "fusetrain/io/hf_dir.h"
 #include "fusetrain/io/safetensors.h"
 #include "fusetrain/models/model.h"
+#include "fusetrain/models/registry.h"
 
 #include "support/test_util.h"
 
@@ -417,6 +419,65 @@ TEST(Models, DropoutSeedAndHeadInitSeedTakeEffect) {
   EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.nbytes()), 0);
   EXPECT_NE(std::memcmp(wa.data(), wc.data(), wa.nbytes()), 0);
   fs::remove_all(dir);
+}
+
+// Every registry row builds: its model_type's config makes a model of that architecture whose graph returns what
+// the head's row says and takes a loss for every label layout the row lists.
+TEST(Registry, EveryArchitectureBuildsAsItsRowSays) {
+  for (const models::ArchitectureInfo& row : models::architectures()) {
+    SCOPED_TRACE(row.name);
+    auto model = Model::from_config(tiny_config(row.model_type), 1, row.name);
+    EXPECT_EQ(model->architecture(), row.name);
+    EXPECT_EQ(model->model_type(), row.model_type);
+    EXPECT_EQ(&model->architecture_info(), &row);
+    EXPECT_EQ(&models::find_architecture(row.name), &row);
+    EXPECT_EQ(models::find_architecture(row.model_type, row.head), &row);
+    const models::HeadInfo& head = row.head_info();
+    models::BatchSpec spec;
+    spec.batch = 2;
+    spec.seq = 5;
+    models::BuiltGraph built = model->build(spec);
+    EXPECT_EQ(built.end_logits != ir::kNone, head.outputs == models::Outputs::SpanLogits);
+    EXPECT_EQ(head.outputs == models::Outputs::HiddenStates, row.head == models::Head::Base);
+    EXPECT_EQ(built.loss, ir::kNone);
+    EXPECT_EQ(head.batch_labels.empty(), row.head == models::Head::Base);
+    for (models::LabelKind labels : head.batch_labels) {
+      spec.labels = labels;
+      nlohmann::json config = tiny_config(row.model_type);
+      if (labels == models::LabelKind::Values) config["num_labels"] = 1;  // regression
+      EXPECT_NE(Model::from_config(config, 1, row.name)->build(spec).loss, ir::kNone) << static_cast<int>(labels);
+    }
+    // Its task picks it back on its model_type, and the base model of the model_type exists.
+    if (*head.task) {
+      EXPECT_EQ(models::head_for_task(head.task), row.head);
+      EXPECT_EQ(&models::architecture_for_task(row.model_type, row.head, "config.json"), &row);
+      EXPECT_FALSE(head.data_labels.empty());
+    }
+    EXPECT_NE(models::find_architecture(row.model_type, models::Head::Base), nullptr);
+  }
+}
+
+TEST(Registry, EveryHeadHasOneRowAndTasksAreUnique) {
+  std::set<std::string> tasks;
+  for (const models::HeadInfo& head : models::heads()) {
+    EXPECT_EQ(&models::head_info(head.head), &head);
+    if (*head.task) EXPECT_TRUE(tasks.insert(head.task).second) << head.task;
+  }
+  EXPECT_EQ(models::task_names(), std::vector<std::string>({"seq-cls", "token-cls", "qa", "mlm", "clm"}));
+  EXPECT_EQ(models::model_types(), std::vector<std::string>({"bert", "roberta", "distilbert", "gpt2"}));
+}
+
+TEST(Registry, ErrorsNameWhatIsSupported) {
+  EXPECT_CONTAINS(error_of([] { models::head_for_task("summarise"); }),
+                  "task \"summarise\" is not supported (supported: seq-cls, token-cls, qa, mlm, clm)");
+  EXPECT_CONTAINS(error_of([] { models::architecture_for_task("gpt2", models::Head::MaskedLM, "m/config.json"); }),
+                  "--task mlm (masked language modelling) supports bert, roberta and distilbert models, found "
+                  "model_type \"gpt2\" (a gpt2 model takes --task clm and seq-cls)");
+  EXPECT_CONTAINS(error_of([] { models::architecture_for_task("t5", models::Head::MaskedLM, "m/config.json"); }),
+                  "m/config.json: model_type \"t5\" is not supported (supported: bert, roberta, distilbert, gpt2)");
+  nlohmann::json config = tiny_config("bert");
+  config["architectures"] = {"BertForPreTraining"};
+  EXPECT_EQ(models::max_positions(config), 40);  // the base model answers, whatever "architectures" names
 }
 
 }  // namespace

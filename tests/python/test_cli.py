@@ -367,3 +367,30 @@ def test_question_answering_bad_answer_is_one_clear_line(tiny_model, tmp_path):
                  str(tmp_path / "out"), "--disable-tqdm")
     assert error_line(result) == f'fusetrain: error: {data}:1: the answer "b" is not at character 0 of the context'
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_tasks_and_model_types_are_the_registry_s(tiny_model, data, tmp_path):
+    """--task's help lists the registry's tasks, an unknown task or model_type the registry's names."""
+    import json
+
+    import fusetrain
+
+    rows = fusetrain.architectures()
+    tasks = {row["task"] for row in rows if row["task"]}
+    help_text = " ".join(run("train", "--help").stdout.split())
+    listed = help_text.split("what to train: ", 1)[1].split(" --", 1)[0]
+    assert {entry.split(" (")[0] for entry in listed.split(", ")} == tasks, listed
+    line = error_line(run("train", "--model", str(tiny_model), "--task", "summarise", "--train-file", str(data["train"])))
+    assert set(line.split("(supported: ", 1)[1].rstrip(")").split(", ")) == tasks, line
+    model = tmp_path / "t5"
+    model.mkdir()
+    for file in tiny_model.iterdir():
+        (model / file.name).write_bytes(file.read_bytes())
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(dict(config, model_type="t5")))
+    line = error_line(run("train", "--model", str(model), "--train-file", str(data["train"])))
+    model_types = ", ".join(dict.fromkeys(row["model_type"] for row in rows))
+    assert line.endswith(f'{model}/config.json: model_type "t5" is not supported (supported: {model_types})'), line
+    line = error_line(run("train", "--model", str(tiny_model), "--task", "clm", "--train-file", str(data["train"])))
+    gpt2 = ", ".join(row["model_type"] for row in rows if row["task"] == "clm")
+    assert f'--task clm (causal language modelling) supports {gpt2} models, found model_type "bert"' in line, line

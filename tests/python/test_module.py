@@ -319,3 +319,43 @@ def test_matches_transformers(model, batch, tmp_path):
     other = fusetrain.Model.from_config(CONFIG, seed=1)
     other.load_state_dict(reference.state_dict())
     np.testing.assert_allclose(other.forward(input_ids, attention_mask=attention_mask)["logits"], ours, rtol=1e-6)
+
+
+def _tiny_config(model_type):
+    if model_type == "gpt2":
+        return {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32,
+                "pad_token_id": 0, "num_labels": NUM_LABELS}
+    if model_type == "distilbert":
+        return {"model_type": "distilbert", "vocab_size": 64, "dim": 32, "n_layers": 2, "n_heads": 4,
+                "hidden_dim": 64, "max_position_embeddings": 32, "num_labels": NUM_LABELS}
+    config = {k: v for k, v in CONFIG.items() if k != "architectures"}
+    config["model_type"] = model_type
+    return config
+
+
+def test_every_registry_row_builds_and_returns_its_outputs(batch):
+    input_ids, attention_mask, _ = batch
+    rows = fusetrain.architectures()
+    assert [row["architecture"] for row in rows] == fusetrain.supported_architectures()
+    assert {row["model_type"] for row in rows} == {"bert", "roberta", "distilbert", "gpt2"}
+    for row in rows:
+        model = fusetrain.Model.from_config(_tiny_config(row["model_type"]), architecture=row["architecture"])
+        assert (model.architecture, model.model_type) == (row["architecture"], row["model_type"])
+        assert list(model.forward(input_ids, attention_mask=attention_mask)) == row["outputs"], row
+        assert (row["head"] == "Base") == (row["task"] == "") == (row["label_kinds"] == [])
+        assert row["language_model"] == (row["task"] in ("mlm", "clm"))
+
+
+def test_python_trainer_reads_its_classes_and_tasks_from_the_registry():
+    from fusetrain import data
+    from fusetrain.trainer import _task_of, supported_trainer_classes
+
+    rows = {row["architecture"]: row for row in fusetrain.architectures()}
+    trained = supported_trainer_classes()
+    assert set(trained) == {name for name, row in rows.items()
+                            if row["task"] and set(row["label_kinds"]) <= set(data.LABEL_KINDS)}
+    assert "BertForQuestionAnswering" not in trained and "GPT2LMHeadModel" in trained
+    for name in trained:
+        assert _task_of(name) == rows[name]["task"]
+    with pytest.raises(TypeError, match="cannot train a GPT2Model"):
+        _task_of("GPT2Model")

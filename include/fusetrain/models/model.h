@@ -11,19 +11,15 @@
 #include "fusetrain/compile/compiler.h"
 #include "fusetrain/core/tensor.h"
 #include "fusetrain/ir/graph.h"
+#include "fusetrain/models/registry.h"
 #include "fusetrain/runtime/parameters.h"
 #include "fusetrain/runtime/plan.h"
 
-namespace fusetrain::models {
+namespace fusetrain::io {
+struct HfModelDir;
+}
 
-/// What the labels of a batch are, which decides the loss.
-enum class LabelKind : uint8_t {
-  None,      ///< no labels: logits only
-  TokenIds,  ///< (B, T) i64, -100 ignored: masked/causal LM, token classification
-  ClassIds,  ///< (B) i64: single-label sequence classification
-  Values,    ///< (B, L) f32: regression (L == 1, MSE) or multi-label (BCE with logits)
-  Spans,     ///< start_positions, end_positions (B) i64: question answering
-};
+namespace fusetrain::models {
 
 /// The shape of a batch; a plan is compiled once per distinct spec.
 struct BatchSpec {
@@ -86,6 +82,11 @@ class Model {
   static std::unique_ptr<Model> from_pretrained(const std::string& dir, const std::string& architecture = "",
                                                 const nlohmann::json& config_overrides = nlohmann::json::object(),
                                                 uint64_t init_seed = 0);
+  /// The same from a model directory already read (io::read_hf_dir), so a caller that needed its config.json
+  /// first does not read and parse it again.
+  static std::unique_ptr<Model> from_pretrained(const io::HfModelDir& dir, const std::string& architecture = "",
+                                                const nlohmann::json& config_overrides = nlohmann::json::object(),
+                                                uint64_t init_seed = 0);
   /// Fresh weights from a config (a JSON object or a config.json path), initialised as the
   /// architecture does in transformers (normal(0, initializer_range), zero biases, unit LayerNorm).
   static std::unique_ptr<Model> from_config(const nlohmann::json& config, uint64_t seed = 0,
@@ -97,10 +98,12 @@ class Model {
   const std::string& architecture() const { return architecture_; }
   /// "bert", "roberta", "distilbert" or "gpt2".
   const std::string& model_type() const { return model_type_; }
+  /// The registry's row for this model: its head, what it returns, the task it trains.
+  const ArchitectureInfo& architecture_info() const { return *architecture_info_; }
   /// The longest sequence the model takes (its position embeddings; RoBERTa's two padding offsets left out).
   int64_t max_positions() const;
   /// Whether the architecture reads token_type_ids (BERT and RoBERTa do).
-  bool uses_token_type_ids() const { return model_type_ == "bert" || model_type_ == "roberta"; }
+  bool uses_token_type_ids() const;
   /// Names of parameters that get no weight decay under transformers' Trainer:
   /// biases and LayerNorm weights.
   bool decays(const std::string& stored_name) const;
@@ -187,6 +190,8 @@ class Model {
   nlohmann::json config_;
   std::string architecture_;
   std::string model_type_;
+  const ArchitectureInfo* architecture_info_ = nullptr;
+  std::unique_ptr<Family> family_;  // built once from config_: the graphs, initialisation and position rules
   std::unique_ptr<runtime::ParameterStore> params_;
   std::map<std::string, std::string> aliases_;  // tied name -> stored name
   std::vector<std::string> missing_keys_;
@@ -203,9 +208,6 @@ class Model {
   bool fp16_ = false;
   double loss_scale_ = 1.0;
 };
-
-/// The transformers classes fusetrain implements, for error messages.
-std::vector<std::string> supported_architectures();
 
 /// Model::max_positions of the model a config.json describes, without building it (Error on an invalid config).
 int64_t max_positions(const nlohmann::json& config);

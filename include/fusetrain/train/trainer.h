@@ -21,12 +21,6 @@
 
 namespace fusetrain::train {
 
-/// What is trained, which decides collation, labels and metrics.
-enum class Task { SequenceClassification, TokenClassification, QuestionAnswering, MaskedLM, CausalLM };
-
-/// Parses "seq-cls", "token-cls", "qa", "mlm", "clm"; throws Error listing them otherwise.
-Task parse_task(const std::string& name);
-
 /// Progress of a run, saved as trainer_state.json in transformers' layout.
 struct TrainerState {
   int64_t global_step = 0;
@@ -105,7 +99,7 @@ using MetricsFn = std::function<std::map<std::string, double>(const Predictions&
 /// reference and must outlive the Trainer. Question answering needs data::QuestionAnsweringDataset datasets.
 class Trainer {
  public:
-  Trainer(models::Model& model, TrainingArguments args, Task task, const data::TokenizedDataset* train_dataset,
+  Trainer(models::Model& model, TrainingArguments args, models::Head task, const data::TokenizedDataset* train_dataset,
           const data::TokenizedDataset* eval_dataset, CollationIds ids);
   ~Trainer();
 
@@ -139,7 +133,7 @@ class Trainer {
   std::unique_ptr<Impl> impl_;
   models::Model& model_;
   TrainingArguments args_;
-  Task task_;
+  models::Head task_;
   const data::TokenizedDataset* train_;
   const data::TokenizedDataset* eval_;
   CollationIds ids_;
