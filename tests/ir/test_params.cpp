@@ -45,7 +45,8 @@ TEST(DecodeParams, ReadsTypedValuesAndDefaults) {
 
   // An integer is accepted where a number is expected.
   EXPECT_EQ(std::get<ops::ScaleParams>(decode_params(OpKind::Scale, {{"alpha", int64_t{3}}}, "")).alpha, 3.0);
-  const auto& gelu = std::get<ops::GeluParams>(decode_params(OpKind::Gelu, {{"approximate", std::string("tanh")}}, ""));
+  const ops::GeluParams gelu =
+      std::get<ops::GeluParams>(decode_params(OpKind::Gelu, {{"approximate", std::string("tanh")}}, ""));
   EXPECT_EQ(gelu.approximate, ops::GeluApproximation::Tanh);
 }
 
