@@ -73,7 +73,7 @@ Setup make_setup() {
                                                  .vocab_size = 32});
   train::TrainingArguments args = arguments(fuzz::scratch_dir() / "run");
   args.max_steps = 2;
-  train::Trainer trainer(*s.model, args, train::Task::SequenceClassification, &s.dataset, nullptr, {});
+  train::Trainer trainer(*s.model, args, fusetrain::models::Head::SequenceClassification, &s.dataset, nullptr, {});
   trainer.train();
   const fs::path saved = fuzz::scratch_dir() / "run" / "checkpoint-2";
   s.roles = fuzz::make_role_dirs({{"trainer_state", "trainer_state.json"},
@@ -101,7 +101,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   train::TrainingArguments args = arguments(fuzz::scratch_dir() / "resumed");
   args.resume_from_checkpoint = role->dir.string();
   fuzz::parses("Trainer resuming from a checkpoint", [&] {
-    train::Trainer trainer(*setup.model, args, train::Task::SequenceClassification, &setup.dataset, nullptr, {});
+    train::Trainer trainer(*setup.model, args, fusetrain::models::Head::SequenceClassification, &setup.dataset, nullptr, {});
     trainer.add_callback(std::make_shared<StopAfterResume>());
     try {
       trainer.train();
