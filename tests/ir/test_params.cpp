@@ -9,18 +9,12 @@
 #include "fusetrain/core/error.h"
 #include "fusetrain/ir/builder.h"
 #include "fusetrain/ir/params.h"
+#include "support/test_util.h"
 
 namespace fusetrain::ir {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using fusetrain::testing::error_of;
 
 static_assert(std::is_same_v<ParamsOf<OpKind::MatMul>, ops::MatMulParams>);
 static_assert(std::is_same_v<ParamsOf<OpKind::AttentionBackward>, ops::AttentionParams>);

@@ -15,18 +15,12 @@
 #include "kernels/cpu/basic_kernels.h"
 #include "kernels/cpu/philox_avx512.h"
 #include "kernels/rng.h"
+#include "support/test_util.h"
 
 namespace fusetrain::kernels {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using fusetrain::testing::error_of;
 
 // SoftmaxCrossEntropy over logits (2, 3) with targets {2, -100}: one counted row.
 KernelCall cross_entropy_call() {
