@@ -6,7 +6,6 @@
 // Slice counts as read by that Slice alone, so a residual stream read by two branches is
 // pruned once both branches have been.
 #include <algorithm>
-#include <map>
 #include <optional>
 
 #include "fusetrain/passes/fusion.h"

@@ -1,6 +1,5 @@
 // Low-precision weight copies cast again for backward (see recompute.h).
 #include <algorithm>
-#include <map>
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/passes/recompute.h"

@@ -1,6 +1,5 @@
 // GELU outputs computed again in backward from the z it keeps anyway (see recompute.h).
 #include <algorithm>
-#include <map>
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/passes/recompute.h"

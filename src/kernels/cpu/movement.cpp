@@ -11,6 +11,7 @@
 //   that holds the last input axis (e.g. (..., M, N) -> (..., N, M)).
 //   ExpandTo walks the merged broadcast space: a run is a memcpy or a fill.
 #include <cstring>
+#include <utility>
 
 #include "kernels/cpu/basic_kernels.h"
 
@@ -350,24 +351,21 @@ std::unique_ptr<Kernel> make_concat_kernel(const KernelCall& call) {
   return std::make_unique<PiecesKernel>(layout, std::move(pieces), true);
 }
 
+// The layout of `full` around a Slice's axis, and the bytes of each outer row the slice covers.
+std::pair<AxisLayout, Piece> sliced_piece(const KernelCall& call, const Shape& full, DType dtype) {
+  const AxisRange range = axis_range(call, full.rank());
+  AxisLayout layout = axis_layout(full, range.axis, dtype_size(dtype));
+  return {layout, Piece{range.start * layout.inner_bytes, (range.end - range.start) * layout.inner_bytes}};
+}
+
 std::unique_ptr<Kernel> make_slice_kernel(const KernelCall& call) {
-  const Shape& x = input_shape(call, 0);
-  const AxisRange range = axis_range(call, x.rank());
-  const int64_t axis = range.axis;
-  AxisLayout layout = axis_layout(x, axis, dtype_size(input_dtype(call, 0)));
-  const int64_t start = range.start, end = range.end;
-  std::vector<Piece> pieces{{start * layout.inner_bytes, (end - start) * layout.inner_bytes}};
-  return std::make_unique<PiecesKernel>(layout, std::move(pieces), false);
+  auto [layout, piece] = sliced_piece(call, input_shape(call, 0), input_dtype(call, 0));
+  return std::make_unique<PiecesKernel>(layout, std::vector<Piece>{piece}, false);
 }
 
 std::unique_ptr<Kernel> make_slice_backward_kernel(const KernelCall& call) {
-  const Shape& full = output_shape(call, 0);
-  const AxisRange range = axis_range(call, full.rank());
-  const int64_t axis = range.axis;
-  AxisLayout layout = axis_layout(full, axis, dtype_size(output_dtype(call, 0)));
-  const int64_t start = range.start, end = range.end;
-  return std::make_unique<SliceBackwardKernel>(layout,
-                                               Piece{start * layout.inner_bytes, (end - start) * layout.inner_bytes});
+  auto [layout, piece] = sliced_piece(call, output_shape(call, 0), output_dtype(call, 0));
+  return std::make_unique<SliceBackwardKernel>(layout, piece);
 }
 
 std::unique_ptr<Kernel> make_expand_to_kernel(const KernelCall& call) {
