@@ -19,8 +19,9 @@ Parameters keep their Hugging Face names, so `model.state_dict()` and
 torch tensors), and `save_pretrained` writes a directory transformers can load.
 Engine errors (bad config, wrong shapes, unknown architecture) raise ValueError.
 
-`fusetrain.Trainer` and `fusetrain.TrainingArguments` are drop-ins for transformers'
-classes of the same names: change the import line of a transformers training script.
+`fusetrain.Trainer` and `fusetrain.TrainingArguments` subclass transformers' classes of the
+same names: change the import line of a transformers training script and its training steps
+run on the engine.
 """
 
 from typing import Any
@@ -35,8 +36,6 @@ from fusetrain._core import (
     measure_matmul_gflops,
     supported_architectures,
 )
-
-from fusetrain.training_args import TrainingArguments
 
 __all__ = [
     "Trainer",
@@ -53,10 +52,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # The Trainer uses transformers' callback and output classes: imported on first use,
-    # so that `import fusetrain` (Model, AdamW) needs neither transformers nor torch.
+    # Trainer and TrainingArguments subclass transformers' classes: imported on first use, so that
+    # `import fusetrain` (Model, AdamW) needs neither transformers nor torch.
     if name == "Trainer":
         from fusetrain.trainer import Trainer
 
         return Trainer
+    if name == "TrainingArguments":
+        from fusetrain.training_args import TrainingArguments
+
+        return TrainingArguments
     raise AttributeError(f"module 'fusetrain' has no attribute {name!r}")

@@ -22,7 +22,8 @@ LABEL_COLUMNS = ("labels", "label", "label_ids")
 LABEL_KINDS = ("class", "regression", "token_classes", "tokens")
 # Columns a batch may carry into the model; others (text, ids of rows) are dropped
 # before a collator sees them, as transformers' remove_unused_columns does.
-MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask") + LABEL_COLUMNS
+MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask", "start_positions",
+                 "end_positions") + LABEL_COLUMNS
 TEXT_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question", "context"), ("text",),
                 ("sentence",), ("content",))
 
@@ -106,9 +107,13 @@ def to_engine(
     vocab_size: int,
     problem_type: str | None = None,
     name: str = "dataset",
+    with_labels: bool = True,
 ) -> _core._Dataset:
     """Converts a tokenized dataset into the engine's `_Dataset` for `task` (seq-cls, token-cls, mlm, clm: a
     task of fusetrain.architectures() whose labels are among LABEL_KINDS).
+
+    With `with_labels` False the labels stay in the dataset for a collator to read (question answering's start and
+    end positions) and the engine's dataset holds the tokens alone.
 
     Raises ValueError naming the dataset and what is wrong: no input_ids, labels missing or
     of the wrong shape, out-of-range ids or labels, left padding.
@@ -152,6 +157,8 @@ def to_engine(
         type_ids = _unpad(_as_int(_ragged(dataset, "token_type_ids")[0], f"the {name}'s token_type_ids"), keep)
     ids = _unpad(ids, keep)
 
+    if not with_labels:
+        return _core._Dataset(new_offsets, ids, type_ids, "none", None, 0, vocab_size)
     label_column = next((c for c in LABEL_COLUMNS if c in columns), None)
     task_kinds = next((row["label_kinds"] for row in _core.architectures() if row["task"] == task), None)
     if task_kinds is None or not set(task_kinds) <= set(LABEL_KINDS):

@@ -1,62 +1,62 @@
-"""`fusetrain.Trainer`: transformers' `Trainer` API over fusetrain's engine.
+"""`fusetrain.Trainer`: transformers' `Trainer`, with fusetrain's engine running the training steps.
 
     from fusetrain import Trainer, TrainingArguments      # the only line that changes
 
-    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=dev,
-                      processing_class=tokenizer, compute_metrics=compute_metrics)
-    trainer.train()
-    trainer.evaluate()
-    model.save_pretrained("out")                          # the trained weights are in `model`
+It is a subclass of `transformers.Trainer`. The engine replaces what it runs faster: the step loop
+(forward, backward, gradient accumulation, clipping and the fused AdamW update, with batches collated
+in C++ when the collator is a standard one), the forward of evaluation and prediction
+(`prediction_step`), and the optimizer and scheduler state inside checkpoints. Everything else is
+transformers' own and inherited: the arguments, callbacks and `report_to` integrations, logging
+(`log`, `log_metrics`, `save_metrics`), the evaluation and prediction loops, `compute_metrics` and
+`preprocess_logits_for_metrics`, checkpoint files and rotation, `load_best_model_at_end`,
+`create_model_card`, `hyperparameter_search`, and subclasses such as examples' `QuestionAnsweringTrainer`.
 
-The loop (gradient accumulation, schedules, clipping, evaluation, checkpoints, resume,
-mixed precision) is the engine's, the same the `fusetrain` CLI runs. `model` may be a
-transformers model object of a supported class, whose config and weights are taken in
-and into which the trained weights are written back when training ends; a model
-directory; or a `fusetrain.Model`. Callbacks follow transformers' `TrainerCallback`
-hooks and receive transformers' `TrainerState` and `TrainerControl`.
+Checkpoints hold what transformers writes (`model.safetensors`, `optimizer.pt`, `scheduler.pt`,
+`rng_state.pth`, `trainer_state.json`, `training_args.bin`) plus `fusetrain_state.json` (the engine's
+dropout stream and fp16 loss scale), so either Trainer resumes the other's checkpoints.
 
-Without a `data_collator` the engine's own collator pads each batch (to a multiple of 8
-tokens) and, for masked LM, masks it: the fast path. transformers' padding collators
-(`DataCollatorWithPadding`, `DataCollatorForTokenClassification`,
-`default_data_collator`) compute the same batches up to padding and take that path too;
-any other collator is called from the engine's loader thread for every batch.
+A model or setting the engine cannot run (an architecture it does not build, another optimizer, a
+custom `compute_loss`, ...) trains with transformers' own loop after one warning naming it and why;
+`TrainingArguments(fusetrain_require_engine=True)` makes that an error instead.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
+import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerCallback, TrainerControl, TrainerState
-from transformers.trainer_utils import BestRun, EvalPrediction, PredictionOutput, TrainOutput, default_compute_objective
-from transformers.trainer_utils import default_hp_space_optuna, get_last_checkpoint
+import torch
+import transformers
+from transformers.trainer import logger
+from transformers.trainer_callback import EarlyStoppingCallback
+from transformers.trainer_pt_utils import get_model_param_count
+from transformers.trainer_utils import TrainOutput
 
 from fusetrain import _core, data
 from fusetrain._core import Model
-from fusetrain.training_args import TrainingArguments
+from fusetrain.training_args import TrainingArguments, engine_dict, engine_refusals
 
-# The dataset labels data.to_engine converts; heads that train on others (question answering's spans) are left
-# to the CLI.
-_CONVERTED_LABELS = frozenset(data.LABEL_KINDS)
 # transformers collators whose batches equal the engine's own up to padding.
 _PADDING_COLLATORS = ("DataCollatorWithPadding", "DataCollatorForTokenClassification", "default_data_collator",
                       "DefaultDataCollator")
-_EVENTS = ("on_train_begin", "on_epoch_begin", "on_step_begin", "on_step_end", "on_epoch_end", "on_log",
-           "on_evaluate", "on_save", "on_train_end")
+_ENGINE_STATE_FILE = "fusetrain_state.json"
+# The Trainer methods whose override by a subclass changes a training step: the engine cannot run those.
+_STEP_METHODS = ("training_step", "compute_loss", "create_optimizer", "create_scheduler", "get_train_dataloader")
 
 
 def _trainable(row: dict) -> bool:
-    return bool(row["task"]) and set(row["label_kinds"]) <= _CONVERTED_LABELS
+    return bool(row["task"])
 
 
 def supported_trainer_classes() -> list[str]:
-    """The transformers model classes fusetrain.Trainer trains (rows of fusetrain.architectures())."""
+    """The transformers model classes whose training fusetrain.Trainer runs on the engine."""
     return [row["architecture"] for row in _core.architectures() if _trainable(row)]
 
 
@@ -69,46 +69,29 @@ def _task_of(architecture: str) -> str:
     if row is not None and _trainable(row):
         return row["task"]
     raise TypeError(
-        f"fusetrain.Trainer cannot train a {architecture}; supported model classes: "
-        + ", ".join(supported_trainer_classes())
+        f"fusetrain cannot train a {architecture}; supported model classes: " + ", ".join(supported_trainer_classes())
     )
 
 
 def engine_model(model: Any) -> Model:
-    """A fusetrain.Model from a transformers model object, a model directory or a fusetrain.Model."""
-    if isinstance(model, Model):
-        return model
-    if isinstance(model, (str, os.PathLike)):
-        return Model.from_pretrained(os.fspath(model))
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(model, "state_dict"):
-        raise TypeError(
-            "model must be a transformers model object, a model directory or a fusetrain.Model; got "
-            f"{type(model).__name__}"
-        )
+    """A fusetrain.Model with the config and weights of a transformers model object."""
     architecture = type(model).__name__
-    if _registry_row(architecture) is None:
-        raise TypeError(
-            f"fusetrain does not implement {architecture}; supported model classes: "
-            + ", ".join(supported_trainer_classes())
-        )
-    config_dict = config.to_dict()
+    _task_of(architecture)
+    config_dict = model.config.to_dict()
     config_dict["architectures"] = [architecture]
     out = Model.from_config(config_dict, architecture=architecture)
-    out.load_state_dict(_engine_weights(model, out), strict=True)
+    load_weights(out, model)
     return out
 
 
-def _engine_weights(hf_model: Any, model: Model) -> dict[str, Any]:
-    """The transformers model's tensors under the engine's names (buffers such as position_ids left out)."""
-    wanted = set(model.state_dict_names())
-    return {k: v for k, v in hf_model.state_dict().items() if k in wanted}
+def load_weights(engine: Model, hf_model: Any) -> None:
+    """Copies a transformers model's parameters into the engine model (buffers such as position_ids left out)."""
+    wanted = set(engine.state_dict_names())
+    engine.load_state_dict({k: v.detach() for k, v in hf_model.state_dict().items() if k in wanted}, strict=True)
 
 
 def write_back(model: Model, hf_model: Any) -> None:
     """Copies the engine model's weights into the transformers model object, in place."""
-    import torch
-
     weights = model.state_dict()
     with torch.no_grad():
         params = hf_model.state_dict(keep_vars=True)
@@ -119,426 +102,385 @@ def write_back(model: Model, hf_model: Any) -> None:
             target.copy_(torch.from_numpy(value).to(target.dtype))
 
 
-class Trainer:
-    """transformers' Trainer API, run by fusetrain's engine.
+def _transformers_model(model: Any) -> Any:
+    """A transformers model object for `model`: itself, or one loaded from a directory or a fusetrain.Model."""
+    if isinstance(model, (str, os.PathLike)):
+        config = transformers.AutoConfig.from_pretrained(os.fspath(model))
+        cls = getattr(transformers, (config.architectures or [""])[0], None)
+        if cls is None:
+            raise TypeError(f"{os.fspath(model)}: config.json names no transformers model class in \"architectures\"")
+        return cls.from_pretrained(os.fspath(model))
+    if isinstance(model, Model):
+        config_dict = dict(model.config)
+        cls = getattr(transformers, model.architecture, None)
+        if cls is None:
+            raise TypeError(f"transformers has no model class {model.architecture}")
+        config = transformers.AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+        hf_model = cls(config)
+        write_back(model, hf_model)
+        return hf_model
+    return model
 
-    Args:
-        model: a transformers model of a supported class (its weights are taken in, and the trained weights are
-            written back into it), a model directory, or a fusetrain.Model. Optional when model_init is given.
-        args: fusetrain.TrainingArguments, or transformers.TrainingArguments (converted with from_hf).
-        data_collator: a transformers collator; None uses the engine's collator (dynamic padding, MLM masking).
-        train_dataset, eval_dataset: datasets.Dataset, a list of dicts, or a map-style dataset, tokenized
-            (input_ids, optional attention_mask / token_type_ids, labels under labels / label); untokenized text
-            columns are tokenized when processing_class (or tokenizer) is given.
-        processing_class, tokenizer: the tokenizer, for padding ids, MLM masking, and saving beside the model.
-        model_init: a function returning a fresh model (optionally taking the optuna trial); needed by
-            hyperparameter_search.
-        compute_metrics: a function of a transformers EvalPrediction returning a dict of numbers.
-        callbacks: transformers TrainerCallback instances or classes.
+
+def _loss_divides_by_item_count(model: Any) -> bool:
+    """Whether the model's loss is transformers' loss_function, which divides by the num_items_in_batch the Trainer
+    passes (a token-weighted mean over all micro-batches of a step), rather than a mean per micro-batch."""
+    try:
+        return "self.loss_function" in inspect.getsource(type(model).forward)
+    except (OSError, TypeError):
+        return True
+
+
+def _numpy(value: Any) -> np.ndarray:
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+
+
+class Trainer(transformers.Trainer):
+    """transformers.Trainer whose training steps, evaluation forward and optimizer run on fusetrain's engine.
+
+    Takes transformers' arguments. `model` may also be a model directory or a fusetrain.Model (a transformers
+    model object is built from it). `args` may be a fusetrain.TrainingArguments or transformers' own.
     """
 
-    def __init__(
-        self,
-        model: Any = None,
-        args: TrainingArguments | Any = None,
-        data_collator: Callable | None = None,
-        train_dataset: Any = None,
-        eval_dataset: Any = None,
-        processing_class: Any = None,
-        model_init: Callable | None = None,
-        compute_loss_func: Callable | None = None,
-        compute_metrics: Callable[[EvalPrediction], dict[str, float]] | None = None,
-        callbacks: list[Any] | None = None,
-        optimizers: tuple[Any, Any] = (None, None),
-        optimizer_cls_and_kwargs: Any = None,
-        preprocess_logits_for_metrics: Callable | None = None,
-        tokenizer: Any = None,
-    ) -> None:
-        unsupported = [
-            name
-            for name, value in (
-                ("compute_loss_func", compute_loss_func),
-                ("optimizers", None if tuple(optimizers) == (None, None) else optimizers),
-                ("optimizer_cls_and_kwargs", optimizer_cls_and_kwargs),
-                ("preprocess_logits_for_metrics", preprocess_logits_for_metrics),
-            )
-            if value is not None
-        ]
-        if unsupported:
-            raise ValueError(
-                "fusetrain.Trainer does not take " + ", ".join(unsupported) + ": the engine runs its own loss and "
-                "fused AdamW (set learning_rate, weight_decay, adam_* and lr_scheduler_type in TrainingArguments)"
-            )
+    def __init__(self, model: Any = None, args: transformers.TrainingArguments | None = None, *rest: Any,
+                 **kwargs: Any) -> None:
+        if "tokenizer" in kwargs:  # the name transformers 4 used
+            kwargs.setdefault("processing_class", kwargs.pop("tokenizer"))
         if args is None:
-            args = TrainingArguments()
-        elif not isinstance(args, TrainingArguments):
-            args = TrainingArguments.from_hf(args)
-        self.args = args
-        self.processing_class = processing_class if processing_class is not None else tokenizer
-        self.model_init = model_init
-        if model is None:
-            if model_init is None:
-                raise ValueError("Trainer needs a model or a model_init function")
-            model = self._call_model_init(None)
-        self.model = model
-        self._model = engine_model(model)
-        self._hf_model = None if isinstance(model, (Model, str, os.PathLike)) else model
-        self.task = _task_of(self._model.architecture)
-        row = _registry_row(self._model.architecture)
-        self._language_model = row["language_model"]
-        self._token_labels = "token_classes" in row["label_kinds"]  # one label per token: rows scattered back
-        if isinstance(eval_dataset, dict):
-            raise ValueError("eval_dataset must be one dataset; fusetrain.Trainer does not take a dict of datasets")
-        self.data_collator = data_collator
-        self.train_dataset = data.tokenize_if_needed(train_dataset, self.processing_class, "train_dataset")
-        self.eval_dataset = data.tokenize_if_needed(eval_dataset, self.processing_class, "eval_dataset")
-        self.compute_metrics = compute_metrics
-        if compute_metrics is not None and self._language_model:
-            raise ValueError(
-                "compute_metrics is not supported for language modelling: fusetrain reports eval_loss and "
-                "eval_perplexity"
-            )
-        self.callbacks: list[TrainerCallback] = []
-        self.add_callback(PrinterCallback if self.args.disable_tqdm else ProgressCallback)
-        for callback in callbacks or []:
-            self.add_callback(callback)
-        self.state = TrainerState()
-        self.control = TrainerControl()
-        self._engine_train = self._convert(self.train_dataset, "train_dataset")
-        self._engine_eval = self._convert(self.eval_dataset, "eval_dataset")
-        self._engine: Any = None
+            args = TrainingArguments(output_dir="trainer_output")
+        model_init = kwargs.get("model_init")
+        if model_init is not None:
+            kwargs["model_init"] = lambda *a: _transformers_model(model_init(*a))
+        super().__init__(_transformers_model(model) if model is not None else None, args, *rest, **kwargs)
+        patience = getattr(args, "early_stopping_patience", 0)
+        if patience:
+            self.add_callback(EarlyStoppingCallback(patience, getattr(args, "early_stopping_threshold", 0.0)))
+        self._engine_model: Model | None = None  # built from self.model on first use
+        self._engine_source: Any = None  # the transformers model object it was built from
+        self._engine_datasets: dict[int, Any] = {}
+        self._engine: Any = None  # the engine loop of the train() running now
+        self._warned_fallback = False
 
-    # ------------------------------------------------------------ callbacks
+    # ------------------------------------------------------------ engine or transformers
 
-    def add_callback(self, callback: Any) -> None:
-        """Adds a TrainerCallback instance, or an instance of a TrainerCallback class."""
-        self.callbacks.append(callback() if isinstance(callback, type) else callback)
+    def engine_refusal(self) -> str | None:
+        """Why the engine cannot run this Trainer's training (None when it can)."""
+        architecture = type(self.model).__name__
+        row = _registry_row(architecture)
+        if row is None or not _trainable(row):
+            return (f"fusetrain does not build {architecture} (it builds {', '.join(supported_trainer_classes())})")
+        reasons = engine_refusals(self.args)
+        if self.compute_loss_func is not None:
+            reasons.append("compute_loss_func is given (the engine computes the model's own loss)")
+        if self.optimizer is not None or self.lr_scheduler is not None or self.optimizer_cls_and_kwargs is not None:
+            reasons.append("an optimizer or scheduler is given (the engine runs AdamW with the arguments' schedule)")
+        overridden = [name for name in _STEP_METHODS
+                      if getattr(type(self), name) is not getattr(Trainer, name)]
+        if overridden:
+            reasons.append(f"{type(self).__name__} overrides {', '.join(overridden)}")
+        if getattr(self.model, "peft_config", None) is not None:
+            reasons.append("the model is a PEFT model")
+        return "; ".join(reasons) or None
 
-    def pop_callback(self, callback: Any) -> Any:
-        """Removes and returns the first callback equal to `callback` (or of that class)."""
-        for i, cb in enumerate(self.callbacks):
-            if cb is callback or (isinstance(callback, type) and isinstance(cb, callback)):
-                return self.callbacks.pop(i)
-        return None
+    def _fall_back(self, reason: str, what: str = "training") -> None:
+        message = (f"fusetrain: {what} runs with transformers' own loop, not fusetrain's engine: {reason}. "
+                   "Set fusetrain_require_engine=True in TrainingArguments to make this an error.")
+        if getattr(self.args, "fusetrain_require_engine", False):
+            raise ValueError(message.split(". Set")[0])
+        if not self._warned_fallback:
+            warnings.warn(message, stacklevel=3)
+            self._warned_fallback = True
 
-    def remove_callback(self, callback: Any) -> None:
-        """Removes the first callback equal to `callback` (or of that class)."""
-        self.pop_callback(callback)
+    def _engine_ready_model(self) -> Model:
+        """The engine model holding self.model's current weights (built once per transformers model object)."""
+        if self._engine_model is None or self._engine_source is not self.model:
+            self._engine_model = engine_model(self.model)
+            self._engine_source = self.model
+        elif self._engine is None:
+            load_weights(self._engine_model, self.model)  # the transformers model may have changed since
+        self._engine_model.bf16 = bool(self.args.bf16)
+        self._engine_model.fp16 = bool(self.args.fp16)
+        return self._engine_model
 
-    def _dispatch(self, event: str, state: dict, control: dict, payload: Any) -> dict:
-        s = self._apply_state(state)
-        c = self.control
-        for flag, value in control.items():
-            setattr(c, flag, value)
-        kwargs: dict[str, Any] = {}
-        if event == "on_log":
-            s.log_history.append(dict(payload))
-            kwargs["logs"] = {k: v for k, v in payload.items() if k != "step"}
-        elif event == "on_evaluate":
-            kwargs["metrics"] = payload
-        elif event == "on_save" and self.processing_class is not None:
-            self.processing_class.save_pretrained(payload)
-        if self._hf_model is not None and event in ("on_evaluate", "on_save", "on_train_end"):
-            write_back(self._model, self._hf_model)  # callbacks given `model` see the weights just evaluated / saved
-        for callback in self.callbacks:
-            result = getattr(callback, event)(
-                self.args, s, c, model=self.model, processing_class=self.processing_class, optimizer=None,
-                lr_scheduler=None, train_dataloader=None, eval_dataloader=None, **kwargs,
-            )
-            if result is not None:
-                c = result
-        self.control = c
-        return {flag: getattr(c, flag) for flag in control}
+    def _engine_dataset(self, dataset: Any, task: str, with_labels: bool = True) -> Any:
+        key = id(dataset)
+        if key not in self._engine_datasets:
+            config = self._engine_model.config
+            self._engine_datasets[key] = (dataset, data.to_engine(
+                dataset, task=task, vocab_size=int(config["vocab_size"]),
+                num_labels=int(config.get("num_labels") or len(config.get("id2label") or {}) or 2),
+                problem_type=config.get("problem_type"), name="train_dataset", with_labels=with_labels))
+        return self._engine_datasets[key][1]
 
-    # ------------------------------------------------------------ data
-
-    def _convert(self, dataset: Any, name: str) -> Any:
-        if dataset is None:
-            return None
-        config = self._model.config
-        return data.to_engine(
-            dataset,
-            task=self.task,
-            num_labels=int(config.get("num_labels") or len(config.get("id2label") or {}) or 2),
-            vocab_size=int(config["vocab_size"]),
-            problem_type=config.get("problem_type"),
-            name=name,
-        )
+    # ------------------------------------------------------------ collation
 
     def _pad_id(self) -> int:
         tokenizer_pad = getattr(self.processing_class, "pad_token_id", None)
         if tokenizer_pad is not None:
             return int(tokenizer_pad)
-        return int(self._model.config.get("pad_token_id") or 0)
+        return int(self._engine_model.config.get("pad_token_id") or 0)
 
-    def _mlm_spec(self) -> dict | None:
-        if self.task != "mlm":
+    def _mlm_spec(self, task: str) -> dict | None:
+        if task != "mlm":
             return None
         tokenizer = self.processing_class
         mask_id = getattr(tokenizer, "mask_token_id", None)
         if mask_id is None:
             raise ValueError("masked-LM training needs processing_class=<a tokenizer with a mask token>")
-        probability = 0.15
         collator = self.data_collator
-        if collator is not None and type(collator).__name__ == "DataCollatorForLanguageModeling":
-            probability = float(collator.mlm_probability)
-        return {
-            "mask_id": int(mask_id),
-            "vocab_size": int(self._model.config["vocab_size"]),
-            "special_ids": [int(i) for i in tokenizer.all_special_ids],
-            "probability": probability,
-        }
+        probability = float(getattr(collator, "mlm_probability", 0.15) or 0.15)
+        return {"mask_id": int(mask_id), "vocab_size": int(self._engine_model.config["vocab_size"]),
+                "special_ids": [int(i) for i in tokenizer.all_special_ids], "probability": probability}
 
-    def _uses_python_collator(self) -> bool:
+    def _python_collator(self, task: str) -> bool:
+        """Whether batches come from calling the collator (else the engine collates in C++)."""
+        if task == "qa":
+            return True  # start and end positions are the collator's
         collator = self.data_collator
         if collator is None:
             return False
         name = getattr(collator, "__name__", None) or type(collator).__name__
         if name in _PADDING_COLLATORS:
             return False
-        # transformers' MLM collator with its standard 80/10/10 split is the engine's masking.
-        if name == "DataCollatorForLanguageModeling" and self.task == "mlm":
-            standard = getattr(collator, "mask_replace_prob", 0.8) == 0.8 and getattr(
-                collator, "random_replace_prob", 0.1) == 0.1
-            return not (getattr(collator, "mlm", True) and standard)
+        if name == "DataCollatorForLanguageModeling":
+            standard = (getattr(collator, "mask_replace_prob", 0.8) == 0.8
+                        and getattr(collator, "random_replace_prob", 0.1) == 0.1)
+            return not (task == "mlm" and getattr(collator, "mlm", True) and standard)
         return True
 
-    def _make_engine(self, engine_args: dict) -> Any:
-        engine = _core._Trainer(self._model, engine_args, self.task, self._engine_train, self._engine_eval,
-                                self._pad_id(), self._mlm_spec())
-        engine.set_callbacks(self._dispatch)
-        # Without compute_metrics transformers reports the loss alone (and hyperparameter_search's default
-        # objective is then the loss), so the engine's built-in accuracy / F1 are left out too; language models
-        # keep their perplexity.
-        if self.compute_metrics is not None:
-            engine.set_compute_metrics(self._metrics_hook)
-        elif not self._language_model:
-            engine.set_compute_metrics(lambda predictions: {})
-        if self._uses_python_collator():
-            engine.set_collate(self._collate_hook())
-        return engine
-
     def _collate_hook(self) -> Callable[[np.ndarray, bool], dict]:
-        rows = {True: data.model_rows(self.train_dataset) if self.train_dataset is not None else None,
-                False: data.model_rows(self.eval_dataset) if self.eval_dataset is not None else None}
-        collator, pad_id = self.data_collator, self._pad_id()
+        rows, collator, pad_id = data.model_rows(self.train_dataset), self.data_collator, self._pad_id()
 
         def collate(indices: np.ndarray, training: bool) -> dict:
-            return data.pad_batch(collator(rows[training](indices)), pad_id)
+            return data.pad_batch(collator(rows(indices)), pad_id)
 
         return collate
 
-    def _engine_args(self, **overrides: Any) -> dict:
-        engine_args = self.args.engine_dict()
-        engine_args["disable_tqdm"] = True  # the bars are transformers' ProgressCallback
-        engine_args.update(overrides)
-        return engine_args
+    # ------------------------------------------------------------ training
 
-    def _get_engine(self) -> Any:
-        if self._engine is None:
-            self._engine = self._make_engine(self._engine_args(resume_from_checkpoint=None))
-        return self._engine
+    def _inner_training_loop(self, batch_size: int | None = None, args: Any = None,
+                             resume_from_checkpoint: str | None = None, trial: Any = None,
+                             ignore_keys_for_eval: list[str] | None = None) -> TrainOutput:
+        refusal = self.engine_refusal()
+        task = None
+        if refusal is None:
+            task = _task_of(type(self.model).__name__)
+            try:
+                self._engine_ready_model()
+                self._engine_dataset(self.train_dataset, task, with_labels=task != "qa")
+            except (TypeError, ValueError) as error:
+                refusal = f"the training data cannot go to the engine: {error}"
+        if refusal is not None:
+            self._fall_back(refusal)
+            return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, trial, ignore_keys_for_eval)
+        return self._engine_training_loop(args, task, resume_from_checkpoint, trial, ignore_keys_for_eval)
 
-    # ------------------------------------------------------------ metrics
+    def _engine_training_loop(self, args: Any, task: str, resume_from_checkpoint: str | None, trial: Any,
+                              ignore_keys_for_eval: list[str] | None) -> TrainOutput:
+        self.accelerator.free_memory()
+        train_dataloader = self.get_train_dataloader()  # its length sets the step counts, as in transformers
+        (num_train_epochs, num_update_steps_per_epoch, num_examples, num_train_samples, total_train_batch_size,
+         _steps_in_epoch, max_steps) = self.set_initial_training_values(args, train_dataloader)
+        epochs_trained, _ = self._init_training_state(max_steps, num_update_steps_per_epoch, num_train_epochs,
+                                                      resume_from_checkpoint, trial)
+        # transformers' optimizer and scheduler objects: what callbacks see, and the form of the checkpoints'
+        # optimizer.pt and scheduler.pt. The engine runs the update; these hold its state when a checkpoint is saved.
+        if self._created_lr_scheduler:
+            self.lr_scheduler, self._created_lr_scheduler = None, False
+        self.optimizer = None
+        self.create_optimizer()
+        self.create_scheduler(num_training_steps=max_steps, optimizer=self.optimizer)
+        for attr in ("model", "optimizer", "lr_scheduler"):
+            setattr(self.callback_handler, attr, getattr(self, attr))
+        self.callback_handler.train_dataloader = train_dataloader
+        # Registered with accelerate as transformers' loop does, so evaluation finds the model prepared.
+        self.model_wrapped = self.accelerator.prepare(self.model)
 
-    def _eval_prediction(self, predictions: dict, dataset: Any) -> EvalPrediction:
-        logits, labels = predictions["logits"], predictions.get("labels", predictions.get("float_labels"))
-        if self._token_labels:
-            logits, labels = data.scatter_token_rows(logits, dataset.lengths(), dataset.token_labels())
-        elif labels is not None and "float_labels" in predictions:
-            labels = labels.astype(np.float32)
-        return EvalPrediction(predictions=logits, label_ids=labels)
+        model = self._engine_ready_model()
+        engine = _core._Trainer(model, engine_dict(args, max_steps=max_steps), task,
+                                self._engine_dataset(self.train_dataset, task, with_labels=task != "qa"), None,
+                                self._pad_id(), self._mlm_spec(task))
+        engine.set_delegated(True)
+        if self._python_collator(task):
+            engine.set_collate(self._collate_hook())
+        self._scheduler_steps = 0
+        if resume_from_checkpoint is not None:
+            self._resume_engine(engine, resume_from_checkpoint)
 
-    def _metrics_hook(self, predictions: dict) -> dict:
-        dataset = self._metrics_dataset
-        result = self.compute_metrics(self._eval_prediction(predictions, dataset))
-        if not isinstance(result, dict):
-            raise TypeError(f"compute_metrics must return a dict of numbers; it returned a {type(result).__name__}")
-        return result
+        logger.info("***** Running training *****")
+        logger.info(f"  Num examples = {num_examples:,}")
+        logger.info(f"  Num Epochs = {num_train_epochs:,}")
+        logger.info(f"  Num update steps per epoch = {num_update_steps_per_epoch:,}")
+        logger.info(f"  Instantaneous batch size per device = {args.per_device_train_batch_size:,}")
+        logger.info(f"  Total train batch size (w. parallel, distributed & accumulation) = {total_train_batch_size:,}")
+        logger.info(f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}")
+        logger.info(f"  Total optimization steps = {max_steps:,}")
+        logger.info(f"  Number of trainable parameters = {get_model_param_count(self.model, trainable_only=True):,}")
+        if resume_from_checkpoint is not None:
+            logger.info(f"  Resuming training from checkpoint with epoch {epochs_trained} and global step "
+                        f"{self.state.global_step}")
 
-    # ------------------------------------------------------------ API
+        start_time = time.time()
+        self._initial_num_input_tokens_seen = self.state.num_input_tokens_seen
+        self._initial_global_step = self.state.global_step
+        self._tr_loss = torch.tensor(0.0)
+        self._total_loss_scalar = 0.0
+        self._globalstep_last_logged = self.state.global_step
+        self._flos_per_token = (6 * self.model.num_parameters(exclude_embeddings=True)
+                                if hasattr(self.model, "num_parameters") else 0)
+        self._last_learning_rate = None
+        self._loss_sums_micro_batches = (bool(self.model_accepts_loss_kwargs) and task != "qa"  # batches with labels
+                                         and not _loss_divides_by_item_count(self.model))
+        self._last_grad_norm = None
+        self._step_context = (trial, ignore_keys_for_eval, start_time)
+        engine.set_callbacks(self._engine_event)
+        self._engine = engine
+        try:
+            engine.train()
+            write_back(model, self.model)
+        finally:
+            self._engine = None
+        return self._finalize_training(trial, num_train_samples, start_time)
 
-    def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None, **kwargs: Any) -> TrainOutput:
-        """Trains the model; with resume_from_checkpoint (a checkpoint directory, or True for the last one in
-        output_dir) continues that run exactly. Returns transformers' TrainOutput."""
-        if kwargs:
-            raise ValueError(f"train() got unexpected arguments: {', '.join(sorted(kwargs))}")
-        if self._engine_train is None:
-            raise ValueError("train() needs a train_dataset")
-        if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
-                raise ValueError(f"resume_from_checkpoint=True but {self.args.output_dir} holds no checkpoint")
-        elif resume_from_checkpoint is False:
-            resume_from_checkpoint = None
-        if resume_from_checkpoint is None:
-            resume_from_checkpoint = self.args.resume_from_checkpoint
-        self.state = TrainerState(
-            logging_steps=int(self.args.logging_steps), save_steps=int(self.args.save_steps),
-            train_batch_size=self.args.per_device_train_batch_size, num_train_epochs=self.args.num_train_epochs,
-            is_hyper_param_search=trial is not None,
-        )
-        self.control = TrainerControl()
-        self._engine = self._make_engine(
-            self._engine_args(resume_from_checkpoint=os.fspath(resume_from_checkpoint) if resume_from_checkpoint
-                              else None))
-        self._metrics_dataset = self._engine_eval
-        metrics = self._engine.train()  # on_train_end wrote the weights back into a transformers model
-        self._sync_state()
-        return TrainOutput(self.state.global_step, metrics.get("train_loss", 0.0), metrics)
+    def _engine_event(self, event: str, state: dict, control: dict, payload: Any) -> dict:
+        """The engine loop's callback: transformers' callbacks, logging, evaluation and checkpoints at each point.
+        Returns the stop flags the engine honours."""
+        args, s = self.args, self.state
+        trial, ignore_keys_for_eval, start_time = self._step_context
+        s.global_step, s.epoch = state["global_step"], state["epoch"]
+        handler = self.callback_handler
+        if event == "on_train_begin":
+            self.control = handler.on_train_begin(args, s, self.control)
+            if args.eval_on_start:
+                self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
+        elif event == "on_epoch_begin":
+            self.control = handler.on_epoch_begin(args, s, self.control)
+        elif event == "on_step_begin":
+            self.control = handler.on_step_begin(args, s, self.control)
+        elif event == "on_step_end":
+            step = state["last_step"]
+            loss = step["loss"]
+            if self._loss_sums_micro_batches:
+                # transformers does not divide by the accumulation steps a loss to which it passed num_items_in_batch;
+                # a model whose loss ignores that count (a mean per micro-batch) thus reports the sum of its
+                # micro-batches' losses. The same number is reported here (the update is the mean's, in both).
+                loss *= step["micro_batches"]
+            if args.logging_nan_inf_filter and not math.isfinite(loss):
+                self._tr_loss += self._tr_loss / (1 + s.global_step - 1 - self._globalstep_last_logged)
+            else:
+                self._tr_loss += loss
+            self.current_flos += float(self._flos_per_token * step["tokens"])
+            if args.include_num_input_tokens_seen not in (False, "no", None):
+                s.num_input_tokens_seen += step["tokens"]
+            self._last_learning_rate, self._last_grad_norm = step["learning_rate"], step["grad_norm"]
+            self.control = handler.on_step_end(args, s, self.control)
+            self._maybe_log_save_evaluate(self._tr_loss, self._last_grad_norm, self.model, trial, int(s.epoch),
+                                          ignore_keys_for_eval, start_time, learning_rate=self._last_learning_rate)
+        elif event == "on_epoch_end":
+            self.control = handler.on_epoch_end(args, s, self.control)
+            self._maybe_log_save_evaluate(self._tr_loss, self._last_grad_norm, self.model, trial, int(s.epoch),
+                                          ignore_keys_for_eval, start_time, learning_rate=self._last_learning_rate)
+        elif event == "on_log":  # a step the non-finite guard skipped
+            self.log({k: v for k, v in payload.items() if k != "step"})
+        return {"should_training_stop": self.control.should_training_stop,
+                "should_epoch_stop": self.control.should_epoch_stop}
 
-    def _apply_state(self, state: dict) -> TrainerState:
-        """Copies the engine's state (a dict; log_history when it carries one) into self.state."""
-        s = self.state
-        s.global_step, s.epoch, s.max_steps = state["global_step"], state["epoch"], state["max_steps"]
-        s.best_metric, s.best_model_checkpoint = state["best_metric"], state["best_model_checkpoint"]
-        if "log_history" in state:
-            s.log_history = state["log_history"]
-        return s
-
-    def _sync_state(self) -> None:
-        self._apply_state(self._engine.state)
-
-    def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
-                 metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Loss and metrics on eval_dataset (default: the Trainer's), keys prefixed `metric_key_prefix`_."""
-        dataset = self._engine_eval if eval_dataset is None else self._convert(
-            data.tokenize_if_needed(eval_dataset, self.processing_class, "eval_dataset"), "eval_dataset")
-        if dataset is None:
-            raise ValueError("evaluate() needs an eval_dataset")
-        if eval_dataset is not None and self._uses_python_collator():
-            raise ValueError("evaluate(eval_dataset=...) with a custom data_collator: pass the dataset to the Trainer")
-        engine = self._get_engine()
-        self._metrics_dataset = dataset
-        metrics = engine.evaluate(dataset)
-        self._sync_state()
-        if self.state.epoch:
-            metrics["epoch"] = self.state.epoch
-        if metric_key_prefix != "eval":
-            metrics = {f"{metric_key_prefix}_{k[5:]}" if k.startswith("eval_") else k: v for k, v in metrics.items()}
-        return metrics
-
-    def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None,
-                metric_key_prefix: str = "test") -> PredictionOutput:
-        """Predictions (logits), label ids (when the dataset has labels) and metrics over test_dataset."""
-        dataset = self._convert(data.tokenize_if_needed(test_dataset, self.processing_class, "test_dataset"),
-                                "test_dataset")
-        engine = self._get_engine()
-        self._metrics_dataset = dataset
-        started = time.perf_counter()
-        out = engine.predict(dataset)
-        runtime = time.perf_counter() - started
-        if self._language_model:
-            raise ValueError("predict() returns logits for classification models; for language models use "
-                             "evaluate() (loss and perplexity)")
-        prediction = self._eval_prediction(out, dataset)
-        metrics = {f"{metric_key_prefix}_{k}": v for k, v in out["metrics"].items()}
-        metrics[f"{metric_key_prefix}_runtime"] = runtime
-        metrics[f"{metric_key_prefix}_samples_per_second"] = len(dataset) / max(runtime, 1e-9)
-        return PredictionOutput(predictions=prediction.predictions, label_ids=prediction.label_ids, metrics=metrics)
+    # ------------------------------------------------------------ checkpoints
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Writes the model (config.json + model.safetensors) and the tokenizer to output_dir (default: args')."""
-        output_dir = os.fspath(output_dir or self.args.output_dir)
-        os.makedirs(output_dir, exist_ok=True)
-        if self._hf_model is not None:
-            write_back(self._model, self._hf_model)
-            self._hf_model.save_pretrained(output_dir)
+        """transformers' save_model, with the engine's current weights (during training) written back first."""
+        if self._engine is not None:
+            write_back(self._engine_model, self.model)
+        super().save_model(output_dir, _internal_call)
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        if self._engine is None:
+            return super()._save_optimizer_and_scheduler(output_dir)
+        engine = self._engine
+        optimizer_state = engine.optimizer_state()
+        step = torch.tensor(float(optimizer_state["step"]))
+        for name, param in self.model.named_parameters():
+            if name in optimizer_state["exp_avg"]:
+                self.optimizer.state[param] = {
+                    "step": step.clone(),
+                    "exp_avg": torch.from_numpy(optimizer_state["exp_avg"][name]),
+                    "exp_avg_sq": torch.from_numpy(optimizer_state["exp_avg_sq"][name]),
+                }
+        applied = self.state.global_step - engine.nonfinite_skipped_steps - (
+            int(engine.scaler_state["skipped_steps"]) if self.args.fp16 else 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()": the engine stepped
+            while self._scheduler_steps < applied:
+                self.lr_scheduler.step()
+                self._scheduler_steps += 1
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.args.should_save:
+            engine_state = {"dropout_step": engine.dropout_step, "global_step": self.state.global_step}
+            if self.args.fp16:
+                engine_state["loss_scaler"] = engine.scaler_state
+            with open(os.path.join(output_dir, _ENGINE_STATE_FILE), "w") as f:
+                json.dump(engine_state, f, indent=2)
+
+    def _resume_engine(self, engine: Any, checkpoint: str) -> None:
+        """Loads a checkpoint's optimizer state (transformers' optimizer.pt / scheduler.pt, from either Trainer) into
+        the engine and starts it at the checkpoint's step."""
+        self._load_optimizer_and_scheduler(checkpoint)
+        self._load_rng_state(checkpoint)
+        step = self.state.global_step
+        exp_avg, exp_avg_sq, updates = {}, {}, 0
+        for name, param in self.model.named_parameters():
+            moments = self.optimizer.state.get(param)
+            if moments:
+                exp_avg[name], exp_avg_sq[name] = _numpy(moments["exp_avg"]), _numpy(moments["exp_avg_sq"])
+                updates = int(_numpy(moments["step"]))
+        names = self._engine_model.state_dict_names()
+        if exp_avg:
+            missing = [n for n in names if n not in exp_avg]
+            if missing:
+                raise ValueError(f"{checkpoint}: optimizer.pt has no state for {', '.join(missing[:5])}")
         else:
-            self._model.save_pretrained(output_dir)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(output_dir)
+            logger.warning(f"{checkpoint} has no optimizer state (optimizer.pt); AdamW's moments start from zero")
+            shapes = {n: p.shape for n, p in self.model.named_parameters()}
+            exp_avg = {n: np.zeros(shapes[n], np.float32) for n in names}
+            exp_avg_sq = {n: np.zeros(shapes[n], np.float32) for n in names}
+        engine.set_optimizer_state(min(updates, step), exp_avg, exp_avg_sq)
+        extra_path = os.path.join(checkpoint, _ENGINE_STATE_FILE)
+        extra = json.load(open(extra_path)) if os.path.isfile(extra_path) else {}
+        scaler_skipped = 0
+        if self.args.fp16 and "loss_scaler" in extra:
+            engine.scaler_state = extra["loss_scaler"]
+            scaler_skipped = int(extra["loss_scaler"].get("skipped_steps", 0))
+        self._scheduler_steps = int(self.lr_scheduler.last_epoch)
+        lag = max(step - self._scheduler_steps - scaler_skipped, 0)
+        dropout_step = int(extra.get("dropout_step", step * self.args.gradient_accumulation_steps))
+        engine.start_at(step, dropout_step, lag)
 
-    def is_world_process_zero(self) -> bool:
-        """True: fusetrain.Trainer runs in one process."""
-        return True
+    # ------------------------------------------------------------ evaluation and prediction
 
-    def is_local_process_zero(self) -> bool:
-        """True: fusetrain.Trainer runs in one process."""
-        return True
-
-    def log_metrics(self, split: str, metrics: dict[str, float]) -> None:
-        """Prints metrics as transformers' Trainer.log_metrics does."""
-        print(f"***** {split} metrics *****")
-        width = max((len(k) for k in metrics), default=0)
-        for key in sorted(metrics):
-            print(f"  {key: <{width}} = {metrics[key]:>.4g}" if isinstance(metrics[key], float)
-                  else f"  {key: <{width}} = {metrics[key]}")
-
-    def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
-        """Writes output_dir/<split>_results.json and, with combined, merges the metrics into all_results.json."""
-        os.makedirs(self.args.output_dir, exist_ok=True)
-        with open(os.path.join(self.args.output_dir, f"{split}_results.json"), "w") as f:
-            json.dump(metrics, f, indent=4, sort_keys=True)
-        if combined:
-            path = os.path.join(self.args.output_dir, "all_results.json")
-            merged = json.load(open(path)) if os.path.exists(path) else {}
-            merged.update(metrics)
-            with open(path, "w") as f:
-                json.dump(merged, f, indent=4, sort_keys=True)
-
-    def save_state(self) -> None:
-        """Writes output_dir/trainer_state.json (transformers' TrainerState)."""
-        os.makedirs(self.args.output_dir, exist_ok=True)
-        self.state.save_to_json(os.path.join(self.args.output_dir, "trainer_state.json"))
-
-    def hyperparameter_search(
-        self,
-        hp_space: Callable[[Any], dict[str, Any]] | None = None,
-        compute_objective: Callable[[dict[str, float]], float] | None = None,
-        n_trials: int = 20,
-        direction: str | list[str] = "minimize",
-        backend: str | None = None,
-        hp_name: Callable[[Any], str] | None = None,
-        **kwargs: Any,
-    ) -> BestRun:
-        """Searches hyperparameters with optuna: each trial builds a fresh model with model_init, trains with the
-        TrainingArguments fields hp_space(trial) returns, evaluates, and scores compute_objective(metrics)
-        (default: eval_loss, or the sum of the other metrics). Returns transformers' BestRun."""
-        if backend not in (None, "optuna"):
-            raise ValueError(f"fusetrain.Trainer.hyperparameter_search supports backend='optuna'; got {backend!r}")
-        if self.model_init is None:
-            raise ValueError("hyperparameter_search needs the Trainer to be given model_init (a fresh model per trial)")
-        if self._engine_eval is None:
-            raise ValueError("hyperparameter_search needs an eval_dataset")
-        import optuna
-
-        hp_space = hp_space or default_hp_space_optuna
-        compute_objective = compute_objective or default_compute_objective
-        fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-
-        def objective(trial: Any) -> float:
-            params = hp_space(trial)
-            unknown = sorted(set(params) - fields)
-            if unknown:
-                raise ValueError(f"hp_space returned fields TrainingArguments does not have: {', '.join(unknown)}")
-            run_name = hp_name(trial) if hp_name else f"run-{trial.number}"
-            args = dataclasses.replace(self.args, output_dir=os.path.join(self.args.output_dir, run_name), **params)
-            trainer = Trainer(
-                model=self._call_model_init(trial), args=args, data_collator=self.data_collator,
-                train_dataset=self.train_dataset, eval_dataset=self.eval_dataset,
-                processing_class=self.processing_class, compute_metrics=self.compute_metrics,
-                callbacks=[cb for cb in self.callbacks if not isinstance(cb, (ProgressCallback, PrinterCallback))],
-            )
-            trainer.train(trial=trial)
-            metrics = trainer.evaluate()
-            trial.set_user_attr("metrics", metrics)
-            return compute_objective(metrics)
-
-        study_args = {k: kwargs.pop(k) for k in ("sampler", "pruner", "study_name", "storage") if k in kwargs}
-        if isinstance(direction, list):
-            study = optuna.create_study(directions=direction, **study_args)
-        else:
-            study = optuna.create_study(direction=direction, **study_args)
-        study.optimize(objective, n_trials=n_trials, **kwargs)
-        if isinstance(direction, list):
-            return [BestRun(str(t.number), t.values, t.params, t.user_attrs.get("metrics")) for t in study.best_trials]
-        best = study.best_trial
-        return BestRun(str(best.number), best.value, best.params, best.user_attrs.get("metrics"))
-
-    def _call_model_init(self, trial: Any) -> Any:
-        parameters = inspect.signature(self.model_init).parameters
-        model = self.model_init(trial) if len(parameters) >= 1 else self.model_init()
-        if model is None:
-            raise ValueError("model_init returned None")
-        return model
+    def prediction_step(self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool,
+                        ignore_keys: list[str] | None = None) -> tuple[Any, Any, Any]:
+        """transformers' prediction_step with the forward run by the engine (transformers' when the engine cannot
+        build the model)."""
+        if self._engine is None and self.engine_refusal() is not None:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        engine = self._engine_model if self._engine is not None else self._engine_ready_model()
+        has_labels = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
+        batch = {k: _numpy(inputs[k]) for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+                 if inputs.get(k) is not None}
+        if has_labels:
+            batch.update({k: _numpy(inputs[k]) for k in self.label_names})
+        out = engine.eval().forward(**batch)  # eval(): no dropout (the engine's training loop is unaffected)
+        loss = torch.tensor(out["loss"]) if has_labels and "loss" in out else None
+        if prediction_loss_only:
+            return loss, None, None
+        if ignore_keys is None:
+            ignore_keys = list(getattr(self.model.config, "keys_to_ignore_at_inference", []))
+        logits = tuple(torch.from_numpy(v) for k, v in out.items() if k != "loss" and k not in ignore_keys)
+        if len(logits) == 1:
+            logits = logits[0]
+        labels = None
+        if has_labels:
+            labels = tuple(inputs.get(name).detach() for name in self.label_names)
+            if len(labels) == 1:
+                labels = labels[0]
+        return loss, logits, labels

@@ -149,6 +149,10 @@ py::dict state_to_python(const train::TrainerState& s, bool with_history) {
   out["best_model_checkpoint"] =
       s.best_model_checkpoint ? py::object(py::str(*s.best_model_checkpoint)) : py::none();
   if (with_history) out["log_history"] = to_python(s.log_history);
+  const train::StepReport& r = s.last_step;
+  out["last_step"] = py::dict("loss"_a = r.loss, "grad_norm"_a = r.grad_norm, "learning_rate"_a = r.learning_rate,
+                              "tokens"_a = r.tokens, "samples"_a = r.samples, "micro_batches"_a = r.micro_batches,
+                              "skipped"_a = r.skipped);
   return out;
 }
 
@@ -373,6 +377,89 @@ The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.T
       .def_property_readonly(
           "state", [](const PyTrainer& self) { return state_to_python(self.trainer->state(), true); },
           "The engine's TrainerState as a dict.")
+      .def(
+          "set_delegated", [](PyTrainer& self, bool delegated) { self.trainer->set_delegated(delegated); },
+          "delegated"_a,
+          "Leaves logging, evaluation, checkpoints and final metrics to the callbacks (fusetrain.Trainer's mode).")
+      .def(
+          "start_at",
+          [](PyTrainer& self, int64_t global_step, int64_t dropout_step, int64_t nonfinite_skipped_steps) {
+            self.trainer->start_at(global_step, dropout_step, nonfinite_skipped_steps);
+          },
+          "global_step"_a, "dropout_step"_a = 0, "nonfinite_skipped_steps"_a = 0,
+          "The next train() continues a run at global_step (weights and optimizer state loaded by the caller).")
+      .def(
+          "optimizer_state",
+          [](PyTrainer& self) {
+            const runtime::ParameterStore& params = self.model.model->params();
+            const auto n = static_cast<size_t>(params.flat_numel());
+            std::vector<float> m(n), v(n);
+            const int64_t step = locked(self.model, [&] {
+              optim::AdamW& opt = self.trainer->optimizer();
+              std::copy_n(opt.exp_avg(), n, m.data());
+              std::copy_n(opt.exp_avg_sq(), n, v.data());
+              return opt.step_count();
+            });
+            py::dict exp_avg, exp_avg_sq;
+            for (const runtime::ParamSlot& slot : params.slots()) {
+              auto copy = [&](const std::vector<float>& flat) {
+                py::array_t<float> a(slot.shape.dims());
+                std::copy_n(flat.data() + slot.offset, slot.numel, a.mutable_data());
+                return a;
+              };
+              exp_avg[py::str(slot.name)] = copy(m);
+              exp_avg_sq[py::str(slot.name)] = copy(v);
+            }
+            return py::dict("step"_a = step, "exp_avg"_a = exp_avg, "exp_avg_sq"_a = exp_avg_sq);
+          },
+          "AdamW's state: {'step': updates, 'exp_avg': {name: array}, 'exp_avg_sq': {name: array}} (copies).")
+      .def(
+          "set_optimizer_state",
+          [](PyTrainer& self, int64_t step, py::dict exp_avg, py::dict exp_avg_sq) {
+            const runtime::ParameterStore& params = self.model.model->params();
+            FT_CHECK(step >= 0, "optimizer state: the update count is ", step, ", expected >= 0");
+            std::vector<std::pair<py::array_t<float, py::array::c_style | py::array::forcecast>,
+                                  py::array_t<float, py::array::c_style | py::array::forcecast>>>
+                moments;
+            for (const runtime::ParamSlot& slot : params.slots()) {
+              const py::str name(slot.name);
+              FT_CHECK(exp_avg.contains(name) && exp_avg_sq.contains(name), "optimizer state: no moments for \"",
+                       slot.name, "\"");
+              auto m = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(exp_avg[name]);
+              auto v = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(exp_avg_sq[name]);
+              FT_CHECK(m && v && m.size() == slot.numel && v.size() == slot.numel, "optimizer state: \"", slot.name,
+                       "\" needs ", slot.numel, " values per moment; found ", m ? m.size() : 0, " and ",
+                       v ? v.size() : 0);
+              for (const auto* a : {&m, &v}) {
+                const int64_t bad = find_nonfinite(a->data(), DType::f32, slot.numel);
+                FT_CHECK(bad < 0, "optimizer state: \"", slot.name, "\" holds a non-finite moment at element ", bad,
+                         "; the optimizer state of a diverged run cannot be resumed");
+              }
+              moments.emplace_back(std::move(m), std::move(v));
+            }
+            locked(self.model, [&] {
+              optim::AdamW& opt = self.trainer->optimizer();
+              for (size_t i = 0; i < params.slots().size(); ++i) {
+                const runtime::ParamSlot& slot = params.slots()[i];
+                std::copy_n(moments[i].first.data(), slot.numel, opt.exp_avg() + slot.offset);
+                std::copy_n(moments[i].second.data(), slot.numel, opt.exp_avg_sq() + slot.offset);
+              }
+              opt.set_step_count(step);
+            });
+          },
+          "step"_a, "exp_avg"_a, "exp_avg_sq"_a, "Loads optimizer_state()'s form (every parameter, by name).")
+      .def_property(
+          "scaler_state", [](PyTrainer& self) { return to_python(self.trainer->loss_scaler().to_json()); },
+          [](PyTrainer& self, py::dict state) {
+            self.trainer->loss_scaler().load_json(to_json(state, "scaler_state"), "scaler_state");
+          },
+          "The fp16 loss scaler's state (scale, growth_tracker, skipped_steps).")
+      .def_property_readonly(
+          "nonfinite_skipped_steps", [](PyTrainer& self) { return self.trainer->nonfinite_skipped_steps(); },
+          "Steps the non-finite guard skipped (the schedule waits over them).")
+      .def_property_readonly(
+          "dropout_step", [](PyTrainer& self) { return self.model.model->rng_step(); },
+          "The dropout stream's position (restored by start_at).")
       .def_property_readonly(
           "loss_scale", [](const PyTrainer& self) { return self.trainer->loss_scaler().scale(); },
           "The fp16 loss scale.");

@@ -34,9 +34,6 @@ Trainer::Trainer(models::Model& model, TrainingArguments args, Head task, const 
   args_.validate();
   FT_CHECK(*models::head_info(task).task, "a model without a head (", model.architecture(), ") has nothing to train");
   FT_CHECK(!(task == Head::MaskedLM && !ids_.mlm), "masked-LM training needs a tokenizer with a mask token");
-  for (const data::TokenizedDataset* d : {train_dataset, eval_dataset})
-    FT_CHECK(!(task == Head::QuestionAnswering && d && !dynamic_cast<const data::QuestionAnsweringDataset*>(d)),
-             "question answering needs QuestionAnsweringDataset datasets");
   FT_CHECK(!(args_.eval_strategy != "no" && eval_ == nullptr), "eval_strategy is \"", args_.eval_strategy,
            "\" but there is no evaluation dataset");
   if (fs::exists(args_.output_dir))
@@ -81,6 +78,10 @@ models::Batch Trainer::view_of(const data::Batch& b) const {
 
 void Trainer::log(nlohmann::json entry) {
   entry["step"] = state_.global_step;
+  if (delegated_) {  // the callbacks keep the history and write the logs
+    for (const auto& c : callbacks_) c->on_log(state_, control_, entry);
+    return;
+  }
   state_.log_history.push_back(entry);
   if (log_sink_) log_sink_(entry);
   fs::create_directories(args_.output_dir);
@@ -103,8 +104,27 @@ data::CollateFn Trainer::collate_for(const data::TokenizedDataset& dataset, uint
 
 const LossScaler& Trainer::loss_scaler() const { return impl_->scaler; }
 
+LossScaler& Trainer::loss_scaler() { return impl_->scaler; }
+
+optim::AdamW& Trainer::optimizer() { return *impl_->optimizer; }
+
+int64_t Trainer::nonfinite_skipped_steps() const { return impl_->nonfinite_skipped_steps; }
+
+void Trainer::start_at(int64_t global_step, int64_t dropout_step, int64_t nonfinite_skipped_steps) {
+  FT_CHECK(global_step >= 0 && dropout_step >= 0 && nonfinite_skipped_steps >= 0 &&
+               nonfinite_skipped_steps <= global_step,
+           "start_at: expected 0 <= nonfinite_skipped_steps (", nonfinite_skipped_steps, ") <= global_step (",
+           global_step, ") and dropout_step >= 0 (", dropout_step, ")");
+  start_step_ = global_step;
+  impl_->resume_dropout_step = dropout_step;
+  impl_->resume_nonfinite_skipped = nonfinite_skipped_steps;
+}
+
 std::map<std::string, double> Trainer::train() {
   FT_CHECK(train_ != nullptr && train_->size() > 0, "train() needs a non-empty training dataset");
+  FT_CHECK(task_ != Head::QuestionAnswering || collate_ || dynamic_cast<const data::QuestionAnsweringDataset*>(train_),
+           "question answering trains on a QuestionAnsweringDataset, or with a collator that gives start and end "
+           "positions");
   const TrainingArguments& a = args_;
   const int64_t accum = a.gradient_accumulation_steps;
   data::LoaderOptions loader_options;
@@ -116,7 +136,9 @@ std::map<std::string, double> Trainer::train() {
   impl_->batches_per_epoch = loader.batches_per_epoch();
   FT_CHECK(impl_->batches_per_epoch > 0, "the training dataset (", train_->size(), " examples) gives no batch of ",
            a.per_device_train_batch_size, " with dataloader_drop_last");
-  impl_->updates_per_epoch = std::max<int64_t>(impl_->batches_per_epoch / accum, 1);
+  // The last micro-batches of an epoch make a step of their own when the epoch does not divide by accum, as in
+  // transformers.
+  impl_->updates_per_epoch = std::max<int64_t>((impl_->batches_per_epoch + accum - 1) / accum, 1);
   state_ = TrainerState{};
   state_.max_steps =
       a.max_steps > 0
@@ -127,6 +149,15 @@ std::map<std::string, double> Trainer::train() {
   impl_->last_checkpoint.clear();
   remove_unfinished_saves(args_.output_dir);
   if (a.resume_from_checkpoint) load_checkpoint(*a.resume_from_checkpoint);
+  if (start_step_) {
+    FT_CHECK(*start_step_ <= state_.max_steps, "the run resumes at step ", *start_step_, " but ends at step ",
+             state_.max_steps);
+    state_.global_step = *start_step_;
+    state_.epoch = static_cast<double>(*start_step_) / static_cast<double>(impl_->updates_per_epoch);
+    model_.set_rng_step(static_cast<uint64_t>(impl_->resume_dropout_step));
+    impl_->nonfinite_skipped_steps = impl_->resume_nonfinite_skipped;
+    start_step_.reset();
+  }
   model_.params().zero_grads();
 
   const int64_t start_epoch = state_.global_step / impl_->updates_per_epoch;
@@ -138,7 +169,8 @@ std::map<std::string, double> Trainer::train() {
   auto started = std::chrono::steady_clock::now();
   double loss_since_log = 0, total_loss = 0, step_loss = 0, nonfinite_loss = 0;
   int64_t steps_since_log = 0, steps_this_run = 0, steps_in_loss = 0, samples_this_run = 0;
-  double last_norm = 0;
+  double last_norm = 0, step_lr = 0;
+  int64_t step_tokens = 0, step_samples = 0;
   auto lr_at = [&](int64_t step) {
     return a.learning_rate * lr_lambda(impl_->schedule, step, impl_->warmup, state_.max_steps, a.learning_rate);
   };
@@ -187,12 +219,16 @@ std::map<std::string, double> Trainer::train() {
   // Logs, evaluates and saves as control_ asks (the arguments' schedule as callbacks left it), then clears the
   // requests: transformers' _maybe_log_save_evaluate.
   auto log_evaluate_save = [&] {
+    if (delegated_) {
+      control_.should_log = control_.should_evaluate = control_.should_save = false;
+      return;
+    }
     if (control_.should_log && steps_since_log > 0) {
       double mean = loss_since_log / static_cast<double>(steps_since_log);
       total_loss += loss_since_log;
       loss_since_log = 0;
       steps_since_log = 0;
-      log({{"loss", mean}, {"grad_norm", last_norm}, {"learning_rate", current_lr()}, {"epoch", state_.epoch}});
+      log({{"loss", mean}, {"grad_norm", last_norm}, {"learning_rate", step_lr}, {"epoch", state_.epoch}});
     }
     bool improved = false;
     if (control_.should_evaluate && eval_ != nullptr) improved = evaluate_and_track();
@@ -220,24 +256,30 @@ std::map<std::string, double> Trainer::train() {
       if (a.fp16) model_.set_loss_scale(impl_->scaler.scale());
       double loss = model_.accumulate_grads(view_of(*batch), /*training=*/true);
       if (!std::isfinite(loss) && std::isfinite(step_loss)) nonfinite_loss = loss;
-      step_loss += loss / static_cast<double>(accum);
+      step_loss += loss;
       samples_this_run += batch->batch_size;
+      step_samples += batch->batch_size;
+      step_tokens += batch->batch_size * batch->seq_len;
       ++micro;
       const bool last_in_epoch = micro == impl_->batches_per_epoch;
       if (micro % accum != 0 && !last_in_epoch) continue;
+      // The step's loss and gradients are means over its micro-batches (fewer than accum at an epoch's end).
+      const int64_t in_step = micro % accum == 0 ? accum : micro % accum;
+      step_loss /= static_cast<double>(in_step);
 
       std::string skipped;
+      step_lr = current_lr();  // logged with the step, as transformers logs the rate its optimizer step used
       auto nonfinite_name = [](double v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; };
       if (!std::isfinite(step_loss)) {
         skipped = str("the loss is ", nonfinite_name(nonfinite_loss));
       } else if (a.fp16) {  // unscale in the fused pass; an overflowed step changes nothing but the scale
         const double norm = impl_->optimizer->clip_and_step_if_finite(
-            a.max_grad_norm, current_lr(), 1.0 / (static_cast<double>(accum) * impl_->scaler.scale()));
+            a.max_grad_norm, current_lr(), 1.0 / (static_cast<double>(in_step) * impl_->scaler.scale()));
         impl_->scaler.update(!std::isfinite(norm));
         last_norm = norm;
       } else {
         const double norm =
-            impl_->optimizer->clip_and_step_if_finite(a.max_grad_norm, current_lr(), 1.0 / static_cast<double>(accum));
+            impl_->optimizer->clip_and_step_if_finite(a.max_grad_norm, current_lr(), 1.0 / static_cast<double>(in_step));
         if (std::isfinite(norm))
           last_norm = norm;
         else
@@ -248,6 +290,14 @@ std::map<std::string, double> Trainer::train() {
       ++steps_this_run;
       state_.epoch =
           static_cast<double>(epoch) + static_cast<double>(micro) / static_cast<double>(impl_->batches_per_epoch);
+      state_.last_step = StepReport{step_loss,
+                                    last_norm,
+                                    step_lr,
+                                    step_tokens,
+                                    step_samples,
+                                    in_step,
+                                    !skipped.empty() || (a.fp16 && !std::isfinite(last_norm))};
+      step_tokens = step_samples = 0;
       if (!skipped.empty()) {
         skip_nonfinite_step(skipped);
       } else {
@@ -283,9 +333,11 @@ std::map<std::string, double> Trainer::train() {
       {"train_steps_per_second", static_cast<double>(steps_this_run) / std::max(runtime, 1e-9)},
       {"train_loss", steps_in_loss ? total_loss / static_cast<double>(steps_in_loss) : 0.0},
       {"epoch", state_.epoch}};
-  nlohmann::json entry = nlohmann::json::object();
-  for (const auto& [k, v] : metrics) entry[k] = v;
-  log(entry);
+  if (!delegated_) {
+    nlohmann::json entry = nlohmann::json::object();
+    for (const auto& [k, v] : metrics) entry[k] = v;
+    log(entry);
+  }
   for (const auto& c : callbacks_) c->on_train_end(state_, control_);
   return metrics;
 }

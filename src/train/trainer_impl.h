@@ -23,6 +23,9 @@ struct Trainer::Impl {
   int64_t nonfinite_skipped_steps = 0;
   /// The newest checkpoint this run saved or resumed from ("" when none): the one a stopped run points to.
   std::string last_checkpoint;
+  /// Trainer::start_at's dropout stream position and skipped-step count, applied by the next train().
+  int64_t resume_dropout_step = 0;
+  int64_t resume_nonfinite_skipped = 0;
 };
 
 }  // namespace fusetrain::train

@@ -16,10 +16,22 @@
 #include "fusetrain/data/dataset.h"
 #include "fusetrain/data/loader.h"
 #include "fusetrain/models/model.h"
+#include "fusetrain/optim/optimizer.h"
 #include "fusetrain/train/loss_scaler.h"
 #include "fusetrain/train/training_args.h"
 
 namespace fusetrain::train {
+
+/// The optimizer step just taken, for callbacks (not saved).
+struct StepReport {
+  double loss = 0;           ///< mean of the step's micro-batch losses; not finite for a skipped step
+  double grad_norm = 0;      ///< the gradient norm before clipping (the last applied step's, for a skipped one)
+  double learning_rate = 0;  ///< the learning rate the step applied (transformers logs this one)
+  int64_t tokens = 0;        ///< input positions of the step's micro-batches, padding included
+  int64_t samples = 0;       ///< examples of the step's micro-batches
+  int64_t micro_batches = 0;  ///< micro-batches the step accumulated (fewer than accum at an epoch's end)
+  bool skipped = false;      ///< not applied: a non-finite loss or gradient norm, or an fp16 overflow
+};
 
 /// Progress of a run, saved as trainer_state.json in transformers' layout.
 struct TrainerState {
@@ -29,6 +41,7 @@ struct TrainerState {
   std::optional<double> best_metric;
   std::optional<std::string> best_model_checkpoint;
   nlohmann::json log_history = nlohmann::json::array();
+  StepReport last_step;  ///< the step on_step_end reports
   nlohmann::json to_json(const TrainingArguments& args) const;
   /// Reads trainer_state.json (`file` names it in errors): every field type- and range-checked (global_step and
   /// max_steps >= 0, epoch finite and >= 0, ...); a wrong one is an Error naming the file and the field.
@@ -116,6 +129,7 @@ class Trainer {
   const TrainerState& state() const { return state_; }
   /// The fp16 loss scaler (its scale and skipped steps); meaningful when args.fp16.
   const LossScaler& loss_scaler() const;
+  LossScaler& loss_scaler();
   const TrainingArguments& args() const { return args_; }
   void add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
   /// Files copied into every checkpoint (e.g. the tokenizer's), so each checkpoint
@@ -127,6 +141,18 @@ class Trainer {
   void set_collate(CollateOverride collate) { collate_ = std::move(collate); }
   /// Computes evaluation and prediction metrics with `metrics` instead of the task's built-in ones.
   void set_compute_metrics(MetricsFn metrics) { compute_metrics_ = std::move(metrics); }
+  /// Delegated mode (fusetrain.Trainer over transformers' Trainer): the loop runs the steps and the step and epoch
+  /// callbacks, and leaves logging, evaluation, checkpoints and the final metrics to the callbacks, which read
+  /// TrainerState::last_step. Nothing is written to output_dir and the arguments' strategies are not applied.
+  void set_delegated(bool delegated) { delegated_ = delegated; }
+  /// The next train() starts at `global_step` (a resumed run whose weights and optimizer state the caller loaded):
+  /// it skips the batches before it, as a resume from a checkpoint does. `dropout_step` restores the dropout stream
+  /// and `nonfinite_skipped_steps` the schedule's lag; 0 when unknown.
+  void start_at(int64_t global_step, int64_t dropout_step, int64_t nonfinite_skipped_steps);
+  /// AdamW's flat moment buffers (ParameterStore layout) and update count.
+  optim::AdamW& optimizer();
+  /// Steps the non-finite guard skipped so far (saved beside a checkpoint so the schedule resumes in place).
+  int64_t nonfinite_skipped_steps() const;
 
  private:
   struct Impl;
@@ -144,6 +170,8 @@ class Trainer {
   CollateOverride collate_;
   MetricsFn compute_metrics_;
   TrainerControl control_;
+  bool delegated_ = false;
+  std::optional<int64_t> start_step_;
 
   void log(nlohmann::json entry);
   std::string save_checkpoint();
