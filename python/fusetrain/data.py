@@ -247,6 +247,43 @@ def pad_batch(batch: Mapping[str, Any], pad_id: int, multiple: int = 8) -> dict[
     return out
 
 
+class PaddingCollator:
+    """Pads a list of examples into a batch of torch tensors: input_ids with `pad_id`, attention_mask and
+    token_type_ids with 0, per-token labels with -100 (fusetrain.Trainer's default without a tokenizer)."""
+
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, features: list[Mapping[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        longest = max(len(f["input_ids"]) for f in features)
+        fill = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1}
+        batch: dict[str, Any] = {}
+        for key in features[0]:
+            values = [np.asarray(f[key]) for f in features]
+            if values[0].dtype.kind == "f":
+                values = [v.astype(np.float32) for v in values]
+            elif values[0].dtype.kind in "iub":
+                values = [v.astype(np.int64) for v in values]
+            if values[0].ndim == 1:
+                value = fill.get(key, -100)
+                padded = np.full((len(values), longest), value, dtype=values[0].dtype)
+                for i, v in enumerate(values):
+                    padded[i, :len(v)] = v
+                batch[key] = torch.from_numpy(padded)
+            else:
+                batch[key] = torch.from_numpy(np.stack(values))
+        if "attention_mask" not in batch:
+            mask = np.zeros((len(features), longest), dtype=np.int64)
+            for i, f in enumerate(features):
+                mask[i, :len(f["input_ids"])] = 1
+            batch["attention_mask"] = torch.from_numpy(mask)
+        if "label" in batch and "labels" not in batch:
+            batch["labels"] = batch.pop("label")
+        return batch
+
+
 def scatter_token_rows(rows: np.ndarray, lengths: np.ndarray,
                        token_labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
     """Token-classification predictions back to transformers' (N, T, K) layout, padded with -100.

@@ -44,7 +44,7 @@ from fusetrain._core import Model
 from fusetrain.training_args import TrainingArguments, engine_dict, engine_refusals
 
 # transformers collators whose batches equal the engine's own up to padding.
-_PADDING_COLLATORS = ("DataCollatorWithPadding", "DataCollatorForTokenClassification", "default_data_collator",
+_PADDING_COLLATORS = ("PaddingCollator", "DataCollatorWithPadding", "DataCollatorForTokenClassification", "default_data_collator",
                       "DefaultDataCollator")
 _ENGINE_STATE_FILE = "fusetrain_state.json"
 # The Trainer methods whose override by a subclass changes a training step: the engine cannot run those.
@@ -142,16 +142,26 @@ class Trainer(transformers.Trainer):
     model object is built from it). `args` may be a fusetrain.TrainingArguments or transformers' own.
     """
 
-    def __init__(self, model: Any = None, args: transformers.TrainingArguments | None = None, *rest: Any,
-                 **kwargs: Any) -> None:
-        if "tokenizer" in kwargs:  # the name transformers 4 used
-            kwargs.setdefault("processing_class", kwargs.pop("tokenizer"))
+    def __init__(self, model: Any = None, args: transformers.TrainingArguments | None = None,
+                 data_collator: Callable | None = None, train_dataset: Any = None, eval_dataset: Any = None,
+                 processing_class: Any = None, *rest: Any, **kwargs: Any) -> None:
+        if processing_class is None:  # "tokenizer" is the name transformers 4 used
+            processing_class = kwargs.pop("tokenizer", None)
         if args is None:
             args = TrainingArguments(output_dir="trainer_output")
-        model_init = kwargs.get("model_init")
-        if model_init is not None:
-            kwargs["model_init"] = lambda *a: _transformers_model(model_init(*a))
-        super().__init__(_transformers_model(model) if model is not None else None, args, *rest, **kwargs)
+        # Text columns are tokenized when a tokenizer is given (transformers expects tokenized datasets).
+        train_dataset = data.tokenize_if_needed(train_dataset, processing_class, "train_dataset")
+        if isinstance(eval_dataset, dict):
+            eval_dataset = {k: data.tokenize_if_needed(v, processing_class, "eval_dataset")
+                            for k, v in eval_dataset.items()}
+        else:
+            eval_dataset = data.tokenize_if_needed(eval_dataset, processing_class, "eval_dataset")
+        super().__init__(_transformers_model(model) if model is not None else None, args, data_collator,
+                         train_dataset, eval_dataset, processing_class, *rest, **kwargs)
+        if data_collator is None and processing_class is None:
+            # transformers' default (default_data_collator) cannot batch examples of different lengths; this one
+            # pads them with the model's pad id.
+            self.data_collator = data.PaddingCollator(int(getattr(self.model.config, "pad_token_id", None) or 0))
         patience = getattr(args, "early_stopping_patience", 0)
         if patience:
             self.add_callback(EarlyStoppingCallback(patience, getattr(args, "early_stopping_threshold", 0.0)))
@@ -160,6 +170,24 @@ class Trainer(transformers.Trainer):
         self._engine_datasets: dict[int, Any] = {}
         self._engine: Any = None  # the engine loop of the train() running now
         self._warned_fallback = False
+        self._data_refusal: str | None = None
+        if train_dataset is not None and self.engine_refusal() is None:
+            self._prepare_engine_data()  # bad data is refused now, naming the problem
+
+    def call_model_init(self, trial: Any = None) -> Any:
+        """transformers' call_model_init; a model directory or fusetrain.Model returned becomes a transformers model."""
+        return _transformers_model(super().call_model_init(trial))
+
+    def _prepare_engine_data(self) -> None:
+        task = _task_of(type(self.model).__name__)
+        if isinstance(self.train_dataset, torch.utils.data.IterableDataset) or \
+                type(self.train_dataset).__name__ == "IterableDataset":
+            self._data_refusal = ("the engine cannot read the training data: it is streamed (an IterableDataset); "
+                                  "the engine reads map-style datasets")
+            return
+        self._data_refusal = None
+        self._engine_ready_model()
+        self._engine_dataset(self.train_dataset, task, with_labels=task != "qa")  # bad data raises, naming it
 
     # ------------------------------------------------------------ engine or transformers
 
@@ -180,6 +208,8 @@ class Trainer(transformers.Trainer):
             reasons.append(f"{type(self).__name__} overrides {', '.join(overridden)}")
         if getattr(self.model, "peft_config", None) is not None:
             reasons.append("the model is a PEFT model")
+        if self._data_refusal:
+            reasons.append(self._data_refusal)
         return "; ".join(reasons) or None
 
     def _fall_back(self, reason: str, what: str = "training") -> None:
@@ -232,8 +262,9 @@ class Trainer(transformers.Trainer):
         return {"mask_id": int(mask_id), "vocab_size": int(self._engine_model.config["vocab_size"]),
                 "special_ids": [int(i) for i in tokenizer.all_special_ids], "probability": probability}
 
-    def _python_collator(self, task: str) -> bool:
-        """Whether batches come from calling the collator (else the engine collates in C++)."""
+    def _uses_python_collator(self) -> bool:
+        """Whether training batches come from calling the collator (else the engine collates in C++)."""
+        task = _task_of(type(self.model).__name__)
         if task == "qa":
             return True  # start and end positions are the collator's
         collator = self.data_collator
@@ -262,18 +293,14 @@ class Trainer(transformers.Trainer):
                              resume_from_checkpoint: str | None = None, trial: Any = None,
                              ignore_keys_for_eval: list[str] | None = None) -> TrainOutput:
         refusal = self.engine_refusal()
-        task = None
         if refusal is None:
-            task = _task_of(type(self.model).__name__)
-            try:
-                self._engine_ready_model()
-                self._engine_dataset(self.train_dataset, task, with_labels=task != "qa")
-            except (TypeError, ValueError) as error:
-                refusal = f"the training data cannot go to the engine: {error}"
+            self._prepare_engine_data()  # the model or the data may have changed since __init__
+            refusal = self.engine_refusal()
         if refusal is not None:
             self._fall_back(refusal)
             return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, trial, ignore_keys_for_eval)
-        return self._engine_training_loop(args, task, resume_from_checkpoint, trial, ignore_keys_for_eval)
+        return self._engine_training_loop(args, _task_of(type(self.model).__name__), resume_from_checkpoint, trial,
+                                          ignore_keys_for_eval)
 
     def _engine_training_loop(self, args: Any, task: str, resume_from_checkpoint: str | None, trial: Any,
                               ignore_keys_for_eval: list[str] | None) -> TrainOutput:
@@ -301,7 +328,7 @@ class Trainer(transformers.Trainer):
                                 self._engine_dataset(self.train_dataset, task, with_labels=task != "qa"), None,
                                 self._pad_id(), self._mlm_spec(task))
         engine.set_delegated(True)
-        if self._python_collator(task):
+        if self._uses_python_collator():
             engine.set_collate(self._collate_hook())
         self._scheduler_steps = 0
         if resume_from_checkpoint is not None:
@@ -456,6 +483,13 @@ class Trainer(transformers.Trainer):
         engine.start_at(step, dropout_step, lag)
 
     # ------------------------------------------------------------ evaluation and prediction
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """transformers' evaluate; during training the engine's weights are first written into the model object, so
+        callbacks given `model` see the weights being evaluated."""
+        if self._engine is not None:
+            write_back(self._engine_model, self.model)
+        return super().evaluate(*args, **kwargs)
 
     def prediction_step(self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool,
                         ignore_keys: list[str] | None = None) -> tuple[Any, Any, Any]:

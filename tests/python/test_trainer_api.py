@@ -149,7 +149,7 @@ def test_trained_weights_are_written_back_into_the_transformers_model(sst2, toke
     assert "classifier.weight" in changed and "bert.encoder.layer.0.attention.self.query.weight" in changed
 
     batch = tokenizer(dev["sentence"][:8], padding=True, return_tensors="np")
-    ours = trainer._model.eval().forward(batch["input_ids"], attention_mask=batch["attention_mask"],
+    ours = trainer._engine_model.eval().forward(batch["input_ids"], attention_mask=batch["attention_mask"],
                                          token_type_ids=batch["token_type_ids"])["logits"]
     model.eval()
     with torch.no_grad():
@@ -300,7 +300,7 @@ def test_callbacks_given_the_model_see_the_weights_being_evaluated(sst2, tmp_pat
     class Check(transformers.TrainerCallback):
         def on_evaluate(self, args, state, control, model=None, **kwargs):
             seen.append(torch.equal(model.classifier.weight.detach(),
-                                    torch.from_numpy(trainer._model.state_dict()["classifier.weight"])))
+                                    torch.from_numpy(trainer._engine_model.state_dict()["classifier.weight"])))
 
     trainer = Trainer(model=tiny_bert(), args=args(tmp_path, max_steps=4, eval_strategy="steps", eval_steps=2),
                       train_dataset=train, eval_dataset=dev, callbacks=[Check()])
@@ -311,7 +311,7 @@ def test_callbacks_given_the_model_see_the_weights_being_evaluated(sst2, tmp_pat
 def test_progress_bar_is_transformers_tqdm(sst2, tmp_path, capsys):
     train, _ = sst2
     trainer = Trainer(model=tiny_bert(), args=args(tmp_path, max_steps=3, disable_tqdm=False), train_dataset=train)
-    assert any(isinstance(cb, transformers.trainer_callback.ProgressCallback) for cb in trainer.callbacks)
+    assert any(isinstance(cb, transformers.trainer_callback.ProgressCallback) for cb in trainer.callback_handler.callbacks)
     trainer.train()
     assert "3/3" in capsys.readouterr().err
 
@@ -377,39 +377,48 @@ def test_hyperparameter_search_with_optuna(sst2, tokenizer, tmp_path):
 
 # ---------------------------------------------------------------- arguments
 
-def test_training_arguments_match_the_engine_and_transformers():
-    engine = fusetrain._core._training_args_defaults()
-    ours = TrainingArguments()
-    for name, default in engine.items():
-        value = getattr(ours, name)
-        assert value == default or (name == "disable_tqdm" and value is False), name
-    hf = transformers.TrainingArguments(output_dir="x")
-    for field in dataclasses.fields(TrainingArguments):
-        if hasattr(hf, field.name) and field.name not in ("output_dir", "report_to", "disable_tqdm"):
-            theirs = getattr(hf, field.name)
-            theirs = getattr(theirs, "value", theirs)
-            assert getattr(ours, field.name) == theirs, field.name
+def test_training_arguments_are_transformers_with_the_engine_fields():
+    """fusetrain.TrainingArguments is transformers': HfArgumentParser parses it from the command line (report_to
+    included), every transformers field keeps its default, and the engine reads the fields it runs."""
+    from fusetrain.training_args import engine_dict
 
-    converted = TrainingArguments.from_hf(transformers.TrainingArguments(
-        output_dir="x", eval_strategy="epoch", lr_scheduler_type="cosine", bf16=False, learning_rate=3e-5,
-        report_to="none", dataloader_num_workers=0))
-    assert (converted.eval_strategy, converted.lr_scheduler_type, converted.learning_rate) == ("epoch", "cosine", 3e-5)
+    parser = transformers.HfArgumentParser(TrainingArguments)
+    (parsed,) = parser.parse_args_into_dataclasses(["--output_dir", "x", "--fusetrain_threads", "2", "--seed", "3"])
+    assert isinstance(parsed, transformers.TrainingArguments)
+    assert (parsed.fusetrain_threads, parsed.seed, parsed.report_to) == (2, 3, [])
+    for name in ("should_log", "device", "n_gpu", "parallel_mode", "local_process_index", "world_size",
+                 "eval_batch_size", "eval_do_concat_batches"):
+        assert getattr(parsed, name) == getattr(transformers.TrainingArguments(output_dir="x"), name), name
+    assert parsed.get_process_log_level() == transformers.TrainingArguments(output_dir="x").get_process_log_level()
+    with parsed.main_process_first():
+        pass
+    engine = engine_dict(TrainingArguments(output_dir="x", learning_rate=3e-5, lr_scheduler_type="cosine",
+                                           warmup_steps=0.1, weight_decay=0.01, bf16=True), max_steps=40)
+    assert (engine["learning_rate"], engine["lr_scheduler_type"], engine["warmup_steps"], engine["weight_decay"],
+            engine["bf16"], engine["max_steps"]) == (3e-5, "cosine", 0.1, 0.01, True, 40)
+    fusetrain._core._check_training_args(engine)
+    converted = TrainingArguments.from_hf(transformers.TrainingArguments(output_dir="x", eval_strategy="epoch",
+                                                                         learning_rate=3e-5))
+    assert (converted.eval_strategy, converted.learning_rate) == ("epoch", 3e-5)
 
 
-def test_unsupported_arguments_raise_listing_them():
-    with pytest.raises(ValueError, match="label_smoothing_factor.*group_by_length|group_by_length.*label_smooth"):
-        TrainingArguments(label_smoothing_factor=0.1, group_by_length=True)
-    with pytest.raises(ValueError, match=r"label_smoothing_factor=0\.1.*neftune_noise_alpha=5"):
-        TrainingArguments.from_hf(transformers.TrainingArguments(output_dir="x", label_smoothing_factor=0.1,
-                                                                 neftune_noise_alpha=5))
-    with pytest.raises(ValueError, match="optim='sgd'"):
-        TrainingArguments(optim="sgd")
-    with pytest.raises(ValueError, match="per_device_train_batch_size must be > 0"):
-        TrainingArguments(per_device_train_batch_size=0)
-    with pytest.warns(UserWarning, match="dataloader_num_workers=4"):
-        TrainingArguments(dataloader_num_workers=4)
-    with pytest.raises(ValueError, match="fused AdamW"):
-        Trainer(model=tiny_bert(), optimizers=(object(), None))
+def test_settings_the_engine_does_not_run_train_with_transformers_loop(sst2, tokenizer, tmp_path):
+    """A setting the engine does not run is not an error: transformers' own loop trains, after one warning naming
+    every such setting; fusetrain_require_engine=True makes it an error instead."""
+    train, _ = sst2
+    smoothing = args(tmp_path, max_steps=2, label_smoothing_factor=0.1, neftune_noise_alpha=5.0)
+    trainer = Trainer(model=tiny_bert(), args=smoothing, train_dataset=train, processing_class=tokenizer)
+    assert "label_smoothing_factor=0.1" in trainer.engine_refusal() and "neftune_noise_alpha=5.0" in \
+        trainer.engine_refusal()
+    with pytest.warns(UserWarning, match="transformers' own loop.*label_smoothing_factor=0.1"):
+        trainer.train()
+    assert trainer.state.global_step == 2 and len(losses(trainer)) == 2
+    strict = args(tmp_path, max_steps=2, optim="sgd", fusetrain_require_engine=True)
+    with pytest.raises(ValueError, match="optim='sgd' .the engine runs AdamW"):
+        Trainer(model=tiny_bert(), args=strict, train_dataset=train, processing_class=tokenizer).train()
+    sgd = torch.optim.SGD(tiny_bert().parameters(), lr=0.1)
+    assert "an optimizer or scheduler is given" in Trainer(model=tiny_bert(), args=args(tmp_path),
+                                                           optimizers=(sgd, None)).engine_refusal()
 
 
 # ---------------------------------------------------------------- bad input
@@ -432,18 +441,24 @@ def test_bad_datasets_and_models_raise_clear_errors(sst2, tokenizer, tmp_path):
                     "label": 0}]
     with pytest.raises(ValueError, match="padded on the left"):
         Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=left_padded)
-    with pytest.raises(TypeError, match="map-style dataset .with __len__ and __getitem__.; got a generator"):
+    with pytest.raises(ValueError, match="train_dataset does not implement __len__"):  # transformers' check
         Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=(row for row in [{"input_ids": [1]}]))
+
+    class Stream(torch.utils.data.IterableDataset):  # streamed data is transformers' to train on
+        def __iter__(self):
+            return iter([{"input_ids": torch.tensor([101, 7592, 102]), "labels": torch.tensor(1)}] * 64)
+
+    streamed = Trainer(model=tiny_bert(), args=args(tmp_path, max_steps=2), train_dataset=Stream())
+    assert "cannot read the training data" in streamed.engine_refusal()
     with pytest.raises(TypeError, match="first item is a str"):
         Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=["a sentence"])
     config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                      intermediate_size=64)
-    with pytest.raises(TypeError, match="BertForMultipleChoice.*supported model classes: .*BertForSequenceClass"):
-        Trainer(model=transformers.BertForMultipleChoice(config), args=args(tmp_path))
-    with pytest.raises(TypeError, match="cannot train a BertModel"):
-        Trainer(model=transformers.BertModel(config), args=args(tmp_path))
-    with pytest.raises(TypeError, match="model must be a transformers model object"):
-        Trainer(model=torch.nn.Linear(2, 2), args=args(tmp_path))
+    strict = args(tmp_path, fusetrain_require_engine=True)
+    with pytest.raises(ValueError, match="does not build BertForMultipleChoice .it builds .*BertForSequenceClass"):
+        Trainer(model=transformers.BertForMultipleChoice(config), args=strict, train_dataset=train).train()
+    with pytest.raises(ValueError, match="does not build BertModel"):
+        Trainer(model=transformers.BertModel(config), args=strict, train_dataset=train).train()
     trainer = Trainer(model=tiny_bert(), args=args(tmp_path), train_dataset=train,
                       data_collator=lambda features: {"input_ids": np.zeros((2, 8), np.int64), "pixels": 1})
     with pytest.raises(ValueError, match='key "pixels" the model does not take'):
@@ -530,7 +545,7 @@ def test_masked_and_causal_language_models_train(sst2, tokenizer, tmp_path):
                       data_collator=collator, processing_class=tokenizer)
     assert not trainer._uses_python_collator()  # the standard masking is the engine's own
     trainer.train()
-    assert np.isfinite(trainer.evaluate()["eval_perplexity"])
+    assert np.isfinite(trainer.evaluate()["eval_loss"])
 
     # A non-standard masking split is transformers' own collator, called for every batch.
     custom = transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3, mask_replace_prob=1.0,
@@ -539,17 +554,27 @@ def test_masked_and_causal_language_models_train(sst2, tokenizer, tmp_path):
                       data_collator=custom, processing_class=tokenizer)
     assert trainer._uses_python_collator()
     trainer.train()
-    assert np.isfinite(trainer.evaluate()["eval_perplexity"])
+    assert np.isfinite(trainer.evaluate()["eval_loss"])
 
     torch.manual_seed(0)
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=30522, n_positions=128, n_embd=32,
                                                                  n_layer=2, n_head=2))
-    with pytest.raises(ValueError, match="compute_metrics is not supported for language modelling"):
-        Trainer(model=gpt2, args=args(tmp_path), train_dataset=text, compute_metrics=accuracy)
-    trainer = Trainer(model=gpt2, args=args(tmp_path / "clm", max_steps=3), train_dataset=text, eval_dataset=text)
+    seen = {}
+
+    def token_accuracy(p):  # as run_clm.py: position t predicts token t + 1
+        seen["shape"] = p.predictions.shape
+        predictions, labels = p.predictions[:, :-1], p.label_ids[:, 1:]
+        keep = labels != -100
+        return {"accuracy": float((predictions[keep] == labels[keep]).mean())}
+
+    labelled = text.map(lambda e: {"labels": e["input_ids"]})  # as run_clm.py's group_texts
+    trainer = Trainer(model=gpt2, args=args(tmp_path / "clm", max_steps=3), train_dataset=text, eval_dataset=labelled,
+                      compute_metrics=token_accuracy,
+                      preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(dim=-1))
     trainer.train()
     evaluation = trainer.evaluate()
-    assert evaluation["eval_perplexity"] == pytest.approx(np.exp(evaluation["eval_loss"]))
+    assert seen["shape"][0] == len(text) and 0 <= evaluation["eval_accuracy"] <= 1
+    assert np.isfinite(evaluation["eval_loss"])
     head = gpt2.lm_head.weight.detach().numpy()
     np.testing.assert_array_equal(head, gpt2.transformer.wte.weight.detach().numpy())  # tied, written back once
     assert not np.array_equal(head, transformers.GPT2LMHeadModel(gpt2.config).lm_head.weight.detach().numpy())
