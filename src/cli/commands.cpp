@@ -20,6 +20,17 @@
 
 namespace fusetrain::cli {
 
+namespace {
+
+ReportSink& report_sink() {
+  static ReportSink sink;
+  return sink;
+}
+
+}  // namespace
+
+void set_report_sink(ReportSink sink) { report_sink() = std::move(sink); }
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -297,6 +308,10 @@ void add_options(CLI::App& app, Options& o) {
   app.add_flag("--label-all-tokens", o.label_all_tokens,
                "token-cls: give every sub-token its word's tag, not just the first");
   app.add_flag("--profile", o.profile, "inspect: time every op over a few steps");
+  app.add_option("--report-to", o.report_to,
+                 "train: also send the logs to an integration: none (default) or tensorboard (event files under "
+                 "output_dir/runs; needs the fusetrain command installed by pip)")
+      ->check(CLI::IsMember({"none", "tensorboard"}));
   train::for_each_field(o.args,
                         [&](const char* name, auto& field, const char* help) { add_field(app, name, field, help); });
 }
@@ -325,9 +340,13 @@ int run_train(Options& o, bool default_job) {
   Job job = prepare(o, true, !o.eval_file.empty(), false);
   train::Trainer trainer(*job.model, o.args, job.task, job.train.get(), job.eval.get(), job.ids);
   trainer.set_checkpoint_files(tokenizer_files(o.model));
-  trainer.set_log_sink([](const nlohmann::json& entry) {
+  FT_CHECK(o.report_to == "none" || report_sink(), "--report-to ", o.report_to,
+           " needs the fusetrain command installed by pip (or python -m fusetrain), which writes the event files "
+           "with TensorBoard's writer; this binary writes output_dir/log.jsonl only");
+  trainer.set_log_sink([&o](const nlohmann::json& entry) {
     if (entry.contains("loss") || entry.contains("eval_loss") || entry.contains("skipped_step"))
       std::fprintf(stderr, "\n%s\n", entry.dump().c_str());
+    if (o.report_to != "none") report_sink()(entry, o.args.output_dir);
   });
   std::map<std::string, double> metrics = trainer.train();
   trainer.save_model(o.args.output_dir);

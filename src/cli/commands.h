@@ -1,6 +1,10 @@
 // The CLI's subcommands; each maps flags onto the library and returns an exit status.
 #pragma once
 
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
 #include <CLI/CLI.hpp>
 #include <string>
 
@@ -22,8 +26,15 @@ struct Options {
   bool line_by_line = false;
   bool label_all_tokens = false;
   bool profile = false;
+  /// "none", or "tensorboard": every log entry also goes to the sink set_report_sink installed.
+  std::string report_to = "none";
   train::TrainingArguments args;
 };
+
+/// Receives every training log entry and the run's output_dir (`--report-to tensorboard`). The `fusetrain` command
+/// installed by pip sets one that writes TensorBoard event files; the C++ binary has none.
+using ReportSink = std::function<void(const nlohmann::json& entry, const std::string& output_dir)>;
+void set_report_sink(ReportSink sink);
 
 /// Registers the data/model flags and one flag per TrainingArguments field
 /// (spelled with dashes: --learning-rate, --per-device-train-batch-size, ...).

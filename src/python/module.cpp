@@ -34,6 +34,7 @@
 #include "fusetrain/models/registry.h"
 #include "fusetrain/optim/optimizer.h"
 #include "cli/app.h"
+#include "cli/commands.h"
 #include "python/binding.h"
 
 #ifndef FUSETRAIN_VERSION
@@ -507,14 +508,28 @@ PYBIND11_MODULE(_core, m) {
       "accumulation) on num_threads threads (0: all cores): the matmul peak benchmarks divide model FLOPs by.");
   m.def(
       "_cli_main",
-      [](std::vector<std::string> argv) {
+      [](std::vector<std::string> argv, std::optional<py::function> report) {
         std::vector<char*> pointers;
         for (std::string& arg : argv) pointers.push_back(arg.data());
         pointers.push_back(nullptr);
-        py::gil_scoped_release release;
-        return cli::main(static_cast<int>(argv.size()), pointers.data());
+        if (report) {
+          auto fn = std::make_shared<py::function>(*report);
+          cli::set_report_sink([fn](const nlohmann::json& entry, const std::string& output_dir) {
+            py::gil_scoped_acquire gil;
+            (*fn)(to_python(entry), output_dir);
+          });
+        }
+        int status;
+        {
+          py::gil_scoped_release release;
+          status = cli::main(static_cast<int>(argv.size()), pointers.data());
+        }
+        if (report) cli::set_report_sink(nullptr);  // drops the Python function with the GIL held
+        return status;
       },
-      "argv"_a, "Runs the fusetrain command line (argv[0] is the program name); returns the exit status.");
+      "argv"_a, "report"_a = py::none(),
+      "Runs the fusetrain command line (argv[0] is the program name); returns the exit status. `report(entry, "
+      "output_dir)` receives every training log entry (--report-to).");
   m.def("supported_architectures", &models::supported_architectures,
         "The transformers classes fusetrain implements, e.g. [\"BertForSequenceClassification\", ...].");
   m.def("architectures", &architecture_rows, R"doc(

@@ -187,7 +187,8 @@ def run(script: str, args: list[str], work: pathlib.Path, output_dir: pathlib.Pa
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
     env.setdefault("OMP_NUM_THREADS", "2")
     env["HF_DATASETS_OFFLINE"] = env["HF_HUB_OFFLINE"] = "1"
-    command = [sys.executable, str(scripts / f"{script}.py"), *args, *COMMON, "--output_dir", str(output_dir)]
+    # `args` after COMMON: a later flag wins, so a test may override the common set.
+    command = [sys.executable, str(scripts / f"{script}.py"), *COMMON, *args, "--output_dir", str(output_dir)]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout,
                           cwd=str(work))
 
