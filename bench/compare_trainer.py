@@ -5,6 +5,7 @@ machine, one after the other, 2 threads each. Reports dev metrics and training t
   python bench/compare_trainer.py gpt2    # 6-layer 384-wide GPT-2, fresh init, Tiny Shakespeare, 1000 steps, perplexity
   python bench/compare_trainer.py sst2-controlled   # the sst2 run with every source of randomness shared
   python bench/compare_trainer.py sst2-python   # the sst2 run through the CLI and through fusetrain.Trainer
+  python bench/compare_trainer.py sst2-speed    # CLI vs fusetrain.Trainer, 300 steps each, alternated 3 times
 
 sst2-controlled takes the randomness out of the sst2 comparison: dropout off, one
 initial model (transformers' seed-42 classifier) and transformers' own batches, in
@@ -76,10 +77,10 @@ SST2_ARGS = dict(per_device_train_batch_size=32, per_device_eval_batch_size=64, 
                  logging_steps=100, report_to=[], disable_tqdm=True)
 
 
-def sst2_cli(work: pathlib.Path) -> dict:
+def sst2_cli(work: pathlib.Path, max_steps: int = -1) -> dict:
     train, dev = SHARED / "sst2" / "train.tsv", SHARED / "sst2" / "dev.tsv"
     metrics = run_fusetrain(["--model", minilm_dir(), "--train-file", str(train), "--eval-file", str(dev),
-                             *SST2_CLI_FLAGS], work / "fusetrain")
+                             *SST2_CLI_FLAGS, "--max-steps", str(max_steps)], work / "fusetrain")
     return {k: metrics[k] for k in ("eval_accuracy", "eval_loss", "train_runtime")}
 
 
@@ -104,7 +105,7 @@ def sst2_with(trainer_module, work: pathlib.Path, name: str, **extra_args) -> di
         return {"accuracy": float((np.argmax(p.predictions, -1) == p.label_ids).mean())}
 
     model = AutoModelForSequenceClassification.from_pretrained(minilm_dir(), num_labels=2)
-    args = trainer_module.TrainingArguments(output_dir=str(work / name), **SST2_ARGS, **extra_args)
+    args = trainer_module.TrainingArguments(output_dir=str(work / name), **{**SST2_ARGS, **extra_args})
     trainer = trainer_module.Trainer(model=model, args=args, train_dataset=load(SHARED / "sst2" / "train.tsv"),
                                      eval_dataset=load(SHARED / "sst2" / "dev.tsv"),
                                      data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8),
@@ -113,6 +114,24 @@ def sst2_with(trainer_module, work: pathlib.Path, name: str, **extra_args) -> di
     metrics = trainer.evaluate()
     return {"eval_accuracy": metrics["eval_accuracy"], "eval_loss": metrics["eval_loss"],
             "train_runtime": train_metrics["train_runtime"]}
+
+
+def sst2_speed() -> dict:
+    """The sst2 job's first 300 steps through the fusetrain CLI and through fusetrain.Trainer, alternated three
+    times (A/B on one machine); the median train_runtime of each."""
+    import statistics
+    if str(ROOT / "build" / "python") not in sys.path:
+        sys.path.insert(0, str(ROOT / "build" / "python"))
+    import fusetrain
+    work = workdir("sst2_speed")
+    runs = {"fusetrain CLI": [], "fusetrain.Trainer": []}
+    for _ in range(3):
+        runs["fusetrain CLI"].append(sst2_cli(work, max_steps=300)["train_runtime"])
+        runs["fusetrain.Trainer"].append(sst2_with(fusetrain, work, "python", fusetrain_threads=int(THREADS),
+                                                   max_steps=300)["train_runtime"])
+    medians = {k: statistics.median(v) for k, v in runs.items()}
+    return {"task": "sst2-speed", "steps": 300, "train_runtime": runs, "median": medians,
+            "ratio_trainer_over_cli": medians["fusetrain.Trainer"] / medians["fusetrain CLI"]}
 
 
 def sst2() -> dict:
@@ -336,11 +355,15 @@ def gpt2() -> dict:
 
 def main() -> None:
     task = sys.argv[1] if len(sys.argv) > 1 else "sst2"
-    result = {"sst2": sst2, "gpt2": gpt2, "sst2-controlled": sst2_controlled, "sst2-python": sst2_python}[task]()
+    result = {"sst2": sst2, "gpt2": gpt2, "sst2-controlled": sst2_controlled, "sst2-python": sst2_python,
+              "sst2-speed": sst2_speed}[task]()
     suffix = f"_seed{SEED}" if task.startswith("sst2") and SEED != 42 else ""
     out = ROOT / "bench" / "results" / f"trainer_{task.replace('-', '_')}{suffix}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     metric = "eval_perplexity" if task == "gpt2" else "eval_accuracy"
+    if task == "sst2-speed":
+        print(json.dumps(result, indent=2))
+        return
     if task == "sst2-python":
         cli, python, hf = result["fusetrain"], result["fusetrain.Trainer"], result["transformers"]
         print(f"| run | {metric} | eval_loss | train_runtime (s) |\n|---|---|---|---|")
