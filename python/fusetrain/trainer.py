@@ -426,13 +426,13 @@ class Trainer(transformers.Trainer):
         engine = self._engine
         optimizer_state = engine.optimizer_state()
         step = torch.tensor(float(optimizer_state["step"]))
-        for name, param in self.model.named_parameters():
-            if name in optimizer_state["exp_avg"]:
-                self.optimizer.state[param] = {
-                    "step": step.clone(),
-                    "exp_avg": torch.from_numpy(optimizer_state["exp_avg"][name]),
-                    "exp_avg_sq": torch.from_numpy(optimizer_state["exp_avg_sq"][name]),
-                }
+        for name, exp_avg in optimizer_state["exp_avg"].items():
+            # get_parameter resolves a tied name (GPT-2's lm_head.weight) to the one tensor transformers optimizes.
+            self.optimizer.state[self.model.get_parameter(name)] = {
+                "step": step.clone(),
+                "exp_avg": torch.from_numpy(exp_avg),
+                "exp_avg_sq": torch.from_numpy(optimizer_state["exp_avg_sq"][name]),
+            }
         applied = self.state.global_step - engine.nonfinite_skipped_steps - (
             int(engine.scaler_state["skipped_steps"]) if self.args.fp16 else 0)
         with warnings.catch_warnings():
@@ -454,22 +454,21 @@ class Trainer(transformers.Trainer):
         self._load_optimizer_and_scheduler(checkpoint)
         self._load_rng_state(checkpoint)
         step = self.state.global_step
-        exp_avg, exp_avg_sq, updates = {}, {}, 0
-        for name, param in self.model.named_parameters():
+        names = list(engine.optimizer_state()["exp_avg"])  # the engine's parameters (a tied pair is one)
+        exp_avg, exp_avg_sq, updates, missing = {}, {}, 0, []
+        for name in names:
+            param = self.model.get_parameter(name)
             moments = self.optimizer.state.get(param)
             if moments:
                 exp_avg[name], exp_avg_sq[name] = _numpy(moments["exp_avg"]), _numpy(moments["exp_avg_sq"])
                 updates = int(_numpy(moments["step"]))
-        names = self._engine_model.state_dict_names()
-        if exp_avg:
-            missing = [n for n in names if n not in exp_avg]
-            if missing:
-                raise ValueError(f"{checkpoint}: optimizer.pt has no state for {', '.join(missing[:5])}")
-        else:
+            else:
+                missing.append(name)
+                exp_avg[name] = exp_avg_sq[name] = np.zeros(tuple(param.shape), np.float32)
+        if len(missing) == len(names):
             logger.warning(f"{checkpoint} has no optimizer state (optimizer.pt); AdamW's moments start from zero")
-            shapes = {n: p.shape for n, p in self.model.named_parameters()}
-            exp_avg = {n: np.zeros(shapes[n], np.float32) for n in names}
-            exp_avg_sq = {n: np.zeros(shapes[n], np.float32) for n in names}
+        elif missing:
+            raise ValueError(f"{checkpoint}: optimizer.pt has no state for {', '.join(missing[:5])}")
         engine.set_optimizer_state(min(updates, step), exp_avg, exp_avg_sq)
         extra_path = os.path.join(checkpoint, _ENGINE_STATE_FILE)
         extra = json.load(open(extra_path)) if os.path.isfile(extra_path) else {}

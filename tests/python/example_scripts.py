@@ -73,7 +73,7 @@ def write_data(work: pathlib.Path) -> dict[str, dict[str, str]]:
 
     work.mkdir(parents=True, exist_ok=True)
     files: dict[str, dict[str, str]] = {}
-    for split, count in (("train", 256), ("dev", 64)):
+    for split, count in (("train", 384), ("dev", 200)):
         with open(work / f"glue_{split}.csv", "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["sentence", "label"])
@@ -155,8 +155,10 @@ def script_args(script: str, files: dict[str, dict[str, str]], work: pathlib.Pat
     if script in ("run_glue", "run_ner", "run_qa"):
         args.append("--do_predict")
     sizes = {
-        "run_glue": ["--max_seq_length", "64", "--max_steps", "12", "--metric_for_best_model", "accuracy"],
-        "run_ner": ["--max_seq_length", "64", "--max_steps", "12", "--metric_for_best_model", "f1"],
+        "run_glue": ["--max_seq_length", "64", "--max_steps", "24", "--learning_rate", "1e-4",
+                     "--metric_for_best_model", "accuracy"],
+        "run_ner": ["--max_seq_length", "64", "--max_steps", "24", "--learning_rate", "1e-4",
+                    "--metric_for_best_model", "f1"],
         "run_qa": ["--max_seq_length", "128", "--doc_stride", "48", "--max_steps", "12",
                    "--metric_for_best_model", "f1"],
         "run_mlm": ["--max_seq_length", "64", "--max_steps", "12", "--metric_for_best_model", "accuracy",

@@ -25,19 +25,19 @@ import example_scripts as ex  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not ex.EXAMPLES.exists(), reason="../shared/clients/transformers-examples is absent")
 
-# The metric each script is judged on (metric_for_best_model's), and how far fusetrain's may lie from
-# transformers'. The two runs differ in batch order and dropout masks (each framework draws its own), which
-# after 12 steps moves these metrics by about as much between two seeds of one framework: measured with
-# transformers at seeds 42 and 43 (tests/python/example_scripts.py's data), eval_loss moved by up to 2.4% and the
-# metrics below by up to the amounts given. The tolerance is that seed-to-seed spread, doubled.
-METRICS = {
-    "run_glue": ("eval_accuracy", 0.25),  # 64 sentences, a model still near chance after 12 steps
-    "run_ner": ("eval_accuracy", 0.05),
-    "run_qa": ("eval_f1", 8.0),  # percent, over 160 questions
-    "run_mlm": ("eval_accuracy", 0.03),
-    "run_clm": ("eval_accuracy", 0.03),
+# What each script is judged on, and how far fusetrain's figures may lie from transformers'. The two runs differ in
+# batch order, dropout masks and (MLM) masked positions, as two seeds of one framework do, so the tolerance is
+# run-to-run noise: three times the spread between transformers at seeds 42 and 43 on this data, rounded up
+# (measured: run_glue eval_loss 3.0%, accuracy 0.094; run_ner eval_loss 3.2%, accuracy 0.0013; run_qa F1 0.57
+# points; run_mlm eval_loss 7.9%, accuracy 0.0005; run_clm eval_loss 0.05%, accuracy 0), with a floor of
+# 0.01 for accuracies and 1% for losses where the two seeds happened to agree.
+TOLERANCES = {  # script: (metric, absolute tolerance, eval_loss relative tolerance or None)
+    "run_glue": ("eval_accuracy", 0.3, 0.09),
+    "run_ner": ("eval_accuracy", 0.01, 0.1),
+    "run_qa": ("eval_f1", 2.0, None),  # SQuAD F1 in percent; QuestionAnsweringTrainer reports no eval_loss
+    "run_mlm": ("eval_accuracy", 0.01, 0.24),
+    "run_clm": ("eval_accuracy", 0.01, 0.01),
 }
-EVAL_LOSS_RTOL = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def _state(out: pathlib.Path) -> dict:
     return json.loads((out / "trainer_state.json").read_text())
 
 
-@pytest.mark.parametrize("script", list(METRICS))
+@pytest.mark.parametrize("script", list(TOLERANCES))
 def test_script_trains_with_the_import_line_changed(script, work, data_files):
     ours, ours_run = _run(script, [], work, data_files, f"{script}-fusetrain", fusetrain=True)
     theirs, _ = _run(script, [], work, data_files, f"{script}-transformers", fusetrain=False)
@@ -86,13 +86,14 @@ def test_script_trains_with_the_import_line_changed(script, work, data_files):
     theirs_rates = [e["learning_rate"] for e in theirs_state["log_history"] if "learning_rate" in e]
     assert ours_rates == pytest.approx(theirs_rates, rel=1e-9)  # logged at the step they apply to
 
-    key, tolerance = METRICS[script]
+    key, tolerance, loss_rtol = TOLERANCES[script]
     print(f"{script}: fusetrain {ours_results}\n  transformers {theirs_results}")
     assert abs(ours_results[key] - theirs_results[key]) <= tolerance, key
-    if "eval_loss" in theirs_results:
-        assert ours_results["eval_loss"] == pytest.approx(theirs_results["eval_loss"], rel=EVAL_LOSS_RTOL)
-    # The training loss is reported with transformers' normalisation (see Trainer._engine_event).
-    assert ours_results["train_loss"] == pytest.approx(theirs_results["train_loss"], rel=0.1)
+    if loss_rtol is not None:
+        assert ours_results["eval_loss"] == pytest.approx(theirs_results["eval_loss"], rel=loss_rtol)
+    # The training loss is reported with transformers' normalisation under gradient accumulation (a model whose
+    # loss is a mean per micro-batch reports their sum), so the two agree to noise, not by a factor of 2.
+    assert ours_results["train_loss"] == pytest.approx(theirs_results["train_loss"], rel=0.15)
 
 
 def _losses(out: pathlib.Path, after: int) -> dict[int, float]:
@@ -104,7 +105,7 @@ def test_checkpoints_resume_across_the_two_trainers(first, second, work, data_fi
     """run_clm on a fresh GPT-2 (its loss falls fast, so a restart from scratch could not hide): 24 steps by
     `first`, and `second` resuming from `first`'s checkpoint-12. The resumed losses follow `first`'s own
     (within 4%: the two draw different batches after the resume) and far below the fresh model's."""
-    steps = ["--max_steps", "24", "--save_steps", "4", "--eval_steps", "4"]
+    steps = ["--max_steps", "24", "--save_steps", "4", "--eval_steps", "4", "--save_total_limit", "10"]
     full, _ = _run("run_clm", steps, work, data_files, f"resume-{first}-full", fusetrain=first == "fusetrain")
     checkpoint = full / "checkpoint-12"
     assert checkpoint.is_dir(), sorted(p.name for p in full.iterdir())
