@@ -5,7 +5,7 @@ machine, one after the other, 2 threads each. Reports dev metrics and training t
   python bench/compare_trainer.py gpt2    # 6-layer 384-wide GPT-2, fresh init, Tiny Shakespeare, 1000 steps, perplexity
   python bench/compare_trainer.py sst2-controlled   # the sst2 run with every source of randomness shared
   python bench/compare_trainer.py sst2-python   # the sst2 run through the CLI and through fusetrain.Trainer
-  python bench/compare_trainer.py sst2-speed    # CLI vs fusetrain.Trainer, 300 steps each, alternated 3 times
+  python bench/compare_trainer.py sst2-speed    # CLI vs fusetrain.Trainer, 150 steps each in fresh processes, alternated 3 times
 
 sst2-controlled takes the randomness out of the sst2 comparison: dropout off, one
 initial model (transformers' seed-42 classifier) and transformers' own batches, in
@@ -116,21 +116,33 @@ def sst2_with(trainer_module, work: pathlib.Path, name: str, **extra_args) -> di
             "train_runtime": train_metrics["train_runtime"]}
 
 
-def sst2_speed() -> dict:
-    """The sst2 job's first 300 steps through the fusetrain CLI and through fusetrain.Trainer, alternated three
-    times (A/B on one machine); the median train_runtime of each."""
-    import statistics
+SPEED_STEPS = 150
+
+
+def sst2_trainer_once() -> dict:
+    """One fusetrain.Trainer run of the sst2 job's first SPEED_STEPS steps (a fresh process of sst2-speed)."""
     if str(ROOT / "build" / "python") not in sys.path:
         sys.path.insert(0, str(ROOT / "build" / "python"))
     import fusetrain
+    return sst2_with(fusetrain, workdir("sst2_trainer_once"), "python", fusetrain_threads=int(THREADS),
+                     max_steps=SPEED_STEPS)
+
+
+def sst2_speed() -> dict:
+    """The sst2 job's first SPEED_STEPS steps through the fusetrain CLI and through fusetrain.Trainer, each in a
+    fresh process, alternated three times (A/B on one machine); the median train_runtime of each."""
+    import statistics
     work = workdir("sst2_speed")
     runs = {"fusetrain CLI": [], "fusetrain.Trainer": []}
-    for _ in range(3):
-        runs["fusetrain CLI"].append(sst2_cli(work, max_steps=300)["train_runtime"])
-        runs["fusetrain.Trainer"].append(sst2_with(fusetrain, work, "python", fusetrain_threads=int(THREADS),
-                                                   max_steps=300)["train_runtime"])
+    env = dict(os.environ, OMP_NUM_THREADS=THREADS)
+    for round_number in range(3):
+        runs["fusetrain CLI"].append(sst2_cli(work / f"cli{round_number}", max_steps=SPEED_STEPS)["train_runtime"])
+        result = subprocess.run([sys.executable, __file__, "sst2-trainer-once"], capture_output=True, text=True,
+                                env=env, check=True)
+        runs["fusetrain.Trainer"].append(json.loads(result.stdout.strip().splitlines()[-1])["train_runtime"])
+        print(round_number, {k: v[-1] for k, v in runs.items()}, file=sys.stderr)
     medians = {k: statistics.median(v) for k, v in runs.items()}
-    return {"task": "sst2-speed", "steps": 300, "train_runtime": runs, "median": medians,
+    return {"task": "sst2-speed", "steps": SPEED_STEPS, "train_runtime": runs, "median": medians,
             "ratio_trainer_over_cli": medians["fusetrain.Trainer"] / medians["fusetrain CLI"]}
 
 
@@ -356,7 +368,10 @@ def gpt2() -> dict:
 def main() -> None:
     task = sys.argv[1] if len(sys.argv) > 1 else "sst2"
     result = {"sst2": sst2, "gpt2": gpt2, "sst2-controlled": sst2_controlled, "sst2-python": sst2_python,
-              "sst2-speed": sst2_speed}[task]()
+              "sst2-speed": sst2_speed, "sst2-trainer-once": sst2_trainer_once}[task]()
+    if task == "sst2-trainer-once":
+        print(json.dumps(result))
+        return
     suffix = f"_seed{SEED}" if task.startswith("sst2") and SEED != 42 else ""
     out = ROOT / "bench" / "results" / f"trainer_{task.replace('-', '_')}{suffix}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -171,6 +171,7 @@ class Trainer(transformers.Trainer):
         self._engine: Any = None  # the engine loop of the train() running now
         self._warned_fallback = False
         self._data_refusal: str | None = None
+        self._eval_engine: Model | None = None  # the engine model an evaluation loop is running on
         if train_dataset is not None and self.engine_refusal() is None:
             self._prepare_engine_data()  # bad data is refused now, naming the problem
 
@@ -483,6 +484,18 @@ class Trainer(transformers.Trainer):
 
     # ------------------------------------------------------------ evaluation and prediction
 
+    def evaluation_loop(self, *args: Any, **kwargs: Any) -> Any:
+        """transformers' evaluation_loop, with the engine model (its weights synchronised once) for the forward."""
+        self._eval_engine = None
+        if self._engine is not None:
+            self._eval_engine = self._engine_model
+        elif self.engine_refusal() is None:
+            self._eval_engine = self._engine_ready_model()
+        try:
+            return super().evaluation_loop(*args, **kwargs)
+        finally:
+            self._eval_engine = None
+
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """transformers' evaluate; during training the engine's weights are first written into the model object, so
         callbacks given `model` see the weights being evaluated."""
@@ -494,9 +507,11 @@ class Trainer(transformers.Trainer):
                         ignore_keys: list[str] | None = None) -> tuple[Any, Any, Any]:
         """transformers' prediction_step with the forward run by the engine (transformers' when the engine cannot
         build the model)."""
-        if self._engine is None and self.engine_refusal() is not None:
-            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
-        engine = self._engine_model if self._engine is not None else self._engine_ready_model()
+        engine = self._eval_engine or (self._engine_model if self._engine is not None else None)
+        if engine is None:
+            if self.engine_refusal() is not None:
+                return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+            engine = self._engine_ready_model()
         has_labels = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
         batch = {k: _numpy(inputs[k]) for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids")
                  if inputs.get(k) is not None}

@@ -465,6 +465,23 @@ def test_bad_datasets_and_models_raise_clear_errors(sst2, tokenizer, tmp_path):
         trainer.train()
 
 
+def test_pip_installs_the_fusetrain_command(tmp_path):
+    """The wheel's metadata (what pip installs from) declares the `fusetrain` console script, and its target is the
+    command line `python -m fusetrain` runs."""
+    build = pytest.importorskip("scikit_build_core.build")
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        dist_info = build.prepare_metadata_for_build_wheel(str(tmp_path))
+    finally:
+        os.chdir(cwd)
+    entry_points = (tmp_path / dist_info / "entry_points.txt").read_text()
+    assert "[console_scripts]\nfusetrain = fusetrain.__main__:main" in entry_points
+    from fusetrain.__main__ import main
+
+    assert callable(main)
+
+
 def test_python_dash_m_fusetrain_is_the_command_line(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     info = subprocess.run([sys.executable, "-m", "fusetrain", "info"], capture_output=True, text=True, env=env)
