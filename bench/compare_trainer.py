@@ -5,7 +5,7 @@ machine, one after the other, 2 threads each. Reports dev metrics and training t
   python bench/compare_trainer.py gpt2    # 6-layer 384-wide GPT-2, fresh init, Tiny Shakespeare, 1000 steps, perplexity
   python bench/compare_trainer.py sst2-controlled   # the sst2 run with every source of randomness shared
   python bench/compare_trainer.py sst2-python   # the sst2 run through the CLI and through fusetrain.Trainer
-  python bench/compare_trainer.py sst2-speed    # CLI vs fusetrain.Trainer, 150 steps each in fresh processes, alternated 3 times
+  python bench/compare_trainer.py sst2-speed    # CLI vs fusetrain.Trainer, 150 steps each in fresh processes, alternated 5 times
 
 sst2-controlled takes the randomness out of the sst2 comparison: dropout off, one
 initial model (transformers' seed-42 classifier) and transformers' own batches, in
@@ -130,12 +130,12 @@ def sst2_trainer_once() -> dict:
 
 def sst2_speed() -> dict:
     """The sst2 job's first SPEED_STEPS steps through the fusetrain CLI and through fusetrain.Trainer, each in a
-    fresh process, alternated three times (A/B on one machine); the median train_runtime of each."""
+    fresh process, alternated five times (A/B on one machine); the median train_runtime of each."""
     import statistics
     work = workdir("sst2_speed")
     runs = {"fusetrain CLI": [], "fusetrain.Trainer": []}
     env = dict(os.environ, OMP_NUM_THREADS=THREADS)
-    for round_number in range(3):
+    for round_number in range(5):
         runs["fusetrain CLI"].append(sst2_cli(work / f"cli{round_number}", max_steps=SPEED_STEPS)["train_runtime"])
         result = subprocess.run([sys.executable, __file__, "sst2-trainer-once"], capture_output=True, text=True,
                                 env=env, check=True)

@@ -34,6 +34,7 @@ PY_PACKAGES=(  # import name=pip requirement
   datasets=datasets optuna=optuna  # fusetrain.Trainer's datasets input and hyperparameter_search
   matplotlib=matplotlib  # bench/compare.py's chart, fusetrain report
   tensorboard=tensorboard  # report_to tensorboard (fusetrain.Trainer, fusetrain train --report-to)
+  scikit_build_core=scikit-build-core  # pip install . (and the test that reads the wheel's metadata)
 )
 py_missing=()
 for entry in "${PY_PACKAGES[@]}"; do
