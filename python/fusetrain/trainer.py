@@ -357,8 +357,10 @@ class Trainer(transformers.Trainer):
         self._flos_per_token = (6 * self.model.num_parameters(exclude_embeddings=True)
                                 if hasattr(self.model, "num_parameters") else 0)
         self._last_learning_rate = None
-        self._loss_sums_micro_batches = (bool(self.model_accepts_loss_kwargs) and task != "qa"  # batches with labels
-                                         and not _loss_divides_by_item_count(self.model))
+        counted = bool(self.model_accepts_loss_kwargs) and task != "qa"  # transformers counts num_items_in_batch
+        self._loss_by_item_count = counted and _loss_divides_by_item_count(self.model)
+        self._loss_sums_micro_batches = counted and not self._loss_by_item_count
+        self._count_unshifted_labels = task == "clm" and not getattr(self, "_loss_shifts_labels", True)
         self._last_grad_norm = None
         self._step_context = (trial, ignore_keys_for_eval, start_time)
         engine.set_callbacks(self._engine_event)
@@ -388,7 +390,12 @@ class Trainer(transformers.Trainer):
         elif event == "on_step_end":
             step = state["last_step"]
             loss = step["loss"]
-            if self._loss_sums_micro_batches:
+            if self._loss_by_item_count and step["predicted"]:
+                # transformers divides the step's summed token losses by num_items_in_batch, the labels of all its
+                # micro-batches (for a causal LM it counts every position's label unless it knows the loss shifts
+                # them, as transformers 5 does not for GPT-2 before its first forward).
+                loss = step["loss_sum"] / (step["labelled"] if self._count_unshifted_labels else step["predicted"])
+            elif self._loss_sums_micro_batches:
                 # transformers does not divide by the accumulation steps a loss to which it passed num_items_in_batch;
                 # a model whose loss ignores that count (a mean per micro-batch) thus reports the sum of its
                 # micro-batches' losses. The same number is reported here (the update is the mean's, in both).

@@ -152,6 +152,7 @@ py::dict state_to_python(const train::TrainerState& s, bool with_history) {
   const train::StepReport& r = s.last_step;
   out["last_step"] = py::dict("loss"_a = r.loss, "grad_norm"_a = r.grad_norm, "learning_rate"_a = r.learning_rate,
                               "tokens"_a = r.tokens, "samples"_a = r.samples, "micro_batches"_a = r.micro_batches,
+                              "loss_sum"_a = r.loss_sum, "predicted"_a = r.predicted, "labelled"_a = r.labelled,
                               "skipped"_a = r.skipped);
   return out;
 }

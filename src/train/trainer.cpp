@@ -170,7 +170,21 @@ std::map<std::string, double> Trainer::train() {
   double loss_since_log = 0, total_loss = 0, step_loss = 0, nonfinite_loss = 0;
   int64_t steps_since_log = 0, steps_this_run = 0, steps_in_loss = 0, samples_this_run = 0;
   double last_norm = 0, step_lr = 0;
-  int64_t step_tokens = 0, step_samples = 0;
+  // The positions a micro-batch's mean loss is over (a causal LM predicts positions 1..T-1) and its labels that are
+  // not ignored (every position): what transformers' num_items_in_batch counts, shifted or not.
+  auto label_counts = [this](const data::Batch& b) -> std::pair<int64_t, int64_t> {
+    const int64_t B = b.batch_size, T = b.seq_len;
+    if (static_cast<int64_t>(b.labels.size()) != B * T || task_ == Head::SequenceClassification) return {B, B};
+    int64_t predicted = 0, labelled = 0;
+    for (int64_t i = 0; i < B * T; ++i) {
+      if (b.labels[static_cast<size_t>(i)] == data::kIgnoreIndex) continue;
+      ++labelled;
+      predicted += task_ != Head::CausalLM || i % T != 0;
+    }
+    return {predicted, labelled};
+  };
+  int64_t step_tokens = 0, step_samples = 0, step_predicted = 0, step_labelled = 0;
+  double step_loss_sum = 0;
   auto lr_at = [&](int64_t step) {
     return a.learning_rate * lr_lambda(impl_->schedule, step, impl_->warmup, state_.max_steps, a.learning_rate);
   };
@@ -260,6 +274,10 @@ std::map<std::string, double> Trainer::train() {
       samples_this_run += batch->batch_size;
       step_samples += batch->batch_size;
       step_tokens += batch->batch_size * batch->seq_len;
+      const auto [predicted, labelled] = label_counts(*batch);
+      step_predicted += predicted;
+      step_labelled += labelled;
+      step_loss_sum += loss * static_cast<double>(predicted);
       ++micro;
       const bool last_in_epoch = micro == impl_->batches_per_epoch;
       if (micro % accum != 0 && !last_in_epoch) continue;
@@ -295,9 +313,13 @@ std::map<std::string, double> Trainer::train() {
                                     step_lr,
                                     step_tokens,
                                     step_samples,
+                                    step_loss_sum,
+                                    step_predicted,
+                                    step_labelled,
                                     in_step,
                                     !skipped.empty() || (a.fp16 && !std::isfinite(last_norm))};
-      step_tokens = step_samples = 0;
+      step_tokens = step_samples = step_predicted = step_labelled = 0;
+      step_loss_sum = 0;
       if (!skipped.empty()) {
         skip_nonfinite_step(skipped);
       } else {

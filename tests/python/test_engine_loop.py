@@ -61,6 +61,9 @@ def test_delegated_loop_reports_each_step_and_writes_nothing(tmp_path):
     # Linear decay over 6 steps, each step logged with the rate it applied (step k: lr * (1 - (k - 1) / 6)).
     assert [r["learning_rate"] for r in reports] == pytest.approx([1e-2 * (1 - k / 6) for k in range(6)])
     assert all(np.isfinite(r["loss"]) and r["grad_norm"] > 0 and not r["skipped"] for r in reports)
+    # A classifier's loss is a mean over examples: the counts transformers' num_items_in_batch would give.
+    assert all(r["predicted"] == r["labelled"] == r["samples"] for r in reports)
+    assert [r["loss_sum"] / r["predicted"] for r in reports] == pytest.approx([r["loss"] for r in reports])
     assert not (tmp_path / "out").exists()  # logging, evaluation and checkpoints are the caller's
 
 

@@ -29,6 +29,9 @@ struct StepReport {
   double learning_rate = 0;  ///< the learning rate the step applied (transformers logs this one)
   int64_t tokens = 0;        ///< input positions of the step's micro-batches, padding included
   int64_t samples = 0;       ///< examples of the step's micro-batches
+  double loss_sum = 0;       ///< the micro-batch losses times the positions each is a mean over (token losses summed)
+  int64_t predicted = 0;     ///< those positions: labelled tokens predicted (examples for sequence-level heads)
+  int64_t labelled = 0;      ///< labels that are not ignored, at every position (a causal LM's first included)
   int64_t micro_batches = 0;  ///< micro-batches the step accumulated (fewer than accum at an epoch's end)
   bool skipped = false;      ///< not applied: a non-finite loss or gradient norm, or an fp16 overflow
 };
