@@ -7,6 +7,7 @@ APT_PACKAGES=(
   g++ cmake ninja-build ccache pkg-config
   libdnnl-dev            # oneDNN: the benchmark baseline for matmul
   nlohmann-json3-dev libcli11-dev
+  libopenmpi-dev openmpi-bin  # the collectives of multi-process training (src/comm/mpi.cpp)
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev libomp-14-dev llvm-14  # fuzz.sh, sanitize.sh: sanitizer runtimes, libomp + Archer, symbolizer
 )

@@ -1,0 +1,63 @@
+// Checks every collective of the communicator across the ranks of an MPI job (run under mpirun -np N by ctest):
+// each rank fills its buffers from its rank, and the results must be the sums and gathers computed here. Prints
+// one line per rank and exits non-zero on the first wrong value.
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "fusetrain/comm/communicator.h"
+
+namespace {
+
+int failures = 0;
+
+void expect(bool ok, const char* what, int rank, long i, double got, double want) {
+  if (ok) return;
+  if (failures++ < 5) std::fprintf(stderr, "rank %d: %s[%ld] = %g, expected %g\n", rank, what, i, got, want);
+}
+
+}  // namespace
+
+int main() {
+  auto comm = fusetrain::comm::mpi_world();
+  const int r = comm->rank(), n = comm->size();
+  const long count = 1000003;  // odd, so no chunking lines up by accident
+  std::vector<float> data(static_cast<size_t>(count));
+  for (long i = 0; i < count; ++i) data[static_cast<size_t>(i)] = static_cast<float>((r + 1) * (i % 7));
+  comm->all_reduce_sum(data.data(), count);
+  const double ranks_sum = n * (n + 1) / 2.0;
+  for (long i = 0; i < count; ++i) expect(data[static_cast<size_t>(i)] == ranks_sum * (i % 7), "all_reduce", r, i,
+                                          data[static_cast<size_t>(i)], ranks_sum * (i % 7));
+
+  std::vector<float> async(4096, static_cast<float>(r));
+  auto request = comm->start_all_reduce_sum(async.data(), 4096);
+  request->wait();
+  for (long i = 0; i < 4096; ++i) expect(async[static_cast<size_t>(i)] == n * (n - 1) / 2.0, "iallreduce", r, i,
+                                         async[static_cast<size_t>(i)], n * (n - 1) / 2.0);
+
+  const long shard = 257;
+  std::vector<float> full(static_cast<size_t>(shard * n)), mine(static_cast<size_t>(shard));
+  for (long i = 0; i < shard * n; ++i) full[static_cast<size_t>(i)] = static_cast<float>(i + r);
+  comm->reduce_scatter_sum(full.data(), mine.data(), shard);
+  for (long i = 0; i < shard; ++i) {
+    const double want = n * static_cast<double>(r * shard + i) + n * (n - 1) / 2.0;
+    expect(mine[static_cast<size_t>(i)] == want, "reduce_scatter", r, i, mine[static_cast<size_t>(i)], want);
+  }
+  std::vector<float> gathered(static_cast<size_t>(shard * n));
+  for (long i = 0; i < shard; ++i) mine[static_cast<size_t>(i)] = static_cast<float>(r * 1000 + i);
+  comm->all_gather(mine.data(), gathered.data(), shard);
+  for (long i = 0; i < shard * n; ++i) {
+    const double want = (i / shard) * 1000 + i % shard;
+    expect(gathered[static_cast<size_t>(i)] == want, "all_gather", r, i, gathered[static_cast<size_t>(i)], want);
+  }
+
+  double value = r == 0 ? 3.25 : -1.0;
+  comm->broadcast(&value, sizeof value, 0);
+  expect(value == 3.25, "broadcast", r, 0, value, 3.25);
+  const double total = comm->sum(r + 0.5);
+  expect(std::fabs(total - (ranks_sum - n + 0.5 * n)) < 1e-12, "sum", r, 0, total, ranks_sum - n + 0.5 * n);
+  comm->barrier();
+  std::printf("rank %d of %d (local %d, %s): %s\n", r, n, comm->local_rank(), comm->backend().c_str(),
+              failures ? "FAILED" : "ok");
+  return failures ? 1 : 0;
+}
