@@ -1,5 +1,7 @@
 #include "cli/commands.h"
 
+#include "fusetrain/comm/communicator.h"
+
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
@@ -340,6 +342,10 @@ int run_train(Options& o, bool default_job) {
   Job job = prepare(o, true, !o.eval_file.empty(), false);
   train::Trainer trainer(*job.model, o.args, job.task, job.train.get(), job.eval.get(), job.ids);
   trainer.set_checkpoint_files(tokenizer_files(o.model));
+  // Under mpirun / srun every rank runs this command; they train data-parallel and rank 0 writes and prints.
+  std::shared_ptr<comm::Communicator> comm = comm::launched_by_mpi() ? comm::mpi_world() : comm::single_process();
+  trainer.set_communicator(comm);
+  const bool writer = comm->rank() == 0;
   FT_CHECK(o.report_to == "none" || report_sink(), "--report-to ", o.report_to,
            " needs the fusetrain command installed by pip (or python -m fusetrain), which writes the event files "
            "with TensorBoard's writer; this binary writes output_dir/log.jsonl only");
@@ -349,6 +355,10 @@ int run_train(Options& o, bool default_job) {
     if (o.report_to != "none") report_sink()(entry, o.args.output_dir);
   });
   std::map<std::string, double> metrics = trainer.train();
+  if (!writer) {
+    if (job.eval) trainer.evaluate();  // the ranks run the same collectives to the end
+    return 0;
+  }
   trainer.save_model(o.args.output_dir);
   copy_tokenizer_files(o.model, o.args.output_dir);
   print_metrics(metrics);

@@ -137,6 +137,7 @@ void remove_unfinished_saves(const std::string& output_dir) {
 }
 
 std::string Trainer::save_checkpoint() {
+  if (comm_->rank() != 0) return (fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step))).string();
   fs::create_directories(args_.output_dir);
   const std::string name = "checkpoint-" + std::to_string(state_.global_step);
   const fs::path final_dir = fs::path(args_.output_dir) / name;
@@ -246,7 +247,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
 }
 
 void Trainer::rotate_checkpoints() {
-  if (!args_.save_total_limit) return;
+  if (!args_.save_total_limit || comm_->rank() != 0) return;
   std::vector<std::pair<int64_t, fs::path>> checkpoints;
   const std::regex pattern("checkpoint-([0-9]+)");
   for (const auto& entry : fs::directory_iterator(args_.output_dir)) {

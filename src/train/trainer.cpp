@@ -12,6 +12,7 @@
 #include "fusetrain/data/loader.h"
 #include "fusetrain/data/qa.h"
 #include "fusetrain/optim/optimizer.h"
+#include "fusetrain/comm/communicator.h"
 #include "fusetrain/train/schedule.h"
 #include "train/checkpoint.h"
 #include "train/progress.h"
@@ -78,6 +79,10 @@ models::Batch Trainer::view_of(const data::Batch& b) const {
 
 void Trainer::log(nlohmann::json entry) {
   entry["step"] = state_.global_step;
+  if (comm_->rank() != 0) {  // every rank keeps the history; rank 0 alone writes it
+    state_.log_history.push_back(entry);
+    return;
+  }
   if (delegated_) {  // the callbacks keep the history and write the logs
     for (const auto& c : callbacks_) c->on_log(state_, control_, entry);
     return;
@@ -127,12 +132,23 @@ std::map<std::string, double> Trainer::train() {
            "positions");
   const TrainingArguments& a = args_;
   const int64_t accum = a.gradient_accumulation_steps;
+  // Data parallel: the loader walks global batches of per_device x world examples, in the order one process with
+  // that batch size would, and each rank collates its slice (empty on some ranks in a short last batch).
+  comm::Communicator& comm = *comm_;
+  const int64_t world = comm.size(), rank = comm.rank();
   data::LoaderOptions loader_options;
-  loader_options.batch_size = a.per_device_train_batch_size;
+  loader_options.batch_size = a.per_device_train_batch_size * world;
   loader_options.shuffle = true;
   loader_options.seed = static_cast<uint64_t>(a.seed);
   loader_options.drop_last = a.dataloader_drop_last;
-  data::DataLoader loader(train_->size(), loader_options, collate_for(*train_, a.seed, /*training=*/true));
+  data::CollateFn collate = collate_for(*train_, a.seed, /*training=*/true);
+  if (world > 1)
+    collate = [collate, rank, per = a.per_device_train_batch_size](std::span<const int64_t> indices, uint64_t number) {
+      const size_t begin = std::min(indices.size(), static_cast<size_t>(rank * per));
+      const size_t end = std::min(indices.size(), begin + static_cast<size_t>(per));
+      return begin == end ? data::Batch{} : collate(indices.subspan(begin, end - begin), number);
+    };
+  data::DataLoader loader(train_->size(), loader_options, collate);
   impl_->batches_per_epoch = loader.batches_per_epoch();
   FT_CHECK(impl_->batches_per_epoch > 0, "the training dataset (", train_->size(), " examples) gives no batch of ",
            a.per_device_train_batch_size, " with dataloader_drop_last");
@@ -147,7 +163,7 @@ std::map<std::string, double> Trainer::train() {
   impl_->warmup = warmup_steps_for(a.warmup_steps, a.warmup_ratio, state_.max_steps);
   impl_->nonfinite_skipped_steps = 0;
   impl_->last_checkpoint.clear();
-  remove_unfinished_saves(args_.output_dir);
+  if (rank == 0) remove_unfinished_saves(args_.output_dir);
   if (a.resume_from_checkpoint) load_checkpoint(*a.resume_from_checkpoint);
   if (start_step_) {
     FT_CHECK(*start_step_ <= state_.max_steps, "the run resumes at step ", *start_step_, " but ends at step ",
@@ -159,12 +175,15 @@ std::map<std::string, double> Trainer::train() {
     start_step_.reset();
   }
   model_.params().zero_grads();
+  runtime::ParameterStore& store = model_.params();
+  if (world > 1)  // every rank starts from rank 0's weights
+    comm.broadcast(store.params_data(), store.flat_numel() * static_cast<int64_t>(sizeof(float)), 0);
 
   const int64_t start_epoch = state_.global_step / impl_->updates_per_epoch;
   const int64_t skip_batches = (state_.global_step % impl_->updates_per_epoch) * accum;
   control_ = TrainerControl{};
   for (const auto& c : callbacks_) c->on_train_begin(state_, control_);
-  Progress progress(state_.max_steps, !a.disable_tqdm);
+  Progress progress(state_.max_steps, !a.disable_tqdm && rank == 0);
   progress.update(state_.global_step, {});
   auto started = std::chrono::steady_clock::now();
   double loss_since_log = 0, total_loss = 0, step_loss = 0, nonfinite_loss = 0;
@@ -268,7 +287,35 @@ std::map<std::string, double> Trainer::train() {
       if (micro % accum == 0)
         for (const auto& c : callbacks_) c->on_step_begin(state_, control_);
       if (a.fp16) model_.set_loss_scale(impl_->scaler.scale());
-      double loss = model_.accumulate_grads(view_of(*batch), /*training=*/true);
+      double loss;
+      if (world == 1) {
+        loss = model_.accumulate_grads(view_of(*batch), /*training=*/true);
+      } else {
+        // This micro-batch's share of the step, over all ranks: its mean over the global micro-batch, weighted
+        // 1 / (micro-batches in the step) as one process weights its micro-batches. The gradient buffer holds the
+        // weighted sum so far; scaling it by 1 / w before the backward that adds this rank's mean gradient and by
+        // w after adds w times it. The ranks' buffers are summed at the step's end.
+        const int64_t first_of_step = micro - micro % accum;
+        const int64_t in_this_step = std::min(accum, impl_->batches_per_epoch - first_of_step);
+        const int64_t mine = label_counts(*batch).first;
+        const double global = comm.sum(static_cast<double>(mine));
+        FT_CHECK(global > 0, "a micro-batch of step ", state_.global_step + 1, " has no labelled position on any rank");
+        const double w = static_cast<double>(mine) / global / static_cast<double>(in_this_step);
+        double local_loss = 0;
+        if (mine > 0) {
+          float* g = store.grads_data();
+          const int64_t n = store.flat_numel();
+          if (micro % accum != 0) {
+            const auto inverse = static_cast<float>(1.0 / w);
+            for (int64_t i = 0; i < n; ++i) g[i] *= inverse;
+          }
+          local_loss = model_.accumulate_grads(view_of(*batch), /*training=*/true);
+          const auto weight = static_cast<float>(w);
+          for (int64_t i = 0; i < n; ++i) g[i] *= weight;
+        }
+        // The global micro-batch mean, times in_this_step so that the step's division gives the same mean of means.
+        loss = comm.sum(local_loss * static_cast<double>(mine)) / global;
+      }
       if (!std::isfinite(loss) && std::isfinite(step_loss)) nonfinite_loss = loss;
       step_loss += loss;
       samples_this_run += batch->batch_size;
@@ -284,6 +331,11 @@ std::map<std::string, double> Trainer::train() {
       // The step's loss and gradients are means over its micro-batches (fewer than accum at an epoch's end).
       const int64_t in_step = micro % accum == 0 ? accum : micro % accum;
       step_loss /= static_cast<double>(in_step);
+      double grad_scale = 1.0 / static_cast<double>(in_step);
+      if (world > 1) {  // each rank holds its weighted share of the step's mean gradient: sum them
+        comm.all_reduce_sum(store.grads_data(), store.flat_numel());
+        grad_scale = 1.0;
+      }
 
       std::string skipped;
       step_lr = current_lr();  // logged with the step, as transformers logs the rate its optimizer step used
@@ -292,12 +344,12 @@ std::map<std::string, double> Trainer::train() {
         skipped = str("the loss is ", nonfinite_name(nonfinite_loss));
       } else if (a.fp16) {  // unscale in the fused pass; an overflowed step changes nothing but the scale
         const double norm = impl_->optimizer->clip_and_step_if_finite(
-            a.max_grad_norm, current_lr(), 1.0 / (static_cast<double>(in_step) * impl_->scaler.scale()));
+            a.max_grad_norm, current_lr(), grad_scale / impl_->scaler.scale());
         impl_->scaler.update(!std::isfinite(norm));
         last_norm = norm;
       } else {
         const double norm =
-            impl_->optimizer->clip_and_step_if_finite(a.max_grad_norm, current_lr(), 1.0 / static_cast<double>(in_step));
+            impl_->optimizer->clip_and_step_if_finite(a.max_grad_norm, current_lr(), grad_scale);
         if (std::isfinite(norm))
           last_norm = norm;
         else

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fusetrain/comm/communicator.h"
 #include "fusetrain/data/collator.h"
 #include "fusetrain/data/dataset.h"
 #include "fusetrain/data/loader.h"
@@ -152,6 +153,11 @@ class Trainer {
   /// it skips the batches before it, as a resume from a checkpoint does. `dropout_step` restores the dropout stream
   /// and `nonfinite_skipped_steps` the schedule's lag; 0 when unknown.
   void start_at(int64_t global_step, int64_t dropout_step, int64_t nonfinite_skipped_steps);
+  /// Trains data-parallel over `comm`'s ranks (default: one process): every rank runs this Trainer on the same
+  /// dataset and arguments; each collates its slice of every global batch of per_device_train_batch_size x ranks
+  /// examples, gradients are summed over ranks weighted by their labelled positions (the global batch's mean), and
+  /// rank 0 alone writes logs and checkpoints.
+  void set_communicator(std::shared_ptr<comm::Communicator> comm) { comm_ = std::move(comm); }
   /// AdamW's flat moment buffers (ParameterStore layout) and update count.
   optim::AdamW& optimizer();
   /// Steps the non-finite guard skipped so far (saved beside a checkpoint so the schedule resumes in place).
@@ -174,6 +180,7 @@ class Trainer {
   MetricsFn compute_metrics_;
   TrainerControl control_;
   bool delegated_ = false;
+  std::shared_ptr<comm::Communicator> comm_ = comm::single_process();
   std::optional<int64_t> start_step_;
 
   void log(nlohmann::json entry);
