@@ -131,6 +131,30 @@ def _loss_divides_by_item_count(model: Any) -> bool:
         return True
 
 
+def _engine_state(path: str, step: int) -> dict:
+    """A checkpoint's fusetrain_state.json ({} when absent: a transformers checkpoint), checked field by field."""
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: expected a JSON object, found {type(state).__name__}")
+    dropout = state.get("dropout_step", 0)
+    if isinstance(dropout, bool) or not isinstance(dropout, int) or dropout < 0:
+        raise ValueError(f'{path}: "dropout_step" is {dropout!r}, expected an integer >= 0')
+    scaler = state.get("loss_scaler", {})
+    if not isinstance(scaler, dict):
+        raise ValueError(f'{path}: "loss_scaler" is {scaler!r}, expected an object (scale, growth_tracker, '
+                         "skipped_steps)")
+    skipped = scaler.get("skipped_steps", 0)
+    if isinstance(skipped, bool) or not isinstance(skipped, int) or not 0 <= skipped <= step:
+        raise ValueError(f'{path}: "loss_scaler.skipped_steps" is {skipped!r}, expected an integer in [0, {step}]')
+    return state
+
+
 def _numpy(value: Any) -> np.ndarray:
     return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
@@ -478,8 +502,7 @@ class Trainer(transformers.Trainer):
         elif missing:
             raise ValueError(f"{checkpoint}: optimizer.pt has no state for {', '.join(missing[:5])}")
         engine.set_optimizer_state(min(updates, step), exp_avg, exp_avg_sq)
-        extra_path = os.path.join(checkpoint, _ENGINE_STATE_FILE)
-        extra = json.load(open(extra_path)) if os.path.isfile(extra_path) else {}
+        extra = _engine_state(os.path.join(checkpoint, _ENGINE_STATE_FILE), step)
         scaler_skipped = 0
         if self.args.fp16 and "loss_scaler" in extra:
             engine.scaler_state = extra["loss_scaler"]

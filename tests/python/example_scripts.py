@@ -16,6 +16,8 @@ import pathlib
 import subprocess
 import sys
 
+from test_task_parity import ner_rows  # words tagged by their shape: the NER data of the parity tests
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT.parent / "shared" / "clients" / "transformers-examples"
 DATASETS = ROOT.parent / "shared" / "datasets"
@@ -59,14 +61,6 @@ def _sentences(count: int) -> list[str]:
     return [row["sentence"] for row in sst2_rows("train", count)]
 
 
-def _tag(word: str, previous: str | None) -> str:
-    kind = "NUM" if any(c.isdigit() for c in word) else "CAP" if word[:1].isupper() else \
-        "PUNCT" if not any(c.isalnum() for c in word) else None
-    if kind is None:
-        return "O"
-    return ("I-" if previous is not None and previous.endswith(kind) else "B-") + kind
-
-
 def write_data(work: pathlib.Path) -> dict[str, dict[str, str]]:
     """Each script's data files under `work`: {script: {argument: path}}."""
     import random
@@ -85,11 +79,8 @@ def write_data(work: pathlib.Path) -> dict[str, dict[str, str]]:
     sentences = _sentences(1200)
     # NER: words tagged by their shape (numbers, capitalised words, punctuation), B-/I- for runs.
     with open(work / "ner.json", "w") as f:
-        for sentence in sentences[:320]:
-            words, tags = sentence.split(), []
-            for word in words:
-                tags.append(_tag(word, tags[-1] if tags else None))
-            f.write(json.dumps({"tokens": words, "ner_tags": tags}) + "\n")
+        for row in ner_rows(sentences[:320]):
+            f.write(json.dumps(row) + "\n")
     files["run_ner"] = {"--train_file": str(work / "ner.json"), "--validation_file": str(work / "ner.json"),
                         "--test_file": str(work / "ner.json")}
 

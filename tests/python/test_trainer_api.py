@@ -352,6 +352,24 @@ def test_resume_from_a_python_checkpoint_continues_identically(sst2, tokenizer, 
     assert again.state.global_step == 8
 
 
+def test_a_damaged_engine_state_file_is_refused_on_resume(sst2, tokenizer, tmp_path):
+    train, _ = sst2
+    trainer = Trainer(model=tiny_bert(), args=args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2),
+                      train_dataset=train, processing_class=tokenizer)
+    trainer.train()
+    state = tmp_path / "out" / "checkpoint-2" / "fusetrain_state.json"
+    assert json.loads(state.read_text())["dropout_step"] >= 0
+    for text, message in (('{"dropout_step": -3}', '"dropout_step" is -3, expected an integer >= 0'),
+                          ("{not json", "not JSON"),
+                          ('{"loss_scaler": {"skipped_steps": 9}}', r'"loss_scaler.skipped_steps" is 9, expected an '
+                                                                    r"integer in \[0, 2\]")):
+        state.write_text(text)
+        again = Trainer(model=tiny_bert(), args=args(tmp_path, max_steps=4), train_dataset=train,
+                        processing_class=tokenizer)
+        with pytest.raises(ValueError, match=message):
+            again.train(resume_from_checkpoint=str(state.parent))
+
+
 def test_hyperparameter_search_with_optuna(sst2, tokenizer, tmp_path):
     optuna = pytest.importorskip("optuna")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
