@@ -37,12 +37,12 @@ class SingleProcess final : public Communicator {
 std::unique_ptr<Communicator> single_process() { return std::make_unique<SingleProcess>(); }
 
 bool launched_by_mpi() {
-#ifdef FUSETRAIN_HAVE_MPI
+  // Checked in every build: a build without MPI started by mpirun must refuse (mpi_world throws) rather than run N
+  // independent trainings into one output directory.
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
     const char* value = std::getenv(name);
     if (value != nullptr && std::atoi(value) > 1) return true;
   }
-#endif
   return false;
 }
 

@@ -45,8 +45,8 @@ class Communicator {
 /// The job of one process: every collective is the identity.
 std::unique_ptr<Communicator> single_process();
 
-/// True when this build has Open MPI and the process was started by an MPI launcher (mpirun, srun) with more than
-/// one rank, as the launcher's environment says.
+/// True when the process was started by an MPI launcher (mpirun, srun) with more than one rank, as the launcher's
+/// environment says (in every build: mpi_world() then refuses a build without MPI).
 bool launched_by_mpi();
 
 /// The MPI world (MPI is initialised on first use and finalised at exit). Throws Error when this build has no MPI.
