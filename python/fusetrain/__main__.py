@@ -1,12 +1,23 @@
 """The `fusetrain` command (installed by pip) and `python -m fusetrain`: the engine's command line (train,
-evaluate, predict, inspect, info) plus `report`.
+evaluate, predict, inspect, info) plus `report` and `launch`.
 
     fusetrain train                               # the embedded default job
     fusetrain train --model DIR --task seq-cls --train-file train.tsv --eval-file dev.tsv --report-to tensorboard
     fusetrain report RUN_DIR                      # RUN_DIR/report.png and report.html from RUN_DIR/log.jsonl
+    fusetrain launch -n 4 -- train --model DIR --train-file train.tsv   # data parallel over 4 Open MPI ranks
+    fusetrain launch -n 4 --hosts node1:2,node2:2 -- train ...          # 2 ranks on each of two hosts
     fusetrain --help
+
+`launch` runs `mpirun -np N ... python -m fusetrain <subcommand and args>` with this Python and exits with
+mpirun's status. On this machine alone it adds `--oversubscribe` when N exceeds its cores and, unless
+OMP_NUM_THREADS is set, gives each rank an equal share of them. With `--hosts` (Open MPI's `--host` list,
+`HOST:SLOTS` for more than one rank per host) the ranks start over ssh and get PATH, PYTHONPATH,
+LD_LIBRARY_PATH, VIRTUAL_ENV and OMP_NUM_THREADS from here where they are set. As root it sets
+OMPI_ALLOW_RUN_AS_ROOT and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM to 1 unless they are already set.
 """
 
+import os
+import shutil
 import sys
 
 from fusetrain import _core
@@ -28,11 +39,96 @@ def _report(argv: list[str]) -> int:
     return 0
 
 
+_LAUNCH_USAGE = "usage: fusetrain launch -n N [--hosts H1,H2,...] -- <fusetrain subcommand and args>"
+_LAUNCH_EXPORTS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "OMP_NUM_THREADS")
+
+
+def _cores() -> int:
+    """The physical cores this process may run on: the slots Open MPI gives the local host."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in allowed:
+        topology = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+        try:
+            with open(topology + "physical_package_id") as package, open(topology + "core_id") as core:
+                cores.add((package.read().strip(), core.read().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))
+
+
+def _launch_error(message: str) -> int:
+    print(f"fusetrain: error: launch: {message}\n{_LAUNCH_USAGE}", file=sys.stderr)
+    return 2
+
+
+def _launch(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(_LAUNCH_USAGE)
+        return 0
+    if "--" not in argv:
+        found = f"`{' '.join(argv)}` without it" if argv else "no arguments"
+        return _launch_error(f"expected `--` before the fusetrain subcommand, found {found}")
+    split = argv.index("--")
+    options, command = argv[:split], argv[split + 1:]
+    if not command:
+        return _launch_error("expected a fusetrain subcommand after `--` (train, evaluate, ...), found nothing")
+    ranks, hosts = None, None
+    at = 0
+    while at < len(options):
+        name, equals, value = options[at].partition("=")
+        if name not in ("-n", "--hosts"):
+            return _launch_error(f"expected -n or --hosts before `--`, found {options[at]!r}")
+        if not equals:
+            if at + 1 == len(options):
+                return _launch_error(f"expected a value after {name}, found none")
+            at += 1
+            value = options[at]
+        if name == "-n":
+            ranks = value
+        else:
+            hosts = value
+        at += 1
+    if ranks is None:
+        return _launch_error("expected -n N (the number of processes), found no -n")
+    if not ranks.isdigit() or int(ranks) < 1:
+        return _launch_error(f"-n is the number of processes, expected an integer >= 1, found {ranks!r}")
+    if hosts is not None and (not hosts or "" in hosts.split(",")):
+        return _launch_error(f"--hosts expected a comma-separated list of host names, found {hosts!r}")
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        return _launch_error(f"expected Open MPI's mpirun on PATH, found none (PATH={os.environ.get('PATH', '')})")
+
+    env = dict(os.environ)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    mpi = [mpirun, "-np", ranks]
+    if hosts is None:
+        cores = _cores()
+        if int(ranks) > cores:
+            mpi.append("--oversubscribe")
+        env.setdefault("OMP_NUM_THREADS", str(max(1, cores // int(ranks))))
+    else:
+        mpi += ["--host", hosts]
+    for name in _LAUNCH_EXPORTS:
+        if name in env:
+            mpi += ["-x", name]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # exec, not a child: mpirun's exit status is this command's, and a signal sent to it (Ctrl-C, a scheduler's
+    # SIGTERM) reaches mpirun, which forwards it to every rank.
+    os.execve(mpirun, [*mpi, sys.executable, "-m", "fusetrain", *command], env)
+    return 1  # not reached
+
+
 def main() -> int:
     """Runs the command line with this process's arguments; returns its exit status."""
     argv = sys.argv[1:]
     if argv[:1] == ["report"]:
         return _report(argv[1:])
+    if argv[:1] == ["launch"]:
+        return _launch(argv[1:])
     sys.stdout.flush()
     report_to = next((a.split("=", 1)[1] for a in argv if a.startswith("--report-to=")), None)
     if "--report-to" in argv and argv.index("--report-to") + 1 < len(argv):
