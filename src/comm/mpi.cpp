@@ -84,12 +84,24 @@ class Mpi final : public Communicator {
           "MPI_Iallreduce");
     return request;
   }
-  void reduce_scatter_sum(const float* in, float* out, int64_t n) override {
-    check(MPI_Reduce_scatter_block(in, out, count_of(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
-          "MPI_Reduce_scatter_block");
+  void all_reduce_sum(double* data, int64_t n) override {
+    check(MPI_Allreduce(MPI_IN_PLACE, data, count_of(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
   }
-  void all_gather(const float* in, float* out, int64_t n) override {
-    check(MPI_Allgather(in, count_of(n), MPI_FLOAT, out, count_of(n), MPI_FLOAT, MPI_COMM_WORLD), "MPI_Allgather");
+  void reduce_scatter_sum(const float* in, float* out, std::span<const int64_t> counts) override {
+    set_counts(counts);
+    check(MPI_Reduce_scatter(in, out, counts_.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Reduce_scatter");
+  }
+  void all_gather_in_place(float* data, std::span<const int64_t> counts) override {
+    set_counts(counts);
+    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts_.data(), displacements_.data(), MPI_FLOAT,
+                         MPI_COMM_WORLD),
+          "MPI_Allgatherv");
+  }
+  void send(const void* data, int64_t bytes, int dest) override {
+    check(MPI_Send(data, count_of(bytes), MPI_BYTE, dest, 0, MPI_COMM_WORLD), "MPI_Send");
+  }
+  void recv(void* data, int64_t bytes, int source) override {
+    check(MPI_Recv(data, count_of(bytes), MPI_BYTE, source, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
   }
   void broadcast(void* data, int64_t bytes, int root) override {
     check(MPI_Bcast(data, count_of(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
@@ -101,8 +113,22 @@ class Mpi final : public Communicator {
   void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
 
  private:
+  // MPI's int counts and displacements of a v-collective, kept to avoid allocating per call.
+  void set_counts(std::span<const int64_t> counts) {
+    FT_CHECK(static_cast<int64_t>(counts.size()) == size_, "a collective over ", size_, " ranks got ", counts.size(),
+             " counts");
+    counts_.resize(counts.size());
+    displacements_.resize(counts.size());
+    int64_t offset = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      counts_[r] = count_of(counts[r]);
+      displacements_[r] = count_of(offset);
+      offset += counts[r];
+    }
+  }
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   std::string backend_;
+  std::vector<int> counts_, displacements_;
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "fusetrain/comm/communicator.h"
+#include "fusetrain/core/error.h"
 
 namespace fusetrain::comm {
 namespace {
@@ -21,11 +22,16 @@ class SingleProcess final : public Communicator {
   std::string backend() const override { return "single process"; }
   void all_reduce_sum(float*, int64_t) override {}
   std::unique_ptr<Request> start_all_reduce_sum(float*, int64_t) override { return std::make_unique<Done>(); }
-  void reduce_scatter_sum(const float* in, float* out, int64_t n) override {
-    if (in != out) std::copy_n(in, n, out);
+  void all_reduce_sum(double*, int64_t) override {}
+  void reduce_scatter_sum(const float* in, float* out, std::span<const int64_t> counts) override {
+    if (in != out) std::copy_n(in, counts[0], out);
   }
-  void all_gather(const float* in, float* out, int64_t n) override {
-    if (in != out) std::copy_n(in, n, out);
+  void all_gather_in_place(float*, std::span<const int64_t>) override {}
+  void send(const void*, int64_t, int dest) override {
+    throw Error(str("send to rank ", dest, " in a job of one process"));
+  }
+  void recv(void*, int64_t, int source) override {
+    throw Error(str("recv from rank ", source, " in a job of one process"));
   }
   void broadcast(void*, int64_t, int) override {}
   double sum(double value) override { return value; }

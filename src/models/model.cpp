@@ -317,7 +317,8 @@ void require_ids(const Tensor& t, const char* what, int64_t B, int64_t T) {
 
 }  // namespace
 
-ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bool zero_grads) {
+ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bool zero_grads,
+                       runtime::RunObserver* observer) {
   const Tensor& ids = batch.input_ids;
   FT_CHECK(ids.data() != nullptr && ids.shape().rank() == 2, "input_ids must have shape (batch, sequence), found ",
            ids.shape().to_string());
@@ -424,7 +425,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     *plan.input(compile::kLossScaleInput).data_as<float>() = static_cast<float>(loss_scale_);
   if (zero_grads) params_->zero_grads();
   if (training) plan.set_step((dropout_seed_ << 32) + rng_step_++);
-  plan.run();
+  plan.run(observer);
   last_plan_ = &plan;
   last_pass_log_ = &program.log;
   ModelOutput out;
@@ -440,6 +441,8 @@ ModelOutput Model::forward(const Batch& batch, bool training) { return run(batch
 
 double Model::loss_and_grads(const Batch& batch, bool training) { return *run(batch, training, true, true).loss; }
 
-double Model::accumulate_grads(const Batch& batch, bool training) { return *run(batch, training, true, false).loss; }
+double Model::accumulate_grads(const Batch& batch, bool training, runtime::RunObserver* observer) {
+  return *run(batch, training, true, false, observer).loss;
+}
 
 }  // namespace fusetrain::models

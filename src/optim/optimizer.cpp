@@ -3,6 +3,7 @@
 // decay flag splits the buffer into ranges, not into per-tensor passes.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "fusetrain/core/error.h"
@@ -92,16 +93,25 @@ double clip_grad_norm(runtime::ParameterStore& params, double max_norm, int num_
   return norm;
 }
 
-AdamW::AdamW(runtime::ParameterStore& params, AdamWConfig config)
+AdamW::AdamW(runtime::ParameterStore& params, AdamWConfig config, Shard shard)
     : params_(params),
       config_(config),
-      m_(aligned_allocate(static_cast<size_t>(params.flat_numel()) * sizeof(float))),
-      v_(aligned_allocate(static_cast<size_t>(params.flat_numel()) * sizeof(float))) {
+      begin_(shard.begin),
+      end_(shard.end < 0 ? params.flat_numel() : shard.end),
+      grads_(shard.grads) {
+  FT_CHECK(begin_ >= 0 && begin_ <= end_ && end_ <= params.flat_numel(), "AdamW: the shard [", begin_, ", ", end_,
+           ") is not within the ", params.flat_numel(), " elements of the parameters");
+  m_ = aligned_allocate(static_cast<size_t>(std::max<int64_t>(end_ - begin_, 1)) * sizeof(float));
+  v_ = aligned_allocate(static_cast<size_t>(std::max<int64_t>(end_ - begin_, 1)) * sizeof(float));
   FT_CHECK(config.lr >= 0, "AdamW: learning rate must be >= 0, found ", config.lr);
   FT_CHECK(config.beta1 >= 0 && config.beta1 < 1 && config.beta2 >= 0 && config.beta2 < 1,
            "AdamW: betas must be in [0, 1), found (", config.beta1, ", ", config.beta2, ")");
   FT_CHECK(config.eps >= 0, "AdamW: eps must be >= 0, found ", config.eps);
   FT_CHECK(config.weight_decay >= 0, "AdamW: weight_decay must be >= 0, found ", config.weight_decay);
+}
+
+double AdamW::grad_sum_of_squares() const {
+  return end_ > begin_ ? sum_of_squares(grads(), end_ - begin_, threads_or_default(num_threads_)) : 0.0;
 }
 
 void AdamW::step(double grad_scale, double lr) {
@@ -125,18 +135,25 @@ void AdamW::step(double grad_scale, double lr) {
   const int threads = threads_or_default(num_threads_);
   // Consecutive slots with the same decay flag form one range: one loop per run of slots, not per tensor.
   const std::vector<runtime::ParamSlot>& slots = params_.slots();
+  // Indices are relative to the shard: element i of m, v and the gradients is flat element begin_ + i.
+  float* p = params_.params_data() + begin_;
   for (size_t first = 0; first < slots.size();) {
     size_t last = first;
     while (last + 1 < slots.size() && slots[last + 1].weight_decay == slots[first].weight_decay) ++last;
     k.decay = slots[first].weight_decay ? decay : 1.0f;
-    adamw_range(params_.params_data(), params_.grads_data(), exp_avg(), exp_avg_sq(), slots[first].offset,
-                slots[last].offset + slots[last].numel, k, threads);
+    const int64_t lo = std::max(slots[first].offset, begin_);
+    const int64_t hi = std::min(slots[last].offset + slots[last].numel, end_);
+    if (lo < hi) adamw_range(p, grads(), exp_avg(), exp_avg_sq(), lo - begin_, hi - begin_, k, threads);
     first = last + 1;
   }
 }
 
 double AdamW::clip_and_step_if_finite(double max_norm, double lr, double grad_scale) {
-  double norm = grad_norm(params_, num_threads_) * grad_scale;  // inf or NaN when any gradient is
+  return clip_and_step_if_finite_with_norm(std::sqrt(grad_sum_of_squares()), max_norm, lr, grad_scale);
+}
+
+double AdamW::clip_and_step_if_finite_with_norm(double unscaled_norm, double max_norm, double lr, double grad_scale) {
+  double norm = unscaled_norm * grad_scale;  // inf or NaN when any gradient is
   if (!std::isfinite(norm)) return norm;
   double clip = 1.0;
   if (max_norm > 0) clip = std::min(1.0, max_norm / (norm + 1e-6));
@@ -145,7 +162,7 @@ double AdamW::clip_and_step_if_finite(double max_norm, double lr, double grad_sc
 }
 
 double AdamW::clip_and_step(double max_norm, double lr, double grad_scale) {
-  double norm = grad_norm(params_, num_threads_) * grad_scale;
+  double norm = std::sqrt(grad_sum_of_squares()) * grad_scale;
   double clip = 1.0;
   if (max_norm > 0) clip = std::min(1.0, max_norm / (norm + 1e-6));
   step(grad_scale * clip, lr);

@@ -124,6 +124,7 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
   }
 
   // Bind every kernel to its memory.
+  p.gradient_final_node_.assign(params.slots().size(), -1);
   for (int i = 0; i < num_steps; ++i) {
     Step& step = p.steps_[static_cast<size_t>(i)];
     const ir::Node& n = *step.node;
@@ -137,6 +138,7 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
       Tensor out = p.value_tensors_[static_cast<size_t>(v)];
       uint8_t accumulate = 0;
       if (memory::is_bound_gradient(g, v)) {
+        p.gradient_final_node_[params.index(g.value(g.value(v).gradient_of).name)] = i;
         int temp = storage.temporaries_of[static_cast<size_t>(i)][temp_index++];
         if (temp >= 0) {
           Tensor t = Tensor::view(storage_ptr(temp), out.shape(), out.dtype());
@@ -187,13 +189,23 @@ void Plan::bind_input(const std::string& name, const void* data) {
   input(name);  // throws with the list of inputs
 }
 
-void Plan::run() {
+void Plan::run(RunObserver* observer) {
   kernels::StepContext ctx;
   ctx.rng_offset = step_;
   ctx.num_threads = num_threads_;
-  for (Step& step : steps_) {
-    step.kernel->run(step.args, ctx);
-    for (const Step::Accumulation& a : step.accumulations) device_->add_into(a.dest, a.temp, a.numel, ctx);
+  if (observer == nullptr) {
+    for (Step& step : steps_) {
+      step.kernel->run(step.args, ctx);
+      for (const Step::Accumulation& a : step.accumulations) device_->add_into(a.dest, a.temp, a.numel, ctx);
+    }
+  } else {
+    observer->begin(*this);
+    for (size_t i = 0; i < steps_.size(); ++i) {
+      steps_[i].kernel->run(steps_[i].args, ctx);
+      for (const Step::Accumulation& a : steps_[i].accumulations) device_->add_into(a.dest, a.temp, a.numel, ctx);
+      observer->after_node(i);
+    }
+    observer->end();
   }
   ++step_;
 }

@@ -137,7 +137,15 @@ void remove_unfinished_saves(const std::string& output_dir) {
 }
 
 std::string Trainer::save_checkpoint() {
-  if (comm_->rank() != 0) return (fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step))).string();
+  if (comm_->rank() != 0) {
+    if (impl_->sync && impl_->sync->zero_stage() > 0) {  // rank 0 writes this rank's shard of the moments
+      const optim::AdamW& opt = *impl_->optimizer;
+      const int64_t bytes = (opt.shard_end() - opt.shard_begin()) * static_cast<int64_t>(sizeof(float));
+      comm_->send(opt.exp_avg(), bytes, 0);
+      comm_->send(opt.exp_avg_sq(), bytes, 0);
+    }
+    return (fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step))).string();
+  }
   fs::create_directories(args_.output_dir);
   const std::string name = "checkpoint-" + std::to_string(state_.global_step);
   const fs::path final_dir = fs::path(args_.output_dir) / name;
@@ -159,13 +167,7 @@ std::string Trainer::save_checkpoint() {
 void Trainer::write_checkpoint(const std::filesystem::path& staged) {
   model_.save_pretrained(staged.string());
   maybe_fault_during_save(state_.global_step);
-  const runtime::ParameterStore& params = model_.params();
-  const Shape flat{params.flat_numel()};
-  std::vector<std::pair<std::string, Tensor>> moments{
-      {"exp_avg", Tensor::view(impl_->optimizer->exp_avg(), flat, DType::f32)},
-      {"exp_avg_sq", Tensor::view(impl_->optimizer->exp_avg_sq(), flat, DType::f32)}};
-  io::save_safetensors((staged / "optimizer.safetensors").string(), moments,
-                       {{"step", std::to_string(impl_->optimizer->step_count())}, {"optimizer", "AdamW"}});
+  write_optimizer_state(staged);
   write_json(staged / "scheduler.json", nlohmann::json{{"last_epoch", state_.global_step},
                                                        {"nonfinite_skipped_steps", impl_->nonfinite_skipped_steps},
                                                        {"type", args_.lr_scheduler_type},
@@ -179,10 +181,98 @@ void Trainer::write_checkpoint(const std::filesystem::path& staged) {
     io::copy_file_atomic(file, (staged / fs::path(file).filename()).string());
 }
 
+namespace {
+
+// ZeRO checkpoints hold the AdamW moments by shard: optimizer-shard-R-of-N.safetensors, elements [begin, end) of the
+// flat buffers (metadata), instead of one optimizer.safetensors.
+std::string shard_file_name(int rank, int world) {
+  return str("optimizer-shard-", rank, "-of-", world, ".safetensors");
+}
+
+// The optimizer files of a checkpoint: optimizer.safetensors, or every shard file of one world size.
+std::vector<fs::path> optimizer_files(const fs::path& dir) {
+  if (fs::exists(dir / "optimizer.safetensors")) return {dir / "optimizer.safetensors"};
+  const std::regex pattern("optimizer-shard-([0-9]+)-of-([0-9]+)\\.safetensors");
+  int world = -1;
+  std::vector<int> ranks;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (!std::regex_match(name, m, pattern)) continue;
+    const int w = std::stoi(m[2]);
+    FT_CHECK(world < 0 || world == w, dir.string(), " holds optimizer shards of ", world, " and of ", w,
+             " ranks; a checkpoint has the shards of one job");
+    world = w;
+    ranks.push_back(std::stoi(m[1]));
+  }
+  FT_CHECK(world > 0, "resume_from_checkpoint: \"", dir.string(),
+           "\" has no optimizer.safetensors and no optimizer-shard-*-of-*.safetensors (not a fusetrain checkpoint)");
+  std::sort(ranks.begin(), ranks.end());
+  std::vector<fs::path> files;
+  for (int r = 0; r < world; ++r) {
+    FT_CHECK(std::binary_search(ranks.begin(), ranks.end(), r), dir.string(), " lacks ", shard_file_name(r, world),
+             ": the optimizer state of ", world, " ranks is incomplete");
+    files.push_back(dir / shard_file_name(r, world));
+  }
+  return files;
+}
+
+int64_t metadata_integer(const io::SafetensorsFile& file, const char* key, int64_t low, int64_t high) {
+  const auto it = file.metadata().find(key);
+  int64_t value = -1;
+  bool ok = it != file.metadata().end();
+  if (ok) {
+    const std::string& text = it->second;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    ok = ec == std::errc() && end == text.data() + text.size() && value >= low && value <= high;
+  }
+  FT_CHECK(ok, file.path(), ": the metadata \"", key, "\" should be an integer in [", low, ", ", high, "], found ",
+           it == file.metadata().end() ? std::string("none") : "\"" + it->second + "\"");
+  return value;
+}
+
+}  // namespace
+
+void Trainer::write_optimizer_state(const fs::path& staged) {
+  const optim::AdamW& opt = *impl_->optimizer;
+  const std::map<std::string, std::string> metadata{{"step", std::to_string(opt.step_count())},
+                                                    {"optimizer", "AdamW"}};
+  if (!impl_->sync || impl_->sync->zero_stage() == 0) {
+    const Shape flat{model_.params().flat_numel()};
+    io::save_safetensors((staged / "optimizer.safetensors").string(),
+                         {{"exp_avg", Tensor::view(opt.exp_avg(), flat, DType::f32)},
+                          {"exp_avg_sq", Tensor::view(opt.exp_avg_sq(), flat, DType::f32)}},
+                         metadata);
+    return;
+  }
+  // Rank 0 receives the other ranks' shards one at a time (no rank ever holds more than two shards).
+  const int world = comm_->size();
+  const auto [first_begin, first_end] = shard_of(model_.params().flat_numel(), 0, world);
+  std::vector<float> m(static_cast<size_t>(first_end - first_begin)), v(m.size());
+  for (int r = 0; r < world; ++r) {
+    const auto [begin, end] = shard_of(model_.params().flat_numel(), r, world);
+    const Shape shape{end - begin};
+    const float* mr = opt.exp_avg();
+    const float* vr = opt.exp_avg_sq();
+    if (r > 0) {
+      comm_->recv(m.data(), (end - begin) * static_cast<int64_t>(sizeof(float)), r);
+      comm_->recv(v.data(), (end - begin) * static_cast<int64_t>(sizeof(float)), r);
+      mr = m.data();
+      vr = v.data();
+    }
+    std::map<std::string, std::string> shard_metadata = metadata;
+    shard_metadata["begin"] = std::to_string(begin);
+    shard_metadata["end"] = std::to_string(end);
+    io::save_safetensors((staged / shard_file_name(r, world)).string(),
+                         {{"exp_avg", Tensor::view(const_cast<float*>(mr), shape, DType::f32)},
+                          {"exp_avg_sq", Tensor::view(const_cast<float*>(vr), shape, DType::f32)}},
+                         shard_metadata);
+  }
+}
+
 void Trainer::load_checkpoint(const std::string& dir) {
   FT_CHECK(fs::is_directory(dir), "resume_from_checkpoint: \"", dir, "\" is not a directory");
-  for (const char* file :
-       {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json", "rng_state.json"})
+  for (const char* file : {"config.json", "model.safetensors", "trainer_state.json", "rng_state.json"})
     FT_CHECK(fs::exists(fs::path(dir) / file), "resume_from_checkpoint: \"", dir, "\" has no ", file,
              " (not a fusetrain checkpoint)");
   // Every field is read and checked against this run before anything is loaded.
@@ -210,34 +300,46 @@ void Trainer::load_checkpoint(const std::string& dir) {
     const std::string scaler_file = (fs::path(dir) / "scaler.json").string();
     scaler.load_json(io::read_json_file(scaler_file), scaler_file, step);
   }
-  io::SafetensorsFile optimizer = io::SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
-  const auto step_text = optimizer.metadata().find("step");
-  int64_t optimizer_steps = -1;
-  if (step_text != optimizer.metadata().end()) {
-    const std::string& text = step_text->second;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), optimizer_steps);
-    if (ec != std::errc() || end != text.data() + text.size()) optimizer_steps = -1;
-  }
-  FT_CHECK(optimizer_steps >= 0 && optimizer_steps <= step, optimizer.path(),
-           ": the metadata \"step\" (AdamW's update count) should be an integer in [0, ", step,
-           "] (the checkpoint's global_step), found ",
-           step_text == optimizer.metadata().end() ? std::string("none") : "\"" + step_text->second + "\"");
+  // The AdamW moments, from one file or from the shards of any world size: this optimizer's range of the flat
+  // buffers is copied from every file that overlaps it (ZeRO resumed on a different number of ranks re-shards).
+  optim::AdamW& opt = *impl_->optimizer;
   const int64_t n = model_.params().flat_numel();
-  std::vector<Tensor> moments;
-  for (const char* name : {"exp_avg", "exp_avg_sq"}) {
-    Tensor t = optimizer.tensor(name);
-    FT_CHECK(t.dtype() == DType::f32 && t.numel() == n, optimizer.path(), ": \"", name, "\" has ", t.numel(), " ",
-             dtype_name(t.dtype()), " elements, the model needs ", n, " f32");
-    const int64_t bad = find_nonfinite(t.data(), t.dtype(), n);
-    FT_CHECK(bad < 0, optimizer.path(), ": \"", name, "\" holds a non-finite value at element ", bad,
-             "; the optimizer state of a diverged run cannot be resumed");
-    moments.push_back(t);
+  const int64_t want_begin = opt.shard_begin(), want_end = opt.shard_end();
+  std::vector<float> m(static_cast<size_t>(want_end - want_begin)), v(m.size());
+  int64_t optimizer_steps = -1, covered = 0;
+  for (const fs::path& path : optimizer_files(dir)) {
+    io::SafetensorsFile optimizer = io::SafetensorsFile::open(path.string());
+    const int64_t steps = metadata_integer(optimizer, "step", 0, step);
+    FT_CHECK(optimizer_steps < 0 || optimizer_steps == steps, path.string(), ": \"step\" is ", steps,
+             " but the other shards have ", optimizer_steps);
+    optimizer_steps = steps;
+    const bool sharded = path.filename() != "optimizer.safetensors";
+    const int64_t begin = sharded ? metadata_integer(optimizer, "begin", 0, n) : 0;
+    const int64_t end = sharded ? metadata_integer(optimizer, "end", begin, n) : n;
+    FT_CHECK(begin == covered, path.string(), " holds elements [", begin, ", ", end, ") but the shards before it end at ",
+             covered, "; the model has ", n);
+    covered = end;
+    const int64_t lo = std::max(begin, want_begin), hi = std::min(end, want_end);
+    for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+      Tensor t = optimizer.tensor(name);
+      FT_CHECK(t.dtype() == DType::f32 && t.numel() == end - begin, optimizer.path(), ": \"", name, "\" has ",
+               t.numel(), " ", dtype_name(t.dtype()), " elements, ", sharded ? "its shard" : "the model", " needs ",
+               end - begin, " f32");
+      const int64_t bad = find_nonfinite(t.data(), t.dtype(), t.numel());
+      FT_CHECK(bad < 0, optimizer.path(), ": \"", name, "\" holds a non-finite value at element ", bad,
+               "; the optimizer state of a diverged run cannot be resumed");
+      if (lo < hi)
+        std::copy(t.data_as<float>() + (lo - begin), t.data_as<float>() + (hi - begin),
+                  (std::string(name) == "exp_avg" ? m : v).begin() + (lo - want_begin));
+    }
   }
+  FT_CHECK(covered == n, "resume_from_checkpoint: the optimizer state in \"", dir, "\" covers ", covered, " of the ",
+           n, " parameter elements");
 
   load_checkpoint_weights(model_, dir);
-  std::copy_n(moments[0].data_as<float>(), n, impl_->optimizer->exp_avg());
-  std::copy_n(moments[1].data_as<float>(), n, impl_->optimizer->exp_avg_sq());
-  impl_->optimizer->set_step_count(optimizer_steps);
+  std::copy(m.begin(), m.end(), opt.exp_avg());
+  std::copy(v.begin(), v.end(), opt.exp_avg_sq());
+  opt.set_step_count(optimizer_steps);
   resumed.max_steps = state_.max_steps;
   state_ = std::move(resumed);
   model_.set_rng_step(static_cast<uint64_t>(dropout_step));

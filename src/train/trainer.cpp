@@ -55,6 +55,36 @@ Trainer::Trainer(models::Model& model, TrainingArguments args, Head task, const 
 
 Trainer::~Trainer() = default;
 
+void Trainer::check_same_configuration() {
+  comm::Communicator& comm = *comm_;
+  nlohmann::json mine = args_.to_json();
+  mine["model"] = model_.architecture();
+  mine["parameter_elements"] = model_.params().flat_numel();
+  mine["train_examples"] = train_ ? train_->size() : 0;
+  mine["eval_examples"] = eval_ ? eval_->size() : 0;
+  std::string text = mine.dump();
+  int64_t length = static_cast<int64_t>(text.size());
+  comm.broadcast(&length, sizeof length, 0);
+  std::string reference = comm.rank() == 0 ? text : std::string(static_cast<size_t>(length), ' ');
+  comm.broadcast(reference.data(), length, 0);
+  const nlohmann::json first = nlohmann::json::parse(reference);
+  std::string differences;
+  for (const auto& [key, value] : first.items())
+    if (!mine.contains(key) || mine[key] != value)
+      differences += str(differences.empty() ? "" : "; ", key, " is ", mine.contains(key) ? mine[key].dump() : "unset",
+                         " here and ", value.dump(), " on rank 0");
+  std::vector<double> differs(static_cast<size_t>(comm.size()), 0.0);
+  differs[static_cast<size_t>(comm.rank())] = differences.empty() ? 0.0 : 1.0;
+  comm.all_reduce_sum(differs.data(), static_cast<int64_t>(differs.size()));
+  std::string ranks;
+  for (size_t r = 0; r < differs.size(); ++r)
+    if (differs[r] != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  FT_CHECK(differences.empty(), "rank ", comm.rank(), " of the data-parallel job was started with another ",
+           "configuration than rank 0: ", differences);
+  FT_CHECK(ranks.empty(), "rank(s) ", ranks, " of the data-parallel job were started with another configuration than ",
+           "rank 0 (model, data or arguments); every rank must run the same job");
+}
+
 models::Batch Trainer::view_of(const data::Batch& b) const {
   models::Batch m;
   const int64_t B = b.batch_size, T = b.seq_len;
@@ -164,6 +194,18 @@ std::map<std::string, double> Trainer::train() {
   impl_->nonfinite_skipped_steps = 0;
   impl_->last_checkpoint.clear();
   if (rank == 0) remove_unfinished_saves(args_.output_dir);
+  runtime::ParameterStore& store = model_.params();
+  if (world > 1) {
+    check_same_configuration();
+    impl_->sync = std::make_unique<GradientSync>(comm, store, a.ddp_bucket_cap_mb << 20, static_cast<int>(a.zero_stage));
+    if (a.zero_stage > 0) {  // this rank's AdamW keeps the moments of its shard only
+      const optim::AdamWConfig config = impl_->optimizer->config();
+      impl_->optimizer = std::make_unique<optim::AdamW>(
+          store, config,
+          optim::Shard{impl_->sync->shard_begin(), impl_->sync->shard_end(), impl_->sync->optimizer_grads()});
+      impl_->optimizer->set_num_threads(static_cast<int>(a.fusetrain_threads));
+    }
+  }
   if (a.resume_from_checkpoint) load_checkpoint(*a.resume_from_checkpoint);
   if (start_step_) {
     FT_CHECK(*start_step_ <= state_.max_steps, "the run resumes at step ", *start_step_, " but ends at step ",
@@ -175,7 +217,6 @@ std::map<std::string, double> Trainer::train() {
     start_step_.reset();
   }
   model_.params().zero_grads();
-  runtime::ParameterStore& store = model_.params();
   if (world > 1)  // every rank starts from rank 0's weights
     comm.broadcast(store.params_data(), store.flat_numel() * static_cast<int64_t>(sizeof(float)), 0);
 
@@ -204,6 +245,7 @@ std::map<std::string, double> Trainer::train() {
   };
   int64_t step_tokens = 0, step_samples = 0, step_predicted = 0, step_labelled = 0;
   double step_loss_sum = 0;
+  std::vector<double> step_terms;  // data parallel: each micro-batch's share of the step's loss, summed over ranks
   auto lr_at = [&](int64_t step) {
     return a.learning_rate * lr_lambda(impl_->schedule, step, impl_->warmup, state_.max_steps, a.learning_rate);
   };
@@ -292,29 +334,25 @@ std::map<std::string, double> Trainer::train() {
         loss = model_.accumulate_grads(view_of(*batch), /*training=*/true);
       } else {
         // This micro-batch's share of the step, over all ranks: its mean over the global micro-batch, weighted
-        // 1 / (micro-batches in the step) as one process weights its micro-batches. The gradient buffer holds the
-        // weighted sum so far; scaling it by 1 / w before the backward that adds this rank's mean gradient and by
-        // w after adds w times it. The ranks' buffers are summed at the step's end.
+        // 1 / (micro-batches in the step) as one process weights its micro-batches. The gradient sync applies the
+        // weight to each bucket as backward finishes it and communicates the buckets; the micro-batch's global mean
+        // loss is summed over ranks at the step's end.
         const int64_t first_of_step = micro - micro % accum;
         const int64_t in_this_step = std::min(accum, impl_->batches_per_epoch - first_of_step);
-        const int64_t mine = label_counts(*batch).first;
+        const int64_t mine = batch->batch_size > 0 ? label_counts(*batch).first : 0;
         const double global = comm.sum(static_cast<double>(mine));
         FT_CHECK(global > 0, "a micro-batch of step ", state_.global_step + 1, " has no labelled position on any rank");
-        const double w = static_cast<double>(mine) / global / static_cast<double>(in_this_step);
+        impl_->sync->start_micro_batch(micro % accum, in_this_step,
+                                       static_cast<double>(mine) / global / static_cast<double>(in_this_step));
         double local_loss = 0;
-        if (mine > 0) {
-          float* g = store.grads_data();
-          const int64_t n = store.flat_numel();
-          if (micro % accum != 0) {
-            const auto inverse = static_cast<float>(1.0 / w);
-            for (int64_t i = 0; i < n; ++i) g[i] *= inverse;
-          }
-          local_loss = model_.accumulate_grads(view_of(*batch), /*training=*/true);
-          const auto weight = static_cast<float>(w);
-          for (int64_t i = 0; i < n; ++i) g[i] *= weight;
-        }
-        // The global micro-batch mean, times in_this_step so that the step's division gives the same mean of means.
-        loss = comm.sum(local_loss * static_cast<double>(mine)) / global;
+        if (mine > 0)
+          local_loss = model_.accumulate_grads(view_of(*batch), /*training=*/true, impl_->sync.get());
+        else
+          impl_->sync->skip_backward();
+        // Summed over ranks at the step's end: the global micro-batch mean, times in_this_step so that the step's
+        // division gives the same mean of means.
+        step_terms.push_back(local_loss * static_cast<double>(mine) / global);
+        loss = 0;
       }
       if (!std::isfinite(loss) && std::isfinite(step_loss)) nonfinite_loss = loss;
       step_loss += loss;
@@ -330,11 +368,32 @@ std::map<std::string, double> Trainer::train() {
       if (micro % accum != 0 && !last_in_epoch) continue;
       // The step's loss and gradients are means over its micro-batches (fewer than accum at an epoch's end).
       const int64_t in_step = micro % accum == 0 ? accum : micro % accum;
-      step_loss /= static_cast<double>(in_step);
       double grad_scale = 1.0 / static_cast<double>(in_step);
-      if (world > 1) {  // each rank holds its weighted share of the step's mean gradient: sum them
-        comm.all_reduce_sum(store.grads_data(), store.flat_numel());
+      if (world > 1) {
+        // The gradient buckets were summed over ranks during backward. One reduction of the step's scalars: each
+        // micro-batch's global mean loss, then the samples, tokens and label counts of the global batch.
         grad_scale = 1.0;
+        const size_t k = step_terms.size();
+        step_terms.insert(step_terms.end(), {static_cast<double>(step_samples), static_cast<double>(step_tokens),
+                                             static_cast<double>(step_predicted), static_cast<double>(step_labelled)});
+        comm.all_reduce_sum(step_terms.data(), static_cast<int64_t>(step_terms.size()));
+        step_loss = 0;
+        step_loss_sum = 0;
+        for (size_t j = 0; j < k; ++j) {
+          if (!std::isfinite(step_terms[j]) && std::isfinite(step_loss)) nonfinite_loss = step_terms[j];
+          step_loss += step_terms[j];
+        }
+        samples_this_run += static_cast<int64_t>(step_terms[k]) - step_samples;
+        step_samples = static_cast<int64_t>(step_terms[k]);
+        step_tokens = static_cast<int64_t>(step_terms[k + 1]);
+        step_predicted = static_cast<int64_t>(step_terms[k + 2]);
+        step_labelled = static_cast<int64_t>(step_terms[k + 3]);
+        // The step's summed token losses over its predicted positions, as one process reports them.
+        step_loss_sum = step_loss / static_cast<double>(in_step) * static_cast<double>(step_predicted);
+        step_loss /= static_cast<double>(in_step);
+        step_terms.clear();
+      } else {
+        step_loss /= static_cast<double>(in_step);
       }
 
       std::string skipped;
@@ -342,20 +401,28 @@ std::map<std::string, double> Trainer::train() {
       auto nonfinite_name = [](double v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; };
       if (!std::isfinite(step_loss)) {
         skipped = str("the loss is ", nonfinite_name(nonfinite_loss));
-      } else if (a.fp16) {  // unscale in the fused pass; an overflowed step changes nothing but the scale
-        const double norm = impl_->optimizer->clip_and_step_if_finite(
-            a.max_grad_norm, current_lr(), grad_scale / impl_->scaler.scale());
-        impl_->scaler.update(!std::isfinite(norm));
-        last_norm = norm;
       } else {
-        const double norm =
-            impl_->optimizer->clip_and_step_if_finite(a.max_grad_norm, current_lr(), grad_scale);
-        if (std::isfinite(norm))
+        // The global norm: under ZeRO each rank holds a shard of the gradients.
+        double sum_of_squares = impl_->optimizer->grad_sum_of_squares();
+        if (impl_->sync) sum_of_squares = impl_->sync->global_grad_sum_of_squares(sum_of_squares);
+        const double unscaled_norm = std::sqrt(sum_of_squares);
+        if (a.fp16) {  // unscale in the fused pass; an overflowed step changes nothing but the scale
+          const double norm = impl_->optimizer->clip_and_step_if_finite_with_norm(
+              unscaled_norm, a.max_grad_norm, current_lr(), grad_scale / impl_->scaler.scale());
+          impl_->scaler.update(!std::isfinite(norm));
           last_norm = norm;
-        else
-          skipped = str("the gradient norm is ", nonfinite_name(norm));
+        } else {
+          const double norm = impl_->optimizer->clip_and_step_if_finite_with_norm(unscaled_norm, a.max_grad_norm,
+                                                                                  current_lr(), grad_scale);
+          if (std::isfinite(norm))
+            last_norm = norm;
+          else
+            skipped = str("the gradient norm is ", nonfinite_name(norm));
+        }
+        if (impl_->sync && std::isfinite(last_norm)) impl_->sync->gather_parameters();
       }
-      model_.params().zero_grads();
+      // ZeRO-2 leaves the full buffer zeroed bucket by bucket.
+      if (!impl_->sync || impl_->sync->zero_stage() != 2) model_.params().zero_grads();
       ++state_.global_step;
       ++steps_this_run;
       state_.epoch =

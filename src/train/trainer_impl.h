@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "fusetrain/optim/optimizer.h"
+#include "fusetrain/train/data_parallel.h"
 #include "fusetrain/train/loss_scaler.h"
 #include "fusetrain/train/schedule.h"
 #include "fusetrain/train/trainer.h"
@@ -12,6 +13,8 @@ namespace fusetrain::train {
 
 struct Trainer::Impl {
   std::unique_ptr<optim::AdamW> optimizer;
+  /// Data parallel (more than one rank): the gradient buckets and ZeRO shards.
+  std::unique_ptr<GradientSync> sync;
   LrSchedule schedule = LrSchedule::Linear;
   int64_t warmup = 0;
   int64_t updates_per_epoch = 1;

@@ -94,6 +94,9 @@ void TrainingArguments::validate() const {
            "TrainingArguments.early_stopping_patience needs an eval_strategy other than \"no\"");
   FT_CHECK(fusetrain_threads >= 0, "TrainingArguments.fusetrain_threads must be >= 0");
   positive("fusetrain_max_nonfinite_steps", fusetrain_max_nonfinite_steps);
+  positive("ddp_bucket_cap_mb", ddp_bucket_cap_mb);
+  FT_CHECK(zero_stage >= 0 && zero_stage <= 2, "TrainingArguments.zero_stage is ", zero_stage,
+           "; expected 0 (DDP), 1 or 2 (ZeRO stage 3, sharded parameters, is not supported)");
 }
 
 std::string TrainingArguments::effective_metric() const {

@@ -35,20 +35,42 @@ int main() {
   for (long i = 0; i < 4096; ++i) expect(async[static_cast<size_t>(i)] == n * (n - 1) / 2.0, "iallreduce", r, i,
                                          async[static_cast<size_t>(i)], n * (n - 1) / 2.0);
 
-  const long shard = 257;
-  std::vector<float> full(static_cast<size_t>(shard * n)), mine(static_cast<size_t>(shard));
-  for (long i = 0; i < shard * n; ++i) full[static_cast<size_t>(i)] = static_cast<float>(i + r);
-  comm->reduce_scatter_sum(full.data(), mine.data(), shard);
-  for (long i = 0; i < shard; ++i) {
-    const double want = n * static_cast<double>(r * shard + i) + n * (n - 1) / 2.0;
+  // Uneven parts, one of them empty (rank 1's), as a gradient bucket's share of the ZeRO shards.
+  std::vector<int64_t> counts(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) counts[static_cast<size_t>(k)] = k == 1 ? 0 : 100 + 37 * k;
+  long total_count = 0, offset = 0;
+  for (int k = 0; k < n; ++k) {
+    if (k < r) offset += counts[static_cast<size_t>(k)];
+    total_count += counts[static_cast<size_t>(k)];
+  }
+  const long part = counts[static_cast<size_t>(r)];
+  std::vector<float> full(static_cast<size_t>(total_count)), mine(static_cast<size_t>(part + 1));
+  for (long i = 0; i < total_count; ++i) full[static_cast<size_t>(i)] = static_cast<float>(i + r);
+  comm->reduce_scatter_sum(full.data(), mine.data(), counts);
+  for (long i = 0; i < part; ++i) {
+    const double want = n * static_cast<double>(offset + i) + n * (n - 1) / 2.0;
     expect(mine[static_cast<size_t>(i)] == want, "reduce_scatter", r, i, mine[static_cast<size_t>(i)], want);
   }
-  std::vector<float> gathered(static_cast<size_t>(shard * n));
-  for (long i = 0; i < shard; ++i) mine[static_cast<size_t>(i)] = static_cast<float>(r * 1000 + i);
-  comm->all_gather(mine.data(), gathered.data(), shard);
-  for (long i = 0; i < shard * n; ++i) {
-    const double want = (i / shard) * 1000 + i % shard;
-    expect(gathered[static_cast<size_t>(i)] == want, "all_gather", r, i, gathered[static_cast<size_t>(i)], want);
+  std::vector<float> gathered(static_cast<size_t>(total_count), -1.0f);
+  for (long i = 0; i < part; ++i) gathered[static_cast<size_t>(offset + i)] = static_cast<float>(r * 1000 + i);
+  comm->all_gather_in_place(gathered.data(), counts);
+  for (int k = 0, at = 0; k < n; ++k)
+    for (long i = 0; i < counts[static_cast<size_t>(k)]; ++i, ++at)
+      expect(gathered[static_cast<size_t>(at)] == k * 1000 + i, "all_gather", r, at, gathered[static_cast<size_t>(at)],
+             k * 1000 + i);
+
+  double pair[2] = {1.0 * r, 0.5};
+  comm->all_reduce_sum(pair, 2);
+  expect(pair[0] == n * (n - 1) / 2.0 && pair[1] == 0.5 * n, "all_reduce(double)", r, 0, pair[0], n * (n - 1) / 2.0);
+  if (r == 0) {
+    for (int k = 1; k < n; ++k) {
+      long got = -1;
+      comm->recv(&got, sizeof got, k);
+      expect(got == 7 * k, "recv", r, k, static_cast<double>(got), 7.0 * k);
+    }
+  } else {
+    const long sent = 7L * r;
+    comm->send(&sent, sizeof sent, 0);
   }
 
   double value = r == 0 ? 3.25 : -1.0;

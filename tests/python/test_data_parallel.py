@@ -70,3 +70,68 @@ def test_ranks_train_as_one_process_with_the_global_batch(tiny, tmp_path, ranks,
     for name, value in one_weights.items():
         np.testing.assert_allclose(many_weights[name], value, atol=1e-5, err_msg=name)
     assert not (tmp_path / "many" / "checkpoint-1").exists()
+
+
+def rows_file(tmp_path, rows):
+    data = tmp_path / "train.tsv"
+    data.write_text("\n".join((ROOT / "data" / "sst2" / "train.tsv").read_text().splitlines()[:rows + 1]) + "\n")
+    return data
+
+
+@pytest.mark.parametrize("ranks,batch,extra", [
+    (2, 4, ["--max-steps", "12"]),
+    (3, 3, ["--num-train-epochs", "2", "--gradient-accumulation-steps", "2"]),  # a short last batch, accumulation
+])
+def test_zero_stages_train_as_ddp(tiny, tmp_path, ranks, batch, extra):
+    """ZeRO-1 and ZeRO-2 (sharded AdamW moments, gradients reduce-scattered) give DDP's losses and weights, and each
+    rank's optimizer state is its 1/N shard."""
+    data = rows_file(tmp_path, 50)
+    ddp_losses, ddp_weights = train(tiny, data, tmp_path / "ddp", ranks, batch, *extra)
+    for stage in (1, 2):
+        out = tmp_path / f"zero{stage}"
+        losses, weights = train(tiny, data, out, ranks, batch, *extra, "--zero-stage", str(stage),
+                                "--save-strategy", "epoch" if "--num-train-epochs" in extra else "steps",
+                                "--save-steps", "6")
+        np.testing.assert_allclose(losses, ddp_losses, rtol=1e-5)
+        for name, value in ddp_weights.items():
+            np.testing.assert_allclose(weights[name], value, atol=1e-5, err_msg=f"ZeRO-{stage} {name}")
+        checkpoint = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
+        shards = sorted(checkpoint.glob("optimizer-shard-*-of-*.safetensors"))
+        assert [p.name for p in shards] == [f"optimizer-shard-{r}-of-{ranks}.safetensors" for r in range(ranks)]
+        assert not (checkpoint / "optimizer.safetensors").exists()
+        sizes = [len(safetensors_numpy.load_file(str(p))["exp_avg"]) for p in shards]
+        total = sum(sizes)
+        assert total >= sum(v.size for v in weights.values())
+        assert max(sizes) <= total / ranks + 16  # each rank holds 1/N of the moments (shards padded to 16)
+
+
+def test_a_zero_checkpoint_resumes_on_other_world_sizes(tiny, tmp_path):
+    """A 2-rank ZeRO-1 checkpoint resumed on 1 rank and on 3 ranks (the same global batch of 12) continues the
+    2-rank run's loss curve and ends at its weights."""
+    data = rows_file(tmp_path, 400)
+    steps = ["--max-steps", "10", "--save-steps", "5"]
+    first_losses, first_weights = train(tiny, data, tmp_path / "two", 2, 6, *steps, "--zero-stage", "1",
+                                        "--save-strategy", "steps")
+    checkpoint = tmp_path / "two" / "checkpoint-5"
+    assert (checkpoint / "optimizer-shard-1-of-2.safetensors").exists()
+    for ranks, batch, zero in ((1, 12, "0"), (3, 4, "1")):
+        out = tmp_path / f"resumed{ranks}"
+        losses, weights = train(tiny, data, out, ranks, batch, *steps, "--zero-stage", zero, "--save-strategy", "no",
+                                "--resume-from-checkpoint", str(checkpoint))
+        np.testing.assert_allclose(losses, first_losses[5:], rtol=1e-5, err_msg=f"{ranks} ranks")
+        for name, value in first_weights.items():
+            np.testing.assert_allclose(weights[name], value, atol=1e-5, err_msg=f"{ranks} ranks: {name}")
+
+
+def test_ranks_with_different_configurations_are_refused(tiny, tmp_path):
+    data = rows_file(tmp_path, 50)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    common = ["--model", str(tiny), "--train-file", str(data), "--max-steps", "2", "--save-strategy", "no",
+              "--disable-tqdm", "--fusetrain-threads", "1", "--output-dir", str(tmp_path / "out")]
+    command = [MPIRUN, "-np", "1", "--oversubscribe", str(CLI), "train", *common, "--per-device-train-batch-size", "4",
+               ":", "-np", "1", str(CLI), "train", *common, "--per-device-train-batch-size", "5"]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode != 0
+    assert "rank 1 of the data-parallel job was started with another configuration than rank 0" in result.stderr
+    assert "per_device_train_batch_size is 5 here and 4 on rank 0" in result.stderr
+    assert not (tmp_path / "out" / "model.safetensors").exists()

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 namespace fusetrain::comm {
@@ -31,10 +32,17 @@ class Communicator {
   virtual void all_reduce_sum(float* data, int64_t n) = 0;
   /// all_reduce_sum started in the background (a gradient bucket while backward goes on).
   virtual std::unique_ptr<Request> start_all_reduce_sum(float* data, int64_t n) = 0;
-  /// `in` holds size() * n values; rank r receives in `out` (n values) the sum over ranks of in[r*n, (r+1)*n).
-  virtual void reduce_scatter_sum(const float* in, float* out, int64_t n) = 0;
-  /// Every rank's `in` (n values each) into `out` (size() * n values), rank r's at [r*n, (r+1)*n).
-  virtual void all_gather(const float* in, float* out, int64_t n) = 0;
+  /// The sum over ranks of n doubles, in place.
+  virtual void all_reduce_sum(double* data, int64_t n) = 0;
+  /// `in` holds sum(counts) values (counts has size() entries, zeros allowed); rank r receives in `out` (counts[r]
+  /// values) the sum over ranks of its part, the counts[r] values after the parts of ranks 0..r-1.
+  virtual void reduce_scatter_sum(const float* in, float* out, std::span<const int64_t> counts) = 0;
+  /// `data` holds sum(counts) values; rank r's part (counts[r] values after those of ranks 0..r-1) is its own, and
+  /// afterwards every rank holds every rank's part.
+  virtual void all_gather_in_place(float* data, std::span<const int64_t> counts) = 0;
+  /// Point to point: `bytes` bytes to rank `dest`, which receives them with recv(..., source = this rank).
+  virtual void send(const void* data, int64_t bytes, int dest) = 0;
+  virtual void recv(void* data, int64_t bytes, int source) = 0;
   /// `bytes` bytes from `root` into every rank's `data`.
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   /// The sum over ranks of one double (losses, token counts, norms).

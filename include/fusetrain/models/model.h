@@ -133,8 +133,9 @@ class Model {
   /// Zeroes the gradients, runs forward and backward, and returns the loss;
   /// gradients are then readable through gradient(name).
   double loss_and_grads(const Batch& batch, bool training = false);
-  /// Forward + backward without zeroing gradients first (gradient accumulation).
-  double accumulate_grads(const Batch& batch, bool training = false);
+  /// Forward + backward without zeroing gradients first (gradient accumulation). `observer`, when given, watches
+  /// the plan's run between nodes (data parallel gradient buckets).
+  double accumulate_grads(const Batch& batch, bool training = false, runtime::RunObserver* observer = nullptr);
   /// Training runs draw dropout masks from a counter shared by all of this model's
   /// plans: run k uses stream offset k. Resuming restores it, so masks continue exactly.
   uint64_t rng_step() const { return rng_step_; }
@@ -185,7 +186,8 @@ class Model {
   Model() = default;
   BatchSpec spec_for(const Batch& batch, bool training, bool with_backward) const;
   compile::Program& plan_for(const BatchSpec& spec, bool with_backward);
-  ModelOutput run(const Batch& batch, bool training, bool with_backward, bool zero_grads);
+  ModelOutput run(const Batch& batch, bool training, bool with_backward, bool zero_grads,
+                  runtime::RunObserver* observer = nullptr);
 
   nlohmann::json config_;
   std::string architecture_;

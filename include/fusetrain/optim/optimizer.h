@@ -25,13 +25,22 @@ struct AdamWConfig {
   double weight_decay = 0.01;
 };
 
+/// The part of the flat buffers one optimizer updates: ZeRO gives each rank one shard of the optimizer state.
+struct Shard {
+  int64_t begin = 0;  ///< first element of the flat buffers
+  int64_t end = -1;   ///< one past the last; < 0 means the end of the buffers
+  /// The shard's gradients (end - begin values, element 0 is flat element `begin`); nullptr reads the store's.
+  const float* grads = nullptr;
+};
+
 /// AdamW with decoupled weight decay and bias correction, numerically the same
 /// update as torch.optim.AdamW: p -= lr·wd·p; m = β1·m + (1−β1)·g;
 /// v = β2·v + (1−β2)·g²; p -= lr/(1−β1ᵗ) · m / (√v/√(1−β2ᵗ) + ε).
-/// Parameters whose slot has weight_decay == false are not decayed.
+/// Parameters whose slot has weight_decay == false are not decayed. With a Shard it updates (and keeps moments for)
+/// that range of the flat buffers only.
 class AdamW {
  public:
-  AdamW(runtime::ParameterStore& params, AdamWConfig config);
+  AdamW(runtime::ParameterStore& params, AdamWConfig config, Shard shard = {});
   /// One update of every parameter. `grad_scale` multiplies each gradient as it
   /// is read (clipping fused into the pass); `lr` overrides config.lr when >= 0.
   void step(double grad_scale = 1.0, double lr = -1.0);
@@ -42,19 +51,29 @@ class AdamW {
   /// clip_and_step unless the gradients hold inf or NaN (an fp16 overflow): then
   /// nothing changes and the returned norm is not finite.
   double clip_and_step_if_finite(double max_norm, double lr = -1.0, double grad_scale = 1.0);
+  /// The same with the gradients' norm given (before grad_scale): a sharded run's global norm, reduced across ranks.
+  double clip_and_step_if_finite_with_norm(double norm, double max_norm, double lr, double grad_scale);
+  /// Sum of squares of the gradients this optimizer reads (its shard's), in double.
+  double grad_sum_of_squares() const;
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t t) { step_count_ = t; }
   const AdamWConfig& config() const { return config_; }
   AdamWConfig& config() { return config_; }
-  /// First and second moments, same layout as the parameters.
+  /// First and second moments, same layout as the parameters over the shard (element 0 is flat element
+  /// shard_begin()).
   float* exp_avg() const { return static_cast<float*>(m_.get()); }
   float* exp_avg_sq() const { return static_cast<float*>(v_.get()); }
-  size_t state_bytes() const { return 2 * static_cast<size_t>(params_.flat_numel()) * sizeof(float); }
+  int64_t shard_begin() const { return begin_; }
+  int64_t shard_end() const { return end_; }
+  size_t state_bytes() const { return 2 * static_cast<size_t>(end_ - begin_) * sizeof(float); }
   void set_num_threads(int n) { num_threads_ = n; }
 
  private:
+  const float* grads() const { return grads_ ? grads_ : params_.grads_data() + begin_; }
   runtime::ParameterStore& params_;
   AdamWConfig config_;
+  int64_t begin_ = 0, end_ = 0;
+  const float* grads_ = nullptr;
   AlignedPtr m_, v_;
   int64_t step_count_ = 0;
   int num_threads_ = 0;

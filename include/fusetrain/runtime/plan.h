@@ -15,6 +15,21 @@
 
 namespace fusetrain::runtime {
 
+class Plan;
+
+/// Watches a run between its nodes: data parallel training communicates each gradient bucket as soon as backward
+/// has finished it.
+class RunObserver {
+ public:
+  virtual ~RunObserver() = default;
+  /// Called before the first node of `plan`'s run.
+  virtual void begin(const Plan& plan) = 0;
+  /// Called after scheduled node `index` and its gradient accumulations.
+  virtual void after_node(size_t index) = 0;
+  /// Called after the last node.
+  virtual void end() = 0;
+};
+
 /// How a graph is compiled into a plan.
 struct PlanOptions {
   /// Run the plain-loop reference kernels instead of the tuned ones (tests).
@@ -44,8 +59,9 @@ class Plan {
   /// Points input `name` at caller memory for the following steps (zero copy);
   /// `data` must hold the input's shape and dtype and stay alive while used.
   void bind_input(const std::string& name, const void* data);
-  /// Runs every scheduled node once. Dropout streams advance by one step.
-  void run();
+  /// Runs every scheduled node once. Dropout streams advance by one step. `observer`, when given, is called
+  /// between the nodes.
+  void run(RunObserver* observer = nullptr);
   /// Like run(), timing every node: seconds[i] += wall time of scheduled node i.
   void run_profiled(std::vector<double>& seconds);
   /// The scheduled nodes, in execution order (for profiles and reports).
@@ -63,6 +79,9 @@ class Plan {
   /// The arena's buffers and their offsets, for the memory checker.
   const std::vector<memory::BufferRequest>& buffers() const { return buffers_; }
   const memory::ArenaPlan& arena_plan() const { return arena_plan_; }
+  /// For parameter slot i of the ParameterStore the plan was compiled against, the index of the last scheduled
+  /// node that writes its gradient (-1 when the plan writes none): after that node the gradient is final.
+  const std::vector<int>& gradient_final_node() const { return gradient_final_node_; }
   /// Nodes in execution order (after dead-node elimination).
   size_t num_scheduled_nodes() const;
   int num_threads() const { return num_threads_; }
@@ -81,6 +100,7 @@ class Plan {
   std::vector<memory::BufferRequest> buffers_;
   memory::ArenaPlan arena_plan_;
   memory::MemoryReport report_;
+  std::vector<int> gradient_final_node_;
   int num_threads_ = 1;
   uint64_t step_ = 0;
   const kernels::Device* device_ = nullptr;  // builds the kernels; adds accumulations

@@ -184,8 +184,12 @@ class Trainer {
   std::optional<int64_t> start_step_;
 
   void log(nlohmann::json entry);
+  /// Data parallel: throws Error on every rank when any rank's model, data sizes or arguments differ from rank 0's.
+  void check_same_configuration();
   std::string save_checkpoint();
   void write_checkpoint(const std::filesystem::path& staged);
+  /// optimizer.safetensors, or under ZeRO one file per shard (rank 0 receives the others' shards).
+  void write_optimizer_state(const std::filesystem::path& staged);
   void load_checkpoint(const std::string& dir);
   void rotate_checkpoints();
   data::CollateFn collate_for(const data::TokenizedDataset& dataset, uint64_t seed, bool training) const;

@@ -54,6 +54,13 @@ struct TrainingArguments {
   int64_t fusetrain_max_nonfinite_steps = 3;
   /// Show a progress bar on the terminal.
   bool disable_tqdm = false;
+  /// Data parallel: the size of the gradient buckets communicated while backward runs, in MiB (transformers'
+  /// ddp_bucket_cap_mb; its default there is PyTorch DDP's 25).
+  int64_t ddp_bucket_cap_mb = 25;
+  /// ZeRO stage (DeepSpeed's numbering): 0 replicates the optimizer state on every rank; 1 shards the AdamW moments
+  /// across ranks (gradients reduce-scattered at the step's end, parameters all-gathered after the update); 2 also
+  /// reduce-scatters the gradients of every micro-batch as backward finishes each bucket.
+  int64_t zero_stage = 0;
 
   /// Throws Error naming the first invalid field (a batch size of 0, a negative
   /// learning rate, an unknown strategy, ...).
@@ -115,6 +122,11 @@ void for_each_field(Args& a, Visit&& visit) {
   visit("fusetrain_max_nonfinite_steps", a.fusetrain_max_nonfinite_steps,
         "a step whose loss or gradient norm is inf or NaN is skipped; this many in a row stop training");
   visit("disable_tqdm", a.disable_tqdm, "no progress bar");
+  visit("ddp_bucket_cap_mb", a.ddp_bucket_cap_mb,
+        "data parallel: MiB of gradients per all-reduce, each sent as soon as backward has finished it");
+  visit("zero_stage", a.zero_stage,
+        "data parallel: 0 (DDP), 1 (ZeRO-1: AdamW moments sharded across ranks) or 2 (ZeRO-2: gradients also "
+        "reduce-scattered per micro-batch)");
 }
 
 }  // namespace fusetrain::train
