@@ -3,6 +3,7 @@
 #include "fusetrain/comm/communicator.h"
 
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "fusetrain/io/hf_dir.h"
 #include "fusetrain/models/model.h"
 #include "fusetrain/models/registry.h"
+#include "fusetrain/train/data_parallel.h"
 #include "fusetrain/train/trainer.h"
 
 namespace fusetrain::cli {
@@ -309,7 +311,11 @@ void add_options(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_flag("--label-all-tokens", o.label_all_tokens,
                "token-cls: give every sub-token its word's tag, not just the first");
-  app.add_flag("--profile", o.profile, "inspect: time every op over a few steps");
+  app.add_flag("--profile", o.profile,
+               "inspect: time every op over a few steps (under mpirun: with the gradient buckets' communication)");
+  app.add_option("--world-size", o.world_size,
+                 "inspect: data-parallel ranks to show the gradient buckets, ZeRO shards and per-rank memory for")
+      ->check(CLI::PositiveNumber);
   app.add_option("--report-to", o.report_to,
                  "train: also send the logs to an integration: none (default) or tensorboard (event files under "
                  "output_dir/runs; needs the fusetrain command installed by pip)")
@@ -431,6 +437,83 @@ int run_predict(Options& o) {
   return 0;
 }
 
+namespace {
+
+double mib(double bytes) { return bytes / (1 << 20); }
+
+// The gradient buckets of data-parallel training, where backward finishes each, and every rank's memory for the
+// parameters, gradients and AdamW state at `world` ranks and the arguments' ZeRO stage.
+void print_data_parallel(models::Model& model, const runtime::Plan& plan, int world,
+                         const train::TrainingArguments& args) {
+  const runtime::ParameterStore& params = model.params();
+  const std::vector<train::Bucket> buckets = train::make_buckets(params, args.ddp_bucket_cap_mb << 20);
+  const std::vector<const ir::Node*> nodes = plan.scheduled_nodes();
+  const int zero = world > 1 ? static_cast<int>(args.zero_stage) : 0;
+  std::printf("data parallel over %d rank%s, %s, buckets of up to %lld MiB (%s as backward finishes each):\n", world,
+              world > 1 ? "s" : "", zero == 0 ? "DDP" : zero == 1 ? "ZeRO-1" : "ZeRO-2",
+              static_cast<long long>(args.ddp_bucket_cap_mb), zero == 0 ? "all-reduced" : "reduce-scattered");
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    int ready = -1;
+    for (size_t s = buckets[b].first_slot; s <= buckets[b].last_slot; ++s)
+      ready = std::max(ready, plan.gradient_final_node()[s]);
+    std::printf("  bucket %zu: %6.2f MiB, %zu parameters (%s .. %s), final after node %d of %zu (%s)\n", b,
+                mib(static_cast<double>(buckets[b].end - buckets[b].begin) * 4),
+                buckets[b].last_slot - buckets[b].first_slot + 1, params.slots()[buckets[b].first_slot].name.c_str(),
+                params.slots()[buckets[b].last_slot].name.c_str(), ready, nodes.size(),
+                ready >= 0 ? ir::op_name(nodes[static_cast<size_t>(ready)]->op) : "none");
+  }
+  const double full = static_cast<double>(params.flat_numel()) * 4;
+  double largest_shard = full, largest_part = 0;
+  if (zero > 0) {
+    largest_shard = 0;
+    for (int r = 0; r < world; ++r) {
+      double numel = 0;
+      for (const optim::Segment& s : train::shard_segments(buckets, r, world))
+        numel += static_cast<double>(s.end - s.begin);
+      largest_shard = std::max(largest_shard, numel * 4);
+    }
+    for (const train::Bucket& b : buckets)
+      largest_part = std::max(largest_part, 4.0 * static_cast<double>(train::bucket_parts(b, world)[0]));
+  }
+  // ZeRO keeps the full gradient buffer (backward writes it) plus the received shard, and ZeRO-2 one bucket part.
+  const double gradients = full + (zero > 0 ? largest_shard : 0) + (zero == 2 ? largest_part : 0);
+  std::printf("  per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB\n", mib(full),
+              mib(gradients), mib(2 * largest_shard));
+}
+
+// Under mpirun: three training steps of the inspected batch on every rank, then rank 0 prints the last step's
+// timeline: when backward finished each bucket and when its collective ran.
+void profile_data_parallel(models::Model& model, const models::Batch& batch, comm::Communicator& comm,
+                           const train::TrainingArguments& args) {
+  train::GradientSync sync(comm, model.params(), args.ddp_bucket_cap_mb << 20, static_cast<int>(args.zero_stage));
+  sync.set_record_events(true);
+  const auto now = [] { return std::chrono::steady_clock::now(); };
+  double step_ms = 0;
+  for (int step = 0; step < 3; ++step) {
+    model.params().zero_grads();
+    comm.barrier();
+    const auto start = now();
+    sync.start_micro_batch(0, 1, 1.0);
+    model.accumulate_grads(batch, true, &sync);
+    step_ms = std::chrono::duration<double, std::milli>(now() - start).count();
+  }
+  if (comm.rank() != 0) return;
+  const std::vector<const ir::Node*> nodes = model.last_plan()->scheduled_nodes();
+  std::printf("timeline of one step on rank 0 of %d (ms since the step began; %zu nodes):\n", comm.size(),
+              nodes.size());
+  double communicating = 0;
+  for (const train::GradientSync::Event& e : sync.events()) {
+    std::printf("  bucket %zu: final after node %d (%s); collective %8.2f .. %8.2f (%6.2f ms)\n", e.bucket,
+                e.after_node, e.after_node >= 0 ? ir::op_name(nodes[static_cast<size_t>(e.after_node)]->op) : "end",
+                e.start * 1e3, e.end * 1e3, (e.end - e.start) * 1e3);
+    communicating += e.end - e.start;
+  }
+  std::printf("  forward + backward + collectives %.2f ms, of which collectives %.2f ms (waiting for other ranks "
+              "included)\n", step_ms, communicating * 1e3);
+}
+
+}  // namespace
+
 int run_inspect(Options& o) {
   FT_CHECK(!o.model.empty(), "--model DIR is required");
   const models::Head task = models::head_for_task(o.task);
@@ -480,6 +563,12 @@ int run_inspect(Options& o) {
   memory::MemoryReport report = plan.memory_report();
   report.optimizer_state_bytes = 2 * report.parameter_bytes;  // AdamW: two moments per parameter
   std::printf("memory:\n%s", report.to_string().c_str());
+  std::shared_ptr<comm::Communicator> comm = comm::launched_by_mpi() ? comm::mpi_world() : nullptr;
+  print_data_parallel(*model, plan, comm ? comm->size() : static_cast<int>(o.world_size), o.args);
+  if (o.profile && comm) {
+    profile_data_parallel(*model, batch, *comm, o.args);
+    return 0;
+  }
   if (o.profile) {
     runtime::Plan& p = const_cast<runtime::Plan&>(plan);
     std::vector<double> seconds;

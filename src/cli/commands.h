@@ -26,6 +26,8 @@ struct Options {
   bool line_by_line = false;
   bool label_all_tokens = false;
   bool profile = false;
+  /// inspect: the number of data-parallel ranks to lay out buckets and ZeRO shards for (under mpirun: the job's).
+  int64_t world_size = 1;
   /// "none", or "tensorboard": every log entry also goes to the sink set_report_sink installed.
   std::string report_to = "none";
   train::TrainingArguments args;

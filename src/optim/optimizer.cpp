@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/optim/optimizer.h"
@@ -94,15 +95,16 @@ double clip_grad_norm(runtime::ParameterStore& params, double max_norm, int num_
 }
 
 AdamW::AdamW(runtime::ParameterStore& params, AdamWConfig config, Shard shard)
-    : params_(params),
-      config_(config),
-      begin_(shard.begin),
-      end_(shard.end < 0 ? params.flat_numel() : shard.end),
-      grads_(shard.grads) {
-  FT_CHECK(begin_ >= 0 && begin_ <= end_ && end_ <= params.flat_numel(), "AdamW: the shard [", begin_, ", ", end_,
-           ") is not within the ", params.flat_numel(), " elements of the parameters");
-  m_ = aligned_allocate(static_cast<size_t>(std::max<int64_t>(end_ - begin_, 1)) * sizeof(float));
-  v_ = aligned_allocate(static_cast<size_t>(std::max<int64_t>(end_ - begin_, 1)) * sizeof(float));
+    : params_(params), config_(config), segments_(std::move(shard.segments)), grads_(shard.grads) {
+  if (segments_.empty()) segments_.push_back({0, params.flat_numel()});
+  for (const Segment& s : segments_) {
+    FT_CHECK(s.begin >= 0 && s.begin <= s.end && s.end <= params.flat_numel(), "AdamW: the segment [", s.begin, ", ",
+             s.end, ") is not within the ", params.flat_numel(), " elements of the parameters");
+    offsets_.push_back(numel_);
+    numel_ += s.end - s.begin;
+  }
+  m_ = aligned_allocate(static_cast<size_t>(std::max<int64_t>(numel_, 1)) * sizeof(float));
+  v_ = aligned_allocate(static_cast<size_t>(std::max<int64_t>(numel_, 1)) * sizeof(float));
   FT_CHECK(config.lr >= 0, "AdamW: learning rate must be >= 0, found ", config.lr);
   FT_CHECK(config.beta1 >= 0 && config.beta1 < 1 && config.beta2 >= 0 && config.beta2 < 1,
            "AdamW: betas must be in [0, 1), found (", config.beta1, ", ", config.beta2, ")");
@@ -111,7 +113,12 @@ AdamW::AdamW(runtime::ParameterStore& params, AdamWConfig config, Shard shard)
 }
 
 double AdamW::grad_sum_of_squares() const {
-  return end_ > begin_ ? sum_of_squares(grads(), end_ - begin_, threads_or_default(num_threads_)) : 0.0;
+  const int threads = threads_or_default(num_threads_);
+  if (grads_) return numel_ > 0 ? sum_of_squares(grads_, numel_, threads) : 0.0;
+  double sum = 0;
+  for (const Segment& s : segments_)
+    if (s.end > s.begin) sum += sum_of_squares(params_.grads_data() + s.begin, s.end - s.begin, threads);
+  return sum;
 }
 
 void AdamW::step(double grad_scale, double lr) {
@@ -135,16 +142,22 @@ void AdamW::step(double grad_scale, double lr) {
   const int threads = threads_or_default(num_threads_);
   // Consecutive slots with the same decay flag form one range: one loop per run of slots, not per tensor.
   const std::vector<runtime::ParamSlot>& slots = params_.slots();
-  // Indices are relative to the shard: element i of m, v and the gradients is flat element begin_ + i.
-  float* p = params_.params_data() + begin_;
-  for (size_t first = 0; first < slots.size();) {
-    size_t last = first;
-    while (last + 1 < slots.size() && slots[last + 1].weight_decay == slots[first].weight_decay) ++last;
-    k.decay = slots[first].weight_decay ? decay : 1.0f;
-    const int64_t lo = std::max(slots[first].offset, begin_);
-    const int64_t hi = std::min(slots[last].offset + slots[last].numel, end_);
-    if (lo < hi) adamw_range(p, grads(), exp_avg(), exp_avg_sq(), lo - begin_, hi - begin_, k, threads);
-    first = last + 1;
+  // Each segment's elements are indexed by their place in the moments: element o + k of m, v (and of the shard's
+  // gradients) is flat element begin + k, so the parameter and store-gradient pointers are shifted by begin - o.
+  for (size_t seg = 0; seg < segments_.size(); ++seg) {
+    const Segment& s = segments_[seg];
+    const int64_t o = offsets_[seg];
+    float* p = params_.params_data() + (s.begin - o);
+    const float* g = grads_ ? grads_ : params_.grads_data() + (s.begin - o);
+    for (size_t first = 0; first < slots.size();) {
+      size_t last = first;
+      while (last + 1 < slots.size() && slots[last + 1].weight_decay == slots[first].weight_decay) ++last;
+      k.decay = slots[first].weight_decay ? decay : 1.0f;
+      const int64_t lo = std::max(slots[first].offset, s.begin);
+      const int64_t hi = std::min(slots[last].offset + slots[last].numel, s.end);
+      if (lo < hi) adamw_range(p, g, exp_avg(), exp_avg_sq(), o + (lo - s.begin), o + (hi - s.begin), k, threads);
+      first = last + 1;
+    }
   }
 }
 

@@ -140,7 +140,7 @@ std::string Trainer::save_checkpoint() {
   if (comm_->rank() != 0) {
     if (impl_->sync && impl_->sync->zero_stage() > 0) {  // rank 0 writes this rank's shard of the moments
       const optim::AdamW& opt = *impl_->optimizer;
-      const int64_t bytes = (opt.shard_end() - opt.shard_begin()) * static_cast<int64_t>(sizeof(float));
+      const int64_t bytes = opt.shard_numel() * static_cast<int64_t>(sizeof(float));
       comm_->send(opt.exp_avg(), bytes, 0);
       comm_->send(opt.exp_avg_sq(), bytes, 0);
     }
@@ -231,6 +231,27 @@ int64_t metadata_integer(const io::SafetensorsFile& file, const char* key, int64
   return value;
 }
 
+// A shard file's "segments" metadata: [[begin, end], ...] within the model's n elements.
+std::vector<optim::Segment> metadata_segments(const io::SafetensorsFile& file, int64_t n) {
+  const auto it = file.metadata().find("segments");
+  std::vector<optim::Segment> segments;
+  bool ok = it != file.metadata().end();
+  if (ok) {
+    const nlohmann::json json = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+    ok = json.is_array();
+    for (const auto& pair : ok ? json : nlohmann::json::array()) {
+      ok = ok && pair.is_array() && pair.size() == 2 && pair[0].is_number_integer() && pair[1].is_number_integer();
+      if (!ok) break;
+      const optim::Segment s{pair[0].get<int64_t>(), pair[1].get<int64_t>()};
+      ok = s.begin >= 0 && s.begin <= s.end && s.end <= n;
+      segments.push_back(s);
+    }
+  }
+  FT_CHECK(ok, file.path(), ": the metadata \"segments\" should be a JSON list of [begin, end] element ranges within ",
+           "the model's ", n, ", found ", it == file.metadata().end() ? std::string("none") : it->second);
+  return segments;
+}
+
 }  // namespace
 
 void Trainer::write_optimizer_state(const fs::path& staged) {
@@ -247,25 +268,30 @@ void Trainer::write_optimizer_state(const fs::path& staged) {
   }
   // Rank 0 receives the other ranks' shards one at a time (no rank ever holds more than two shards).
   const int world = comm_->size();
-  const auto [first_begin, first_end] = shard_of(model_.params().flat_numel(), 0, world);
-  std::vector<float> m(static_cast<size_t>(first_end - first_begin)), v(m.size());
+  std::vector<float> m, v;
   for (int r = 0; r < world; ++r) {
-    const auto [begin, end] = shard_of(model_.params().flat_numel(), r, world);
-    const Shape shape{end - begin};
+    const std::vector<optim::Segment> segments = shard_segments(impl_->sync->buckets(), r, world);
+    int64_t numel = 0;
+    nlohmann::json ranges = nlohmann::json::array();
+    for (const optim::Segment& s : segments) {
+      numel += s.end - s.begin;
+      ranges.push_back({s.begin, s.end});
+    }
     const float* mr = opt.exp_avg();
     const float* vr = opt.exp_avg_sq();
     if (r > 0) {
-      comm_->recv(m.data(), (end - begin) * static_cast<int64_t>(sizeof(float)), r);
-      comm_->recv(v.data(), (end - begin) * static_cast<int64_t>(sizeof(float)), r);
+      m.resize(static_cast<size_t>(numel));
+      v.resize(static_cast<size_t>(numel));
+      comm_->recv(m.data(), numel * static_cast<int64_t>(sizeof(float)), r);
+      comm_->recv(v.data(), numel * static_cast<int64_t>(sizeof(float)), r);
       mr = m.data();
       vr = v.data();
     }
     std::map<std::string, std::string> shard_metadata = metadata;
-    shard_metadata["begin"] = std::to_string(begin);
-    shard_metadata["end"] = std::to_string(end);
+    shard_metadata["segments"] = ranges.dump();
     io::save_safetensors((staged / shard_file_name(r, world)).string(),
-                         {{"exp_avg", Tensor::view(const_cast<float*>(mr), shape, DType::f32)},
-                          {"exp_avg_sq", Tensor::view(const_cast<float*>(vr), shape, DType::f32)}},
+                         {{"exp_avg", Tensor::view(const_cast<float*>(mr), Shape{numel}, DType::f32)},
+                          {"exp_avg_sq", Tensor::view(const_cast<float*>(vr), Shape{numel}, DType::f32)}},
                          shard_metadata);
   }
 }
@@ -300,13 +326,13 @@ void Trainer::load_checkpoint(const std::string& dir) {
     const std::string scaler_file = (fs::path(dir) / "scaler.json").string();
     scaler.load_json(io::read_json_file(scaler_file), scaler_file, step);
   }
-  // The AdamW moments, from one file or from the shards of any world size: this optimizer's range of the flat
-  // buffers is copied from every file that overlaps it (ZeRO resumed on a different number of ranks re-shards).
+  // The AdamW moments, from one file or from the shards of any world size: each of this optimizer's segments is
+  // copied from the file segments that overlap it (ZeRO resumed on a different number of ranks re-shards).
   optim::AdamW& opt = *impl_->optimizer;
   const int64_t n = model_.params().flat_numel();
-  const int64_t want_begin = opt.shard_begin(), want_end = opt.shard_end();
-  std::vector<float> m(static_cast<size_t>(want_end - want_begin)), v(m.size());
-  int64_t optimizer_steps = -1, covered = 0;
+  std::vector<float> m(static_cast<size_t>(opt.shard_numel())), v(m.size());
+  int64_t optimizer_steps = -1;
+  std::vector<optim::Segment> all_segments;
   for (const fs::path& path : optimizer_files(dir)) {
     io::SafetensorsFile optimizer = io::SafetensorsFile::open(path.string());
     const int64_t steps = metadata_integer(optimizer, "step", 0, step);
@@ -314,24 +340,41 @@ void Trainer::load_checkpoint(const std::string& dir) {
              " but the other shards have ", optimizer_steps);
     optimizer_steps = steps;
     const bool sharded = path.filename() != "optimizer.safetensors";
-    const int64_t begin = sharded ? metadata_integer(optimizer, "begin", 0, n) : 0;
-    const int64_t end = sharded ? metadata_integer(optimizer, "end", begin, n) : n;
-    FT_CHECK(begin == covered, path.string(), " holds elements [", begin, ", ", end, ") but the shards before it end at ",
-             covered, "; the model has ", n);
-    covered = end;
-    const int64_t lo = std::max(begin, want_begin), hi = std::min(end, want_end);
+    const std::vector<optim::Segment> segments = sharded ? metadata_segments(optimizer, n)
+                                                         : std::vector<optim::Segment>{{0, n}};
+    int64_t numel = 0;
+    for (const optim::Segment& s : segments) numel += s.end - s.begin;
+    all_segments.insert(all_segments.end(), segments.begin(), segments.end());
     for (const char* name : {"exp_avg", "exp_avg_sq"}) {
       Tensor t = optimizer.tensor(name);
-      FT_CHECK(t.dtype() == DType::f32 && t.numel() == end - begin, optimizer.path(), ": \"", name, "\" has ",
-               t.numel(), " ", dtype_name(t.dtype()), " elements, ", sharded ? "its shard" : "the model", " needs ",
-               end - begin, " f32");
+      FT_CHECK(t.dtype() == DType::f32 && t.numel() == numel, optimizer.path(), ": \"", name, "\" has ", t.numel(),
+               " ", dtype_name(t.dtype()), " elements, ", sharded ? "its segments" : "the model", " need ", numel,
+               " f32");
       const int64_t bad = find_nonfinite(t.data(), t.dtype(), t.numel());
       FT_CHECK(bad < 0, optimizer.path(), ": \"", name, "\" holds a non-finite value at element ", bad,
                "; the optimizer state of a diverged run cannot be resumed");
-      if (lo < hi)
-        std::copy(t.data_as<float>() + (lo - begin), t.data_as<float>() + (hi - begin),
-                  (std::string(name) == "exp_avg" ? m : v).begin() + (lo - want_begin));
+      std::vector<float>& into = std::string(name) == "exp_avg" ? m : v;
+      int64_t from = 0;
+      for (const optim::Segment& s : segments) {
+        int64_t to = 0;
+        for (const optim::Segment& mine : opt.segments()) {
+          const int64_t lo = std::max(s.begin, mine.begin), hi = std::min(s.end, mine.end);
+          if (lo < hi)
+            std::copy(t.data_as<float>() + from + (lo - s.begin), t.data_as<float>() + from + (hi - s.begin),
+                      into.begin() + to + (lo - mine.begin));
+          to += mine.end - mine.begin;
+        }
+        from += s.end - s.begin;
+      }
     }
+  }
+  // The files' segments must tile the parameters exactly once.
+  std::sort(all_segments.begin(), all_segments.end(), [](const auto& x, const auto& y) { return x.begin < y.begin; });
+  int64_t covered = 0;
+  for (const optim::Segment& s : all_segments) {
+    FT_CHECK(s.begin == covered, "resume_from_checkpoint: the optimizer state in \"", dir, "\" ",
+             s.begin > covered ? "lacks" : "repeats", " parameter elements at ", std::min(s.begin, covered));
+    covered = s.end;
   }
   FT_CHECK(covered == n, "resume_from_checkpoint: the optimizer state in \"", dir, "\" covers ", covered, " of the ",
            n, " parameter elements");

@@ -2,11 +2,17 @@
 #include "fusetrain/train/data_parallel.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "fusetrain/core/error.h"
 
 namespace fusetrain::train {
+namespace {
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+}  // namespace
 
 std::vector<Bucket> make_buckets(const runtime::ParameterStore& params, int64_t bucket_bytes) {
   FT_CHECK(bucket_bytes > 0, "the gradient bucket size must be positive, found ", bucket_bytes, " bytes");
@@ -26,38 +32,62 @@ std::vector<Bucket> make_buckets(const runtime::ParameterStore& params, int64_t 
   return buckets;
 }
 
-std::pair<int64_t, int64_t> shard_of(int64_t flat_numel, int rank, int world) {
-  FT_CHECK(world > 0 && rank >= 0 && rank < world, "rank ", rank, " is not in a world of ", world);
-  const int64_t per = (flat_numel + world - 1) / world;
-  const int64_t size = (per + 15) / 16 * 16;
-  return {std::min(flat_numel, rank * size), std::min(flat_numel, (rank + 1) * size)};
+std::vector<int64_t> bucket_parts(const Bucket& bucket, int world) {
+  FT_CHECK(world > 0, "a world of ", world, " ranks");
+  const int64_t n = bucket.end - bucket.begin;
+  const int64_t part = ((n + world - 1) / world + 15) / 16 * 16;
+  std::vector<int64_t> parts(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r)
+    parts[static_cast<size_t>(r)] = std::clamp<int64_t>(n - r * part, 0, part);
+  return parts;
+}
+
+std::vector<optim::Segment> shard_segments(const std::vector<Bucket>& buckets, int rank, int world) {
+  FT_CHECK(rank >= 0 && rank < world, "rank ", rank, " is not in a world of ", world);
+  std::vector<optim::Segment> segments;
+  for (const Bucket& b : buckets) {
+    const std::vector<int64_t> parts = bucket_parts(b, world);
+    int64_t begin = b.begin;
+    for (int r = 0; r < rank; ++r) begin += parts[static_cast<size_t>(r)];
+    if (parts[static_cast<size_t>(rank)] > 0) segments.push_back({begin, begin + parts[static_cast<size_t>(rank)]});
+  }
+  std::sort(segments.begin(), segments.end(), [](const auto& x, const auto& y) { return x.begin < y.begin; });
+  return segments;
 }
 
 GradientSync::GradientSync(comm::Communicator& comm, runtime::ParameterStore& params, int64_t bucket_bytes,
                            int zero_stage)
     : comm_(comm), params_(params), zero_stage_(zero_stage), buckets_(make_buckets(params, bucket_bytes)) {
   FT_CHECK(zero_stage >= 0 && zero_stage <= 2, "ZeRO stage ", zero_stage, " is not 0, 1 or 2");
-  const int world = comm.size();
-  shard_ = zero_stage > 0 ? shard_of(params.flat_numel(), comm.rank(), world)
-                          : std::pair<int64_t, int64_t>{0, params.flat_numel()};
-  if (zero_stage > 0) {
-    shard_grads_ = aligned_allocate(static_cast<size_t>(std::max<int64_t>(shard_.second - shard_.first, 1)) * 4);
-    int64_t largest = 1;
-    for (const Bucket& b : buckets_) largest = std::max(largest, b.end - b.begin);
-    if (zero_stage == 2) receive_ = aligned_allocate(static_cast<size_t>(largest) * sizeof(float));
-    for (int r = 0; r < world; ++r) {
-      const auto [begin, end] = shard_of(params.flat_numel(), r, world);
-      all_shards_.push_back(end - begin);
-    }
+  if (zero_stage == 0) return;
+  const int world = comm.size(), rank = comm.rank();
+  segments_ = shard_segments(buckets_, rank, world);
+  int64_t largest = 1;
+  for (const Bucket& b : buckets_) {
+    parts_.push_back(bucket_parts(b, world));
+    largest = std::max(largest, parts_.back()[static_cast<size_t>(rank)]);
+    // This rank's part of the bucket starts where its segment sits among the shard's flat-ordered segments.
+    int64_t begin = b.begin, offset = 0;
+    for (int r = 0; r < rank; ++r) begin += parts_.back()[static_cast<size_t>(r)];
+    for (const optim::Segment& s : segments_)
+      if (s.begin < begin) offset += s.end - s.begin;
+    part_offset_.push_back(offset);
   }
-  counts_.assign(static_cast<size_t>(world), 0);
+  for (const optim::Segment& s : segments_) shard_numel_ += s.end - s.begin;
+  shard_grads_ = aligned_allocate(static_cast<size_t>(std::max<int64_t>(shard_numel_, 1)) * sizeof(float));
+  if (zero_stage == 2) receive_ = aligned_allocate(static_cast<size_t>(largest) * sizeof(float));
+}
+
+optim::Shard GradientSync::optimizer_shard() const {
+  if (zero_stage_ == 0) return {};
+  return {segments_, static_cast<const float*>(shard_grads_.get())};
 }
 
 size_t GradientSync::shard_gradient_bytes() const {
   if (zero_stage_ == 0) return 0;
   int64_t largest = 0;
-  for (const Bucket& b : buckets_) largest = std::max(largest, b.end - b.begin);
-  return static_cast<size_t>(shard_.second - shard_.first + (zero_stage_ == 2 ? largest : 0)) * sizeof(float);
+  for (const auto& parts : parts_) largest = std::max(largest, parts[static_cast<size_t>(comm_.rank())]);
+  return static_cast<size_t>(shard_numel_ + (zero_stage_ == 2 ? largest : 0)) * sizeof(float);
 }
 
 void GradientSync::start_micro_batch(int64_t index, int64_t count, double weight) {
@@ -89,7 +119,9 @@ void GradientSync::start_micro_batch(int64_t index, int64_t count, double weight
 
 void GradientSync::skip_backward() {
   if (!communicating_) return;
-  while (next_bucket_ < buckets_.size()) communicate(next_bucket_++);
+  run_start_ = now();
+  events_.clear();
+  while (next_bucket_ < buckets_.size()) communicate(next_bucket_++, -1);
   communicating_ = false;
 }
 
@@ -105,6 +137,8 @@ void GradientSync::begin(const runtime::Plan& plan) {
         ready_node_[b] = std::max(ready_node_[b], final_node[s]);
   }
   next_bucket_ = 0;
+  run_start_ = now();
+  events_.clear();
 }
 
 void GradientSync::after_node(size_t index) {
@@ -112,16 +146,25 @@ void GradientSync::after_node(size_t index) {
   // are final.
   while (communicating_ && next_bucket_ < buckets_.size() &&
          ready_node_[next_bucket_] <= static_cast<int>(index))
-    communicate(next_bucket_++);
+    communicate(next_bucket_++, static_cast<int>(index));
 }
 
 void GradientSync::end() {
   if (!communicating_) return;
-  while (next_bucket_ < buckets_.size()) communicate(next_bucket_++);
+  run_seconds_ = now() - run_start_;
+  while (next_bucket_ < buckets_.size()) communicate(next_bucket_++, -1);
   communicating_ = false;
 }
 
-void GradientSync::communicate(size_t index) {
+void GradientSync::communicate(size_t index, int after_node) {
+  const double start = now();
+  communicate_bucket(index);
+  const double end = now();
+  communication_seconds_ += end - start;
+  if (record_events_) events_.push_back({index, after_node, start - run_start_, end - run_start_});
+}
+
+void GradientSync::communicate_bucket(size_t index) {
   const Bucket& b = buckets_[index];
   float* g = params_.grads_data() + b.begin;
   const int64_t n = b.end - b.begin;
@@ -133,26 +176,18 @@ void GradientSync::communicate(size_t index) {
     comm_.all_reduce_sum(g, n);
     return;
   }
-  // Each rank receives the bucket's part that falls in its shard (an empty part for most ranks).
-  const int world = comm_.size();
-  for (int r = 0; r < world; ++r) {
-    const auto [begin, end] = shard_of(params_.flat_numel(), r, world);
-    counts_[static_cast<size_t>(r)] = std::max<int64_t>(0, std::min(end, b.end) - std::max(begin, b.begin));
-  }
-  const int64_t mine = counts_[static_cast<size_t>(comm_.rank())];
-  float* shard = static_cast<float*>(shard_grads_.get()) + (std::max(shard_.first, b.begin) - shard_.first);
+  // Each rank receives the sum of its part of the bucket.
+  const std::vector<int64_t>& parts = parts_[index];
+  const int64_t mine = parts[static_cast<size_t>(comm_.rank())];
+  float* shard = static_cast<float*>(shard_grads_.get()) + part_offset_[index];
   if (first_communication_) {
-    comm_.reduce_scatter_sum(g, mine > 0 ? shard : static_cast<float*>(shard_grads_.get()), counts_);
+    comm_.reduce_scatter_sum(g, shard, parts);
   } else {
     float* received = static_cast<float*>(receive_.get());
-    comm_.reduce_scatter_sum(g, received, counts_);
+    comm_.reduce_scatter_sum(g, received, parts);
     for (int64_t i = 0; i < mine; ++i) shard[i] += received[i];
   }
   if (zero_stage_ == 2) std::memset(g, 0, static_cast<size_t>(n) * sizeof(float));
-}
-
-const float* GradientSync::optimizer_grads() const {
-  return zero_stage_ > 0 ? static_cast<const float*>(shard_grads_.get()) : params_.grads_data();
 }
 
 double GradientSync::global_grad_sum_of_squares(double local) const {
@@ -160,7 +195,9 @@ double GradientSync::global_grad_sum_of_squares(double local) const {
 }
 
 void GradientSync::gather_parameters() {
-  if (zero_stage_ > 0) comm_.all_gather_in_place(params_.params_data(), all_shards_);
+  if (zero_stage_ == 0) return;
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    comm_.all_gather_in_place(params_.params_data() + buckets_[b].begin, parts_[b]);
 }
 
 }  // namespace fusetrain::train

@@ -200,9 +200,7 @@ std::map<std::string, double> Trainer::train() {
     impl_->sync = std::make_unique<GradientSync>(comm, store, a.ddp_bucket_cap_mb << 20, static_cast<int>(a.zero_stage));
     if (a.zero_stage > 0) {  // this rank's AdamW keeps the moments of its shard only
       const optim::AdamWConfig config = impl_->optimizer->config();
-      impl_->optimizer = std::make_unique<optim::AdamW>(
-          store, config,
-          optim::Shard{impl_->sync->shard_begin(), impl_->sync->shard_end(), impl_->sync->optimizer_grads()});
+      impl_->optimizer = std::make_unique<optim::AdamW>(store, config, impl_->sync->optimizer_shard());
       impl_->optimizer->set_num_threads(static_cast<int>(a.fusetrain_threads));
     }
   }
@@ -333,17 +331,20 @@ std::map<std::string, double> Trainer::train() {
       if (world == 1) {
         loss = model_.accumulate_grads(view_of(*batch), /*training=*/true);
       } else {
-        // This micro-batch's share of the step, over all ranks: its mean over the global micro-batch, weighted
-        // 1 / (micro-batches in the step) as one process weights its micro-batches. The gradient sync applies the
-        // weight to each bucket as backward finishes it and communicates the buckets; the micro-batch's global mean
-        // loss is summed over ranks at the step's end.
+        // This micro-batch's share of the step, over all ranks: its mean over the global micro-batch (this rank's
+        // mean weighted by its labelled positions over the global count), weighted 1 / (micro-batches in the step)
+        // as one process weights its micro-batches. The gradient sync applies the weight to each bucket as backward
+        // finishes it and communicates the buckets; the micro-batch's global mean loss is summed over ranks at the
+        // step's end.
         const int64_t first_of_step = micro - micro % accum;
         const int64_t in_this_step = std::min(accum, impl_->batches_per_epoch - first_of_step);
         const int64_t mine = batch->batch_size > 0 ? label_counts(*batch).first : 0;
         const double global = comm.sum(static_cast<double>(mine));
         FT_CHECK(global > 0, "a micro-batch of step ", state_.global_step + 1, " has no labelled position on any rank");
+        // The weight relative to an even split, mine / global x world: exactly 1 when every rank has the same count
+        // (the gradients then need no scaling pass; the optimizer applies 1 / (world x micro-batches)).
         impl_->sync->start_micro_batch(micro % accum, in_this_step,
-                                       static_cast<double>(mine) / global / static_cast<double>(in_this_step));
+                                       static_cast<double>(mine) * static_cast<double>(world) / global);
         double local_loss = 0;
         if (mine > 0)
           local_loss = model_.accumulate_grads(view_of(*batch), /*training=*/true, impl_->sync.get());
@@ -372,7 +373,7 @@ std::map<std::string, double> Trainer::train() {
       if (world > 1) {
         // The gradient buckets were summed over ranks during backward. One reduction of the step's scalars: each
         // micro-batch's global mean loss, then the samples, tokens and label counts of the global batch.
-        grad_scale = 1.0;
+        grad_scale = 1.0 / static_cast<double>(world * in_step);
         const size_t k = step_terms.size();
         step_terms.insert(step_terms.end(), {static_cast<double>(step_samples), static_cast<double>(step_tokens),
                                              static_cast<double>(step_predicted), static_cast<double>(step_labelled)});
@@ -474,6 +475,8 @@ std::map<std::string, double> Trainer::train() {
       {"train_steps_per_second", static_cast<double>(steps_this_run) / std::max(runtime, 1e-9)},
       {"train_loss", steps_in_loss ? total_loss / static_cast<double>(steps_in_loss) : 0.0},
       {"epoch", state_.epoch}};
+  // Data parallel: the seconds this rank spent in the gradient collectives (waiting for the others included).
+  if (impl_->sync) metrics["train_communication_seconds"] = impl_->sync->communication_seconds();
   if (!delegated_) {
     nlohmann::json entry = nlohmann::json::object();
     for (const auto& [k, v] : metrics) entry[k] = v;

@@ -1,8 +1,14 @@
 // Checks every collective of the communicator across the ranks of an MPI job (run under mpirun -np N by ctest):
 // each rank fills its buffers from its rank, and the results must be the sums and gathers computed here. Prints
 // one line per rank and exits non-zero on the first wrong value.
+//   fusetrain_comm_check --bandwidth TOTAL_MB   instead times the sum all-reduce of TOTAL_MB of f32 gradients in
+//                                               buckets of 1 to 64 MiB (bench/data_parallel.py bandwidth)
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "fusetrain/comm/communicator.h"
@@ -18,8 +24,44 @@ void expect(bool ok, const char* what, int rank, long i, double got, double want
 
 }  // namespace
 
-int main() {
+// The best of 5 timings of all-reducing `total` floats in buckets of `bucket` floats, one after the other.
+double time_all_reduce(fusetrain::comm::Communicator& comm, std::vector<float>& data, long bucket) {
+  double best = 1e30;
+  for (int round = 0; round < 6; ++round) {
+    comm.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    for (long at = 0; at < static_cast<long>(data.size()); at += bucket)
+      comm.all_reduce_sum(data.data() + at, std::min<long>(bucket, static_cast<long>(data.size()) - at));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (round > 0) best = std::min(best, seconds);  // round 0 warms the buffers and connections
+  }
+  return comm.sum(best) / comm.size();
+}
+
+int bandwidth(fusetrain::comm::Communicator& comm, long total_mb) {
+  std::vector<float> data(static_cast<size_t>(total_mb) << 18, 1.0f);
+  if (comm.rank() == 0)
+    std::printf("{\"ranks\": %d, \"backend\": \"%s\", \"total_mib\": %ld, \"buckets\": [", comm.size(),
+                comm.backend().c_str(), total_mb);
+  bool first = true;
+  for (long bucket_mb : {1L, 4L, 25L, 64L}) {
+    if (bucket_mb > total_mb) continue;
+    const double seconds = time_all_reduce(comm, data, bucket_mb << 18);
+    // Bus bandwidth as NCCL's tests define it for all-reduce: bytes x 2 (N - 1) / N per second.
+    const double bytes = static_cast<double>(data.size()) * sizeof(float);
+    const double bus = bytes * 2.0 * (comm.size() - 1) / comm.size() / seconds;
+    if (comm.rank() == 0)
+      std::printf("%s{\"bucket_mib\": %ld, \"seconds\": %.6f, \"bus_gb_per_s\": %.3f}", first ? "" : ", ",
+                  bucket_mb, seconds, bus / 1e9);
+    first = false;
+  }
+  if (comm.rank() == 0) std::printf("]}\n");
+  return 0;
+}
+
+int main(int argc, char** argv) {
   auto comm = fusetrain::comm::mpi_world();
+  if (argc == 3 && std::strcmp(argv[1], "--bandwidth") == 0) return bandwidth(*comm, std::atol(argv[2]));
   const int r = comm->rank(), n = comm->size();
   const long count = 1000003;  // odd, so no chunking lines up by accident
   std::vector<float> data(static_cast<size_t>(count));

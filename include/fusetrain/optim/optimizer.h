@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "fusetrain/core/alloc.h"
 #include "fusetrain/runtime/parameters.h"
@@ -25,11 +26,18 @@ struct AdamWConfig {
   double weight_decay = 0.01;
 };
 
-/// The part of the flat buffers one optimizer updates: ZeRO gives each rank one shard of the optimizer state.
+/// Elements [begin, end) of the flat buffers.
+struct Segment {
+  int64_t begin = 0, end = 0;
+  bool operator==(const Segment&) const = default;
+};
+
+/// The part of the flat buffers one optimizer updates: ZeRO gives each rank one shard of the optimizer state, one
+/// segment of every gradient bucket. The shard's moments (and gradients) hold its segments' elements one after
+/// another.
 struct Shard {
-  int64_t begin = 0;  ///< first element of the flat buffers
-  int64_t end = -1;   ///< one past the last; < 0 means the end of the buffers
-  /// The shard's gradients (end - begin values, element 0 is flat element `begin`); nullptr reads the store's.
+  std::vector<Segment> segments;  ///< empty: the whole buffers
+  /// The shard's gradients, laid out like its moments; nullptr reads the store's gradient buffer.
   const float* grads = nullptr;
 };
 
@@ -59,20 +67,21 @@ class AdamW {
   void set_step_count(int64_t t) { step_count_ = t; }
   const AdamWConfig& config() const { return config_; }
   AdamWConfig& config() { return config_; }
-  /// First and second moments, same layout as the parameters over the shard (element 0 is flat element
-  /// shard_begin()).
+  /// First and second moments: the shard's segments one after another (the parameters' layout without a shard).
   float* exp_avg() const { return static_cast<float*>(m_.get()); }
   float* exp_avg_sq() const { return static_cast<float*>(v_.get()); }
-  int64_t shard_begin() const { return begin_; }
-  int64_t shard_end() const { return end_; }
-  size_t state_bytes() const { return 2 * static_cast<size_t>(end_ - begin_) * sizeof(float); }
+  /// The flat-buffer segments this optimizer updates, and their total length (the moments' length).
+  const std::vector<Segment>& segments() const { return segments_; }
+  int64_t shard_numel() const { return numel_; }
+  size_t state_bytes() const { return 2 * static_cast<size_t>(numel_) * sizeof(float); }
   void set_num_threads(int n) { num_threads_ = n; }
 
  private:
-  const float* grads() const { return grads_ ? grads_ : params_.grads_data() + begin_; }
   runtime::ParameterStore& params_;
   AdamWConfig config_;
-  int64_t begin_ = 0, end_ = 0;
+  std::vector<Segment> segments_;
+  std::vector<int64_t> offsets_;  // where each segment starts in the moments
+  int64_t numel_ = 0;
   const float* grads_ = nullptr;
   AlignedPtr m_, v_;
   int64_t step_count_ = 0;

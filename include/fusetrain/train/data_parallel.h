@@ -8,6 +8,7 @@
 
 #include "fusetrain/comm/communicator.h"
 #include "fusetrain/core/alloc.h"
+#include "fusetrain/optim/optimizer.h"
 #include "fusetrain/runtime/parameters.h"
 #include "fusetrain/runtime/plan.h"
 
@@ -24,9 +25,12 @@ struct Bucket {
 /// each bucket at most `bucket_bytes` of gradients unless one slot alone is larger. Bucket 0 holds the last slots.
 std::vector<Bucket> make_buckets(const runtime::ParameterStore& params, int64_t bucket_bytes);
 
-/// Rank `rank`'s ZeRO shard of a flat buffer of `flat_numel` elements: [rank * S, min((rank + 1) * S, flat_numel))
-/// with S = flat_numel / world rounded up to 16 elements (64 bytes); the last ranks' shards may be short or empty.
-std::pair<int64_t, int64_t> shard_of(int64_t flat_numel, int rank, int world);
+/// How a bucket is split across ranks for ZeRO: `world` parts of equal length (a multiple of 16 elements, 64 bytes)
+/// but the last ones, which may be shorter or empty; part r is rank r's. Returns the parts' lengths.
+std::vector<int64_t> bucket_parts(const Bucket& bucket, int world);
+
+/// Rank `rank`'s ZeRO shard: its part of every bucket, in flat-buffer order (the order of its moments).
+std::vector<optim::Segment> shard_segments(const std::vector<Bucket>& buckets, int rank, int world);
 
 /// Synchronises the gradients of a data-parallel step across ranks. Each micro-batch's backward runs with this as
 /// its plan's observer: after the node that finishes a bucket's last gradient, the bucket is weighted (the rank's
@@ -44,16 +48,29 @@ class GradientSync final : public runtime::RunObserver {
   /// For a rank without data in this micro-batch: communicates what backward would have.
   void skip_backward();
 
-  /// The gradients the optimizer reads after the step's last micro-batch: the full buffer (DDP) or, under ZeRO,
-  /// this rank's shard, shard_begin()..shard_end() of the flat buffer.
-  const float* optimizer_grads() const;
-  int64_t shard_begin() const { return shard_.first; }
-  int64_t shard_end() const { return shard_.second; }
+  /// The optimizer's part: under ZeRO this rank's segments and the gradients it receives for them (laid out like
+  /// the moments); for DDP the whole buffers.
+  optim::Shard optimizer_shard() const;
   /// The sum over ranks of each rank's gradient sum of squares (the global norm squared): the full buffer is
   /// identical on every rank under DDP, so there it is the local sum.
   double global_grad_sum_of_squares(double local) const;
   /// After the optimizer updated this rank's shard: every rank gathers every shard of the parameters (ZeRO).
   void gather_parameters();
+
+  /// One bucket's communication in a run: after which scheduled node it started, and when it started and ended
+  /// (seconds since the run began).
+  struct Event {
+    size_t bucket = 0;
+    int after_node = -1;
+    double start = 0, end = 0;
+  };
+  /// Records the events of each communicating run (inspect --profile's timeline); off by default.
+  void set_record_events(bool on) { record_events_ = on; }
+  /// The last communicating run's events, and when its last node ended.
+  const std::vector<Event>& events() const { return events_; }
+  double run_seconds() const { return run_seconds_; }
+  /// Seconds spent in the bucket collectives (waiting for other ranks included) since construction.
+  double communication_seconds() const { return communication_seconds_; }
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   int zero_stage() const { return zero_stage_; }
@@ -66,16 +83,18 @@ class GradientSync final : public runtime::RunObserver {
   void end() override;
 
  private:
-  void communicate(size_t bucket);
+  void communicate(size_t bucket, int after_node);
+  void communicate_bucket(size_t bucket);
   comm::Communicator& comm_;
   runtime::ParameterStore& params_;
   int zero_stage_ = 0;
   std::vector<Bucket> buckets_;
-  std::pair<int64_t, int64_t> shard_;
+  std::vector<optim::Segment> segments_;  // ZeRO: this rank's shard
+  std::vector<int64_t> part_offset_;       // ZeRO: where this rank's part of bucket b starts in the shard
+  std::vector<std::vector<int64_t>> parts_;  // ZeRO: every rank's part length, per bucket
+  int64_t shard_numel_ = 0;
   AlignedPtr shard_grads_;  // ZeRO: this rank's shard of the step's gradient
   AlignedPtr receive_;      // ZeRO-2: a bucket's part of the shard, before it is added
-  std::vector<int64_t> counts_;
-  std::vector<int64_t> all_shards_;  // every rank's shard length (the parameters' all-gather)
   // The plan being run: for each bucket, the node after which its gradients are final.
   const runtime::Plan* plan_ = nullptr;
   std::vector<int> ready_node_;
@@ -85,6 +104,9 @@ class GradientSync final : public runtime::RunObserver {
   // The full buffer holds the step's weighted gradient sum divided by pending_scale_ (DDP and ZeRO-1 accumulate
   // micro-batches locally and send the last one's buffer).
   double pending_scale_ = 1.0;
+  bool record_events_ = false;
+  std::vector<Event> events_;
+  double run_start_ = 0, run_seconds_ = 0, communication_seconds_ = 0;
 };
 
 }  // namespace fusetrain::train
