@@ -146,5 +146,7 @@ def engine_dict(args: transformers.TrainingArguments, *, max_steps: int) -> dict
         fusetrain_recompute=bool(getattr(args, "fusetrain_recompute", False)),
         fusetrain_threads=int(getattr(args, "fusetrain_threads", 0)),
         fusetrain_max_nonfinite_steps=int(getattr(args, "fusetrain_max_nonfinite_steps", 3)),
+        # transformers' default None means PyTorch DDP's 25 MiB
+        ddp_bucket_cap_mb=int(args.ddp_bucket_cap_mb or 25),
     )
     return out

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/compile/lower.h"
@@ -39,6 +40,61 @@ struct Plan::InputBinding {
 
 Plan::~Plan() = default;
 
+namespace {
+
+// Moves each node that only writes parameter gradients, and is the only node writing them, to right after the
+// nodes that produce its inputs. Graph order can leave such a node (the copy of a head's gradient into its
+// buffer) at the very end of backward, which would hold back data-parallel communication of its gradients until
+// backward is over. Accumulations into one gradient keep their order, so the arithmetic is unchanged.
+std::vector<NodeId> hoist_gradient_writers(const ir::Graph& g, std::vector<NodeId> schedule) {
+  std::map<ValueId, int> writers;  // parameter -> scheduled nodes writing its gradient
+  for (NodeId id : schedule)
+    for (ValueId v : g.node(id).outputs)
+      if (memory::is_bound_gradient(g, v)) ++writers[g.value(v).gradient_of];
+  auto hoistable = [&](const ir::Node& n) {
+    for (ValueId v : n.outputs)
+      if (!memory::is_bound_gradient(g, v) || writers[g.value(v).gradient_of] != 1) return false;
+    return !n.outputs.empty();
+  };
+  std::vector<NodeId> rest;
+  std::vector<NodeId> moved;
+  for (NodeId id : schedule) (hoistable(g.node(id)) ? moved : rest).push_back(id);
+  if (moved.empty()) return schedule;
+  // Each moved node goes right after the last of its inputs is produced (a moved node may read another's output).
+  std::vector<bool> produced(g.values().size(), true);
+  for (NodeId id : schedule)
+    for (ValueId v : g.node(id).outputs) produced[static_cast<size_t>(v)] = false;
+  std::vector<NodeId> out;
+  std::vector<NodeId> pending = moved;
+  auto emit = [&](NodeId id) {
+    out.push_back(id);
+    for (ValueId v : g.node(id).outputs) produced[static_cast<size_t>(v)] = true;
+  };
+  auto emit_ready = [&] {
+    for (bool again = true; again;) {
+      again = false;
+      for (size_t i = 0; i < pending.size(); ++i) {
+        bool ready = true;
+        for (ValueId v : g.node(pending[i]).inputs) ready = ready && produced[static_cast<size_t>(v)];
+        if (!ready) continue;
+        emit(pending[i]);
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+        again = true;
+        break;
+      }
+    }
+  };
+  emit_ready();
+  for (NodeId id : rest) {
+    emit(id);
+    emit_ready();
+  }
+  FT_CHECK(pending.empty(), "scheduling: ", pending.size(), " gradient nodes have inputs no node produces");
+  return out;
+}
+
+}  // namespace
+
 size_t Plan::num_scheduled_nodes() const { return steps_.size(); }
 
 std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& params, const PlanOptions& options) {
@@ -66,6 +122,7 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
     for (ValueId v : n.inputs) needed[static_cast<size_t>(v)] = true;
   }
   std::reverse(schedule.begin(), schedule.end());
+  schedule = hoist_gradient_writers(g, std::move(schedule));
   const int num_steps = static_cast<int>(schedule.size());
 
   // Parameters and gradients: views into the store.

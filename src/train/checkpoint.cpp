@@ -217,7 +217,9 @@ std::vector<fs::path> optimizer_files(const fs::path& dir) {
   return files;
 }
 
-int64_t metadata_integer(const io::SafetensorsFile& file, const char* key, int64_t low, int64_t high) {
+// The integer metadata `key` of `file`, which must lie in [low, high]; `meaning` says what it counts.
+int64_t metadata_integer(const io::SafetensorsFile& file, const char* key, const char* meaning, int64_t low,
+                         int64_t high) {
   const auto it = file.metadata().find(key);
   int64_t value = -1;
   bool ok = it != file.metadata().end();
@@ -226,7 +228,8 @@ int64_t metadata_integer(const io::SafetensorsFile& file, const char* key, int64
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
     ok = ec == std::errc() && end == text.data() + text.size() && value >= low && value <= high;
   }
-  FT_CHECK(ok, file.path(), ": the metadata \"", key, "\" should be an integer in [", low, ", ", high, "], found ",
+  FT_CHECK(ok, file.path(), ": the metadata \"", key, "\" (", meaning, ") should be an integer in [", low, ", ", high,
+           "], found ",
            it == file.metadata().end() ? std::string("none") : "\"" + it->second + "\"");
   return value;
 }
@@ -335,7 +338,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   std::vector<optim::Segment> all_segments;
   for (const fs::path& path : optimizer_files(dir)) {
     io::SafetensorsFile optimizer = io::SafetensorsFile::open(path.string());
-    const int64_t steps = metadata_integer(optimizer, "step", 0, step);
+    const int64_t steps = metadata_integer(optimizer, "step", "AdamW's update count", 0, step);
     FT_CHECK(optimizer_steps < 0 || optimizer_steps == steps, path.string(), ": \"step\" is ", steps,
              " but the other shards have ", optimizer_steps);
     optimizer_steps = steps;
