@@ -40,6 +40,7 @@ from transformers.trainer_pt_utils import get_model_param_count
 from transformers.trainer_utils import TrainOutput
 
 from fusetrain import _core, data
+from fusetrain.distributed import engine_communicator
 from fusetrain._core import Model
 from fusetrain.training_args import TrainingArguments, engine_dict, engine_refusals
 
@@ -353,6 +354,9 @@ class Trainer(transformers.Trainer):
                                 self._engine_dataset(self.train_dataset, task, with_labels=task != "qa"), None,
                                 self._pad_id(), self._mlm_spec(task))
         engine.set_delegated(True)
+        # Data parallel under torchrun or mpirun: each process trains its share of every global batch of
+        # per_device_train_batch_size x world_size examples, gradients summed as backward finishes each bucket.
+        engine.set_communicator(engine_communicator(args.world_size))
         if self._uses_python_collator():
             engine.set_collate(self._collate_hook())
         self._scheduler_steps = 0

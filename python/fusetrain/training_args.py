@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,12 @@ class TrainingArguments(transformers.TrainingArguments):
             from transformers.utils import is_torch_bf16_gpu_available
 
             self.use_cpu = not is_torch_bf16_gpu_available()
+        if not self.use_cpu and _launched_distributed():
+            # transformers on a machine without an accelerator treats each process of torchrun or mpirun as a job
+            # of its own unless use_cpu is set; the engine runs on the CPU, so its data-parallel ranks set it.
+            import torch
+
+            self.use_cpu = not torch.cuda.is_available()
         super().__post_init__()
         if self.fusetrain_threads < 0:
             raise ValueError(f"fusetrain_threads is {self.fusetrain_threads}; expected 0 (every core) or more")
@@ -81,6 +88,20 @@ class TrainingArguments(transformers.TrainingArguments):
         values = {f.name: getattr(hf_args, f.name) for f in dataclasses.fields(hf_args) if f.init}
         values.update(overrides)
         return cls(**values)
+
+
+def _launched_distributed() -> bool:
+    """Whether a launcher (torchrun, mpirun, srun) started this process as one of several."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 or _core._launched_by_mpi()
+
+
+def _data_parallel_ready(args: transformers.TrainingArguments) -> bool:
+    """Whether the engine can train data-parallel over this run's processes: transformers set up
+    torch.distributed for them (torchrun, or mpirun with MASTER_ADDR/MASTER_PORT)."""
+    import torch.distributed as dist
+
+    return (args.parallel_mode == transformers.training_args.ParallelMode.DISTRIBUTED and dist.is_available()
+            and dist.is_initialized() and dist.get_world_size() == args.world_size)
 
 
 def engine_refusals(args: transformers.TrainingArguments) -> list[str]:
@@ -112,8 +133,9 @@ def engine_refusals(args: transformers.TrainingArguments) -> list[str]:
         refuse("auto_find_batch_size", "the engine plans its memory for one batch size")
     if _value(getattr(args, "train_sampling_strategy", "random")) != "random":
         refuse("train_sampling_strategy", "the engine shuffles examples at random")
-    if args.world_size > 1:
-        out.append(f"world_size={args.world_size} (the engine trains in one process)")
+    if args.world_size > 1 and not _data_parallel_ready(args):
+        out.append(f"world_size={args.world_size} in parallel mode {args.parallel_mode.value} (the engine trains "
+                   "data-parallel over torch.distributed or an MPI launcher's ranks)")
     return out
 
 

@@ -11,10 +11,12 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "fusetrain/comm/communicator.h"
 #include "fusetrain/core/error.h"
 #include "fusetrain/models/registry.h"
 #include "fusetrain/train/trainer.h"
@@ -35,6 +37,86 @@ SharedCallable share(py::function fn) {
     delete f;
   });
 }
+
+/// A communicator whose collectives are a Python object's methods (fusetrain.distributed.TorchCommunicator over
+/// torch.distributed): each method gets numpy views of the engine's own buffers, so nothing is copied here.
+class PythonCommunicator final : public comm::Communicator {
+ public:
+  explicit PythonCommunicator(py::object impl)
+      : impl_(new py::object(std::move(impl)), [](py::object* o) {
+          py::gil_scoped_acquire gil;
+          delete o;
+        }) {
+    rank_ = impl_->attr("rank").cast<int>();
+    size_ = impl_->attr("size").cast<int>();
+    local_rank_ = impl_->attr("local_rank").cast<int>();
+    backend_ = impl_->attr("backend").cast<std::string>();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  std::string backend() const override { return backend_; }
+  // Each collective takes the GIL before it makes the numpy views and calls the Python method.
+  void all_reduce_sum(float* data, int64_t n) override {
+    py::gil_scoped_acquire gil;
+    impl_->attr("all_reduce")(view(data, n));
+  }
+  std::unique_ptr<comm::Request> start_all_reduce_sum(float* data, int64_t n) override {
+    all_reduce_sum(data, n);  // torch.distributed's async work would need the GIL to progress; run it now
+    return std::make_unique<Done>();
+  }
+  void all_reduce_sum(double* data, int64_t n) override {
+    py::gil_scoped_acquire gil;
+    impl_->attr("all_reduce")(view(data, n));
+  }
+  void reduce_scatter_sum(const float* in, float* out, std::span<const int64_t> counts) override {
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    py::gil_scoped_acquire gil;
+    impl_->attr("reduce_scatter")(view(const_cast<float*>(in), total), view(out, counts[static_cast<size_t>(rank_)]),
+                                  std::vector<int64_t>(counts.begin(), counts.end()));
+  }
+  void all_gather_in_place(float* data, std::span<const int64_t> counts) override {
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    py::gil_scoped_acquire gil;
+    impl_->attr("all_gather")(view(data, total), std::vector<int64_t>(counts.begin(), counts.end()));
+  }
+  void broadcast(void* data, int64_t bytes, int root) override {
+    py::gil_scoped_acquire gil;
+    impl_->attr("broadcast")(view(static_cast<uint8_t*>(data), bytes), root);
+  }
+  double sum(double value) override {
+    all_reduce_sum(&value, 1);
+    return value;
+  }
+  void send(const void* data, int64_t bytes, int dest) override {
+    py::gil_scoped_acquire gil;
+    impl_->attr("send")(view(static_cast<uint8_t*>(const_cast<void*>(data)), bytes), dest);
+  }
+  void recv(void* data, int64_t bytes, int source) override {
+    py::gil_scoped_acquire gil;
+    impl_->attr("recv")(view(static_cast<uint8_t*>(data), bytes), source);
+  }
+  void barrier() override {
+    py::gil_scoped_acquire gil;
+    impl_->attr("barrier")();
+  }
+
+ private:
+  class Done final : public comm::Request {
+   public:
+    void wait() override {}
+  };
+  // A numpy array over engine memory (a no-op capsule as its base, so numpy neither copies nor frees it).
+  template <typename T>
+  static py::array view(T* data, int64_t n) {
+    return py::array_t<T>({n}, {static_cast<int64_t>(sizeof(T))}, data, py::capsule(data, [](void*) {}));
+  }
+  std::shared_ptr<py::object> impl_;
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  std::string backend_;
+};
 
 /// The integers of a 1-D array (or anything numpy.asarray accepts) as int64 values.
 std::vector<int64_t> int64_values(py::handle obj, const std::string& name) {
@@ -282,6 +364,8 @@ datasets, lists of dicts or map-style datasets). Example i is ids[offsets[i]:off
           },
           "Every token's class, example after example (token classification), else None.");
 
+  m.def("_launched_by_mpi", &comm::launched_by_mpi,
+        "True when an MPI launcher (mpirun, srun) started this process as one of several ranks.");
   m.def(
       "_training_args_defaults", [] { return to_python(train::TrainingArguments{}.to_json()); },
       "The engine's TrainingArguments fields and their defaults, as a dict.");
@@ -351,6 +435,19 @@ The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.T
             self.trainer->add_callback(std::make_shared<PythonCallbacks>(share(std::move(dispatch))));
           },
           "dispatch"_a, "dispatch(event, state, control, payload) -> dict of control flags or None.")
+      .def(
+          "set_communicator",
+          [](PyTrainer& self, py::object communicator) {
+            if (communicator.is_none())
+              self.trainer->set_communicator(comm::single_process());
+            else if (py::isinstance<py::str>(communicator) && communicator.cast<std::string>() == "mpi")
+              self.trainer->set_communicator(comm::mpi_world());
+            else
+              self.trainer->set_communicator(std::make_shared<PythonCommunicator>(std::move(communicator)));
+          },
+          "communicator"_a,
+          "Trains data-parallel: \"mpi\" (Open MPI, under mpirun), an object with the collectives "
+          "(fusetrain.distributed.TorchCommunicator), or None (one process).")
       .def(
           "set_checkpoint_files",
           [](PyTrainer& self, std::vector<std::string> paths) { self.trainer->set_checkpoint_files(std::move(paths)); },
