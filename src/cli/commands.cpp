@@ -382,7 +382,11 @@ int run_train(Options& o, bool default_job) {
 int run_evaluate(Options& o) {
   Job job = prepare(o, false, true, false);
   train::Trainer trainer(*job.model, o.args, job.task, nullptr, job.eval.get(), job.ids);
-  print_metrics(trainer.evaluate());
+  // Under mpirun / srun the ranks share the evaluation batches and all end with the same metrics; rank 0 prints.
+  std::shared_ptr<comm::Communicator> comm = comm::launched_by_mpi() ? comm::mpi_world() : comm::single_process();
+  trainer.set_communicator(comm);
+  const std::map<std::string, double> metrics = trainer.evaluate();
+  if (comm->rank() == 0) print_metrics(metrics);
   return 0;
 }
 
@@ -395,7 +399,11 @@ int run_predict(Options& o) {
   FT_CHECK(!models::head_info(job.task).language_model, "predict supports --task ", join(predictable), ", not ",
            o.task);
   train::Trainer trainer(*job.model, o.args, job.task, nullptr, nullptr, job.ids);
+  // Under mpirun / srun the ranks share the batches and rank 0, which gathers the predictions, writes them.
+  std::shared_ptr<comm::Communicator> comm = comm::launched_by_mpi() ? comm::mpi_world() : comm::single_process();
+  trainer.set_communicator(comm);
   train::Predictions p = trainer.predict(*job.test);
+  if (comm->rank() != 0) return 0;
   auto argmax = [&](int64_t row) {
     const float* logits = p.logits.data() + row * p.classes;
     return std::max_element(logits, logits + p.classes) - logits;

@@ -504,26 +504,175 @@ std::map<std::string, double> Trainer::evaluate(const data::TokenizedDataset* da
   return metrics;
 }
 
+namespace {
+
+// Data parallel evaluation: rank r's run of whole eval batches, batches [first_batch, first_batch + batches) of the
+// one-process order, examples [first_example, first_example + examples). The batches are split as evenly as they go
+// (the first ranks take one more), so a rank has none when there are more ranks than batches.
+struct EvalShard {
+  int64_t first_batch = 0;
+  int64_t first_example = 0;
+  int64_t examples = 0;
+};
+
+EvalShard eval_shard(int64_t dataset_size, int64_t batch_size, int64_t rank, int64_t world) {
+  const int64_t batches = (dataset_size + batch_size - 1) / batch_size;
+  const int64_t each = batches / world, extra = batches % world;
+  EvalShard shard;
+  shard.first_batch = rank * each + std::min(rank, extra);
+  const int64_t mine = each + (rank < extra ? 1 : 0);
+  shard.first_example = std::min(dataset_size, shard.first_batch * batch_size);
+  shard.examples = std::min(dataset_size, (shard.first_batch + mine) * batch_size) - shard.first_example;
+  return shard;
+}
+
+// Point to point in pieces that fit MPI's int counts; nothing is sent for no values.
+constexpr int64_t kPieceBytes = int64_t{1} << 30;
+
+template <class T>
+void send_values(comm::Communicator& comm, const T* values, int64_t n, int dest) {
+  const auto* bytes = reinterpret_cast<const char*>(values);
+  const int64_t total = n * static_cast<int64_t>(sizeof(T));
+  for (int64_t done = 0; done < total; done += kPieceBytes)
+    comm.send(bytes + done, std::min(kPieceBytes, total - done), dest);
+}
+
+template <class T>
+void recv_values(comm::Communicator& comm, T* values, int64_t n, int source) {
+  auto* bytes = reinterpret_cast<char*>(values);
+  const int64_t total = n * static_cast<int64_t>(sizeof(T));
+  for (int64_t done = 0; done < total; done += kPieceBytes)
+    comm.recv(bytes + done, std::min(kPieceBytes, total - done), source);
+}
+
+// Appends n values received from `source` to `values`.
+template <class T>
+void recv_append(comm::Communicator& comm, std::vector<T>& values, int64_t n, int source) {
+  const size_t old = values.size();
+  values.resize(old + static_cast<size_t>(n));
+  recv_values(comm, values.data() + old, n, source);
+}
+
+// Appends every other rank's part of the predictions to rank 0's, in rank order: sizes first, then the buffers.
+// Question answering's feature offsets are shifted past the logits gathered before them. `batch_losses` (each
+// batch's loss times its size) travel too, so that rank 0 sums them in one process's order. Returns, on rank 0,
+// which rank's dataset size differs from rank 0's ("" when none).
+std::string gather_predictions(comm::Communicator& comm, int64_t dataset_size, Predictions& p,
+                               std::vector<double>& batch_losses, int64_t& loss_weight) {
+  enum { kDataset, kRows, kClasses, kLogits, kEndLogits, kLabels, kFloatLabels, kOffsets, kLosses, kWeight, kSizes };
+  if (comm.rank() != 0) {
+    const int64_t offsets = std::max<int64_t>(static_cast<int64_t>(p.feature_offsets.size()) - 1, 0);
+    const int64_t sizes[kSizes] = {dataset_size,
+                                   p.rows,
+                                   p.classes,
+                                   static_cast<int64_t>(p.logits.size()),
+                                   static_cast<int64_t>(p.end_logits.size()),
+                                   static_cast<int64_t>(p.labels.size()),
+                                   static_cast<int64_t>(p.float_labels.size()),
+                                   offsets,
+                                   static_cast<int64_t>(batch_losses.size()),
+                                   loss_weight};
+    send_values(comm, sizes, kSizes, 0);
+    send_values(comm, p.logits.data(), sizes[kLogits], 0);
+    send_values(comm, p.end_logits.data(), sizes[kEndLogits], 0);
+    send_values(comm, p.labels.data(), sizes[kLabels], 0);
+    send_values(comm, p.float_labels.data(), sizes[kFloatLabels], 0);
+    if (offsets > 0) send_values(comm, p.feature_offsets.data() + 1, offsets, 0);
+    send_values(comm, batch_losses.data(), sizes[kLosses], 0);
+    return "";
+  }
+  std::string mismatch;
+  for (int source = 1; source < comm.size(); ++source) {
+    int64_t sizes[kSizes];
+    recv_values(comm, sizes, kSizes, source);
+    if (sizes[kDataset] != dataset_size && mismatch.empty())
+      mismatch = str("rank ", source, " evaluates ", sizes[kDataset], " examples and rank 0 ", dataset_size,
+                     "; every rank must read the same evaluation data");
+    const auto base = static_cast<int64_t>(p.logits.size());
+    p.rows += sizes[kRows];
+    p.classes = std::max(p.classes, sizes[kClasses]);
+    recv_append(comm, p.logits, sizes[kLogits], source);
+    recv_append(comm, p.end_logits, sizes[kEndLogits], source);
+    recv_append(comm, p.labels, sizes[kLabels], source);
+    recv_append(comm, p.float_labels, sizes[kFloatLabels], source);
+    const size_t first_offset = p.feature_offsets.size();
+    recv_append(comm, p.feature_offsets, sizes[kOffsets], source);
+    for (size_t i = first_offset; i < p.feature_offsets.size(); ++i) p.feature_offsets[i] += base;
+    recv_append(comm, batch_losses, sizes[kLosses], source);
+    loss_weight += sizes[kWeight];
+  }
+  return mismatch;
+}
+
+// Rank 0's metrics, or the error that stopped it computing them, on every rank. The names travel as JSON and the
+// values as raw doubles: JSON has no NaN or infinity, and a metric may be either.
+void broadcast_metrics(comm::Communicator& comm, std::map<std::string, double>& metrics, std::string& error) {
+  std::string text;
+  std::vector<double> values;
+  if (comm.rank() == 0) {
+    nlohmann::json names = nlohmann::json::array();
+    for (const auto& [name, value] : metrics) {
+      names.push_back(name);
+      values.push_back(value);
+    }
+    text = nlohmann::json{{"names", names}, {"error", error}}.dump();
+  }
+  int64_t sizes[2] = {static_cast<int64_t>(text.size()), static_cast<int64_t>(values.size())};
+  comm.broadcast(sizes, sizeof sizes, 0);
+  text.resize(static_cast<size_t>(sizes[0]));
+  values.resize(static_cast<size_t>(sizes[1]));
+  comm.broadcast(text.data(), sizes[0], 0);
+  comm.broadcast(values.data(), sizes[1] * static_cast<int64_t>(sizeof(double)), 0);
+  if (comm.rank() == 0) return;
+  const nlohmann::json message = nlohmann::json::parse(text);
+  error = message["error"].get<std::string>();
+  metrics.clear();
+  for (size_t i = 0; i < values.size(); ++i) metrics[message["names"][i].get<std::string>()] = values[i];
+}
+
+}  // namespace
+
 Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
+  // Data parallel: each rank runs the forward on its own run of whole eval batches, the same batches one process
+  // makes, so that the ranks' outputs concatenated in rank order are one process's. Rank 0 gathers them and computes
+  // the metrics, then broadcasts them: one rank computing them keeps compute_metrics_ (user code) and the QA and NER
+  // decoding to one run and makes every rank's metrics identical, and only the metrics travel back.
+  comm::Communicator& comm = *comm_;
+  const bool sharded = comm.size() > 1;
+  const EvalShard shard = sharded ? eval_shard(dataset.size(), args_.per_device_eval_batch_size, comm.rank(),
+                                               comm.size())
+                                  : EvalShard{0, 0, dataset.size()};
   data::LoaderOptions options;
   options.batch_size = args_.per_device_eval_batch_size;
   options.shuffle = false;
-  data::DataLoader loader(dataset.size(), options, collate_for(dataset, args_.seed + 1, /*training=*/false));
+  data::CollateFn collate = collate_for(dataset, args_.seed + 1, /*training=*/false);
+  if (shard.first_example > 0)  // the loader counts from 0: shift to the shard's examples and batch numbers
+    collate = [collate = std::move(collate), shard](std::span<const int64_t> indices, uint64_t batch_number) {
+      std::vector<int64_t> examples(indices.begin(), indices.end());
+      for (int64_t& i : examples) i += shard.first_example;
+      return collate(examples, batch_number + static_cast<uint64_t>(shard.first_batch));  // the same MLM masks
+    };
+  data::DataLoader loader(shard.examples, options, std::move(collate));
   loader.start_epoch(0);
   Predictions p;
   double loss_sum = 0;
   int64_t loss_weight = 0;
+  std::vector<double> batch_losses;  // data parallel: each batch's loss x size, summed on rank 0 in one pass
   const bool labelled = dataset.label_kind() != data::LabelKind::None;
   const auto* qa = dynamic_cast<const data::QuestionAnsweringDataset*>(&dataset);
   FT_CHECK(task_ != Head::QuestionAnswering || qa, "question answering needs a QuestionAnsweringDataset");
-  int64_t feature = 0;
+  int64_t feature = shard.first_example;
   if (qa) p.feature_offsets.push_back(0);
   while (std::optional<data::Batch> batch = loader.next()) {
     models::Batch view = view_of(*batch);
     if (!labelled) view.labels = Tensor();
     models::ModelOutput out = model_.forward(view, /*training=*/false);
     if (out.loss) {
-      loss_sum += *out.loss * static_cast<double>(batch->batch_size);
+      const double weighted = *out.loss * static_cast<double>(batch->batch_size);
+      if (sharded)
+        batch_losses.push_back(weighted);
+      else
+        loss_sum += weighted;
       loss_weight += batch->batch_size;
     }
     const int64_t K = out.logits.shape()[-1];
@@ -572,17 +721,45 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
     }
     feature += batch->batch_size;
   }
+  std::string error;
+  if (sharded) {
+    error = gather_predictions(comm, dataset.size(), p, batch_losses, loss_weight);
+    if (comm.rank() != 0) {
+      p = Predictions{};
+      broadcast_metrics(comm, p.metrics, error);
+      FT_CHECK(error.empty(), "the evaluation on rank 0 failed: ", error);
+      return p;
+    }
+    for (double weighted : batch_losses) loss_sum += weighted;  // in one process's order: the same sum
+  }
   if (loss_weight > 0) p.metrics["loss"] = loss_sum / static_cast<double>(loss_weight);
+  if (!sharded) {
+    add_metrics(p, dataset);
+    return p;
+  }
+  if (error.empty()) {
+    try {
+      add_metrics(p, dataset);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  broadcast_metrics(comm, p.metrics, error);  // the other ranks wait for the metrics or the error
+  FT_CHECK(error.empty(), error);
+  return p;
+}
+
+void Trainer::add_metrics(Predictions& p, const data::TokenizedDataset& dataset) const {
   if (compute_metrics_) {
     for (const auto& [k, v] : compute_metrics_(p)) p.metrics[k] = v;
-    return p;
+    return;
   }
   if (models::head_info(task_).language_model) {
     if (p.metrics.count("loss")) p.metrics["perplexity"] = std::exp(p.metrics["loss"]);
-  } else if (qa) {
+  } else if (const auto* qa = dynamic_cast<const data::QuestionAnsweringDataset*>(&dataset)) {
     p.classes = 0;
     p.answers = data::decode_answers(*qa, p.logits, p.end_logits, p.feature_offsets);
-    if (labelled)
+    if (dataset.label_kind() != data::LabelKind::None)
       for (const auto& [k, v] : data::squad_metrics(p.answers, *qa)) p.metrics[k] = v;
   } else if (!p.labels.empty()) {
     for (const auto& [k, v] : classification_metrics(p)) p.metrics[k] = v;
@@ -605,7 +782,6 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
       for (const auto& [k, v] : entity_metrics(predicted, reference)) p.metrics[k] = v;
     }
   }
-  return p;
 }
 
 void Trainer::save_model(const std::string& dir) { model_.save_pretrained(dir.empty() ? args_.output_dir : dir); }

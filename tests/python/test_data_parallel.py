@@ -137,3 +137,154 @@ def test_ranks_with_different_configurations_are_refused(tiny, tmp_path):
     assert "rank 1 of the data-parallel job was started with another configuration than rank 0" in result.stderr
     assert "per_device_train_batch_size is 5 here and 4 on rank 0" in result.stderr
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+# Sharded evaluation: under mpirun each rank runs the forward on its own run of whole eval batches and rank 0 computes
+# the metrics from the gathered predictions. The ranks run the very batches one process runs and rank 0 sums the
+# batch losses in one process's order, so the metrics are not merely close but equal (compared exactly below).
+EVAL_KEYS = ("eval_loss", "eval_accuracy", "eval_f1")
+
+
+def dev_file(tmp_path, rows, name="dev.tsv"):
+    lines = (ROOT / "data" / "sst2" / "dev.tsv").read_text().splitlines()[:rows + 1]
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_cli(ranks, *arguments):
+    """Runs `fusetrain ARGUMENTS` on one process or under mpirun with `ranks` ranks; returns its stdout."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    command = [str(CLI), *arguments]
+    if ranks > 1:
+        command = [MPIRUN, "-np", str(ranks), "--oversubscribe", "-x", "OMP_NUM_THREADS", *command]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def evaluate(model, eval_file, output, ranks=1):
+    """`fusetrain evaluate` with eval batches of 4; returns the metrics it printed (one JSON object) and the entries
+    of its log.jsonl."""
+    stdout = run_cli(ranks, "evaluate", "--model", str(model), "--eval-file", str(eval_file), "--max-seq-length",
+                     "32", "--fusetrain-threads", "1", "--per-device-eval-batch-size", "4", "--disable-tqdm",
+                     "--output-dir", str(output))
+    log = [json.loads(line) for line in (output / "log.jsonl").read_text().splitlines()]
+    return json.loads(stdout), log
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_evaluation_during_data_parallel_training_equals_one_process(tiny, tmp_path, ranks):
+    """Every evaluation of an N-rank training run (at steps 5 and 10, and the CLI's final one) logs the metrics one
+    process computes on the same weights (the checkpoint of that step). 45 eval examples in batches of 4 are 12
+    batches: neither 2 x 4 nor 3 x 4 divides 45, and the last batch is short."""
+    dev = dev_file(tmp_path, 45)
+    out = tmp_path / "many"
+    train(tiny, rows_file(tmp_path, 50), out, ranks, 4, "--max-steps", "10", "--eval-strategy", "steps",
+          "--eval-steps", "5", "--eval-file", str(dev), "--per-device-eval-batch-size", "4", "--save-strategy",
+          "steps", "--save-steps", "5")
+    entries = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if '"eval_loss"' in line]
+    assert [e["step"] for e in entries] == [5, 10, 10]
+    for entry in entries:
+        one, _ = evaluate(out / f"checkpoint-{entry['step']}", dev, tmp_path / f"one-{entry['step']}")
+        assert {k: entry[k] for k in EVAL_KEYS} == {k: one[k] for k in EVAL_KEYS}, f"step {entry['step']}"
+
+
+@pytest.mark.parametrize("ranks,rows", [
+    (2, 45),
+    (3, 6),  # two batches for three ranks: rank 2 has none
+])
+def test_mpirun_evaluate_and_predict_equal_one_process_and_write_once(tiny, tmp_path, ranks, rows):
+    dev = dev_file(tmp_path, rows)
+    one, one_log = evaluate(tiny, dev, tmp_path / "one")
+    many, many_log = evaluate(tiny, dev, tmp_path / "many", ranks)  # json.loads fails on two printed objects
+    assert {k: many[k] for k in EVAL_KEYS} == {k: one[k] for k in EVAL_KEYS}
+    assert len(many_log) == len(one_log) == 1
+    predicted = {}
+    for n in (1, ranks):
+        output = tmp_path / f"predictions-{n}.tsv"
+        stdout = run_cli(n, "predict", "--model", str(tiny), "--test-file", str(dev), "--output", str(output),
+                         "--max-seq-length", "32", "--fusetrain-threads", "1", "--per-device-eval-batch-size", "4",
+                         "--disable-tqdm")
+        assert stdout.count("wrote") == 1, stdout
+        predicted[n] = output.read_text()
+    assert predicted[ranks] == predicted[1]
+    assert len(predicted[1].splitlines()) == rows + 1
+
+
+def test_each_rank_evaluates_only_its_share_of_the_batches(tiny, tmp_path):
+    """Rank 1 reads a file whose labels are flipped (mpirun's A : B form). 45 examples in batches of 4 are 12
+    batches, 6 per rank: rank 0 scores examples 0-23 and rank 1 examples 24-44, so the metrics are one process's
+    on rank 0's first 24 rows followed by rank 1's last 21, which they would not be if every rank evaluated all."""
+    dev = dev_file(tmp_path, 45)
+    header, *rows = dev.read_text().splitlines()
+    flipped = [f"{1 - int(row.split(chr(9))[0])}\t{row.split(chr(9), 1)[1]}" for row in rows]
+    flipped_file = tmp_path / "flipped.tsv"
+    flipped_file.write_text("\n".join([header, *flipped]) + "\n")
+    mixed_file = tmp_path / "mixed.tsv"
+    mixed_file.write_text("\n".join([header, *rows[:24], *flipped[24:]]) + "\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    common = ["evaluate", "--model", str(tiny), "--max-seq-length", "32", "--fusetrain-threads", "1",
+              "--per-device-eval-batch-size", "4", "--disable-tqdm", "--output-dir", str(tmp_path / "out")]
+    command = [MPIRUN, "-np", "1", "--oversubscribe", "-x", "OMP_NUM_THREADS", str(CLI), *common, "--eval-file",
+               str(dev), ":", "-np", "1", "-x", "OMP_NUM_THREADS", str(CLI), *common, "--eval-file", str(flipped_file)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    sharded = json.loads(result.stdout)
+    mixed, _ = evaluate(tiny, mixed_file, tmp_path / "mixed")
+    whole, _ = evaluate(tiny, dev, tmp_path / "whole")
+    assert {k: sharded[k] for k in EVAL_KEYS} == {k: mixed[k] for k in EVAL_KEYS}
+    assert sharded["eval_loss"] != whole["eval_loss"]
+
+
+@pytest.mark.parametrize("task", ["qa", "token-cls"])
+def test_mpirun_gathers_qa_features_and_ner_tokens_as_one_process(tiny, tmp_path, task):
+    """3 ranks evaluate and predict question answering (contexts cut into several features, decoded on rank 0 from
+    the gathered start and end logits) and BIO tagging (entity metrics over the gathered token rows) exactly as one
+    process."""
+    import random
+
+    config = transformers.BertConfig.from_pretrained(tiny)
+    torch.manual_seed(1)
+    sentences = [row.split("\t", 1)[1] for row in
+                 (ROOT / "data" / "sst2" / "train.tsv").read_text().splitlines()[1:121]]
+    rows = []
+    if task == "qa":
+        transformers.BertForQuestionAnswering(config).save_pretrained(tmp_path / "model")
+        rng = random.Random(3)
+        for i in range(0, 120, 4):
+            context = " ".join(sentences[i:i + 4])
+            words = context.split(" ")
+            first = rng.randrange(len(words))
+            start = len(" ".join(words[:first])) + (1 if first else 0)
+            rows.append({"question": "what follows " + (words[first - 1] if first else "the start"),
+                         "context": context, "answers": {"text": [words[first]], "answer_start": [start]}})
+    else:
+        tags = ["O", "B-PUNCT", "B-NUM", "B-LONG"]
+        config.num_labels, config.id2label = len(tags), dict(enumerate(tags))
+        config.label2id = {t: i for i, t in enumerate(tags)}
+        transformers.BertForTokenClassification(config).save_pretrained(tmp_path / "model")
+
+        def tag(word):
+            return "B-PUNCT" if not any(c.isalnum() for c in word) else \
+                "B-NUM" if any(c.isdigit() for c in word) else "B-LONG" if len(word) > 6 else "O"
+        rows = [{"tokens": s.split(), "ner_tags": [tag(w) for w in s.split()]} for s in sentences[:45]]
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        shutil.copy(tiny / name, tmp_path / "model" / name)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    common = ["--model", str(tmp_path / "model"), "--task", task, "--max-seq-length", "64", "--doc-stride", "16",
+              "--fusetrain-threads", "1", "--per-device-eval-batch-size", "4", "--disable-tqdm"]
+    metrics, predicted = {}, {}
+    for ranks in (1, 3):
+        printed = json.loads(run_cli(ranks, "evaluate", *common, "--eval-file", str(data), "--output-dir",
+                                     str(tmp_path / f"out-{ranks}")))
+        metrics[ranks] = {k: v for k, v in printed.items() if k not in ("eval_runtime", "eval_samples_per_second")}
+        output = tmp_path / f"predictions-{ranks}.jsonl"
+        run_cli(ranks, "predict", *common, "--test-file", str(data), "--output", str(output))
+        predicted[ranks] = output.read_text()
+    assert metrics[3] == metrics[1]
+    expected = {"eval_exact_match", "eval_f1"} if task == "qa" else {"eval_precision", "eval_recall", "eval_f1"}
+    assert expected <= metrics[1].keys()
+    assert predicted[3] == predicted[1]
+    assert len(predicted[1].splitlines()) == len(rows)

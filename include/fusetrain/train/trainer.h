@@ -125,7 +125,10 @@ class Trainer {
   std::map<std::string, double> train();
   /// Loss and task metrics on the eval dataset (or `dataset`), keys prefixed "eval_".
   std::map<std::string, double> evaluate(const data::TokenizedDataset* dataset = nullptr);
-  /// Logits (and metrics when the dataset has labels) over `dataset`.
+  /// Logits (and metrics when the dataset has labels) over `dataset`. Data parallel (set_communicator): every rank
+  /// must call it; each runs the forward on its contiguous share of the eval batches, rank 0 gathers the ranks'
+  /// outputs and computes the metrics as one process would (same order, same values) and returns the whole
+  /// dataset's predictions; every other rank returns the same metrics and no predictions.
   Predictions predict(const data::TokenizedDataset& dataset);
   /// Writes the model (config.json + model.safetensors) to `dir` (default output_dir).
   void save_model(const std::string& dir = "");
@@ -192,6 +195,9 @@ class Trainer {
   void write_optimizer_state(const std::filesystem::path& staged);
   void load_checkpoint(const std::string& dir);
   void rotate_checkpoints();
+  /// The metrics of complete predictions over `dataset` into p.metrics (the loss already there): compute_metrics_
+  /// or the task's; question answering also decodes p.answers.
+  void add_metrics(Predictions& p, const data::TokenizedDataset& dataset) const;
   data::CollateFn collate_for(const data::TokenizedDataset& dataset, uint64_t seed, bool training) const;
   models::Batch view_of(const data::Batch& batch) const;
 };
