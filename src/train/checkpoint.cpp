@@ -172,7 +172,10 @@ void Trainer::write_checkpoint(const std::filesystem::path& staged) {
                                                        {"nonfinite_skipped_steps", impl_->nonfinite_skipped_steps},
                                                        {"type", args_.lr_scheduler_type},
                                                        {"warmup_steps", impl_->warmup}});
-  write_json(staged / "rng_state.json", nlohmann::json{{"dropout_step", model_.rng_step()}, {"seed", args_.seed}});
+  // world_size: the global batch a resume must keep (per_device_train_batch_size x ranks) to continue the data order.
+  write_json(staged / "rng_state.json", nlohmann::json{{"dropout_step", model_.rng_step()},
+                                                       {"seed", args_.seed},
+                                                       {"world_size", comm_->size()}});
   if (args_.fp16) write_json(staged / "scaler.json", impl_->scaler.to_json());
   TrainerState saved = state_;
   write_json(staged / "trainer_state.json", saved.to_json(args_));
@@ -318,6 +321,23 @@ void Trainer::load_checkpoint(const std::string& dir) {
   const std::string rng_file = (fs::path(dir) / "rng_state.json").string();
   const nlohmann::json rng = io::read_json_file(rng_file);
   const int64_t dropout_step = io::JsonFields(rng, rng_file).integer("dropout_step", 0);
+  // The checkpoint's position in the data is in global batches: a resume on another number of ranks must keep the
+  // global batch (a 2-rank run with 6 per device resumes on 1 rank with 12 or on 3 with 4).
+  const int64_t saved_world = io::JsonFields(rng, rng_file).optional_integer("world_size", 1, 1 << 20).value_or(1);
+  const std::string saved_args_file = (fs::path(dir) / "training_args.json").string();
+  if (fs::exists(saved_args_file)) {
+    const nlohmann::json saved_args = io::read_json_file(saved_args_file);
+    const int64_t saved_per_device =
+        io::JsonFields(saved_args, saved_args_file).optional_integer("per_device_train_batch_size", 1, 1 << 30)
+            .value_or(args_.per_device_train_batch_size);
+    const int64_t world = comm_->size();
+    FT_CHECK(saved_per_device * saved_world == args_.per_device_train_batch_size * world,
+             "resume_from_checkpoint: \"", dir, "\" was trained with a global batch of ", saved_per_device * saved_world,
+             " (", saved_per_device, " per device x ", saved_world, " rank", saved_world > 1 ? "s" : "",
+             ") but this run's is ", args_.per_device_train_batch_size * world, " (",
+             args_.per_device_train_batch_size, " x ", world, "); resume with per_device_train_batch_size x ranks = ",
+             saved_per_device * saved_world, " to continue its data order");
+  }
   int64_t nonfinite_skipped = 0;
   if (const fs::path scheduler = fs::path(dir) / "scheduler.json"; fs::exists(scheduler)) {
     const nlohmann::json json = io::read_json_file(scheduler.string());

@@ -288,3 +288,19 @@ def test_mpirun_gathers_qa_features_and_ner_tokens_as_one_process(tiny, tmp_path
     assert expected <= metrics[1].keys()
     assert predicted[3] == predicted[1]
     assert len(predicted[1].splitlines()) == len(rows)
+
+
+def test_a_resume_with_another_global_batch_is_refused(tiny, tmp_path):
+    """A checkpoint's place in the data is counted in global batches: resuming a 2 x 4 run on 1 rank x 4 would
+    skip the wrong examples, so it is refused, naming both batches and the one to use."""
+    data = rows_file(tmp_path, 100)
+    train(tiny, data, tmp_path / "two", 2, 4, "--max-steps", "4", "--save-steps", "2", "--save-strategy", "steps")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run([str(CLI), "train", "--model", str(tiny), "--train-file", str(data), "--max-steps", "4",
+                             "--per-device-train-batch-size", "4", "--output-dir", str(tmp_path / "one"),
+                             "--resume-from-checkpoint", str(tmp_path / "two" / "checkpoint-2"), "--disable-tqdm"],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode != 0
+    assert "was trained with a global batch of 8 (4 per device x 2 ranks) but this run's is 4 (4 x 1)" in result.stderr
+    assert "per_device_train_batch_size x ranks = 8" in result.stderr
+    assert not (tmp_path / "one" / "model.safetensors").exists()
