@@ -7,6 +7,10 @@
                                              # for DDP, ZeRO-1 and ZeRO-2 at 1, 2 and 4 ranks
   python bench/data_parallel.py bandwidth    # all-reduce of MiniLM's and bert-base's gradients, 2 ranks, by
                                              # bucket size
+  python bench/data_parallel.py scaling      # the scaling model: bert-base (W1) and gpt2 (W2) at 8 and 64 ranks
+                                             # over 25 and 100 Gb/s links, from the measured step times
+                                             # (bench/results/ab_compare.json) and the buckets `fusetrain inspect`
+                                             # lays out
 
 Samples per second count the examples of the global batch; both sides train the same examples in the same order,
 so the ratio of samples/s is the ratio of real (non-padding) tokens/s. Writes bench/results/data_parallel_<mode>.json
@@ -157,8 +161,79 @@ def bandwidth() -> dict:
     return out
 
 
+# The link model: a ring all-reduce of S bytes over N ranks moves 2 (N - 1) / N x S bytes through each rank's link
+# in 2 (N - 1) messages. Open MPI over TCP reaches about LINK_EFFICIENCY of the line rate on large messages; each
+# message costs LATENCY_S. Both are assumptions, stated with the table.
+LINK_EFFICIENCY = 0.8
+LATENCY_S = 25e-6
+
+
+def inspect_buckets(model: pathlib.Path, ranks: int, task: str) -> list[dict]:
+    """The buckets `fusetrain inspect` lays out: size in MiB and whether backward finishes it only at its end."""
+    result = subprocess.run([str(CLI), "inspect", "--model", str(model), "--task", task, "--world-size", str(ranks),
+                             "--max-seq-length", "64", "--per-device-train-batch-size", "1"],
+                            capture_output=True, text=True, env=dict(ENV, OMP_NUM_THREADS="1"))
+    if result.returncode != 0:
+        raise SystemExit(result.stderr)
+    buckets = []
+    for line in result.stdout.splitlines():
+        if line.startswith("  bucket "):
+            size = float(line.split(":", 1)[1].split("MiB")[0])
+            after, of = line.split("final after node ")[1].split(" (")[0].split(" of ")
+            buckets.append({"mib": size, "final_at_end": int(after) >= int(of) - 8})
+    return buckets
+
+
+def gpt2_small(directory: pathlib.Path) -> pathlib.Path:
+    import torch
+    import transformers
+
+    out = directory / "gpt2"
+    if not (out / "model.safetensors").exists():
+        torch.manual_seed(0)
+        transformers.GPT2LMHeadModel(transformers.GPT2Config()).save_pretrained(out)
+    return out
+
+
+def scaling() -> dict:
+    ab = json.loads((RESULTS / "ab_compare.json").read_text())
+    work = pathlib.Path(tempfile.mkdtemp(prefix="ddp_scaling_"))
+    models = {"bert-base (W1: MLM, seq 128, batch 16 per rank)": ("w1", bert_base(work), "seq-cls"),
+              "gpt2 (W2: CLM, seq 256, batch 8 per rank)": ("w2", gpt2_small(work), "clm")}
+    rows = []
+    for name, (workload, directory, task) in models.items():
+        buckets = inspect_buckets(directory, 8, task)
+        total = sum(b["mib"] for b in buckets) * 2**20
+        tail = sum(b["mib"] for b in buckets if b["final_at_end"]) * 2**20
+        for precision in ("fp32", "bf16"):
+            step = ab["workloads"][workload][f"fusetrain_{precision}"]["after"]["median_ms"] / 1e3
+            for ranks in (8, 64):
+                for gbit in (25, 100):
+                    rate = gbit * 1e9 / 8 * LINK_EFFICIENCY
+                    factor = 2 * (ranks - 1) / ranks
+
+                    def seconds(size: float, count: int) -> float:
+                        return factor * size / rate + 2 * (ranks - 1) * LATENCY_S * count
+
+                    comm = seconds(total, len(buckets))
+                    exposed_if_overlapped = max(seconds(tail, sum(b["final_at_end"] for b in buckets)),
+                                                comm - step * 0.6)  # backward is about 2/3 of a step
+                    rows.append({"model": name, "precision": precision, "ranks": ranks, "link_gbit": gbit,
+                                 "compute_s": step, "gradient_mib": total / 2**20, "buckets": len(buckets),
+                                 "allreduce_s": comm, "step_s_blocking": step + comm,
+                                 "efficiency_blocking": step / (step + comm),
+                                 "step_s_overlapped": step + exposed_if_overlapped,
+                                 "efficiency_overlapped": step / (step + exposed_if_overlapped)})
+    print("\n| model | precision | ranks | link | compute (s) | all-reduce (s) | efficiency, blocking | "
+          "efficiency, overlapped |\n|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['precision']} | {r['ranks']} | {r['link_gbit']} Gb/s | {r['compute_s']:.2f} | "
+              f"{r['allreduce_s']:.3f} | {r['efficiency_blocking']:.0%} | {r['efficiency_overlapped']:.0%} |")
+    return {"link_efficiency": LINK_EFFICIENCY, "latency_s": LATENCY_S, "rows": rows}
+
+
 def main() -> None:
-    modes = {"overhead": overhead, "memory": memory, "bandwidth": bandwidth}
+    modes = {"overhead": overhead, "memory": memory, "bandwidth": bandwidth, "scaling": scaling}
     if len(sys.argv) != 2 or sys.argv[1] not in modes:
         raise SystemExit(f"usage: python bench/data_parallel.py {{{'|'.join(modes)}}}")
     result = modes[sys.argv[1]]()

@@ -83,13 +83,6 @@ optim::Shard GradientSync::optimizer_shard() const {
   return {segments_, static_cast<const float*>(shard_grads_.get())};
 }
 
-size_t GradientSync::shard_gradient_bytes() const {
-  if (zero_stage_ == 0) return 0;
-  int64_t largest = 0;
-  for (const auto& parts : parts_) largest = std::max(largest, parts[static_cast<size_t>(comm_.rank())]);
-  return static_cast<size_t>(shard_numel_ + (zero_stage_ == 2 ? largest : 0)) * sizeof(float);
-}
-
 void GradientSync::start_micro_batch(int64_t index, int64_t count, double weight) {
   FT_CHECK(index >= 0 && index < count && weight >= 0, "micro-batch ", index, " of ", count, " with weight ", weight);
   next_bucket_ = 0;
@@ -151,7 +144,6 @@ void GradientSync::after_node(size_t index) {
 
 void GradientSync::end() {
   if (!communicating_) return;
-  run_seconds_ = now() - run_start_;
   while (next_bucket_ < buckets_.size()) communicate(next_bucket_++, -1);
   communicating_ = false;
 }

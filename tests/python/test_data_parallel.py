@@ -304,3 +304,38 @@ def test_a_resume_with_another_global_batch_is_refused(tiny, tmp_path):
     assert "was trained with a global batch of 8 (4 per device x 2 ranks) but this run's is 4 (4 x 1)" in result.stderr
     assert "per_device_train_batch_size x ranks = 8" in result.stderr
     assert not (tmp_path / "one" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("ranks,batch,extra", [
+    (2, 4, ["--max-steps", "20"]),
+    (3, 3, ["--num-train-epochs", "2", "--gradient-accumulation-steps", "2", "--zero-stage", "1"]),
+])
+def test_ranks_with_different_token_counts_train_as_one_process(tiny, tmp_path, ranks, batch, extra):
+    """Token classification: each rank's slice has its own number of labelled tokens, so its mean loss is weighted
+    by its share of the global batch's labelled tokens (the gradients scaled bucket by bucket, and between
+    micro-batches under accumulation). 20 steps on 2 ranks, and 2 epochs of 3 ranks with accumulation, a short last
+    batch and ZeRO-1, give one process's per-step losses (within 1e-5, fp32 sums in another order) and weights."""
+    config = transformers.BertConfig.from_pretrained(tiny)
+    tags = ["O", "B-PUNCT", "B-LONG"]
+    config.num_labels, config.id2label = len(tags), dict(enumerate(tags))
+    config.label2id = {t: i for i, t in enumerate(tags)}
+    torch.manual_seed(2)
+    transformers.BertForTokenClassification(config).save_pretrained(tmp_path / "model")
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        shutil.copy(tiny / name, tmp_path / "model" / name)
+    sentences = [row.split("\t", 1)[1] for row in
+                 (ROOT / "data" / "sst2" / "train.tsv").read_text().splitlines()[1:201]]
+
+    def tag(word):
+        return "B-PUNCT" if not any(c.isalnum() for c in word) else "B-LONG" if len(word) > 6 else "O"
+    limit = 200 if "--max-steps" in extra else 40
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"tokens": s.split(), "ner_tags": [tag(w) for w in s.split()]}) + "\n"
+                            for s in sentences[:limit]))
+    model = tmp_path / "model"
+    one_losses, one_weights = train(model, data, tmp_path / "one", 1, ranks * batch, "--task", "token-cls", *extra)
+    many_losses, many_weights = train(model, data, tmp_path / "many", ranks, batch, "--task", "token-cls", *extra)
+    assert len(many_losses) == len(one_losses) >= 6  # 20 steps; or 2 epochs x 3 steps (5 micro-batches, accum 2)
+    np.testing.assert_allclose(many_losses, one_losses, rtol=1e-5)
+    for name, value in one_weights.items():
+        np.testing.assert_allclose(many_weights[name], value, atol=1e-5, err_msg=name)

@@ -66,16 +66,13 @@ class GradientSync final : public runtime::RunObserver {
   };
   /// Records the events of each communicating run (inspect --profile's timeline); off by default.
   void set_record_events(bool on) { record_events_ = on; }
-  /// The last communicating run's events, and when its last node ended.
+  /// The last communicating run's events.
   const std::vector<Event>& events() const { return events_; }
-  double run_seconds() const { return run_seconds_; }
   /// Seconds spent in the bucket collectives (waiting for other ranks included) since construction.
   double communication_seconds() const { return communication_seconds_; }
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   int zero_stage() const { return zero_stage_; }
-  /// Bytes of gradients this rank keeps beyond the full buffer (ZeRO's shard accumulator).
-  size_t shard_gradient_bytes() const;
 
   // runtime::RunObserver
   void begin(const runtime::Plan& plan) override;
@@ -106,7 +103,7 @@ class GradientSync final : public runtime::RunObserver {
   double pending_scale_ = 1.0;
   bool record_events_ = false;
   std::vector<Event> events_;
-  double run_start_ = 0, run_seconds_ = 0, communication_seconds_ = 0;
+  double run_start_ = 0, communication_seconds_ = 0;
 };
 
 }  // namespace fusetrain::train
