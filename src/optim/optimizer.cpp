@@ -37,7 +37,7 @@ void for_range(int64_t begin, int64_t end, int threads, Fn&& fn) {
 #define FT_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 
-FT_VECTOR_CLONES double sum_of_squares(const float* __restrict g, int64_t n, int threads) {
+FT_VECTOR_CLONES double squares(const float* __restrict g, int64_t n, int threads) {
   double sum = 0.0;
 #pragma omp parallel for simd num_threads(threads) reduction(+ : sum) schedule(static)
   for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(g[i]) * g[i];
@@ -61,24 +61,43 @@ __attribute__((always_inline)) inline void adamw_element(float* __restrict p, co
   p[i] = p[i] * c.decay - c.step_size * (mi / (std::sqrt(vi) / c.bias2_sqrt + c.eps));
 }
 
-// AdamW over elements [begin, end) of the flat buffers: serially for small ranges, else with the whole team.
-FT_VECTOR_CLONES void adamw_range(float* __restrict p, const float* __restrict g, float* __restrict m,
-                                  float* __restrict v, int64_t begin, int64_t end, const AdamWStep& k, int threads) {
+// AdamW over elements [begin, end) of the flat buffers: serially for small ranges, else with the whole team. With
+// `zero`, each gradient is set to 0 once read: the next step's accumulation starts from zero without a pass of its
+// own over the buffer.
+FT_VECTOR_CLONES void adamw_range(float* __restrict p, float* __restrict g, float* __restrict m, float* __restrict v,
+                                  int64_t begin, int64_t end, const AdamWStep& k, int threads, bool zero) {
   const AdamWStep c = k;
-  if (end - begin <= 65536 || threads <= 1) {
+  const bool serial = end - begin <= 65536 || threads <= 1;
+  if (serial && zero) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) {
+      adamw_element(p, g, m, v, i, c);
+      g[i] = 0.0f;
+    }
+  } else if (serial) {
 #pragma omp simd
     for (int64_t i = begin; i < end; ++i) adamw_element(p, g, m, v, i, c);
-    return;
-  }
+  } else if (zero) {
 #pragma omp parallel for simd num_threads(threads) schedule(static)
-  for (int64_t i = begin; i < end; ++i) adamw_element(p, g, m, v, i, c);
+    for (int64_t i = begin; i < end; ++i) {
+      adamw_element(p, g, m, v, i, c);
+      g[i] = 0.0f;
+    }
+  } else {
+#pragma omp parallel for simd num_threads(threads) schedule(static)
+    for (int64_t i = begin; i < end; ++i) adamw_element(p, g, m, v, i, c);
+  }
 }
 
 }  // namespace
 
+double sum_of_squares(const float* data, int64_t n, int num_threads) {
+  return n > 0 ? squares(data, n, threads_or_default(num_threads)) : 0.0;
+}
+
 double grad_norm(const runtime::ParameterStore& params, int num_threads) {
   // padding between slots is always zero
-  return std::sqrt(sum_of_squares(params.grads_data(), params.flat_numel(), threads_or_default(num_threads)));
+  return std::sqrt(squares(params.grads_data(), params.flat_numel(), threads_or_default(num_threads)));
 }
 
 double clip_grad_norm(runtime::ParameterStore& params, double max_norm, int num_threads) {
@@ -114,10 +133,10 @@ AdamW::AdamW(runtime::ParameterStore& params, AdamWConfig config, Shard shard)
 
 double AdamW::grad_sum_of_squares() const {
   const int threads = threads_or_default(num_threads_);
-  if (grads_) return numel_ > 0 ? sum_of_squares(grads_, numel_, threads) : 0.0;
+  if (grads_) return numel_ > 0 ? squares(grads_, numel_, threads) : 0.0;
   double sum = 0;
   for (const Segment& s : segments_)
-    if (s.end > s.begin) sum += sum_of_squares(params_.grads_data() + s.begin, s.end - s.begin, threads);
+    if (s.end > s.begin) sum += squares(params_.grads_data() + s.begin, s.end - s.begin, threads);
   return sum;
 }
 
@@ -148,14 +167,16 @@ void AdamW::step(double grad_scale, double lr) {
     const Segment& s = segments_[seg];
     const int64_t o = offsets_[seg];
     float* p = params_.params_data() + (s.begin - o);
-    const float* g = grads_ ? grads_ : params_.grads_data() + (s.begin - o);
+    float* g = grads_ ? const_cast<float*>(grads_) : params_.grads_data() + (s.begin - o);
     for (size_t first = 0; first < slots.size();) {
       size_t last = first;
       while (last + 1 < slots.size() && slots[last + 1].weight_decay == slots[first].weight_decay) ++last;
       k.decay = slots[first].weight_decay ? decay : 1.0f;
       const int64_t lo = std::max(slots[first].offset, s.begin);
       const int64_t hi = std::min(slots[last].offset + slots[last].numel, s.end);
-      if (lo < hi) adamw_range(p, g, exp_avg(), exp_avg_sq(), o + (lo - s.begin), o + (hi - s.begin), k, threads);
+      if (lo < hi)
+        adamw_range(p, g, exp_avg(), exp_avg_sq(), o + (lo - s.begin), o + (hi - s.begin), k, threads,
+                    zero_grads_ && grads_ == nullptr);
       first = last + 1;
     }
   }

@@ -86,6 +86,8 @@ optim::Shard GradientSync::optimizer_shard() const {
 void GradientSync::start_micro_batch(int64_t index, int64_t count, double weight) {
   FT_CHECK(index >= 0 && index < count && weight >= 0, "micro-batch ", index, " of ", count, " with weight ", weight);
   next_bucket_ = 0;
+  last_micro_batch_ = index == count - 1;
+  if (last_micro_batch_) sum_of_squares_ = 0;
   if (zero_stage_ == 2) {  // every micro-batch is reduce-scattered; the full buffer starts each one at zero
     communicating_ = true;
     first_communication_ = index == 0;
@@ -166,6 +168,7 @@ void GradientSync::communicate_bucket(size_t index) {
   }
   if (zero_stage_ == 0) {
     comm_.all_reduce_sum(g, n);
+    if (last_micro_batch_) sum_of_squares_ += optim::sum_of_squares(g, n, 1);
     return;
   }
   // Each rank receives the sum of its part of the bucket.
@@ -179,11 +182,13 @@ void GradientSync::communicate_bucket(size_t index) {
     comm_.reduce_scatter_sum(g, received, parts);
     for (int64_t i = 0; i < mine; ++i) shard[i] += received[i];
   }
-  if (zero_stage_ == 2) std::memset(g, 0, static_cast<size_t>(n) * sizeof(float));
+  if (last_micro_batch_) sum_of_squares_ += optim::sum_of_squares(shard, mine, 1);
+  // The full buffer's bucket is spent: zero it now, while in cache, for the next accumulation.
+  std::memset(g, 0, static_cast<size_t>(n) * sizeof(float));
 }
 
-double GradientSync::global_grad_sum_of_squares(double local) const {
-  return zero_stage_ > 0 ? comm_.sum(local) : local;
+double GradientSync::global_grad_sum_of_squares() const {
+  return zero_stage_ > 0 ? comm_.sum(sum_of_squares_) : sum_of_squares_;
 }
 
 void GradientSync::gather_parameters() {

@@ -50,6 +50,7 @@ Trainer::Trainer(models::Model& model, TrainingArguments args, Head task, const 
       std::make_unique<optim::AdamW>(params, optim::AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2,
                                                                 args_.adam_epsilon, args_.weight_decay});
   impl_->optimizer->set_num_threads(static_cast<int>(args_.fusetrain_threads));
+  impl_->optimizer->set_zero_grads(true);  // the update clears the gradients for the next step's accumulation
   impl_->schedule = parse_lr_schedule(args_.lr_scheduler_type);
 }
 
@@ -398,15 +399,16 @@ std::map<std::string, double> Trainer::train() {
       }
 
       std::string skipped;
+      bool updated = false;
       step_lr = current_lr();  // logged with the step, as transformers logs the rate its optimizer step used
       auto nonfinite_name = [](double v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; };
       if (!std::isfinite(step_loss)) {
         skipped = str("the loss is ", nonfinite_name(nonfinite_loss));
       } else {
-        // The global norm: under ZeRO each rank holds a shard of the gradients.
-        double sum_of_squares = impl_->optimizer->grad_sum_of_squares();
-        if (impl_->sync) sum_of_squares = impl_->sync->global_grad_sum_of_squares(sum_of_squares);
-        const double unscaled_norm = std::sqrt(sum_of_squares);
+        // The global norm: data parallel summed it bucket by bucket during communication (under ZeRO over the
+        // ranks' shards).
+        const double unscaled_norm = std::sqrt(impl_->sync ? impl_->sync->global_grad_sum_of_squares()
+                                                            : impl_->optimizer->grad_sum_of_squares());
         if (a.fp16) {  // unscale in the fused pass; an overflowed step changes nothing but the scale
           const double norm = impl_->optimizer->clip_and_step_if_finite_with_norm(
               unscaled_norm, a.max_grad_norm, current_lr(), grad_scale / impl_->scaler.scale());
@@ -420,10 +422,12 @@ std::map<std::string, double> Trainer::train() {
           else
             skipped = str("the gradient norm is ", nonfinite_name(norm));
         }
-        if (impl_->sync && std::isfinite(last_norm)) impl_->sync->gather_parameters();
+        updated = std::isfinite(last_norm) && skipped.empty();
+        if (impl_->sync && updated) impl_->sync->gather_parameters();
       }
-      // ZeRO-2 leaves the full buffer zeroed bucket by bucket.
-      if (!impl_->sync || impl_->sync->zero_stage() != 2) model_.params().zero_grads();
+      // The update zeroed the gradients it read (ZeRO: the sync zeroed each bucket once sent); a step that did not
+      // run leaves them to clear.
+      if (!updated) model_.params().zero_grads();
       ++state_.global_step;
       ++steps_this_run;
       state_.epoch =

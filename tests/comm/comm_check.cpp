@@ -38,6 +38,26 @@ double time_all_reduce(fusetrain::comm::Communicator& comm, std::vector<float>& 
   return comm.sum(best) / comm.size();
 }
 
+// The same for ZeRO's pair: a reduce-scatter of each bucket into equal parts, then the in-place all-gather.
+double time_reduce_scatter_all_gather(fusetrain::comm::Communicator& comm, std::vector<float>& data, long bucket) {
+  std::vector<float> part(static_cast<size_t>(bucket / comm.size() + 16));
+  double best = 1e30;
+  for (int round = 0; round < 6; ++round) {
+    comm.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    for (long at = 0; at < static_cast<long>(data.size()); at += bucket) {
+      const long n = std::min<long>(bucket, static_cast<long>(data.size()) - at);
+      std::vector<int64_t> counts(static_cast<size_t>(comm.size()), n / comm.size());
+      counts.back() += n % comm.size();
+      comm.reduce_scatter_sum(data.data() + at, part.data(), counts);
+      comm.all_gather_in_place(data.data() + at, counts);
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (round > 0) best = std::min(best, seconds);
+  }
+  return comm.sum(best) / comm.size();
+}
+
 int bandwidth(fusetrain::comm::Communicator& comm, long total_mb) {
   std::vector<float> data(static_cast<size_t>(total_mb) << 18, 1.0f);
   if (comm.rank() == 0)
@@ -50,9 +70,11 @@ int bandwidth(fusetrain::comm::Communicator& comm, long total_mb) {
     // Bus bandwidth as NCCL's tests define it for all-reduce: bytes x 2 (N - 1) / N per second.
     const double bytes = static_cast<double>(data.size()) * sizeof(float);
     const double bus = bytes * 2.0 * (comm.size() - 1) / comm.size() / seconds;
+    const double zero_seconds = time_reduce_scatter_all_gather(comm, data, bucket_mb << 18);
     if (comm.rank() == 0)
-      std::printf("%s{\"bucket_mib\": %ld, \"seconds\": %.6f, \"bus_gb_per_s\": %.3f}", first ? "" : ", ",
-                  bucket_mb, seconds, bus / 1e9);
+      std::printf("%s{\"bucket_mib\": %ld, \"seconds\": %.6f, \"bus_gb_per_s\": %.3f, "
+                  "\"reduce_scatter_all_gather_seconds\": %.6f}",
+                  first ? "" : ", ", bucket_mb, seconds, bus / 1e9, zero_seconds);
     first = false;
   }
   if (comm.rank() == 0) std::printf("]}\n");

@@ -9,6 +9,9 @@
 
 namespace fusetrain::optim {
 
+/// Sum of squares of n floats, in double (threaded).
+double sum_of_squares(const float* data, int64_t n, int num_threads = 0);
+
 /// Global L2 norm of all gradients (computed in double, threaded).
 double grad_norm(const runtime::ParameterStore& params, int num_threads = 0);
 
@@ -75,6 +78,9 @@ class AdamW {
   int64_t shard_numel() const { return numel_; }
   size_t state_bytes() const { return 2 * static_cast<size_t>(numel_) * sizeof(float); }
   void set_num_threads(int n) { num_threads_ = n; }
+  /// When on, an update leaves the store's gradients it read at zero (zeroed in the same pass, so a trainer
+  /// needs no separate pass before the next step's accumulation). Off by default.
+  void set_zero_grads(bool on) { zero_grads_ = on; }
 
  private:
   runtime::ParameterStore& params_;
@@ -86,6 +92,7 @@ class AdamW {
   AlignedPtr m_, v_;
   int64_t step_count_ = 0;
   int num_threads_ = 0;
+  bool zero_grads_ = false;
 };
 
 /// Hyperparameters of SGD, as torch.optim.SGD.

@@ -51,9 +51,10 @@ class GradientSync final : public runtime::RunObserver {
   /// The optimizer's part: under ZeRO this rank's segments and the gradients it receives for them (laid out like
   /// the moments); for DDP the whole buffers.
   optim::Shard optimizer_shard() const;
-  /// The sum over ranks of each rank's gradient sum of squares (the global norm squared): the full buffer is
-  /// identical on every rank under DDP, so there it is the local sum.
-  double global_grad_sum_of_squares(double local) const;
+  /// After the step's last micro-batch: the squared norm of the step's whole gradient (before the optimizer's
+  /// scale). Each bucket's part is summed as soon as it is communicated, while it is still in cache, instead of in
+  /// a pass of its own; under ZeRO the shards' sums are added over ranks.
+  double global_grad_sum_of_squares() const;
   /// After the optimizer updated this rank's shard: every rank gathers every shard of the parameters (ZeRO).
   void gather_parameters();
 
@@ -98,6 +99,8 @@ class GradientSync final : public runtime::RunObserver {
   size_t next_bucket_ = 0;
   bool communicating_ = false;  // this micro-batch's backward sends its buckets
   bool first_communication_ = true;  // the step's first communicating micro-batch (ZeRO writes, later ones add)
+  bool last_micro_batch_ = false;    // the step's last micro-batch: its communication completes the gradient
+  double sum_of_squares_ = 0;        // of the step's complete gradient, bucket by bucket (this rank's part)
   // The full buffer holds the step's weighted gradient sum divided by pending_scale_ (DDP and ZeRO-1 accumulate
   // micro-batches locally and send the last one's buffer).
   double pending_scale_ = 1.0;
