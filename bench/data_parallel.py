@@ -196,7 +196,7 @@ def gpt2_small(directory: pathlib.Path) -> pathlib.Path:
 
 
 def scaling() -> dict:
-    ab = json.loads((RESULTS / "ab_compare.json").read_text())
+    ab = json.loads((RESULTS / "ab_compare_data_parallel.json").read_text())
     work = pathlib.Path(tempfile.mkdtemp(prefix="ddp_scaling_"))
     models = {"bert-base (W1: MLM, seq 128, batch 16 per rank)": ("w1", bert_base(work), "seq-cls"),
               "gpt2 (W2: CLM, seq 256, batch 8 per rank)": ("w2", gpt2_small(work), "clm")}
@@ -206,7 +206,7 @@ def scaling() -> dict:
         total = sum(b["mib"] for b in buckets) * 2**20
         tail = sum(b["mib"] for b in buckets if b["final_at_end"]) * 2**20
         for precision in ("fp32", "bf16"):
-            step = ab["workloads"][workload][f"fusetrain_{precision}"]["after"]["median_ms"] / 1e3
+            step = ab["workloads"][workload][f"fusetrain_{precision}"]["median_step_s"]["after"]
             for ranks in (8, 64):
                 for gbit in (25, 100):
                     rate = gbit * 1e9 / 8 * LINK_EFFICIENCY

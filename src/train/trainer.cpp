@@ -46,11 +46,8 @@ Trainer::Trainer(models::Model& model, TrainingArguments args, Head task, const 
   model_.set_dropout_seed(static_cast<uint64_t>(args_.seed));
   runtime::ParameterStore& params = model_.params();
   for (size_t i = 0; i < params.slots().size(); ++i) params.set_weight_decay(i, model_.decays(params.slots()[i].name));
-  impl_->optimizer =
-      std::make_unique<optim::AdamW>(params, optim::AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2,
-                                                                args_.adam_epsilon, args_.weight_decay});
-  impl_->optimizer->set_num_threads(static_cast<int>(args_.fusetrain_threads));
-  impl_->optimizer->set_zero_grads(true);  // the update clears the gradients for the next step's accumulation
+  // The optimizer is made on first use: train() under ZeRO makes it with its shard only, so the whole moments
+  // are never allocated on a rank.
   impl_->schedule = parse_lr_schedule(args_.lr_scheduler_type);
 }
 
@@ -142,7 +139,21 @@ const LossScaler& Trainer::loss_scaler() const { return impl_->scaler; }
 
 LossScaler& Trainer::loss_scaler() { return impl_->scaler; }
 
-optim::AdamW& Trainer::optimizer() { return *impl_->optimizer; }
+optim::AdamW& Trainer::optimizer() {
+  if (!impl_->optimizer) make_optimizer({});
+  return *impl_->optimizer;
+}
+
+void Trainer::make_optimizer(optim::Shard shard) {
+  impl_->optimizer.reset();  // the old moments go before the new ones are allocated
+  impl_->optimizer = std::make_unique<optim::AdamW>(
+      model_.params(),
+      optim::AdamWConfig{args_.learning_rate, args_.adam_beta1, args_.adam_beta2, args_.adam_epsilon,
+                         args_.weight_decay},
+      std::move(shard));
+  impl_->optimizer->set_num_threads(static_cast<int>(args_.fusetrain_threads));
+  impl_->optimizer->set_zero_grads(true);  // the update clears the gradients for the next step's accumulation
+}
 
 int64_t Trainer::nonfinite_skipped_steps() const { return impl_->nonfinite_skipped_steps; }
 
@@ -199,12 +210,10 @@ std::map<std::string, double> Trainer::train() {
   if (world > 1) {
     check_same_configuration();
     impl_->sync = std::make_unique<GradientSync>(comm, store, a.ddp_bucket_cap_mb << 20, static_cast<int>(a.zero_stage));
-    if (a.zero_stage > 0) {  // this rank's AdamW keeps the moments of its shard only
-      const optim::AdamWConfig config = impl_->optimizer->config();
-      impl_->optimizer = std::make_unique<optim::AdamW>(store, config, impl_->sync->optimizer_shard());
-      impl_->optimizer->set_num_threads(static_cast<int>(a.fusetrain_threads));
-    }
+    if (a.zero_stage > 0) make_optimizer(impl_->sync->optimizer_shard());  // the moments of its shard only
   }
+  const bool sharded = world > 1 && a.zero_stage > 0;
+  if (!impl_->optimizer || (!sharded && impl_->optimizer->shard_numel() != store.flat_numel())) make_optimizer({});
   if (a.resume_from_checkpoint) load_checkpoint(*a.resume_from_checkpoint);
   if (start_step_) {
     FT_CHECK(*start_step_ <= state_.max_steps, "the run resumes at step ", *start_step_, " but ends at step ",

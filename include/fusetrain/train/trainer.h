@@ -187,6 +187,8 @@ class Trainer {
   std::optional<int64_t> start_step_;
 
   void log(nlohmann::json entry);
+  /// (Re)makes AdamW over the whole parameters or over a ZeRO shard.
+  void make_optimizer(optim::Shard shard);
   /// Data parallel: throws Error on every rank when any rank's model, data sizes or arguments differ from rank 0's.
   void check_same_configuration();
   std::string save_checkpoint();
