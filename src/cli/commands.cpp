@@ -511,7 +511,7 @@ void profile_data_parallel(models::Model& model, const models::Batch& batch, com
               nodes.size());
   double communicating = 0;
   for (const train::GradientSync::Event& e : sync.events()) {
-    std::printf("  bucket %zu: final after node %d (%s); collective %8.2f .. %8.2f (%6.2f ms)\n", e.bucket,
+    std::printf("  bucket %zu: sent after node %d (%s); collective %8.2f .. %8.2f (%6.2f ms)\n", e.bucket,
                 e.after_node, e.after_node >= 0 ? ir::op_name(nodes[static_cast<size_t>(e.after_node)]->op) : "end",
                 e.start * 1e3, e.end * 1e3, (e.end - e.start) * 1e3);
     communicating += e.end - e.start;
