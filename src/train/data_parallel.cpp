@@ -167,7 +167,7 @@ void GradientSync::communicate_bucket(size_t index) {
     for (int64_t i = 0; i < n; ++i) g[i] *= scale;
   }
   if (zero_stage_ == 0) {
-    comm_.all_reduce_sum(g, n);
+    if (!all_reduce_rows(b)) comm_.all_reduce_sum(g, n);
     if (last_micro_batch_) sum_of_squares_ += optim::sum_of_squares(g, n, 1);
     return;
   }
@@ -185,6 +185,37 @@ void GradientSync::communicate_bucket(size_t index) {
   if (last_micro_batch_) sum_of_squares_ += optim::sum_of_squares(shard, mine, 1);
   // The full buffer's bucket is spent: zero it now, while in cache, for the next accumulation.
   std::memset(g, 0, static_cast<size_t>(n) * sizeof(float));
+}
+
+bool GradientSync::all_reduce_rows(const Bucket& b) {
+  // An embedding table's gradient has non-zero rows only for the tokens of the batch (a few percent of a
+  // vocabulary): the ranks agree on the union of their non-zero rows (a sum of per-row flags) and all-reduce those
+  // rows packed together. The rows outside the union are zero on every rank, so the result is the dense sum's.
+  const runtime::ParamSlot& slot = params_.slots()[b.first_slot];
+  if (b.first_slot != b.last_slot || slot.shape.rank() != 2 || slot.shape[0] < kMinSparseRows) return false;
+  const int64_t rows = slot.shape[0], width = slot.shape[1];
+  float* table = params_.grads_data() + slot.offset;
+  row_flags_.assign(static_cast<size_t>(rows), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = table + r * width;
+    for (int64_t c = 0; c < width; ++c)
+      if (row[c] != 0.0f) {
+        row_flags_[static_cast<size_t>(r)] = 1.0f;
+        break;
+      }
+  }
+  comm_.all_reduce_sum(row_flags_.data(), rows);
+  rows_.clear();
+  for (int64_t r = 0; r < rows; ++r)
+    if (row_flags_[static_cast<size_t>(r)] != 0.0f) rows_.push_back(r);
+  if (static_cast<int64_t>(rows_.size()) * 2 > rows) return false;  // dense enough: the whole bucket is cheaper
+  packed_.resize(rows_.size() * static_cast<size_t>(width));  // grows to the largest union seen, then stays
+  for (size_t i = 0; i < rows_.size(); ++i)
+    std::copy_n(table + rows_[i] * width, width, packed_.data() + i * static_cast<size_t>(width));
+  comm_.all_reduce_sum(packed_.data(), static_cast<int64_t>(packed_.size()));
+  for (size_t i = 0; i < rows_.size(); ++i)
+    std::copy_n(packed_.data() + i * static_cast<size_t>(width), width, table + rows_[i] * width);
+  return true;
 }
 
 double GradientSync::global_grad_sum_of_squares() const {

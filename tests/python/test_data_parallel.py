@@ -57,7 +57,8 @@ def train(tiny, train_file, output, ranks, batch, *extra):
 
 
 @pytest.mark.parametrize("ranks,batch,rows,extra", [
-    (2, 4, 400, ["--max-steps", "20"]),
+    # 1 MiB buckets: the word embeddings are a bucket of their own, all-reduced by their non-zero rows
+    (2, 4, 400, ["--max-steps", "20", "--ddp-bucket-cap-mb", "1"]),
     (3, 3, 50, ["--num-train-epochs", "3", "--gradient-accumulation-steps", "2"]),  # last global batch: 5 of 9
 ])
 def test_ranks_train_as_one_process_with_the_global_batch(tiny, tmp_path, ranks, batch, rows, extra):
@@ -307,7 +308,7 @@ def test_a_resume_with_another_global_batch_is_refused(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("ranks,batch,extra", [
-    (2, 4, ["--max-steps", "20"]),
+    (2, 4, ["--max-steps", "20", "--ddp-bucket-cap-mb", "1", "--gradient-accumulation-steps", "2"]),
     (3, 3, ["--num-train-epochs", "2", "--gradient-accumulation-steps", "2", "--zero-stage", "1"]),
 ])
 def test_ranks_with_different_token_counts_train_as_one_process(tiny, tmp_path, ranks, batch, extra):

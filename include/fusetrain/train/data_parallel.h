@@ -83,6 +83,12 @@ class GradientSync final : public runtime::RunObserver {
  private:
   void communicate(size_t bucket, int after_node);
   void communicate_bucket(size_t bucket);
+  /// DDP: all-reduces a bucket holding one embedding table by its non-zero rows only; false when the bucket is not
+  /// such a table or too many rows are non-zero (then the caller all-reduces it whole).
+  bool all_reduce_rows(const Bucket& bucket);
+  static constexpr int64_t kMinSparseRows = 4096;
+  std::vector<float> row_flags_, packed_;
+  std::vector<int64_t> rows_;
   comm::Communicator& comm_;
   runtime::ParameterStore& params_;
   int zero_stage_ = 0;
