@@ -524,6 +524,7 @@ void profile_data_parallel(models::Model& model, const models::Batch& batch, com
 
 int run_inspect(Options& o) {
   FT_CHECK(!o.model.empty(), "--model DIR is required");
+  o.args.validate();  // --zero-stage, --ddp-bucket-cap-mb and the rest, with their one-line errors
   const models::Head task = models::head_for_task(o.task);
   const io::HfModelDir hf = io::read_hf_dir(o.model);
   auto model = models::Model::from_pretrained(hf, architecture_for(hf, task));
