@@ -2,6 +2,7 @@
 #include "fusetrain/train/data_parallel.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstring>
 
@@ -167,8 +168,14 @@ void GradientSync::communicate_bucket(size_t index) {
     for (int64_t i = 0; i < n; ++i) g[i] *= scale;
   }
   if (zero_stage_ == 0) {
-    if (!all_reduce_rows(b)) comm_.all_reduce_sum(g, n);
-    if (last_micro_batch_) sum_of_squares_ += optim::sum_of_squares(g, n, 1);
+    if (all_reduce_rows(b)) return;
+    // The bucket goes out in pieces that fit in L2, each squared for the norm right after its all-reduce leaves it
+    // in cache (one pass less over memory than a whole-bucket all-reduce then a whole-bucket norm).
+    for (int64_t i = 0; i < n; i += kPieceElements) {
+      const int64_t m = std::min(kPieceElements, n - i);
+      comm_.all_reduce_sum(g + i, m);
+      if (last_micro_batch_) sum_of_squares_ += optim::sum_of_squares(g + i, m, 1);
+    }
     return;
   }
   // Each rank receives the sum of its part of the bucket.
@@ -196,13 +203,14 @@ bool GradientSync::all_reduce_rows(const Bucket& b) {
   const int64_t rows = slot.shape[0], width = slot.shape[1];
   float* table = params_.grads_data() + slot.offset;
   row_flags_.assign(static_cast<size_t>(rows), 0.0f);
+  // Most rows are zero and must be read whole: OR of the value bits (sign dropped, so -0.0 counts as zero) is a
+  // reduction the compiler vectorises, where a compare with an early exit is not.
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = table + r * width;
-    for (int64_t c = 0; c < width; ++c)
-      if (row[c] != 0.0f) {
-        row_flags_[static_cast<size_t>(r)] = 1.0f;
-        break;
-      }
+    uint32_t any = 0;
+#pragma omp simd reduction(| : any)
+    for (int64_t c = 0; c < width; ++c) any |= std::bit_cast<uint32_t>(row[c]) & 0x7fffffffu;
+    if (any != 0) row_flags_[static_cast<size_t>(r)] = 1.0f;
   }
   comm_.all_reduce_sum(row_flags_.data(), rows);
   rows_.clear();
@@ -213,6 +221,8 @@ bool GradientSync::all_reduce_rows(const Bucket& b) {
   for (size_t i = 0; i < rows_.size(); ++i)
     std::copy_n(table + rows_[i] * width, width, packed_.data() + i * static_cast<size_t>(width));
   comm_.all_reduce_sum(packed_.data(), static_cast<int64_t>(packed_.size()));
+  // Every row outside the union is zero, so the packed rows carry the whole table's sum of squares.
+  if (last_micro_batch_) sum_of_squares_ += optim::sum_of_squares(packed_.data(), static_cast<int64_t>(packed_.size()), 1);
   for (size_t i = 0; i < rows_.size(); ++i)
     std::copy_n(packed_.data() + i * static_cast<size_t>(width), width, table + rows_[i] * width);
   return true;
