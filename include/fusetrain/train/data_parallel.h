@@ -88,7 +88,7 @@ class GradientSync final : public runtime::RunObserver {
   bool all_reduce_rows(const Bucket& bucket);
   static constexpr int64_t kMinSparseRows = 4096;
   // A dense bucket is all-reduced in pieces of at most this many floats (1 MiB, half of L2), so that the norm pass
-  // that follows each piece reads it from cache: on W3 this took 2 ranks x 1 thread from 0.90x to 0.95x of
+  // that follows each piece reads it from cache: on W3 this took 2 ranks x 1 thread from 0.906x to 0.943x of
   // 1 process x 2 threads (bench/RESULTS.md).
   static constexpr int64_t kPieceElements = 1 << 18;
   std::vector<float> row_flags_, packed_;
