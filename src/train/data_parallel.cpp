@@ -220,9 +220,10 @@ bool GradientSync::all_reduce_rows(const Bucket& b) {
   packed_.resize(rows_.size() * static_cast<size_t>(width));  // grows to the largest union seen, then stays
   for (size_t i = 0; i < rows_.size(); ++i)
     std::copy_n(table + rows_[i] * width, width, packed_.data() + i * static_cast<size_t>(width));
-  comm_.all_reduce_sum(packed_.data(), static_cast<int64_t>(packed_.size()));
+  const auto packed = static_cast<int64_t>(packed_.size());
+  comm_.all_reduce_sum(packed_.data(), packed);
   // Every row outside the union is zero, so the packed rows carry the whole table's sum of squares.
-  if (last_micro_batch_) sum_of_squares_ += optim::sum_of_squares(packed_.data(), static_cast<int64_t>(packed_.size()), 1);
+  if (last_micro_batch_) sum_of_squares_ += optim::sum_of_squares(packed_.data(), packed, 1);
   for (size_t i = 0; i < rows_.size(); ++i)
     std::copy_n(packed_.data() + i * static_cast<size_t>(width), width, table + rows_[i] * width);
   return true;
