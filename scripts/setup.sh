@@ -8,6 +8,7 @@ APT_PACKAGES=(
   libdnnl-dev            # oneDNN: the benchmark baseline for matmul
   nlohmann-json3-dev libcli11-dev
   libopenmpi-dev openmpi-bin  # the collectives of multi-process training (src/comm/mpi.cpp)
+  libonnx-dev libprotobuf-dev  # ONNX files through the ONNX project's protobuf schema (src/onnx/)
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev libomp-14-dev llvm-14  # fuzz.sh, sanitize.sh: sanitizer runtimes, libomp + Archer, symbolizer
 )
@@ -36,6 +37,7 @@ PY_PACKAGES=(  # import name=pip requirement
   matplotlib=matplotlib  # bench/compare.py's chart, fusetrain report
   tensorboard=tensorboard  # report_to tensorboard (fusetrain.Trainer, fusetrain train --report-to)
   scikit_build_core=scikit-build-core  # pip install . (and the test that reads the wheel's metadata)
+  onnx=onnx onnxruntime=onnxruntime  # the ONNX tests' oracles: onnx.checker and ONNX Runtime's inference
 )
 py_missing=()
 for entry in "${PY_PACKAGES[@]}"; do
@@ -44,4 +46,15 @@ done
 if ((${#py_missing[@]})); then
   echo "setup: pip installing ${py_missing[*]}"
   "$PYTHON" -m pip install -q "${py_missing[@]}"
+fi
+
+# Hugging Face Optimum's ONNX Runtime models, the consumers of `fusetrain export` (tests/python/test_onnx_optimum.py).
+# optimum-onnx pins transformers < 4.58, so it lives in its own environment, which sees this one's torch.
+OPTIMUM_VENV="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv-optimum"
+if ! "$OPTIMUM_VENV/bin/python" -c "import optimum.onnxruntime" 2>/dev/null; then
+  echo "setup: creating $OPTIMUM_VENV (optimum-onnx, transformers 4.57)"
+  "$PYTHON" -m venv --system-site-packages "$OPTIMUM_VENV"
+  # pip warns that packages of the outer environment (which need transformers 5) conflict: this one shadows them.
+  "$OPTIMUM_VENV/bin/python" -m pip install -q "optimum-onnx[onnxruntime]==0.1.0" "transformers==4.57.6"
+  "$OPTIMUM_VENV/bin/python" -c "import optimum.onnxruntime"
 fi

@@ -5,6 +5,7 @@
 //   fusetrain evaluate --model DIR --task seq-cls --eval-file dev.tsv
 //   fusetrain predict --model DIR --task seq-cls --test-file test.tsv --output predictions.tsv
 //   fusetrain inspect --model DIR [--max-seq-length 128 --per-device-train-batch-size 8]
+//   fusetrain export --model DIR --output DIR [--task seq-cls] [--opset 17]
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
@@ -29,8 +30,11 @@ int main(int argc, char** argv) {
   CLI::App* evaluate = app.add_subcommand("evaluate", "loss and metrics of a model on --eval-file");
   CLI::App* predict = app.add_subcommand("predict", "write predictions for --test-file to --output");
   CLI::App* inspect = app.add_subcommand("inspect", "print the model, its parameter count and the plan's memory");
+  CLI::App* exporter = app.add_subcommand(
+      "export", "write a model's inference graph as ONNX (model.onnx, config.json and the tokenizer in --output)");
   CLI::App* info = app.add_subcommand("info", "print the version and the CPU features the kernels use");
   for (CLI::App* command : {train, evaluate, predict, inspect}) cli::add_options(*command, options);
+  cli::add_export_options(*exporter, options);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -50,6 +54,10 @@ int main(int argc, char** argv) {
     if (evaluate->parsed()) return cli::run_evaluate(options);
     if (predict->parsed()) return cli::run_predict(options);
     if (inspect->parsed()) return cli::run_inspect(options);
+    if (exporter->parsed()) {
+      options.task_given = exporter->count("--task") > 0;
+      return cli::run_export(options);
+    }
     (void)info;
     std::printf("fusetrain %s\ncpu: %s\nfeatures: %s\n", FUSETRAIN_VERSION, cpu_model_name().c_str(),
                 cpu_features().to_string().c_str());

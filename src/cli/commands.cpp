@@ -19,6 +19,7 @@
 #include "fusetrain/io/hf_dir.h"
 #include "fusetrain/models/model.h"
 #include "fusetrain/models/registry.h"
+#include "fusetrain/onnx/export.h"
 #include "fusetrain/train/data_parallel.h"
 #include "fusetrain/train/trainer.h"
 
@@ -521,6 +522,36 @@ void profile_data_parallel(models::Model& model, const models::Batch& batch, com
 }
 
 }  // namespace
+
+void add_export_options(CLI::App& app, Options& o) {
+  app.add_option("--model", o.model, "Hugging Face model directory (config.json, model.safetensors, tokenizer files)")
+      ->required();
+  app.add_option("--output", o.output, "directory to write model.onnx, config.json and the tokenizer files to")
+      ->required();
+  app.add_option("--task", o.task, "the head to export (default: config.json's architecture)");
+  app.add_option("--opset", o.opset, "ONNX opset, 17 to 20 (20 writes the Gelu op)")->capture_default_str();
+}
+
+int run_export(Options& o) {
+  const io::HfModelDir hf = io::read_hf_dir(o.model);
+  auto model = models::Model::from_pretrained(hf, o.task_given ? architecture_for(hf, models::head_for_task(o.task))
+                                                               : std::string());
+  onnx_export::ExportOptions options;
+  options.opset = o.opset;
+  const onnx_export::ExportReport report =
+      onnx_export::export_onnx(*model, (fs::path(o.output) / "model.onnx").string(), options);
+  // config.json names the exported head, so Optimum's and transformers' Auto classes pick the same one.
+  nlohmann::json config = model->config();
+  config["architectures"] = nlohmann::json::array({model->architecture()});
+  const std::string text = config.dump(2) + "\n";
+  io::write_file_atomic((fs::path(o.output) / "config.json").string(), {{text.data(), text.size()}});
+  copy_tokenizer_files(o.model, o.output);
+  std::printf("%s (%s): %lld ONNX nodes (opset %lld), %lld initializers -> %s%s%s\n", model->architecture().c_str(),
+              model->model_type().c_str(), static_cast<long long>(report.nodes), static_cast<long long>(o.opset),
+              static_cast<long long>(report.initializers), report.path.c_str(),
+              report.external_data.empty() ? "" : ", weights in ", report.external_data.c_str());
+  return 0;
+}
 
 int run_inspect(Options& o) {
   FT_CHECK(!o.model.empty(), "--model DIR is required");

@@ -28,6 +28,9 @@ struct Options {
   bool profile = false;
   /// inspect: the number of data-parallel ranks to lay out buckets and ZeRO shards for (under mpirun: the job's).
   int64_t world_size = 1;
+  /// export: the ONNX opset (17 to 20); the task's head comes from --task when given, else from config.json.
+  int64_t opset = 17;
+  bool task_given = false;
   /// "none", or "tensorboard": every log entry also goes to the sink set_report_sink installed.
   std::string report_to = "none";
   train::TrainingArguments args;
@@ -46,5 +49,9 @@ int run_train(Options& options, bool default_job);
 int run_evaluate(Options& options);
 int run_predict(Options& options);
 int run_inspect(Options& options);
+/// Writes --output/model.onnx (the inference graph) with config.json and the tokenizer files beside it.
+int run_export(Options& options);
+/// Registers export's flags: --model, --output, --task, --opset.
+void add_export_options(CLI::App& app, Options& options);
 
 }  // namespace fusetrain::cli

@@ -145,6 +145,15 @@ class BertFamily final : public Family {
   }
   int64_t max_positions() const override { return roberta_ ? P_ - pad_ - 1 : P_; }
 
+  DerivedInputs derived_inputs() const override {
+    DerivedInputs d;
+    if (roberta_) {
+      d.positions_past_padding = true;
+      d.pad_token_id = pad_;
+    }
+    return d;
+  }
+
   // RoBERTa: positions count non-padding tokens from padding_idx + 1; padding keeps padding_idx.
   void default_position_ids(const int64_t* ids, int64_t B, int64_t T, int64_t* out) const override {
     if (!roberta_) return Family::default_position_ids(ids, B, T, out);

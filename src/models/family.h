@@ -63,6 +63,8 @@ class Family {
   /// Whether the graph reads InputNames::pool_index, the rows pool_position picks (GPT-2's sequence classification).
   virtual bool reads_pool_index() const { return false; }
   virtual bool uses_token_type_ids() const { return true; }
+  /// The rules default_position_ids and pool_position follow, for graphs that compute them (ONNX export).
+  virtual DerivedInputs derived_inputs() const { return {}; }
   virtual int64_t max_positions() const = 0;
   Head head() const { return head_; }
 

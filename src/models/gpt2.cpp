@@ -126,6 +126,13 @@ class Gpt2Family final : public Family {
   bool reads_pool_index() const override { return head_ == Head::SequenceClassification; }
   int64_t max_positions() const override { return P_; }
 
+  DerivedInputs derived_inputs() const override {
+    DerivedInputs d;
+    d.pool_last_non_pad = head_ == Head::SequenceClassification;
+    d.pad_token_id = pad_;
+    return d;
+  }
+
   // transformers' GPT2ForSequenceClassification pools the last non-padding token
   // (the last token when pad_token_id is unset).
   int64_t pool_position(const int64_t* ids, int64_t T) const override {

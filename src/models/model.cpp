@@ -214,6 +214,8 @@ std::vector<std::string> Model::state_dict_names() const {
   return names;
 }
 
+DerivedInputs Model::derived_inputs() const { return family_->derived_inputs(); }
+
 Tensor Model::parameter(const std::string& hf_name) const {
   auto alias = aliases_.find(hf_name);
   return params_->param(alias == aliases_.end() ? hf_name : alias->second);

@@ -32,6 +32,7 @@
 #include "fusetrain/kernels/benchmark.h"
 #include "fusetrain/models/model.h"
 #include "fusetrain/models/registry.h"
+#include "fusetrain/onnx/export.h"
 #include "fusetrain/optim/optimizer.h"
 #include "cli/app.h"
 #include "cli/commands.h"
@@ -611,6 +612,23 @@ or torch tensors. With strict, missing or unexpected names raise ValueError list
             locked(self, [&] { self.model->save_pretrained(path.string()); });
           },
           "path"_a, "Writes config.json and model.safetensors (float32) in transformers' layout.")
+      .def(
+          "export_onnx",
+          [](PyModel& self, const std::filesystem::path& path, int64_t opset,
+             std::optional<int64_t> external_data_threshold) {
+            onnx_export::ExportOptions options;
+            options.opset = opset;
+            if (external_data_threshold) options.external_data_threshold = *external_data_threshold;
+            return locked(self, [&] { return onnx_export::export_onnx(*self.model, path.string(), options).path; });
+          },
+          "path"_a, "opset"_a = 17, "external_data_threshold"_a = py::none(), R"doc(
+Writes the inference graph (no dropout, no loss) to `path` as an ONNX model: inputs input_ids,
+attention_mask (and token_type_ids for BERT), int64 with dynamic batch_size and sequence_length;
+outputs named as Optimum names them (logits; start_logits and end_logits for question answering;
+last_hidden_state for a base model); the weights as initializers under their transformers names.
+opset 17 to 20 (20 writes the Gelu op). Initializers totalling more than external_data_threshold
+bytes (default 2 GiB, protobuf's limit) go to "<file>_data" beside it. Returns the path written.
+)doc")
       .def(
           "train",
           [](PyModel& self, bool mode) -> PyModel& {

@@ -62,6 +62,16 @@ struct Batch {
   Tensor end_positions;    ///< QA, (B) i64
 };
 
+/// How a model derives the inputs a caller may leave out, for a graph that must compute them itself (ONNX export).
+struct DerivedInputs {
+  /// RoBERTa: position ids count the non-padding tokens from pad_token_id + 1 and padding keeps pad_token_id;
+  /// otherwise position ids are 0 .. T-1.
+  bool positions_past_padding = false;
+  /// GPT-2 sequence classification: the logits are those of each row's last non-padding token.
+  bool pool_last_non_pad = false;
+  int64_t pad_token_id = -1;  ///< the id both rules read (-1: none; GPT-2 then pools the last token)
+};
+
 /// Outputs of a run, valid until the next run of the same model.
 struct ModelOutput {
   Tensor logits;
@@ -127,6 +137,8 @@ class Model {
 
   /// Builds the forward graph (and loss, when spec has labels) for a batch shape.
   BuiltGraph build(const BatchSpec& spec) const;
+  /// How the position ids (and GPT-2's pooled rows) the graph reads follow from input_ids.
+  DerivedInputs derived_inputs() const;
 
   /// Runs a forward pass (dropout per `training`), with the loss when labels are given.
   ModelOutput forward(const Batch& batch, bool training = false);
