@@ -19,9 +19,11 @@ that precision (the best of torch.mm and of fusetrain's GEMM on 2048x768x768 and
 bench/results/compare.json and bench/results/compare.png and prints Markdown tables with the ratios.
 
 Frameworks: torch_fp32 (eager, AdamW foreach=True), torch_bf16 (eager under torch.autocast("cpu", bfloat16)),
-compile_fp32 and compile_bf16 (torch.compile of the model, default mode), ort (onnxruntime-training-cpu 1.19.2's
-ORTModule with torch AdamW: its FusedAdam needs CUDA; installed into bench/.venv-ort by this script, and when it
-cannot be installed or run the table says why), fusetrain_fp32 and fusetrain_bf16 (the Python module from
+compile_fp32 and compile_bf16 (torch.compile of the model, default mode), ort (onnxruntime-training-cpu 1.19.2
+through its on-device training API, which needs no PyTorch at training time: the workload's initial model is
+exported with torch.onnx.export, `onnxruntime.training.artifacts.generate_artifacts` adds the cross-entropy loss and
+AdamW with gradient clipping to norm 1, and `onnxruntime.training.api` Module/Optimizer run the steps; installed into
+bench/.venv-ort by this script, and when it cannot be installed or run the table says why), fusetrain_fp32 and fusetrain_bf16 (the Python module from
 build/python or an installed fusetrain), and fusetrain_bf16_recompute (bf16 with activation checkpointing per
 layer: the memory it saves, the time it costs).
 """
@@ -43,7 +45,9 @@ SHARED = pathlib.Path(os.environ.get("FUSETRAIN_DATASETS", ROOT.parent / "shared
 RESULTS = ROOT / "bench" / "results"
 WORK = pathlib.Path(os.environ.get("FUSETRAIN_COMPARE_WORK", ROOT / "bench" / ".compare-work"))
 ORT_VENV = ROOT / "bench" / ".venv-ort"
-ORT_PACKAGE = "onnxruntime-training-cpu==1.19.2"
+# ONNX Runtime 1.19 reads ONNX IR versions up to 10: the artifact generator must write with an onnx that writes no
+# newer (1.16; the environment's newer onnx writes IR 14, which ORT refuses to load).
+ORT_PACKAGES = ["onnxruntime-training-cpu==1.19.2", "onnx==1.16.2"]
 
 FRAMEWORKS = ["torch_fp32", "torch_bf16", "compile_fp32", "compile_bf16", "ort", "fusetrain_fp32", "fusetrain_bf16",
               "fusetrain_bf16_recompute"]
@@ -168,6 +172,8 @@ def worker(framework: str, directory: pathlib.Path, warmup: int, steps: int, thr
     batches = [{k: data[k][i] for k in data.files} for i in range(warmup + steps)]
     if framework.startswith("fusetrain"):
         step = fusetrain_step(framework, directory, threads)
+    elif framework == "ort":
+        step = ort_step(directory, threads)
     else:
         step = torch_step(framework, directory, threads)
     times, losses = [], []
@@ -211,21 +217,101 @@ def fusetrain_step(framework: str, directory: pathlib.Path, threads: int):
     return step
 
 
+def ort_export(directory: pathlib.Path) -> pathlib.Path:
+    """The workload's initial model as ONNX for ONNX Runtime's artifact generator (in this, the torch environment).
+
+    The graph returns logits as (rows, classes), the layout ORT's loss blocks take (classes on dimension 1): MLM and
+    CLM logits are flattened, CLM's without the last position (labels are shifted left by one in ort_step).
+    torch's exporter writes LayerNormalization with one output; ORT's gradient builder needs the mean and inverse
+    standard deviation outputs too, so they are added."""
+    import onnx
+    import torch
+    import transformers
+
+    out = directory / "ort" / "model.onnx"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spec = json.loads((directory / "spec.json").read_text())
+    architecture = json.loads((directory / "config.json").read_text())["architectures"][0]
+    model = getattr(transformers, architecture).from_pretrained(directory, attn_implementation="eager").eval()
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if spec["task"] != "clm" else [])
+
+    class Rows(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs):
+            logits = self.model(**dict(zip(names, inputs))).logits
+            if spec["task"] == "clm":
+                logits = logits[:, :-1]
+            return logits.reshape(-1, logits.shape[-1])
+
+    example = tuple(torch.zeros(spec["batch"], spec["seq"], dtype=torch.long) for _ in names)
+    torch.onnx.export(Rows(), example, str(out), input_names=names, output_names=["logits"], opset_version=17,
+                      dynamo=False)
+    graph = onnx.load(str(out))
+    for node in graph.graph.node:
+        if node.op_type == "LayerNormalization" and len(node.output) == 1:
+            node.output.extend([node.output[0] + "_mean", node.output[0] + "_inv_std_dev"])
+    onnx.save(graph, str(out))
+    return out
+
+
+def ort_artifacts(onnx_path: pathlib.Path) -> None:
+    """(In bench/.venv-ort.) Training, eval and optimizer graphs and the checkpoint beside onnx_path: every float
+    initializer trained, cross-entropy ignoring -100, AdamW as the other frameworks run it (torch's eps, no weight
+    decay) with clipping to norm 1."""
+    import onnx
+    from onnxruntime.training import artifacts, onnxblock
+
+    model = onnx.load(str(onnx_path))
+    trained = [t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT]
+    artifacts.generate_artifacts(
+        model, requires_grad=trained, frozen_params=[], loss=onnxblock.loss.CrossEntropyLoss(ignore_index=-100),
+        optimizer=onnxblock.optim.AdamW(eps=1e-8, weight_decay=0.0, clip_grad=onnxblock.optim.ClipGradNorm(1.0)),
+        artifact_directory=str(onnx_path.parent))
+
+
+def ort_step(directory: pathlib.Path, threads: int):
+    """(In bench/.venv-ort.) One step: forward with the loss, backward, clip and AdamW, then the gradients reset."""
+    import numpy as np
+    import onnxruntime
+    from onnxruntime.training import api
+
+    spec = json.loads((directory / "spec.json").read_text())
+    ort_dir = directory / "ort"
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    state = api.CheckpointState.load_checkpoint(str(ort_dir / "checkpoint"))
+    module = api.Module(str(ort_dir / "training_model.onnx"), state, str(ort_dir / "eval_model.onnx"),
+                        session_options=options)
+    optimizer = api.Optimizer(str(ort_dir / "optimizer_model.onnx"), module)
+    optimizer.set_learning_rate(LEARNING_RATE)
+    module.train()
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if spec["task"] != "clm" else [])
+
+    def step(batch):
+        labels = batch["labels"][:, 1:] if spec["task"] == "clm" else batch["labels"]
+        loss = module(*[batch[n] for n in names], labels.reshape(-1).astype(np.int64))
+        optimizer.step()
+        module.lazy_reset_grad()
+        return float(loss)
+
+    return step
+
+
 def torch_step(framework: str, directory: pathlib.Path, threads: int):
     import torch
     import transformers
 
     torch.set_num_threads(threads)
     architecture = json.loads((directory / "config.json").read_text())["architectures"][0]
-    # ORTModule exports the model to ONNX; the plain attention exports where SDPA may not.
-    extra = {"attn_implementation": "eager"} if framework == "ort" else {}
-    model = getattr(transformers, architecture).from_pretrained(directory, **extra)
+    model = getattr(transformers, architecture).from_pretrained(directory)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0, foreach=True)
-    if framework == "ort":
-        from onnxruntime.training.ortmodule import ORTModule
-        model = ORTModule(model)
-    elif framework.startswith("compile"):
+    if framework.startswith("compile"):
         model = torch.compile(model)
     bf16 = framework.endswith("bf16")
 
@@ -279,19 +365,32 @@ def matmul_peak(threads: int) -> dict:
 def ort_python() -> tuple[str | None, str]:
     """The python of a venv with onnxruntime-training (made on first use); (None, why) when that fails."""
     python = ORT_VENV / "bin" / "python"
-    check = [str(python), "-c", "import onnxruntime.training.ortmodule"]
+    check = [str(python), "-c", "import onnxruntime.training.api, onnxruntime.training.artifacts, onnx; "
+             "assert onnx.__version__ == '1.16.2'"]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return str(python), ""
     steps = [[sys.executable, "-m", "venv", "--system-site-packages", str(ORT_VENV)],
-             [str(python), "-m", "pip", "install", "-q", ORT_PACKAGE]]
+             [str(python), "-m", "pip", "install", "-q", *ORT_PACKAGES]]
     for command in steps:
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             return None, f"`{' '.join(command[-3:])}` failed: {(result.stderr or result.stdout).strip()[-400:]}"
     result = subprocess.run(check, capture_output=True, text=True)
     if result.returncode != 0:
-        return None, f"importing ORTModule failed: {result.stderr.strip().splitlines()[-1][:400]}"
+        return None, f"importing onnxruntime.training failed: {result.stderr.strip().splitlines()[-1][:400]}"
     return str(python), ""
+
+
+def prepare_ort(python: str, directory: pathlib.Path) -> str:
+    """Exports the workload here and generates ORT's training artifacts in its venv; returns why not, or ""."""
+    if (directory / "ort" / "training_model.onnx").exists():
+        return ""
+    path = ort_export(directory)
+    result = subprocess.run([python, __file__, "--ort-artifacts", str(path)], capture_output=True, text=True)
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+        return f"generate_artifacts failed: {lines[-1][:400] if lines else result.returncode}"
+    return ""
 
 
 def run_worker(python: str, framework: str, directory: pathlib.Path, args) -> dict:
@@ -350,6 +449,10 @@ def tables(results: dict) -> str:
                     memory = (f"{runs[ours]['peak_rss_mb'] / runs[eager]['peak_rss_mb']:.2f}x {eager}'s"
                               if "peak_rss_mb" in runs.get(eager, {}) else "no eager run to compare")
                     lines.append(f"- {ours}: last loss {100 * diff:.2f}% from torch_fp32's; peak RSS {memory}")
+            if "losses" in runs.get("ort", {}):  # the same weights and batch: the first loss checks the export
+                first, theirs = runs["ort"]["losses"][0], reference["losses"][0]
+                lines.append(f"- ort: first-step loss {first:.6f}, torch_fp32's {theirs:.6f} "
+                             f"({abs(first - theirs) / abs(theirs):.1e} relative)")
         lines.append("")
     return "\n".join(lines)
 
@@ -395,8 +498,12 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per (workload, framework) run")
     parser.add_argument("--output", default=str(RESULTS / "compare.json"))
     parser.add_argument("--worker")
+    parser.add_argument("--ort-artifacts", help=argparse.SUPPRESS)
     parser.add_argument("--dir")
     args = parser.parse_args()
+    if args.ort_artifacts:
+        ort_artifacts(pathlib.Path(args.ort_artifacts))
+        return
     if args.worker == "peak":
         print(json.dumps(matmul_peak(args.threads)))
         return
@@ -430,6 +537,11 @@ def main() -> None:
                 runs[framework] = {"error": ort_reason}
                 continue
             try:
+                if framework == "ort":
+                    prepared = prepare_ort(ort, directory)
+                    if prepared:
+                        runs[framework] = {"error": prepared}
+                        continue
                 run = run_worker(ort if framework == "ort" else sys.executable, framework, directory, args)
             except subprocess.TimeoutExpired:
                 run = {"error": f"did not finish within {args.timeout} s"}
