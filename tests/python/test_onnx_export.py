@@ -16,13 +16,17 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 import fusetrain  # noqa: E402
-from hf_models import ARCHITECTURES, Case, make_batch, reference_dir, reference_model, hf_outputs, \
-    without_labels  # noqa: E402
+from hf_models import ARCHITECTURES, VARIANTS, Case, hf_outputs, make_batch, reference_dir, reference_model, \
+    variant_cases, without_labels  # noqa: E402
 
 TOL = 1e-4
 
 CASES = [Case(architecture, "odd", "single" if task == "sequence" else None)
          for architecture, (_, task) in ARCHITECTURES.items()]
+# Config values away from the defaults (untied LM heads, other activations, GPT-2's attention scalings), except the
+# ones fusetrain refuses to build.
+CASES += [case for model_type in ("bert", "roberta", "distilbert", "gpt2") for case in variant_cases(model_type)
+          if not VARIANTS[case.variant].may_refuse or case.variant == "untied"]
 
 
 def run_onnx(path: str | pathlib.Path, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -132,3 +136,24 @@ def test_trainer_save_model_with_onnx_writes_the_trained_graph(tmp_path):
         theirs = model(**{k: torch.from_numpy(v) for k, v in batch.items()}).logits.numpy()
     np.testing.assert_allclose(run_onnx(tmp_path / "saved" / "model.onnx", batch)["logits"], theirs, rtol=TOL, atol=TOL)
     assert (tmp_path / "saved" / "config.json").exists() and (tmp_path / "saved" / "tokenizer.json").exists()
+
+
+def test_gpt2_without_a_pad_token_pools_the_last_position(tmp_path):
+    """GPT2ForSequenceClassification with no pad_token_id classifies from the last token (transformers then takes
+    one row per batch, so the rows are checked one at a time)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=24, num_labels=3,
+                                     pad_token_id=None)
+    reference = transformers.GPT2ForSequenceClassification(config).eval()
+    reference.save_pretrained(tmp_path / "gpt2")
+    model = fusetrain.Model.from_pretrained(str(tmp_path / "gpt2"))
+    path = model.export_onnx(tmp_path / "model.onnx")
+    ids = np.random.default_rng(0).integers(3, 99, size=(2, 9), dtype=np.int64)
+    exported = run_onnx(path, {"input_ids": ids, "attention_mask": np.ones_like(ids)})["logits"]
+    for row in range(2):
+        with torch.no_grad():
+            theirs = reference(input_ids=torch.from_numpy(ids[row:row + 1])).logits.numpy()
+        np.testing.assert_allclose(exported[row:row + 1], theirs, rtol=TOL, atol=TOL)
