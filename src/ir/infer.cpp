@@ -206,6 +206,27 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       Shape rows(std::vector<int64_t>(x.dims().begin(), x.dims().end() - 1));
       return {{x, DType::f32}, {rows, DType::f32}, {rows, DType::f32}};
     }
+    case OpKind::RMSNorm: {
+      // x, weight -> y, rstd
+      const Shape& x = c.shape(0);
+      c.require_f32(0, "x");
+      c.require_f32(1, "weight");
+      c.require(x.rank() >= 1, "x needs rank >= 1");
+      c.require(c.shape(1) == Shape{x[-1]}, "weight should be (", x[-1], ")");
+      c.require(std::get<LayerNormParams>(params).eps > 0, "eps must be positive");
+      Shape rows(std::vector<int64_t>(x.dims().begin(), x.dims().end() - 1));
+      return {{x, DType::f32}, {rows, DType::f32}};
+    }
+    case OpKind::RMSNormBackward: {
+      // dy, x, weight, rstd -> dx, dweight
+      const Shape& x = c.shape(1);
+      for (size_t i = 0; i < 4; ++i) c.require_f32(i, "every input");
+      c.require_same_shape(0, 1);
+      c.require(c.shape(2) == Shape{x[-1]}, "weight should be (", x[-1], ")");
+      Shape rows(std::vector<int64_t>(x.dims().begin(), x.dims().end() - 1));
+      c.require(c.shape(3) == rows, "rstd should be ", rows.to_string());
+      return {{x, DType::f32}, {c.shape(2), DType::f32}};
+    }
     case OpKind::AddLayerNorm: {
       // x, residual, gamma, beta -> sum = dropout(x) + residual, then y, mean, rstd of LayerNorm(sum)
       const Shape& x = c.shape(0);

@@ -151,6 +151,7 @@ OpParams decode(OpKind op, AttrReader& r) {
     case OpKind::ErfBackward:
     case OpKind::SoftmaxBackward:
     case OpKind::LayerNormBackward:
+    case OpKind::RMSNormBackward:
     case OpKind::SigmoidCrossEntropyBackward:
       return r.finish(NoParams{});
     case OpKind::Fill: {
@@ -195,7 +196,8 @@ OpParams decode(OpKind op, AttrReader& r) {
       p.exponent = r.number("exponent");
       return r.finish(p);
     }
-    case OpKind::LayerNorm: {
+    case OpKind::LayerNorm:
+    case OpKind::RMSNorm: {
       ParamsOf<OpKind::LayerNorm> p;
       p.eps = r.number("eps");
       return r.finish(p);

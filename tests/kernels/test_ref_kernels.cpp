@@ -386,6 +386,40 @@ TEST(RefKernels, LayerNormBackwardMatchesFiniteDifferences) {
   }
 }
 
+TEST(RefKernels, RMSNormScalesEachRowByItsRootMeanSquare) {
+  Graph g;
+  GraphBuilder gb(g);
+  gb.rms_norm(gb.input("x", {2, 4}), gb.param("weight", {4}), 1e-6);
+  auto out = run_ref(g, {tensor({2, 4}, {1, 2, 3, 4, 0, 0, 0, 5}), tensor({4}, {1, 1, 1, 2})});
+  const double r0 = 1.0 / std::sqrt((1 + 4 + 9 + 16) / 4.0 + 1e-6), r1 = 1.0 / std::sqrt(25 / 4.0 + 1e-6);
+  expect_values(out[0], {1 * r0, 2 * r0, 3 * r0, 8 * r0, 0, 0, 0, 10 * r1}, 1e-6);
+  expect_values(out[1], {r0, r1}, 1e-6);
+}
+
+TEST(RefKernels, RMSNormBackwardMatchesFiniteDifferences) {
+  std::mt19937 rng(2);
+  Graph g;
+  GraphBuilder gb(g);
+  gb.rms_norm(gb.input("x", {3, 5}), gb.param("weight", {5}), 1e-6);
+  std::vector<Tensor> in = {random_tensor({3, 5}, rng), random_tensor({5}, rng, 0.5, 1.5)};
+  Tensor dy = random_tensor({3, 5}, rng);
+  auto fwd = run_ref(g, in);
+
+  Graph b;
+  b.add_node(OpKind::RMSNormBackward, {b.add_input("dy", {3, 5}, DType::f32), b.add_input("x", {3, 5}, DType::f32),
+                                       b.add_input("weight", {5}, DType::f32), b.add_input("rstd", {3}, DType::f32)});
+  // dx aliases dy in place (kInPlace): run with the output bound to dy's memory.
+  Tensor dy_copy = dy.clone();
+  Tensor dweight = Tensor::zeros({5}, DType::f32);
+  run_ref(b, {dy_copy, in[0], in[1], fwd[1]}, 0, {dy_copy, dweight});
+  const char* names[] = {"dx", "dweight"};
+  const Tensor got[] = {dy_copy, dweight};
+  for (size_t k = 0; k < 2; ++k) {
+    SCOPED_TRACE(names[k]);
+    expect_values(got[k], numeric_gradient(g, in, k, dy), 2e-3);
+  }
+}
+
 // ---- embedding ---------------------------------------------------------------
 
 TEST(RefKernels, EmbeddingGatherAndScatterAddWithRepeatedId) {

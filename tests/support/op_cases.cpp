@@ -147,6 +147,9 @@ std::vector<OpCase> make_cases() {
         return Outs{b.layer_norm(b.param("x", {2, n, 8}), b.param("gamma", {8}), b.param("beta", {8}), 1e-5)};
       },
       {{"gamma", {0.5, 1.5}}});
+  add("rms_norm", OpKind::RMSNorm,
+      [](GraphBuilder& b, int64_t n) { return Outs{b.rms_norm(b.param("x", {2, n, 8}), b.param("weight", {8}), 1e-6)}; },
+      {{"weight", {0.5, 1.5}}});
   for (double p : {0.0, 0.3})
     add(p == 0.0 ? "add_layer_norm" : "add_layer_norm_dropout", OpKind::AddLayerNorm,
         [p](GraphBuilder& b, int64_t n) {

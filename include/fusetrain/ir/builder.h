@@ -44,6 +44,8 @@ class GraphBuilder {
   ValueId softmax(ValueId x);
   /// LayerNorm over the last axis: x (..., C), gamma (C), beta (C).
   ValueId layer_norm(ValueId x, ValueId gamma, ValueId beta, double eps = 1e-5);
+  /// RMSNorm over the last axis (Llama's): x (..., C) · 1/√(mean(x²) + eps) · weight (C).
+  ValueId rms_norm(ValueId x, ValueId weight, double eps = 1e-6);
   /// weight (V, C), ids (...) of i64 or i32 -> (..., C). Row `padding_idx` (if >= 0)
   /// receives no gradient, as torch.nn.Embedding(padding_idx=...).
   ValueId embedding(ValueId weight, ValueId ids, int64_t padding_idx = -1);

@@ -1,4 +1,4 @@
-// Gradients of LayerNorm and Softmax.
+// Gradients of LayerNorm, RMSNorm and Softmax.
 #include "autodiff/grad_context.h"
 
 namespace fusetrain::autodiff {
@@ -12,6 +12,14 @@ void grad_rule<OpKind::LayerNorm>(GradContext& ctx) {
   std::vector<ValueId> grads = ctx.g.add_node(
       OpKind::LayerNormBackward, {ctx.grad_output(0), ctx.input(0), ctx.input(1), ctx.output(1), ctx.output(2)});
   for (size_t i = 0; i < 3; ++i) ctx.set_grad_input(i, grads[i]);
+}
+
+template <>
+void grad_rule<OpKind::RMSNorm>(GradContext& ctx) {
+  // Output 1 (rstd) is a statistic saved for this rule; no gradient flows through it.
+  std::vector<ValueId> grads =
+      ctx.g.add_node(OpKind::RMSNormBackward, {ctx.grad_output(0), ctx.input(0), ctx.input(1), ctx.output(1)});
+  for (size_t i = 0; i < 2; ++i) ctx.set_grad_input(i, grads[i]);
 }
 
 // Outputs sum = dropout(x) + residual, then y, mean, rstd. LayerNorm's backward gives d(sum) (plus

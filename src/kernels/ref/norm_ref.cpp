@@ -1,4 +1,4 @@
-// Reference Softmax and LayerNorm (and AddLayerNorm), forward and backward. Row statistics
+// Reference Softmax, LayerNorm (and AddLayerNorm) and RMSNorm, forward and backward. Row statistics
 // (maxima, softmax denominators, means, variances, column sums) are computed in
 // double; outputs are rounded once on store.
 //
@@ -205,6 +205,78 @@ class LayerNormBackwardRef final : public RefKernel {
   int64_t R_ = 0, C_ = 0;
 };
 
+// RMSNorm: y (R, C) = x · rstd · weight, rstd (R) = 1/√(mean_C(x²) + eps), the mean of squares in double.
+class RMSNormRef final : public RefKernel {
+ public:
+  RMSNormRef(const KernelCall& call) : eps_(call.params<ops::LayerNormParams>().eps) {
+    const Shape& x = input_shape(call, 0);
+    C_ = x[-1];
+    R_ = x.numel(0, x.rank() - 1);
+  }
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const float* x = args.inputs[0].data_as<float>();
+    const float* weight = args.inputs[1].data_as<float>();
+    const bool acc_y = accumulate_flag(args, 0), acc_rstd = accumulate_flag(args, 1);
+    for (int64_t r = 0; r < R_; ++r) {
+      const float* xr = x + r * C_;
+      double squares = 0.0;
+      for (int64_t c = 0; c < C_; ++c) squares += static_cast<double>(xr[c]) * xr[c];
+      const double s = 1.0 / std::sqrt(squares / static_cast<double>(C_) + eps_);
+      for (int64_t c = 0; c < C_; ++c) store(args.outputs[0].data(), DType::f32, r * C_ + c, xr[c] * s * weight[c], acc_y);
+      store(args.outputs[1].data(), DType::f32, r, s, acc_rstd);
+    }
+  }
+
+ private:
+  double eps_;
+  int64_t R_ = 0, C_ = 0;
+};
+
+// With x̂ = x·rstd and g = dy·weight, per row: dx = rstd · (g − x̂ · mean_C(g·x̂)); dweight = Σ_rows dy·x̂ (column
+// sums in double). dx may alias dy.
+class RMSNormBackwardRef final : public RefKernel {
+ public:
+  RMSNormBackwardRef(const KernelCall& call) {
+    const Shape& x = input_shape(call, 1);
+    C_ = x[-1];
+    R_ = x.numel(0, x.rank() - 1);
+  }
+
+  size_t scratch_bytes(int) const override { return static_cast<size_t>(C_) * sizeof(double); }
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    // inputs: dy, x, weight, rstd; outputs: dx, dweight
+    const float* dy = args.inputs[0].data_as<float>();
+    const float* x = args.inputs[1].data_as<float>();
+    const float* weight = args.inputs[2].data_as<float>();
+    const float* rstd = args.inputs[3].data_as<float>();
+    auto* dweight_sum = static_cast<double*>(args.scratch);
+    for (int64_t c = 0; c < C_; ++c) dweight_sum[c] = 0.0;
+    const bool acc_dx = accumulate_flag(args, 0), acc_dweight = accumulate_flag(args, 1);
+    for (int64_t r = 0; r < R_; ++r) {
+      const int64_t row = r * C_;
+      const double s = rstd[r];
+      double g_xhat = 0.0;
+      for (int64_t c = 0; c < C_; ++c) {
+        const double xhat = x[row + c] * s;
+        g_xhat += static_cast<double>(dy[row + c]) * weight[c] * xhat;
+        dweight_sum[c] += static_cast<double>(dy[row + c]) * xhat;
+      }
+      const double mean_g_xhat = g_xhat / static_cast<double>(C_);
+      for (int64_t c = 0; c < C_; ++c) {
+        const double xhat = x[row + c] * s;
+        const double g = static_cast<double>(dy[row + c]) * weight[c];
+        store(args.outputs[0].data(), DType::f32, row + c, s * (g - xhat * mean_g_xhat), acc_dx);
+      }
+    }
+    for (int64_t c = 0; c < C_; ++c) store(args.outputs[1].data(), DType::f32, c, dweight_sum[c], acc_dweight);
+  }
+
+ private:
+  int64_t R_ = 0, C_ = 0;
+};
+
 }  // namespace
 
 std::unique_ptr<Kernel> make_softmax_ref(const KernelCall& call) {
@@ -221,6 +293,12 @@ std::unique_ptr<Kernel> make_layernorm_ref(const KernelCall& call) {
 
 std::unique_ptr<Kernel> make_layernorm_backward_ref(const KernelCall& call) {
   return std::make_unique<LayerNormBackwardRef>(call);
+}
+
+std::unique_ptr<Kernel> make_rmsnorm_ref(const KernelCall& call) { return std::make_unique<RMSNormRef>(call); }
+
+std::unique_ptr<Kernel> make_rmsnorm_backward_ref(const KernelCall& call) {
+  return std::make_unique<RMSNormBackwardRef>(call);
 }
 
 }  // namespace fusetrain::kernels::ref

@@ -239,6 +239,8 @@ std::unique_ptr<Kernel> make_softmax_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_softmax_backward_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_layernorm_ref(const KernelCall& call);  // LayerNorm, AddLayerNorm
 std::unique_ptr<Kernel> make_layernorm_backward_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_rmsnorm_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_rmsnorm_backward_ref(const KernelCall& call);
 
 // movement_ref.cpp
 std::unique_ptr<Kernel> make_reshape_ref(const KernelCall& call);

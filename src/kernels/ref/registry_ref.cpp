@@ -69,6 +69,8 @@ std::unique_ptr<Kernel> make_ref_kernel(const KernelCall& call) {
     case OpKind::LayerNorm:
     case OpKind::AddLayerNorm:
       return ref::make_layernorm_ref(call);
+    case OpKind::RMSNorm:
+      return ref::make_rmsnorm_ref(call);
     case OpKind::Embedding:
       return ref::make_embedding_ref(call);
     case OpKind::Dropout:
@@ -113,6 +115,8 @@ std::unique_ptr<Kernel> make_ref_kernel(const KernelCall& call) {
       return ref::make_softmax_backward_ref(call);
     case OpKind::LayerNormBackward:
       return ref::make_layernorm_backward_ref(call);
+    case OpKind::RMSNormBackward:
+      return ref::make_rmsnorm_backward_ref(call);
     case OpKind::EmbeddingBackward:
       return ref::make_embedding_backward_ref(call);
     case OpKind::SliceBackward:
