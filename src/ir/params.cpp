@@ -196,6 +196,11 @@ OpParams decode(OpKind op, AttrReader& r) {
       p.exponent = r.number("exponent");
       return r.finish(p);
     }
+    case OpKind::RoPE: {
+      ParamsOf<OpKind::RoPE> p;
+      p.inverse = r.flag("inverse", p.inverse);
+      return r.finish(p);
+    }
     case OpKind::LayerNorm:
     case OpKind::RMSNorm: {
       ParamsOf<OpKind::LayerNorm> p;

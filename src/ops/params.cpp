@@ -12,9 +12,10 @@ constexpr std::array<const char*, std::variant_size_v<OpParams>> kParamsNames = 
     "LayerNormParams",    "DropoutParams",     "AddLayerNormParams",    "EmbeddingParams",
     "EmbeddingBackwardParams", "ShapeParams",  "TransposeParams",       "SplitParams",
     "ConcatParams",       "SliceParams",       "SliceBackwardParams",   "ReduceParams",
-    "CastParams",         "CrossEntropyParams", "LinearCrossEntropyParams", "AttentionParams"};
+    "CastParams",         "CrossEntropyParams", "LinearCrossEntropyParams", "AttentionParams",
+    "RoPEParams"};
 
-static_assert(params_index_of<AttentionParams>() == kParamsNames.size() - 1);
+static_assert(params_index_of<RoPEParams>() == kParamsNames.size() - 1);
 static_assert(params_index_of<MatMulParams>() == 2 && params_index_of<ShapeParams>() == 13);
 
 }  // namespace

@@ -420,6 +420,21 @@ TEST(RefKernels, RMSNormBackwardMatchesFiniteDifferences) {
   }
 }
 
+TEST(RefKernels, RoPERotatesTheHalvesAsLlamaDoes) {
+  // transformers' apply_rotary_pos_emb: x·cos + rotate_half(x)·sin, rotate_half(x) = (−x2, x1), with cos and sin
+  // the two halves' frequencies repeated.
+  Graph g;
+  GraphBuilder gb(g);
+  gb.rope(gb.input("x", {1, 1, 1, 4}), gb.input("cos", {1, 1, 4}), gb.input("sin", {1, 1, 4}));
+  const double a = 0.5, b = 0.25;
+  auto out = run_ref(g, {tensor({1, 1, 1, 4}, {1, 2, 3, 4}),
+                         tensor({1, 1, 4}, {std::cos(a), std::cos(b), std::cos(a), std::cos(b)}),
+                         tensor({1, 1, 4}, {std::sin(a), std::sin(b), std::sin(a), std::sin(b)})});
+  expect_values(out[0], {1 * std::cos(a) - 3 * std::sin(a), 2 * std::cos(b) - 4 * std::sin(b),
+                         3 * std::cos(a) + 1 * std::sin(a), 4 * std::cos(b) + 2 * std::sin(b)},
+                1e-6);
+}
+
 // ---- embedding ---------------------------------------------------------------
 
 TEST(RefKernels, EmbeddingGatherAndScatterAddWithRepeatedId) {

@@ -150,6 +150,10 @@ std::vector<OpCase> make_cases() {
   add("rms_norm", OpKind::RMSNorm,
       [](GraphBuilder& b, int64_t n) { return Outs{b.rms_norm(b.param("x", {2, n, 8}), b.param("weight", {8}), 1e-6)}; },
       {{"weight", {0.5, 1.5}}});
+  for (bool inverse : {false, true})
+    add(inverse ? "rope_inverse" : "rope", OpKind::RoPE, [inverse](GraphBuilder& b, int64_t n) {
+      return Outs{b.rope(b.param("x", {2, n, 3, 8}), b.input("cos", {2, n, 8}), b.input("sin", {2, n, 8}), inverse)};
+    });
   for (double p : {0.0, 0.3})
     add(p == 0.0 ? "add_layer_norm" : "add_layer_norm_dropout", OpKind::AddLayerNorm,
         [p](GraphBuilder& b, int64_t n) {

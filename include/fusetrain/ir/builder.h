@@ -46,6 +46,9 @@ class GraphBuilder {
   ValueId layer_norm(ValueId x, ValueId gamma, ValueId beta, double eps = 1e-5);
   /// RMSNorm over the last axis (Llama's): x (..., C) · 1/√(mean(x²) + eps) · weight (C).
   ValueId rms_norm(ValueId x, ValueId weight, double eps = 1e-6);
+  /// Rotary position embedding (Llama's): x (B, T, H, D) with halves x1, x2 becomes (x1·cos − x2·sin, x2·cos + x1·sin)
+  /// per half of cos and sin (B, T, D); inverse rotates the other way.
+  ValueId rope(ValueId x, ValueId cos, ValueId sin, bool inverse = false);
   /// weight (V, C), ids (...) of i64 or i32 -> (..., C). Row `padding_idx` (if >= 0)
   /// receives no gradient, as torch.nn.Embedding(padding_idx=...).
   ValueId embedding(ValueId weight, ValueId ids, int64_t padding_idx = -1);

@@ -172,13 +172,18 @@ struct AttentionParams {
   int64_t stream_rows(int64_t T) const { return rng_rows.value_or(T); }
 };
 
+/// RoPE: rotary position embedding of the last axis's two halves.
+struct RoPEParams {
+  bool inverse = false;  ///< "inverse": rotate by −θ (the transpose: RoPE's backward)
+};
+
 /// The parameters of any op: one alternative per struct above.
 using OpParams =
     std::variant<NoParams, FillParams, MatMulParams, GeluParams, GeluBackwardParams, LinearGeluParams, ScaleParams,
                  PowParams, LayerNormParams, DropoutParams, AddLayerNormParams, EmbeddingParams,
                  EmbeddingBackwardParams, ShapeParams, TransposeParams, SplitParams, ConcatParams, SliceParams,
                  SliceBackwardParams, ReduceParams, CastParams, CrossEntropyParams, LinearCrossEntropyParams,
-                 AttentionParams>;
+                 AttentionParams, RoPEParams>;
 
 namespace detail {
 template <OpKind K>

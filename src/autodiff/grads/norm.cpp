@@ -1,5 +1,6 @@
-// Gradients of LayerNorm, RMSNorm and Softmax.
+// Gradients of LayerNorm, RMSNorm, RoPE and Softmax.
 #include "autodiff/grad_context.h"
+#include "fusetrain/core/error.h"
 
 namespace fusetrain::autodiff {
 
@@ -20,6 +21,15 @@ void grad_rule<OpKind::RMSNorm>(GradContext& ctx) {
   std::vector<ValueId> grads =
       ctx.g.add_node(OpKind::RMSNormBackward, {ctx.grad_output(0), ctx.input(0), ctx.input(1), ctx.output(1)});
   for (size_t i = 0; i < 2; ++i) ctx.set_grad_input(i, grads[i]);
+}
+
+// RoPE is a rotation per pair (x1[i], x2[i]): its transpose, the rotation the other way, carries dy back to x.
+// cos and sin come from position ids, so no gradient flows to them.
+template <>
+void grad_rule<OpKind::RoPE>(GradContext& ctx) {
+  FT_CHECK(!ctx.needs_grad(1) && !ctx.needs_grad(2), "RoPE: cos and sin take no gradient (they are position tables)");
+  const bool inverse = ctx.attrs().get_int("inverse", 0) != 0;
+  ctx.set_grad_input(0, ctx.b.rope(ctx.grad_output(0), ctx.input(1), ctx.input(2), !inverse));
 }
 
 // Outputs sum = dropout(x) + residual, then y, mean, rstd. LayerNorm's backward gives d(sum) (plus

@@ -139,6 +139,7 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const KernelCall& call) {
       return nullptr;  // decomposed forms that fuse_decomposed_norms rewrites; the reference kernels run what is left
     case OpKind::RMSNorm:
     case OpKind::RMSNormBackward:
+    case OpKind::RoPE:
       return nullptr;  // no model builds it yet: the reference runs it until one does and a profile asks
     case OpKind::Softmax:
       return make_softmax_kernel(call);

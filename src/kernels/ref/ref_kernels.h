@@ -241,6 +241,7 @@ std::unique_ptr<Kernel> make_layernorm_ref(const KernelCall& call);  // LayerNor
 std::unique_ptr<Kernel> make_layernorm_backward_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_rmsnorm_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_rmsnorm_backward_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_rope_ref(const KernelCall& call);
 
 // movement_ref.cpp
 std::unique_ptr<Kernel> make_reshape_ref(const KernelCall& call);

@@ -71,6 +71,8 @@ std::unique_ptr<Kernel> make_ref_kernel(const KernelCall& call) {
       return ref::make_layernorm_ref(call);
     case OpKind::RMSNorm:
       return ref::make_rmsnorm_ref(call);
+    case OpKind::RoPE:
+      return ref::make_rope_ref(call);
     case OpKind::Embedding:
       return ref::make_embedding_ref(call);
     case OpKind::Dropout:
