@@ -101,17 +101,19 @@ class Writer {
       outputs = {{head == models::Head::Base ? "last_hidden_state" : "logits", g1_.logits}};
     }
     live_ = live_nodes(outputs);
-    const std::vector<bool>& live = live_;
+    std::set<ValueId> read;  // the values the live nodes read
+    for (const ir::Node& n : g.nodes())
+      if (live_[static_cast<size_t>(n.id)]) read.insert(n.inputs.begin(), n.inputs.end());
 
     for (ValueId v : g.inputs()) {
       const std::string& name = g.value(v).name;
-      if (!reads(v, live)) continue;
+      if (!read.count(v)) continue;
       if (name == models::InputNames::input_ids || name == models::InputNames::attention_mask ||
           (name == models::InputNames::token_type_ids && token_types_are_input())) {
         names_[v] = name;
       } else if (name == models::InputNames::token_type_ids) {  // RoBERTa's single segment
         names_[v] = op("ConstantOfShape", {shape_of_ids()});
-        set_value_attr(last_, pb::TensorProto::INT64, 0);
+        fill_value(last_, pb::TensorProto::INT64, 0);
       } else if (name == models::InputNames::position_ids) {
         names_[v] = position_ids();
       } else if (name == models::InputNames::pool_index) {
@@ -127,9 +129,9 @@ class Writer {
       declare_input(models::InputNames::token_type_ids);
 
     for (ValueId v : g.params())
-      if (reads(v, live)) names_[v] = g.value(v).name;
+      if (read.count(v)) names_[v] = g.value(v).name;
     for (const ir::Node& n : g.nodes())
-      if (live[static_cast<size_t>(n.id)]) lower(n);
+      if (live_[static_cast<size_t>(n.id)]) lower(n);
 
     for (const auto& [name, v] : outputs) {
       node("Identity", {name_of(v)}, {name});
@@ -180,14 +182,6 @@ class Writer {
       for (ValueId in : g.node(p).inputs) work.push_back(in);
     }
     return live;
-  }
-
-  bool reads(ValueId v, const std::vector<bool>& live) const {
-    for (const ir::Node& n : g1_.graph.nodes())
-      if (live[static_cast<size_t>(n.id)])
-        for (ValueId in : n.inputs)
-          if (in == v) return true;
-    return false;
   }
 
   // Optimum's ONNX configs give BERT a token_type_ids input and RoBERTa none (its one segment is all zeros).
@@ -266,27 +260,37 @@ class Writer {
     for (int64_t x : v) a->add_ints(x);
   }
 
-  std::string constant_i64(const std::vector<int64_t>& v, bool scalar = false) {
-    std::string out = fresh("const");
-    pb::NodeProto* n = node("Constant", {}, {out});
+  // The tensor of node n's "value" attribute (Constant, ConstantOfShape), of element type `type`.
+  static pb::TensorProto* value_attr(pb::NodeProto* n, int32_t type) {
     pb::AttributeProto* a = n->add_attribute();
     a->set_name("value");
     a->set_type(pb::AttributeProto::TENSOR);
     pb::TensorProto* t = a->mutable_t();
-    t->set_data_type(pb::TensorProto::INT64);
+    t->set_data_type(type);
+    return t;
+  }
+  // ConstantOfShape's fill: one element of `type`.
+  static void fill_value(pb::NodeProto* n, int32_t type, double value) {
+    pb::TensorProto* t = value_attr(n, type);
+    t->add_dims(1);
+    if (type == pb::TensorProto::INT64)
+      t->add_int64_data(static_cast<int64_t>(value));
+    else if (type == pb::TensorProto::FLOAT)
+      t->add_float_data(static_cast<float>(value));
+    else
+      throw Error(str("ONNX export: a fill of element type ", type, " is not covered (f32 and i64 are)"));
+  }
+
+  std::string constant_i64(const std::vector<int64_t>& v, bool scalar = false) {
+    std::string out = fresh("const");
+    pb::TensorProto* t = value_attr(node("Constant", {}, {out}), pb::TensorProto::INT64);
     if (!scalar) t->add_dims(static_cast<int64_t>(v.size()));
     for (int64_t x : v) t->add_int64_data(x);
     return out;
   }
   std::string constant_f32(double v) {
     std::string out = fresh("const");
-    pb::NodeProto* n = node("Constant", {}, {out});
-    pb::AttributeProto* a = n->add_attribute();
-    a->set_name("value");
-    a->set_type(pb::AttributeProto::TENSOR);
-    pb::TensorProto* t = a->mutable_t();
-    t->set_data_type(pb::TensorProto::FLOAT);
-    t->add_float_data(static_cast<float>(v));
+    value_attr(node("Constant", {}, {out}), pb::TensorProto::FLOAT)->add_float_data(static_cast<float>(v));
     return out;
   }
 
@@ -445,7 +449,7 @@ class Writer {
       std::string square = op("Concat", {dim_tensor(tq), dim_tensor(s)});
       attr(last_, "axis", int64_t{0});
       std::string ones = op("ConstantOfShape", {square});
-      set_value_attr(last_, pb::TensorProto::INT64, 1.0);
+      fill_value(last_, pb::TensorProto::INT64, 1.0);
       std::string lower = op("Trilu", {ones});
       attr(last_, "upper", int64_t{0});
       std::string keep = cast(lower, pb::TensorProto::BOOL);
@@ -455,19 +459,6 @@ class Writer {
     attr(last_, "axis", int64_t{-1});
     std::string out = op("MatMul", {probs, v});
     return p.seq_major ? transpose(out, {0, 2, 1, 3}) : out;
-  }
-
-  static void set_value_attr(pb::NodeProto* n, int32_t type, double value) {
-    pb::AttributeProto* a = n->add_attribute();
-    a->set_name("value");
-    a->set_type(pb::AttributeProto::TENSOR);
-    pb::TensorProto* t = a->mutable_t();
-    t->set_data_type(type);
-    t->add_dims(1);
-    if (type == pb::TensorProto::INT64)
-      t->add_int64_data(static_cast<int64_t>(value));
-    else
-      t->add_float_data(static_cast<float>(value));
   }
 
   // Writes node n's ONNX equivalent.
@@ -520,7 +511,7 @@ class Writer {
       case K::Fill: {
         const auto& p = std::get<ops::FillParams>(params);
         define(n, 0, op("ConstantOfShape", {shape_tensor(dims(n.outputs[0]))}));
-        set_value_attr(last_, onnx_type(p.dtype), p.value);
+        fill_value(last_, onnx_type(p.dtype), p.value);
         return;
       }
       case K::MatMul: {
