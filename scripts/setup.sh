@@ -38,6 +38,7 @@ PY_PACKAGES=(  # import name=pip requirement
   tensorboard=tensorboard  # report_to tensorboard (fusetrain.Trainer, fusetrain train --report-to)
   scikit_build_core=scikit-build-core  # pip install . (and the test that reads the wheel's metadata)
   onnx=onnx onnxruntime=onnxruntime  # the ONNX tests' oracles: onnx.checker and ONNX Runtime's inference
+  onnxscript=onnxscript  # torch.onnx.export's dynamo exporter, which writes graphs the import tests train
 )
 py_missing=()
 for entry in "${PY_PACKAGES[@]}"; do

@@ -66,6 +66,16 @@ class Family {
   /// The rules default_position_ids and pool_position follow, for graphs that compute them (ONNX export).
   virtual DerivedInputs derived_inputs() const { return {}; }
   virtual int64_t max_positions() const = 0;
+  /// Whether the family fills the plan's inputs from a batch itself (bind_inputs) instead of Model's binding of
+  /// input_ids, attention_mask, token_type_ids and position_ids (ONNX import, whose inputs follow the graph).
+  virtual bool binds_inputs() const { return false; }
+  /// Fills every input of `plan` but the labels from `batch` (only when binds_inputs()).
+  virtual void bind_inputs(runtime::Plan& plan, const Batch& batch) const {
+    (void)plan;
+    (void)batch;
+  }
+  /// Parameter values the family brings itself (an imported graph's initializers), by stored name.
+  virtual std::map<std::string, Tensor> initial_values() const { return {}; }
   Head head() const { return head_; }
 
  protected:

@@ -12,6 +12,7 @@
 #include "fusetrain/core/half.h"
 #include "fusetrain/io/hf_dir.h"
 #include "models/family.h"
+#include "onnx/import.h"
 
 namespace fusetrain::models {
 
@@ -100,6 +101,29 @@ std::unique_ptr<Model> Model::from_config(const nlohmann::json& config_or_path, 
   m->params_ = layout_parameters(*m->family_);
   m->aliases_ = m->family_->tied();
   initialise(*m->params_, *m->family_, seed);
+  return m;
+}
+
+std::unique_ptr<Model> Model::from_onnx(const std::string& path, const std::string& task,
+                                        const onnx_import::ImportOptions& options) {
+  const Head head = head_for_task(task);
+  const std::filesystem::path config_path = std::filesystem::path(path).parent_path() / "config.json";
+  nlohmann::json config = std::filesystem::exists(config_path) ? io::read_json_file(config_path.string())
+                                                                : nlohmann::json::object();
+  std::unique_ptr<Model> m(new Model());
+  m->config_ = config;
+  m->architecture_ = config.contains("architectures") && config["architectures"].is_array() &&
+                             !config["architectures"].empty() && config["architectures"][0].is_string()
+                         ? config["architectures"][0].get<std::string>()
+                         : "OnnxModel";
+  m->model_type_ = config.value("model_type", std::string("onnx"));
+  m->onnx_info_ = std::make_unique<ArchitectureInfo>(
+      ArchitectureInfo{m->architecture_.c_str(), m->model_type_.c_str(), head, nullptr});
+  m->architecture_info_ = m->onnx_info_.get();
+  m->family_ = onnx_import::make_onnx_family(path, head, config, options);
+  m->params_ = layout_parameters(*m->family_);
+  for (const auto& [name, value] : m->family_->initial_values())
+    std::memcpy(m->params_->param(name).data(), value.data(), size_t(value.nbytes()));
   return m;
 }
 
@@ -201,6 +225,8 @@ int64_t max_positions(const nlohmann::json& config) {
 }
 
 bool Model::decays(const std::string& name) const {
+  // An imported graph's names need not follow transformers: its vectors are its biases and norm weights.
+  if (imported_from_onnx()) return params_->param(name).shape().rank() > 1;
   if (name.find("bias") != std::string::npos) return false;
   for (const char* norm : {"LayerNorm", "layer_norm", "ln_1.", "ln_2.", "ln_f."})
     if (name.find(norm) != std::string::npos) return false;
@@ -249,6 +275,24 @@ void Model::load_state_dict(const std::map<std::string, Tensor>& tensors, bool s
 }
 
 void Model::save_pretrained(const std::string& dir) const {
+  if (imported_from_onnx()) {
+    // A transformers directory needs transformers' parameter names; an exporter that folded transposes or
+    // deduplicated tensors wrote names of its own (onnx::MatMul_12, val_34), which no transformers class reads.
+    std::vector<std::string> generated;
+    for (const runtime::ParamSlot& slot : params_->slots())
+      if (slot.name.find("::") != std::string::npos || slot.name.find('.') == std::string::npos)
+        generated.push_back(slot.name);
+    if (!generated.empty()) {
+      std::string names;
+      for (size_t k = 0; k < generated.size() && k < 5; ++k) names += (k ? ", " : "") + generated[k];
+      throw Error(str("cannot write ", dir, " as a transformers model: ", generated.size(), " of the ONNX graph's ",
+                      "parameters are not under transformers names (", names, generated.size() > 5 ? ", ..." : "",
+                      "); export with do_constant_folding=False (TorchScript) or optimize=False (dynamo) to keep ",
+                      "them, or write the trained graph as ONNX"));
+    }
+    FT_CHECK(config_.contains("model_type"), "cannot write ", dir, " as a transformers model: there is no ",
+             "config.json beside the ONNX file to say which model it is");
+  }
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (size_t i = 0; i < params_->slots().size(); ++i)
     tensors.emplace_back(params_->slots()[i].name, params_->param(i));
@@ -304,8 +348,10 @@ compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
   compile::Program& program =
       programs_.insert(key, compile::compile(std::move(built.graph), std::move(roles), *params_, options));
   // Defaults for inputs the caller may leave out: all-ones mask, zero token types.
-  Tensor mask = program.plan->input(InputNames::attention_mask);
-  std::fill(mask.data_as<int64_t>(), mask.data_as<int64_t>() + mask.numel(), int64_t{1});
+  if (program.plan->has_input(InputNames::attention_mask)) {
+    Tensor mask = program.plan->input(InputNames::attention_mask);
+    std::fill(mask.data_as<int64_t>(), mask.data_as<int64_t>() + mask.numel(), int64_t{1});
+  }
   return program;
 }
 
@@ -335,7 +381,6 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
   runtime::Plan& plan = *program.plan;
   const ir::ValueId logits = program.roles.outputs.empty() ? ir::kNone : program.roles.outputs[0];
   const int64_t* id_data = ids.data_as<int64_t>();
-  plan.bind_input(InputNames::input_ids, ids.data());
 
   auto bind_optional = [&](const char* name, const Tensor& t) {
     if (t.data() == nullptr) {
@@ -345,8 +390,8 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     require_ids(t, name, B, T);
     plan.bind_input(name, t.data());
   };
-  bind_optional(InputNames::attention_mask, batch.attention_mask);
   if (batch.attention_mask.data() != nullptr) {
+    require_ids(batch.attention_mask, InputNames::attention_mask, B, T);
     // The graph turns the mask into an additive bias, (1 - m) * min: any value but 0 or 1 would silently become
     // NaN (large values), a full mask (2) or a reweighting (negative values).
     const int64_t* mask = batch.attention_mask.data_as<int64_t>();
@@ -354,16 +399,24 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
       FT_CHECK(mask[i] == 0 || mask[i] == 1, "attention_mask: value ", mask[i], " at (", i / T, ", ", i % T,
                "); expected 1 for a token to attend to and 0 for padding");
   }
-  if (family->uses_token_type_ids())
-    bind_optional(InputNames::token_type_ids, batch.token_type_ids);
-  else
-    FT_CHECK(batch.token_type_ids.data() == nullptr, architecture_, " does not take token_type_ids");
-  if (batch.position_ids.data() != nullptr) {
-    require_ids(batch.position_ids, "position_ids", B, T);
-    plan.bind_input(InputNames::position_ids, batch.position_ids.data());
+  if (family->uses_token_type_ids()) {
+    if (batch.token_type_ids.data() != nullptr) require_ids(batch.token_type_ids, InputNames::token_type_ids, B, T);
   } else {
-    plan.bind_input(InputNames::position_ids, nullptr);
-    family->default_position_ids(id_data, B, T, plan.input(InputNames::position_ids).data_as<int64_t>());
+    FT_CHECK(batch.token_type_ids.data() == nullptr, architecture_, " does not take token_type_ids");
+  }
+  if (batch.position_ids.data() != nullptr) require_ids(batch.position_ids, "position_ids", B, T);
+  if (family->binds_inputs()) {
+    family->bind_inputs(plan, batch);
+  } else {
+    plan.bind_input(InputNames::input_ids, ids.data());
+    bind_optional(InputNames::attention_mask, batch.attention_mask);
+    if (family->uses_token_type_ids()) bind_optional(InputNames::token_type_ids, batch.token_type_ids);
+    if (batch.position_ids.data() != nullptr) {
+      plan.bind_input(InputNames::position_ids, batch.position_ids.data());
+    } else {
+      plan.bind_input(InputNames::position_ids, nullptr);
+      family->default_position_ids(id_data, B, T, plan.input(InputNames::position_ids).data_as<int64_t>());
+    }
   }
   if (family->reads_pool_index()) {
     int64_t* rows = plan.input(InputNames::pool_index).data_as<int64_t>();

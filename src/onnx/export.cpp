@@ -5,6 +5,7 @@
 // dynamic batch and sequence axes. So the graph is built twice, at two shapes, and every extent that differs
 // between the two is solved as k·B, k·T or k·B·T; those extents are computed at run time from input_ids' shape.
 #include "fusetrain/onnx/export.h"
+#include "fusetrain/onnx/import.h"
 
 #include <onnx/onnx_pb.h>
 
@@ -621,6 +622,14 @@ class Writer {
 }  // namespace
 
 ExportReport export_onnx(const models::Model& model, const std::string& path, const ExportOptions& options) {
+  if (model.imported_from_onnx()) {  // the graph it was imported from, with the trained initializers
+    onnx_import::save_onnx(model, path);
+    ExportReport report;
+    report.path = path;
+    report.nodes = onnx_import::graph_nodes(model);
+    report.initializers = static_cast<int64_t>(model.params().slots().size());
+    return report;
+  }
   Writer writer(model, options);
   pb::ModelProto proto = writer.write();
   const ir::Graph& g = writer.graph();

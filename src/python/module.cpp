@@ -594,6 +594,34 @@ config: a dict (the contents of a config.json) or the path of a config.json.
 seed: seeds the initialisation.
 architecture: the transformers class to build; defaults to config["architectures"][0].
 )doc")
+      .def_static(
+          "from_onnx",
+          [](const std::filesystem::path& path, const std::string& task, std::vector<std::string> frozen,
+             bool tie_identical) {
+            std::unique_ptr<models::Model> model;
+            onnx_import::ImportOptions options;
+            options.frozen = std::move(frozen);
+            options.tie_identical = tie_identical;
+            {
+              py::gil_scoped_release release;
+              model = models::Model::from_onnx(path.string(), task, options);
+            }
+            return wrap(std::move(model));
+          },
+          "path"_a, "task"_a, "frozen"_a = std::vector<std::string>{}, "tie_identical"_a = true, R"doc(
+Trains a graph exported to ONNX (torch.onnx.export with either exporter, fusetrain export, Optimum).
+
+task: what to train it for: "seq-cls", "token-cls", "qa", "mlm" or "clm"; its loss is appended to
+    the graph's logits output (start_logits and end_logits for "qa").
+frozen: names of float initializers to keep fixed; every other float initializer with more than
+    one element is a parameter, under its initializer name.
+tie_identical: train a float initializer equal to an earlier one, or to its transpose, as that
+    parameter: exporters fold the transpose of a shared weight into a copy per use (a tied LM head,
+    ALBERT's shared layer). Tensors of one repeated value are never tied.
+config.json beside the file, when present, gives num_labels, problem_type and the longest sequence.
+Raises ValueError listing every node whose op cannot be imported. export_onnx then writes the same
+graph with the trained initializers.
+)doc")
       .def("zero_grad", &zero_grads, "Sets every gradient to zero.")
       .def(
           "state_dict_names", [](const PyModel& self) { return self.model->state_dict_names(); },

@@ -233,6 +233,12 @@ Tensor Plan::input(const std::string& name) const {
   throw Error(str("plan has no input named \"", name, "\" (inputs: ", known, ")"));
 }
 
+bool Plan::has_input(const std::string& name) const {
+  for (const InputBinding& b : inputs_)
+    if (b.name == name) return true;
+  return false;
+}
+
 void Plan::bind_input(const std::string& name, const void* data) {
   for (InputBinding& b : inputs_)
     if (b.name == name) {

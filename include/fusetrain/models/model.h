@@ -12,6 +12,7 @@
 #include "fusetrain/core/tensor.h"
 #include "fusetrain/ir/graph.h"
 #include "fusetrain/models/registry.h"
+#include "fusetrain/onnx/import.h"
 #include "fusetrain/runtime/parameters.h"
 #include "fusetrain/runtime/plan.h"
 
@@ -97,6 +98,13 @@ class Model {
   static std::unique_ptr<Model> from_pretrained(const io::HfModelDir& dir, const std::string& architecture = "",
                                                 const nlohmann::json& config_overrides = nlohmann::json::object(),
                                                 uint64_t init_seed = 0);
+  /// A graph exported to ONNX (torch.onnx.export, fusetrain export, Optimum), trained as `task` ("seq-cls",
+  /// "token-cls", "qa", "mlm", "clm"): its float initializers are the parameters (but those named in `frozen`),
+  /// the task's loss is appended to its logits, and it compiles through the same passes as a built model.
+  /// config.json beside the file, when present, gives num_labels, problem_type and max_position_embeddings.
+  /// Throws Error listing every node whose op fusetrain cannot import.
+  static std::unique_ptr<Model> from_onnx(const std::string& path, const std::string& task,
+                                          const onnx_import::ImportOptions& options = {});
   /// Fresh weights from a config (a JSON object or a config.json path), initialised as the
   /// architecture does in transformers (normal(0, initializer_range), zero biases, unit LayerNorm).
   static std::unique_ptr<Model> from_config(const nlohmann::json& config, uint64_t seed = 0,
@@ -110,6 +118,10 @@ class Model {
   const std::string& model_type() const { return model_type_; }
   /// The registry's row for this model: its head, what it returns, the task it trains.
   const ArchitectureInfo& architecture_info() const { return *architecture_info_; }
+  /// Whether the model was imported from an ONNX graph (from_onnx).
+  bool imported_from_onnx() const { return onnx_info_ != nullptr; }
+  /// The family that builds this model's graphs (src/models/family.h).
+  const Family& family() const { return *family_; }
   /// The longest sequence the model takes (its position embeddings; RoBERTa's two padding offsets left out).
   int64_t max_positions() const;
   /// Whether the architecture reads token_type_ids (BERT and RoBERTa do).
@@ -205,6 +217,7 @@ class Model {
   std::string architecture_;
   std::string model_type_;
   const ArchitectureInfo* architecture_info_ = nullptr;
+  std::unique_ptr<ArchitectureInfo> onnx_info_;  // an imported graph's row, which the registry does not hold
   std::unique_ptr<Family> family_;  // built once from config_: the graphs, initialisation and position rules
   std::unique_ptr<runtime::ParameterStore> params_;
   std::map<std::string, std::string> aliases_;  // tied name -> stored name

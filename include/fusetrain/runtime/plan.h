@@ -56,6 +56,8 @@ class Plan {
 
   /// The plan-owned buffer of input `name`; write the step's data into it.
   Tensor input(const std::string& name) const;
+  /// Whether the plan reads an input called `name` (the passes may drop an input nothing uses).
+  bool has_input(const std::string& name) const;
   /// Points input `name` at caller memory for the following steps (zero copy);
   /// `data` must hold the input's shape and dtype and stay alive while used.
   void bind_input(const std::string& name, const void* data);

@@ -1,0 +1,35 @@
+// ONNX import: train a graph exported to ONNX (models::Model::from_onnx), and write the trained weights back
+// into the same graph.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fusetrain::models {
+class Model;
+}
+
+namespace fusetrain::onnx_import {
+
+/// How an ONNX graph becomes a trainable model.
+struct ImportOptions {
+  /// Float initializers to keep fixed (constants instead of parameters). Every other float initializer with more
+  /// than one element is a parameter; integer, bool and single-element initializers are always constants.
+  std::vector<std::string> frozen;
+  /// Trains a float initializer equal to an earlier one, or to its transpose, as that parameter. Exporters that
+  /// fold the transpose of a shared weight write a copy per use (a tied LM head next to its word embeddings,
+  /// ALBERT's shared layer); tying restores the sharing, as PyTorch trains it. Tensors of one repeated value (a
+  /// fresh bias or norm weight) are never tied: they are equal by chance.
+  bool tie_identical = true;
+};
+
+/// Writes the ONNX graph `model` was imported from to `path` with its current parameters as the initializers
+/// (everything else as read). Throws Error for a model not imported from ONNX, or one whose weights hold inf or
+/// NaN (nothing is written then).
+void save_onnx(const models::Model& model, const std::string& path);
+
+/// The number of nodes of the ONNX graph `model` was imported from (0 for a model built natively).
+int64_t graph_nodes(const models::Model& model);
+
+}  // namespace fusetrain::onnx_import

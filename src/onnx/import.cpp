@@ -1,0 +1,993 @@
+// ONNX import (see import.h and docs/architecture.md, "ONNX import"). A graph is bound to one batch shape per
+// build: every node whose operands are known then (initializers that are not parameters, constants, shapes) is
+// folded on the host; every node that reads only the batch (masks, position ids, pooled rows) runs on the host
+// per batch and hands its result to the plan as an input; every node that reads a parameter maps to IR ops
+// through the op-mapping table below.
+#include "onnx/import.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "fusetrain/core/dtype.h"
+#include "fusetrain/core/error.h"
+#include "fusetrain/io/safetensors.h"
+#include "fusetrain/models/model.h"
+#include "models/family.h"
+#include "onnx/host_eval.h"
+
+namespace fusetrain::onnx_import {
+
+using ir::ValueId;
+using models::Batch;
+using models::BatchSpec;
+using models::BuiltGraph;
+using models::Head;
+using onnx::NodeProto;
+
+namespace {
+
+/// The ONNX graph inputs fusetrain feeds, from the batch.
+const char* const kBatchInputs[] = {"input_ids", "attention_mask", "token_type_ids", "position_ids"};
+
+bool is_batch_input(const std::string& name) {
+  for (const char* s : kBatchInputs)
+    if (name == s) return true;
+  return false;
+}
+
+/// How a host value reaches the plan: as it is, or transformed first.
+enum class Feed : uint8_t {
+  AsIs,        ///< the value, as f32 or i64
+  Keep,        ///< Where's condition as 1/0 (f32)
+  Drop,        ///< its complement, 0/1 (f32)
+  DropTimes,   ///< (1 - condition) · scalar (f32): Where's constant branch
+  FlatTuples,  ///< GatherND's index tuples as flat row numbers (i64)
+  Elements,    ///< GatherElements' indices as flat element numbers of the data (i64)
+};
+
+struct HostFeed {
+  std::string input;  ///< the IR input's name
+  int value = -1;     ///< the ONNX value it reads
+  Feed feed = Feed::AsIs;
+  bool as_float = true;              ///< f32 (else i64)
+  double scalar = 0;                 ///< DropTimes' scalar
+  std::vector<int64_t> tuple_dims;   ///< FlatTuples: the extents the tuples index; Elements: the data's shape
+  std::vector<float> const_f;        ///< the data of a feed from a constant, computed once
+  std::vector<int64_t> const_i;
+  bool constant = false;
+};
+
+/// What a build learned for one batch shape: the batch-dependent host nodes and the inputs they feed.
+struct HostProgram {
+  std::vector<HostTensor> consts;   ///< by value id: the constants batch-dependent nodes read
+  std::vector<bool> has_const;      ///< which entries of consts are set
+  std::vector<int> nodes;           ///< batch-dependent nodes, in order
+  std::vector<HostFeed> feeds;
+};
+
+void fill_feed(const HostFeed& f, const HostTensor& v, void* out) {
+  const int64_t n = v.numel();
+  if (f.feed == Feed::Elements) {  // element (p0, .., idx, .., pr) of the data, axis = scalar
+    const std::vector<int64_t> idx = v.ints();
+    const std::vector<int64_t>& dims = f.tuple_dims;
+    const size_t r = dims.size(), axis = size_t(f.scalar);
+    std::vector<int64_t> pos(r, 0);
+    int64_t* o = static_cast<int64_t*>(out);
+    for (int64_t k = 0; k < n; ++k) {
+      int64_t flat = 0;
+      for (size_t ax = 0; ax < r; ++ax) {
+        int64_t p = pos[ax];
+        if (ax == axis) {
+          p = idx[size_t(k)];
+          if (p < 0) p += dims[ax];
+          FT_CHECK(p >= 0 && p < dims[ax], "GatherElements: index ", idx[size_t(k)], " is out of range for ", dims[ax]);
+        }
+        flat = flat * dims[ax] + p;
+      }
+      o[k] = flat;
+      for (size_t ax = r; ax-- > 0;) {
+        if (++pos[ax] < v.shape[ax]) break;
+        pos[ax] = 0;
+      }
+    }
+    return;
+  }
+  if (f.feed == Feed::FlatTuples) {
+    const std::vector<int64_t> idx = v.ints();
+    const int64_t m = int64_t(f.tuple_dims.size());
+    int64_t* o = static_cast<int64_t*>(out);
+    for (int64_t t = 0; t < n / m; ++t) {
+      int64_t flat = 0;
+      for (int64_t k = 0; k < m; ++k) {
+        int64_t x = idx[size_t(t * m + k)];
+        const int64_t dim = f.tuple_dims[size_t(k)];
+        if (x < 0) x += dim;
+        FT_CHECK(x >= 0 && x < dim, "GatherND: index ", idx[size_t(t * m + k)], " is out of range for ", dim);
+        flat = flat * dim + x;
+      }
+      o[t] = flat;
+    }
+    return;
+  }
+  if (!f.as_float) {
+    const std::vector<int64_t> idx = v.ints();
+    std::memcpy(out, idx.data(), size_t(n) * sizeof(int64_t));
+    return;
+  }
+  float* o = static_cast<float*>(out);
+  for (int64_t k = 0; k < n; ++k) {
+    const double x = v.at(k);
+    switch (f.feed) {
+      case Feed::Keep:
+        o[k] = x != 0 ? 1.0f : 0.0f;
+        break;
+      case Feed::Drop:
+        o[k] = x != 0 ? 0.0f : 1.0f;
+        break;
+      case Feed::DropTimes:
+        o[k] = x != 0 ? 0.0f : float(f.scalar);
+        break;
+      default:
+        o[k] = v.is_float() ? v.f[size_t(k)] : float(v.i[size_t(k)]);
+        break;
+    }
+  }
+}
+
+class OnnxFamily final : public models::Family {
+ public:
+  OnnxFamily(const std::string& path, Head head, nlohmann::json config, const ImportOptions& options);
+
+  BuiltGraph build(const BatchSpec& spec) const override;
+  models::ParamInit init(const std::string&) const override { return {models::Init::Zeros}; }
+  std::map<std::string, std::string> tied() const override { return {}; }
+  std::string base_prefix() const override { return ""; }
+  std::vector<std::string> head_prefixes() const override { return {}; }
+  bool uses_token_type_ids() const override { return has_input("token_type_ids"); }
+  int64_t max_positions() const override { return max_positions_; }
+  bool binds_inputs() const override { return true; }
+  void bind_inputs(runtime::Plan& plan, const Batch& batch) const override;
+  std::map<std::string, Tensor> initial_values() const override;
+
+  const onnx::ModelProto& proto() const { return proto_; }
+  bool is_param(const std::string& name) const { return params_.count(name) > 0 || tied_.count(name) > 0; }
+  /// The parameter an initializer trains as: itself, or the identical initializer it is tied to.
+  const std::string& param_name(const std::string& name) const {
+    auto it = tied_.find(name);
+    return it == tied_.end() ? name : it->second;
+  }
+  bool tied_transposed(const std::string& name) const { return tied_transposed_.count(name) > 0; }
+
+ private:
+  bool has_input(const std::string& name) const {
+    return std::find(inputs_.begin(), inputs_.end(), name) != inputs_.end();
+  }
+  int id(const std::string& name) const { return name.empty() ? -1 : ids_.at(name); }
+
+  onnx::ModelProto proto_;
+  std::string dir_;
+  nlohmann::json config_;
+  std::map<std::string, int> ids_;           // every value name -> id
+  std::vector<std::string> names_;           // id -> name
+  std::map<std::string, HostTensor> inits_;  // every initializer
+  std::set<std::string> params_;             // the trainable ones
+  std::map<std::string, std::string> tied_;  // initializer -> the identical parameter it trains as (tie_identical)
+  std::set<std::string> tied_transposed_;    // the tied initializers that hold their parameter transposed
+  std::vector<std::string> inputs_;          // graph inputs fusetrain feeds
+  int64_t max_positions_ = int64_t{1} << 40;
+  mutable std::map<std::pair<int64_t, int64_t>, std::shared_ptr<HostProgram>> programs_;
+};
+
+// ---- one build ----------------------------------------------------------------------------------------------
+
+enum class Kind : uint8_t { Unset, Const, Batch, Param, Ir, IsNaNOf, Failed };
+
+struct Unsupported {
+  std::string where, why;
+};
+
+class Builder {
+ public:
+  Builder(const OnnxFamily& family, const std::vector<std::string>& names, const std::map<std::string, int>& ids,
+          const BatchSpec& spec, ir::Graph& graph, HostProgram& program)
+      : f_(family), names_(names), ids_(ids), spec_(spec), graph_(graph), b_(graph), prog_(program) {
+    const size_t n = names.size();
+    kind_.assign(n, Kind::Unset);
+    ir_.assign(n, ir::kNone);
+    host_.resize(n);
+    nan_source_.assign(n, -1);
+    prog_.consts.resize(n);
+    prog_.has_const.assign(n, false);
+  }
+
+  void set_const(int v, HostTensor t) {
+    kind_[size_t(v)] = Kind::Const;
+    host_[size_t(v)] = std::move(t);
+  }
+  void set_batch(int v, HostTensor dummy) {
+    kind_[size_t(v)] = Kind::Batch;
+    host_[size_t(v)] = std::move(dummy);
+  }
+  /// A parameter; `same` is the value of the parameter it is tied to (-1: none).
+  void set_param(int v, const std::vector<int64_t>& shape, int same = -1, bool transposed = false) {
+    kind_[size_t(v)] = Kind::Param;
+    host_[size_t(v)].shape = shape;
+    if (same >= 0) tied_to_[v] = {same, transposed};
+  }
+
+  void node(const NodeProto& node, int64_t index);
+  /// Keeps, in the program, the constants its batch-dependent nodes read.
+  void finish(const onnx::GraphProto& g) {
+    for (int k : prog_.nodes)
+      for (const std::string& i : g.node(k).input())
+        if (!i.empty() && kind(ids_.at(i)) == Kind::Const) {
+          prog_.consts[size_t(ids_.at(i))] = host_[size_t(ids_.at(i))];
+          prog_.has_const[size_t(ids_.at(i))] = true;
+        }
+  }
+  ValueId output(int v, const std::string& name);
+  const std::vector<Unsupported>& unsupported() const { return unsupported_; }
+  ir::GraphBuilder& builder() { return b_; }
+
+ private:
+  int in_id(const NodeProto& n, int k) const {
+    return k < n.input_size() && !n.input(k).empty() ? ids_.at(n.input(k)) : -1;
+  }
+  Kind kind(int v) const { return v < 0 ? Kind::Unset : kind_[size_t(v)]; }
+  bool is_host(int v) const { return kind(v) == Kind::Const || kind(v) == Kind::Batch; }
+  bool is_ir(int v) const { return kind(v) == Kind::Ir || kind(v) == Kind::Param; }
+  const HostTensor& const_of(const NodeProto& n, int k, const char* what);
+  bool scalar_const(int v, double& value) const {
+    if (kind(v) != Kind::Const || host_[size_t(v)].numel() != 1) return false;
+    value = host_[size_t(v)].at(0);
+    return true;
+  }
+  std::vector<int64_t> shape_of(int v) const {
+    if (is_ir(v) && ir_[size_t(v)] != ir::kNone) {
+      const Shape& s = graph_.value(ir_[size_t(v)]).shape;
+      return std::vector<int64_t>(s.dims().begin(), s.dims().end());
+    }
+    return host_[size_t(v)].shape;
+  }
+  ValueId ir_of(int v, bool as_float = true);
+  ValueId feed(int v, Feed how, bool as_float, double scalar = 0, std::vector<int64_t> tuple_dims = {});
+  void set_ir(const NodeProto& n, int k, ValueId x) {
+    const int v = ids_.at(n.output(k));
+    kind_[size_t(v)] = Kind::Ir;
+    ir_[size_t(v)] = x;
+  }
+  void fail(const NodeProto& n, int64_t index, const std::string& why) {
+    unsupported_.push_back({node_label(n, index), why});
+    for (const std::string& o : n.output())
+      if (!o.empty()) kind_[size_t(ids_.at(o))] = Kind::Failed;
+  }
+  void map_ir(const NodeProto& n, int64_t index);
+  ValueId binary(const NodeProto& n, int a, int b);
+  ValueId where(const NodeProto& n, int64_t index);
+
+  const OnnxFamily& f_;
+  const std::vector<std::string>& names_;
+  const std::map<std::string, int>& ids_;
+  const BatchSpec& spec_;
+  ir::Graph& graph_;
+  ir::GraphBuilder b_;
+  HostProgram& prog_;
+  std::vector<Kind> kind_;
+  std::vector<ValueId> ir_;
+  std::vector<HostTensor> host_;
+  std::vector<int> nan_source_;
+  std::map<int, std::pair<int, bool>> tied_to_;  // a tied initializer -> (its parameter, held transposed)
+  std::map<std::string, ValueId> feeds_;
+  std::vector<Unsupported> unsupported_;
+};
+
+const HostTensor& Builder::const_of(const NodeProto& n, int k, const char* what) {
+  const int v = in_id(n, k);
+  if (kind(v) != Kind::Const)
+    throw Error(str(what, " (input ", k, " \"", k < n.input_size() ? n.input(k) : "", "\") must be a constant; ",
+                    kind(v) == Kind::Batch ? "it depends on the batch's values" : "it is computed from parameters"));
+  return host_[size_t(v)];
+}
+
+ValueId Builder::feed(int v, Feed how, bool as_float, double scalar, std::vector<int64_t> tuple_dims) {
+  static const char* kSuffix[] = {"", ":keep", ":drop", ":drop_times", ":flat", ":elements"};
+  const std::string name = "onnx:" + names_[size_t(v)] + kSuffix[int(how)] + (as_float ? "" : ":i64");
+  auto it = feeds_.find(name);
+  if (it != feeds_.end()) return it->second;
+  const HostTensor& h = host_[size_t(v)];
+  std::vector<int64_t> shape = h.shape;
+  if (how == Feed::FlatTuples) shape.pop_back();
+  HostFeed f;
+  f.input = name;
+  f.value = v;
+  f.feed = how;
+  f.as_float = as_float;
+  f.scalar = scalar;
+  f.tuple_dims = std::move(tuple_dims);
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  if (kind(v) == Kind::Const) {
+    f.constant = true;
+    if (as_float) {
+      f.const_f.resize(size_t(n));
+      fill_feed(f, h, f.const_f.data());
+    } else {
+      f.const_i.resize(size_t(n));
+      fill_feed(f, h, f.const_i.data());
+    }
+  }
+  prog_.feeds.push_back(std::move(f));
+  const ValueId x = b_.input(name, Shape(shape), as_float ? DType::f32 : DType::i64);
+  feeds_[name] = x;
+  return x;
+}
+
+ValueId Builder::ir_of(int v, bool as_float) {
+  if (kind(v) == Kind::Param) {
+    if (tied_to_.count(v)) {
+      if (ir_[size_t(v)] == ir::kNone) {
+        const auto [same, transposed] = tied_to_.at(v);
+        ir_[size_t(v)] = transposed ? b_.transpose(ir_of(same), {1, 0}) : ir_of(same);
+      }
+      return ir_[size_t(v)];
+    }
+    if (ir_[size_t(v)] == ir::kNone) ir_[size_t(v)] = b_.param(names_[size_t(v)], Shape(host_[size_t(v)].shape));
+    return ir_[size_t(v)];
+  }
+  if (kind(v) == Kind::Ir) return ir_[size_t(v)];
+  FT_CHECK(is_host(v), "value \"", names_[size_t(v)], "\" is not available");
+  return feed(v, Feed::AsIs, as_float);
+}
+
+ValueId Builder::binary(const NodeProto& n, int a, int bv) {
+  const std::string& op = n.op_type();
+  double c = 0;
+  if (scalar_const(bv, c)) {
+    if (op == "Mul") return b_.scale(ir_of(a), c);
+    if (op == "Div") return b_.scale(ir_of(a), 1.0 / c);
+    const ValueId k = b_.fill(Shape{1}, c);
+    return op == "Add" ? b_.add(ir_of(a), k) : b_.sub(ir_of(a), k);
+  }
+  if (scalar_const(a, c)) {
+    if (op == "Mul") return b_.scale(ir_of(bv), c);
+    if (op == "Add") return b_.add(b_.fill(Shape{1}, c), ir_of(bv));
+    const ValueId k = b_.fill(Shape{1}, c);
+    return op == "Sub" ? b_.sub(k, ir_of(bv)) : b_.div(k, ir_of(bv));
+  }
+  const ValueId x = ir_of(a), y = ir_of(bv);
+  if (op == "Add") return b_.add(x, y);
+  if (op == "Sub") return b_.sub(x, y);
+  if (op == "Mul") return b_.mul(x, y);
+  return b_.div(x, y);
+}
+
+// Where(c, x, y) with a host condition as x·c + y·(1 − c), the constant branch folded into one host addend;
+// Where(IsNaN(v), 0, v) (softmax's fully masked rows) is v itself, whose values are finite.
+ValueId Builder::where(const NodeProto& n, int64_t index) {
+  const int c = in_id(n, 0), x = in_id(n, 1), y = in_id(n, 2);
+  double zero = 1;
+  if (kind(c) == Kind::IsNaNOf && scalar_const(x, zero) && zero == 0 && nan_source_[size_t(c)] == y) return ir_of(y);
+  if (!is_host(c)) {
+    fail(n, index, "the condition is computed from parameters (only a condition from the batch or constants, or "
+                   "Where(IsNaN(x), 0, x), is supported)");
+    return ir::kNone;
+  }
+  double sx = 0, sy = 0;
+  const ValueId taken = scalar_const(x, sx) ? b_.scale(feed(c, Feed::Keep, true), sx)
+                                            : b_.mul(ir_of(x), feed(c, Feed::Keep, true));
+  const ValueId other = scalar_const(y, sy) ? feed(c, Feed::DropTimes, true, sy)
+                                            : b_.mul(ir_of(y), feed(c, Feed::Drop, true));
+  return b_.add(taken, other);
+}
+
+void Builder::node(const NodeProto& n, int64_t index) {
+  const std::string& op = n.op_type();
+  if (!n.domain().empty() && n.domain() != "ai.onnx") {
+    fail(n, index, str("domain \"", n.domain(), "\" (only the default ONNX domain is supported)"));
+    return;
+  }
+  bool any_ir = false, any_batch = false, any_failed = false;
+  for (int k = 0; k < n.input_size(); ++k) {
+    const Kind kd = kind(in_id(n, k));
+    any_ir |= kd == Kind::Ir || kd == Kind::Param || kd == Kind::IsNaNOf;
+    any_batch |= kd == Kind::Batch;
+    any_failed |= kd == Kind::Failed;
+  }
+  if (any_failed) {  // downstream of an op already reported
+    for (const std::string& o : n.output())
+      if (!o.empty()) kind_[size_t(ids_.at(o))] = Kind::Failed;
+    return;
+  }
+  if (op == "Shape" || op == "Size") {  // static for the batch shape, whatever computes the operand
+    HostTensor proxy = HostTensor::zeros(HostType::I64, shape_of(in_id(n, 0)));
+    std::vector<const HostTensor*> in{&proxy};
+    set_const(ids_.at(n.output(0)), eval_host(n, in)[0]);
+    return;
+  }
+  if (any_ir) {
+    if (op == "IsNaN") {
+      const int v = ids_.at(n.output(0));
+      kind_[size_t(v)] = Kind::IsNaNOf;
+      nan_source_[size_t(v)] = in_id(n, 0);
+      return;
+    }
+    try {
+      map_ir(n, index);
+    } catch (const Error& e) {
+      fail(n, index, e.what());
+    }
+    return;
+  }
+  if (!host_supports(op)) {
+    fail(n, index, "no host evaluation for this op");
+    return;
+  }
+  std::vector<const HostTensor*> in;
+  for (int k = 0; k < n.input_size(); ++k) {
+    const int v = in_id(n, k);
+    in.push_back(v < 0 ? nullptr : &host_[size_t(v)]);
+  }
+  std::vector<HostTensor> out;
+  try {
+    out = eval_host(n, in);
+  } catch (const Error& e) {
+    fail(n, index, e.what());
+    return;
+  }
+  for (size_t k = 0; k < out.size() && int(k) < n.output_size(); ++k) {
+    if (n.output(int(k)).empty()) continue;
+    const int v = ids_.at(n.output(int(k)));
+    if (any_batch)
+      set_batch(v, std::move(out[k]));
+    else
+      set_const(v, std::move(out[k]));
+  }
+  if (any_batch) prog_.nodes.push_back(int(index));
+}
+
+void Builder::map_ir(const NodeProto& n, int64_t index) {
+  const std::string& op = n.op_type();
+  const int x = in_id(n, 0);
+  auto in_shape = [&](int k) { return shape_of(in_id(n, k)); };
+  if (op == "Add" || op == "Sub" || op == "Mul" || op == "Div") {
+    set_ir(n, 0, binary(n, x, in_id(n, 1)));
+  } else if (op == "MatMul") {
+    FT_CHECK(in_shape(0).size() >= 2 && in_shape(1).size() >= 2, "MatMul of a 1-D operand is not supported");
+    set_ir(n, 0, b_.matmul(ir_of(x), ir_of(in_id(n, 1))));
+  } else if (op == "Gemm") {
+    const bool ta = attr_int(n, "transA", 0) != 0, tb = attr_int(n, "transB", 0) != 0;
+    const double alpha = attr_float(n, "alpha", 1.0f), beta = attr_float(n, "beta", 1.0f);
+    const int c = in_id(n, 2);
+    ValueId y;
+    if (tb && !ta && alpha == 1.0 && (c < 0 || beta == 1.0) && (c < 0 || in_shape(2).size() == 1)) {
+      y = b_.linear(ir_of(x), ir_of(in_id(n, 1)), c < 0 ? ir::kNone : ir_of(c));
+    } else {
+      y = b_.matmul(ir_of(x), ir_of(in_id(n, 1)), ta, tb);
+      if (alpha != 1.0) y = b_.scale(y, alpha);
+      if (c >= 0) y = b_.add(y, beta == 1.0 ? ir_of(c) : b_.scale(ir_of(c), beta));
+    }
+    set_ir(n, 0, y);
+  } else if (op == "Pow") {
+    double e = 0;
+    FT_CHECK(scalar_const(in_id(n, 1), e), "the exponent must be a single constant");
+    set_ir(n, 0, b_.graph().add(ops::OpKind::Pow, {ir_of(x)}, {{"exponent", e}}));
+  } else if (op == "Sqrt" || op == "Erf" || op == "Tanh" || op == "Relu") {
+    const ir::OpKind k = op == "Sqrt" ? ops::OpKind::Sqrt : op == "Erf" ? ops::OpKind::Erf
+                         : op == "Tanh" ? ops::OpKind::Tanh : ops::OpKind::Relu;
+    set_ir(n, 0, b_.graph().add(k, {ir_of(x)}));
+  } else if (op == "Neg") {
+    set_ir(n, 0, b_.scale(ir_of(x), -1.0));
+  } else if (op == "Reciprocal") {
+    set_ir(n, 0, b_.div(b_.fill(Shape{1}, 1.0), ir_of(x)));
+  } else if (op == "Softmax") {
+    const int64_t r = int64_t(in_shape(0).size());
+    int64_t axis = attr_int(n, "axis", -1);
+    if (axis < 0) axis += r;
+    FT_CHECK(axis == r - 1, "softmax over axis ", attr_int(n, "axis", -1), " (only the last axis is supported)");
+    set_ir(n, 0, b_.softmax(ir_of(x)));
+  } else if (op == "LayerNormalization") {
+    const int64_t r = int64_t(in_shape(0).size());
+    int64_t axis = attr_int(n, "axis", -1);
+    if (axis < 0) axis += r;
+    FT_CHECK(axis == r - 1, "normalisation over axes from ", attr_int(n, "axis", -1),
+             " (only the last axis is supported)");
+    const int64_t C = in_shape(0).back();
+    const ValueId beta = in_id(n, 2) >= 0 ? ir_of(in_id(n, 2)) : b_.fill(Shape{C}, 0.0);
+    set_ir(n, 0, b_.layer_norm(ir_of(x), ir_of(in_id(n, 1)), beta, attr_float(n, "epsilon", 1e-5f)));
+    for (int k = 1; k < n.output_size(); ++k)  // Mean and InvStdDev: only a training graph reads them
+      if (!n.output(k).empty()) kind_[size_t(ids_.at(n.output(k)))] = Kind::Failed;
+  } else if (op == "ReduceMean" || op == "ReduceSum") {
+    std::vector<int64_t> axes;
+    if (n.input_size() > 1 && !n.input(1).empty())
+      axes = const_of(n, 1, "axes").ints();
+    else
+      axes = attr_ints(n, "axes");
+    const int64_t r = int64_t(in_shape(0).size());
+    if (axes.empty())
+      for (int64_t k = 0; k < r; ++k) axes.push_back(k);
+    for (int64_t& a : axes)
+      if (a < 0) a += r;
+    const bool keep = attr_int(n, "keepdims", 1) != 0;
+    set_ir(n, 0, op == "ReduceMean" ? b_.reduce_mean(ir_of(x), axes, keep) : b_.reduce_sum(ir_of(x), axes, keep));
+  } else if (op == "Transpose") {
+    std::vector<int64_t> perm = attr_ints(n, "perm");
+    if (perm.empty())
+      for (int64_t k = int64_t(in_shape(0).size()); k-- > 0;) perm.push_back(k);
+    set_ir(n, 0, b_.transpose(ir_of(x), perm));
+  } else if (op == "Reshape") {
+    const std::vector<int64_t> target =
+        onnx_reshape_target(in_shape(0), const_of(n, 1, "the shape").ints(), attr_int(n, "allowzero", 0) != 0, n);
+    set_ir(n, 0, b_.reshape(ir_of(x), target));
+  } else if (op == "Squeeze" || op == "Unsqueeze") {
+    std::vector<int64_t> axes = n.input_size() > 1 && !n.input(1).empty() ? const_of(n, 1, "axes").ints()
+                                                                          : attr_ints(n, "axes");
+    const std::vector<int64_t> shape =
+        op == "Squeeze" ? squeeze_shape(in_shape(0), axes, n) : unsqueeze_shape(in_shape(0), axes, n);
+    set_ir(n, 0, b_.reshape(ir_of(x), shape));
+  } else if (op == "Flatten") {
+    set_ir(n, 0, b_.reshape(ir_of(x), flatten_shape(in_shape(0), attr_int(n, "axis", 1), n)));
+  } else if (op == "Identity") {
+    set_ir(n, 0, ir_of(x));
+  } else if (op == "Cast" || op == "CastLike") {
+    const bool to_float = op == "Cast" ? (attr_int(n, "to", 1) == onnx::TensorProto::FLOAT ||
+                                          attr_int(n, "to", 1) == onnx::TensorProto::DOUBLE)
+                                       : (is_ir(in_id(n, 1)) || host_[size_t(in_id(n, 1))].is_float());
+    FT_CHECK(to_float, "a cast of a computed value to a non-float type");
+    set_ir(n, 0, ir_of(x));
+  } else if (op == "Dropout") {
+    double ratio = 0.5;
+    if (n.input_size() > 1 && !n.input(1).empty()) ratio = const_of(n, 1, "the ratio").at(0);
+    bool training = false;
+    if (n.input_size() > 2 && !n.input(2).empty()) training = const_of(n, 2, "training_mode").at(0) != 0;
+    const ValueId y = ir_of(x);
+    set_ir(n, 0, training && spec_.training && ratio > 0 ? b_.dropout(y, ratio) : y);
+    if (n.output_size() > 1 && !n.output(1).empty()) kind_[size_t(ids_.at(n.output(1)))] = Kind::Failed;
+  } else if (op == "Slice") {
+    const std::vector<int64_t> starts = const_of(n, 1, "starts").ints(), ends = const_of(n, 2, "ends").ints();
+    std::vector<int64_t> axes, steps;
+    if (n.input_size() > 3 && !n.input(3).empty()) axes = const_of(n, 3, "axes").ints();
+    if (n.input_size() > 4 && !n.input(4).empty()) steps = const_of(n, 4, "steps").ints();
+    if (axes.empty())
+      for (size_t k = 0; k < starts.size(); ++k) axes.push_back(int64_t(k));
+    std::vector<int64_t> shape = in_shape(0);
+    ValueId y = ir_of(x);
+    for (size_t k = 0; k < axes.size(); ++k) {
+      FT_CHECK(steps.empty() || steps[k] == 1, "a slice with step ", steps.empty() ? 1 : steps[k],
+               " (only step 1 is supported)");
+      const int64_t ax = axes[k] < 0 ? axes[k] + int64_t(shape.size()) : axes[k];
+      const int64_t dim = shape[size_t(ax)];
+      int64_t s = starts[k], e = ends[k];
+      if (s < 0) s += dim;
+      if (e < 0) e += dim;
+      s = std::clamp<int64_t>(s, 0, dim);
+      e = std::clamp<int64_t>(e, s, dim);
+      if (s == 0 && e == dim) continue;
+      y = b_.slice(y, ax, s, e);
+    }
+    set_ir(n, 0, y);
+  } else if (op == "Gather") {
+    const int idx = in_id(n, 1);
+    FT_CHECK(is_host(idx), "indices computed from parameters");
+    const std::vector<int64_t> shape = in_shape(0);
+    const int64_t r = int64_t(shape.size());
+    int64_t axis = attr_int(n, "axis", 0);
+    if (axis < 0) axis += r;
+    const HostTensor& ih = host_[size_t(idx)];
+    double scalar = 0;
+    if (kind(idx) == Kind::Const && ih.shape.empty() && scalar_const(idx, scalar)) {
+      // One index: a slice without its axis (e.g. a pooler's first token).
+      int64_t i = int64_t(scalar);
+      if (i < 0) i += shape[size_t(axis)];
+      std::vector<int64_t> out = shape;
+      out.erase(out.begin() + axis);
+      set_ir(n, 0, b_.reshape(b_.slice(ir_of(x), axis, i, i + 1), out));
+      return;
+    }
+    FT_CHECK(axis == 0, "gathering along axis ", axis, " with an index tensor (only axis 0 is supported)");
+    ValueId data = ir_of(x);
+    int64_t rest = 1;
+    for (int64_t k = 1; k < r; ++k) rest *= shape[size_t(k)];
+    if (r != 2) data = b_.reshape(data, {shape[0], rest});
+    ValueId y = b_.embedding(data, feed(idx, Feed::AsIs, false));
+    std::vector<int64_t> out = ih.shape;
+    out.insert(out.end(), shape.begin() + 1, shape.end());
+    set_ir(n, 0, r == 2 ? y : b_.reshape(y, out));
+  } else if (op == "GatherND") {
+    FT_CHECK(attr_int(n, "batch_dims", 0) == 0, "batch_dims other than 0");
+    const int idx = in_id(n, 1);
+    FT_CHECK(is_host(idx), "indices computed from parameters");
+    const std::vector<int64_t> shape = in_shape(0), ishape = host_[size_t(idx)].shape;
+    const int64_t m = ishape.back(), r = int64_t(shape.size());
+    int64_t rows = 1, rest = 1;
+    for (int64_t k = 0; k < m; ++k) rows *= shape[size_t(k)];
+    for (int64_t k = m; k < r; ++k) rest *= shape[size_t(k)];
+    const ValueId rows_of = b_.reshape(ir_of(x), {rows, rest});
+    ValueId y = b_.embedding(rows_of, feed(idx, Feed::FlatTuples, false, 0,
+                                           std::vector<int64_t>(shape.begin(), shape.begin() + m)));
+    std::vector<int64_t> out(ishape.begin(), ishape.end() - 1);
+    out.insert(out.end(), shape.begin() + m, shape.end());
+    set_ir(n, 0, b_.reshape(y, out));
+  } else if (op == "GatherElements") {
+    // Each output element is one element of the data: an embedding lookup in the data seen as one column.
+    const int idx = in_id(n, 1);
+    FT_CHECK(is_host(idx), "indices computed from parameters");
+    const std::vector<int64_t> shape = in_shape(0), ishape = host_[size_t(idx)].shape;
+    FT_CHECK(ishape.size() == shape.size(), "indices of rank ", ishape.size(), " for data of rank ", shape.size());
+    int64_t axis = attr_int(n, "axis", 0), numel = 1;
+    if (axis < 0) axis += int64_t(shape.size());
+    for (int64_t d : shape) numel *= d;
+    const ValueId column = b_.reshape(ir_of(x), {numel, 1});
+    const ValueId y = b_.embedding(column, feed(idx, Feed::Elements, false, double(axis), shape));
+    set_ir(n, 0, b_.reshape(y, ishape));
+  } else if (op == "Concat") {
+    std::vector<ValueId> xs;
+    for (int k = 0; k < n.input_size(); ++k) xs.push_back(ir_of(in_id(n, k)));
+    int64_t axis = attr_int(n, "axis", 0);
+    if (axis < 0) axis += int64_t(in_shape(0).size());
+    set_ir(n, 0, b_.concat(xs, axis));
+  } else if (op == "Split") {
+    const std::vector<int64_t> shape = in_shape(0);
+    int64_t axis = attr_int(n, "axis", 0);
+    if (axis < 0) axis += int64_t(shape.size());
+    std::vector<int64_t> sizes;
+    if (n.input_size() > 1 && !n.input(1).empty())
+      sizes = const_of(n, 1, "split").ints();
+    else
+      sizes = attr_ints(n, "split");
+    if (sizes.empty()) {
+      const int64_t parts = n.output_size(), dim = shape[size_t(axis)];
+      const int64_t each = (dim + parts - 1) / parts;
+      for (int64_t k = 0; k < parts; ++k) sizes.push_back(std::min(each, dim - k * each));
+    }
+    const std::vector<ValueId> ys = b_.split(ir_of(x), axis, sizes);
+    for (int k = 0; k < n.output_size(); ++k) set_ir(n, k, ys[size_t(k)]);
+  } else if (op == "Where") {
+    const ValueId y = where(n, index);
+    if (y != ir::kNone) set_ir(n, 0, y);
+  } else if (op == "Tile") {
+    const std::vector<int64_t> repeats = const_of(n, 1, "repeats").ints();
+    FT_CHECK(repeats.size() == in_shape(0).size(), repeats.size(), " repeats for rank ", in_shape(0).size());
+    ValueId y = ir_of(x);
+    for (size_t ax = 0; ax < repeats.size(); ++ax)
+      if (repeats[ax] > 1) y = b_.concat(std::vector<ValueId>(size_t(repeats[ax]), y), int64_t(ax));
+    set_ir(n, 0, y);
+  } else if (op == "Expand") {
+    const std::vector<int64_t> target = const_of(n, 1, "the shape").ints();
+    const std::vector<int64_t> out = broadcast_shapes(in_shape(0), target, "Expand");
+    // A broadcast add of zeros: its gradient sums back over the broadcast axes.
+    set_ir(n, 0, out == in_shape(0) ? ir_of(x) : b_.add(ir_of(x), b_.fill(Shape(out), 0.0)));
+  } else {
+    throw Error("no mapping to fusetrain IR for this op on values computed from parameters");
+  }
+}
+
+ValueId Builder::output(int v, const std::string& name) {
+  FT_CHECK(is_ir(v), "ONNX graph output \"", name, "\" does not depend on any parameter, so there is nothing to train");
+  return ir_of(v);
+}
+
+// ---- the family -------------------------------------------------------------------------------------------------
+
+// Whether b (r, c) is a (c, r) transposed.
+bool is_transpose(const HostTensor& a, const HostTensor& b) {
+  const int64_t rows = a.shape[0], cols = a.shape[1];
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      if (a.f[size_t(i * cols + j)] != b.f[size_t(j * rows + i)]) return false;
+  return true;
+}
+
+std::string dir_of(const std::string& path) {
+  const std::filesystem::path p(path);
+  return p.has_parent_path() ? p.parent_path().string() : ".";
+}
+
+OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config, const ImportOptions& options)
+    : dir_(dir_of(path)), config_(std::move(config)) {
+  head_ = head;
+  std::ifstream in(path, std::ios::binary);
+  FT_CHECK(in.good(), "cannot open ONNX file ", path);
+  FT_CHECK(proto_.ParseFromIstream(&in), path, " is not an ONNX model (its ModelProto does not parse)");
+  const onnx::GraphProto& g = proto_.graph();
+  FT_CHECK(g.node_size() > 0, path, ": the ONNX graph has no nodes");
+  for (const auto& opset : proto_.opset_import())
+    if (opset.domain().empty() || opset.domain() == "ai.onnx")
+      FT_CHECK(opset.version() >= 13, path, ": opset ", opset.version(),
+               " (fusetrain imports opset 13 and later; re-export with opset_version=17)");
+  auto add = [&](const std::string& name) {
+    if (name.empty() || ids_.count(name)) return;
+    ids_[name] = int(names_.size());
+    names_.push_back(name);
+  };
+  for (const auto& t : g.initializer()) add(t.name());
+  for (const auto& i : g.input()) add(i.name());
+  for (const auto& n : g.node())
+    for (const std::string& o : n.output()) add(o);
+  for (const auto& n : g.node())
+    for (const std::string& i : n.input())
+      FT_CHECK(i.empty() || ids_.count(i), path, ": node \"", n.name(), "\" (", n.op_type(), ") reads \"", i,
+               "\", which no initializer, input or earlier node defines");
+  std::set<std::string> frozen(options.frozen.begin(), options.frozen.end());
+  for (const auto& t : g.initializer()) {
+    HostTensor h = read_tensor(t, dir_);
+    const bool trainable = h.is_float() && h.numel() > 1 && !frozen.count(t.name());
+    if (trainable) {
+      const int64_t bad = [&] {
+        for (size_t k = 0; k < h.f.size(); ++k)
+          if (!std::isfinite(h.f[k])) return int64_t(k);
+        return int64_t(-1);
+      }();
+      FT_CHECK(bad < 0, path, ": initializer \"", t.name(), "\" holds a non-finite value at element ", bad);
+      params_.insert(t.name());
+    }
+    frozen.erase(t.name());
+    inits_.emplace(t.name(), std::move(h));
+  }
+  if (options.tie_identical) {
+    std::vector<const std::string*> kept;
+    for (const auto& t : g.initializer()) {
+      if (!params_.count(t.name())) continue;
+      const HostTensor& h = inits_.at(t.name());
+      // A tensor of one repeated value (a fresh bias, a fresh norm weight) is equal to others by chance.
+      if (std::all_of(h.f.begin(), h.f.end(), [&](float v) { return v == h.f[0]; })) continue;
+      const std::string* same = nullptr;
+      bool transposed = false;
+      for (const std::string* k : kept) {
+        const HostTensor& o = inits_.at(*k);
+        if (o.shape == h.shape && o.f == h.f) {
+          same = k;
+          transposed = false;
+          break;
+        }
+        if (h.shape.size() == 2 && o.shape == std::vector<int64_t>{h.shape[1], h.shape[0]} && is_transpose(o, h)) {
+          same = k;
+          transposed = true;
+          break;
+        }
+      }
+      if (same) {
+        tied_[t.name()] = *same;
+        if (transposed) tied_transposed_.insert(t.name());
+        params_.erase(t.name());
+      } else {
+        kept.push_back(&inits_.find(t.name())->first);
+      }
+    }
+  }
+  if (!frozen.empty()) {
+    std::string names;
+    for (const std::string& s : frozen) names += (names.empty() ? "" : ", ") + s;
+    throw Error(str("frozen initializers not in ", path, ": ", names));
+  }
+  std::set<std::string> init_names;
+  for (const auto& t : g.initializer()) init_names.insert(t.name());
+  for (const auto& i : g.input()) {
+    if (init_names.count(i.name())) continue;
+    FT_CHECK(is_batch_input(i.name()), path, ": graph input \"", i.name(),
+             "\" is not one fusetrain feeds (expected input_ids, attention_mask, token_type_ids or position_ids)");
+    inputs_.push_back(i.name());
+  }
+  FT_CHECK(has_input("input_ids"), path, ": the graph has no input_ids input");
+  for (const char* key : {"max_position_embeddings", "n_positions"})
+    if (config_.contains(key) && config_[key].is_number_integer()) max_positions_ = config_[key].get<int64_t>();
+}
+
+std::map<std::string, Tensor> OnnxFamily::initial_values() const {
+  std::map<std::string, Tensor> out;
+  for (const std::string& name : params_) {
+    const HostTensor& h = inits_.at(name);
+    out.emplace(name, Tensor::view(const_cast<float*>(h.f.data()), Shape(h.shape), DType::f32));
+  }
+  return out;
+}
+
+// The dummy values a build evaluates batch-dependent nodes on (their shapes are what matters).
+HostTensor dummy_input(const std::string& name, int64_t B, int64_t T) {
+  HostTensor t = HostTensor::zeros(HostType::I64, {B, T});
+  if (name == "attention_mask" || name == "input_ids") std::fill(t.i.begin(), t.i.end(), 1);
+  if (name == "position_ids")
+    for (int64_t k = 0; k < B * T; ++k) t.i[size_t(k)] = k % T;
+  return t;
+}
+
+BuiltGraph OnnxFamily::build(const BatchSpec& spec) const {
+  FT_CHECK(!spec.bf16 && !spec.fp16, "mixed precision for a graph imported from ONNX is not supported (it trains in "
+                                     "f32)");
+  FT_CHECK(!spec.recompute, "activation checkpointing for a graph imported from ONNX is not supported");
+  const int64_t B = spec.batch, T = spec.seq;
+  BuiltGraph out;
+  auto program = std::make_shared<HostProgram>();
+  Builder bld(*this, names_, ids_, spec, out.graph, *program);
+  const onnx::GraphProto& g = proto_.graph();
+  for (const auto& [name, h] : inits_) {
+    const int v = ids_.at(name);
+    if (params_.count(name))
+      bld.set_param(v, h.shape);
+    else if (tied_.count(name))
+      bld.set_param(v, h.shape, ids_.at(tied_.at(name)), tied_transposed_.count(name) > 0);
+    else
+      bld.set_const(v, h);
+  }
+  for (const auto& i : g.input()) {
+    if (!is_batch_input(i.name()) || inits_.count(i.name())) continue;
+    const auto& dims = i.type().tensor_type().shape().dim();
+    FT_CHECK(dims.size() == 2, "ONNX input \"", i.name(), "\" has rank ", dims.size(), "; expected (batch, sequence)");
+    const int64_t want[2] = {B, T};
+    for (int k = 0; k < 2; ++k)
+      FT_CHECK(!dims[k].has_dim_value() || dims[k].dim_value() == want[k], "ONNX input \"", i.name(), "\" has fixed ",
+               k == 0 ? "batch size " : "sequence length ", dims[k].dim_value(), ", the batch has ", want[k],
+               " (export with dynamic axes to train other shapes)");
+    bld.set_batch(ids_.at(i.name()), dummy_input(i.name(), B, T));
+  }
+  for (int k = 0; k < g.node_size(); ++k) bld.node(g.node(k), k);
+  bld.finish(g);
+  if (!bld.unsupported().empty()) {
+    std::string list;
+    for (const Unsupported& u : bld.unsupported()) list += str("\n  ", u.where, ": ", u.why);
+    throw Error(str("the ONNX graph has ", bld.unsupported().size(), " node(s) fusetrain cannot import:", list));
+  }
+  // The outputs the head returns, by Optimum's names, else in order.
+  std::map<std::string, int> outputs;
+  for (const auto& o : g.output()) outputs[o.name()] = ids_.at(o.name());
+  FT_CHECK(!outputs.empty(), "the ONNX graph has no outputs");
+  auto named = [&](const char* name) { return outputs.count(name) ? bld.output(outputs[name], name) : ir::kNone; };
+  ir::GraphBuilder& b = bld.builder();
+  const models::ConfigReader config(config_);
+  programs_[{B, T}] = program;
+  if (head_ == Head::QuestionAnswering && outputs.count("start_logits") && outputs.count("end_logits")) {
+    out.logits = named("start_logits");
+    out.end_logits = named("end_logits");
+    FT_CHECK(b.graph().value(out.logits).shape == Shape({B, T}), "start_logits has shape ",
+             b.graph().value(out.logits).shape.to_string(), ", expected (", B, ", ", T, ")");
+    if (spec.labels != models::LabelKind::None) {
+      FT_CHECK(spec.labels == models::LabelKind::Spans, "question answering needs start_positions and end_positions");
+      const ValueId start = b.input(models::InputNames::start_positions, {B}, DType::i64);
+      const ValueId end = b.input(models::InputNames::end_positions, {B}, DType::i64);
+      out.loss = b.scale(b.add(b.softmax_cross_entropy(out.logits, start, T),
+                               b.softmax_cross_entropy(out.end_logits, end, T)), 0.5);
+    }
+    return out;
+  }
+  const std::string first = g.output(0).name();
+  const ValueId logits = outputs.count("logits") ? named("logits") : bld.output(outputs[first], first);
+  const Shape& ls = b.graph().value(logits).shape;
+  switch (head_) {
+    case Head::Base:
+      out.hidden_states = logits;
+      out.logits = logits;
+      break;
+    case Head::SequenceClassification:
+      FT_CHECK(ls.rank() == 2 && ls[0] == B, "sequence classification needs logits of shape (batch, labels), the "
+                                             "graph returns ", ls.to_string());
+      out.logits = logits;
+      if (spec.labels != models::LabelKind::None)
+        out.loss = models::sequence_classification_loss(b, logits, spec, config, ls[1]);
+      break;
+    case Head::QuestionAnswering:
+      FT_CHECK(ls == Shape({B, T, 2}), "question answering needs start_logits and end_logits outputs, or logits of "
+                                       "shape (batch, sequence, 2); the graph returns ", ls.to_string());
+      models::question_answering_outputs(b, logits, spec, out);
+      break;
+    default:  // token classification and the language models: one class per position
+      FT_CHECK(ls.rank() == 3 && ls[0] == B && ls[1] == T, "this head needs logits of shape (batch, sequence, "
+                                                          "classes), the graph returns ", ls.to_string());
+      out.logits = logits;
+      if (spec.labels != models::LabelKind::None) out.loss = models::token_loss(b, logits, spec);
+      break;
+  }
+  return out;
+}
+
+void OnnxFamily::bind_inputs(runtime::Plan& plan, const Batch& batch) const {
+  const int64_t B = batch.input_ids.shape()[0], T = batch.input_ids.shape()[1];
+  auto it = programs_.find({B, T});
+  FT_CHECK(it != programs_.end(), "no host program for batch shape (", B, ", ", T, ")");
+  const HostProgram& prog = *it->second;
+  std::vector<HostTensor> env(names_.size());
+  std::vector<const HostTensor*> ptr(names_.size(), nullptr);
+  for (size_t v = 0; v < names_.size(); ++v)
+    if (prog.has_const[v]) ptr[v] = &prog.consts[v];
+  const std::pair<const char*, const Tensor*> given[] = {{"input_ids", &batch.input_ids},
+                                                          {"attention_mask", &batch.attention_mask},
+                                                          {"token_type_ids", &batch.token_type_ids},
+                                                          {"position_ids", &batch.position_ids}};
+  for (const std::string& name : inputs_) {
+    const int v = ids_.at(name);
+    HostTensor t = dummy_input(name, B, T);
+    for (const auto& [n, tensor] : given)
+      if (name == n && tensor->data() != nullptr) {
+        FT_CHECK(tensor->dtype() == DType::i64 && tensor->numel() == B * T, name, " must be int64 of shape (", B,
+                 ", ", T, ")");
+        std::memcpy(t.i.data(), tensor->data(), size_t(B * T) * sizeof(int64_t));
+      }
+    if (name == "token_type_ids" && batch.token_type_ids.data() == nullptr) std::fill(t.i.begin(), t.i.end(), 0);
+    env[size_t(v)] = std::move(t);
+    ptr[size_t(v)] = &env[size_t(v)];
+  }
+  const onnx::GraphProto& g = proto_.graph();
+  for (int k : prog.nodes) {
+    const NodeProto& n = g.node(k);
+    std::vector<const HostTensor*> in;
+    for (const std::string& i : n.input()) in.push_back(i.empty() ? nullptr : ptr[size_t(ids_.at(i))]);
+    std::vector<HostTensor> outs = eval_host(n, in);
+    for (size_t o = 0; o < outs.size() && int(o) < n.output_size(); ++o) {
+      if (n.output(int(o)).empty()) continue;
+      const int v = ids_.at(n.output(int(o)));
+      env[size_t(v)] = std::move(outs[o]);
+      ptr[size_t(v)] = &env[size_t(v)];
+    }
+  }
+  for (const HostFeed& f : prog.feeds) {
+    if (!plan.has_input(f.input)) continue;
+    if (f.constant) {
+      plan.bind_input(f.input, f.as_float ? static_cast<const void*>(f.const_f.data()) : f.const_i.data());
+      continue;
+    }
+    plan.bind_input(f.input, nullptr);
+    const HostTensor* v = ptr[size_t(f.value)];
+    FT_CHECK(v != nullptr, "host value \"", names_[size_t(f.value)], "\" was not computed");
+    fill_feed(f, *v, plan.input(f.input).data());
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<models::Family> make_onnx_family(const std::string& path, Head head, const nlohmann::json& config,
+                                                 const ImportOptions& options) {
+  return std::make_unique<OnnxFamily>(path, head, config, options);
+}
+
+bool is_onnx_family(const models::Family& family) { return dynamic_cast<const OnnxFamily*>(&family) != nullptr; }
+
+void save_onnx(const models::Model& model, const std::string& path) {
+  const auto* family = dynamic_cast<const OnnxFamily*>(&model.family());
+  FT_CHECK(family != nullptr, model.architecture(), " was not imported from ONNX (use fusetrain export to write its "
+                                                  "graph)");
+  onnx::ModelProto proto = family->proto();
+  const runtime::ParameterStore& params = model.params();
+  int64_t bytes = 0;
+  for (onnx::TensorProto& t : *proto.mutable_graph()->mutable_initializer()) {
+    if (!family->is_param(t.name())) continue;
+    Tensor p = params.param(family->param_name(t.name()));
+    std::vector<float> transposed;
+    if (family->tied_transposed(t.name())) {
+      const int64_t rows = p.shape()[0], cols = p.shape()[1];
+      transposed.resize(size_t(rows * cols));
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) transposed[size_t(j * rows + i)] = p.data_as<float>()[i * cols + j];
+      p = Tensor::view(transposed.data(), Shape{cols, rows}, DType::f32);
+    }
+    const int64_t bad = find_nonfinite(p.data(), DType::f32, p.numel());
+    FT_CHECK(bad < 0, "parameter \"", t.name(), "\" holds a non-finite value at element ", bad,
+             "; nothing was written to ", path);
+    t.clear_float_data();
+    t.clear_external_data();
+    t.set_data_location(onnx::TensorProto::DEFAULT);
+    t.set_data_type(onnx::TensorProto::FLOAT);
+    t.set_raw_data(std::string(static_cast<const char*>(p.data()), size_t(p.nbytes())));
+    bytes += p.nbytes();
+  }
+  FT_CHECK(bytes < (int64_t{1} << 31) - (int64_t{1} << 24), "the parameters take ", bytes,
+           " bytes; an ONNX file with inline initializers must stay under 2 GiB");
+  for (const onnx::TensorProto& t : proto.graph().initializer())
+    FT_CHECK(t.data_location() != onnx::TensorProto::EXTERNAL, "constant initializer \"", t.name(),
+             "\" is stored as external data, which writing the graph back does not copy; nothing was written to ",
+             path);
+  std::string data;
+  FT_CHECK(proto.SerializeToString(&data), "cannot serialise the ONNX model for ", path);
+  io::write_file_atomic(path, {io::ByteSpan{data.data(), data.size()}});
+}
+
+int64_t graph_nodes(const models::Model& model) {
+  const auto* family = dynamic_cast<const OnnxFamily*>(&model.family());
+  return family ? family->proto().graph().node_size() : 0;
+}
+
+}  // namespace fusetrain::onnx_import
