@@ -183,11 +183,25 @@ std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job
   throw Error(str("--task ", o.task, " has no dataset"));
 }
 
+// The longest sequence an ONNX graph's config.json names (its graph is not read for it), else no bound.
+int64_t onnx_positions(const nlohmann::json& config) {
+  for (const char* key : {"max_position_embeddings", "n_positions"})
+    if (config.contains(key) && config[key].is_number_integer()) return config[key].get<int64_t>();
+  return std::numeric_limits<int32_t>::max();
+}
+
 Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   Job job;
   job.task = models::head_for_task(o.task);
   default_columns(o, job.task);
   FT_CHECK(!o.model.empty(), "--model DIR is required (a Hugging Face model directory with its tokenizer files)");
+  // --model may name an ONNX graph; its tokenizer and config.json are the directory's around it.
+  const bool onnx_graph = fs::path(o.model).extension() == ".onnx";
+  const std::string onnx_path = o.model;
+  if (onnx_graph) {
+    FT_CHECK(fs::is_regular_file(o.model), "--model: ONNX file \"", o.model, "\" does not exist");
+    o.model = fs::path(o.model).has_parent_path() ? fs::path(o.model).parent_path().string() : ".";
+  }
   FT_CHECK(fs::is_directory(o.model), "--model: \"", o.model, "\" is not a directory");
   FT_CHECK(o.max_seq_length > 0, "--max-seq-length must be > 0, found ", o.max_seq_length);
   o.args.validate();
@@ -197,14 +211,21 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   job.tokenizer = data::Tokenizer::from_pretrained(o.model);
   // config.json is read and parsed here, once: the model is built from the same directory read, and an
   // architecture without the task's head is refused before any data is read.
-  io::HfModelDir hf = io::read_hf_dir(o.model);
+  io::HfModelDir hf;
+  if (onnx_graph) {
+    const fs::path config_file = fs::path(o.model) / "config.json";
+    hf.path = o.model;
+    hf.config = fs::exists(config_file) ? io::read_json_file(config_file.string()) : nlohmann::json::object();
+  } else {
+    hf = io::read_hf_dir(o.model);
+  }
   const nlohmann::json& config = hf.config;
   const std::string config_path = (fs::path(o.model) / "config.json").string();
-  const std::string architecture = architecture_for(hf, job.task);
+  const std::string architecture = onnx_graph ? "" : architecture_for(hf, job.task);
   // Sequences longer than the model's positions are refused now rather than at the first batch that has one. An
   // explicit --max-seq-length above them is an error; the default is capped, as run_glue caps it at the
   // tokenizer's model_max_length.
-  const int64_t positions = models::max_positions(config);
+  const int64_t positions = onnx_graph ? onnx_positions(config) : models::max_positions(config);
   if (o.max_seq_length > positions) {
     FT_CHECK(!o.max_seq_length_given, "--max-seq-length ", o.max_seq_length, " is more than the model takes: ",
              config_path, " gives it ", positions, " positions; pass --max-seq-length ", positions, " or less");
@@ -240,7 +261,10 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
       overrides["label2id"] = label2id;
     }
   }
-  job.model = models::Model::from_pretrained(hf, architecture, overrides, static_cast<uint64_t>(o.args.seed));
+  if (onnx_graph)  // the graph's logits fix the number of labels; a label outside them is refused per batch
+    job.model = models::Model::from_onnx(onnx_path, o.task);
+  else
+    job.model = models::Model::from_pretrained(hf, architecture, overrides, static_cast<uint64_t>(o.args.seed));
   if (!job.model->missing_keys().empty()) {
     std::string names;
     for (const std::string& k : job.model->missing_keys()) names += (names.empty() ? "" : ", ") + k;
@@ -286,7 +310,9 @@ void copy_tokenizer_files(const std::string& from, const std::string& to) {
 }  // namespace
 
 void add_options(CLI::App& app, Options& o) {
-  app.add_option("--model", o.model, "Hugging Face model directory (config.json, model.safetensors, tokenizer files)");
+  app.add_option("--model", o.model,
+                 "Hugging Face model directory (config.json, model.safetensors, tokenizer files), or an ONNX graph "
+                 "(model.onnx, with its tokenizer files and optional config.json beside it)");
   std::string tasks;
   for (const models::HeadInfo& head : models::heads())
     if (*head.task) tasks += str(tasks.empty() ? "" : ", ", head.task, " (", head.problem, ")");

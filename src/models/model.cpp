@@ -11,6 +11,7 @@
 #include "fusetrain/core/error.h"
 #include "fusetrain/core/half.h"
 #include "fusetrain/io/hf_dir.h"
+#include "fusetrain/io/safetensors.h"
 #include "models/family.h"
 #include "onnx/import.h"
 
@@ -276,22 +277,23 @@ void Model::load_state_dict(const std::map<std::string, Tensor>& tensors, bool s
 
 void Model::save_pretrained(const std::string& dir) const {
   if (imported_from_onnx()) {
-    // A transformers directory needs transformers' parameter names; an exporter that folded transposes or
-    // deduplicated tensors wrote names of its own (onnx::MatMul_12, val_34), which no transformers class reads.
-    std::vector<std::string> generated;
+    // The trained graph always; a transformers directory only where the graph's parameters carry transformers'
+    // names. An exporter that folded transposes wrote names of its own (onnx::MatMul_12, val_34), which no
+    // transformers class reads, so a model.safetensors under them would load as random weights.
+    std::filesystem::create_directories(dir);
+    onnx_import::save_onnx(*this, (std::filesystem::path(dir) / "model.onnx").string());
+    bool transformers_names = config_.contains("model_type");
     for (const runtime::ParamSlot& slot : params_->slots())
       if (slot.name.find("::") != std::string::npos || slot.name.find('.') == std::string::npos)
-        generated.push_back(slot.name);
-    if (!generated.empty()) {
-      std::string names;
-      for (size_t k = 0; k < generated.size() && k < 5; ++k) names += (k ? ", " : "") + generated[k];
-      throw Error(str("cannot write ", dir, " as a transformers model: ", generated.size(), " of the ONNX graph's ",
-                      "parameters are not under transformers names (", names, generated.size() > 5 ? ", ..." : "",
-                      "); export with do_constant_folding=False (TorchScript) or optimize=False (dynamo) to keep ",
-                      "them, or write the trained graph as ONNX"));
+        transformers_names = false;
+    if (!transformers_names) {
+      if (!config_.empty()) {
+        const std::string text = config_.dump(2) + "\n";
+        io::write_file_atomic((std::filesystem::path(dir) / "config.json").string(),
+                              {io::ByteSpan{text.data(), text.size()}});
+      }
+      return;
     }
-    FT_CHECK(config_.contains("model_type"), "cannot write ", dir, " as a transformers model: there is no ",
-             "config.json beside the ONNX file to say which model it is");
   }
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (size_t i = 0; i < params_->slots().size(); ++i)

@@ -164,6 +164,22 @@ class OnnxFamily final : public models::Family {
     return it == tied_.end() ? name : it->second;
   }
   bool tied_transposed(const std::string& name) const { return tied_transposed_.count(name) > 0; }
+  /// The row of embedding table `name` that gets no gradient (-1: none). An ONNX Gather does not record
+  /// nn.Embedding's padding_idx, so it comes from config.json's pad_token_id, for the tables transformers
+  /// declares it on: word embeddings (not GPT-2's), and position embeddings of the models that number positions
+  /// from the padding id (RoBERTa, XLM-RoBERTa, CamemBERT, MPNet).
+  int64_t padding_idx(const std::string& name) const {
+    if (!config_.contains("pad_token_id") || !config_["pad_token_id"].is_number_integer()) return -1;
+    const std::string type = config_.value("model_type", std::string());
+    static const std::set<std::string> kWord = {"bert", "roberta", "xlm-roberta", "camembert", "distilbert",
+                                                "electra", "albert", "mpnet", "deberta-v2", "deberta"};
+    static const std::set<std::string> kPosition = {"roberta", "xlm-roberta", "camembert", "mpnet"};
+    auto ends = [&](const char* suffix) { return models::ends_with(name, suffix); };
+    if ((ends("word_embeddings.weight") && kWord.count(type)) ||
+        (ends("position_embeddings.weight") && kPosition.count(type)))
+      return config_["pad_token_id"].get<int64_t>();
+    return -1;
+  }
 
  private:
   bool has_input(const std::string& name) const {
@@ -591,11 +607,12 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
       return;
     }
     FT_CHECK(axis == 0, "gathering along axis ", axis, " with an index tensor (only axis 0 is supported)");
+    const int64_t padding_idx = kind(x) == Kind::Param ? f_.padding_idx(names_[size_t(x)]) : -1;
     ValueId data = ir_of(x);
     int64_t rest = 1;
     for (int64_t k = 1; k < r; ++k) rest *= shape[size_t(k)];
     if (r != 2) data = b_.reshape(data, {shape[0], rest});
-    ValueId y = b_.embedding(data, feed(idx, Feed::AsIs, false));
+    ValueId y = b_.embedding(data, feed(idx, Feed::AsIs, false), r == 2 ? padding_idx : -1);
     std::vector<int64_t> out = ih.shape;
     out.insert(out.end(), shape.begin() + 1, shape.end());
     set_ir(n, 0, r == 2 ? y : b_.reshape(y, out));

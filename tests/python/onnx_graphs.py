@@ -120,8 +120,9 @@ def batch(arch: str, task: str = "seq-cls", seed: int = 0, num_labels: int = 2) 
     ids = rng.integers(2, 100, size=(BATCH, SEQ)).astype(np.int64)
     mask = np.ones((BATCH, SEQ), dtype=np.int64)
     mask[1, SEQ - 3:] = 0
-    if arch == "gpt2":  # its sequence classification pools the last token before the padding
-        ids[1, SEQ - 3:] = 0
+    # Padding holds the pad id: its embedding row gets no gradient (nn.Embedding's padding_idx), and GPT-2's
+    # sequence classification pools the last token before it.
+    ids[1, SEQ - 3:] = CONFIGS[arch]().pad_token_id
     out = {"input_ids": ids, "attention_mask": mask}
     if task == "seq-cls":
         out["labels"] = rng.integers(0, num_labels, size=BATCH).astype(np.int64)

@@ -22,6 +22,7 @@ import torch  # noqa: E402
 import fusetrain  # noqa: E402
 import hf_models as hf  # noqa: E402
 import onnx_graphs as og  # noqa: E402
+from cli_support import data, run, tiny_model, train_args  # noqa: E402,F401 (fixtures)
 from onnx import TensorProto, helper  # noqa: E402
 
 COVERED = [a for a in og.NATIVE + og.NOT_NATIVE if a != "deberta-v2"]
@@ -208,8 +209,46 @@ def test_trained_graph_goes_back_out_as_transformers_model(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_folded_names_refuse_a_transformers_directory(tmp_path):
+def test_folded_names_write_the_graph_only(tmp_path):
+    """Initializers an exporter renamed (folded transposes) cannot make a transformers directory: save_pretrained
+    writes the trained graph and config.json, and no model.safetensors that would load as random weights."""
     ft = fusetrain.Model.from_onnx(og.exported("bert", "torchscript"), "seq-cls")
-    with pytest.raises(ValueError, match="not under transformers names"):
-        ft.save_pretrained(tmp_path / "hf")
-    assert not os.path.exists(tmp_path / "hf" / "model.safetensors")
+    assert any("::" in name for name in ft.state_dict_names())
+    ft.save_pretrained(tmp_path / "hf")
+    assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "model.onnx"]
+    onnx.checker.check_model(str(tmp_path / "hf" / "model.onnx"))
+
+
+def test_cli_trains_an_onnx_graph_like_the_model_directory(tmp_path, tiny_model, data):
+    """`fusetrain train --model dir/model.onnx` (tokenizer and config.json beside it) logs the same losses as the
+    same weights trained from their transformers directory, and writes the trained graph."""
+    import json
+    import shutil
+
+    import transformers
+
+    # Dropout off in the transformers directory: an exported inference graph has none.
+    native_dir = tmp_path / "native_model"
+    shutil.copytree(tiny_model, native_dir)
+    config = json.loads((native_dir / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (native_dir / "config.json").write_text(json.dumps(config))
+    # Perturbed: exporters share one initializer among equal tensors, so a fresh model's zero biases would train
+    # as one parameter in the graph.
+    model = transformers.BertForSequenceClassification.from_pretrained(native_dir).eval()
+    hf.perturb_(model, 0, scale=0.02)
+    model.save_pretrained(native_dir)
+    graph_dir = tmp_path / "graph"
+    shutil.copytree(native_dir, graph_dir)
+    (graph_dir / "model.safetensors").unlink()
+    og.export(model, str(graph_dir / "model.onnx"), "torchscript")
+    losses = {}
+    for name, source in (("native", native_dir), ("onnx", graph_dir / "model.onnx")):
+        result = run(*train_args(source, data, tmp_path / name, "--max-steps", "4", "--learning-rate", "1e-2"))
+        assert result.returncode == 0, result.stderr
+        log = [json.loads(line) for line in (tmp_path / name / "log.jsonl").read_text().splitlines()]
+        losses[name] = [entry["loss"] for entry in log if "loss" in entry]
+    assert len(losses["onnx"]) == 4
+    np.testing.assert_allclose(losses["onnx"], losses["native"], rtol=1e-4)
+    assert (tmp_path / "onnx" / "model.onnx").exists()
+    onnx.checker.check_model(str(tmp_path / "onnx" / "model.onnx"))

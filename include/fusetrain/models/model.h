@@ -142,7 +142,9 @@ class Model {
   /// With strict, missing or unexpected names are an error listing them.
   void load_state_dict(const std::map<std::string, Tensor>& tensors, bool strict = true);
   /// Writes config.json and model.safetensors (f32) in transformers' layout; tied
-  /// weights are written once, under the name transformers keeps.
+  /// weights are written once, under the name transformers keeps. A model imported from ONNX writes model.onnx
+  /// (its graph, the trained initializers) and config.json, plus model.safetensors when its parameters carry
+  /// transformers' names.
   void save_pretrained(const std::string& dir) const;
   /// Parameters the checkpoint did not provide (freshly initialised).
   const std::vector<std::string>& missing_keys() const { return missing_keys_; }
