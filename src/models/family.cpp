@@ -109,6 +109,13 @@ double ConfigReader::epsilon(const std::string& key, double fallback) const {
   return v;
 }
 
+double ConfigReader::init_std(const std::string& key, double fallback) const {
+  const double v = get_float(key, fallback);
+  FT_CHECK(v >= 0 && std::isfinite(v), "config.json: \"", key, "\" is ", v,
+           ", expected a standard deviation >= 0 (of the normal distribution fresh weights are drawn from)");
+  return v;
+}
+
 double ConfigReader::probability(const std::string& key, double fallback) const {
   const double v = get_float(key, fallback);
   FT_CHECK(v >= 0 && v < 1, "config.json: \"", key, "\" is ", v, ", expected a dropout probability in [0, 1)");

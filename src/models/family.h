@@ -126,6 +126,8 @@ class ConfigReader {
   int64_t positive(const std::string& key) const;
   /// A norm's epsilon: a finite number > 0 (else an Error naming the field).
   double epsilon(const std::string& key, double fallback) const;
+  /// A standard deviation of fresh weights: finite and >= 0 (else an Error naming the field).
+  double init_std(const std::string& key, double fallback) const;
   /// A dropout probability in [0, 1) (else an Error naming the field).
   double probability(const std::string& key, double fallback) const;
   const nlohmann::json& json() const { return config_; }

@@ -30,7 +30,7 @@ class Gpt2Family final : public Family {
     embd_dropout_ = c.probability("embd_pdrop", 0.1);
     attn_dropout_ = c.probability("attn_pdrop", 0.1);
     resid_dropout_ = c.probability("resid_pdrop", 0.1);
-    init_std_ = c.get_float("initializer_range", 0.02);
+    init_std_ = c.init_std("initializer_range", 0.02);
     act_ = c.get_string("activation_function", "gelu_new");
     check_activation(act_, "activation_function");
     scale_attn_ = c.get_bool("scale_attn_weights", true);

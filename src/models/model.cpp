@@ -69,6 +69,10 @@ void initialise(runtime::ParameterStore& params, const Family& family, uint64_t 
         std::fill(p, p + slot.numel, 1.0f);
         break;
       case Init::Normal: {
+        if (init.stddev <= 0.0) {  // normal(0, 0), as torch draws it: zeros
+          std::fill(p, p + slot.numel, 0.0f);
+          break;
+        }
         std::normal_distribution<float> normal(0.0f, static_cast<float>(init.stddev));
         for (int64_t k = 0; k < slot.numel; ++k) p[k] = normal(rng);
         if (init.zero_row >= 0 && slot.shape.rank() == 2 && init.zero_row < slot.shape[0])

@@ -50,6 +50,7 @@ enum class Feed : uint8_t {
   DropTimes,   ///< (1 - condition) · scalar (f32): Where's constant branch
   FlatTuples,  ///< GatherND's index tuples as flat row numbers (i64)
   Elements,    ///< GatherElements' indices as flat element numbers of the data (i64)
+  KeyMask,     ///< an additive (B, 1, T|1, S) attention mask as the (B, S) key mask (scalar 1: with causal rows)
 };
 
 struct HostFeed {
@@ -74,6 +75,28 @@ struct HostProgram {
 
 void fill_feed(const HostFeed& f, const HostTensor& v, void* out) {
   const int64_t n = v.numel();
+  if (f.feed == Feed::KeyMask) {
+    // v (B|1, 1, T|1, S): each row must be the key row (its last, which a causal mask leaves whole), and with
+    // causal rows, masked above the diagonal; anything else is a mask the fused attention cannot take.
+    const int64_t B = v.shape[0], T = v.shape[2], S = v.shape[3];
+    const bool causal = f.scalar != 0;
+    float* o = static_cast<float*>(out);
+    const int64_t rows = static_cast<int64_t>(f.tuple_dims.empty() ? B : f.tuple_dims[0]);
+    for (int64_t b = 0; b < rows; ++b) {
+      const float* m = v.f.data() + size_t((B == 1 ? 0 : b) * T * S);
+      const float* key = m + (T - 1) * S;
+      for (int64_t s = 0; s < S; ++s) o[b * S + s] = key[s];
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t s = 0; s < S; ++s) {
+          const float x = m[t * S + s];
+          const bool ok = causal && s > t ? x <= -1e30f : (x == key[s] || (x <= -1e30f && key[s] <= -1e30f));
+          FT_CHECK(ok, "the graph's attention mask at (", b, ", ", t, ", ", s, ") is ", x,
+                   ", which is neither a key-padding mask", causal ? " plus a causal one" : "",
+                   "; import it with fuse_attention off");
+        }
+    }
+    return;
+  }
   if (f.feed == Feed::Elements) {  // element (p0, .., idx, .., pr) of the data, axis = scalar
     const std::vector<int64_t> idx = v.ints();
     const std::vector<int64_t>& dims = f.tuple_dims;
@@ -146,6 +169,8 @@ class OnnxFamily final : public models::Family {
   OnnxFamily(const std::string& path, Head head, nlohmann::json config, const ImportOptions& options);
 
   BuiltGraph build(const BatchSpec& spec) const override;
+  /// build() before unread nodes are dropped.
+  BuiltGraph build_graph(const BatchSpec& spec) const;
   models::ParamInit init(const std::string&) const override { return {models::Init::Zeros}; }
   std::map<std::string, std::string> tied() const override { return {}; }
   std::string base_prefix() const override { return ""; }
@@ -164,6 +189,17 @@ class OnnxFamily final : public models::Family {
     return it == tied_.end() ? name : it->second;
   }
   bool tied_transposed(const std::string& name) const { return tied_transposed_.count(name) > 0; }
+  /// Whether parameter `name` is trained in the (out, in) layout of Linear although the graph holds it (in, out):
+  /// a weight the graph only ever multiplies as x·W.
+  bool out_in(const std::string& name) const { return out_in_.count(name) > 0; }
+  bool fuse_attention() const { return fuse_attention_; }
+  /// The nodes reading value `v`, as (node index, input slot).
+  const std::vector<std::pair<int, int>>& readers(int v) const { return readers_[size_t(v)]; }
+  bool is_graph_output(int v) const {
+    for (const auto& o : proto_.graph().output())
+      if (ids_.at(o.name()) == v) return true;
+    return false;
+  }
   /// The row of embedding table `name` that gets no gradient (-1: none). An ONNX Gather does not record
   /// nn.Embedding's padding_idx, so it comes from config.json's pad_token_id, for the tables transformers
   /// declares it on: word embeddings (not GPT-2's), and position embeddings of the models that number positions
@@ -196,8 +232,11 @@ class OnnxFamily final : public models::Family {
   std::set<std::string> params_;             // the trainable ones
   std::map<std::string, std::string> tied_;  // initializer -> the identical parameter it trains as (tie_identical)
   std::set<std::string> tied_transposed_;    // the tied initializers that hold their parameter transposed
+  std::set<std::string> out_in_;             // parameters stored transposed, as Linear reads them
+  std::vector<std::vector<std::pair<int, int>>> readers_;  // value -> (node, slot) reading it
   std::vector<std::string> inputs_;          // graph inputs fusetrain feeds
   int64_t max_positions_ = int64_t{1} << 40;
+  bool fuse_attention_ = true;
   mutable std::map<std::pair<int64_t, int64_t>, std::shared_ptr<HostProgram>> programs_;
 };
 
@@ -286,6 +325,30 @@ class Builder {
   }
   void map_ir(const NodeProto& n, int64_t index);
   ValueId binary(const NodeProto& n, int a, int b);
+  ValueId attention(const NodeProto& probs_times_v);
+  ValueId projection(const NodeProto& n, int64_t index);
+  const NodeProto* producer(int v) const {
+    auto it = producers_.find(v);
+    return it == producers_.end() ? nullptr : it->second;
+  }
+  // v without a Mul or Div by a one-element constant in front of it; `scale` takes the factor.
+  int unscaled(int v, double& scale) const {
+    const NodeProto* p = producer(v);
+    double c = 0;
+    if (p && (p->op_type() == "Mul" || p->op_type() == "Div") && p->input_size() == 2) {
+      const int a = ids_.at(p->input(0)), b = ids_.at(p->input(1));
+      if (scalar_const(b, c) && is_ir(a)) {
+        scale *= p->op_type() == "Mul" ? c : 1.0 / c;
+        return a;
+      }
+      if (p->op_type() == "Mul" && scalar_const(a, c) && is_ir(b)) {
+        scale *= c;
+        return b;
+      }
+    }
+    return v;
+  }
+  ValueId transposed(ValueId x, std::vector<int64_t> perm);
   ValueId where(const NodeProto& n, int64_t index);
 
   const OnnxFamily& f_;
@@ -301,6 +364,9 @@ class Builder {
   std::vector<int> nan_source_;
   std::map<int, std::pair<int, bool>> tied_to_;  // a tied initializer -> (its parameter, held transposed)
   std::map<std::string, ValueId> feeds_;
+  std::map<int, const NodeProto*> producers_;  // value -> the node that wrote it (nodes mapped so far)
+  std::map<int, bool> key_mask_causal_;        // attention masks fed as (B, S) key masks -> causal
+  std::map<int64_t, ValueId> done_;            // nodes already computed by an earlier fused op (a Linear's bias)
   std::vector<Unsupported> unsupported_;
 };
 
@@ -313,19 +379,21 @@ const HostTensor& Builder::const_of(const NodeProto& n, int k, const char* what)
 }
 
 ValueId Builder::feed(int v, Feed how, bool as_float, double scalar, std::vector<int64_t> tuple_dims) {
-  static const char* kSuffix[] = {"", ":keep", ":drop", ":drop_times", ":flat", ":elements"};
+  static const char* kSuffix[] = {"", ":keep", ":drop", ":drop_times", ":flat", ":elements", ":key_mask"};
   const std::string name = "onnx:" + names_[size_t(v)] + kSuffix[int(how)] + (as_float ? "" : ":i64");
   auto it = feeds_.find(name);
   if (it != feeds_.end()) return it->second;
   const HostTensor& h = host_[size_t(v)];
   std::vector<int64_t> shape = h.shape;
   if (how == Feed::FlatTuples) shape.pop_back();
+  if (how == Feed::KeyMask) shape = {spec_.batch, h.shape[3]};
   HostFeed f;
   f.input = name;
   f.value = v;
   f.feed = how;
   f.as_float = as_float;
   f.scalar = scalar;
+  if (how == Feed::KeyMask) tuple_dims = {spec_.batch};
   f.tuple_dims = std::move(tuple_dims);
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -364,20 +432,11 @@ ValueId Builder::ir_of(int v, bool as_float) {
 
 ValueId Builder::binary(const NodeProto& n, int a, int bv) {
   const std::string& op = n.op_type();
+  // A one-element constant operand is a one-element Fill, the form the fusion passes read their constants in
+  // (fuse_erf_gelu, fuse_decomposed_layernorm).
   double c = 0;
-  if (scalar_const(bv, c)) {
-    if (op == "Mul") return b_.scale(ir_of(a), c);
-    if (op == "Div") return b_.scale(ir_of(a), 1.0 / c);
-    const ValueId k = b_.fill(Shape{1}, c);
-    return op == "Add" ? b_.add(ir_of(a), k) : b_.sub(ir_of(a), k);
-  }
-  if (scalar_const(a, c)) {
-    if (op == "Mul") return b_.scale(ir_of(bv), c);
-    if (op == "Add") return b_.add(b_.fill(Shape{1}, c), ir_of(bv));
-    const ValueId k = b_.fill(Shape{1}, c);
-    return op == "Sub" ? b_.sub(k, ir_of(bv)) : b_.div(k, ir_of(bv));
-  }
-  const ValueId x = ir_of(a), y = ir_of(bv);
+  const ValueId x = scalar_const(a, c) ? b_.fill(Shape{1}, c) : ir_of(a);
+  const ValueId y = scalar_const(bv, c) ? b_.fill(Shape{1}, c) : ir_of(bv);
   if (op == "Add") return b_.add(x, y);
   if (op == "Sub") return b_.sub(x, y);
   if (op == "Mul") return b_.mul(x, y);
@@ -403,8 +462,157 @@ ValueId Builder::where(const NodeProto& n, int64_t index) {
   return b_.add(taken, other);
 }
 
+// x transposed by `perm`, composed with the Transposes that produced x (one copy instead of a chain).
+ValueId Builder::transposed(ValueId x, std::vector<int64_t> perm) {
+  const ir::Value& v = graph_.value(x);
+  if (v.producer != ir::kNone && perm == std::vector<int64_t>{0, 1, 3, 2} && v.shape.rank() == 4) {
+    // The dynamo exporter's kᵀ: Reshape (B·H, S, D) → Transpose (0, 2, 1) → Reshape (B, H, D, S), which is
+    // u (B, H, S, D) with its last two axes swapped: swapping them back is u.
+    const ir::Node& back = graph_.node(v.producer);
+    if (back.op == ops::OpKind::Reshape) {
+      const ir::Value& mid = graph_.value(back.inputs[0]);
+      if (mid.producer != ir::kNone && graph_.node(mid.producer).op == ops::OpKind::Transpose &&
+          graph_.node(mid.producer).attrs.get_ints("perm") == std::vector<int64_t>{0, 2, 1}) {
+        const ir::Value& flat = graph_.value(graph_.node(mid.producer).inputs[0]);
+        if (flat.producer != ir::kNone && graph_.node(flat.producer).op == ops::OpKind::Reshape) {
+          const ValueId u = graph_.node(flat.producer).inputs[0];
+          const Shape& us = graph_.value(u).shape;
+          if (us.rank() == 4 && us[0] == v.shape[0] && us[1] == v.shape[1] && us[2] == v.shape[3] &&
+              us[3] == v.shape[2])
+            return u;
+        }
+      }
+    }
+  }
+  if (v.producer != ir::kNone) {
+    const ir::Node& t = graph_.node(v.producer);
+    if (t.op == ops::OpKind::Transpose) {
+      const std::vector<int64_t>& inner = t.attrs.get_ints("perm");
+      std::vector<int64_t> composed(perm.size());
+      for (size_t k = 0; k < perm.size(); ++k) composed[k] = inner[size_t(perm[k])];
+      return transposed(t.inputs[0], composed);
+    }
+  }
+  bool identity = true;
+  for (size_t k = 0; k < perm.size(); ++k) identity = identity && perm[k] == int64_t(k);
+  return identity ? x : b_.transpose(x, perm);
+}
+
+// MatMul(x, W) with W a parameter: a Linear when the weight is trained (out, in) (OnnxFamily::out_in) or the
+// graph transposes an (out, in) parameter itself (an export without constant folding), with the bias of a
+// following Add folded in when that Add is the product's only reader. Otherwise a MatMul.
+ValueId Builder::projection(const NodeProto& n, int64_t index) {
+  (void)index;
+  const int x = in_id(n, 0), w = in_id(n, 1);
+  int weight = -1;
+  if (kind(w) == Kind::Param && f_.out_in(names_[size_t(w)])) {
+    weight = w;
+  } else if (kind(w) == Kind::Param && tied_to_.count(w) && tied_to_.at(w).second) {
+    weight = tied_to_.at(w).first;  // a folded transpose of an (out, in) parameter (a tied LM head)
+  } else if (const NodeProto* t = producer(w); t && t->op_type() == "Transpose" && attr_ints(*t, "perm") ==
+                                                                                     std::vector<int64_t>{1, 0}) {
+    const int src = ids_.at(t->input(0));
+    if (kind(src) == Kind::Param && !tied_to_.count(src) && host_[size_t(src)].shape.size() == 2) weight = src;
+  }
+  if (weight < 0) return b_.matmul(ir_of(x), ir_of(w));
+  const ValueId wv = ir_of(weight);
+  const int64_t N = graph_.value(wv).shape[0];
+  // The bias: the one Add reading the product, with a (N) parameter as its other operand.
+  const int out = ids_.at(n.output(0));
+  const auto& readers = f_.readers(out);
+  if (readers.size() == 1 && !f_.is_graph_output(out)) {
+    const NodeProto& add = f_.proto().graph().node(readers[0].first);
+    if (add.op_type() == "Add" && add.input_size() == 2) {
+      const int bias = ids_.at(add.input(1 - readers[0].second));
+      if (kind(bias) == Kind::Param && host_[size_t(bias)].shape == std::vector<int64_t>{N}) {
+        const ValueId y = b_.linear(ir_of(x), wv, ir_of(bias));
+        done_[readers[0].first] = y;
+        return y;
+      }
+    }
+  }
+  return b_.linear(ir_of(x), wv);
+}
+
+// Scaled dot-product attention as exporters decompose it, recognised at its last MatMul:
+//   MatMul(Softmax(Add(s·MatMul(s_q·q, s_k·kᵀ), mask)), v), Softmax's output optionally through
+//   Where(IsNaN(p), 0, p), with q (B, H, T, D), kᵀ (B, H, D, S), v (B, H, S, D) and a mask from the batch that
+//   is a key-padding mask, or causal plus one. It becomes one Attention op (the kernel the built models use),
+//   reading the mask as (B, S) additive (the host checks, each batch, that it has that form). The decomposed
+//   ops it replaces are left unread and never run. kNone when the pattern does not hold.
+ValueId Builder::attention(const NodeProto& n) {
+  if (!f_.fuse_attention()) return ir::kNone;
+  const int p = in_id(n, 0), v = in_id(n, 1);
+  if (!is_ir(v) || shape_of(v).size() != 4) return ir::kNone;
+  int probs = p;
+  if (const NodeProto* w = producer(p); w && w->op_type() == "Where") {  // SDPA's NaN guard
+    const int c = ids_.at(w->input(0));
+    if (kind(c) != Kind::IsNaNOf) return ir::kNone;
+    probs = nan_source_[size_t(c)];
+  }
+  const NodeProto* softmax = producer(probs);
+  if (!softmax || softmax->op_type() != "Softmax") return ir::kNone;
+  const int64_t axis = attr_int(*softmax, "axis", -1);
+  if (axis != -1 && axis != 3) return ir::kNone;
+  int scores = ids_.at(softmax->input(0));
+  int mask = -1;
+  if (const NodeProto* add = producer(scores); add && add->op_type() == "Add") {
+    const int a = ids_.at(add->input(0)), b = ids_.at(add->input(1));
+    if (is_host(b) && is_ir(a)) {
+      mask = b;
+      scores = a;
+    } else if (is_host(a) && is_ir(b)) {
+      mask = a;
+      scores = b;
+    } else {
+      return ir::kNone;
+    }
+  }
+  double scale = 1.0;
+  scores = unscaled(scores, scale);
+  const NodeProto* qk = producer(scores);
+  if (!qk || qk->op_type() != "MatMul") return ir::kNone;
+  const int q = unscaled(ids_.at(qk->input(0)), scale), kt = unscaled(ids_.at(qk->input(1)), scale);
+  if (!is_ir(q) || !is_ir(kt)) return ir::kNone;
+  const std::vector<int64_t> qs = shape_of(q), ks = shape_of(kt), vs = shape_of(v);
+  if (qs.size() != 4 || ks.size() != 4) return ir::kNone;
+  const int64_t B = qs[0], H = qs[1], T = qs[2], D = qs[3], S = ks[3];
+  if (ks != std::vector<int64_t>{B, H, D, S} || vs != std::vector<int64_t>{B, H, S, D}) return ir::kNone;
+  // The mask: broadcastable to (B, 1, T, S) and, on the build's all-ones attention mask, zero (a padding mask) or
+  // causal (lowest above the diagonal).
+  ValueId key_mask = ir::kNone;
+  bool causal = false;
+  if (mask >= 0) {
+    const HostTensor& m = host_[size_t(mask)];
+    if (m.shape.size() != 4 || !m.is_float() || (m.shape[0] != B && m.shape[0] != 1) || m.shape[1] != 1 ||
+        (m.shape[2] != T && m.shape[2] != 1) || m.shape[3] != S)
+      return ir::kNone;
+    bool zero = true, lower = T == S;
+    for (int64_t b = 0; b < m.shape[0]; ++b)
+      for (int64_t t = 0; t < m.shape[2]; ++t)
+        for (int64_t s = 0; s < S; ++s) {
+          const float x = m.f[size_t((b * m.shape[2] + t) * S + s)];
+          zero = zero && x == 0.0f;
+          lower = lower && (s > t ? x <= -1e30f : x == 0.0f);
+        }
+    if (!zero && !(lower && m.shape[2] == T)) return ir::kNone;
+    causal = !zero;
+    key_mask_causal_[mask] = causal;
+    key_mask = feed(mask, Feed::KeyMask, true, causal ? 1.0 : 0.0);
+  }
+  const ValueId k = transposed(ir_of(kt), {0, 1, 3, 2});
+  const ValueId y = b_.attention(ir_of(q), k, ir_of(v), key_mask, scale, causal);
+  return y;
+}
+
 void Builder::node(const NodeProto& n, int64_t index) {
   const std::string& op = n.op_type();
+  for (const std::string& o : n.output())
+    if (!o.empty()) producers_[ids_.at(o)] = &n;
+  if (auto it = done_.find(index); it != done_.end()) {
+    set_ir(n, 0, it->second);
+    return;
+  }
   if (!n.domain().empty() && n.domain() != "ai.onnx") {
     fail(n, index, str("domain \"", n.domain(), "\" (only the default ONNX domain is supported)"));
     return;
@@ -476,16 +684,18 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     set_ir(n, 0, binary(n, x, in_id(n, 1)));
   } else if (op == "MatMul") {
     FT_CHECK(in_shape(0).size() >= 2 && in_shape(1).size() >= 2, "MatMul of a 1-D operand is not supported");
-    set_ir(n, 0, b_.matmul(ir_of(x), ir_of(in_id(n, 1))));
+    const ValueId fused = attention(n);
+    set_ir(n, 0, fused != ir::kNone ? fused : projection(n, index));
   } else if (op == "Gemm") {
     const bool ta = attr_int(n, "transA", 0) != 0, tb = attr_int(n, "transB", 0) != 0;
     const double alpha = attr_float(n, "alpha", 1.0f), beta = attr_float(n, "beta", 1.0f);
-    const int c = in_id(n, 2);
+    const int c = in_id(n, 2), w = in_id(n, 1);
+    const bool out_in = kind(w) == Kind::Param && f_.out_in(names_[size_t(w)]);  // held (out, in): x·Wᵀ
     ValueId y;
-    if (tb && !ta && alpha == 1.0 && (c < 0 || beta == 1.0) && (c < 0 || in_shape(2).size() == 1)) {
-      y = b_.linear(ir_of(x), ir_of(in_id(n, 1)), c < 0 ? ir::kNone : ir_of(c));
+    if ((tb || out_in) && !ta && alpha == 1.0 && (c < 0 || beta == 1.0) && (c < 0 || in_shape(2).size() == 1)) {
+      y = b_.linear(ir_of(x), ir_of(w), c < 0 ? ir::kNone : ir_of(c));
     } else {
-      y = b_.matmul(ir_of(x), ir_of(in_id(n, 1)), ta, tb);
+      y = b_.matmul(ir_of(x), ir_of(w), ta, tb || out_in);
       if (alpha != 1.0) y = b_.scale(y, alpha);
       if (c >= 0) y = b_.add(y, beta == 1.0 ? ir_of(c) : b_.scale(ir_of(c), beta));
     }
@@ -540,7 +750,7 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
   } else if (op == "Reshape") {
     const std::vector<int64_t> target =
         onnx_reshape_target(in_shape(0), const_of(n, 1, "the shape").ints(), attr_int(n, "allowzero", 0) != 0, n);
-    set_ir(n, 0, b_.reshape(ir_of(x), target));
+    set_ir(n, 0, target == in_shape(0) ? ir_of(x) : b_.reshape(ir_of(x), target));  // a no-op stays out
   } else if (op == "Squeeze" || op == "Unsqueeze") {
     std::vector<int64_t> axes = n.input_size() > 1 && !n.input(1).empty() ? const_of(n, 1, "axes").ints()
                                                                           : attr_ints(n, "axes");
@@ -707,7 +917,7 @@ std::string dir_of(const std::string& path) {
 }
 
 OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config, const ImportOptions& options)
-    : dir_(dir_of(path)), config_(std::move(config)) {
+    : dir_(dir_of(path)), config_(std::move(config)), fuse_attention_(options.fuse_attention) {
   head_ = head;
   std::ifstream in(path, std::ios::binary);
   FT_CHECK(in.good(), "cannot open ONNX file ", path);
@@ -778,6 +988,35 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
       }
     }
   }
+  readers_.resize(names_.size());
+  for (int k = 0; k < g.node_size(); ++k)
+    for (int slot = 0; slot < g.node(k).input_size(); ++slot)
+      if (!g.node(k).input(slot).empty()) readers_[size_t(ids_.at(g.node(k).input(slot)))].push_back({k, slot});
+  // A weight only ever multiplied as x·W trains in Linear's (out, in) layout, so the projection runs as the
+  // built models' Linear (bias and GELU fused into its GEMM by the passes).
+  std::set<std::string> tied_targets;
+  for (const auto& [copy, target] : tied_) tied_targets.insert(target);
+  for (const std::string& name : params_) {
+    HostTensor& h = inits_.at(name);
+    const auto& readers = readers_[size_t(ids_.at(name))];
+    if (h.shape.size() != 2 || readers.empty() || tied_targets.count(name)) continue;
+    bool matmul_rhs = true;
+    for (const auto& [node, slot] : readers) {
+      const NodeProto& r = g.node(node);
+      const bool plain_gemm = r.op_type() == "Gemm" && attr_int(r, "transA", 0) == 0 &&
+                              attr_int(r, "transB", 0) == 0 && attr_float(r, "alpha", 1.0f) == 1.0f &&
+                              attr_float(r, "beta", 1.0f) == 1.0f;  // x·W + c (GPT-2's Conv1D)
+      matmul_rhs = matmul_rhs && (r.op_type() == "MatMul" || plain_gemm) && slot == 1;
+    }
+    if (!matmul_rhs) continue;
+    const int64_t rows = h.shape[0], cols = h.shape[1];
+    std::vector<float> t(h.f.size());
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) t[size_t(j * rows + i)] = h.f[size_t(i * cols + j)];
+    h.f = std::move(t);
+    h.shape = {cols, rows};
+    out_in_.insert(name);
+  }
   if (!frozen.empty()) {
     std::string names;
     for (const std::string& s : frozen) names += (names.empty() ? "" : ", ") + s;
@@ -814,7 +1053,33 @@ HostTensor dummy_input(const std::string& name, int64_t B, int64_t T) {
   return t;
 }
 
+// Drops the nodes none of the built graph's results read (what a fused op replaced), so reports and passes see
+// only what runs.
+void drop_unread(BuiltGraph& built) {
+  ir::Graph& g = built.graph;
+  std::vector<bool> needed(g.values().size(), false);
+  for (ValueId v : {built.logits, built.end_logits, built.hidden_states, built.loss})
+    if (v != ir::kNone) needed[size_t(v)] = true;
+  for (ir::NodeId id = ir::NodeId(g.nodes().size()) - 1; id >= 0; --id) {
+    const ir::Node& n = g.node(id);
+    bool live = false;
+    for (ValueId v : n.outputs) live = live || needed[size_t(v)];
+    if (!live) {
+      g.remove_node(id);
+      continue;
+    }
+    for (ValueId v : n.inputs) needed[size_t(v)] = true;
+  }
+  g.commit();
+}
+
 BuiltGraph OnnxFamily::build(const BatchSpec& spec) const {
+  BuiltGraph out = build_graph(spec);
+  drop_unread(out);
+  return out;
+}
+
+BuiltGraph OnnxFamily::build_graph(const BatchSpec& spec) const {
   FT_CHECK(!spec.bf16 && !spec.fp16, "mixed precision for a graph imported from ONNX is not supported (it trains in "
                                      "f32)");
   FT_CHECK(!spec.recompute, "activation checkpointing for a graph imported from ONNX is not supported");
@@ -974,7 +1239,7 @@ void save_onnx(const models::Model& model, const std::string& path) {
     if (!family->is_param(t.name())) continue;
     Tensor p = params.param(family->param_name(t.name()));
     std::vector<float> transposed;
-    if (family->tied_transposed(t.name())) {
+    if (family->tied_transposed(t.name()) || family->out_in(t.name())) {
       const int64_t rows = p.shape()[0], cols = p.shape()[1];
       transposed.resize(size_t(rows * cols));
       for (int64_t i = 0; i < rows; ++i)

@@ -1,6 +1,7 @@
 // Decomposed LayerNorm and erf-GELU, as exporters write them, back into LayerNorm and Gelu
 // (see fusion.h).
 #include <cmath>
+#include <numbers>
 #include <optional>
 
 #include "fusetrain/passes/fusion.h"
@@ -139,25 +140,15 @@ bool rewrite_layernorm(Matcher& m, const ir::Node& sqrt_node) {
   return true;
 }
 
-// 0.5 · x · (1 + erf(x / √2)) around `erf_node`, in any order of its three factors: rewritten
-// into Gelu (erf form) at the last Mul. True if it was.
-bool rewrite_erf_gelu(Matcher& m, const ir::Node& erf_node) {
+// The shared tail of both GELU forms: `inside` = erf(x / √2) or tanh(...) at `core`, then 1 + inside, then
+// multiplied by x and 0.5 in any order (x · 0.5 first, or either factor last). Rewrites the last Mul into Gelu
+// with `approximate`, removing `core`, `earlier` (the nodes before it) and the tail. True if it matched.
+bool rewrite_gelu_tail(Matcher& m, ValueId x, const ir::Node& core, std::initializer_list<const ir::Node*> earlier,
+                       const char* approximate) {
   ir::Graph& g = m.g;
-  const ValueId scaled = erf_node.inputs[0];
-  ValueId x = kNone;
-  const ir::Node* scaling = m.inner(scaled, OpKind::Div);
-  if (scaling && m.constant_near(scaling->inputs[1], std::sqrt(2.0))) {
-    x = scaling->inputs[0];
-  } else {
-    scaling = m.inner(scaled, OpKind::Mul);
-    for (int side = 0; scaling && side < 2 && x == kNone; ++side)
-      if (m.constant_near(scaling->inputs[static_cast<size_t>(side)], std::sqrt(0.5)))
-        x = scaling->inputs[static_cast<size_t>(1 - side)];
-  }
-  if (x == kNone || g.value(x).dtype != DType::f32) return false;
-  const ir::Node* plus_one = m.only_reader(erf_node.outputs[0]);
+  const ir::Node* plus_one = m.only_reader(core.outputs[0]);
   if (!plus_one || plus_one->op != OpKind::Add ||
-      !m.constant_near(Matcher::other_operand(*plus_one, erf_node.outputs[0]), 1.0))
+      !m.constant_near(Matcher::other_operand(*plus_one, core.outputs[0]), 1.0))
     return false;
   const ValueId cdf2 = plus_one->outputs[0];  // 1 + erf(x / √2)
   const ir::Node* first = m.only_reader(cdf2);
@@ -177,11 +168,59 @@ bool rewrite_erf_gelu(Matcher& m, const ir::Node& erf_node) {
   if (!root || g.value(root->outputs[0]).shape != g.value(x).shape) return false;
 
   const NodeId at = root->id;
-  m.kill({scaling, &erf_node, plus_one});
+  for (const ir::Node* n : earlier) m.kill({n});
+  m.kill({&core, plus_one});
   if (root != first) m.kill({first});
   if (half_mul) m.kill({half_mul});
-  g.set_op(at, OpKind::Gelu, {x}, ir::Attrs{{"approximate", std::string("none")}});
+  g.set_op(at, OpKind::Gelu, {x}, ir::Attrs{{"approximate", std::string(approximate)}});
   return true;
+}
+
+// 0.5 · x · (1 + erf(x / √2)) around `erf_node`, in any order of its three factors: rewritten
+// into Gelu (erf form) at the last Mul. True if it was.
+bool rewrite_erf_gelu(Matcher& m, const ir::Node& erf_node) {
+  ir::Graph& g = m.g;
+  const ValueId scaled = erf_node.inputs[0];
+  ValueId x = kNone;
+  const ir::Node* scaling = m.inner(scaled, OpKind::Div);
+  if (scaling && m.constant_near(scaling->inputs[1], std::sqrt(2.0))) {
+    x = scaling->inputs[0];
+  } else {
+    scaling = m.inner(scaled, OpKind::Mul);
+    for (int side = 0; scaling && side < 2 && x == kNone; ++side)
+      if (m.constant_near(scaling->inputs[static_cast<size_t>(side)], std::sqrt(0.5)))
+        x = scaling->inputs[static_cast<size_t>(1 - side)];
+  }
+  if (x == kNone || g.value(x).dtype != DType::f32) return false;
+  return rewrite_gelu_tail(m, x, erf_node, {scaling}, "none");
+}
+
+// 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))) around `tanh_node` (GPT-2's gelu_new, as exporters write
+// it: x³ as Pow(x, 3)), in any order of the factors and terms: rewritten into Gelu (tanh form). True if it was.
+bool rewrite_tanh_gelu(Matcher& m, const ir::Node& tanh_node) {
+  ir::Graph& g = m.g;
+  const ir::Node* outer = m.inner(tanh_node.inputs[0], OpKind::Mul);  // √(2/π) · inner
+  if (!outer) return false;
+  ValueId inner = kNone;
+  for (int side = 0; side < 2 && inner == kNone; ++side)
+    if (m.constant_near(outer->inputs[static_cast<size_t>(side)], std::sqrt(2.0 / std::numbers::pi)))
+      inner = outer->inputs[static_cast<size_t>(1 - side)];
+  const ir::Node* sum = inner == kNone ? nullptr : m.inner(inner, OpKind::Add);  // x + 0.044715 · x³
+  if (!sum) return false;
+  for (int side = 0; side < 2; ++side) {
+    const ValueId x = sum->inputs[static_cast<size_t>(side)];
+    const ir::Node* cubic = m.inner(sum->inputs[static_cast<size_t>(1 - side)], OpKind::Mul);
+    if (!cubic || g.value(x).dtype != DType::f32) continue;
+    ValueId cube = kNone;
+    if (m.constant_near(cubic->inputs[0], 0.044715))
+      cube = cubic->inputs[1];
+    else if (m.constant_near(cubic->inputs[1], 0.044715))
+      cube = cubic->inputs[0];
+    const ir::Node* pow = cube == kNone ? nullptr : m.inner(cube, OpKind::Pow);
+    if (!pow || pow->inputs[0] != x || pow->attrs.get_float("exponent") != 3.0) continue;
+    return rewrite_gelu_tail(m, x, tanh_node, {outer, sum, cubic, pow}, "tanh");
+  }
+  return false;
 }
 
 template <typename Rewrite>
@@ -198,6 +237,10 @@ FusionReport rewrite_all(ir::Graph& g, OpKind anchor, Rewrite rewrite) {
 
 FusionReport fuse_decomposed_layernorm(ir::Graph& g) { return rewrite_all(g, OpKind::Sqrt, rewrite_layernorm); }
 
-FusionReport fuse_erf_gelu(ir::Graph& g) { return rewrite_all(g, OpKind::Erf, rewrite_erf_gelu); }
+FusionReport fuse_erf_gelu(ir::Graph& g) {
+  FusionReport erf = rewrite_all(g, OpKind::Erf, rewrite_erf_gelu);
+  FusionReport tanh = rewrite_all(g, OpKind::Tanh, rewrite_tanh_gelu);
+  return {erf.fused + tanh.fused, erf.nodes_removed + tanh.nodes_removed};
+}
 
 }  // namespace fusetrain::passes

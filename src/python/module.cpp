@@ -597,18 +597,19 @@ architecture: the transformers class to build; defaults to config["architectures
       .def_static(
           "from_onnx",
           [](const std::filesystem::path& path, const std::string& task, std::vector<std::string> frozen,
-             bool tie_identical) {
+             bool tie_identical, bool fuse_attention) {
             std::unique_ptr<models::Model> model;
             onnx_import::ImportOptions options;
             options.frozen = std::move(frozen);
             options.tie_identical = tie_identical;
+            options.fuse_attention = fuse_attention;
             {
               py::gil_scoped_release release;
               model = models::Model::from_onnx(path.string(), task, options);
             }
             return wrap(std::move(model));
           },
-          "path"_a, "task"_a, "frozen"_a = std::vector<std::string>{}, "tie_identical"_a = true, R"doc(
+          "path"_a, "task"_a, "frozen"_a = std::vector<std::string>{}, "tie_identical"_a = true, "fuse_attention"_a = true, R"doc(
 Trains a graph exported to ONNX (torch.onnx.export with either exporter, fusetrain export, Optimum).
 
 task: what to train it for: "seq-cls", "token-cls", "qa", "mlm" or "clm"; its loss is appended to
@@ -618,6 +619,8 @@ frozen: names of float initializers to keep fixed; every other float initializer
 tie_identical: train a float initializer equal to an earlier one, or to its transpose, as that
     parameter: exporters fold the transpose of a shared weight into a copy per use (a tied LM head,
     ALBERT's shared layer). Tensors of one repeated value are never tied.
+fuse_attention: run attention as exporters decompose it (MatMul, scale, mask, Softmax, MatMul)
+    as one fused op; its mask must then be key padding (plus causal). Off runs the ops as written.
 config.json beside the file, when present, gives num_labels, problem_type and the longest sequence.
 Raises ValueError listing every node whose op cannot be imported. export_onnx then writes the same
 graph with the trained initializers.

@@ -355,6 +355,42 @@ TEST(FuseDecomposed, WrittenOutLayerNormAndErfGeluBecomeTheFusedOpsWithTheSameRe
   }
 }
 
+// GPT-2's gelu_new as exporters write it, terms and factors in both orders: one Gelu (tanh form), the same values.
+GraphRun run_tanh_gelu(bool fuse, int variant, int* fused) {
+  ir::Graph g;
+  ir::GraphBuilder b(g, 2);
+  ValueId x = b.param("x", {3, 7});
+  auto scalar = [&](double v) { return b.fill(Shape{1}, v); };
+  ValueId cube = g.add(OpKind::Pow, {x}, {{"exponent", 3.0}});
+  ValueId inner = variant == 0 ? b.add(x, b.mul(cube, scalar(0.044715))) : b.add(b.mul(scalar(0.044715), cube), x);
+  ValueId t = g.add(OpKind::Tanh, {b.mul(inner, scalar(0.7978845608028654))});
+  ValueId cdf2 = b.add(t, scalar(1.0));
+  ValueId gelu = variant == 0 ? b.mul(b.mul(x, scalar(0.5)), cdf2) : b.mul(b.mul(cdf2, scalar(0.5)), x);
+  ValueId loss = b.reduce_sum(b.mul(gelu, gelu), {0, 1});
+  g.mark_output(loss);
+  if (fuse) {
+    *fused = static_cast<int>(passes::fuse_erf_gelu(g).fused);
+    EXPECT_EQ(count(g, OpKind::Gelu), 1);
+    EXPECT_EQ(count(g, OpKind::Tanh), 0);
+    EXPECT_EQ(count(g, OpKind::Pow), 0);
+  }
+  return run_graph(g, loss, 0.6f, 0.43f, 0);
+}
+
+TEST(FuseDecomposed, WrittenOutTanhGeluBecomesGeluWithTheSameResults) {
+  for (int variant = 0; variant < 2; ++variant) {
+    int fused = 0;
+    GraphRun plain = run_tanh_gelu(false, variant, nullptr);
+    GraphRun with = run_tanh_gelu(true, variant, &fused);
+    EXPECT_EQ(fused, 1) << "variant " << variant;
+    EXPECT_NEAR(plain.loss, with.loss, 1e-5 * std::abs(plain.loss)) << "variant " << variant;
+    double max_grad = 0.0;
+    for (float v : plain.grads) max_grad = std::max(max_grad, static_cast<double>(std::abs(v)));
+    for (size_t i = 0; i < plain.grads.size(); ++i)
+      ASSERT_NEAR(plain.grads[i], with.grads[i], 2e-5 * max_grad) << "variant " << variant << " gradient " << i;
+  }
+}
+
 TEST(FuseDecomposed, LeavesLookalikesAlone) {
   ir::Graph g;
   ir::GraphBuilder b(g);

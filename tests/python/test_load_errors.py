@@ -187,3 +187,16 @@ def test_class_label_out_of_range(model, batch):
 def test_loss_and_grads_needs_labels(model, batch):
     with pytest.raises(ValueError):
         model.loss_and_grads(**hf.without_labels(batch))
+
+
+def test_initializer_range_zero_and_negative():
+    """initializer_range 0 draws zeros, as torch's normal_(std=0) does; a negative one is refused by name."""
+    config = {"model_type": "bert", "vocab_size": 32, "hidden_size": 8, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "intermediate_size": 16, "max_position_embeddings": 16,
+              "initializer_range": 0.0}
+    fusetrain = hf.fusetrain_module()
+    model = fusetrain.Model.from_config(config)
+    assert not np.any(model.state_dict()["encoder.layer.0.attention.self.query.weight"])
+    config["initializer_range"] = -0.02
+    with pytest.raises(ValueError, match='"initializer_range" is -0.02, expected a standard deviation >= 0'):
+        fusetrain.Model.from_config(config)

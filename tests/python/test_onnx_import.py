@@ -252,3 +252,57 @@ def test_cli_trains_an_onnx_graph_like_the_model_directory(tmp_path, tiny_model,
     np.testing.assert_allclose(losses["onnx"], losses["native"], rtol=1e-4)
     assert (tmp_path / "onnx" / "model.onnx").exists()
     onnx.checker.check_model(str(tmp_path / "onnx" / "model.onnx"))
+
+
+def test_attention_unfused_matches_fused():
+    """fuse_attention=False computes the graph's decomposed ops as written: the same loss and gradients."""
+    data = og.batch("gpt2")
+    path = og.exported("gpt2", "torchscript")
+    fused = fusetrain.Model.from_onnx(path, "seq-cls")
+    plain = fusetrain.Model.from_onnx(path, "seq-cls", fuse_attention=False)
+    loss_f, grads_f = fused.loss_and_grads(**data)
+    loss_p, grads_p = plain.loss_and_grads(**data)
+    assert loss_f == pytest.approx(loss_p, rel=1e-5)
+    errors = hf.grad_errors(grads_f, grads_p)
+    assert not errors, "\n".join(errors)
+
+
+def planned_ops(model_path: str) -> tuple[str, dict[str, int]]:
+    """`fusetrain inspect`'s scheduled node count and its planned op counts."""
+    result = run("inspect", "--model", str(model_path), "--task", "seq-cls", "--max-seq-length", "32")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    scheduled = next(line for line in lines if "nodes scheduled" in line)
+    ops = {}
+    for line in lines[lines.index(scheduled) + 2:]:
+        parts = line.split()
+        if len(parts) != 3 or parts[0] == "total":
+            break
+        ops[parts[0]] = int(parts[2])
+    return scheduled, ops
+
+
+@pytest.mark.parametrize("exporter", og.EXPORTERS)
+def test_imported_bert_compiles_to_the_native_program(tmp_path, exporter):
+    """The passes make an imported BERT the program the built one is: one Attention per layer with its transposes
+    folded, Linear with GELU in its epilogue, the loss fused with the classifier."""
+    import shutil
+
+    model = og.torch_model("bert")
+    model.config.hidden_dropout_prob = model.config.attention_probs_dropout_prob = 0.0  # the graph has none
+    model.save_pretrained(tmp_path / "native")
+    shutil.copytree(tmp_path / "native", tmp_path / "graph")
+    (tmp_path / "graph" / "model.safetensors").unlink()
+    og.export(model, str(tmp_path / "graph" / "model.onnx"), exporter)
+    native_line, native = planned_ops(tmp_path / "native")
+    imported_line, imported = planned_ops(tmp_path / "graph" / "model.onnx")
+    # Every op that moves real data is planned the same number of times. What differs is bookkeeping: the native
+    # graph turns the mask into its additive form in-graph (Cast, Sub, Scale) where the imported one gets it from
+    # the host, and the imported embeddings add (1, T) position rows by broadcasting, which the residual-add
+    # LayerNorm fusion leaves as an Add and a LayerNorm.
+    heavy = ("Attention", "AttentionBackward", "Linear", "LinearGelu", "LinearCrossEntropy", "MatMul", "Embedding",
+             "EmbeddingBackward", "Transpose", "Softmax", "GeluBackward", "LayerNormBackward", "TanhBackward")
+    for op in heavy:
+        assert imported.get(op, 0) == native.get(op, 0), f"{op}: imported {imported.get(op)}, native {native.get(op)}"
+    count = lambda line: int(line.split(":")[1].split()[0])  # noqa: E731
+    assert count(imported_line) <= count(native_line), f"imported: {imported_line}\nnative: {native_line}"

@@ -22,6 +22,10 @@ struct ImportOptions {
   /// ALBERT's shared layer); tying restores the sharing, as PyTorch trains it. Tensors of one repeated value (a
   /// fresh bias or norm weight) are never tied: they are equal by chance.
   bool tie_identical = true;
+  /// Recognises attention as exporters decompose it (MatMul, scale, Add of the mask, Softmax, MatMul) and runs it
+  /// as one Attention op. Its mask must then be a key-padding mask, plus a causal one where the graph has it
+  /// (every transformers model's is); off computes the graph's ops as written.
+  bool fuse_attention = true;
 };
 
 /// Writes the ONNX graph `model` was imported from to `path` with its current parameters as the initializers

@@ -70,7 +70,9 @@ FusionReport fuse_decomposed_layernorm(ir::Graph& graph);
 
 /// Erf-based GELU written out: 0.5 · x · (1 + Erf(x / √2)) (or x · 1/√2 inside, and the three
 /// factors multiplied in any order), with every intermediate read only inside the pattern,
-/// becomes Gelu(x) in its erf form, which fuse_linear_gelu can then fold into a Linear.
+/// becomes Gelu(x) in its erf form, which fuse_linear_gelu can then fold into a Linear. The tanh form
+/// (GPT-2's gelu_new) 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · Pow(x, 3)))) likewise becomes Gelu in its
+/// tanh form.
 FusionReport fuse_erf_gelu(ir::Graph& graph);
 
 }  // namespace fusetrain::passes
