@@ -78,9 +78,11 @@ class _Inputs(torch.nn.Module):
         return tuple(getattr(out, name) for name in self.names)
 
 
-def export(model: torch.nn.Module, path: str, exporter: str, task: str = "seq-cls", fold: bool = True) -> str:
+def export(model: torch.nn.Module, path: str, exporter: str, task: str = "seq-cls", fold: bool = True,
+           opset: int | None = None) -> str:
     """torch.onnx.export of `model` with dynamic batch and sequence axes, inputs input_ids and attention_mask.
-    fold=False keeps every weight under its own name (no constant folding)."""
+    fold=False keeps every weight under its own name (no constant folding); opset defaults to 17 (TorchScript)
+    and 18 (dynamo)."""
     model = _Inputs(model, task)
     ids = torch.randint(2, 100, (2, SEQ))
     mask = torch.ones(2, SEQ, dtype=torch.long)
@@ -91,13 +93,13 @@ def export(model: torch.nn.Module, path: str, exporter: str, task: str = "seq-cl
         try:
             if exporter == "torchscript":
                 torch.onnx.export(model, (ids,), path, kwargs={"attention_mask": mask}, input_names=names,
-                                  output_names=output_names(task), opset_version=17, dynamo=False,
+                                  output_names=output_names(task), opset_version=opset or 17, dynamo=False,
                                   do_constant_folding=fold,
                                   dynamic_axes={n: {0: "batch_size", 1: "sequence_length"} for n in names})
             else:
                 dims = {0: torch.export.Dim("batch_size"), 1: torch.export.Dim("sequence_length", max=64)}
                 torch.onnx.export(model, (ids,), path, kwargs={"attention_mask": mask}, input_names=names,
-                                  output_names=output_names(task), opset_version=18, dynamo=True, optimize=fold,
+                                  output_names=output_names(task), opset_version=opset or 18, dynamo=True, optimize=fold,
                                   dynamic_shapes={"input_ids": dims, "attention_mask": dims})
         finally:
             logging.disable(logging.NOTSET)
