@@ -200,6 +200,9 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   const std::string onnx_path = o.model;
   if (onnx_graph) {
     FT_CHECK(fs::is_regular_file(o.model), "--model: ONNX file \"", o.model, "\" does not exist");
+    FT_CHECK(!o.args.bf16 && !o.args.fp16, "--bf16/--fp16: a graph imported from ONNX trains in f32");
+    FT_CHECK(!o.args.gradient_checkpointing && !o.args.fusetrain_recompute,
+             "--gradient-checkpointing: a graph imported from ONNX has no layer boundaries to recompute from");
     o.model = fs::path(o.model).has_parent_path() ? fs::path(o.model).parent_path().string() : ".";
   }
   FT_CHECK(fs::is_directory(o.model), "--model: \"", o.model, "\" is not a directory");

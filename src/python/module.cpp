@@ -615,7 +615,9 @@ Trains a graph exported to ONNX (torch.onnx.export with either exporter, fusetra
 task: what to train it for: "seq-cls", "token-cls", "qa", "mlm" or "clm"; its loss is appended to
     the graph's logits output (start_logits and end_logits for "qa").
 frozen: names of float initializers to keep fixed; every other float initializer with more than
-    one element is a parameter, under its initializer name.
+    one element is a parameter, under its initializer name. A weight the graph only ever multiplies
+    as x·W is held in Linear's (out, in) layout, the transpose of the initializer (export_onnx writes
+    it back as the graph holds it).
 tie_identical: train a float initializer equal to an earlier one, or to its transpose, as that
     parameter: exporters fold the transpose of a shared weight into a copy per use (a tied LM head,
     ALBERT's shared layer). Tensors of one repeated value are never tied.
