@@ -85,8 +85,8 @@ def test_deberta_v2_logits_and_loss(exporter):
 STEPS = 20
 
 
-@pytest.mark.parametrize("arch,exporter", [(a, "torchscript") for a in COVERED] +
-                         [("bert", "dynamo"), ("gpt2", "dynamo"), ("albert", "dynamo")])
+@pytest.mark.parametrize("exporter", og.EXPORTERS)
+@pytest.mark.parametrize("arch", COVERED)
 def test_adamw_steps_track_torch(arch, exporter):
     model = og.torch_model(arch)
     ft = load(arch, exporter)
