@@ -74,6 +74,14 @@ class Family {
     (void)plan;
     (void)batch;
   }
+  /// Fills inputs the family computes on the host from the position ids the batch runs with (Llama's rotary
+  /// tables), after Model's own binding.
+  virtual void bind_extra_inputs(runtime::Plan& plan, const int64_t* positions, int64_t B, int64_t T) const {
+    (void)plan;
+    (void)positions;
+    (void)B;
+    (void)T;
+  }
   /// Parameter values the family brings itself (an imported graph's initializers), by stored name.
   virtual std::map<std::string, Tensor> initial_values() const { return {}; }
   Head head() const { return head_; }
@@ -107,6 +115,7 @@ bool ends_with(const std::string& name, const std::string& suffix);
 std::unique_ptr<Family> make_bert_family(bool roberta, Head head, const nlohmann::json& config);
 std::unique_ptr<Family> make_distilbert_family(Head head, const nlohmann::json& config);
 std::unique_ptr<Family> make_gpt2_family(Head head, const nlohmann::json& config);
+std::unique_ptr<Family> make_llama_family(Head head, const nlohmann::json& config);
 
 // ---- config access ------------------------------------------------------------------------
 

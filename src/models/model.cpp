@@ -417,12 +417,19 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     plan.bind_input(InputNames::input_ids, ids.data());
     bind_optional(InputNames::attention_mask, batch.attention_mask);
     if (family->uses_token_type_ids()) bind_optional(InputNames::token_type_ids, batch.token_type_ids);
-    if (batch.position_ids.data() != nullptr) {
-      plan.bind_input(InputNames::position_ids, batch.position_ids.data());
-    } else {
-      plan.bind_input(InputNames::position_ids, nullptr);
-      family->default_position_ids(id_data, B, T, plan.input(InputNames::position_ids).data_as<int64_t>());
+    std::vector<int64_t> default_positions;
+    const int64_t* positions =
+        batch.position_ids.data() != nullptr ? batch.position_ids.data_as<int64_t>() : nullptr;
+    if (positions == nullptr) {
+      default_positions.resize(static_cast<size_t>(B * T));
+      family->default_position_ids(id_data, B, T, default_positions.data());
+      positions = default_positions.data();
     }
+    if (plan.has_input(InputNames::position_ids)) {
+      plan.bind_input(InputNames::position_ids, nullptr);
+      std::copy(positions, positions + B * T, plan.input(InputNames::position_ids).data_as<int64_t>());
+    }
+    family->bind_extra_inputs(plan, positions, B, T);
   }
   if (family->reads_pool_index()) {
     int64_t* rows = plan.input(InputNames::pool_index).data_as<int64_t>();

@@ -85,6 +85,13 @@ const std::vector<ArchitectureInfo> kArchitectures = {
     {"GPT2Model", "gpt2", Head::Base, make_gpt2_family},
     {"GPT2LMHeadModel", "gpt2", Head::CausalLM, make_gpt2_family},
     {"GPT2ForSequenceClassification", "gpt2", Head::SequenceClassification, make_gpt2_family},
+    {"LlamaModel", "llama", Head::Base, make_llama_family},
+    {"LlamaForCausalLM", "llama", Head::CausalLM, make_llama_family},
+    {"LlamaForSequenceClassification", "llama", Head::SequenceClassification, make_llama_family},
+    {"MistralModel", "mistral", Head::Base, make_llama_family},
+    {"MistralForCausalLM", "mistral", Head::CausalLM, make_llama_family},
+    {"Qwen2Model", "qwen2", Head::Base, make_llama_family},
+    {"Qwen2ForCausalLM", "qwen2", Head::CausalLM, make_llama_family},
 };
 
 const std::pair<DataLabel, const char*> kDataLabelNames[] = {

@@ -464,7 +464,8 @@ TEST(Registry, EveryHeadHasOneRowAndTasksAreUnique) {
     if (*head.task) EXPECT_TRUE(tasks.insert(head.task).second) << head.task;
   }
   EXPECT_EQ(models::task_names(), std::vector<std::string>({"seq-cls", "token-cls", "qa", "mlm", "clm"}));
-  EXPECT_EQ(models::model_types(), std::vector<std::string>({"bert", "roberta", "distilbert", "gpt2"}));
+  EXPECT_EQ(models::model_types(),
+            std::vector<std::string>({"bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2"}));
 }
 
 TEST(Registry, ErrorsNameWhatIsSupported) {
@@ -474,7 +475,7 @@ TEST(Registry, ErrorsNameWhatIsSupported) {
                   "--task mlm (masked language modelling) supports bert, roberta and distilbert models, found "
                   "model_type \"gpt2\" (a gpt2 model takes --task clm and seq-cls)");
   EXPECT_CONTAINS(error_of([] { models::architecture_for_task("t5", models::Head::MaskedLM, "m/config.json"); }),
-                  "m/config.json: model_type \"t5\" is not supported (supported: bert, roberta, distilbert, gpt2)");
+                  "m/config.json: model_type \"t5\" is not supported (supported: bert, roberta, distilbert, gpt2, llama, mistral, qwen2)");
   nlohmann::json config = tiny_config("bert");
   config["architectures"] = {"BertForPreTraining"};
   EXPECT_EQ(models::max_positions(config), 40);  // the base model answers, whatever "architectures" names

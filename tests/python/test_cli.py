@@ -392,5 +392,6 @@ def test_cli_tasks_and_model_types_are_the_registry_s(tiny_model, data, tmp_path
     model_types = ", ".join(dict.fromkeys(row["model_type"] for row in rows))
     assert line.endswith(f'{model}/config.json: model_type "t5" is not supported (supported: {model_types})'), line
     line = error_line(run("train", "--model", str(tiny_model), "--task", "clm", "--train-file", str(data["train"])))
-    gpt2 = ", ".join(row["model_type"] for row in rows if row["task"] == "clm")
-    assert f'--task clm (causal language modelling) supports {gpt2} models, found model_type "bert"' in line, line
+    causal = [row["model_type"] for row in rows if row["task"] == "clm"]
+    listed = causal[0] if len(causal) == 1 else ", ".join(causal[:-1]) + " and " + causal[-1]
+    assert f'--task clm (causal language modelling) supports {listed} models, found model_type "bert"' in line, line

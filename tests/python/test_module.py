@@ -325,6 +325,10 @@ def _tiny_config(model_type):
     if model_type == "gpt2":
         return {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32,
                 "pad_token_id": 0, "num_labels": NUM_LABELS}
+    if model_type in ("llama", "mistral", "qwen2"):
+        return {"model_type": model_type, "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48,
+                "max_position_embeddings": 32, "pad_token_id": 0, "num_labels": NUM_LABELS}
     if model_type == "distilbert":
         return {"model_type": "distilbert", "vocab_size": 64, "dim": 32, "n_layers": 2, "n_heads": 4,
                 "hidden_dim": 64, "max_position_embeddings": 32, "num_labels": NUM_LABELS}
@@ -337,7 +341,7 @@ def test_every_registry_row_builds_and_returns_its_outputs(batch):
     input_ids, attention_mask, _ = batch
     rows = fusetrain.architectures()
     assert [row["architecture"] for row in rows] == fusetrain.supported_architectures()
-    assert {row["model_type"] for row in rows} == {"bert", "roberta", "distilbert", "gpt2"}
+    assert {row["model_type"] for row in rows} == {"bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2"}
     for row in rows:
         model = fusetrain.Model.from_config(_tiny_config(row["model_type"]), architecture=row["architecture"])
         assert (model.architecture, model.model_type) == (row["architecture"], row["model_type"])

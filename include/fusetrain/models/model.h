@@ -1,4 +1,5 @@
-// Hugging Face architectures as fusetrain graphs: BERT, RoBERTa, DistilBERT, GPT-2.
+// Hugging Face architectures as fusetrain graphs: BERT, RoBERTa, DistilBERT, GPT-2, Llama, Mistral, Qwen2, and
+// graphs imported from ONNX.
 #pragma once
 
 #include <map>
@@ -114,7 +115,8 @@ class Model {
   const nlohmann::json& config() const { return config_; }
   /// The transformers class this model mirrors, e.g. "GPT2LMHeadModel".
   const std::string& architecture() const { return architecture_; }
-  /// "bert", "roberta", "distilbert" or "gpt2".
+  /// "bert", "roberta", "distilbert", "gpt2", "llama", "mistral" or "qwen2" (an imported ONNX graph: its config's
+  /// model_type, else "onnx").
   const std::string& model_type() const { return model_type_; }
   /// The registry's row for this model: its head, what it returns, the task it trains.
   const ArchitectureInfo& architecture_info() const { return *architecture_info_; }

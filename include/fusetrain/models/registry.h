@@ -84,7 +84,7 @@ const HeadInfo& head_info(Head head);
 const std::vector<ArchitectureInfo>& architectures();
 /// The transformers classes fusetrain implements, in registry order (for error messages).
 std::vector<std::string> supported_architectures();
-/// The model_types fusetrain builds, in registry order: bert, roberta, distilbert, gpt2.
+/// The model_types fusetrain builds, in registry order: bert, roberta, distilbert, gpt2, llama, mistral, qwen2.
 std::vector<std::string> model_types();
 /// The tasks heads train, in registry order: seq-cls, token-cls, qa, mlm, clm.
 std::vector<std::string> task_names();

@@ -1,0 +1,263 @@
+// Llama, Mistral and Qwen2: decoder-only transformers with RMSNorm, rotary position embeddings, a SwiGLU MLP and
+// grouped-query attention (num_key_value_heads ≤ num_attention_heads), with the causal-LM head (tied or not) and
+// Llama's sequence-classification head (the last non-padding token). Qwen2 adds biases to q, k and v; Llama's
+// attention_bias and mlp_bias add them to every projection.
+//
+// The rotary tables cos/sin (B, T, D) are computed on the host from the position ids (rope_parameters, or
+// rope_theta and rope_scaling in older configs: default, linear, dynamic and llama3) and fed to the plan.
+//
+// Shape letters: B batch, T sequence, C hidden, H heads, K key/value heads, D head size, F intermediate,
+// V vocabulary, L labels.
+#include <cmath>
+#include <numbers>
+
+#include "fusetrain/core/error.h"
+#include "models/family.h"
+
+namespace fusetrain::models {
+namespace {
+
+using ir::ValueId;
+
+constexpr const char* kCos = "rope_cos";
+constexpr const char* kSin = "rope_sin";
+
+class LlamaFamily final : public Family {
+ public:
+  LlamaFamily(Head head, const nlohmann::json& json) : config_(json) {
+    head_ = head;
+    ConfigReader c(config_);
+    type_ = c.get_string("model_type", "llama");
+    V_ = c.positive("vocab_size");
+    C_ = c.positive("hidden_size");
+    layers_ = c.positive("num_hidden_layers");
+    H_ = c.positive("num_attention_heads");
+    K_ = c.has("num_key_value_heads") ? c.positive("num_key_value_heads") : H_;
+    FT_CHECK(H_ % K_ == 0, "config.json: \"num_attention_heads\" ", H_, " is not a multiple of \"num_key_value_heads\" ",
+             K_);
+    D_ = c.has("head_dim") ? c.positive("head_dim") : C_ / H_;
+    FT_CHECK(c.has("head_dim") || C_ % H_ == 0, "config.json: \"hidden_size\" is ", C_,
+             " but \"num_attention_heads\" ", H_, " does not divide it");
+    FT_CHECK(D_ % 2 == 0, "config.json: the head size ", D_, " must be even for rotary embeddings");
+    F_ = c.positive("intermediate_size");
+    P_ = c.positive("max_position_embeddings");
+    eps_ = c.epsilon("rms_norm_eps", 1e-6);
+    init_std_ = c.init_std("initializer_range", 0.02);
+    attn_dropout_ = c.probability("attention_dropout", 0.0);
+    const std::string act = c.get_string("hidden_act", "silu");
+    FT_CHECK(act == "silu", "config.json: \"hidden_act\" is \"", act, "\"; fusetrain's ", type_,
+             " supports silu (SwiGLU) only");
+    qkv_bias_ = type_ == "qwen2" || c.get_bool("attention_bias", false);
+    o_bias_ = type_ != "qwen2" && c.get_bool("attention_bias", false);
+    mlp_bias_ = c.get_bool("mlp_bias", false);
+    tie_ = c.get_bool("tie_word_embeddings", false);
+    pad_ = c.get_int("pad_token_id", -1);
+    num_labels_ = c.num_labels();
+    // Sliding-window attention equals full causal attention while the sequence fits in the window.
+    if (type_ == "mistral" || (type_ == "qwen2" && c.get_bool("use_sliding_window", false)))
+      window_ = c.has("sliding_window") ? c.positive("sliding_window") : 0;
+    read_rope(c);
+    prefix_ = head == Head::Base ? "" : "model.";
+  }
+
+  BuiltGraph build(const BatchSpec& spec) const override {
+    BuiltGraph out;
+    ir::GraphBuilder b(out.graph, 0x11a3a);
+    FT_CHECK(window_ == 0 || spec.seq <= window_, type_, ": sequence length ", spec.seq,
+             " exceeds the sliding window of ", window_, " tokens, which fusetrain does not implement");
+    matmul_dtype_ = spec.fp16 ? DType::f16 : spec.bf16 ? DType::bf16 : DType::f32;
+    const int64_t B = spec.batch, T = spec.seq, C = C_, H = H_, K = K_, D = D_;
+    const bool train = spec.training;
+    auto [ids, mask, positions] = sequence_inputs(b, B, T);
+    (void)positions;  // read on the host, for the rotary tables
+    ValueId mask_add = additive_mask(b, mask, B, T);
+    ValueId cos = b.input(kCos, {B, T, D}), sin = b.input(kSin, {B, T, D});
+
+    ValueId embed = b.param(p("embed_tokens.weight"), {V_, C});
+    ValueId x = b.embedding(embed, ids, pad_ >= 0 && pad_ < V_ ? pad_ : -1);
+    out.layer_boundaries.push_back(x);
+    for (int64_t l = 0; l < layers_; ++l) {
+      const std::string layer = p("layers." + std::to_string(l) + ".");
+      ValueId a = rms_norm(b, x, layer + "input_layernorm");
+      ValueId q = proj(b, a, layer + "self_attn.q_proj", H * D, C, qkv_bias_);
+      ValueId k = proj(b, a, layer + "self_attn.k_proj", K * D, C, qkv_bias_);
+      ValueId v = proj(b, a, layer + "self_attn.v_proj", K * D, C, qkv_bias_);
+      q = b.rope(b.reshape(q, {B, T, H, D}), cos, sin);
+      k = repeat_heads(b, b.rope(b.reshape(k, {B, T, K, D}), cos, sin), B, T);
+      v = repeat_heads(b, b.reshape(v, {B, T, K, D}), B, T);
+      ValueId context = b.attention(b.transpose(q, {0, 2, 1, 3}), b.transpose(k, {0, 2, 1, 3}),
+                                    b.transpose(v, {0, 2, 1, 3}), mask_add, 1.0 / std::sqrt(double(D)), true,
+                                    train ? attn_dropout_ : 0.0);
+      ValueId merged = b.reshape(b.transpose(context, {0, 2, 1, 3}), {B, T, H * D});
+      x = b.add(x, proj(b, merged, layer + "self_attn.o_proj", C, H * D, o_bias_));
+      ValueId m = rms_norm(b, x, layer + "post_attention_layernorm");
+      ValueId gate = proj(b, m, layer + "mlp.gate_proj", F_, C, mlp_bias_);
+      ValueId up = proj(b, m, layer + "mlp.up_proj", F_, C, mlp_bias_);
+      x = b.add(x, proj(b, b.mul(silu(b, gate), up), layer + "mlp.down_proj", C, F_, mlp_bias_));
+      out.layer_boundaries.push_back(x);
+    }
+    x = rms_norm(b, x, p("norm"));
+    out.hidden_states = x;
+    switch (head_) {
+      case Head::Base:
+        out.logits = x;
+        break;
+      case Head::CausalLM: {
+        ValueId lm_head = tie_ ? embed : b.param("lm_head.weight", {V_, C});
+        out.logits = project(b, x, lm_head, ir::kNone, matmul_dtype_);
+        if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
+        break;
+      }
+      case Head::SequenceClassification: {
+        ValueId scores = b.linear(x, b.param("score.weight", {num_labels_, C}));
+        ValueId rows = b.reshape(scores, {B * T, num_labels_});
+        out.logits = b.embedding(rows, b.input(InputNames::pool_index, {B}, DType::i64));
+        if (spec.labels != LabelKind::None)
+          out.loss = sequence_classification_loss(b, out.logits, spec, ConfigReader(config_), num_labels_);
+        break;
+      }
+      default:
+        throw Error(str(type_, " in fusetrain has causal-LM and sequence-classification heads only"));
+    }
+    return out;
+  }
+
+  void bind_extra_inputs(runtime::Plan& plan, const int64_t* positions, int64_t B, int64_t T) const override {
+    if (!plan.has_input(kCos)) return;
+    int64_t longest = 0;
+    for (int64_t i = 0; i < B * T; ++i) longest = std::max(longest, positions[i] + 1);
+    const std::vector<double> inv = inverse_frequencies(longest);
+    float* cos = plan.input(kCos).data_as<float>();
+    float* sin = plan.input(kSin).data_as<float>();
+    const int64_t half = D_ / 2;
+    for (int64_t r = 0; r < B * T; ++r)
+      for (int64_t j = 0; j < half; ++j) {
+        // transformers computes the angle in f32 (position · inv_freq as a float product).
+        const float angle = static_cast<float>(positions[r]) * static_cast<float>(inv[size_t(j)]);
+        const float c = std::cos(angle) * static_cast<float>(attention_factor_);
+        const float s = std::sin(angle) * static_cast<float>(attention_factor_);
+        cos[r * D_ + j] = cos[r * D_ + j + half] = c;
+        sin[r * D_ + j] = sin[r * D_ + j + half] = s;
+      }
+  }
+
+  ParamInit init(const std::string& name) const override {
+    if (ends_with(name, "bias")) return {Init::Zeros};
+    if (ends_with(name, "norm.weight")) return {Init::Ones};
+    return {Init::Normal, init_std_, ends_with(name, "embed_tokens.weight") ? pad_ : -1};
+  }
+  std::map<std::string, std::string> tied() const override {
+    if (head_ != Head::CausalLM || !tie_) return {};
+    return {{"lm_head.weight", p("embed_tokens.weight")}};
+  }
+  std::string base_prefix() const override { return "model"; }
+  std::vector<std::string> head_prefixes() const override { return {"lm_head.", "score."}; }
+  bool uses_token_type_ids() const override { return false; }
+  bool reads_pool_index() const override { return head_ == Head::SequenceClassification; }
+  int64_t max_positions() const override { return std::numeric_limits<int32_t>::max(); }
+  int64_t pool_position(const int64_t* ids, int64_t T) const override {
+    if (pad_ < 0) return T - 1;
+    int64_t last = 0;
+    for (int64_t t = 0; t < T; ++t)
+      if (ids[t] != pad_) last = t;
+    return last;
+  }
+
+ private:
+  ValueId proj(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t out, int64_t in, bool bias) const {
+    ValueId w = b.param(name + ".weight", {out, in});
+    ValueId bv = bias ? b.param(name + ".bias", {out}) : ir::kNone;
+    return project(b, x, w, bv, matmul_dtype_);
+  }
+  ValueId rms_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {
+    return b.rms_norm(x, b.param(name + ".weight", {C_}), eps_);
+  }
+  // silu(x) = x · σ(x), σ(x) = (1 + tanh(x / 2)) / 2.
+  static ValueId silu(ir::GraphBuilder& b, ValueId x) {
+    ValueId t = b.tanh(b.scale(x, 0.5));
+    return b.mul(x, b.add(b.scale(t, 0.5), b.fill(Shape{1}, 0.5)));
+  }
+  // (B, T, K, D) → (B, T, H, D), each key/value head serving H / K query heads in turn (transformers' repeat_kv).
+  ValueId repeat_heads(ir::GraphBuilder& b, ValueId x, int64_t B, int64_t T) const {
+    if (K_ == H_) return x;
+    const int64_t rep = H_ / K_;
+    ValueId wide = b.add(b.reshape(x, {B, T, K_, 1, D_}), b.fill(Shape{B, T, K_, rep, D_}, 0.0));
+    return b.reshape(wide, {B, T, H_, D_});
+  }
+
+  void read_rope(const ConfigReader& c) {
+    nlohmann::json rope = config_.contains("rope_parameters") && config_["rope_parameters"].is_object()
+                              ? config_["rope_parameters"]
+                              : (config_.contains("rope_scaling") && config_["rope_scaling"].is_object()
+                                     ? config_["rope_scaling"]
+                                     : nlohmann::json::object());
+    auto number = [&](const char* key, double fallback) {
+      if (!rope.contains(key) || rope[key].is_null()) return fallback;
+      FT_CHECK(rope[key].is_number(), "config.json: rope \"", key, "\" is ", rope[key].dump(), ", expected a number");
+      return rope[key].get<double>();
+    };
+    auto text = [&](const char* key, const std::string& fallback) {
+      if (!rope.contains(key) || rope[key].is_null()) return fallback;
+      FT_CHECK(rope[key].is_string(), "config.json: rope \"", key, "\" is ", rope[key].dump(), ", expected a string");
+      return rope[key].get<std::string>();
+    };
+    theta_ = number("rope_theta", c.get_float("rope_theta", 10000.0));
+    FT_CHECK(theta_ > 0 && std::isfinite(theta_), "config.json: \"rope_theta\" is ", theta_, ", expected > 0");
+    rope_type_ = text("rope_type", text("type", "default"));
+    factor_ = number("factor", 1.0);
+    if (rope_type_ == "default") return;
+    FT_CHECK(rope_type_ == "linear" || rope_type_ == "dynamic" || rope_type_ == "llama3", "config.json: rope type \"",
+             rope_type_, "\" is not supported (supported: default, linear, dynamic, llama3)");
+    FT_CHECK(factor_ >= 1.0 && std::isfinite(factor_), "config.json: the rope scaling \"factor\" is ", factor_,
+             ", expected >= 1");
+    if (rope_type_ == "llama3") {
+      low_ = number("low_freq_factor", 1.0);
+      high_ = number("high_freq_factor", 4.0);
+      original_ = static_cast<int64_t>(number("original_max_position_embeddings", 8192));
+      FT_CHECK(low_ > 0 && high_ > low_ && original_ > 0, "config.json: llama3 rope needs 0 < \"low_freq_factor\" < ",
+               "\"high_freq_factor\" and a positive \"original_max_position_embeddings\"");
+    }
+  }
+
+  // inv_freq as transformers' ROPE_INIT_FUNCTIONS compute it for a batch whose longest position is `longest`.
+  std::vector<double> inverse_frequencies(int64_t longest) const {
+    double base = theta_;
+    if (rope_type_ == "dynamic" && longest > P_)
+      base *= std::pow(factor_ * double(longest) / double(P_) - (factor_ - 1.0), double(D_) / double(D_ - 2));
+    std::vector<double> inv(size_t(D_ / 2));
+    for (int64_t j = 0; j < D_ / 2; ++j) {
+      // f32 as transformers computes it: 1 / base ** (arange(0, D, 2).float() / D)
+      const float exponent = static_cast<float>(2 * j) / static_cast<float>(D_);
+      inv[size_t(j)] = 1.0f / std::pow(static_cast<float>(base), exponent);
+    }
+    if (rope_type_ == "linear")
+      for (double& f : inv) f = static_cast<float>(f / factor_);
+    if (rope_type_ == "llama3") {
+      const double low_wavelen = double(original_) / low_, high_wavelen = double(original_) / high_;
+      for (double& f : inv) {
+        const double wavelen = 2 * std::numbers::pi / f;
+        const double scaled = wavelen > low_wavelen ? f / factor_ : f;
+        const double smooth = (double(original_) / wavelen - low_) / (high_ - low_);
+        const double smoothed = (1 - smooth) * scaled / factor_ + smooth * scaled;
+        const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+        f = static_cast<float>(medium ? smoothed : scaled);
+      }
+    }
+    return inv;
+  }
+
+  nlohmann::json config_;
+  std::string type_, rope_type_ = "default";
+  int64_t V_, C_, layers_, H_, K_, D_, F_, P_, pad_, num_labels_, window_ = 0, original_ = 8192;
+  double eps_, init_std_, attn_dropout_, theta_ = 10000.0, factor_ = 1.0, low_ = 1.0, high_ = 4.0;
+  double attention_factor_ = 1.0;
+  bool qkv_bias_, o_bias_, mlp_bias_, tie_;
+};
+
+}  // namespace
+
+std::unique_ptr<Family> make_llama_family(Head head, const nlohmann::json& config) {
+  return std::make_unique<LlamaFamily>(head, config);
+}
+
+}  // namespace fusetrain::models
