@@ -232,6 +232,24 @@ ValueId token_loss(ir::GraphBuilder& b, ValueId logits, const BatchSpec& spec) {
   return b.softmax_cross_entropy(logits, b.input(InputNames::labels, {spec.batch, spec.seq}, DType::i64));
 }
 
+void last_token_classification(ir::GraphBuilder& b, ValueId x, const BatchSpec& spec, const ConfigReader& config,
+                               int64_t num_labels, int64_t C, BuiltGraph& out) {
+  ValueId scores = b.linear(x, b.param("score.weight", {num_labels, C}));  // (B, T, L)
+  // Gather row b·T + t of the flattened scores: an embedding lookup, whose backward scatters the gradient back to
+  // that row.
+  ValueId rows = b.reshape(scores, {spec.batch * spec.seq, num_labels});
+  out.logits = b.embedding(rows, b.input(InputNames::pool_index, {spec.batch}, DType::i64));
+  if (spec.labels != LabelKind::None) out.loss = sequence_classification_loss(b, out.logits, spec, config, num_labels);
+}
+
+int64_t last_non_pad(const int64_t* ids, int64_t T, int64_t pad) {
+  if (pad < 0) return T - 1;
+  int64_t last = 0;
+  for (int64_t t = 0; t < T; ++t)
+    if (ids[t] != pad) last = t;
+  return last;
+}
+
 void question_answering_outputs(ir::GraphBuilder& b, ValueId logits, const BatchSpec& spec, BuiltGraph& out) {
   std::vector<ValueId> parts = b.split(logits, -1, {1, 1});
   out.logits = b.reshape(parts[0], {spec.batch, spec.seq});

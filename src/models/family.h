@@ -183,6 +183,12 @@ ir::ValueId sequence_classification_loss(ir::GraphBuilder& b, ir::ValueId logits
                                          const ConfigReader& config, int64_t num_labels);
 /// Token-level loss: logits (B, T, L) against labels (B, T), -100 ignored.
 ir::ValueId token_loss(ir::GraphBuilder& b, ir::ValueId logits, const BatchSpec& spec);
+/// The decoder models' sequence classification: "score.weight" (L, C) applied to every position of x (B, T, C),
+/// the row InputNames::pool_index picks per sequence kept as the logits (B, L), and its loss when labels are given.
+void last_token_classification(ir::GraphBuilder& b, ir::ValueId x, const BatchSpec& spec, const ConfigReader& config,
+                               int64_t num_labels, int64_t C, BuiltGraph& out);
+/// The last position of ids (T) that is not `pad` (T - 1 when pad < 0): the token decoder models classify.
+int64_t last_non_pad(const int64_t* ids, int64_t T, int64_t pad);
 /// QA: logits (B, T, 2) -> start/end logits (B, T) in `out`; loss with the
 /// positions clamped to [0, T] and T ignored, as transformers does.
 void question_answering_outputs(ir::GraphBuilder& b, ir::ValueId logits, const BatchSpec& spec, BuiltGraph& out);

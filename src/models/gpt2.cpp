@@ -90,16 +90,9 @@ class Gpt2Family final : public Family {
         if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
         break;
       }
-      case Head::SequenceClassification: {
-        ValueId scores = b.linear(x, b.param("score.weight", {num_labels_, C}));  // (B, T, L)
-        // Gather row b·T + t of the flattened scores: an embedding lookup, whose
-        // backward scatters the gradient back to that row.
-        ValueId rows = b.reshape(scores, {B * T, num_labels_});
-        out.logits = b.embedding(rows, b.input(InputNames::pool_index, {B}, DType::i64));
-        if (spec.labels != LabelKind::None)
-          out.loss = sequence_classification_loss(b, out.logits, spec, ConfigReader(config_), num_labels_);
+      case Head::SequenceClassification:
+        last_token_classification(b, x, spec, ConfigReader(config_), num_labels_, C, out);
         break;
-      }
       default:
         throw Error("GPT-2 in fusetrain has causal-LM and sequence-classification heads only");
     }
@@ -135,13 +128,7 @@ class Gpt2Family final : public Family {
 
   // transformers' GPT2ForSequenceClassification pools the last non-padding token
   // (the last token when pad_token_id is unset).
-  int64_t pool_position(const int64_t* ids, int64_t T) const override {
-    if (pad_ < 0) return T - 1;
-    int64_t last = 0;
-    for (int64_t t = 0; t < T; ++t)
-      if (ids[t] != pad_) last = t;
-    return last;
-  }
+  int64_t pool_position(const int64_t* ids, int64_t T) const override { return last_non_pad(ids, T, pad_); }
 
  private:
   ValueId conv1d(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t in, int64_t out) const {

@@ -108,14 +108,9 @@ class LlamaFamily final : public Family {
         if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
         break;
       }
-      case Head::SequenceClassification: {
-        ValueId scores = b.linear(x, b.param("score.weight", {num_labels_, C}));
-        ValueId rows = b.reshape(scores, {B * T, num_labels_});
-        out.logits = b.embedding(rows, b.input(InputNames::pool_index, {B}, DType::i64));
-        if (spec.labels != LabelKind::None)
-          out.loss = sequence_classification_loss(b, out.logits, spec, ConfigReader(config_), num_labels_);
+      case Head::SequenceClassification:
+        last_token_classification(b, x, spec, ConfigReader(config_), num_labels_, C, out);
         break;
-      }
       default:
         throw Error(str(type_, " in fusetrain has causal-LM and sequence-classification heads only"));
     }
@@ -155,13 +150,7 @@ class LlamaFamily final : public Family {
   bool uses_token_type_ids() const override { return false; }
   bool reads_pool_index() const override { return head_ == Head::SequenceClassification; }
   int64_t max_positions() const override { return std::numeric_limits<int32_t>::max(); }
-  int64_t pool_position(const int64_t* ids, int64_t T) const override {
-    if (pad_ < 0) return T - 1;
-    int64_t last = 0;
-    for (int64_t t = 0; t < T; ++t)
-      if (ids[t] != pad_) last = t;
-    return last;
-  }
+  int64_t pool_position(const int64_t* ids, int64_t T) const override { return last_non_pad(ids, T, pad_); }
 
  private:
   ValueId proj(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t out, int64_t in, bool bias) const {
