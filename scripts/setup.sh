@@ -39,6 +39,8 @@ PY_PACKAGES=(  # import name=pip requirement
   scikit_build_core=scikit-build-core  # pip install . (and the test that reads the wheel's metadata)
   onnx=onnx onnxruntime=onnxruntime  # the ONNX tests' oracles: onnx.checker and ONNX Runtime's inference
   onnxscript=onnxscript  # torch.onnx.export's dynamo exporter, which writes graphs the import tests train
+  peft=peft  # LoRA parity: fusetrain.Trainer takes a PeftModel; adapters saved by fusetrain load with PeftModel.from_pretrained
+  sentencepiece=sentencepiece  # the tokenizer tests convert a SentencePiece model to tokenizer.json
 )
 py_missing=()
 for entry in "${PY_PACKAGES[@]}"; do

@@ -29,6 +29,16 @@ ValueId Graph::add_param(const std::string& name, Shape shape, DType dtype) {
   return new_value(name, std::move(shape), dtype, ValueKind::Param);
 }
 
+void Graph::freeze(ValueId v, DType dtype) {
+  Value& val = value(v);
+  FT_CHECK(val.kind == ValueKind::Param || val.kind == ValueKind::Frozen, "freeze: ", describe(v),
+           " is not a parameter");
+  FT_CHECK(dtype == DType::f32 || dtype == DType::bf16, "freeze: \"", val.name, "\" can be kept in f32 or bf16, not ",
+           dtype_name(dtype));
+  val.kind = ValueKind::Frozen;
+  val.dtype = dtype;
+}
+
 std::vector<ValueId> Graph::add_node(OpKind op, std::vector<ValueId> inputs, Attrs attrs, std::string name) {
   for (ValueId v : inputs)
     FT_CHECK(v >= 0 && v < static_cast<ValueId>(values_.size()), op_name(op), ": input value id ", v,
@@ -194,6 +204,13 @@ std::vector<ValueId> Graph::params() const {
   return out;
 }
 
+std::vector<ValueId> Graph::frozen() const {
+  std::vector<ValueId> out;
+  for (const Value& v : values_)
+    if (v.kind == ValueKind::Frozen) out.push_back(v.id);
+  return out;
+}
+
 ValueId Graph::find(const std::string& name) const {
   for (const Value& v : values_)
     if (v.kind != ValueKind::Activation && v.name == name) return v.id;
@@ -263,6 +280,7 @@ std::string Graph::dump() const {
   for (const Value& v : values_) {
     if (v.kind == ValueKind::Input) out << "input " << label(v.id) << " \"" << v.name << "\"\n";
     if (v.kind == ValueKind::Param) out << "param " << label(v.id) << " \"" << v.name << "\"\n";
+    if (v.kind == ValueKind::Frozen) out << "frozen " << label(v.id) << " \"" << v.name << "\"\n";
   }
   for (const Node& n : nodes_) {
     for (size_t k = 0; k < n.outputs.size(); ++k) out << (k ? ", " : "") << label(n.outputs[k]);

@@ -13,6 +13,7 @@
 #include "fusetrain/io/hf_dir.h"
 #include "fusetrain/io/safetensors.h"
 #include "models/family.h"
+#include "models/lora_graph.h"
 #include "onnx/import.h"
 
 namespace fusetrain::models {
@@ -45,6 +46,15 @@ void copy_converted(float* dst, const Tensor& src, const std::string& where) {
     default:
       throw Error(str("expected a floating-point tensor, found ", dtype_name(src.dtype())));
   }
+}
+
+// Copies `src` into the parameter `dest` (f32, or bf16 for a frozen base weight kept in bf16).
+void copy_into(const Tensor& dest, const Tensor& src, const std::string& where) {
+  if (dest.dtype() == DType::f32) return copy_converted(dest.data_as<float>(), src, where);
+  FT_CHECK(dest.dtype() == DType::bf16, where, ": cannot store into a ", dtype_name(dest.dtype()), " parameter");
+  std::vector<float> tmp(static_cast<size_t>(src.numel()));
+  copy_converted(tmp.data(), src, where);
+  float_to_bf16(static_cast<uint16_t*>(dest.data()), tmp.data(), tmp.size());
 }
 
 }  // namespace
@@ -240,8 +250,17 @@ bool Model::decays(const std::string& name) const {
 
 std::vector<std::string> Model::state_dict_names() const {
   std::vector<std::string> names;
+  for (const runtime::FrozenSlot& slot : params_->frozen_slots()) names.push_back(slot.name);
   for (const runtime::ParamSlot& slot : params_->slots()) names.push_back(slot.name);
   for (const auto& [alias, stored] : aliases_) names.push_back(alias);
+  return names;
+}
+
+std::vector<std::string> Model::trainable_names() const {
+  std::vector<std::string> names;
+  for (const runtime::ParamSlot& slot : params_->slots()) names.push_back(slot.name);
+  for (const auto& [alias, stored] : aliases_)
+    if (params_->contains(stored)) names.push_back(alias);
   return names;
 }
 
@@ -249,29 +268,36 @@ DerivedInputs Model::derived_inputs() const { return family_->derived_inputs(); 
 
 Tensor Model::parameter(const std::string& hf_name) const {
   auto alias = aliases_.find(hf_name);
-  return params_->param(alias == aliases_.end() ? hf_name : alias->second);
+  const std::string& name = alias == aliases_.end() ? hf_name : alias->second;
+  if (lora_ && params_->contains_frozen(name)) return params_->frozen(name);
+  return params_->param(name);
 }
 
 Tensor Model::gradient(const std::string& hf_name) const {
   auto alias = aliases_.find(hf_name);
-  return params_->grad(alias == aliases_.end() ? hf_name : alias->second);
+  const std::string& name = alias == aliases_.end() ? hf_name : alias->second;
+  FT_CHECK(!params_->contains_frozen(name), "\"", hf_name, "\" is a frozen base weight of this LoRA model: it has no ",
+           "gradient");
+  return params_->grad(name);
 }
 
 void Model::load_state_dict(const std::map<std::string, Tensor>& tensors, bool strict) {
   std::vector<std::string> unexpected, missing;
   std::set<std::string> seen;
   for (const auto& [name, tensor] : tensors) {
-    if (!params_->contains(name) && !aliases_.count(name)) {
+    if (!params_->contains(name) && !params_->contains_frozen(name) && !aliases_.count(name)) {
       unexpected.push_back(name);
       continue;
     }
     Tensor dest = parameter(name);
     FT_CHECK(tensor.shape() == dest.shape(), "load_state_dict: \"", name, "\" has shape ", tensor.shape().to_string(),
              " but the model expects ", dest.shape().to_string());
-    copy_converted(dest.data_as<float>(), tensor, str("tensor \"", name, "\""));
+    copy_into(dest, tensor, str("tensor \"", name, "\""));
     seen.insert(aliases_.count(name) ? aliases_.at(name) : name);
   }
   for (const runtime::ParamSlot& slot : params_->slots())
+    if (!seen.count(slot.name)) missing.push_back(slot.name);
+  for (const runtime::FrozenSlot& slot : params_->frozen_slots())
     if (!seen.count(slot.name)) missing.push_back(slot.name);
   if (strict && (!unexpected.empty() || !missing.empty()))
     throw Error(str("load_state_dict: ", missing.empty() ? "" : "missing keys: " + join(missing),
@@ -280,6 +306,7 @@ void Model::load_state_dict(const std::map<std::string, Tensor>& tensors, bool s
 }
 
 void Model::save_pretrained(const std::string& dir) const {
+  if (lora_) return save_adapter(dir);
   if (imported_from_onnx()) {
     // The trained graph always; a transformers directory only where the graph's parameters carry transformers'
     // names. An exporter that folded transposes wrote names of its own (onnx::MatMul_12, val_34), which no
@@ -308,7 +335,179 @@ void Model::save_pretrained(const std::string& dir) const {
   io::write_hf_dir(dir, config, tensors);
 }
 
-BuiltGraph Model::build(const BatchSpec& spec) const { return family_->build(spec); }
+BuiltGraph Model::build(const BatchSpec& spec) const {
+  BuiltGraph built = family_->build(spec);
+  if (lora_) {
+    std::vector<ir::ValueId*> watched = {&built.logits, &built.end_logits, &built.hidden_states};
+    for (ir::ValueId& v : built.layer_boundaries) watched.push_back(&v);
+    lora::apply(built.graph, *lora_, spec.training, lora_bf16_, family_->head_prefixes(), watched);
+  }
+  return built;
+}
+
+void Model::enable_lora(const LoraConfig& config) {
+  config.validate();
+  FT_CHECK(!lora_, architecture_, " already has LoRA adapters (merge_lora() first to add others)");
+  FT_CHECK(!imported_from_onnx(), "LoRA adapts models fusetrain builds; ", architecture_,
+           " was imported from ONNX (its projections have no module names)");
+  // Lay out the LoRA model's parameters: adapters and modules_to_save trainable, the rest frozen.
+  std::optional<LoraConfig> saved_lora = std::move(lora_);
+  std::set<std::string> saved_bf16 = std::move(lora_bf16_);
+  lora_ = config;
+  lora_bf16_.clear();
+  std::unique_ptr<runtime::ParameterStore> next;
+  try {
+    BatchSpec probe;
+    BuiltGraph built = build(probe);
+    if (config.base_dtype == DType::bf16) {
+      lora_bf16_ = lora::bf16_candidates(built.graph);
+      built = build(probe);
+    }
+    next = std::make_unique<runtime::ParameterStore>(built.graph);
+    ir::Graph plain = family_->build(probe).graph;
+    lora_adapters_ = lora::apply(plain, config, false, lora_bf16_, family_->head_prefixes());
+  } catch (...) {
+    lora_ = std::move(saved_lora);
+    lora_bf16_ = std::move(saved_bf16);
+    throw;
+  }
+  // Carry every weight over; draw the adapters as PEFT does: A ~ kaiming_uniform(a=√5) = U(±1/√in), B = 0.
+  for (size_t i = 0; i < next->frozen_slots().size(); ++i) {
+    const std::string& name = next->frozen_slots()[i].name;
+    copy_into(next->frozen(i), params_->param(name), name);
+  }
+  std::mt19937_64 rng(config.seed);
+  for (size_t i = 0; i < next->slots().size(); ++i) {
+    const std::string& name = next->slots()[i].name;
+    Tensor dest = next->param(i);
+    if (params_->contains(name)) {
+      std::memcpy(dest.data(), params_->param(name).data(), size_t(dest.nbytes()));
+      continue;
+    }
+    float* p = dest.data_as<float>();
+    if (ends_with(name, ".lora_B.weight")) {
+      std::fill(p, p + dest.numel(), 0.0f);
+    } else {
+      const float bound = 1.0f / std::sqrt(static_cast<float>(dest.shape()[1]));
+      std::uniform_real_distribution<float> uniform(-bound, bound);
+      for (int64_t k = 0; k < dest.numel(); ++k) p[k] = uniform(rng);
+    }
+  }
+  for (size_t i = 0; i < next->slots().size(); ++i) next->set_weight_decay(i, decays(next->slots()[i].name));
+  params_ = std::move(next);
+  programs_.clear();
+  last_plan_ = nullptr;
+  last_pass_log_ = nullptr;
+}
+
+void Model::merge_lora() {
+  FT_CHECK(lora_, "merge_lora: ", architecture_, " has no LoRA adapters");
+  const double s = lora_->scaling();
+  // Back to the plain layout, every weight f32 and trainable.
+  std::optional<LoraConfig> config = std::move(lora_);
+  lora_.reset();
+  std::unique_ptr<runtime::ParameterStore> plain = layout_parameters(*family_);
+  for (size_t i = 0; i < plain->slots().size(); ++i) {
+    const std::string& name = plain->slots()[i].name;
+    const Tensor source = params_->contains(name) ? params_->param(name) : params_->frozen(name);
+    copy_into(plain->param(i), source, name);
+  }
+  for (const LoraAdapter& ad : lora_adapters_) {
+    const float* a = params_->param(lora::a_name(ad.module)).data_as<float>();  // (r, in)
+    const float* b = params_->param(lora::b_name(ad.module)).data_as<float>();  // (out, r)
+    float* w = plain->param(ad.weight).data_as<float>();
+    const int64_t r = config->r;
+    for (int64_t o = 0; o < ad.out; ++o)
+      for (int64_t i = 0; i < ad.in; ++i) {
+        double acc = 0;
+        for (int64_t k = 0; k < r; ++k) acc += double(b[o * r + k]) * double(a[k * ad.in + i]);
+        float& target = ad.in_out ? w[i * ad.out + o] : w[o * ad.in + i];
+        target += static_cast<float>(s * acc);
+      }
+  }
+  for (size_t i = 0; i < plain->slots().size(); ++i) plain->set_weight_decay(i, decays(plain->slots()[i].name));
+  params_ = std::move(plain);
+  lora_adapters_.clear();
+  lora_bf16_.clear();
+  programs_.clear();
+  last_plan_ = nullptr;
+  last_pass_log_ = nullptr;
+}
+
+namespace {
+constexpr const char* kPeftPrefix = "base_model.model.";
+
+std::string peft_task_type(Head head) {
+  switch (head) {
+    case Head::CausalLM: return "CAUSAL_LM";
+    case Head::SequenceClassification: return "SEQ_CLS";
+    case Head::TokenClassification: return "TOKEN_CLS";
+    case Head::QuestionAnswering: return "QUESTION_ANS";
+    case Head::Base: return "FEATURE_EXTRACTION";
+    default: return "";
+  }
+}
+}  // namespace
+
+void Model::save_adapter(const std::string& dir, const std::string& base_model) const {
+  FT_CHECK(lora_, "save_adapter: ", architecture_, " has no LoRA adapters");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (size_t i = 0; i < params_->slots().size(); ++i)
+    tensors.emplace_back(kPeftPrefix + params_->slots()[i].name, params_->param(i));
+  const std::string text = lora_->to_peft_json(peft_task_type(family_->head()), base_model).dump(2) + "\n";
+  std::error_code error;
+  if (std::filesystem::exists(dir, error)) {
+    FT_CHECK(std::filesystem::is_directory(dir, error), dir, ": exists and is not a directory; cannot write adapters there");
+  } else {
+    std::filesystem::create_directories(dir, error);
+    FT_CHECK(!error, dir, ": cannot create the directory: ", error.message());
+  }
+  // adapter_config.json last: a directory whose config is new has new weights too.
+  io::save_safetensors((std::filesystem::path(dir) / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}});
+  io::write_file_atomic((std::filesystem::path(dir) / "adapter_config.json").string(),
+                        {io::ByteSpan{text.data(), text.size()}});
+}
+
+void Model::load_adapter(const std::string& dir) {
+  const std::filesystem::path config_file = std::filesystem::path(dir) / "adapter_config.json";
+  const std::filesystem::path weights_file = std::filesystem::path(dir) / "adapter_model.safetensors";
+  FT_CHECK(std::filesystem::exists(config_file), dir, ": no adapter_config.json (not a PEFT adapter directory)");
+  FT_CHECK(std::filesystem::exists(weights_file), dir, ": no adapter_model.safetensors (PEFT's adapter weights)");
+  LoraConfig config = LoraConfig::from_peft_json(io::read_json_file(config_file.string()), config_file.string());
+  if (lora_) {
+    config.base_dtype = lora_->base_dtype;
+    config.seed = lora_->seed;
+    FT_CHECK(config.r == lora_->r && config.alpha == lora_->alpha && config.target_modules == lora_->target_modules &&
+                 config.modules_to_save == lora_->modules_to_save && config.use_rslora == lora_->use_rslora,
+             config_file.string(), ": the adapter's settings differ from the LoRA this model was set up with");
+  } else {
+    enable_lora(config);
+  }
+  io::SafetensorsFile file = io::SafetensorsFile::open(weights_file.string());
+  std::map<std::string, Tensor> tensors;
+  std::vector<std::string> unexpected;
+  for (const io::SafetensorsEntry& entry : file.entries()) {
+    const std::string& key = entry.name;
+    const std::string name = key.rfind(kPeftPrefix, 0) == 0 ? key.substr(std::strlen(kPeftPrefix)) : key;
+    if (!params_->contains(name)) {
+      unexpected.push_back(key);
+      continue;
+    }
+    tensors[name] = file.tensor(key);
+  }
+  std::vector<std::string> missing;
+  for (const runtime::ParamSlot& slot : params_->slots())
+    if (!tensors.count(slot.name)) missing.push_back(slot.name);
+  FT_CHECK(unexpected.empty() && missing.empty(), weights_file.string(), ": the adapter weights do not match ",
+           architecture_, " with this adapter_config.json",
+           missing.empty() ? "" : "; missing: " + join(missing), unexpected.empty() ? "" : "; unexpected: " + join(unexpected));
+  for (const auto& [name, t] : tensors) {
+    Tensor dest = params_->param(name);
+    FT_CHECK(t.shape() == dest.shape(), weights_file.string(), ": \"", name, "\" has shape ", t.shape().to_string(),
+             " but the adapter config gives ", dest.shape().to_string());
+    copy_converted(dest.data_as<float>(), t, str(weights_file.string(), ": tensor \"", name, "\""));
+  }
+}
 
 BatchSpec Model::spec_for(const Batch& batch, bool training, bool with_backward) const {
   BatchSpec spec;

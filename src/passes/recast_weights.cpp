@@ -15,7 +15,7 @@ RecastReport recast_weights_for_backward(ir::Graph& graph) {
     const ir::Node& cast = graph.node(n);
     if (cast.phase != ir::Phase::Forward || cast.op != ir::OpKind::Cast) continue;
     const ValueId weight = cast.inputs[0], copy = cast.outputs[0];
-    if (graph.value(weight).kind != ir::ValueKind::Param || graph.value(copy).dtype == DType::f32 ||
+    if ((graph.value(weight).kind != ir::ValueKind::Param && graph.value(weight).kind != ir::ValueKind::Frozen) || graph.value(copy).dtype == DType::f32 ||
         graph.is_output(copy))
       continue;
     std::vector<NodeId> backward_readers;

@@ -356,7 +356,7 @@ py::tuple loss_and_grads(PyModel& self, const PreparedBatch& prepared) {
   std::vector<Tensor> grads;
   double loss = locked(self, [&] {
     double value = self.model->loss_and_grads(prepared.batch, self.training);
-    names = self.model->state_dict_names();
+    names = self.model->trainable_names();
     for (const auto& name : names) grads.push_back(self.model->gradient(name).clone());
     return value;
   });
@@ -644,7 +644,74 @@ or torch tensors. With strict, missing or unexpected names raise ValueError list
           [](PyModel& self, const std::filesystem::path& path) {
             locked(self, [&] { self.model->save_pretrained(path.string()); });
           },
-          "path"_a, "Writes config.json and model.safetensors (float32) in transformers' layout.")
+          "path"_a,
+          "Writes config.json and model.safetensors (float32) in transformers' layout; a LoRA model writes its "
+          "adapters in PEFT's format (save_adapter), as PeftModel.save_pretrained does.")
+      .def(
+          "trainable_names", [](const PyModel& self) { return self.model->trainable_names(); },
+          "The names of the parameters that train: all of them, or a LoRA model's adapters and modules_to_save.")
+      .def(
+          "enable_lora",
+          [](PyModel& self, int64_t r, double alpha, double dropout, std::vector<std::string> target_modules,
+             std::vector<std::string> modules_to_save, bool use_rslora, const std::string& base_dtype,
+             uint64_t seed) {
+            models::LoraConfig c;
+            c.r = r;
+            c.alpha = alpha;
+            c.dropout = dropout;
+            c.target_modules = std::move(target_modules);
+            c.modules_to_save = std::move(modules_to_save);
+            c.use_rslora = use_rslora;
+            FT_CHECK(base_dtype == "float32" || base_dtype == "bfloat16" || base_dtype == "f32" || base_dtype == "bf16",
+                     "base_dtype must be \"float32\" or \"bfloat16\", found \"", base_dtype, "\"");
+            c.base_dtype = base_dtype == "bfloat16" || base_dtype == "bf16" ? DType::bf16 : DType::f32;
+            c.seed = seed;
+            locked(self, [&] { self.model->enable_lora(c); });
+          },
+          "r"_a = 8, "lora_alpha"_a = 8.0, "lora_dropout"_a = 0.0, "target_modules"_a, "modules_to_save"_a =
+          std::vector<std::string>{}, "use_rslora"_a = false, "base_dtype"_a = "float32", "seed"_a = 0, R"doc(
+Turns the model into a LoRA model, as peft.get_peft_model(model, LoraConfig(...)) does: an adapter
+(lora_A (r, in) kaiming-uniform, lora_B (out, r) zero, scale lora_alpha / r) beside every Linear
+whose module name or name suffix is in target_modules ("all-linear": every projection but the
+output layer); every other weight frozen (no gradient, no optimizer state) but modules_to_save.
+base_dtype="bfloat16" keeps the frozen projection weights in bf16, half their memory.
+)doc")
+      .def_property_readonly(
+          "lora",
+          [](const PyModel& self) -> py::object {
+            const models::LoraConfig* c = self.model->lora();
+            if (c == nullptr) return py::none();
+            py::dict d;
+            d["r"] = c->r;
+            d["lora_alpha"] = c->alpha;
+            d["lora_dropout"] = c->dropout;
+            d["target_modules"] = c->target_modules;
+            d["modules_to_save"] = c->modules_to_save;
+            d["use_rslora"] = c->use_rslora;
+            d["base_dtype"] = c->base_dtype == DType::bf16 ? "bfloat16" : "float32";
+            return py::object(d);
+          },
+          "The LoRA settings (a dict) of a model enable_lora was called on, else None.")
+      .def(
+          "merge_lora", [](PyModel& self) { locked(self, [&] { self.model->merge_lora(); }); },
+          "Folds every adapter into its base weight (W += scale·B·A) and makes the model a plain one, every "
+          "weight trainable in float32 (PEFT's merge_and_unload).")
+      .def(
+          "save_adapter",
+          [](PyModel& self, const std::filesystem::path& path, const std::string& base_model) {
+            locked(self, [&] { self.model->save_adapter(path.string(), base_model); });
+          },
+          "path"_a, "base_model_name_or_path"_a = "",
+          "Writes adapter_config.json and adapter_model.safetensors in PEFT's format (peft.PeftModel.from_pretrained "
+          "loads them).")
+      .def(
+          "load_adapter",
+          [](PyModel& self, const std::filesystem::path& path) {
+            locked(self, [&] { self.model->load_adapter(path.string()); });
+          },
+          "path"_a,
+          "Reads a PEFT adapter directory (adapter_config.json, adapter_model.safetensors): enables LoRA with its "
+          "settings and loads its weights.")
       .def(
           "export_onnx",
           [](PyModel& self, const std::filesystem::path& path, int64_t opset,

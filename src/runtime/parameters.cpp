@@ -11,6 +11,10 @@ ParameterStore::ParameterStore(const ir::Graph& graph) {
              "; parameters are stored in f32 (low-precision copies are made by casts)");
     slots_.push_back({v.name, v.shape, 0, v.shape.numel(), true});
   }
+  for (ir::ValueId id : graph.frozen()) {
+    const ir::Value& v = graph.value(id);
+    frozen_slots_.push_back({v.name, v.shape, v.dtype, 0, v.shape.numel()});
+  }
   allocate();
 }
 
@@ -31,6 +35,35 @@ void ParameterStore::allocate() {
   flat_numel_ = offset;
   params_ = aligned_allocate(static_cast<size_t>(flat_numel_) * sizeof(float));
   grads_ = aligned_allocate(static_cast<size_t>(flat_numel_) * sizeof(float));
+  size_t bytes = 0;
+  for (FrozenSlot& s : frozen_slots_) {
+    s.offset = bytes;
+    bytes += align_up(static_cast<size_t>(s.numel) * dtype_size(s.dtype));
+  }
+  if (bytes) frozen_ = aligned_allocate(bytes);
+}
+
+bool ParameterStore::contains_frozen(const std::string& name) const {
+  for (const FrozenSlot& s : frozen_slots_)
+    if (s.name == name) return true;
+  return false;
+}
+
+Tensor ParameterStore::frozen(size_t i) const {
+  const FrozenSlot& s = frozen_slots_.at(i);
+  return Tensor::view(static_cast<char*>(frozen_.get()) + s.offset, s.shape, s.dtype);
+}
+
+Tensor ParameterStore::frozen(const std::string& name) const {
+  for (size_t i = 0; i < frozen_slots_.size(); ++i)
+    if (frozen_slots_[i].name == name) return frozen(i);
+  throw Error(str("no frozen parameter named \"", name, "\""));
+}
+
+int64_t ParameterStore::num_frozen_parameters() const {
+  int64_t n = 0;
+  for (const FrozenSlot& s : frozen_slots_) n += s.numel;
+  return n;
 }
 
 bool ParameterStore::contains(const std::string& name) const {

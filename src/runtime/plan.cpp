@@ -133,6 +133,12 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
       FT_CHECK(t.shape() == v.shape && v.dtype == DType::f32, "parameter \"", v.name, "\" is ", dtype_name(v.dtype),
                v.shape.to_string(), " in the graph but f32", t.shape().to_string(), " in the parameter store");
       p.value_tensors_[static_cast<size_t>(v.id)] = t;
+    } else if (v.kind == ValueKind::Frozen) {
+      Tensor t = params.frozen(v.name);
+      FT_CHECK(t.shape() == v.shape && t.dtype() == v.dtype, "frozen parameter \"", v.name, "\" is ",
+               dtype_name(v.dtype), v.shape.to_string(), " in the graph but ", dtype_name(t.dtype()),
+               t.shape().to_string(), " in the parameter store");
+      p.value_tensors_[static_cast<size_t>(v.id)] = t;
     } else if (memory::is_bound_gradient(g, v.id)) {
       Tensor t = params.grad(g.value(v.gradient_of).name);
       FT_CHECK(t.shape() == v.shape && v.dtype == DType::f32, "gradient ", g.describe(v.id),

@@ -97,6 +97,8 @@ class ProgramCache {
   /// Stores the program compiled for `key` and returns it.
   Program& insert(Key key, Program program);
   size_t size() const { return entries_.size(); }
+  /// Drops every program (the model's parameter layout changed).
+  void clear() { entries_.clear(); }
 
  private:
   std::vector<std::pair<Key, std::unique_ptr<Program>>> entries_;

@@ -23,6 +23,7 @@ constexpr int32_t kNone = -1;
 enum class ValueKind : uint8_t {
   Input,       ///< fed each step (token ids, labels, masks)
   Param,       ///< a trainable parameter, stored in the flat parameter buffer
+  Frozen,      ///< a parameter that does not train (LoRA's base weights): no gradient, f32 or bf16
   Activation,  ///< produced by a node
 };
 
@@ -70,6 +71,9 @@ class Graph {
   ValueId add_input(const std::string& name, Shape shape, DType dtype);
   /// Declares a trainable parameter.
   ValueId add_param(const std::string& name, Shape shape, DType dtype = DType::f32);
+  /// Turns trainable parameter `v` into a frozen one stored in `dtype` (f32 or bf16): autodiff gives it no
+  /// gradient. Readers that need another dtype must be rewritten by the caller before commit().
+  void freeze(ValueId v, DType dtype);
   /// Appends a node; returns its output values.
   std::vector<ValueId> add_node(OpKind op, std::vector<ValueId> inputs, Attrs attrs = {}, std::string name = "");
   /// Appends a single-output node; returns its output.
@@ -120,6 +124,8 @@ class Graph {
   /// Values of kind Input / Param, in declaration order.
   std::vector<ValueId> inputs() const;
   std::vector<ValueId> params() const;
+  /// Values of kind Frozen, in declaration order.
+  std::vector<ValueId> frozen() const;
   /// Finds an input or parameter by name; kNone if absent.
   ValueId find(const std::string& name) const;
   /// For each value, the nodes that read it (a node reading a value twice appears twice).

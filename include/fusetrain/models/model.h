@@ -6,12 +6,14 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "fusetrain/compile/compiler.h"
 #include "fusetrain/core/tensor.h"
 #include "fusetrain/ir/graph.h"
+#include "fusetrain/models/lora.h"
 #include "fusetrain/models/registry.h"
 #include "fusetrain/onnx/import.h"
 #include "fusetrain/runtime/parameters.h"
@@ -134,16 +136,41 @@ class Model {
   runtime::ParameterStore& params() { return *params_; }
   const runtime::ParameterStore& params() const { return *params_; }
 
-  /// Every Hugging Face parameter name (tied names included), in transformers' order.
+  /// Every Hugging Face parameter name (tied names included), in transformers' order; a LoRA model's frozen base
+  /// weights first, then its adapters.
   std::vector<std::string> state_dict_names() const;
-  /// The parameter under a Hugging Face name (a view into the flat buffer).
+  /// The names of the parameters that train (all of them but a LoRA model's frozen base weights).
+  std::vector<std::string> trainable_names() const;
+  /// The parameter under a Hugging Face name (a view into the flat buffer; a frozen base weight: into the frozen
+  /// buffer, in bf16 when the LoRA config keeps it so).
   Tensor parameter(const std::string& hf_name) const;
-  /// The gradient of that parameter (a view into the flat gradient buffer).
+  /// The gradient of that parameter (a view into the flat gradient buffer); Error for a frozen weight.
   Tensor gradient(const std::string& hf_name) const;
+
+  /// Turns the model into a LoRA model (PEFT's get_peft_model): an adapter beside every projection
+  /// `config.target_modules` names, A drawn as PEFT draws it (kaiming-uniform) and B zero, every other weight frozen
+  /// (no gradient, no optimizer state) but those under config.modules_to_save; frozen projection weights are kept in
+  /// bf16 when config.base_dtype is bf16. Compiled plans are dropped.
+  void enable_lora(const LoraConfig& config);
+  /// The LoRA config (null for a model trained in full).
+  const LoraConfig* lora() const { return lora_ ? &*lora_ : nullptr; }
+  /// The adapters enable_lora added, in parameter order.
+  const std::vector<LoraAdapter>& lora_adapters() const { return lora_adapters_; }
+  /// Folds every adapter into its base weight (W += s·B·A) and makes the model a plain one again, every weight
+  /// trainable in f32 (PEFT's merge_and_unload).
+  void merge_lora();
+  /// Writes the adapters in PEFT's format: adapter_config.json and adapter_model.safetensors (f32, keys
+  /// "base_model.model.<module>.lora_A.weight", modules_to_save under their own names), for
+  /// peft.PeftModel.from_pretrained. Error unless LoRA is enabled.
+  void save_adapter(const std::string& dir, const std::string& base_model = "") const;
+  /// Reads a PEFT adapter directory: enables LoRA from its adapter_config.json (when not enabled with the same
+  /// settings already) and loads adapter_model.safetensors. Error naming the file on a mismatch.
+  void load_adapter(const std::string& dir);
   /// Copies tensors into parameters by Hugging Face name (f32, bf16 or f16 sources).
   /// With strict, missing or unexpected names are an error listing them.
   void load_state_dict(const std::map<std::string, Tensor>& tensors, bool strict = true);
-  /// Writes config.json and model.safetensors (f32) in transformers' layout; tied
+  /// A LoRA model writes its adapters (save_adapter), as PEFT's save_pretrained does.
+  /// Otherwise writes config.json and model.safetensors (f32) in transformers' layout; tied
   /// weights are written once, under the name transformers keeps. A model imported from ONNX writes model.onnx
   /// (its graph, the trained initializers) and config.json, plus model.safetensors when its parameters carry
   /// transformers' names.
@@ -225,6 +252,9 @@ class Model {
   std::unique_ptr<Family> family_;  // built once from config_: the graphs, initialisation and position rules
   std::unique_ptr<runtime::ParameterStore> params_;
   std::map<std::string, std::string> aliases_;  // tied name -> stored name
+  std::optional<LoraConfig> lora_;
+  std::vector<LoraAdapter> lora_adapters_;
+  std::set<std::string> lora_bf16_;  // frozen weights kept in bf16
   std::vector<std::string> missing_keys_;
   compile::ProgramCache programs_;
   const runtime::Plan* last_plan_ = nullptr;

@@ -20,13 +20,23 @@ struct ParamSlot {
   bool weight_decay = true;  ///< false for biases and LayerNorm weights
 };
 
-/// All parameters of a model in one f32 buffer and their gradients in another
+/// One frozen parameter (ir::ValueKind::Frozen): a view at `offset` bytes of the frozen buffer, in its own dtype.
+struct FrozenSlot {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::f32;  ///< f32, or bf16 for a LoRA base weight kept in bf16
+  size_t offset = 0;         ///< bytes from the start; a multiple of 64
+  int64_t numel = 0;
+};
+
+/// All trainable parameters of a model in one f32 buffer and their gradients in another
 /// with the same layout. Zeroing gradients is one memset; the optimizer is one
 /// loop over the buffers; each parameter is a Tensor view at its offset.
+/// Frozen parameters (LoRA's base weights) live in a third buffer, with no gradient and no optimizer state.
 class ParameterStore {
  public:
   ParameterStore() = default;
-  /// Lays out the parameters of `graph` (all of them f32), in declaration order.
+  /// Lays out the parameters of `graph` (trainable ones f32; frozen ones in their graph dtype), in declaration order.
   explicit ParameterStore(const ir::Graph& graph);
   /// Lays out the given named shapes.
   explicit ParameterStore(const std::vector<std::pair<std::string, Shape>>& params);
@@ -45,6 +55,14 @@ class ParameterStore {
   int64_t num_parameters() const;
   float* params_data() const { return static_cast<float*>(params_.get()); }
   float* grads_data() const { return static_cast<float*>(grads_.get()); }
+  /// Frozen parameters: no gradient, never touched by an optimizer.
+  const std::vector<FrozenSlot>& frozen_slots() const { return frozen_slots_; }
+  bool contains_frozen(const std::string& name) const;
+  /// The frozen parameter called `name` (in its dtype); throws Error if absent.
+  Tensor frozen(const std::string& name) const;
+  Tensor frozen(size_t i) const;
+  /// Sum of the frozen parameters' element counts.
+  int64_t num_frozen_parameters() const;
   /// Sets every gradient to zero (one memset).
   void zero_grads();
   /// Marks which parameters get weight decay (by default all of them).
@@ -53,7 +71,9 @@ class ParameterStore {
  private:
   void allocate();
   std::vector<ParamSlot> slots_;
+  std::vector<FrozenSlot> frozen_slots_;
   int64_t flat_numel_ = 0;
+  AlignedPtr frozen_;
   AlignedPtr params_;
   AlignedPtr grads_;
 };
