@@ -75,33 +75,121 @@ def _task_of(architecture: str) -> str:
     )
 
 
+def _is_peft(model: Any) -> bool:
+    return getattr(model, "peft_config", None) is not None and hasattr(model, "get_base_model")
+
+
+def _base_model(model: Any) -> Any:
+    """The transformers model: itself, or the one a PEFT model wraps (its Linear layers carrying the adapters)."""
+    return model.get_base_model() if _is_peft(model) else model
+
+
+def architecture_of(model: Any) -> str:
+    """The transformers class a model object is (for a PEFT model: the class it wraps)."""
+    return type(_base_model(model)).__name__
+
+
+def _lora_refusal(model: Any) -> str | None:
+    """Why the engine cannot train this PEFT model's adapters (None when it can)."""
+    configs = model.peft_config
+    if len(configs) != 1:
+        return f"the PEFT model holds {len(configs)} adapters ({', '.join(configs)}); the engine trains one"
+    (name, config), = configs.items()
+    if str(getattr(config, "peft_type", "")).split(".")[-1] != "LORA":
+        return f"the PEFT adapter is {config.peft_type}; the engine trains LORA adapters"
+    unsupported = [(getattr(config, "use_dora", False), "DoRA"), (getattr(config, "rank_pattern", None), "rank_pattern"),
+                   (getattr(config, "alpha_pattern", None), "alpha_pattern"),
+                   (getattr(config, "layers_to_transform", None) is not None, "layers_to_transform"),
+                   (getattr(config, "bias", "none") != "none", f"bias={getattr(config, 'bias', None)!r}"),
+                   (getattr(config, "target_parameters", None), "target_parameters"),
+                   (getattr(config, "trainable_token_indices", None), "trainable_token_indices"),
+                   (getattr(config, "exclude_modules", None), "exclude_modules"),
+                   (not isinstance(getattr(config, "target_modules", None), (list, set, tuple, str)),
+                    "target_modules that are not names")]
+    named = [what for flag, what in unsupported if flag]
+    if isinstance(config.target_modules, str) and config.target_modules != "all-linear":
+        named.append("a target_modules regular expression")
+    if named:
+        return f"the LoRA adapter {name!r} uses {', '.join(named)}, which the engine does not implement"
+    return None
+
+
+def _lora_settings(model: Any) -> dict:
+    (config,) = model.peft_config.values()
+    targets = config.target_modules
+    targets = [targets] if isinstance(targets, str) else sorted(targets)
+    return dict(r=int(config.r), lora_alpha=float(config.lora_alpha), lora_dropout=float(config.lora_dropout or 0.0),
+                target_modules=targets, modules_to_save=sorted(config.modules_to_save or []),
+                use_rslora=bool(getattr(config, "use_rslora", False)))
+
+
+def _engine_names(hf_model: Any) -> dict[str, str]:
+    """Engine parameter name -> the name in hf_model's state_dict. For a PEFT model, PEFT's module names are folded
+    away: "<m>.base_layer.weight" is the engine's "<m>.weight", "<m>.lora_A.<adapter>.weight" its
+    "<m>.lora_A.weight", "<m>.modules_to_save.<adapter>.<p>" its "<m>.<p>" (PEFT's frozen original_module copy of a
+    module trained in full is left out)."""
+    names = {}
+    base = _base_model(hf_model)
+    adapter = next(iter(hf_model.peft_config)) if _is_peft(hf_model) else None
+    for key in base.state_dict():
+        name = key
+        if adapter is not None:
+            if ".original_module." in key:
+                continue
+            for part in (".base_layer", f".lora_A.{adapter}", f".lora_B.{adapter}", f".modules_to_save.{adapter}"):
+                name = name.replace(part, {".base_layer": "", f".modules_to_save.{adapter}": ""}.get(
+                    part, part.rsplit(".", 1)[0]))
+        names[name] = key
+    return names
+
+
 def engine_model(model: Any) -> Model:
-    """A fusetrain.Model with the config and weights of a transformers model object."""
-    architecture = type(model).__name__
+    """A fusetrain.Model with the config and weights of a transformers model object; a PEFT LoRA model becomes an
+    engine LoRA model with the same adapters (frozen base, adapters and modules_to_save trainable)."""
+    base = _base_model(model)
+    architecture = type(base).__name__
     _task_of(architecture)
-    config_dict = model.config.to_dict()
+    config_dict = base.config.to_dict()
     config_dict["architectures"] = [architecture]
     out = Model.from_config(config_dict, architecture=architecture)
+    if _is_peft(model):
+        refusal = _lora_refusal(model)
+        if refusal:
+            raise TypeError(refusal)
+        out.enable_lora(**_lora_settings(model))
     load_weights(out, model)
     return out
 
 
 def load_weights(engine: Model, hf_model: Any) -> None:
-    """Copies a transformers model's parameters into the engine model (buffers such as position_ids left out)."""
+    """Copies a transformers (or PEFT) model's parameters into the engine model (buffers such as position_ids left
+    out)."""
     wanted = set(engine.state_dict_names())
-    engine.load_state_dict({k: v.detach() for k, v in hf_model.state_dict().items() if k in wanted}, strict=True)
+    names = _engine_names(hf_model)
+    state = _base_model(hf_model).state_dict()
+    engine.load_state_dict({name: state[key].detach() for name, key in names.items() if name in wanted}, strict=True)
 
 
 def write_back(model: Model, hf_model: Any) -> None:
-    """Copies the engine model's weights into the transformers model object, in place."""
+    """Copies the engine model's weights into the transformers model object, in place (a LoRA model: its adapters
+    and modules_to_save; the frozen base is unchanged)."""
+    names = _engine_names(hf_model)
     weights = model.state_dict()
+    trained = set(model.trainable_names()) if model.lora is not None else set(weights)
     with torch.no_grad():
-        params = hf_model.state_dict(keep_vars=True)
+        params = _base_model(hf_model).state_dict(keep_vars=True)
         for name, value in weights.items():
-            target = params.get(name)
+            if name not in trained:
+                continue
+            target = params.get(names.get(name, name))
             if target is None:
                 raise ValueError(f"the transformers model has no parameter {name!r} to write back")
             target.copy_(torch.from_numpy(value).to(target.dtype))
+
+
+def hf_parameter(hf_model: Any, engine_name: str) -> Any:
+    """The torch parameter of hf_model that the engine parameter `engine_name` is (tied names resolved)."""
+    return _base_model(hf_model).get_parameter(_engine_names(hf_model).get(engine_name, engine_name))
 
 
 def _transformers_model(model: Any) -> Any:
@@ -128,7 +216,7 @@ def _loss_divides_by_item_count(model: Any) -> bool:
     """Whether the model's loss is transformers' loss_function, which divides by the num_items_in_batch the Trainer
     passes (a token-weighted mean over all micro-batches of a step), rather than a mean per micro-batch."""
     try:
-        return "self.loss_function" in inspect.getsource(type(model).forward)
+        return "self.loss_function" in inspect.getsource(type(_base_model(model)).forward)
     except (OSError, TypeError):
         return True
 
@@ -206,7 +294,7 @@ class Trainer(transformers.Trainer):
         return _transformers_model(super().call_model_init(trial))
 
     def _prepare_engine_data(self) -> None:
-        task = _task_of(type(self.model).__name__)
+        task = _task_of(architecture_of(self.model))
         if isinstance(self.train_dataset, torch.utils.data.IterableDataset) or \
                 type(self.train_dataset).__name__ == "IterableDataset":
             self._data_refusal = ("the engine cannot read the training data: it is streamed (an IterableDataset); "
@@ -220,7 +308,7 @@ class Trainer(transformers.Trainer):
 
     def engine_refusal(self) -> str | None:
         """Why the engine cannot run this Trainer's training (None when it can)."""
-        architecture = type(self.model).__name__
+        architecture = architecture_of(self.model)
         row = _registry_row(architecture)
         if row is None or not _trainable(row):
             return (f"fusetrain does not build {architecture} (it builds {', '.join(supported_trainer_classes())})")
@@ -233,8 +321,8 @@ class Trainer(transformers.Trainer):
                       if getattr(type(self), name) is not getattr(Trainer, name)]
         if overridden:
             reasons.append(f"{type(self).__name__} overrides {', '.join(overridden)}")
-        if getattr(self.model, "peft_config", None) is not None:
-            reasons.append("the model is a PEFT model")
+        if _is_peft(self.model) and _lora_refusal(self.model):
+            reasons.append(_lora_refusal(self.model))
         if self._data_refusal:
             reasons.append(self._data_refusal)
         return "; ".join(reasons) or None
@@ -291,7 +379,7 @@ class Trainer(transformers.Trainer):
 
     def _uses_python_collator(self) -> bool:
         """Whether training batches come from calling the collator (else the engine collates in C++)."""
-        task = _task_of(type(self.model).__name__)
+        task = _task_of(architecture_of(self.model))
         if task == "qa":
             return True  # start and end positions are the collator's
         collator = self.data_collator
@@ -326,7 +414,7 @@ class Trainer(transformers.Trainer):
         if refusal is not None:
             self._fall_back(refusal)
             return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, trial, ignore_keys_for_eval)
-        return self._engine_training_loop(args, _task_of(type(self.model).__name__), resume_from_checkpoint, trial,
+        return self._engine_training_loop(args, _task_of(architecture_of(self.model)), resume_from_checkpoint, trial,
                                           ignore_keys_for_eval)
 
     def _engine_training_loop(self, args: Any, task: str, resume_from_checkpoint: str | None, trial: Any,
@@ -472,7 +560,7 @@ class Trainer(transformers.Trainer):
         step = torch.tensor(float(optimizer_state["step"]))
         for name, exp_avg in optimizer_state["exp_avg"].items():
             # get_parameter resolves a tied name (GPT-2's lm_head.weight) to the one tensor transformers optimizes.
-            self.optimizer.state[self.model.get_parameter(name)] = {
+            self.optimizer.state[hf_parameter(self.model, name)] = {
                 "step": step.clone(),
                 "exp_avg": torch.from_numpy(exp_avg),
                 "exp_avg_sq": torch.from_numpy(optimizer_state["exp_avg_sq"][name]),
@@ -501,7 +589,7 @@ class Trainer(transformers.Trainer):
         names = list(engine.optimizer_state()["exp_avg"])  # the engine's parameters (a tied pair is one)
         exp_avg, exp_avg_sq, updates, missing = {}, {}, 0, []
         for name in names:
-            param = self.model.get_parameter(name)
+            param = hf_parameter(self.model, name)
             moments = self.optimizer.state.get(param)
             if moments:
                 exp_avg[name], exp_avg_sq[name] = _numpy(moments["exp_avg"]), _numpy(moments["exp_avg_sq"])

@@ -190,6 +190,62 @@ int64_t onnx_positions(const nlohmann::json& config) {
   return std::numeric_limits<int32_t>::max();
 }
 
+// PEFT's default LoRA targets per model type (its TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
+std::string default_lora_targets(const std::string& model_type) {
+  if (model_type == "gpt2") return "c_attn";
+  if (model_type == "bert" || model_type == "roberta") return "query,value";
+  if (model_type == "distilbert") return "q_lin,v_lin";
+  return "q_proj,v_proj";
+}
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(start, end - start);
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    if (!item.empty()) out.push_back(item);
+    start = end + 1;
+  }
+  return out;
+}
+
+// --lora-r (training) or --adapter (evaluation, prediction) on the model just loaded.
+void apply_adapters(const Options& o, models::Model& model, bool training) {
+  const bool lora_flags = o.lora_r != 0 || !o.lora_target_modules.empty() || o.base_dtype != "f32" || o.merge_lora;
+  if (!training) {
+    FT_CHECK(!lora_flags, "--lora-r, --lora-target-modules, --base-dtype and --merge-lora apply to train; evaluate ",
+             "and predict take the trained adapters with --adapter DIR");
+    if (!o.adapter.empty()) model.load_adapter(o.adapter);
+    return;
+  }
+  FT_CHECK(o.adapter.empty(), "--adapter applies to evaluate and predict; train starts new adapters with --lora-r");
+  if (o.lora_r == 0) {
+    FT_CHECK(!lora_flags, "--lora-target-modules, --base-dtype and --merge-lora need --lora-r (the adapters' rank)");
+    return;
+  }
+  FT_CHECK(o.lora_r > 0, "--lora-r must be a positive rank, found ", o.lora_r);
+  models::LoraConfig c;
+  c.r = o.lora_r;
+  c.alpha = o.lora_alpha;
+  c.dropout = o.lora_dropout;
+  c.target_modules =
+      split_commas(o.lora_target_modules.empty() ? default_lora_targets(model.model_type()) : o.lora_target_modules);
+  // A task head is new, so it trains in full beside the adapters (PEFT's modules_to_save for SEQ_CLS and others).
+  const models::Head head = model.architecture_info().head;
+  if (head != models::Head::CausalLM && head != models::Head::MaskedLM) c.modules_to_save = model.head_modules();
+  c.base_dtype = o.base_dtype == "bf16" ? DType::bf16 : DType::f32;
+  c.seed = static_cast<uint64_t>(o.args.seed);
+  model.enable_lora(c);
+  std::fprintf(stderr, "fusetrain: LoRA r=%lld alpha=%g on %zu modules (%s): %lld trainable parameters, %lld frozen\n",
+               static_cast<long long>(c.r), c.alpha, model.lora_adapters().size(), join(c.target_modules).c_str(),
+               static_cast<long long>(model.params().num_parameters()),
+               static_cast<long long>(model.params().num_frozen_parameters()));
+}
+
 Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   Job job;
   job.task = models::head_for_task(o.task);
@@ -268,6 +324,7 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
     job.model = models::Model::from_onnx(onnx_path, o.task);
   else
     job.model = models::Model::from_pretrained(hf, architecture, overrides, static_cast<uint64_t>(o.args.seed));
+  apply_adapters(o, *job.model, need_train);
   if (!job.model->missing_keys().empty()) {
     std::string names;
     for (const std::string& k : job.model->missing_keys()) names += (names.empty() ? "" : ", ") + k;
@@ -346,6 +403,22 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--world-size", o.world_size,
                  "inspect: data-parallel ranks to show the gradient buckets, ZeRO shards and per-rank memory for")
       ->check(CLI::PositiveNumber);
+  app.add_option("--lora-r", o.lora_r, "train: LoRA adapters of this rank instead of full fine-tuning (0: off)")
+      ->capture_default_str();
+  app.add_option("--lora-alpha", o.lora_alpha, "train: LoRA alpha; the adapters' output is scaled by alpha / r")
+      ->capture_default_str();
+  app.add_option("--lora-dropout", o.lora_dropout, "train: dropout on the LoRA adapters' input")->capture_default_str();
+  app.add_option("--lora-target-modules", o.lora_target_modules,
+                 "train: comma-separated module names to adapt (q_proj,v_proj; all-linear); default: PEFT's for the "
+                 "model type");
+  app.add_option("--base-dtype", o.base_dtype,
+                 "train with --lora-r: keep the frozen base weights in f32 or bf16 (half their memory)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  app.add_flag("--merge-lora", o.merge_lora,
+               "train with --lora-r: also write the base model with the adapters merged in, to OUTPUT_DIR/merged");
+  app.add_option("--adapter", o.adapter,
+                 "evaluate/predict: a PEFT adapter directory (adapter_config.json) applied on top of --model");
   app.add_option("--report-to", o.report_to,
                  "train: also send the logs to an integration: none (default) or tensorboard (event files under "
                  "output_dir/runs; needs the fusetrain command installed by pip)")
@@ -398,6 +471,14 @@ int run_train(Options& o, bool default_job) {
   trainer.save_model(o.args.output_dir);
   copy_tokenizer_files(o.model, o.args.output_dir);
   print_metrics(metrics);
+  if (o.merge_lora) {
+    // After the adapters are saved: the merged model is written beside them and evaluated as such.
+    const std::string merged = (fs::path(o.args.output_dir) / "merged").string();
+    job.model->merge_lora();
+    job.model->save_pretrained(merged);
+    copy_tokenizer_files(o.model, merged);
+    std::printf("merged model saved to %s\n", merged.c_str());
+  }
   if (job.eval) {
     std::map<std::string, double> eval = trainer.evaluate();
     print_metrics(eval);

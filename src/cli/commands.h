@@ -33,6 +33,16 @@ struct Options {
   bool task_given = false;
   /// "none", or "tensorboard": every log entry also goes to the sink set_report_sink installed.
   std::string report_to = "none";
+  /// LoRA (train): rank (0: full fine-tuning), alpha, dropout, target modules (comma-separated; empty: PEFT's
+  /// default for the model type), base weights' dtype ("f32" or "bf16"), and whether to also write the merged model.
+  int64_t lora_r = 0;
+  double lora_alpha = 8.0;
+  double lora_dropout = 0.0;
+  std::string lora_target_modules;
+  std::string base_dtype = "f32";
+  bool merge_lora = false;
+  /// evaluate/predict: a PEFT adapter directory applied on top of --model.
+  std::string adapter;
   train::TrainingArguments args;
 };
 

@@ -400,6 +400,16 @@ void Model::enable_lora(const LoraConfig& config) {
   last_pass_log_ = nullptr;
 }
 
+std::vector<std::string> Model::head_modules() const {
+  std::vector<std::string> out;
+  for (const std::string& prefix : family_->head_prefixes()) {
+    std::string m = prefix;
+    while (!m.empty() && m.back() == '.') m.pop_back();
+    if (!m.empty()) out.push_back(m);
+  }
+  return out;
+}
+
 void Model::merge_lora() {
   FT_CHECK(lora_, "merge_lora: ", architecture_, " has no LoRA adapters");
   const double s = lora_->scaling();

@@ -31,6 +31,10 @@ namespace fusetrain::train {
 namespace fs = std::filesystem;
 
 void load_checkpoint_weights(models::Model& model, const std::string& dir) {
+  if (model.lora()) {  // a LoRA run's checkpoints hold its adapters (PEFT's format)
+    model.load_adapter(dir);
+    return;
+  }
   io::HfModelDir hf = io::read_hf_dir(dir);
   std::map<std::string, Tensor> tensors;
   for (const std::string& name : hf.tensor_names()) tensors[name] = hf.tensor(name);
@@ -304,7 +308,10 @@ void Trainer::write_optimizer_state(const fs::path& staged) {
 
 void Trainer::load_checkpoint(const std::string& dir) {
   FT_CHECK(fs::is_directory(dir), "resume_from_checkpoint: \"", dir, "\" is not a directory");
-  for (const char* file : {"config.json", "model.safetensors", "trainer_state.json", "rng_state.json"})
+  const bool adapters = model_.lora() != nullptr;
+  for (const char* file : {adapters ? "adapter_config.json" : "config.json",
+                           adapters ? "adapter_model.safetensors" : "model.safetensors", "trainer_state.json",
+                           "rng_state.json"})
     FT_CHECK(fs::exists(fs::path(dir) / file), "resume_from_checkpoint: \"", dir, "\" has no ", file,
              " (not a fusetrain checkpoint)");
   // Every field is read and checked against this run before anything is loaded.

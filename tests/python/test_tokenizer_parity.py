@@ -146,6 +146,14 @@ def train_roberta_style(path):
     wrapper.save(str(path))
 
 
+def train_llama2_style(path):
+    """SentencePiece-style BPE as Llama 2 and Mistral ship it: byte fallback, Prepend + Replace normalizers, <s>."""
+    spec = importlib.util.spec_from_file_location("make_tiny_llama", REPO / "examples" / "make_tiny_llama.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.llama2_tokenizer(SHAKESPEARE, 2000).save(str(path))
+
+
 def train_wordpiece(path):
     from tokenizers.implementations import BertWordPieceTokenizer
 
@@ -162,6 +170,7 @@ def tokenizer_files(tmp_path_factory, corpus):
     root = tmp_path_factory.mktemp("tokenizers")
     files = {"a_minilm_bert": minilm_tokenizer_json()}
     for name, train in (("b_gpt2_bpe", train_gpt2_style), ("c_roberta_bpe", train_roberta_style),
+                        ("e_llama2_bpe", train_llama2_style),
                         ("d_wordpiece", train_wordpiece)):
         files[name] = root / f"{name}.json"
         train(files[name])
@@ -205,7 +214,7 @@ def report(name, what, compared, mismatches):
     print(f"[tokenizer parity] {name}: {what}: {compared} lines compared, {mismatches} mismatches")
 
 
-TOKENIZERS = ["a_minilm_bert", "b_gpt2_bpe", "c_roberta_bpe", "d_wordpiece"]
+TOKENIZERS = ["a_minilm_bert", "b_gpt2_bpe", "c_roberta_bpe", "d_wordpiece", "e_llama2_bpe"]
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)

@@ -152,6 +152,9 @@ class Model {
   /// (no gradient, no optimizer state) but those under config.modules_to_save; frozen projection weights are kept in
   /// bf16 when config.base_dtype is bf16. Compiled plans are dropped.
   void enable_lora(const LoraConfig& config);
+  /// The modules of the model's head ("score", "classifier", "lm_head", ...): what a LoRA run on a new task head
+  /// trains in full (LoraConfig::modules_to_save).
+  std::vector<std::string> head_modules() const;
   /// The LoRA config (null for a model trained in full).
   const LoraConfig* lora() const { return lora_ ? &*lora_ : nullptr; }
   /// The adapters enable_lora added, in parameter order.
