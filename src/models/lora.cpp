@@ -226,7 +226,12 @@ std::vector<Adapter> apply(ir::Graph& g, const LoraConfig& c, bool training, con
     for (ValueId w : params) {
       const ir::Value wv = g.value(w);
       const std::string module = module_of(wv.name);
-      if (!ends_with(wv.name, ".weight") || wv.shape.rank() != 2 || module.empty()) continue;
+      if (module.empty()) continue;
+      if (!all_linear && ends_with(wv.name, ".weight") && LoraConfig::matches(c.target_modules, module))
+        FT_CHECK(wv.shape.rank() == 2, "LoRA: target module \"", module,
+                 "\" is not a linear layer (it holds ", wv.name, " of shape ", wv.shape.to_string(),
+                 "); LoRA adapts Linear and Conv1D projections");
+      if (!ends_with(wv.name, ".weight") || wv.shape.rank() != 2) continue;
       std::string other;
       std::vector<Use> uses;
       if (all_linear) {

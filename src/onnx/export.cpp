@@ -622,6 +622,8 @@ class Writer {
 }  // namespace
 
 ExportReport export_onnx(const models::Model& model, const std::string& path, const ExportOptions& options) {
+  FT_CHECK(model.lora() == nullptr, path, ": ", model.architecture(), " carries LoRA adapters; merge them into the ",
+           "base weights first (Model::merge_lora, fusetrain train --merge-lora) and export the merged model");
   if (model.imported_from_onnx()) {  // the graph it was imported from, with the trained initializers
     onnx_import::save_onnx(model, path);
     ExportReport report;
