@@ -1,7 +1,8 @@
 """Evaluates LoRA adapters with PEFT and transformers alone (no fusetrain): loads the base model, applies the adapter
 directory with peft.PeftModel.from_pretrained, and prints the causal-LM loss on a text file cut into blocks as
 `fusetrain train --task clm` cuts a .txt file: every non-empty line tokenized (with the tokenizer's special tokens),
-all of them concatenated, and the concatenation cut into whole blocks (the remainder dropped).
+all of them concatenated, and the concatenation cut into whole blocks (the remainder dropped). The ids come from the
+`tokenizers` library reading the model's tokenizer.json.
 
     python examples/peft_eval.py --model /tmp/tiny-llama --adapter out/lora --eval-file eval.txt --block-size 256
 """
@@ -14,12 +15,13 @@ import math
 
 import numpy as np
 import peft
+import tokenizers
 import torch
 import transformers
 
 
-def blocks(tokenizer, lines: list[str], block_size: int) -> np.ndarray:
-    ids = [i for line in lines if line for i in tokenizer(line)["input_ids"]]
+def blocks(tokenizer: tokenizers.Tokenizer, lines: list[str], block_size: int) -> np.ndarray:
+    ids = [i for line in lines if line for i in tokenizer.encode(line).ids]
     return np.asarray([ids[k:k + block_size] for k in range(0, len(ids) - block_size + 1, block_size)], dtype=np.int64)
 
 
@@ -32,7 +34,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args()
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    tokenizer = tokenizers.Tokenizer.from_file(f"{args.model}/tokenizer.json")
     with open(args.eval_file, encoding="utf-8") as f:
         lines = f.read().splitlines()
     data = blocks(tokenizer, lines, args.block_size)

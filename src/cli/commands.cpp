@@ -170,6 +170,18 @@ std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job
       return std::make_unique<data::QuestionAnsweringDataset>(table, columns, tokenize, options);
     }
     case data::LabelKind::Tokens: {
+      const auto has = [&](const char* c) {
+        return std::find(table.columns.begin(), table.columns.end(), c) != table.columns.end();
+      };
+      if (job.task == models::Head::CausalLM && has("prompt") && has("response")) {
+        // Instruction data: the loss is the response's (and its end-of-sequence token's) alone.
+        FT_CHECK(!o.line_by_line, path, ": prompt/response rows are one example each already; drop --line-by-line");
+        data::PromptResponseOptions options;
+        options.max_length = o.max_seq_length;
+        options.eos_id = job.tokenizer->eos_id();
+        return std::make_unique<data::PromptResponseDataset>(table, data::PromptColumns{}, tokenize,
+                                                             data::tokenize_with(*job.tokenizer, false), options);
+      }
       data::LmDatasetOptions options;
       options.line_by_line = o.line_by_line;
       options.block_size = o.max_seq_length;

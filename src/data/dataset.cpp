@@ -329,6 +329,36 @@ LmDataset::LmDataset(const Table& table, const std::string& text_column, const T
   emit_blocks();
 }
 
+PromptResponseDataset::PromptResponseDataset(const Table& table, const PromptColumns& columns,
+                                             const TokenizeFn& tokenize_prompt, const TokenizeFn& tokenize_response,
+                                             const PromptResponseOptions& options) {
+  label_kind_ = LabelKind::TokenClasses;
+  FT_CHECK(options.max_length > 1, table.source, ": max_length must be at least 2, got ", options.max_length);
+  const size_t prompt_column = table.column(columns.prompt), response_column = table.column(columns.response);
+  const std::vector<size_t> rows = all_rows(table);
+  std::vector<std::vector<int64_t>> prompts(table.num_rows());
+  tokenize_rows(table, rows, prompt_column, std::nullopt, tokenize_prompt, options.num_threads, 0,
+                [&](size_t row, TokenizedText&& tokens) { prompts[row] = std::move(tokens.ids); });
+  const size_t limit = static_cast<size_t>(options.max_length);
+  tokenize_rows(table, rows, response_column, std::nullopt, tokenize_response, options.num_threads, 0,
+                [&](size_t row, TokenizedText&& tokens) {
+                  std::vector<int64_t>& ids = prompts[row];
+                  FT_CHECK(ids.size() < limit, table.where(row), ": the prompt alone is ", ids.size(),
+                           " tokens, which leaves no room for the response within max_length ", options.max_length);
+                  std::vector<int64_t> labels(ids.size(), kIgnoreIndex);
+                  std::vector<int64_t> response = std::move(tokens.ids);
+                  if (options.eos_id >= 0) response.push_back(options.eos_id);
+                  for (int64_t id : response) {
+                    if (ids.size() == limit) break;
+                    ids.push_back(id);
+                    labels.push_back(id);
+                  }
+                  append(ids, {});
+                  token_labels_.insert(token_labels_.end(), labels.begin(), labels.end());
+                  std::vector<int64_t>().swap(prompts[row]);
+                });
+}
+
 namespace {
 
 // A row's JSON array column (`["EU", "rejects"]`, `[3, 0]`): the parsed array, or Error naming the row.

@@ -275,3 +275,40 @@ def test_cli_lora_run_writes_adapters_peft_evaluates_alike(tiny_llama, tmp_path)
                              str(tmp_path / "eval.txt"), "--max-seq-length", "64"], capture_output=True, text=True)
     assert merged.returncode == 0, merged.stderr
     hf.assert_loss_matches(json.loads(merged.stdout[merged.stdout.index("{"):])["eval_loss"], theirs, "merged model")
+
+
+def test_cli_prompt_response_jsonl_labels_only_the_response(tiny_llama, tmp_path):
+    """A clm .jsonl with "prompt" and "response": the loss is the response's and its </s>'s alone, as a
+    transformers model computes it with the prompt's labels set to -100 (one example per batch, so the mean of the
+    per-example losses is the eval loss)."""
+    rows = [{"prompt": "Question: who speaks first?\nAnswer:", "response": " First Citizen."},
+            {"prompt": "Say it in Shakespeare's words:", "response": " What light through yonder window breaks?"},
+            {"prompt": "One word:", "response": " Verily"}]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = subprocess.run([str(cli_support.BUILD / "fusetrain"), "evaluate", "--model", str(tiny_llama), "--task", "clm",
+                          "--eval-file", str(data), "--max-seq-length", "64", "--per-device-eval-batch-size", "1"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    ours = json.loads(run.stdout[run.stdout.index("{"):])["eval_loss"]
+    # The ids oracle is the tokenizers library on tokenizer.json (transformers 5's LlamaTokenizer rebuilds the
+    # pre-tokenizer and treats a leading space of its own way).
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_llama / "tokenizer.json"))
+    eos = tokenizer.token_to_id("</s>")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, attn_implementation="eager").eval()
+    losses = []
+    for r in rows:
+        prompt = tokenizer.encode(r["prompt"]).ids
+        response = tokenizer.encode(r["response"], add_special_tokens=False).ids + [eos]
+        ids = torch.tensor([prompt + response])
+        labels = torch.tensor([[-100] * len(prompt) + response])
+        with torch.no_grad():
+            losses.append(model(input_ids=ids, labels=labels).loss.item())
+    hf.assert_loss_matches(ours, float(np.mean(losses)), "prompt/response eval loss")
+    # A prompt that leaves no room for its response is refused, naming the row.
+    data.write_text(json.dumps({"prompt": "word " * 80, "response": "x"}) + "\n")
+    run = subprocess.run([str(cli_support.BUILD / "fusetrain"), "evaluate", "--model", str(tiny_llama), "--task", "clm",
+                          "--eval-file", str(data), "--max-seq-length", "16"], capture_output=True, text=True)
+    assert run.returncode != 0 and "leaves no room for the response" in run.stderr

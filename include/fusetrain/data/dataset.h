@@ -261,6 +261,32 @@ class LmDataset : public TokenizedDataset {
             const LmDatasetOptions& options = {});
 };
 
+/// Which columns of a table a PromptResponseDataset reads.
+struct PromptColumns {
+  std::string prompt = "prompt";
+  std::string response = "response";
+};
+
+/// Options for PromptResponseDataset.
+struct PromptResponseOptions {
+  /// Examples longer than this lose the end of their response.
+  int64_t max_length = 128;
+  /// Appended to every response (and labelled) when >= 0: the end-of-sequence token the model learns to stop with.
+  int64_t eos_id = -1;
+  /// Threads tokenizing at once; 0 uses every hardware thread.
+  int num_threads = 0;
+};
+
+/// Instruction data for a causal LM: each row's prompt tokenized with the tokenizer's special tokens (Llama's <s>),
+/// then its response tokenized without them, then eos_id. Only the response and eos carry labels; the prompt's are
+/// -100, so the loss is the response's alone. label_kind() is TokenClasses (per-token labels, padded with -100 by
+/// the collator). A row whose prompt alone fills max_length leaves nothing to learn: an Error naming the row.
+class PromptResponseDataset : public TokenizedDataset {
+ public:
+  PromptResponseDataset(const Table& table, const PromptColumns& columns, const TokenizeFn& tokenize_prompt,
+                        const TokenizeFn& tokenize_response, const PromptResponseOptions& options = {});
+};
+
 /// Which columns of a table a TokenClassificationDataset reads: JSON arrays, as run_ner's JSON files hold them.
 struct TokenColumns {
   std::string words = "tokens";  ///< the words, e.g. ["EU", "rejects", "German", "call"]
