@@ -14,7 +14,7 @@ import pathlib
 from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
 
 
-def llama2_tokenizer(text_file: pathlib.Path, vocab_size: int) -> Tokenizer:
+def llama2_tokenizer(text_files: pathlib.Path | list[pathlib.Path], vocab_size: int) -> Tokenizer:
     """A tokenizer built as Llama 2's tokenizer.json is: Prepend("▁") + Replace(" ", "▁") normalizers, BPE with byte
     fallback (<0x00>..<0xFF> in the vocabulary), <s> added in front, decoded by Replace, ByteFallback, Fuse, Strip."""
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
@@ -24,7 +24,8 @@ def llama2_tokenizer(text_file: pathlib.Path, vocab_size: int) -> Tokenizer:
     specials = ["<unk>", "<s>", "</s>"]
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials + byte_tokens, show_progress=False)
-    tok.train([str(text_file)], trainer)
+    files = text_files if isinstance(text_files, list) else [text_files]
+    tok.train([str(f) for f in files], trainer)
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
                                                        special_tokens=[("<s>", tok.token_to_id("<s>"))])
     return tok
@@ -34,7 +35,7 @@ def main() -> None:
     import fusetrain
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--text", required=True, type=pathlib.Path, help="text to train the tokenizer on")
+    parser.add_argument("--text", required=True, type=pathlib.Path, nargs="+", help="text to train the tokenizer on")
     parser.add_argument("--output", required=True, type=pathlib.Path)
     parser.add_argument("--vocab-size", type=int, default=2048)
     parser.add_argument("--hidden-size", type=int, default=256)

@@ -80,7 +80,7 @@ std::string recompute_gelu_outputs(ir::Graph& g, PassState&) {
 
 std::string recast_weights_for_backward(ir::Graph& g, PassState&) {
   passes::RecastReport r = passes::recast_weights_for_backward(g);
-  return report(r.casts, str(" low-precision weight copies (", mib(r.bytes_freed),
+  return report(r.casts, str(" weight copies in another dtype (", mib(r.bytes_freed),
                              " MiB) cast again in backward instead of kept"));
 }
 

@@ -16,6 +16,12 @@ using nlohmann::json;
 constexpr std::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
+// Llama 3's (tiktoken cl100k's) pattern, and Qwen2's, which takes one digit at a time instead of up to three.
+constexpr std::string_view kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 enum class CharClass { kLetter, kNumber, kSpace, kOther };
 
 inline CharClass classify(char32_t c) {
@@ -86,6 +92,103 @@ void gpt2_matches(std::string_view s, std::vector<Match>& out) {
       i = last > start ? last : end;
     }
     out.push_back(Match{static_cast<uint32_t>(start), static_cast<uint32_t>(i), true});
+  }
+}
+
+// The length of a contraction after an apostrophe, matched case-insensitively as (?i:s|t|re|ve|m|ll|d) (Unicode
+// simple case folding: 's' also matches U+017F LATIN SMALL LETTER LONG S), or 0.
+size_t contraction_length(std::string_view rest) {
+  auto lower = [](char c) { return static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c); };
+  if (rest.empty()) return 0;
+  const char a = lower(rest[0]);
+  if (rest.size() >= 2) {
+    const char b = lower(rest[1]);
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 2;
+  }
+  if (a == 's' || a == 't' || a == 'm' || a == 'd') return 1;
+  if (rest.substr(0, 2) == "\xC5\xBF") return 2;  // ſ, U+017F, folds to s
+  return 0;
+}
+
+// Matches of Llama 3's pattern (digit runs of up to `max_digits`: 3, or Qwen2's 1) in s, covering all of it, with
+// the alternatives tried in the pattern's order at each position as a backtracking regex engine tries them.
+void llama3_matches(std::string_view s, int max_digits, std::vector<Match>& out) {
+  out.clear();
+  const size_t n = s.size();
+  auto class_at = [&](size_t at, size_t& next) {
+    next = at;
+    return classify(unicode::next_char(s, next));
+  };
+  auto run = [&](size_t from, CharClass cls) {  // end of the run of `cls` characters starting at from
+    size_t j = from, next = from;
+    while (j < n && class_at(j, next) == cls) j = next;
+    return j;
+  };
+  auto is_newline = [&](size_t at) { return at < n && (s[at] == '\r' || s[at] == '\n'); };
+  size_t i = 0;
+  auto emit = [&](size_t start, size_t end) {
+    out.push_back(Match{static_cast<uint32_t>(start), static_cast<uint32_t>(end), true});
+    i = end;
+  };
+  while (i < n) {
+    const size_t start = i;
+    size_t after = i;
+    const char32_t c = unicode::next_char(s, after);
+    // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+    if (c == '\'') {
+      const size_t length = contraction_length(s.substr(after));
+      if (length > 0) {
+        emit(start, after + length);
+        continue;
+      }
+    }
+    const CharClass cls = classify(c);
+    // [^\r\n\p{L}\p{N}]?\p{L}+
+    if (cls == CharClass::kLetter) {
+      emit(start, run(start, CharClass::kLetter));
+      continue;
+    }
+    size_t probe = after;
+    if (cls != CharClass::kNumber && !is_newline(start) && after < n &&
+        class_at(after, probe) == CharClass::kLetter) {
+      emit(start, run(after, CharClass::kLetter));
+      continue;
+    }
+    // \p{N}{1,max}
+    if (cls == CharClass::kNumber) {
+      size_t j = start, next = start;
+      for (int k = 0; k < max_digits && j < n && class_at(j, next) == CharClass::kNumber; ++k) j = next;
+      emit(start, j);
+      continue;
+    }
+    // " ?[^\s\p{L}\p{N}]+[\r\n]*"
+    {
+      const size_t from = c == ' ' ? after : start;
+      size_t end = run(from, CharClass::kOther);
+      if (end > from) {
+        while (is_newline(end)) ++end;
+        emit(start, end);
+        continue;
+      }
+    }
+    // c is whitespace. "\s*[\r\n]+": up to the run's last line break.
+    const size_t end = run(start, CharClass::kSpace);
+    size_t last_break = std::string_view::npos;
+    for (size_t j = start; j < end; ++j)
+      if (is_newline(j)) last_break = j;
+    if (last_break != std::string_view::npos) {
+      emit(start, last_break + 1);
+      continue;
+    }
+    // "\s+(?!\S)": the whole run at the end of the text, else the run less its last character; "\s+" when the run
+    // is a single character followed by a non-space.
+    if (end == n) {
+      emit(start, end);
+      continue;
+    }
+    size_t last = end - 1;
+    while ((static_cast<unsigned char>(s[last]) & 0xC0) == 0x80) --last;
+    emit(start, last > start ? last : end);
   }
 }
 
@@ -308,13 +411,17 @@ class Metaspace final : public PreTokenizer {
 
 class Split final : public PreTokenizer {
  public:
-  Split(std::string pattern, bool gpt2_regex, SplitBehavior behavior, bool invert)
-      : pattern_(std::move(pattern)), gpt2_regex_(gpt2_regex), behavior_(behavior), invert_(invert) {}
+  /// The regular expressions fusetrain implements by hand.
+  enum class Regex { kNone, kGpt2, kLlama3, kQwen2 };
+  Split(std::string pattern, Regex regex, SplitBehavior behavior, bool invert)
+      : pattern_(std::move(pattern)), regex_(regex), behavior_(behavior), invert_(invert) {}
   void pre_tokenize(PreTokenized& text) const override {
     text.split([&](std::string_view s, PreTokenized::Cuts& cuts) {
       auto& matches = scratch_matches();
-      if (gpt2_regex_) {
+      if (regex_ == Regex::kGpt2) {
         gpt2_matches(s, matches);
+      } else if (regex_ == Regex::kLlama3 || regex_ == Regex::kQwen2) {
+        llama3_matches(s, regex_ == Regex::kLlama3 ? 3 : 1, matches);
       } else {
         string_matches(s, pattern_, matches);
       }
@@ -327,7 +434,7 @@ class Split final : public PreTokenizer {
 
  private:
   std::string pattern_;
-  bool gpt2_regex_;
+  Regex regex_;
   SplitBehavior behavior_;
   bool invert_;
 };
@@ -404,13 +511,16 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& config, const std::
     const SplitBehavior behavior = parse_split_behavior(config.at("behavior"), where);
     const bool invert = config.value("invert", false);
     if (pattern.contains("String")) {
-      return std::make_unique<Split>(pattern.at("String").get<std::string>(), false, behavior, invert);
+      return std::make_unique<Split>(pattern.at("String").get<std::string>(), Split::Regex::kNone, behavior, invert);
     }
-    if (pattern.contains("Regex") && pattern.at("Regex").get<std::string>() == kGpt2Pattern) {
-      return std::make_unique<Split>("", true, behavior, invert);
+    if (pattern.contains("Regex") && pattern.at("Regex").is_string()) {
+      const std::string regex = pattern.at("Regex").get<std::string>();
+      if (regex == kGpt2Pattern) return std::make_unique<Split>("", Split::Regex::kGpt2, behavior, invert);
+      if (regex == kLlama3Pattern) return std::make_unique<Split>("", Split::Regex::kLlama3, behavior, invert);
+      if (regex == kQwen2Pattern) return std::make_unique<Split>("", Split::Regex::kQwen2, behavior, invert);
     }
     throw Error(str(where, ": Split pre-tokenizer pattern ", pattern.dump(),
-                    " is not supported (string patterns and GPT-2's regex are)"));
+                    " is not supported (string patterns and the regexes of GPT-2, Llama 3 and Qwen2 are)"));
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<PreTokenizer>> steps;

@@ -1,4 +1,5 @@
-// Low-precision weight copies cast again for backward (see recompute.h).
+// Weight copies in another dtype (bf16 copies of f32 weights, f32 copies of a LoRA model's bf16 base) cast again
+// for backward (see recompute.h).
 #include <algorithm>
 
 #include "fusetrain/core/error.h"
@@ -15,7 +16,8 @@ RecastReport recast_weights_for_backward(ir::Graph& graph) {
     const ir::Node& cast = graph.node(n);
     if (cast.phase != ir::Phase::Forward || cast.op != ir::OpKind::Cast) continue;
     const ValueId weight = cast.inputs[0], copy = cast.outputs[0];
-    if ((graph.value(weight).kind != ir::ValueKind::Param && graph.value(weight).kind != ir::ValueKind::Frozen) || graph.value(copy).dtype == DType::f32 ||
+    if ((graph.value(weight).kind != ir::ValueKind::Param && graph.value(weight).kind != ir::ValueKind::Frozen) ||
+        graph.value(copy).dtype == graph.value(weight).dtype ||
         graph.is_output(copy))
       continue;
     std::vector<NodeId> backward_readers;

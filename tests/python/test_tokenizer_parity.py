@@ -59,6 +59,9 @@ UNICODE_LINES = [
     "punctuation!!! ... ?!? «quotes» „German“ —dashes– …",
     "[CLS] literal special tokens [SEP] [MASK] <s> </s> <mask> <|endoftext|>",
     "a <mask> in the middle and <mask>at the edge",
+    "SHOUTED: I'M YOU'RE WE'VE IT'S 'Ll 'ſ and '   spaced",
+    "digits 1234567890 12 123 1234 x9y99z999",
+    "breaks\t\r \r  \r\rx and (parenthesised) 'quoted' \"double\" --flag ..word",
     "",
     " ",
     "x",
@@ -154,6 +157,44 @@ def train_llama2_style(path):
     module.llama2_tokenizer(SHAKESPEARE, 2000).save(str(path))
 
 
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+def train_split_byte_level(path, split, normalizer=None, bos=None):
+    """Byte-level BPE behind a Split on Llama 3's (or Qwen2's) regex, as their tokenizer.json files are built."""
+    from tokenizers import Regex, normalizers
+
+    tokenizer = Tokenizer(models.BPE())
+    if normalizer is not None:
+        tokenizer.normalizer = normalizer
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = [bos, "<|end_of_text|>"] if bos else ["<|endoftext|>"]
+    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train([str(SHAKESPEARE)], trainer)
+    if bos:  # Llama 3: <|begin_of_text|> first, byte-level offsets kept as they are
+        tokenizer.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                          special_tokens=[(bos, tokenizer.token_to_id(bos))])])
+    tokenizer.save(str(path))
+
+
+def train_llama3_style(path):
+    train_split_byte_level(path, LLAMA3_SPLIT, bos="<|begin_of_text|>")
+
+
+def train_qwen2_style(path):
+    from tokenizers import normalizers
+
+    train_split_byte_level(path, QWEN2_SPLIT, normalizer=normalizers.NFC())
+
+
 def train_wordpiece(path):
     from tokenizers.implementations import BertWordPieceTokenizer
 
@@ -170,7 +211,8 @@ def tokenizer_files(tmp_path_factory, corpus):
     root = tmp_path_factory.mktemp("tokenizers")
     files = {"a_minilm_bert": minilm_tokenizer_json()}
     for name, train in (("b_gpt2_bpe", train_gpt2_style), ("c_roberta_bpe", train_roberta_style),
-                        ("e_llama2_bpe", train_llama2_style),
+                        ("e_llama2_bpe", train_llama2_style), ("f_llama3_bpe", train_llama3_style),
+                        ("g_qwen2_bpe", train_qwen2_style),
                         ("d_wordpiece", train_wordpiece)):
         files[name] = root / f"{name}.json"
         train(files[name])
@@ -214,7 +256,8 @@ def report(name, what, compared, mismatches):
     print(f"[tokenizer parity] {name}: {what}: {compared} lines compared, {mismatches} mismatches")
 
 
-TOKENIZERS = ["a_minilm_bert", "b_gpt2_bpe", "c_roberta_bpe", "d_wordpiece", "e_llama2_bpe"]
+TOKENIZERS = ["a_minilm_bert", "b_gpt2_bpe", "c_roberta_bpe", "d_wordpiece", "e_llama2_bpe", "f_llama3_bpe",
+              "g_qwen2_bpe"]
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)

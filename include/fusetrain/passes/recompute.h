@@ -33,11 +33,12 @@ RecomputeReport recompute_segments(ir::Graph& graph, const std::vector<ir::Value
 /// What recast_weights_for_backward changed.
 struct RecastReport {
   int64_t casts = 0;       ///< weight casts given a second cast for backward
-  size_t bytes_freed = 0;  ///< low-precision weight copies no longer kept from forward to backward
+  size_t bytes_freed = 0;  ///< weight copies no longer kept from forward to backward
 };
 
 /// Mixed precision keeps a bf16 (or f16) copy of every weight for the matmuls; backward
-/// reads it again (dx = dy·w). Instead of keeping forward's copy alive until then, through
+/// reads it again (dx = dy·w); a LoRA model's bf16 base weights are read by f32 plans through an f32 copy, the
+/// same way. Instead of keeping forward's copy alive until then, through
 /// the end of forward where activation memory peaks, a Cast of a parameter that backward
 /// reads is cloned just before its first backward reader, and backward reads the clone.
 /// Costs a second cast of each weight per step; results are bit-identical (a cast is exact
