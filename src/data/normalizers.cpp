@@ -1,5 +1,6 @@
 // Normalizers: BertNormalizer, Lowercase, NFD/NFC/NFKD/NFKC, StripAccents, Strip, Replace, Prepend, Sequence.
 #include <algorithm>
+#include <charconv>
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer_impl.h"
@@ -276,30 +277,45 @@ class Strip final : public Normalizer {
 
 class Replace final : public Normalizer {
  public:
-  Replace(std::string pattern, std::string content) : pattern_(std::move(pattern)), content_(std::move(content)) {}
+  /// Replaces every occurrence of `pattern`; with min_run > 0, `pattern` is one character and every run of at
+  /// least min_run of it is replaced (the regex "c{n,}", as SentencePiece conversions collapse spaces).
+  Replace(std::string pattern, std::string content, size_t min_run = 0)
+      : pattern_(std::move(pattern)), content_(std::move(content)), min_run_(min_run) {}
   void normalize(PreTokenized& text) const override {
     if (pattern_.empty()) return;
     text.rewrite([&](Rewriter& out) {
       std::string_view s = out.source();
       size_t at = 0;
       while (true) {
-        const size_t found = s.find(pattern_, at);
+        size_t found = s.find(pattern_, at), length = pattern_.size();
+        if (min_run_ > 0) {  // the next run of the character at least min_run long
+          while (found != std::string_view::npos) {
+            size_t end = found;
+            while (s.compare(end, pattern_.size(), pattern_) == 0) end += pattern_.size();
+            if ((end - found) / pattern_.size() >= min_run_) {
+              length = end - found;
+              break;
+            }
+            found = s.find(pattern_, end);
+          }
+        }
         const size_t stop = found == std::string_view::npos ? s.size() : found;
         while (out.position() < stop) out.keep();
         if (found == std::string_view::npos) break;
         // The replacement takes the alignment of the last replaced byte (tokenizers' replace()).
         size_t chars = 0;
-        for (size_t i = found; i < found + pattern_.size(); i += unicode::char_length(s[i])) ++chars;
+        for (size_t i = found; i < found + length; i += unicode::char_length(s[i])) ++chars;
         out.skip(chars);
         size_t i = 0;
         while (i < content_.size()) out.emit(unicode::next_char(content_, i), 1);
-        at = found + pattern_.size();
+        at = found + length;
       }
     });
   }
 
  private:
   std::string pattern_, content_;
+  size_t min_run_;
 };
 
 class Prepend final : public Normalizer {
@@ -369,6 +385,24 @@ std::unique_ptr<Normalizer> make_normalizer(const json& config, const std::strin
   if (type == "Strip")
     return std::make_unique<Strip>(flag(config, "strip_left", true), flag(config, "strip_right", true));
   if (type == "Replace") {
+    const json& pattern = config.at("pattern");
+    if (pattern.contains("Regex") && pattern.at("Regex").is_string()) {
+      // "c{n,}" (c a literal character that is no regex syntax): runs of c at least n long.
+      const std::string regex = pattern.at("Regex").get<std::string>();
+      size_t next = 0;
+      const char32_t c = regex.empty() ? 0 : unicode::next_char(regex, next);
+      const std::string_view rest = std::string_view(regex).substr(next);
+      size_t n = 0;
+      const bool literal =
+          c != 0 && (c >= 0x80 || std::string_view("\\^$.|?*+()[]{}").find(static_cast<char>(c)) ==
+                                      std::string_view::npos);
+      if (literal && rest.size() >= 4 && rest.front() == '{' && rest.substr(rest.size() - 2) == ",}" &&
+          std::from_chars(rest.data() + 1, rest.data() + rest.size() - 2, n).ptr == rest.data() + rest.size() - 2 &&
+          n > 0)
+        return std::make_unique<Replace>(regex.substr(0, next), config.value("content", std::string()), n);
+      throw Error(str(where, ": Replace normalizer with pattern ", pattern.dump(),
+                      " is not supported ({\"String\": ...} patterns and {\"Regex\": \"c{n,}\"} are)"));
+    }
     return std::make_unique<Replace>(string_pattern(config, where, "Replace normalizer"),
                                      config.value("content", std::string()));
   }

@@ -317,6 +317,8 @@ std::unique_ptr<Model> make_model(const nlohmann::json& config, const std::strin
 std::unique_ptr<PostProcessor> make_post_processor(const nlohmann::json& config, const std::string& where);
 std::unique_ptr<Decoder> make_decoder(const nlohmann::json& config, const std::string& where);
 
+/// The Unigram model of a tokenizer.json "model" section (src/data/unigram.cpp).
+std::unique_ptr<Model> make_unigram(const nlohmann::json& config, const std::string& where);
 /// Building blocks for from_pretrained (a model directory without tokenizer.json).
 std::unique_ptr<Model> make_wordpiece(StringMap<int64_t> vocab, std::string unk_token, std::string prefix,
                                       int64_t max_input_chars_per_word, const std::string& where);

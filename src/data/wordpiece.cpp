@@ -1,4 +1,4 @@
-// Models: WordPiece and WordLevel, and the model factory make_model (BPE lives in bpe.cpp).
+// Models: WordPiece and WordLevel, and the model factory make_model (BPE lives in bpe.cpp, Unigram in unigram.cpp).
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
@@ -183,8 +183,11 @@ std::unique_ptr<Model> make_model(const json& config, const std::string& where) 
       type = "WordPiece";
     } else if (config.contains("vocab") && config.at("vocab").is_object()) {
       type = "WordLevel";
+    } else if (config.contains("vocab") && config.at("vocab").is_array()) {
+      type = "Unigram";
     }
   }
+  if (type == "Unigram") return make_unigram(config, where);
   if (type == "WordPiece") {
     return make_wordpiece(
         read_vocab(config, where, "WordPiece"), config.value("unk_token", std::string("[UNK]")),
@@ -227,7 +230,7 @@ std::unique_ptr<Model> make_model(const json& config, const std::string& where) 
     options.ignore_merges = config.value("ignore_merges", false);
     return make_bpe(read_vocab(config, where, "BPE"), merges, options, where);
   }
-  throw Error(str(where, ": model type \"", type, "\" is not supported (supported: WordPiece, BPE, WordLevel)"));
+  throw Error(str(where, ": model type \"", type, "\" is not supported (supported: WordPiece, BPE, WordLevel, Unigram)"));
 }
 
 }  // namespace fusetrain::data::detail

@@ -195,6 +195,41 @@ def train_qwen2_style(path):
     train_split_byte_level(path, QWEN2_SPLIT, normalizer=normalizers.NFC())
 
 
+def train_unigram(path):
+    """A Unigram model trained by tokenizers (Metaspace pieces, NFKC), as ALBERT- and T5-style files hold one."""
+    from tokenizers import normalizers
+
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=1500, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>",
+                                      show_progress=False)
+    tokenizer.train([str(SHAKESPEARE)], trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", tokenizer.token_to_id("</s>"))])
+    tokenizer.save(str(path))
+
+
+def convert_sentencepiece(path):
+    """A SentencePiece unigram model with byte fallback, trained by the sentencepiece package and converted to
+    tokenizer.json by tokenizers' SentencePieceUnigramTokenizer.from_spm (which reads the model through the protobuf
+    schema the sentencepiece package ships). Identity normalization, as Llama 2's and Mistral's models have it: a
+    model trained with an NFKC rule carries a Precompiled charsmap normalizer, which fusetrain does not read."""
+    spm = pytest.importorskip("sentencepiece")
+    import sys
+
+    from sentencepiece import sentencepiece_model_pb2
+    from tokenizers.implementations import SentencePieceUnigramTokenizer
+
+    sys.modules.setdefault("sentencepiece_model_pb2", sentencepiece_model_pb2)
+    prefix = str(path.with_suffix(""))
+    spm.SentencePieceTrainer.train(input=str(SHAKESPEARE), model_prefix=prefix, vocab_size=1000,
+                                   model_type="unigram", byte_fallback=True, character_coverage=0.9995,
+                                   normalization_rule_name="identity", minloglevel=2)
+    SentencePieceUnigramTokenizer.from_spm(prefix + ".model").save(str(path))
+
+
 def train_wordpiece(path):
     from tokenizers.implementations import BertWordPieceTokenizer
 
@@ -212,7 +247,8 @@ def tokenizer_files(tmp_path_factory, corpus):
     files = {"a_minilm_bert": minilm_tokenizer_json()}
     for name, train in (("b_gpt2_bpe", train_gpt2_style), ("c_roberta_bpe", train_roberta_style),
                         ("e_llama2_bpe", train_llama2_style), ("f_llama3_bpe", train_llama3_style),
-                        ("g_qwen2_bpe", train_qwen2_style),
+                        ("g_qwen2_bpe", train_qwen2_style), ("h_unigram", train_unigram),
+                        ("i_sentencepiece", convert_sentencepiece),
                         ("d_wordpiece", train_wordpiece)):
         files[name] = root / f"{name}.json"
         train(files[name])
@@ -257,7 +293,7 @@ def report(name, what, compared, mismatches):
 
 
 TOKENIZERS = ["a_minilm_bert", "b_gpt2_bpe", "c_roberta_bpe", "d_wordpiece", "e_llama2_bpe", "f_llama3_bpe",
-              "g_qwen2_bpe"]
+              "g_qwen2_bpe", "h_unigram", "i_sentencepiece"]
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)
