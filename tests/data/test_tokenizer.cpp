@@ -587,8 +587,12 @@ TEST(Tokenizer, ClearErrors) {
   EXPECT_CONTAINS(message, precompiled);
 
   config = bert_config();
-  config["model"] = {{"type", "Unigram"}, {"vocab", json::array()}};
-  EXPECT_CONTAINS(error_of([&] { load(config); }), "model type \"Unigram\" is not supported");
+  config["model"] = {{"type", "Unigram"}, {"vocab", {{"a", 1}}}};
+  EXPECT_CONTAINS(error_of([&] { load(config); }), "Unigram \"vocab\" must be a list of [token, score] pairs");
+  config["model"] = {{"type", "Unigram"}, {"vocab", json::array({json::array({"a", "high"})})}};
+  EXPECT_CONTAINS(error_of([&] { load(config); }), "is not [token, score]");
+  config["model"] = {{"type", "SentencePieceBPE"}};
+  EXPECT_CONTAINS(error_of([&] { load(config); }), "model type \"SentencePieceBPE\" is not supported");
   config = bert_config();
   config["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\d+"}}}, {"behavior", "Isolated"}};
   EXPECT_CONTAINS(error_of([&] { load(config); }), "Split pre-tokenizer pattern");

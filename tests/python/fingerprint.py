@@ -25,6 +25,27 @@ import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
 STORED = HERE / "fingerprints.json"
+# The bits depend on the kernels: the AVX-512 ones (fingerprints.json) or, on a CPU without AVX-512, the portable
+# ones (fingerprints-portable.json), which sum in another order; bf16 needs AVX512-BF16 or AMX, so a CPU without it
+# has no bf16 fingerprints.
+STORED_PORTABLE = HERE / "fingerprints-portable.json"
+
+
+def cpu_has(feature: str) -> bool:
+    import hf_models as hf
+
+    return feature in hf.fusetrain_module().cpu_features().split()
+
+
+def stored_path() -> pathlib.Path:
+    """The fingerprints of the kernels this CPU runs."""
+    return STORED if cpu_has("avx512f") else STORED_PORTABLE
+
+
+def modes() -> list[str]:
+    """The precision modes this CPU trains in (bf16 needs AVX512-BF16 or AMX-BF16)."""
+    bf16 = cpu_has("avx512_bf16") or cpu_has("amx_bf16")
+    return [m for m in MODES if bf16 or not m.startswith("bf16")]
 THREADS = 2  # results depend on how work is split: fixed, so the fingerprints do not depend on the machine
 MODES = {
     "fp32": {},
@@ -86,7 +107,7 @@ def case_fingerprints() -> dict:
         if case.task == "base":
             continue
         batches = [hf.make_batch(case, seed=s) for s in range(2)]
-        for mode in MODES:
+        for mode in modes():
             if mode in ("fp16", "bf16_recompute") and case.size != "small":
                 continue
             model = fusetrain.Model.from_pretrained(directory)
@@ -104,7 +125,7 @@ def workload_fingerprints(work: pathlib.Path, steps: int, build: pathlib.Path) -
     for directory in sorted(p for p in work.iterdir() if (p / "batches.npz").exists()):
         data = np.load(directory / "batches.npz")
         batches = [{k: data[k][i] for k in data.files} for i in range(steps)]
-        for mode in ("fp32", "bf16"):
+        for mode in [m for m in ("fp32", "bf16") if m in modes()]:
             model = fusetrain.Model.from_pretrained(str(directory))
             configure(model, mode)
             result[f"{directory.name}/{mode}"] = train_fingerprint(fusetrain, model, batches)
@@ -113,7 +134,9 @@ def workload_fingerprints(work: pathlib.Path, steps: int, build: pathlib.Path) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--write", action="store_true", help=f"write the parity fingerprints to {STORED.name}")
+    parser.add_argument("--write", action="store_true",
+                        help=f"write the parity fingerprints to {STORED.name} ({STORED_PORTABLE.name} on a CPU "
+                             "without AVX-512)")
     parser.add_argument("--workloads", type=pathlib.Path, help="bench/compare.py's work directory (W1-W3)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--build", type=pathlib.Path, default=HERE.parents[1] / "build",
@@ -128,7 +151,7 @@ def main() -> None:
 
         prints = case_fingerprints()
     text = json.dumps(prints, indent=1, sort_keys=True) + "\n"
-    target = STORED if args.write else args.out
+    target = stored_path() if args.write else args.out
     if target:
         target.write_text(text)
         print(f"{len(prints)} fingerprints written to {target}")
