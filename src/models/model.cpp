@@ -357,18 +357,22 @@ void Model::enable_lora(const LoraConfig& config) {
   lora_bf16_.clear();
   std::unique_ptr<runtime::ParameterStore> next;
   try {
-    BatchSpec probe;
-    BuiltGraph built = build(probe);
+    // The probe graph with the adapters in; the adapters it added are the model's.
+    auto adapted = [&] {
+      ir::Graph g = family_->build(BatchSpec{}).graph;
+      lora_adapters_ = lora::apply(g, config, false, lora_bf16_, family_->head_prefixes());
+      return g;
+    };
+    ir::Graph graph = adapted();
     if (config.base_dtype == DType::bf16) {
-      lora_bf16_ = lora::bf16_candidates(built.graph);
-      built = build(probe);
+      lora_bf16_ = lora::bf16_candidates(graph);
+      graph = adapted();
     }
-    next = std::make_unique<runtime::ParameterStore>(built.graph);
-    ir::Graph plain = family_->build(probe).graph;
-    lora_adapters_ = lora::apply(plain, config, false, lora_bf16_, family_->head_prefixes());
+    next = std::make_unique<runtime::ParameterStore>(graph);
   } catch (...) {
     lora_ = std::move(saved_lora);
     lora_bf16_ = std::move(saved_bf16);
+    lora_adapters_.clear();
     throw;
   }
   // Carry every weight over; draw the adapters as PEFT does: A ~ kaiming_uniform(a=√5) = U(±1/√in), B = 0.
