@@ -41,6 +41,8 @@ ValueId GraphBuilder::rope(ValueId x, ValueId cos, ValueId sin, bool inverse) {
   return g_.add(OpKind::RoPE, {x, cos, sin}, {{"inverse", int64_t{inverse ? 1 : 0}}});
 }
 
+ValueId GraphBuilder::swiglu(ValueId gate, ValueId up) { return g_.add(OpKind::SwiGLU, {gate, up}); }
+
 ValueId GraphBuilder::embedding(ValueId weight, ValueId ids, int64_t padding_idx) {
   if (padding_idx < 0) return g_.add(OpKind::Embedding, {weight, ids});
   return g_.add(OpKind::Embedding, {weight, ids}, {{"padding_idx", padding_idx}});

@@ -228,6 +228,22 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
                 c.shape(1).to_string(), " and ", c.shape(2).to_string());
       return {{x, DType::f32}};
     }
+    case OpKind::SwiGLU:
+      // gate, up -> silu(gate)·up, in their dtype
+      c.require(c.dtype(0) == DType::f32 || c.dtype(0) == DType::bf16, "gate must be f32 or bf16, found ",
+                dtype_name(c.dtype(0)));
+      c.require_same_dtype(0, 1);
+      c.require_same_shape(0, 1);
+      return {{c.shape(0), c.dtype(0)}};
+    case OpKind::SwiGLUBackward:
+      // dy (f32), gate, up (f32 or bf16, one dtype) -> dgate, dup (f32)
+      c.require_f32(0, "dy");
+      c.require(c.dtype(1) == DType::f32 || c.dtype(1) == DType::bf16, "gate must be f32 or bf16, found ",
+                dtype_name(c.dtype(1)));
+      c.require_same_dtype(1, 2);
+      c.require_same_shape(0, 1);
+      c.require_same_shape(0, 2);
+      return {{c.shape(0), DType::f32}, {c.shape(0), DType::f32}};
     case OpKind::RMSNormBackward: {
       // dy, x, weight, rstd -> dx, dweight
       const Shape& x = c.shape(1);
@@ -485,8 +501,9 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
                 seq_major ? "q, k, v should be (B, T, H, D)" : "q, k, v should be (B, H, T, D)");
       c.require(k == v, "k ", k.to_string(), " and v ", v.to_string(), " differ");
       const int64_t heads = seq_major ? q[2] : q[1], T = seq_major ? q[1] : q[2], S = seq_major ? k[1] : k[2];
-      c.require(q[0] == k[0] && heads == (seq_major ? k[2] : k[1]) && q[3] == k[3], "q ", q.to_string(),
-                " does not match k ", k.to_string());
+      const int64_t kv_heads = seq_major ? k[2] : k[1];  // grouped-query attention: fewer key/value heads
+      c.require(q[0] == k[0] && kv_heads > 0 && heads % kv_heads == 0 && q[3] == k[3], "q ", q.to_string(),
+                " does not match k ", k.to_string(), " (the query heads must be a multiple of the key/value heads)");
       const double p = attention.dropout_p;
       c.require(p >= 0.0 && p < 1.0, "dropout_p must be in [0, 1)");
       if (attention.causal) c.require(T <= S, "causal attention needs T <= S");

@@ -152,6 +152,8 @@ OpParams decode(OpKind op, AttrReader& r) {
     case OpKind::SoftmaxBackward:
     case OpKind::LayerNormBackward:
     case OpKind::RMSNormBackward:
+    case OpKind::SwiGLU:
+    case OpKind::SwiGLUBackward:
     case OpKind::SigmoidCrossEntropyBackward:
       return r.finish(NoParams{});
     case OpKind::Fill: {

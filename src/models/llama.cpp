@@ -68,6 +68,7 @@ class LlamaFamily final : public Family {
     matmul_dtype_ = spec.fp16 ? DType::f16 : spec.bf16 ? DType::bf16 : DType::f32;
     const int64_t B = spec.batch, T = spec.seq, C = C_, H = H_, K = K_, D = D_;
     const bool train = spec.training;
+    const DType io = attention_dtype(matmul_dtype_);
     auto [ids, mask, positions] = sequence_inputs(b, B, T);
     (void)positions;  // read on the host, for the rotary tables
     ValueId mask_add = additive_mask(b, mask, B, T);
@@ -82,18 +83,29 @@ class LlamaFamily final : public Family {
       ValueId q = proj(b, a, layer + "self_attn.q_proj", H * D, C, qkv_bias_);
       ValueId k = proj(b, a, layer + "self_attn.k_proj", K * D, C, qkv_bias_);
       ValueId v = proj(b, a, layer + "self_attn.v_proj", K * D, C, qkv_bias_);
+      // Grouped-query attention reads the K key/value heads as they are (no repeat in memory). bf16: q, k, v and
+      // the context are kept in bf16, as autocast's bf16 projections and attention produce them.
       q = b.rope(b.reshape(q, {B, T, H, D}), cos, sin);
-      k = repeat_heads(b, b.rope(b.reshape(k, {B, T, K, D}), cos, sin), B, T);
-      v = repeat_heads(b, b.reshape(v, {B, T, K, D}), B, T);
+      k = b.rope(b.reshape(k, {B, T, K, D}), cos, sin);
+      v = b.reshape(v, {B, T, K, D});
+      if (io != DType::f32) {
+        q = b.cast(q, io);
+        k = b.cast(k, io);
+        v = b.cast(v, io);
+      }
       ValueId context = b.attention(b.transpose(q, {0, 2, 1, 3}), b.transpose(k, {0, 2, 1, 3}),
                                     b.transpose(v, {0, 2, 1, 3}), mask_add, 1.0 / std::sqrt(double(D)), true,
-                                    train ? attn_dropout_ : 0.0);
+                                    train ? attn_dropout_ : 0.0, io);
       ValueId merged = b.reshape(b.transpose(context, {0, 2, 1, 3}), {B, T, H * D});
       x = b.add(x, proj(b, merged, layer + "self_attn.o_proj", C, H * D, o_bias_));
       ValueId m = rms_norm(b, x, layer + "post_attention_layernorm");
       ValueId gate = proj(b, m, layer + "mlp.gate_proj", F_, C, mlp_bias_);
       ValueId up = proj(b, m, layer + "mlp.up_proj", F_, C, mlp_bias_);
-      x = b.add(x, proj(b, b.mul(silu(b, gate), up), layer + "mlp.down_proj", C, F_, mlp_bias_));
+      if (matmul_dtype_ == DType::bf16) {  // as bf16 autocast hands the projections to silu and the product
+        gate = b.cast(gate, matmul_dtype_);
+        up = b.cast(up, matmul_dtype_);
+      }
+      x = b.add(x, proj(b, b.swiglu(gate, up), layer + "mlp.down_proj", C, F_, mlp_bias_));
       out.layer_boundaries.push_back(x);
     }
     x = rms_norm(b, x, p("norm"));
@@ -160,18 +172,6 @@ class LlamaFamily final : public Family {
   }
   ValueId rms_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {
     return b.rms_norm(x, b.param(name + ".weight", {C_}), eps_);
-  }
-  // silu(x) = x · σ(x), σ(x) = (1 + tanh(x / 2)) / 2.
-  static ValueId silu(ir::GraphBuilder& b, ValueId x) {
-    ValueId t = b.tanh(b.scale(x, 0.5));
-    return b.mul(x, b.add(b.scale(t, 0.5), b.fill(Shape{1}, 0.5)));
-  }
-  // (B, T, K, D) → (B, T, H, D), each key/value head serving H / K query heads in turn (transformers' repeat_kv).
-  ValueId repeat_heads(ir::GraphBuilder& b, ValueId x, int64_t B, int64_t T) const {
-    if (K_ == H_) return x;
-    const int64_t rep = H_ / K_;
-    ValueId wide = b.add(b.reshape(x, {B, T, K_, 1, D_}), b.fill(Shape{B, T, K_, rep, D_}, 0.0));
-    return b.reshape(wide, {B, T, H_, D_});
   }
 
   void read_rope(const ConfigReader& c) {

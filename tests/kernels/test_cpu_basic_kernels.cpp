@@ -348,6 +348,57 @@ TEST(CpuBasicKernels, LayerNorm) {
   }
 }
 
+TEST(CpuBasicKernels, RMSNorm) {
+  std::mt19937 rng(16);
+  for (const Shape& shape : kRowShapes) {
+    const Shape C{shape[-1]};
+    const Shape rows(std::vector<int64_t>(shape.dims().begin(), shape.dims().end() - 1));
+    Graph g;
+    const ir::Node& n = one_node(g, OpKind::RMSNorm, {{shape, DType::f32}, {C, DType::f32}}, {{"eps", 1e-6}});
+    check_node(g, n, random_inputs(g, n, rng), {2e-6});
+
+    Graph gb;
+    const ir::Node& nb = one_node(
+        gb, OpKind::RMSNormBackward,
+        {{shape, DType::f32}, {shape, DType::f32}, {C, DType::f32}, {rows, DType::f32}});
+    std::vector<Tensor> inb = random_inputs(gb, nb, rng);
+    for (int64_t i = 0; i < inb[3].numel(); ++i) inb[3].set_item(i, 0.5 + std::abs(inb[3].item(i)));  // rstd > 0
+    // Column sums of dweight over up to 4,099 rows in f32 against the reference's double sums.
+    check_node(gb, nb, inb, {1e-5, 0, true});
+  }
+}
+
+TEST(CpuBasicKernels, RoPE) {
+  std::mt19937 rng(17);
+  // (B, T, H, D): head sizes with a half below, at and above one vector, and not a multiple of 16.
+  for (const Shape& shape : {Shape{1, 1, 1, 2}, Shape{2, 3, 2, 10}, Shape{2, 5, 3, 64}, Shape{1, 9, 2, 96},
+                             Shape{3, 7, 4, 130}}) {
+    const Shape table{shape[0], shape[1], shape[3]};
+    for (int64_t inverse : {0, 1}) {
+      Graph g;
+      const ir::Node& n = one_node(g, OpKind::RoPE, {{shape, DType::f32}, {table, DType::f32}, {table, DType::f32}},
+                                   {{"inverse", inverse}});
+      check_node(g, n, random_inputs(g, n, rng), {1e-6, 0, true});
+    }
+  }
+}
+
+TEST(CpuBasicKernels, SwiGLU) {
+  std::mt19937 rng(18);
+  for (const Shape& shape : kShapes) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      // f32: a few ulps of exp and the divide; bf16: one rounding of the result (2^-8 relative).
+      const double tolerance = dtype == DType::f32 ? 2e-6 : 8e-3;
+      Graph g;
+      const ir::Node& n = one_node(g, OpKind::SwiGLU, {{shape, dtype}, {shape, dtype}});
+      check_node(g, n, random_inputs(g, n, rng, -8.0, 8.0), {tolerance, 0, true, 1.0});
+      Graph gb;
+      const ir::Node& nb = one_node(gb, OpKind::SwiGLUBackward, {{shape, DType::f32}, {shape, dtype}, {shape, dtype}});
+      check_node(gb, nb, random_inputs(gb, nb, rng, -8.0, 8.0), {2e-6, 0, true, 1.0});
+    }
+  }
+}
+
 // ---- embedding ---------------------------------------------------------------------------------
 
 TEST(CpuBasicKernels, Embedding) {

@@ -238,6 +238,7 @@ TEST(CpuDenseKernels, Linear) {
 
 struct AttentionCase {
   int64_t B = 2, H = 2, T = 3, S = 3, D = 8;
+  int64_t K = 0;  // key/value heads (grouped-query attention); 0: H
   bool mask = false;
   bool causal = false;
   double dropout = 0.0;
@@ -249,10 +250,11 @@ struct AttentionCase {
     return "Attention B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
            " S=" + std::to_string(S) + " D=" + std::to_string(D) + (mask ? " mask" : "") + (causal ? " causal" : "") +
            " dropout=" + std::to_string(dropout) + " threads=" + std::to_string(threads) +
-           (dead_row ? " dead-row" : "") + (seq_major ? " seq-major" : "");
+           (dead_row ? " dead-row" : "") + (seq_major ? " seq-major" : "") + " K=" + std::to_string(kv_heads());
   }
+  int64_t kv_heads() const { return K > 0 ? K : H; }
   Shape q_shape() const { return seq_major ? Shape{B, T, H, D} : Shape{B, H, T, D}; }
-  Shape kv_shape() const { return seq_major ? Shape{B, S, H, D} : Shape{B, H, S, D}; }
+  Shape kv_shape() const { return seq_major ? Shape{B, S, kv_heads(), D} : Shape{B, kv_heads(), S, D}; }
   ir::Attrs attrs() const {
     return {{"scale", 1.0 / std::sqrt(static_cast<double>(D))}, {"causal", int64_t{causal}}, {"dropout_p", dropout},
             {"seed", int64_t{11}}, {"seq_major", int64_t{seq_major}}};
@@ -426,6 +428,26 @@ TEST(CpuDenseKernels, AttentionSeqMajor) {
     groups.mask = true, groups.causal = true, groups.dropout = 0.1, groups.threads = threads;
     check_attention(groups, rng);
   }
+}
+
+// Grouped-query attention: K key/value heads each serving H / K query heads, in both layouts, on one
+// and two threads, where the head groups split differently (whole key/value groups per task).
+TEST(CpuDenseKernels, AttentionGroupedQuery) {
+  std::mt19937 rng(15);
+  for (bool seq_major : {false, true})
+    for (int threads : {1, 2})
+      for (auto [H, K] : {std::pair<int64_t, int64_t>{6, 2}, {4, 1}, {12, 4}})
+        for (bool causal : {false, true}) {
+          AttentionCase c;
+          c.seq_major = seq_major, c.B = 2, c.H = H, c.K = K, c.T = 37, c.S = causal ? 37 : 70, c.D = 24;
+          c.mask = true, c.causal = causal, c.dropout = causal ? 0.1 : 0.0, c.threads = threads;
+          check_attention(c, rng);
+        }
+  // A group budget that splits the query heads: T = S = 600, D = 64, 12 query heads on 3 key/value heads.
+  AttentionCase big;
+  big.seq_major = true, big.B = 1, big.H = 12, big.K = 3, big.T = 600, big.S = 600, big.D = 64, big.causal = true;
+  big.threads = 2;
+  check_attention(big, rng);
 }
 
 // (B, H, T, D) <-> (B, T, H, D).

@@ -150,6 +150,19 @@ std::vector<OpCase> make_cases() {
   add("rms_norm", OpKind::RMSNorm,
       [](GraphBuilder& b, int64_t n) { return Outs{b.rms_norm(b.param("x", {2, n, 8}), b.param("weight", {8}), 1e-6)}; },
       {{"weight", {0.5, 1.5}}});
+  add("swiglu", OpKind::SwiGLU,
+      [](GraphBuilder& b, int64_t n) { return Outs{b.swiglu(b.param("gate", {n, 7}), b.param("up", {n, 7}))}; },
+      {{"gate", {-4, 4}}});
+  {
+    // bf16 gate and up (the bf16 model's form): rounding swamps central differences, so this is compared with the
+    // reference kernels only.
+    OpCase& bf16 = add("swiglu_bf16", OpKind::SwiGLU, [](GraphBuilder& b, int64_t n) {
+      ValueId gate = b.cast(b.param("gate", {n, 40}), DType::bf16), up = b.cast(b.param("up", {n, 40}), DType::bf16);
+      return Outs{b.cast(b.swiglu(gate, up), DType::f32)};
+    });
+    bf16.tolerance = 2e-2;
+    bf16.max_gradcheck_n = 0;
+  }
   for (bool inverse : {false, true})
     add(inverse ? "rope_inverse" : "rope", OpKind::RoPE, [inverse](GraphBuilder& b, int64_t n) {
       return Outs{b.rope(b.param("x", {2, n, 3, 8}), b.input("cos", {2, n, 8}), b.input("sin", {2, n, 8}), inverse)};
@@ -317,6 +330,18 @@ std::vector<OpCase> make_cases() {
         {{"scale", 0.5}, {"causal", int64_t{1}}, {"dropout_p", 0.2}, {"seed", int64_t{4}}, {"seq_major", int64_t{1}}});
     return Outs{outs[0]};  // lse is not differentiated (the op's own builder exposes only out)
   });
+  for (bool seq_major : {false, true})
+    add(seq_major ? "attention_grouped_query_seq_major" : "attention_grouped_query", OpKind::Attention,
+        [seq_major](GraphBuilder& b, int64_t n) {
+          // 6 query heads on 2 key/value heads, causal: dk and dv sum three query heads' contributions.
+          auto shape = [&](int64_t len, int64_t heads) {
+            return seq_major ? Shape{2, len, heads, 4} : Shape{2, heads, len, 4};
+          };
+          ValueId q = b.param("q", shape(n, 6)), k = b.param("k", shape(n + 1, 2)), v = b.param("v", shape(n + 1, 2));
+          Outs outs = b.graph().add_node(OpKind::Attention, {q, k, v},
+                                         {{"scale", 0.5}, {"causal", int64_t{1}}, {"seq_major", int64_t{seq_major}}});
+          return Outs{outs[0]};
+        });
   add("attention_dropout", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
     ValueId q = b.param("q", {1, 2, n, 8}), k = b.param("k", {1, 2, 4, 8}), v = b.param("v", {1, 2, 4, 8});
     return Outs{b.attention(q, k, v, ir::kNone, 0.35, false, 0.2)};

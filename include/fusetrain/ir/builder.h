@@ -49,6 +49,9 @@ class GraphBuilder {
   /// Rotary position embedding (Llama's): x (B, T, H, D) with halves x1, x2 becomes (x1·cos − x2·sin, x2·cos + x1·sin)
   /// per half of cos and sin (B, T, D); inverse rotates the other way.
   ValueId rope(ValueId x, ValueId cos, ValueId sin, bool inverse = false);
+  /// SwiGLU's gating product silu(gate)·up, silu(g) = g·σ(g): gate and up of one shape and dtype (f32 or bf16),
+  /// the result in that dtype.
+  ValueId swiglu(ValueId gate, ValueId up);
   /// weight (V, C), ids (...) of i64 or i32 -> (..., C). Row `padding_idx` (if >= 0)
   /// receives no gradient, as torch.nn.Embedding(padding_idx=...).
   ValueId embedding(ValueId weight, ValueId ids, int64_t padding_idx = -1);

@@ -57,6 +57,15 @@ void grad_rule<OpKind::Tanh>(GradContext& ctx) {
   ctx.set_grad_input(0, ctx.g.add(OpKind::TanhBackward, {ctx.grad_output(0), ctx.output(0)}));
 }
 
+// d/dgate = dy·up·σ(g)(1 + g(1 − σ(g))), d/dup = dy·silu(g): one pass over dy, gate and up.
+template <>
+void grad_rule<OpKind::SwiGLU>(GradContext& ctx) {
+  ValueId dy = ctx.grad_output(0);
+  if (ctx.g.value(dy).dtype != DType::f32) dy = ctx.b.cast(dy, DType::f32);  // a bf16 result
+  std::vector<ValueId> grads = ctx.g.add_node(OpKind::SwiGLUBackward, {dy, ctx.input(0), ctx.input(1)});
+  for (size_t i = 0; i < 2; ++i) ctx.set_grad_input(i, grads[i]);
+}
+
 template <>
 void grad_rule<OpKind::Relu>(GradContext& ctx) {
   ctx.set_grad_input(0, ctx.g.add(OpKind::ReluBackward, {ctx.grad_output(0), ctx.input(0)}));

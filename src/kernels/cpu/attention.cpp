@@ -1,12 +1,16 @@
 // Flash-style scaled dot-product attention, forward and backward, for the CPU.
 //
-// Legend: B batch, H heads, T query length, S key length, D head size; bh = b·H + h
-// indexes one (batch, head) pair; BQ query rows and BK keys per tile.
-//   q, out, dq, dout: (B, H, T, D)   k, v, dk, dv: (B, H, S, D)   mask: (B, S)   lse: (B, H, T)
-// With AttentionParams::seq_major those six are (B, T, H, D) and (B, S, H, D) instead, the
+// Legend: B batch, H heads, K key/value heads (grouped-query attention: H / K query heads share
+// one, query head h reads key/value head h / (H / K)), T query length, S key length, D head size;
+// bh = b·H + h indexes one (batch, head) pair; BQ query rows and BK keys per tile.
+//   q, out, dq, dout: (B, H, T, D)   k, v, dk, dv: (B, K, S, D)   mask: (B, S)   lse: (B, H, T)
+// With AttentionParams::seq_major those six are (B, T, H, D) and (B, S, K, D) instead, the
 // layout projections produce, so no transpose is needed around the op. One head's rows are
 // then H·D elements apart; tasks there take a batch element and a group of heads, copy the
 // group into contiguous (heads, len, D) scratch first and copy results back (gather_heads).
+// With K < H the kernels always take that route, with groups of whole key/value heads: a task owns
+// the H / K query heads of each of its key/value heads and sums their dk, dv in its packed copy, so
+// no key/value row is written by two tasks and nothing is repeated in memory.
 //
 // Forward, one task per (bh, query block): Qt (D, BQ) is the transposed query block; for
 // each key block St (BK, BQ) = scale·K_blk·Qt + mask, an online softmax runs down the
@@ -362,12 +366,13 @@ const TileOps& select_ops() { return cpu_basic::use_avx512() ? kAvx512Ops : kPor
 
 // Attributes and extents shared by forward and backward, read at plan time.
 struct AttentionPlan {
-  int64_t B = 0, H = 0, T = 0, S = 0, D = 0;
+  int64_t B = 0, H = 0, K = 0, T = 0, S = 0, D = 0;
+  int64_t group = 1;       // query heads per key/value head, H / K
   bool seq_major = false;  // q, k, v, out and their gradients are (B, T, H, D) rather than (B, H, T, D)
   float scale = 1.0f;
   bool causal = false;
   bool has_mask = false;
-  bool grouped = false;  // through packed f32 copies: seq-major layout, or bf16 q, k, v or out
+  bool grouped = false;  // through packed f32 copies: seq-major layout, bf16 q, k, v or out, or K < H
   float dropout_p = 0.0f;
   uint64_t seed = 0;
   int64_t rng_rows = 0, rng_row_start = 0;  // the query rows whose dropout stream these T rows draw
@@ -379,6 +384,8 @@ struct AttentionPlan {
     const ops::AttentionParams& params = call.params<ops::AttentionParams>();
     seq_major = params.seq_major;
     B = q[0], H = seq_major ? q[2] : q[1], T = seq_major ? q[1] : q[2], S = seq_major ? k[1] : k[2], D = q[3];
+    K = seq_major ? k[2] : k[1];
+    group = K > 0 ? H / K : 1;
     scale = static_cast<float>(params.scale);
     causal = params.causal;
     dropout_p = static_cast<float>(params.dropout_p);
@@ -386,12 +393,12 @@ struct AttentionPlan {
     rng_rows = params.stream_rows(T);
     rng_row_start = params.rng_row_start;
     has_mask = call.inputs.size() > mask_at;
-    grouped = seq_major || call.inputs[q_at].dtype != DType::f32 || params.out_dtype != DType::f32;
+    grouped = seq_major || call.inputs[q_at].dtype != DType::f32 || params.out_dtype != DType::f32 || K != H;
     ops = &select_ops();
   }
   // Elements between consecutive rows, and between consecutive heads, of one batch element's
-  // (len, H, D) seq-major or (H, len, D) block.
-  int64_t row_stride() const { return seq_major ? H * D : D; }
+  // (len, heads, D) seq-major or (heads, len, D) block.
+  int64_t row_stride(int64_t heads) const { return seq_major ? heads * D : D; }
   int64_t head_stride(int64_t len) const { return seq_major ? D : len * D; }
   // Local causal offset of a (query block t0, key block kb) tile: key j is visible to
   // query i when j <= i + offset.
@@ -414,11 +421,13 @@ struct AttentionPlan {
 constexpr int64_t kGroupBudgetFloats = int64_t{1} << 19;  // 2 MiB of packed operands per thread
 
 // Heads per group: at most what fits kGroupBudgetFloats at `floats_per_head`, and few enough
-// that B · groups keeps every thread busy.
-int64_t heads_per_group(int64_t B, int64_t H, int64_t floats_per_head, int threads) {
+// that B · groups keeps every thread busy; a multiple of `kv_group` (the query heads that share a
+// key/value head), which divides H.
+int64_t heads_per_group(int64_t B, int64_t H, int64_t floats_per_head, int threads, int64_t kv_group) {
   int64_t hg = std::clamp<int64_t>(kGroupBudgetFloats / std::max<int64_t>(floats_per_head, 1), 1, H);
   const int64_t groups_needed = (threads + B - 1) / std::max<int64_t>(B, 1);
-  return std::max<int64_t>(1, std::min(hg, (H + groups_needed - 1) / groups_needed));
+  hg = std::max<int64_t>(1, std::min(hg, (H + groups_needed - 1) / groups_needed));
+  return std::min(H, std::max<int64_t>(kv_group, hg / kv_group * kv_group));
 }
 
 // Heads [h0, h0 + hg) of one batch element's block `src` (rows row_stride and heads head_stride
@@ -452,22 +461,22 @@ void scatter_heads(T* dst, const float* src, int64_t len, int64_t D, int64_t h0,
 }
 
 // The packed copy of heads [h0, h0 + hg) of batch element b of an f32 or bf16 operand with
-// `len` positions, and the way back.
-void gather_operand(float* dst, const Tensor& t, const AttentionPlan& p, int64_t len, int64_t b, int64_t h0,
-                    int64_t hg) {
-  const int64_t base = b * len * p.H * p.D;
+// `len` positions and `heads` heads (H, or K for k, v and their gradients), and the way back.
+void gather_operand(float* dst, const Tensor& t, const AttentionPlan& p, int64_t len, int64_t heads, int64_t b,
+                    int64_t h0, int64_t hg) {
+  const int64_t base = b * len * heads * p.D;
   if (t.dtype() == DType::bf16)
-    gather_heads(dst, t.data_as<uint16_t>() + base, len, p.D, h0, hg, p.row_stride(), p.head_stride(len));
+    gather_heads(dst, t.data_as<uint16_t>() + base, len, p.D, h0, hg, p.row_stride(heads), p.head_stride(len));
   else
-    gather_heads(dst, t.data_as<float>() + base, len, p.D, h0, hg, p.row_stride(), p.head_stride(len));
+    gather_heads(dst, t.data_as<float>() + base, len, p.D, h0, hg, p.row_stride(heads), p.head_stride(len));
 }
-void scatter_operand(const Tensor& t, const float* src, const AttentionPlan& p, int64_t len, int64_t b, int64_t h0,
-                     int64_t hg) {
-  const int64_t base = b * len * p.H * p.D;
+void scatter_operand(const Tensor& t, const float* src, const AttentionPlan& p, int64_t len, int64_t heads, int64_t b,
+                     int64_t h0, int64_t hg) {
+  const int64_t base = b * len * heads * p.D;
   if (t.dtype() == DType::bf16)
-    scatter_heads(t.data_as<uint16_t>() + base, src, len, p.D, h0, hg, p.row_stride(), p.head_stride(len));
+    scatter_heads(t.data_as<uint16_t>() + base, src, len, p.D, h0, hg, p.row_stride(heads), p.head_stride(len));
   else
-    scatter_heads(t.data_as<float>() + base, src, len, p.D, h0, hg, p.row_stride(), p.head_stride(len));
+    scatter_heads(t.data_as<float>() + base, src, len, p.D, h0, hg, p.row_stride(heads), p.head_stride(len));
 }
 
 // dst (cols, ld): dst[c·ld + r] = src[r·src_ld + c] for r < rows.
@@ -483,7 +492,7 @@ class AttentionForwardKernel final : public Kernel {
   size_t scratch_bytes(int num_threads) const override {
     const int threads = std::max(num_threads, 1);
     int64_t floats = tile_floats();
-    if (plan_.grouped) floats += heads_per_group(plan_.B, plan_.H, head_floats(), threads) * head_floats();
+    if (plan_.grouped) floats += group_heads(threads) * head_floats();
     return static_cast<size_t>(threads * floats) * sizeof(float);
   }
 
@@ -492,7 +501,7 @@ class AttentionForwardKernel final : public Kernel {
     const int threads = std::max(ctx.num_threads, 1);
     const int64_t query_blocks = (p.T + kBlockQ - 1) / kBlockQ;
     // Tasks: (b·H + h, query block), or (b, group of heads) when grouped.
-    const int64_t hg = p.grouped ? heads_per_group(p.B, p.H, head_floats(), threads) : 1;
+    const int64_t hg = p.grouped ? group_heads(threads) : 1;
     const int64_t groups = (p.H + hg - 1) / hg;
     const int64_t tasks = p.grouped ? p.B * groups : p.B * p.H * query_blocks;
     if (tasks == 0 || p.T == 0) return;
@@ -524,6 +533,9 @@ class AttentionForwardKernel final : public Kernel {
   }
   // Packed copies of one head (seq-major): q and out (T, D), k and v (S, D).
   int64_t head_floats() const { return 2 * plan_.T * plan_.D + 2 * plan_.S * plan_.D; }
+  int64_t group_heads(int threads) const {
+    return heads_per_group(plan_.B, plan_.H, head_floats(), threads, plan_.group);
+  }
 
   // (B, H, T, D) layout: one query block of head bh, read and written in place.
   void forward_direct(const KernelArgs& args, const StepContext& ctx, int64_t bh, int64_t t0, float* work) const {
@@ -542,21 +554,22 @@ class AttentionForwardKernel final : public Kernel {
     const AttentionPlan& p = plan_;
     const int64_t T = p.T, S = p.S, D = p.D, H = p.H;
     hg = std::min(hg, H - h0);
+    const int64_t kg = hg / p.group;  // key/value heads [h0 / group, h0 / group + kg)
     float* q = work + tile_floats();  // (hg, T, D)
-    float* k = q + hg * T * D;        // (hg, S, D)
-    float* v = k + hg * S * D;        // (hg, S, D)
-    float* out = v + hg * S * D;      // (hg, T, D)
-    gather_operand(q, args.inputs[0], p, T, b, h0, hg);
-    gather_operand(k, args.inputs[1], p, S, b, h0, hg);
-    gather_operand(v, args.inputs[2], p, S, b, h0, hg);
+    float* k = q + hg * T * D;        // (kg, S, D)
+    float* v = k + kg * S * D;        // (kg, S, D)
+    float* out = v + kg * S * D;      // (hg, T, D)
+    gather_operand(q, args.inputs[0], p, T, H, b, h0, hg);
+    gather_operand(k, args.inputs[1], p, S, p.K, b, h0 / p.group, kg);
+    gather_operand(v, args.inputs[2], p, S, p.K, b, h0 / p.group, kg);
     const float* mask = p.has_mask ? static_cast<const float*>(args.inputs[3].data()) + b * S : nullptr;
     for (int64_t h = 0; h < hg; ++h) {
-      const int64_t bh = b * H + h0 + h;
+      const int64_t bh = b * H + h0 + h, kv = h / p.group;
       for (int64_t t0 = 0; t0 < T; t0 += kBlockQ)
-        forward_block(q + h * T * D, k + h * S * D, v + h * S * D, mask, out + h * T * D,
+        forward_block(q + h * T * D, k + kv * S * D, v + kv * S * D, mask, out + h * T * D,
                       static_cast<float*>(args.outputs[1].data()) + bh * T, ctx, bh, t0, work);
     }
-    scatter_operand(args.outputs[0], out, p, T, b, h0, hg);
+    scatter_operand(args.outputs[0], out, p, T, H, b, h0, hg);
   }
 
   // One query block [t0, t0 + BQ) of head bh: q, out (T, D) and k, v (S, D), rows D apart;
@@ -616,7 +629,7 @@ class AttentionBackwardKernel final : public Kernel {
     const int threads = std::max(num_threads, 1);
     int64_t floats = threads * tile_floats();
     if (plan_.grouped) {
-      floats += threads * heads_per_group(plan_.B, plan_.H, head_floats(), threads) * head_floats();
+      floats += threads * group_heads(threads) * head_floats();
     } else {
       const int64_t chunks = key_chunks(threads);
       if (chunks > 1) floats += chunks * plan_.B * plan_.H * plan_.T * plan_.D;  // private dq partials
@@ -697,7 +710,7 @@ class AttentionBackwardKernel final : public Kernel {
   void run_groups(const KernelArgs& args, const StepContext& ctx) const {
     const AttentionPlan& p = plan_;
     const int threads = std::max(ctx.num_threads, 1);
-    const int64_t hg = heads_per_group(p.B, p.H, head_floats(), threads);
+    const int64_t hg = group_heads(threads);
     const int64_t groups = (p.H + hg - 1) / hg;
     const int64_t tasks = p.B * groups;
     const int64_t per_thread = tile_floats() + hg * head_floats();
@@ -722,37 +735,39 @@ class AttentionBackwardKernel final : public Kernel {
     const AttentionPlan& p = plan_;
     const int64_t T = p.T, S = p.S, D = p.D, H = p.H;
     hg = std::min(hg, H - h0);
-    const int64_t tq = hg * T * D, tk = hg * S * D;
+    const int64_t kg = hg / p.group, k0 = h0 / p.group;  // key/value heads [k0, k0 + kg)
+    const int64_t tq = hg * T * D, tk = kg * S * D;
     float* dout = work + tile_floats();  // (hg, T, D) each: dout, q, out, dq
     float* q = dout + tq;
     float* out = q + tq;
     float* dq = out + tq;
-    float* k = dq + tq;  // (hg, S, D) each: k, v, dk, dv
+    float* k = dq + tq;  // (kg, S, D) each: k, v, dk, dv
     float* v = k + tk;
     float* dk = v + tk;
     float* dv = dk + tk;
-    gather_operand(dout, args.inputs[0], p, T, b, h0, hg);
-    gather_operand(q, args.inputs[1], p, T, b, h0, hg);
-    gather_operand(k, args.inputs[2], p, S, b, h0, hg);
-    gather_operand(v, args.inputs[3], p, S, b, h0, hg);
-    gather_operand(out, args.inputs[4], p, T, b, h0, hg);
+    gather_operand(dout, args.inputs[0], p, T, H, b, h0, hg);
+    gather_operand(q, args.inputs[1], p, T, H, b, h0, hg);
+    gather_operand(k, args.inputs[2], p, S, p.K, b, k0, kg);
+    gather_operand(v, args.inputs[3], p, S, p.K, b, k0, kg);
+    gather_operand(out, args.inputs[4], p, T, H, b, h0, hg);
     for (int64_t h = 0; h < hg; ++h) {
-      const int64_t bh = b * H + h0 + h;
+      const int64_t bh = b * H + h0 + h, kv = h / p.group;
       Head head{dout + h * T * D,
                 q + h * T * D,
-                k + h * S * D,
-                v + h * S * D,
+                k + kv * S * D,
+                v + kv * S * D,
                 out + h * T * D,
                 static_cast<const float*>(args.inputs[5].data()) + bh * T,
                 p.has_mask ? static_cast<const float*>(args.inputs[6].data()) + b * S : nullptr,
                 dq + h * T * D,
-                dk + h * S * D,
-                dv + h * S * D};
-      backward_chunk(head, ctx, bh, 0, 1, work);
+                dk + kv * S * D,
+                dv + kv * S * D};
+      // The first query head of a key/value head starts its dk, dv; the others add to them.
+      backward_chunk(head, ctx, bh, 0, 1, work, h % p.group == 0);
     }
-    scatter_operand(args.outputs[0], dq, p, T, b, h0, hg);
-    scatter_operand(args.outputs[1], dk, p, S, b, h0, hg);
-    scatter_operand(args.outputs[2], dv, p, S, b, h0, hg);
+    scatter_operand(args.outputs[0], dq, p, T, H, b, h0, hg);
+    scatter_operand(args.outputs[1], dk, p, S, p.K, b, k0, kg);
+    scatter_operand(args.outputs[2], dv, p, S, p.K, b, k0, kg);
   }
 
   // Splits each (b, h) into runs of key blocks only when B·H alone cannot occupy the threads.
@@ -770,11 +785,14 @@ class AttentionBackwardKernel final : public Kernel {
   }
   // Packed copies of one head (seq-major): dout, q, out, dq (T, D); k, v, dk, dv (S, D).
   int64_t head_floats() const { return 4 * plan_.T * plan_.D + 4 * plan_.S * plan_.D; }
+  int64_t group_heads(int threads) const {
+    return heads_per_group(plan_.B, plan_.H, head_floats(), threads, plan_.group);
+  }
 
-  // Key blocks [chunk·per_chunk, (chunk + 1)·per_chunk) of one head: writes their dk, dv rows and
-  // all of head.dq (this chunk's share of it).
+  // Key blocks [chunk·per_chunk, (chunk + 1)·per_chunk) of one head: writes their dk, dv rows (adds to
+  // them unless `fresh_kv`) and all of head.dq (this chunk's share of it).
   void backward_chunk(const Head& head, const StepContext& ctx, int64_t bh, int64_t chunk, int64_t chunks,
-                      float* work) const {
+                      float* work, bool fresh_kv = true) const {
     const AttentionPlan& p = plan_;
     const TileOps& ops = *p.ops;
     const int64_t D = p.D, S = p.S, T = p.T;
@@ -802,8 +820,10 @@ class AttentionBackwardKernel final : public Kernel {
       const int64_t kb = block * kBlockK, nk = std::min(kBlockK, S - kb);
       float* dk_blk = dk + kb * D;  // (nk, D)
       float* dv_blk = dv + kb * D;  // (nk, D)
-      std::fill(dk_blk, dk_blk + nk * D, 0.0f);
-      std::fill(dv_blk, dv_blk + nk * D, 0.0f);
+      if (fresh_kv) {
+        std::fill(dk_blk, dk_blk + nk * D, 0.0f);
+        std::fill(dv_blk, dv_blk + nk * D, 0.0f);
+      }
       transpose_block(kt, kBlockK, k + kb * D, D, nk, D);
       transpose_block(vt, kBlockK, v + kb * D, D, nk, D);
       // Queries before t_begin cannot see any key of this block.

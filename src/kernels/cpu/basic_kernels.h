@@ -151,6 +151,11 @@ std::unique_ptr<Kernel> make_softmax_backward_kernel(const KernelCall& call);
 // layernorm.cpp (LayerNorm, AddLayerNorm)
 std::unique_ptr<Kernel> make_layernorm_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_layernorm_backward_kernel(const KernelCall& call);
+// llama_ops.cpp: RMSNorm, RMSNormBackward, RoPE, SwiGLU, SwiGLUBackward
+std::unique_ptr<Kernel> make_rmsnorm_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_rmsnorm_backward_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_rope_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_swiglu_kernel(const KernelCall& call);
 // embedding.cpp
 std::unique_ptr<Kernel> make_embedding_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_embedding_backward_kernel(const KernelCall& call);

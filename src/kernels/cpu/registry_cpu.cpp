@@ -138,9 +138,14 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const KernelCall& call) {
     case OpKind::ErfBackward:
       return nullptr;  // decomposed forms that fuse_decomposed_norms rewrites; the reference kernels run what is left
     case OpKind::RMSNorm:
+      return make_rmsnorm_kernel(call);
     case OpKind::RMSNormBackward:
+      return make_rmsnorm_backward_kernel(call);
     case OpKind::RoPE:
-      return nullptr;  // no model builds it yet: the reference runs it until one does and a profile asks
+      return make_rope_kernel(call);
+    case OpKind::SwiGLU:
+    case OpKind::SwiGLUBackward:
+      return make_swiglu_kernel(call);
     case OpKind::Softmax:
       return make_softmax_kernel(call);
     case OpKind::SoftmaxBackward:

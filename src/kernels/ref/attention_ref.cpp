@@ -3,10 +3,11 @@
 // double. Dropout on probability (b, h, t, s) uses element index
 // ((b·H + h)·T + t)·S + s of the stream (seed, rng_offset), as docs/ops.md says.
 //
-// Shape letters: B batch, H heads, T query length, S key length, D head size.
-//   q, out, dout, dq: (B, H, T, D)   k, v, dk, dv: (B, H, S, D)
+// Shape letters: B batch, H heads, K key/value heads (H a multiple of K: grouped-query attention,
+// query head h reads key/value head h / (H / K)), T query length, S key length, D head size.
+//   q, out, dout, dq: (B, H, T, D)   k, v, dk, dv: (B, K, S, D)
 //   lse: (B, H, T)                   mask: (B, S) additive, optional
-// With seq_major: q, out, dout, dq (B, T, H, D) and k, v, dk, dv (B, S, H, D).
+// With seq_major: q, out, dout, dq (B, T, H, D) and k, v, dk, dv (B, S, K, D).
 #include <algorithm>
 #include <cmath>
 
@@ -19,7 +20,7 @@ namespace {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 struct AttentionDims {
-  int64_t B = 0, H = 0, T = 0, S = 0, D = 0;
+  int64_t B = 0, H = 0, K = 0, T = 0, S = 0, D = 0;
   bool seq_major = false;
   double scale = 1.0;
   bool causal = false;
@@ -39,6 +40,7 @@ AttentionDims parse_attention(const KernelCall& call, size_t q_input) {
   a.T = a.seq_major ? q[1] : q[2];
   a.D = q[3];
   a.S = a.seq_major ? k[1] : k[2];
+  a.K = a.seq_major ? k[2] : k[1];
   a.scale = params.scale;
   a.causal = params.causal;
   a.dropout_p = params.dropout_p;
@@ -48,9 +50,15 @@ AttentionDims parse_attention(const KernelCall& call, size_t q_input) {
   return a;
 }
 
-// Element offset of position t of head (b, h) in a tensor of `len` positions (T or S).
+// Element offset of position t of query head (b, h) in a tensor of `len` positions (T or S).
 int64_t row_at(const AttentionDims& a, int64_t b, int64_t h, int64_t t, int64_t len) {
   return a.seq_major ? ((b * len + t) * a.H + h) * a.D : ((b * a.H + h) * len + t) * a.D;
+}
+
+// Element offset of key position s of the key/value head that query head (b, h) reads.
+int64_t kv_row_at(const AttentionDims& a, int64_t b, int64_t h, int64_t s) {
+  const int64_t kh = h / (a.H / a.K);
+  return a.seq_major ? ((b * a.S + s) * a.K + kh) * a.D : ((b * a.K + kh) * a.S + s) * a.D;
 }
 
 // Query t sees key s unless causal and s > t + S − T.
@@ -67,7 +75,7 @@ double attention_scores(double* scores, const float* q_row, const float* k, cons
       continue;
     }
     double dot = 0.0;
-    const float* k_row = k + row_at(a, b, h, s, a.S);
+    const float* k_row = k + kv_row_at(a, b, h, s);
     for (int64_t d = 0; d < a.D; ++d) dot += static_cast<double>(q_row[d]) * k_row[d];
     scores[s] = a.scale * dot + (mask != nullptr ? static_cast<double>(mask[b * a.S + s]) : 0.0);
     max = std::max(max, scores[s]);
@@ -108,7 +116,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
         store(lse, DType::f32, row, row_lse, accumulate[1]);
         for (int64_t d = 0; d < a.D; ++d) {
           double sum = 0.0;
-          for (int64_t s = 0; s < a.S; ++s) sum += probs[s] * v[row_at(a, b, h, s, a.S) + d];
+          for (int64_t s = 0; s < a.S; ++s) sum += probs[s] * v[kv_row_at(a, b, h, s) + d];
           store(out, DType::f32, q_at + d, sum, accumulate[0]);
         }
       }
@@ -130,10 +138,12 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   double* dprobs_dropped = probs_dropped + a.S;
   double* dk_sum = dprobs_dropped + a.S;
   double* dv_sum = dk_sum + a.S * a.D;
+  const int64_t group = a.H / a.K;  // query heads per key/value head; their dk, dv contributions add up
   for (int64_t b = 0; b < a.B; ++b)
     for (int64_t h = 0; h < a.H; ++h) {
       const int64_t head = b * a.H + h;
-      for (int64_t e = 0; e < a.S * a.D; ++e) dk_sum[e] = dv_sum[e] = 0.0;
+      if (h % group == 0)
+        for (int64_t e = 0; e < a.S * a.D; ++e) dk_sum[e] = dv_sum[e] = 0.0;
       for (int64_t t = 0; t < a.T; ++t) {
         const int64_t row = head * a.T + t;  // of lse
         const int64_t q_at = row_at(a, b, h, t, a.T);
@@ -146,7 +156,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           probs[s] = probs[s] == kNegInf ? 0.0 : std::exp(probs[s] - static_cast<double>(lse[row]));
           probs_dropped[s] = probs[s] * factor;
           double dot = 0.0;  // (dO·Vᵀ)[t, s]
-          const float* v_row = v + row_at(a, b, h, s, a.S);
+          const float* v_row = v + kv_row_at(a, b, h, s);
           for (int64_t d = 0; d < a.D; ++d) dot += static_cast<double>(dout_row[d]) * v_row[d];
           dprobs_dropped[s] = dot * factor;
           row_term += probs[s] * dprobs_dropped[s];
@@ -161,14 +171,15 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         }
         for (int64_t d = 0; d < a.D; ++d) {
           double sum = 0.0;
-          for (int64_t s = 0; s < a.S; ++s) sum += probs[s] * k[row_at(a, b, h, s, a.S) + d];
+          for (int64_t s = 0; s < a.S; ++s) sum += probs[s] * k[kv_row_at(a, b, h, s) + d];
           store(dq, DType::f32, q_at + d, a.scale * sum, accumulate[0]);
         }
       }
+      if (h % group != group - 1) continue;
       for (int64_t s = 0; s < a.S; ++s)
         for (int64_t d = 0; d < a.D; ++d) {
-          store(dk, DType::f32, row_at(a, b, h, s, a.S) + d, dk_sum[s * a.D + d], accumulate[1]);
-          store(dv, DType::f32, row_at(a, b, h, s, a.S) + d, dv_sum[s * a.D + d], accumulate[2]);
+          store(dk, DType::f32, kv_row_at(a, b, h, s) + d, dk_sum[s * a.D + d], accumulate[1]);
+          store(dv, DType::f32, kv_row_at(a, b, h, s) + d, dv_sum[s * a.D + d], accumulate[2]);
         }
     }
 }

@@ -350,6 +350,42 @@ std::unique_ptr<Kernel> make_relu_backward_ref(const KernelCall& call) {
   return make_backward(call, [](double dy, double x) { return x > 0.0 ? dy : 0.0; });
 }
 
+// SwiGLU: out = silu(gate)·up with silu(g) = g·σ(g); backward dgate = dy·up·σ(g)·(1 + g·(1 − σ(g))),
+// dup = dy·silu(g). gate and up share a dtype (f32 or bf16); out has it, dgate and dup are f32.
+class SwiGLURef final : public RefKernel {
+ public:
+  SwiGLURef(const KernelCall& call)
+      : backward_(call.op == OpKind::SwiGLUBackward),
+        numel_(output_shape(call, 0).numel()),
+        dtype_(input_dtype(call, backward_ ? 1 : 0)),
+        out_dtype_(output_dtype(call, 0)) {}
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const size_t first = backward_ ? 1 : 0;
+    const void* gate = args.inputs[first].data();
+    const void* up = args.inputs[first + 1].data();
+    for (int64_t i = 0; i < numel_; ++i) {
+      const double g = load(gate, dtype_, i), u = load(up, dtype_, i);
+      const double sigmoid = 1.0 / (1.0 + std::exp(-g));
+      if (!backward_) {
+        store(args.outputs[0].data(), out_dtype_, i, g * sigmoid * u, accumulate_flag(args, 0));
+        continue;
+      }
+      const double dy = load(args.inputs[0].data(), DType::f32, i);
+      store(args.outputs[0].data(), DType::f32, i, dy * u * sigmoid * (1.0 + g * (1.0 - sigmoid)),
+            accumulate_flag(args, 0));
+      store(args.outputs[1].data(), DType::f32, i, dy * g * sigmoid, accumulate_flag(args, 1));
+    }
+  }
+
+ private:
+  bool backward_;
+  int64_t numel_;
+  DType dtype_, out_dtype_;
+};
+
+std::unique_ptr<Kernel> make_swiglu_ref(const KernelCall& call) { return std::make_unique<SwiGLURef>(call); }
+
 std::unique_ptr<Kernel> make_math_ref(const KernelCall& call) {
   if (call.op == OpKind::Sqrt) return make_unary(call, [](double x) { return std::sqrt(x); });
   if (call.op == OpKind::Erf) return make_unary(call, [](double x) { return std::erf(x); });

@@ -221,6 +221,7 @@ std::unique_ptr<Kernel> make_tanh_backward_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_relu_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_relu_backward_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_math_ref(const KernelCall& call);  // Pow, Sqrt, Erf
+std::unique_ptr<Kernel> make_swiglu_ref(const KernelCall& call);  // SwiGLU, SwiGLUBackward
 std::unique_ptr<Kernel> make_erf_backward_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_dropout_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_dropout_add_ref(const KernelCall& call);
