@@ -148,8 +148,19 @@ def prepare(workload: str, count: int) -> pathlib.Path:
     return out
 
 
-def model_flops_per_step(config: dict, task: str, batch: int, seq: int) -> float:
-    """Matmul FLOPs of one training step (forward + backward = 3x forward), attention included."""
+def model_flops_per_step(config: dict, task: str, batch: int, seq: int, lora: dict | None = None) -> float:
+    """Matmul FLOPs of one training step (forward + backward = 3x forward), attention included. With LoRA the frozen
+    weights take no weight gradient: their matrices cost 2x forward (forward and the input gradient), the attention
+    scores still 3x, and the adapters (r x in, out x r per target) 3x."""
+    if lora is not None and config.get("model_type") == "llama":
+        d, layers = config["hidden_size"], config["num_hidden_layers"]
+        ff, vocab = config["intermediate_size"], config["vocab_size"]
+        kv = d * config["num_key_value_heads"] // config["num_attention_heads"]
+        sizes = {"q_proj": (d, d), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (d, d)}
+        weights = layers * (2 * (2 * d * d + 2 * d * kv) + 2 * 3 * d * ff) + 2 * d * vocab
+        scores = layers * 2 * 2 * seq * d
+        adapters = layers * sum(2 * lora["r"] * (i + o) for i, o in (sizes[m] for m in lora["target_modules"]))
+        return (2.0 * weights + 3.0 * scores + 3.0 * adapters) * batch * seq
     if config.get("model_type") == "gpt2":
         d, layers, ff, vocab = config["n_embd"], config["n_layer"], 4 * config["n_embd"], config["vocab_size"]
     else:
@@ -561,7 +572,7 @@ def main() -> None:
         directory = prepare(workload, args.warmup + args.steps)
         spec = WORKLOADS[workload]
         config = json.loads((directory / "config.json").read_text())
-        flops = model_flops_per_step(config, spec["task"], spec["batch"], spec["seq"])
+        flops = model_flops_per_step(config, spec["task"], spec["batch"], spec["seq"], LORA if spec.get("lora") else None)
         tokens = spec["batch"] * spec["seq"]
         runs = {}
         for framework in frameworks:

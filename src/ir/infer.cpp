@@ -443,7 +443,8 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       return {{c.shape(1), DType::f32}};
     }
     case OpKind::LinearCrossEntropy: {
-      // x (R..., K), w (V, K), targets (R...), [bias (V)] -> loss (), dx (R..., K), dw (V, K), dbias (V)
+      // x (R..., K), w (V, K), targets (R...), [bias (V)] -> loss (), dx (R..., K), dw (V, K), dbias (V);
+      // without weight_grad only loss and dx
       const Shape& x = c.shape(0);
       const Shape& w = c.shape(1);
       c.require(c.dtype(0) == DType::f32 || c.dtype(0) == DType::bf16, "x should be f32 or bf16, found ",
@@ -460,6 +461,7 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       }
       c.require(std::get<LinearCrossEntropyParams>(params).chunk_rows >= 0,
                 "chunk_rows must be 0 (automatic) or positive");
+      if (!std::get<LinearCrossEntropyParams>(params).weight_grad) return {{Shape{}, DType::f32}, {x, DType::f32}};
       return {{Shape{}, DType::f32}, {x, DType::f32}, {w, DType::f32}, {Shape{w[0]}, DType::f32}};
     }
     case OpKind::SigmoidCrossEntropy:

@@ -298,6 +298,7 @@ OpParams decode(OpKind op, AttrReader& r) {
       ParamsOf<OpKind::LinearCrossEntropy> p;
       p.ignore_index = r.integer("ignore_index", p.ignore_index);
       p.chunk_rows = r.integer("chunk_rows", p.chunk_rows);
+      p.weight_grad = r.flag("weight_grad", p.weight_grad);
       return r.finish(p);
     }
     case OpKind::Attention:

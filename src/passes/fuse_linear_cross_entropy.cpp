@@ -3,6 +3,21 @@
 #include "passes/names.h"
 
 namespace fusetrain::passes {
+namespace {
+
+// Whether v may take a gradient: false only when it is an input or a frozen weight (LoRA's base), possibly cast,
+// reshaped or transposed; any other computed value counts as taking one.
+bool takes_gradient(const ir::Graph& g, ValueId v) {
+  for (;;) {
+    const ir::Value& value = g.value(v);
+    if (value.producer == kNone) return value.kind == ir::ValueKind::Param;
+    const ir::Node& n = g.node(value.producer);
+    if (n.op != OpKind::Cast && n.op != OpKind::Reshape && n.op != OpKind::Transpose) return true;
+    v = n.inputs[0];
+  }
+}
+
+}  // namespace
 
 FusionReport fuse_linear_cross_entropy(ir::Graph& g, int64_t chunk_rows) {
   FusionReport report;
@@ -28,9 +43,15 @@ FusionReport fuse_linear_cross_entropy(ir::Graph& g, int64_t chunk_rows) {
     loss.attrs = {{"ignore_index", loss.attrs.get_int("ignore_index", -100)}, {"chunk_rows", chunk_rows}};
     g.value(lse).shape = g.value(x).shape;
     g.value(lse).dtype = DType::f32;
-    const Shape w_shape = g.value(w).shape;
-    g.add_node_output(id, w_shape, DType::f32);
-    g.add_node_output(id, Shape{w_shape[0]}, DType::f32);
+    // A frozen head (LoRA) needs neither dw nor dbias: the kernel skips the dw GEMM, a third of its work.
+    const bool weight_grad = takes_gradient(g, w) || (linear.inputs.size() == 3 && takes_gradient(g, linear.inputs[2]));
+    if (!weight_grad) {
+      loss.attrs.set("weight_grad", int64_t{0});
+    } else {
+      const Shape w_shape = g.value(w).shape;
+      g.add_node_output(id, w_shape, DType::f32);
+      g.add_node_output(id, Shape{w_shape[0]}, DType::f32);
+    }
     g.remove_node(linear.id);
     report.fused += 1;
   }

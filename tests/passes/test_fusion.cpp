@@ -473,6 +473,25 @@ TEST(FuseLinearCrossEntropy, SameLossAndGradientsWithoutStoringLogits) {
           }
 }
 
+// A frozen head (LoRA's base weight, cast to bf16 as a bf16 model does): the fused op forms no dw or dbias.
+TEST(FuseLinearCrossEntropy, FrozenHeadGetsNoWeightGradient) {
+  for (bool frozen : {false, true}) {
+    ir::Graph g;
+    ir::GraphBuilder b(g);
+    ValueId x = b.param("x", {4, 8});
+    ValueId w = b.param("w", {5, 8});
+    if (frozen) g.freeze(w, DType::f32);
+    ValueId logits = b.linear(b.cast(x, DType::bf16), b.cast(w, DType::bf16), ir::kNone);
+    g.mark_output(b.softmax_cross_entropy(logits, b.input("targets", {4}, DType::i64)));
+    ASSERT_EQ(passes::fuse_linear_cross_entropy(g).fused, 1);
+    for (const ir::Node& n : g.nodes())
+      if (n.op == OpKind::LinearCrossEntropy) {
+        EXPECT_EQ(n.outputs.size(), frozen ? 2u : 4u);
+        EXPECT_EQ(n.attrs.get_int("weight_grad", 1), frozen ? 0 : 1);
+      }
+  }
+}
+
 TEST(FuseLinearCrossEntropy, LeavesLogitsThatAreReadElsewhereAlone) {
   ir::Graph g;
   ir::GraphBuilder b(g);

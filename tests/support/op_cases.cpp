@@ -279,6 +279,15 @@ std::vector<OpCase> make_cases() {
           return Outs{out[0]};  // outputs 1-3 are the gradients the op forms itself
         },
         {{"targets", {0, 0, 7, 0.25}}});
+  add("linear_cross_entropy_frozen_weight", OpKind::LinearCrossEntropy,
+      [](GraphBuilder& b, int64_t n) {
+        // weight_grad 0 (a frozen head): outputs loss and dx only; w and bias are inputs, not parameters.
+        ValueId x = b.param("x", {2, n, 6}), w = b.input("w", {7, 6}), bias = b.input("bias", {7});
+        Outs out = b.graph().add_node(OpKind::LinearCrossEntropy, {x, w, b.input("targets", {2, n}, DType::i64), bias},
+                                      {{"chunk_rows", int64_t{2}}, {"weight_grad", int64_t{0}}});
+        return Outs{out[0]};
+      },
+      {{"targets", {0, 0, 7, 0.25}}});
   add("linear_cross_entropy_no_bias", OpKind::LinearCrossEntropy,
       [](GraphBuilder& b, int64_t n) {
         ValueId x = b.param("x", {n, 5}), w = b.param("w", {9, 5});

@@ -27,6 +27,11 @@ void grad_rule<OpKind::LinearCrossEntropy>(GradContext& ctx) {
                     ctx.g.node(d.producer).attrs.get_float("value", 0.0) == 1.0;
   auto scaled = [&](ValueId unit_grad) { return unit ? unit_grad : ctx.b.mul(unit_grad, dloss); };
   ctx.set_grad_input(0, scaled(ctx.output(1)));
+  if (ctx.num_outputs() == 2) {  // weight_grad 0: a frozen head
+    FT_CHECK(!ctx.needs_grad(1) && !(ctx.num_inputs() == 4 && ctx.needs_grad(3)), "LinearCrossEntropy ",
+             ctx.node().name, ": weight_grad is 0 but the weight or bias takes a gradient");
+    return;
+  }
   ctx.set_grad_input(1, scaled(ctx.output(2)));
   if (ctx.num_inputs() == 4) ctx.set_grad_input(3, scaled(ctx.output(3)));
 }

@@ -52,6 +52,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     bf16_ = call.inputs[0].dtype == DType::bf16;
     i64_ = call.inputs[2].dtype == DType::i64;
     has_bias_ = call.inputs.size() == 4;
+    weight_grad_ = call.outputs.size() == 4;
     K_ = x[-1];
     R_ = x.numel() / K_;
     V_ = call.inputs[1].shape[0];
@@ -96,16 +97,17 @@ class LinearCrossEntropyKernel final : public Kernel {
     const float* bias = has_bias_ ? static_cast<const float*>(args.inputs[3].data()) : nullptr;
     float* loss = static_cast<float*>(args.outputs[0].data());
     float* dx = static_cast<float*>(args.outputs[1].data());
-    float* dw = static_cast<float*>(args.outputs[2].data());
-    float* dbias = static_cast<float*>(args.outputs[3].data());
+    float* dw = weight_grad_ ? static_cast<float*>(args.outputs[2].data()) : nullptr;
+    float* dbias = weight_grad_ ? static_cast<float*>(args.outputs[3].data()) : nullptr;
+    const bool bias_grad = has_bias_ && weight_grad_;
 
     const int64_t count =
         cpu_basic::count_targets("LinearCrossEntropy", name_, targets, i64_, R_, V_, ignore_index_);
     std::memset(dx, 0, static_cast<size_t>(R_ * K_) * sizeof(float));
-    std::fill(dbias, dbias + V_, 0.0f);
+    if (dbias != nullptr) std::fill(dbias, dbias + V_, 0.0f);
     *loss = 0.0f;
     if (count == 0) {
-      std::memset(dw, 0, static_cast<size_t>(V_ * K_) * sizeof(float));
+      if (dw != nullptr) std::memset(dw, 0, static_cast<size_t>(V_ * K_) * sizeof(float));
       return;
     }
     for (int64_t r = 0, c = 0; r < R_; ++r)
@@ -116,7 +118,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     const int row_threads = cpu_basic::threads_for(m_ * V_, threads);
     constexpr size_t kSlot = kAlignment / sizeof(double);
     for (int t = 0; t < threads; ++t) loss_partial[t * kSlot] = 0.0;
-    if (has_bias_) std::fill(bias_partial, bias_partial + threads * V_, 0.0f);
+    if (bias_grad) std::fill(bias_partial, bias_partial + threads * V_, 0.0f);
     const BiasEpilogue bias_epilogue{bias};
     const GemmEpilogue epilogue{&BiasEpilogue::apply, &bias_epilogue};
 
@@ -139,7 +141,7 @@ class LinearCrossEntropyKernel final : public Kernel {
           sum += static_cast<double>(lse) - static_cast<double>(target_logit);
           softmax_grad_(row, row, V_, lse, scale);
           row[target] = (std::exp(target_logit - lse) - 1.0f) * scale;
-          if (has_bias_)
+          if (bias_grad)
             for (int64_t v = 0; v < V_; ++v) bias_sum[v] += row[v];
           if (bf16_) round_(reinterpret_cast<uint16_t*>(row), row, V_);  // over the row's first half
         }
@@ -151,6 +153,7 @@ class LinearCrossEntropyKernel final : public Kernel {
       gemm(s, logits, w, 0.0f, dx_chunk, gemm_scratch, threads, nullptr);
       for (int64_t i = 0; i < mc; ++i)
         std::memcpy(dx + rows[begin + i] * K_, dx_chunk + i * K_, static_cast<size_t>(K_) * sizeof(float));
+      if (dw == nullptr) continue;  // a frozen head: no weight gradient
       s = dw_shape_;
       s.K = mc;
       gemm(s, logits, x_chunk, begin == 0 ? 0.0f : 1.0f, dw, gemm_scratch, threads, nullptr);
@@ -158,7 +161,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     double total = 0.0;
     for (int t = 0; t < threads; ++t) total += loss_partial[t * kSlot];
     *loss = static_cast<float>(total / static_cast<double>(count));
-    if (has_bias_)
+    if (bias_grad)
       for (int t = 0; t < threads; ++t)
         for (int64_t v = 0; v < V_; ++v) dbias[v] += bias_partial[t * V_ + v];
   }
@@ -201,7 +204,7 @@ class LinearCrossEntropyKernel final : public Kernel {
   }
 
   std::string name_;
-  bool bf16_ = false, i64_ = true, has_bias_ = false;
+  bool bf16_ = false, i64_ = true, has_bias_ = false, weight_grad_ = true;
   int64_t R_ = 0, K_ = 0, V_ = 0, m_ = 1, ignore_index_ = -100;
   GemmShape logits_shape_{}, dx_shape_{}, dw_shape_{};
   cpu_basic::RowLseFn row_lse_ = nullptr;

@@ -178,6 +178,7 @@ class LinearCrossEntropyRef final : public RefKernel {
     store(args.outputs[0].data(), DType::f32, 0, count > 0 ? loss_sum / static_cast<double>(count) : 0.0,
           accumulate_flag(args, 0));
     for (int64_t i = 0; i < R_ * K_; ++i) store(args.outputs[1].data(), DType::f32, i, dx[i], accumulate_flag(args, 1));
+    if (args.outputs.size() == 2) return;  // weight_grad 0: no dw, dbias
     for (int64_t i = 0; i < V_ * K_; ++i) store(args.outputs[2].data(), DType::f32, i, dw[i], accumulate_flag(args, 2));
     for (int64_t i = 0; i < V_; ++i)
       store(args.outputs[3].data(), DType::f32, i, has_bias_ ? dbias[i] : 0.0, accumulate_flag(args, 3));
