@@ -18,7 +18,9 @@ Dropout is set to 0 in every configuration so that all frameworks compute the sa
 
 Each (workload, framework) runs in its own process with --threads threads (default 2): `--warmup` untimed steps,
 then `--steps` timed ones, each a full step (forward, backward, gradient clipping to norm 1, AdamW lr 1e-4 without
-weight decay). Reported per run: median step time, tokens/s, peak resident memory of the process (VmHWM), the
+weight decay). With --rounds N every framework runs N times per workload, the order reversed every other round,
+and the timed steps of all rounds pool (the machine's load drifts over minutes; alternating gives every framework
+the same share of it). Reported per run: median step time, tokens/s, peak resident memory of the process (VmHWM), the
 loss at the last step, and MFU: model matmul FLOPs per second over the matmul peak this harness measures here for
 that precision (the best of torch.mm and of fusetrain's GEMM on 2048x768x768 and 2048x2048x2048). Writes
 bench/results/compare.json and bench/results/compare.png and prints Markdown tables with the ratios.
@@ -449,6 +451,17 @@ def run_worker(python: str, framework: str, directory: pathlib.Path, args) -> di
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def pool_runs(pooled: dict | None, run: dict) -> dict:
+    """One framework's rounds as one run: every round's timed steps, the last round's losses, the highest peak RSS;
+    an error in any round is the result."""
+    if pooled is None or "error" in run:
+        return run
+    return {"step_times": pooled["step_times"] + run["step_times"], "losses": run["losses"],
+            "peak_rss_mb": max(pooled["peak_rss_mb"], run["peak_rss_mb"]),
+            "round_medians": pooled.get("round_medians", [statistics.median(pooled["step_times"])]) +
+            [statistics.median(run["step_times"])]}
+
+
 def summarise(run: dict, flops: float, tokens: int, peak: dict, framework: str) -> dict:
     if "error" in run:
         return run
@@ -456,7 +469,8 @@ def summarise(run: dict, flops: float, tokens: int, peak: dict, framework: str) 
     precision = "bf16" if "bf16" in framework else "fp32"
     return {"median_step_s": median, "tokens_per_s": tokens / median, "peak_rss_mb": run["peak_rss_mb"],
             "last_loss": run["losses"][-1], "losses": run["losses"], "step_times": run["step_times"],
-            "mfu": flops / median / (peak[precision] * 1e9), "precision": precision}
+            "mfu": flops / median / (peak[precision] * 1e9), "precision": precision,
+            "round_medians": run.get("round_medians", [median])}
 
 
 def tables(results: dict) -> str:
@@ -540,6 +554,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per (workload, framework) run")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of every framework per workload, in alternating order (forward, then reversed), so "
+                             "that all frameworks see the same machine load; the step times of all rounds pool")
     parser.add_argument("--output", default=str(RESULTS / "compare.json"))
     parser.add_argument("--worker")
     parser.add_argument("--ort-artifacts", help=argparse.SUPPRESS)
@@ -574,22 +591,29 @@ def main() -> None:
         config = json.loads((directory / "config.json").read_text())
         flops = model_flops_per_step(config, spec["task"], spec["batch"], spec["seq"], LORA if spec.get("lora") else None)
         tokens = spec["batch"] * spec["seq"]
+        pooled: dict[str, dict] = {}
+        for round_index in range(args.rounds):
+            order = frameworks if round_index % 2 == 0 else frameworks[::-1]
+            for framework in order:
+                print(f"[{workload}] {framework} (round {round_index + 1}) ...", file=sys.stderr, flush=True)
+                if "error" in pooled.get(framework, {}):
+                    continue
+                if framework == "ort" and ort is None:
+                    pooled[framework] = {"error": ort_reason}
+                    continue
+                try:
+                    if framework == "ort":
+                        prepared = prepare_ort(ort, directory)
+                        if prepared:
+                            pooled[framework] = {"error": prepared}
+                            continue
+                    run = run_worker(ort if framework == "ort" else sys.executable, framework, directory, args)
+                except subprocess.TimeoutExpired:
+                    run = {"error": f"did not finish within {args.timeout} s"}
+                pooled[framework] = pool_runs(pooled.get(framework), run)
         runs = {}
         for framework in frameworks:
-            print(f"[{workload}] {framework} ...", file=sys.stderr, flush=True)
-            if framework == "ort" and ort is None:
-                runs[framework] = {"error": ort_reason}
-                continue
-            try:
-                if framework == "ort":
-                    prepared = prepare_ort(ort, directory)
-                    if prepared:
-                        runs[framework] = {"error": prepared}
-                        continue
-                run = run_worker(ort if framework == "ort" else sys.executable, framework, directory, args)
-            except subprocess.TimeoutExpired:
-                run = {"error": f"did not finish within {args.timeout} s"}
-            runs[framework] = summarise(run, flops, tokens, peak, framework)
+            runs[framework] = summarise(pooled[framework], flops, tokens, peak, framework)
             skipped = skipped_head_flops(config, spec["task"], directory, args.warmup, args.steps)
             if framework.startswith("fusetrain") and skipped > 0 and "median_step_s" in runs[framework]:
                 r = runs[framework]
