@@ -131,3 +131,47 @@ def test_sliding_window_shorter_than_the_sequence_is_refused():
     model = fusetrain.Model.from_pretrained(path)
     with pytest.raises(ValueError, match="exceeds the sliding window of 8 tokens"):
         model.forward(input_ids=batch("MistralForCausalLM")["input_ids"])
+
+
+def _cpu_has_bf16() -> bool:
+    return "avx512_bf16" in fusetrain.cpu_features().split()
+
+
+def _relative(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+@pytest.mark.skipif(not _cpu_has_bf16(), reason="bf16 mixed precision needs AVX512-BF16")
+@pytest.mark.parametrize("case", ["llama", "qwen2-tied", "llama-seq-cls"])
+def test_bf16_is_as_close_to_f32_as_autocast(case):
+    """bf16 mixed precision (SwiGLU on bf16 projections, bf16 q, k, v and context, grouped-query attention) against
+    transformers' f32 result, next to transformers under torch.autocast(bf16): the two round different values in a
+    different order, so they are not compared with each other; fusetrain's distance from f32 must be of the size of
+    autocast's (at most three times it, and at least 1e-3 for the loss and 2e-2 for the gradients, bf16's 8-bit
+    mantissa over a few roundings)."""
+    path, architecture = reference_dir(case)
+    reference = getattr(transformers, architecture).from_pretrained(path, attn_implementation="eager").eval()
+    data = batch(architecture)
+    inputs = {k: torch.from_numpy(v) for k, v in data.items()}
+
+    def torch_run(bf16: bool):
+        reference.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = reference(**inputs).loss
+        loss.backward()
+        grads = np.concatenate([p.grad.numpy().ravel() for _, p in reference.named_parameters()])
+        return loss.item(), grads
+
+    loss_f32, grads_f32 = torch_run(False)
+    loss_autocast, grads_autocast = torch_run(True)
+    model = fusetrain.Model.from_pretrained(path)
+    model.bf16 = True
+    loss, grads = model.loss_and_grads(**data)
+    ours = np.concatenate([np.asarray(grads[n], dtype=np.float32).ravel() for n, _ in reference.named_parameters()])
+
+    loss_autocast_error = abs(loss_autocast - loss_f32) / abs(loss_f32)
+    loss_error = abs(loss - loss_f32) / abs(loss_f32)
+    assert loss_error <= max(3 * loss_autocast_error, 1e-3), (case, loss_error, loss_autocast_error)
+    grad_autocast_error = _relative(grads_autocast, grads_f32)
+    grad_error = _relative(ours, grads_f32)
+    assert grad_error <= max(3 * grad_autocast_error, 2e-2), (case, grad_error, grad_autocast_error)
