@@ -572,6 +572,8 @@ def main() -> None:
         print(json.dumps(worker(args.worker, pathlib.Path(args.dir), args.warmup, args.steps, args.threads)))
         return
 
+    if args.rounds < 1:
+        sys.exit(f"--rounds must be at least 1, found {args.rounds}")
     frameworks = args.frameworks.split(",")
     unknown = [f for f in frameworks if f not in FRAMEWORKS] + \
         [w for w in args.workloads.split(",") if w not in WORKLOADS]

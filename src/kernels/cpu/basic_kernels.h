@@ -67,6 +67,26 @@ void parallel_for(int64_t n, int threads, Fn&& fn, int64_t align = 1) {
   }
 }
 
+/// The two phases of a kernel whose threads each sum per-column partials over their share of the rows:
+/// rows(t, nt) on every thread, then, once all have finished, columns(t, nt) on every thread (which adds the
+/// nt partials in thread order, so the result is deterministic for a given thread count). One thread: both on
+/// the calling thread, without entering OpenMP. Neither may throw.
+template <typename Rows, typename Columns>
+void rows_then_columns(int threads, Rows&& rows, Columns&& columns) {
+  if (threads <= 1) {
+    rows(0, 1);
+    columns(0, 1);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    rows(t, nt);
+#pragma omp barrier
+    columns(t, nt);
+  }
+}
+
 /// Whether output i of this call adds into its destination.
 inline bool accumulate_flag(const KernelArgs& args, size_t i) {
   return i < args.accumulate.size() && args.accumulate[i] != 0;

@@ -298,19 +298,10 @@ class LayerNormBackwardKernel final : public Kernel {
     buf.acc_dgamma = accumulate_flag(args, 1);
     buf.acc_dbeta = accumulate_flag(args, 2);
 
-    int threads = rows_ < ctx.num_threads ? 1 : threads_for(rows_ * C_, ctx.num_threads);
-    if (threads <= 1) {
-      rows_chunk(buf, 0, 1);
-      reduce_columns(buf, 0, 1, 1);
-      return;
-    }
-#pragma omp parallel num_threads(threads)
-    {
-      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      rows_chunk(buf, t, nt);
-#pragma omp barrier
-      reduce_columns(buf, t, nt, nt);
-    }
+    const int threads = rows_ < ctx.num_threads ? 1 : threads_for(rows_ * C_, ctx.num_threads);
+    rows_then_columns(
+        threads, [&](int t, int nt) { rows_chunk(buf, t, nt); },
+        [&](int t, int nt) { reduce_columns(buf, t, nt, nt); });
   }
 
  private:

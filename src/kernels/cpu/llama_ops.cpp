@@ -153,27 +153,16 @@ class RMSNormBackwardKernel final : public Kernel {
       const int64_t begin = rows_ * t / nt, end = rows_ * (t + 1) / nt;
       for (int64_t r = begin; r < end; ++r) row_fn(dx + r * C, part, dy + r * C, x + r * C, w, rstd[r], C);
     };
-    auto reduce_columns = [&](int t, int nt, int parts) {
+    auto reduce_columns = [&](int t, int nt) {  // the nt partials, in thread order
       const int64_t begin = C * t / nt, end = C * (t + 1) / nt;
       for (int64_t c = begin; c < end; ++c) {
         float sum = 0.0f;
-        for (int p = 0; p < parts; ++p) sum += partials[static_cast<size_t>(p) * stride() + static_cast<size_t>(c)];
+        for (int p = 0; p < nt; ++p) sum += partials[static_cast<size_t>(p) * stride() + static_cast<size_t>(c)];
         dweight[c] = acc_dweight ? dweight[c] + sum : sum;
       }
     };
-    const int threads = rows_ < ctx.num_threads ? 1 : threads_for(rows_ * C, ctx.num_threads);
-    if (threads <= 1) {
-      rows_chunk(0, 1);
-      reduce_columns(0, 1, 1);
-      return;
-    }
-#pragma omp parallel num_threads(threads)
-    {
-      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      rows_chunk(t, nt);
-#pragma omp barrier
-      reduce_columns(t, nt, nt);
-    }
+    rows_then_columns(rows_ < ctx.num_threads ? 1 : threads_for(rows_ * C, ctx.num_threads), rows_chunk,
+                      reduce_columns);
   }
 
  private:
