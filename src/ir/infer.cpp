@@ -509,6 +509,9 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       const double p = attention.dropout_p;
       c.require(p >= 0.0 && p < 1.0, "dropout_p must be in [0, 1)");
       if (attention.causal) c.require(T <= S, "causal attention needs T <= S");
+      c.require(attention.window >= 0, "window should be >= 0 (0: no sliding window), found ", attention.window);
+      c.require(attention.window == 0 || attention.causal, "a sliding window (window ", attention.window,
+                ") needs causal attention");
       const int64_t rng_rows = attention.stream_rows(T), rng_row_start = attention.rng_row_start;
       c.require(rng_row_start >= 0 && rng_row_start + T <= rng_rows, "dropout rows [", rng_row_start, ", ",
                 rng_row_start + T, ") are outside rng_rows ", rng_rows);

@@ -307,6 +307,7 @@ OpParams decode(OpKind op, AttrReader& r) {
       static_assert(std::is_same_v<ParamsOf<OpKind::Attention>, ParamsOf<OpKind::AttentionBackward>>);
       p.scale = r.number("scale");
       p.causal = r.flag("causal", p.causal);
+      p.window = r.integer("window", p.window);
       p.seq_major = r.flag("seq_major", p.seq_major);
       p.dropout_p = r.number("dropout_p", p.dropout_p);
       p.seed = static_cast<uint64_t>(r.integer("seed", static_cast<int64_t>(p.seed)));

@@ -53,9 +53,7 @@ class LlamaFamily final : public Family {
     tie_ = c.get_bool("tie_word_embeddings", false);
     pad_ = c.get_int("pad_token_id", -1);
     num_labels_ = c.num_labels();
-    // Sliding-window attention equals full causal attention while the sequence fits in the window.
-    if (type_ == "mistral" || (type_ == "qwen2" && c.get_bool("use_sliding_window", false)))
-      window_ = c.has("sliding_window") ? c.positive("sliding_window") : 0;
+    read_windows(c);
     read_rope(c);
     prefix_ = head == Head::Base ? "" : "model.";
   }
@@ -63,8 +61,6 @@ class LlamaFamily final : public Family {
   BuiltGraph build(const BatchSpec& spec) const override {
     BuiltGraph out;
     ir::GraphBuilder b(out.graph, 0x11a3a);
-    FT_CHECK(window_ == 0 || spec.seq <= window_, type_, ": sequence length ", spec.seq,
-             " exceeds the sliding window of ", window_, " tokens, which fusetrain does not implement");
     matmul_dtype_ = spec.fp16 ? DType::f16 : spec.bf16 ? DType::bf16 : DType::f32;
     const int64_t B = spec.batch, T = spec.seq, C = C_, H = H_, K = K_, D = D_;
     const bool train = spec.training;
@@ -95,7 +91,7 @@ class LlamaFamily final : public Family {
       }
       ValueId context = b.attention(b.transpose(q, {0, 2, 1, 3}), b.transpose(k, {0, 2, 1, 3}),
                                     b.transpose(v, {0, 2, 1, 3}), mask_add, 1.0 / std::sqrt(double(D)), true,
-                                    train ? attn_dropout_ : 0.0, io);
+                                    train ? attn_dropout_ : 0.0, io, window_of(l, T));
       ValueId merged = b.reshape(b.transpose(context, {0, 2, 1, 3}), {B, T, H * D});
       x = b.add(x, proj(b, merged, layer + "self_attn.o_proj", C, H * D, o_bias_));
       ValueId m = rms_norm(b, x, layer + "post_attention_layernorm");
@@ -174,6 +170,40 @@ class LlamaFamily final : public Family {
     return b.rms_norm(x, b.param(name + ".weight", {C_}), eps_);
   }
 
+  // Sliding-window layers as transformers picks them. Mistral: every layer when "sliding_window" is set. Qwen2:
+  // only with "use_sliding_window", the layers "layer_types" names "sliding_attention", or without that list
+  // those from "max_window_layers" (default 28) on. Llama: none.
+  void read_windows(const ConfigReader& c) {
+    windows_.assign(static_cast<size_t>(layers_), 0);
+    const bool qwen2 = type_ == "qwen2";
+    if (!(type_ == "mistral" || (qwen2 && c.get_bool("use_sliding_window", false))) || !c.has("sliding_window"))
+      return;
+    const int64_t window = c.positive("sliding_window");
+    if (!qwen2) {
+      windows_.assign(static_cast<size_t>(layers_), window);
+      return;
+    }
+    if (c.has("layer_types")) {
+      const nlohmann::json& types = config_["layer_types"];
+      FT_CHECK(types.is_array() && static_cast<int64_t>(types.size()) == layers_, "config.json: \"layer_types\" should",
+               " be a list of ", layers_, " strings (one per layer), found ", types.dump());
+      for (int64_t l = 0; l < layers_; ++l) {
+        const nlohmann::json& t = types[static_cast<size_t>(l)];
+        FT_CHECK(t == "sliding_attention" || t == "full_attention", "config.json: \"layer_types\"[", l,
+                 "] should be \"full_attention\" or \"sliding_attention\", found ", t.dump());
+        if (t == "sliding_attention") windows_[static_cast<size_t>(l)] = window;
+      }
+      return;
+    }
+    const int64_t first = c.get_int("max_window_layers", 28);
+    for (int64_t l = std::max<int64_t>(first, 0); l < layers_; ++l) windows_[static_cast<size_t>(l)] = window;
+  }
+  // The window layer l's attention takes at sequence length T: none where it covers the whole sequence.
+  int64_t window_of(int64_t l, int64_t T) const {
+    const int64_t window = windows_[static_cast<size_t>(l)];
+    return window < T ? window : 0;
+  }
+
   void read_rope(const ConfigReader& c) {
     nlohmann::json rope = config_.contains("rope_parameters") && config_["rope_parameters"].is_object()
                               ? config_["rope_parameters"]
@@ -237,7 +267,8 @@ class LlamaFamily final : public Family {
 
   nlohmann::json config_;
   std::string type_, rope_type_ = "default";
-  int64_t V_, C_, layers_, H_, K_, D_, F_, P_, pad_, num_labels_, window_ = 0, original_ = 8192;
+  int64_t V_, C_, layers_, H_, K_, D_, F_, P_, pad_, num_labels_, original_ = 8192;
+  std::vector<int64_t> windows_;  // per layer: its sliding window in tokens, 0 for full causal attention
   double eps_, init_std_, attn_dropout_, theta_ = 10000.0, factor_ = 1.0, low_ = 1.0, high_ = 4.0;
   double attention_factor_ = 1.0;
   bool qkv_bias_, o_bias_, mlp_bias_, tie_;

@@ -440,6 +440,7 @@ class Writer {
     scores = op("Mul", {scores, constant_f32(p.scale)});
     if (n.inputs.size() > 3 && n.inputs[3] != ir::kNone)  // the additive key mask (B, S) -> (B, 1, 1, S)
       scores = op("Add", {scores, op("Unsqueeze", {in(n, 3), constant_i64({1, 2})})});
+    FT_CHECK(p.window == 0, "ONNX export: sliding-window attention (window ", p.window, ") is not covered");
     if (p.causal) {
       // Query t sees keys s <= t + S - T: keep the lower triangle shifted by S - T, the rest to the lowest float
       // (set, not added, so a row that the key mask also removes stays finite).

@@ -66,6 +66,14 @@ TEST(ShapeInference, ArityAndAttributes) {
               g.add(OpKind::Gelu, {x}, {{"approximate", std::string("fast")}});
             }).find("approximate must be"),
             std::string::npos);
+  auto q = b.param("q", {1, 2, 4, 8});
+  EXPECT_NE(error_of([&] { b.attention(q, q, q, ir::kNone, 1.0, false, 0.0, DType::f32, 2); })
+                .find("a sliding window (window 2) needs causal attention"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              g.add_node(OpKind::Attention, {q, q, q}, {{"scale", 1.0}, {"causal", int64_t{1}}, {"window", int64_t{-1}}});
+            }).find("window should be >= 0 (0: no sliding window), found -1"),
+            std::string::npos);
 }
 
 TEST(Verifier, DetectsCycle) {

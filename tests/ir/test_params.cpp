@@ -36,6 +36,7 @@ TEST(DecodeParams, ReadsTypedValuesAndDefaults) {
   EXPECT_TRUE(a.causal);
   EXPECT_EQ(a.out_dtype, DType::bf16);
   EXPECT_EQ(a.stream_rows(7), 7);  // rng_rows absent: the query length
+  EXPECT_EQ(a.window, 0);            // absent: no sliding window
 
   // An integer is accepted where a number is expected.
   EXPECT_EQ(std::get<ops::ScaleParams>(decode_params(OpKind::Scale, {{"alpha", int64_t{3}}}, "")).alpha, 3.0);

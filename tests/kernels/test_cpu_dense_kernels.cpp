@@ -241,6 +241,7 @@ struct AttentionCase {
   int64_t K = 0;  // key/value heads (grouped-query attention); 0: H
   bool mask = false;
   bool causal = false;
+  int64_t window = 0;  // sliding window (causal only); 0: none
   double dropout = 0.0;
   int threads = 1;
   bool dead_row = false;   // batch 0's mask is −inf everywhere: no query there sees a key
@@ -249,7 +250,7 @@ struct AttentionCase {
   std::string label() const {
     return "Attention B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
            " S=" + std::to_string(S) + " D=" + std::to_string(D) + (mask ? " mask" : "") + (causal ? " causal" : "") +
-           " dropout=" + std::to_string(dropout) + " threads=" + std::to_string(threads) +
+           " window=" + std::to_string(window) + " dropout=" + std::to_string(dropout) + " threads=" + std::to_string(threads) +
            (dead_row ? " dead-row" : "") + (seq_major ? " seq-major" : "") + " K=" + std::to_string(kv_heads());
   }
   int64_t kv_heads() const { return K > 0 ? K : H; }
@@ -257,7 +258,7 @@ struct AttentionCase {
   Shape kv_shape() const { return seq_major ? Shape{B, S, kv_heads(), D} : Shape{B, kv_heads(), S, D}; }
   ir::Attrs attrs() const {
     return {{"scale", 1.0 / std::sqrt(static_cast<double>(D))}, {"causal", int64_t{causal}}, {"dropout_p", dropout},
-            {"seed", int64_t{11}}, {"seq_major", int64_t{seq_major}}};
+            {"seed", int64_t{11}}, {"seq_major", int64_t{seq_major}}, {"window", window}};
   }
 };
 
@@ -448,6 +449,30 @@ TEST(CpuDenseKernels, AttentionGroupedQuery) {
   big.seq_major = true, big.B = 1, big.H = 12, big.K = 3, big.T = 600, big.S = 600, big.D = 64, big.causal = true;
   big.threads = 2;
   check_attention(big, rng);
+}
+
+// Sliding windows: tiles the window's edge crosses, query blocks starting past key 0, key blocks whose
+// query loop ends early; windows of 1 (each query sees itself), shorter and longer than a tile, and T < S
+// (the query rows are the last of the keys'), in both layouts, with grouped-query heads, a key mask and dropout.
+TEST(CpuDenseKernels, AttentionSlidingWindow) {
+  std::mt19937 rng(16);
+  for (bool portable : {false, true}) {
+    ScopedPortable path(portable);
+    for (int threads : {1, 2})
+      for (auto [T, S] : {std::pair<int64_t, int64_t>{150, 150}, {70, 200}, {5, 5}})
+        for (int64_t window : {1, 7, 64, 90}) {
+          if (window >= S) continue;
+          AttentionCase c;
+          c.B = 2, c.H = 4, c.K = window == 7 ? 2 : 0, c.T = T, c.S = S, c.D = 16, c.causal = true;
+          c.window = window, c.mask = true, c.dropout = window == 64 ? 0.1 : 0.0, c.threads = threads;
+          c.seq_major = window == 90;
+          check_attention(c, rng);
+        }
+  }
+  // One (b, h) on two threads: backward splits the key blocks into chunks with private dq partials.
+  AttentionCase few;
+  few.B = 1, few.H = 1, few.T = 300, few.S = 300, few.D = 8, few.causal = true, few.window = 100, few.threads = 2;
+  check_attention(few, rng);
 }
 
 // (B, H, T, D) <-> (B, T, H, D).

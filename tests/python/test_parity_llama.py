@@ -8,6 +8,7 @@ measured differences are ~1e-7 on the logits (f32 sums in a different order)."""
 
 from __future__ import annotations
 
+import json
 import tempfile
 
 import numpy as np
@@ -36,6 +37,10 @@ CASES = {
                          {"attention_bias": True, "mlp_bias": True, "num_key_value_heads": 6, "rope_theta": 500.0}),
     "llama-seq-cls": ("llama", "LlamaForSequenceClassification", {"num_labels": 3}),
     "mistral": ("mistral", "MistralForCausalLM", {"sliding_window": 32}),
+    # Windows shorter than the sequence: every Mistral layer; Qwen2's from max_window_layers on (layer 1 of 2).
+    "mistral-window": ("mistral", "MistralForCausalLM", {"sliding_window": 5}),
+    "qwen2-window": ("qwen2", "Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 4,
+                                                   "max_window_layers": 1}),
     "qwen2-tied": ("qwen2", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
 }
 B, T = 3, 12
@@ -84,7 +89,7 @@ def test_logits_loss_and_every_gradient(case):
     assert not errors, f"{case}: " + "\n  ".join(errors)
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen2-tied", "llama-seq-cls"])
+@pytest.mark.parametrize("case", ["llama", "qwen2-tied", "llama-seq-cls", "mistral-window"])
 def test_adamw_steps_track_torch(case):
     path, architecture = reference_dir(case)
     reference = getattr(transformers, architecture).from_pretrained(path, attn_implementation="eager").eval()
@@ -120,17 +125,42 @@ def test_save_pretrained_round_trips(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_sliding_window_shorter_than_the_sequence_is_refused():
-    path, _ = reference_dir("mistral")
+def _edit_config(path: str, **changes) -> None:
     config_path = f"{path}/config.json"
-    import json
-
     config = json.load(open(config_path))
-    config["sliding_window"] = 8
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
     json.dump(config, open(config_path, "w"))
-    model = fusetrain.Model.from_pretrained(path)
-    with pytest.raises(ValueError, match="exceeds the sliding window of 8 tokens"):
-        model.forward(input_ids=batch("MistralForCausalLM")["input_ids"])
+
+
+def test_qwen2_windows_without_layer_types_follow_max_window_layers():
+    # Older Qwen2 configs have no "layer_types": the windowed layers are those from max_window_layers on. The
+    # window must change the logits here (else the test could not tell), and be the same as with the list.
+    path, _ = reference_dir("qwen2-window")
+    ids = batch("Qwen2ForCausalLM")["input_ids"]
+
+    def logits() -> np.ndarray:
+        return fusetrain.Model.from_pretrained(path).forward(input_ids=ids)["logits"]
+
+    with_list = logits()
+    _edit_config(path, layer_types=None)
+    np.testing.assert_array_equal(logits(), with_list)
+    _edit_config(path, use_sliding_window=False)
+    full = logits()
+    assert np.abs(full - with_list).max() > 1e-3
+    _edit_config(path, use_sliding_window=True, max_window_layers=2)  # no layer from 2 on: full attention again
+    np.testing.assert_array_equal(logits(), full)
+
+
+def test_bad_layer_types_are_refused():
+    path, _ = reference_dir("qwen2-window")
+    _edit_config(path, layer_types=["full_attention", "windowed"])
+    with pytest.raises(ValueError, match=r'"layer_types"\[1\] should be "full_attention" or "sliding_attention", '
+                                         r'found "windowed"'):
+        fusetrain.Model.from_pretrained(path)
 
 
 def _cpu_has_bf16() -> bool:

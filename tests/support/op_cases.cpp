@@ -331,6 +331,11 @@ std::vector<OpCase> make_cases() {
     ValueId q = b.param("q", {1, 3, n, 4}), k = b.param("k", {1, 3, n + 2, 4}), v = b.param("v", {1, 3, n + 2, 4});
     return Outs{b.attention(q, k, v, ir::kNone, 0.5, true)};
   });
+  add("attention_sliding_window", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
+    // Each query sees its 2 newest keys: the window hides keys of every query past the first two.
+    ValueId q = b.param("q", {1, 2, n + 2, 4}), k = b.param("k", {1, 2, n + 3, 4}), v = b.param("v", {1, 2, n + 3, 4});
+    return Outs{b.attention(q, k, v, ir::kNone, 0.5, true, 0.0, DType::f32, 2)};
+  });
   add("attention_seq_major", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
     // (B, T, H, D) operands, causal, with dropout: the layout fold_attention_transposes writes.
     ValueId q = b.param("q", {1, n, 2, 4}), k = b.param("k", {1, n + 2, 2, 4}), v = b.param("v", {1, n + 2, 2, 4});

@@ -162,6 +162,7 @@ struct LinearCrossEntropyParams {
 struct AttentionParams {
   double scale = 1.0;                   ///< "scale" (required)
   bool causal = false;                  ///< "causal": query t sees keys s <= t + S - T
+  int64_t window = 0;                   ///< "window": with causal, only keys s > t + S - T - window (0: all)
   bool seq_major = false;               ///< "seq_major": (B, T, H, D) tensors instead of (B, H, T, D)
   double dropout_p = 0.0;               ///< "dropout_p"
   uint64_t seed = 0;                    ///< "seed": the dropout stream id

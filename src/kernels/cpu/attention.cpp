@@ -28,6 +28,10 @@
 // (with rng_rows / rng_row_start set: ((bh·rng_rows)+rng_row_start+t)·S+s, the rows of a longer query)
 // and scales it by 1/(1−p); lse and the softmax sum are taken before dropout.
 // A query row that sees no key (all masked with −inf) gets out 0 and lse 0.
+// A sliding window (causal only) hides key s from query t when t + S − T − s >= window: forward
+// starts each query block at its oldest visible key and backward ends each key block's query
+// loop at its newest viewer, so work grows as T·window; the tiles that straddle the window's edge
+// get the hidden scores set to −inf (forward) or probabilities to 0 (backward) by hide_old_keys_*.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -362,6 +366,23 @@ const TileOps& select_ops() { return cpu_basic::use_avx512() ? kAvx512Ops : kPor
 
 // ---------------------------------------------------------------------------
 // Kernels
+// Sliding window on a forward tile St (nk, mq), row j = key, column i = query: key j is hidden from
+// query i when i + offset − j >= window (offset: the tile's causal offset). Before forward_softmax.
+void hide_old_keys_forward(float* st, int64_t ld, int64_t nk, int64_t mq, int64_t offset, int64_t window) {
+  for (int64_t j = 0; j < nk; ++j) {
+    float* row = st + j * ld;
+    for (int64_t i = std::max<int64_t>(0, j + window - offset); i < mq; ++i) row[i] = kNegInf;
+  }
+}
+
+// The same on a backward tile P (mq, nk), row i = query: those probabilities become 0. After backward_probs.
+void hide_old_keys_backward(float* p, int64_t ld, int64_t mq, int64_t nk, int64_t offset, int64_t window) {
+  for (int64_t i = 0; i < mq; ++i) {
+    float* row = p + i * ld;
+    std::fill(row, row + std::clamp<int64_t>(i + offset - window + 1, 0, nk), 0.0f);
+  }
+}
+
 // ---------------------------------------------------------------------------
 
 // Attributes and extents shared by forward and backward, read at plan time.
@@ -371,6 +392,7 @@ struct AttentionPlan {
   bool seq_major = false;  // q, k, v, out and their gradients are (B, T, H, D) rather than (B, H, T, D)
   float scale = 1.0f;
   bool causal = false;
+  int64_t window = 0;  // sliding window (causal only): query t sees keys s > t + S − T − window; 0: all
   bool has_mask = false;
   bool grouped = false;  // through packed f32 copies: seq-major layout, bf16 q, k, v or out, or K < H
   float dropout_p = 0.0f;
@@ -388,6 +410,7 @@ struct AttentionPlan {
     group = K > 0 ? H / K : 1;
     scale = static_cast<float>(params.scale);
     causal = params.causal;
+    window = params.window;
     dropout_p = static_cast<float>(params.dropout_p);
     seed = params.seed;
     rng_rows = params.stream_rows(T);
@@ -403,6 +426,13 @@ struct AttentionPlan {
   // Local causal offset of a (query block t0, key block kb) tile: key j is visible to
   // query i when j <= i + offset.
   int64_t causal_offset(int64_t t0, int64_t kb) const { return causal ? t0 + S - T - kb : kNoCausal; }
+  // Sliding window: the first key query t0 sees; one past the last query that sees key kb + nk − 1.
+  int64_t window_key_begin(int64_t t0) const { return window > 0 ? std::max<int64_t>(0, t0 + S - T - window + 1) : 0; }
+  int64_t window_query_end(int64_t kb, int64_t nk) const {
+    return window > 0 ? std::clamp<int64_t>(kb + nk - 1 + window - (S - T), 0, T) : T;
+  }
+  // Whether the window hides some key of a tile with this causal offset from one of its mq queries.
+  bool window_cuts(int64_t offset, int64_t mq) const { return window > 0 && offset + mq - 1 >= window; }
   // Offset of row 0 of head bh in a (B, H, len, D) tensor (not seq-major).
   int64_t head_offset(int64_t bh, int64_t len) const { return bh * len * D; }
   // Dropout stream index of (bh, t, s).
@@ -596,12 +626,16 @@ class AttentionForwardKernel final : public Kernel {
     std::fill(l, l + mq, 0.0f);
     std::fill(out, out + mq * D, 0.0f);
     // Keys past the last query's causal limit are never visible to this block.
+    // Keys before the first query's window never are.
     const int64_t key_end = p.causal ? std::min(S, t0 + mq + S - T) : S;
-    for (int64_t kb = 0; kb < key_end; kb += kBlockK) {
+    const int64_t key_begin = p.window_key_begin(t0);
+    for (int64_t kb = key_begin; kb < key_end; kb += kBlockK) {
       const int64_t nk = std::min(kBlockK, key_end - kb);
+      const int64_t offset = p.causal_offset(t0, kb);
       ops.matmul(nk, mq, D, p.scale, k + kb * D, D, 1, qt, kBlockQ, st, kBlockQ, false);
-      ops.forward_softmax(st, kBlockQ, nk, mq, mask ? mask + kb : nullptr, p.causal_offset(t0, kb), m, l, corr);
-      if (kb > 0) ops.scale_rows(out, D, mq, D, corr);
+      if (p.window_cuts(offset, mq)) hide_old_keys_forward(st, kBlockQ, nk, mq, offset, p.window);
+      ops.forward_softmax(st, kBlockQ, nk, mq, mask ? mask + kb : nullptr, offset, m, l, corr);
+      if (kb > key_begin) ops.scale_rows(out, D, mq, D, corr);
       if (p.dropout_p > 0.0f) {
         for (int64_t i = 0; i < mq; ++i) {
           ops.dropout_row(p.seed, ctx.rng_offset, p.drop_index(bh, t0 + i, kb), nk, p.dropout_p, keep);
@@ -826,14 +860,17 @@ class AttentionBackwardKernel final : public Kernel {
       }
       transpose_block(kt, kBlockK, k + kb * D, D, nk, D);
       transpose_block(vt, kBlockK, v + kb * D, D, nk, D);
-      // Queries before t_begin cannot see any key of this block.
+      // Queries before t_begin cannot see any key of this block, nor (sliding window) those from t_end on.
       const int64_t t_begin = p.causal ? std::max<int64_t>(0, kb - (S - T)) : 0;
-      for (int64_t t0 = t_begin; t0 < T; t0 += kBlockQ) {
-        const int64_t mq = std::min(kBlockQ, T - t0);
+      const int64_t t_end = p.window_query_end(kb, nk);
+      for (int64_t t0 = t_begin; t0 < t_end; t0 += kBlockQ) {
+        const int64_t mq = std::min(kBlockQ, t_end - t0);
+        const int64_t offset = p.causal_offset(t0, kb);
         const float* q_blk = q + t0 * D;        // (mq, D)
         const float* dout_blk = dout + t0 * D;  // (mq, D)
         ops.matmul(mq, nk, D, p.scale, q_blk, D, 1, kt, kBlockK, pt, kBlockK, false);
-        ops.backward_probs(pt, kBlockK, mq, nk, mask ? mask + kb : nullptr, p.causal_offset(t0, kb), lse + t0);
+        ops.backward_probs(pt, kBlockK, mq, nk, mask ? mask + kb : nullptr, offset, lse + t0);
+        if (p.window_cuts(offset, mq)) hide_old_keys_backward(pt, kBlockK, mq, nk, offset, p.window);
         ops.matmul(mq, nk, D, 1.0f, dout_blk, D, 1, vt, kBlockK, dp, kBlockK, false);
         for (int64_t i = 0; i < mq; ++i) {
           const float* row_keep = nullptr;

@@ -24,6 +24,7 @@ struct AttentionDims {
   bool seq_major = false;
   double scale = 1.0;
   bool causal = false;
+  int64_t window = 0;  // sliding window (causal only); 0: none
   double dropout_p = 0.0;
   uint64_t seed = 0;
   int64_t rng_rows = 0, rng_row_start = 0;  // dropout draws the stream of rows [start, start + T) of rng_rows
@@ -43,6 +44,7 @@ AttentionDims parse_attention(const KernelCall& call, size_t q_input) {
   a.K = a.seq_major ? k[2] : k[1];
   a.scale = params.scale;
   a.causal = params.causal;
+  a.window = params.window;
   a.dropout_p = params.dropout_p;
   a.seed = params.seed;
   a.rng_rows = params.stream_rows(a.T);
@@ -61,8 +63,11 @@ int64_t kv_row_at(const AttentionDims& a, int64_t b, int64_t h, int64_t s) {
   return a.seq_major ? ((b * a.S + s) * a.K + kh) * a.D : ((b * a.K + kh) * a.S + s) * a.D;
 }
 
-// Query t sees key s unless causal and s > t + S − T.
-bool key_allowed(const AttentionDims& a, int64_t t, int64_t s) { return !a.causal || s <= t + a.S - a.T; }
+// Query t sees key s unless causal and s > t + S − T, or a sliding window leaves it out: s <= t + S − T − window.
+bool key_allowed(const AttentionDims& a, int64_t t, int64_t s) {
+  const int64_t age = t + a.S - a.T - s;  // how many keys newer than s the query has seen
+  return !a.causal || (age >= 0 && (a.window == 0 || age < a.window));
+}
 
 // scores (S) for query row t of head (b, h): scale·q·k + mask[b, s] on allowed
 // keys, −inf on the others. Returns the maximum (−inf if no key counts).
