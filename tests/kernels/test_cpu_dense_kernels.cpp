@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fusetrain/core/alloc.h"
+#include "fusetrain/core/cpu.h"
 #include "fusetrain/core/half.h"
 #include "fusetrain/ir/builder.h"
 #include "kernels/cpu/basic_kernels.h"
@@ -31,6 +32,13 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 const int64_t kSizes[] = {1, 3, 17, 129};
 
 // Forces the portable tile code for kernels created while it lives.
+// Caps the kernels' path (to run the AVX2 path on a CPU that has AVX-512) until the end of the scope.
+class ScopedPathCap {
+ public:
+  explicit ScopedPathCap(cpu_basic::CpuPath cap) { cpu_basic::cap_cpu_path(cap); }
+  ~ScopedPathCap() { cpu_basic::cap_cpu_path(cpu_basic::CpuPath::avx512); }
+};
+
 class ScopedPortable {
  public:
   explicit ScopedPortable(bool portable) { cpu_basic::force_portable_path(portable); }
@@ -473,6 +481,39 @@ TEST(CpuDenseKernels, AttentionSlidingWindow) {
   AttentionCase few;
   few.B = 1, few.H = 1, few.T = 300, few.S = 300, few.D = 8, few.causal = true, few.window = 100, few.threads = 2;
   check_attention(few, rng);
+}
+
+// The AVX2 tile ops, which CPUs without AVX-512 take (capped to them here, so a CPU with AVX-512 runs them too):
+// partial tiles in every dimension (head sizes 5, 24, 64, 80), key masks, causal, dropout, a row with no key,
+// sliding windows, grouped-query heads, both layouts, one and two threads.
+TEST(CpuDenseKernels, AttentionAvx2Path) {
+  if (!cpu_features().avx2 || !cpu_features().fma) GTEST_SKIP() << "no AVX2 + FMA";
+  ScopedPathCap cap(cpu_basic::CpuPath::avx2);
+  std::mt19937 rng(17);
+  for (int threads : {1, 2})
+    for (int64_t T : {1, 17, 129})
+      for (int64_t S : {3, 129})
+        for (bool causal : {false, true})
+          for (double dropout : {0.0, 0.1}) {
+            if (causal && T > S) continue;
+            AttentionCase c;
+            c.T = T, c.S = S, c.D = 64, c.mask = true, c.causal = causal, c.dropout = dropout, c.threads = threads;
+            check_attention(c, rng);
+          }
+  for (int64_t D : {5, 80}) {
+    AttentionCase c;
+    c.T = 33, c.S = 70, c.D = D, c.mask = true, c.causal = true, c.dropout = 0.1, c.threads = 2;
+    check_attention(c, rng);
+  }
+  AttentionCase dead;
+  dead.T = 17, dead.S = 70, dead.D = 8, dead.mask = true, dead.dead_row = true, dead.threads = 2;
+  check_attention(dead, rng);
+  for (bool seq_major : {false, true}) {
+    AttentionCase c;
+    c.seq_major = seq_major, c.B = 2, c.H = 6, c.K = 2, c.T = 150, c.S = 150, c.D = 24, c.mask = true;
+    c.causal = true, c.window = seq_major ? 0 : 40, c.threads = 2;
+    check_attention(c, rng);
+  }
 }
 
 // (B, H, T, D) <-> (B, T, H, D).

@@ -79,7 +79,7 @@ int thread_index() {
 // Floats rounded up to whole 64-byte lines, so every scratch slice stays aligned.
 int64_t line_floats(int64_t n) { return (n + 15) / 16 * 16; }
 
-// The arithmetic of one tile, in a portable and an AVX-512 flavour (TileOps below).
+// The arithmetic of one tile, in portable, AVX2 and AVX-512 flavours (TileOps below).
 //
 // matmul: C (m, n) = alpha·A·B, plus C's old contents if `accumulate`. A (m, k) has element
 //   (i, p) at a[i·a_rs + p·a_cs] (any strides, so Aᵀ is free); B (k, n) has contiguous rows
@@ -362,7 +362,151 @@ FT_AVX512 void dropout_row_avx512(uint64_t seed, uint64_t offset, uint64_t first
 constexpr TileOps kAvx512Ops{matmul_avx512,         forward_softmax_avx512, scale_rows_avx512,
                              backward_probs_avx512, backward_ds_row_avx512, dropout_row_avx512};
 
-const TileOps& select_ops() { return cpu_basic::use_avx512() ? kAvx512Ops : kPortableOps; }
+// ---------------------------------------------------------------------------
+// AVX2 tile ops (CPUs without AVX-512): the AVX-512 ops' arithmetic on 8 lanes; dropout stays portable
+// ---------------------------------------------------------------------------
+
+using cpu_basic::exp8;
+using cpu_basic::lanes8;
+using cpu_basic::load8;
+using cpu_basic::store8;
+
+// R rows × NV vectors of 8 columns of C; the last vector holds `last_n` (1..8) columns.
+template <int R, int NV>
+FT_AVX2 void matmul_block_avx2(int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                               int64_t ldb, float* c, int64_t ldc, bool accumulate, int64_t last_n) {
+  __m256 acc[R][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < k; ++p) {
+    const float* brow = b + p * ldb;
+    const float* acol = a + p * a_cs;
+    __m256 bv[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) bv[v] = load8(brow + 8 * v, v == NV - 1 ? last_n : 8);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_broadcast_ss(acol + r * a_rs);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+  }
+  const __m256 scale = _mm256_set1_ps(alpha);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    float* crow = c + r * ldc;
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) {
+      const int64_t n = v == NV - 1 ? last_n : 8;
+      __m256 x = _mm256_mul_ps(acc[r][v], scale);
+      if (accumulate) x = _mm256_add_ps(x, load8(crow + 8 * v, n));
+      store8(crow + 8 * v, n, x);
+    }
+  }
+}
+
+using MatmulBlockAvx2 = void (*)(int64_t, float, const float*, int64_t, int64_t, const float*, int64_t, float*,
+                                 int64_t, bool, int64_t);
+template <int R>
+constexpr MatmulBlockAvx2 kAvx2BlocksOfRows[2] = {matmul_block_avx2<R, 1>, matmul_block_avx2<R, 2>};
+constexpr const MatmulBlockAvx2* kAvx2MatmulBlocks[4] = {kAvx2BlocksOfRows<1>, kAvx2BlocksOfRows<2>,
+                                                         kAvx2BlocksOfRows<3>, kAvx2BlocksOfRows<4>};
+
+// Blocks of 4 rows × 16 columns: 8 accumulators, 2 B vectors and a broadcast A value in 16 registers.
+FT_AVX2 void matmul_avx2(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
+                         const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int64_t nj = std::min<int64_t>(16, n - j0);
+    const int64_t vectors = (nj + 7) / 8;
+    const int64_t last_n = nj - 8 * (vectors - 1);
+    for (int64_t i0 = 0; i0 < m; i0 += 4) {
+      const int64_t rows = std::min<int64_t>(4, m - i0);
+      kAvx2MatmulBlocks[rows - 1][vectors - 1](k, alpha, a + i0 * a_rs, a_rs, a_cs, b + j0, ldb, c + i0 * ldc + j0,
+                                               ldc, accumulate, last_n);
+    }
+  }
+}
+
+FT_AVX2 void forward_softmax_avx2(float* st, int64_t ld, int64_t nk, int64_t mq, const float* mask,
+                                  int64_t causal_offset, float* m, float* l, float* corr) {
+  const __m256 neg_inf = _mm256_set1_ps(kNegInf);
+  for (int64_t j = 0; j < nk; ++j) {
+    float* row = st + j * ld;
+    const int64_t hidden = std::clamp<int64_t>(j - causal_offset, 0, mq);
+    if (!mask && hidden == 0) continue;
+    const __m256 bias = _mm256_set1_ps(mask ? mask[j] : 0.0f);
+    for (int64_t i = 0; i < mq; i += 8) {
+      const __m256 x = _mm256_add_ps(load8(row + i, mq - i), bias);
+      store8(row + i, mq - i, _mm256_blendv_ps(x, neg_inf, _mm256_castsi256_ps(lanes8(hidden - i))));
+    }
+  }
+  for (int64_t i = 0; i < mq; i += 8) {
+    const int64_t n = mq - i;
+    const __m256 live = _mm256_castsi256_ps(lanes8(n));
+    const __m256 m_old = _mm256_blendv_ps(neg_inf, load8(m + i, n), live);
+    __m256 m_new = m_old;
+    for (int64_t j = 0; j < nk; ++j) m_new = _mm256_max_ps(m_new, _mm256_blendv_ps(neg_inf, load8(st + j * ld + i, n), live));
+    // Queries that have seen no key yet keep base 0, so exp(−inf − 0) = 0 and no NaN appears.
+    const __m256 base = _mm256_blendv_ps(m_new, _mm256_setzero_ps(), _mm256_cmp_ps(m_new, neg_inf, _CMP_EQ_OQ));
+    const __m256 c = exp8(_mm256_sub_ps(m_old, base));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nk; ++j) {
+      float* x = st + j * ld + i;
+      const __m256 p = exp8(_mm256_sub_ps(load8(x, n), base));
+      store8(x, n, p);
+      sum = _mm256_add_ps(sum, p);
+    }
+    store8(corr + i, n, c);
+    store8(l + i, n, _mm256_fmadd_ps(load8(l + i, n), c, sum));
+    store8(m + i, n, m_new);
+  }
+}
+
+FT_AVX2 void scale_rows_avx2(float* x, int64_t ld, int64_t rows, int64_t n, const float* factor) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const __m256 f = _mm256_set1_ps(factor[i]);
+    float* row = x + i * ld;
+    for (int64_t j = 0; j < n; j += 8) store8(row + j, n - j, _mm256_mul_ps(load8(row + j, n - j), f));
+  }
+}
+
+FT_AVX2 void backward_probs_avx2(float* s, int64_t ld, int64_t mq, int64_t nk, const float* mask, int64_t causal_offset,
+                                 const float* lse) {
+  for (int64_t i = 0; i < mq; ++i) {
+    float* row = s + i * ld;
+    const int64_t visible = std::clamp<int64_t>(i + causal_offset + 1, 0, nk);
+    const __m256 shift = _mm256_set1_ps(lse[i]);
+    for (int64_t j = 0; j < nk; j += 8) {
+      __m256 x = load8(row + j, nk - j);
+      if (mask) x = _mm256_add_ps(x, load8(mask + j, nk - j));
+      const __m256 p = _mm256_and_ps(exp8(_mm256_sub_ps(x, shift)), _mm256_castsi256_ps(lanes8(visible - j)));
+      store8(row + j, nk - j, p);
+    }
+  }
+}
+
+FT_AVX2 void backward_ds_row_avx2(float* p, float* dp, int64_t n, float di, const float* keep) {
+  const __m256 d = _mm256_set1_ps(di);
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256 pv = load8(p + j, n - j);
+    __m256 dv = load8(dp + j, n - j);
+    if (keep) {
+      const __m256 k = load8(keep + j, n - j);
+      dv = _mm256_mul_ps(dv, k);
+      store8(p + j, n - j, _mm256_mul_ps(pv, k));
+    }
+    store8(dp + j, n - j, _mm256_mul_ps(pv, _mm256_sub_ps(dv, d)));
+  }
+}
+
+constexpr TileOps kAvx2Ops{matmul_avx2,         forward_softmax_avx2, scale_rows_avx2,
+                           backward_probs_avx2, backward_ds_row_avx2, dropout_row_portable};
+
+const TileOps& select_ops() {
+  return cpu_basic::use_avx512() ? kAvx512Ops : cpu_basic::use_avx2() ? kAvx2Ops : kPortableOps;
+}
 
 // ---------------------------------------------------------------------------
 // Kernels

@@ -28,9 +28,18 @@ namespace fusetrain::kernels::cpu_basic {
 /// FMA, and the portable path is not forced. Kernels read it once, at construction.
 bool use_avx512();
 
+/// True when a kernel that has an AVX2 + FMA path but no AVX-512 one for this CPU (use_avx512() false)
+/// should take it: the CPU has both and the path is not capped below AVX2.
+bool use_avx2();
+
 /// Forces (true) or releases (false) the portable scalar path for kernels created
 /// afterwards. Initialised from FUSETRAIN_KERNELS=portable in the environment.
 void force_portable_path(bool portable);
+
+/// The widest instruction set a kernel's path may use.
+enum class CpuPath { portable, avx2, avx512 };
+/// Caps the path of kernels created afterwards (avx512: no cap). FUSETRAIN_KERNELS=portable or avx2 sets it at start.
+void cap_cpu_path(CpuPath cap);
 
 // ---- threading -------------------------------------------------------------------
 

@@ -18,12 +18,15 @@ namespace fusetrain::kernels {
 namespace cpu_basic {
 namespace {
 
-std::atomic<bool>& portable_forced() {
-  static std::atomic<bool> forced{[] {
+// The widest path kernels may take: FUSETRAIN_KERNELS=portable or avx2 in the environment, else no cap.
+std::atomic<CpuPath>& path_cap() {
+  static std::atomic<CpuPath> cap{[] {
     const char* env = std::getenv("FUSETRAIN_KERNELS");
-    return env != nullptr && std::strcmp(env, "portable") == 0;
+    if (env != nullptr && std::strcmp(env, "portable") == 0) return CpuPath::portable;
+    if (env != nullptr && std::strcmp(env, "avx2") == 0) return CpuPath::avx2;
+    return CpuPath::avx512;
   }()};
-  return forced;
+  return cap;
 }
 
 bool cpu_has_avx512() {
@@ -36,9 +39,16 @@ bool cpu_has_avx512() {
 
 }  // namespace
 
-bool use_avx512() { return cpu_has_avx512() && !portable_forced().load(std::memory_order_relaxed); }
+bool use_avx512() { return cpu_has_avx512() && path_cap().load(std::memory_order_relaxed) >= CpuPath::avx512; }
 
-void force_portable_path(bool portable) { portable_forced().store(portable, std::memory_order_relaxed); }
+bool use_avx2() {
+  static const bool has = cpu_features().avx2 && cpu_features().fma;
+  return has && path_cap().load(std::memory_order_relaxed) >= CpuPath::avx2;
+}
+
+void force_portable_path(bool portable) { cap_cpu_path(portable ? CpuPath::portable : CpuPath::avx512); }
+
+void cap_cpu_path(CpuPath cap) { path_cap().store(cap, std::memory_order_relaxed); }
 
 bool broadcast_space(const Shape& out, const Shape& a, const Shape* b, StridedSpace* space) {
   const int64_t rank = out.rank();

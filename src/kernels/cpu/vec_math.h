@@ -2,12 +2,15 @@
 // bf16 <-> f32 conversion and masked tails. Every function carries the AVX-512
 // target attribute, so it may only be called from functions that carry it too
 // (FT_AVX512), which callers reach only after cpu_basic::use_avx512().
+// The AVX2 + FMA part at the end (exp8, 8-lane tails) is for the AVX2 paths (FT_AVX2,
+// reached after cpu_basic::use_avx2()).
 //
 // Accuracy (checked against double-precision libm over [-8, 8]):
 //   exp16   relative error < 2e-7 (Cephes expf polynomial, scalef for 2^n,
 //           so -inf -> 0, +inf -> inf, NaN -> NaN, no denormal cliff)
 //   erf16   absolute error < 4e-7 (odd/even rational on [-4, 4], +-1 outside)
 //   tanh16  absolute error < 1e-7 (odd polynomial below 0.625, 1 - 2/(e^2x + 1) above)
+//   exp8    as exp16 (the same polynomial; 2^n as two exponent-field factors)
 #pragma once
 
 // GCC 12 warns about the deliberately undefined registers inside its own
@@ -109,6 +112,56 @@ FT_AVX512_INLINE __m256i f32_to_bf16_16(__m512 x) {
   const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
   rounded = _mm512_mask_mov_epi32(rounded, nan, quiet);
   return _mm512_cvtepi32_epi16(rounded);
+}
+
+// ---- AVX2 + FMA ----------------------------------------------------------------------
+
+#define FT_AVX2 __attribute__((target("avx2,fma")))
+#define FT_AVX2_INLINE inline __attribute__((always_inline, target("avx2,fma")))
+
+/// All-ones in the first n lanes of 8 (n <= 0: none, n >= 8: all), for blends and masked loads.
+FT_AVX2_INLINE __m256i lanes8(int64_t n) {
+  const int32_t count = static_cast<int32_t>(n < 0 ? 0 : n > 8 ? 8 : n);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/// The first min(n, 8) floats at p, zeros after (a plain load when n >= 8).
+FT_AVX2_INLINE __m256 load8(const float* p, int64_t n) {
+  return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes8(n));
+}
+
+/// Stores the first min(n, 8) lanes of v at p.
+FT_AVX2_INLINE void store8(float* p, int64_t n, __m256 v) {
+  if (n >= 8)
+    _mm256_storeu_ps(p, v);
+  else
+    _mm256_maskstore_ps(p, lanes8(n), v);
+}
+
+/// e^x for 8 lanes: exp16's reduction and polynomial. AVX2 has no scalef, so 2^n is applied as 2^h · 2^(n − h)
+/// with h = n >> 1: both factors stay normal for every n the clamp allows ([−150, 128]), so small results
+/// round into the denormals as exp16's do, −inf gives 0, +inf gives inf and NaN stays NaN.
+FT_AVX2_INLINE __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-104.0f), x);  // x second: a NaN passes through
+  x = _mm256_min_ps(_mm256_set1_ps(89.0f), x);
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 r2 = _mm256_mul_ps(r, r);
+  p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i h = _mm256_srai_epi32(ni, 1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 low = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, bias), 23));
+  const __m256 high = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, low), high);
 }
 
 }  // namespace fusetrain::kernels::cpu_basic
