@@ -25,10 +25,10 @@ import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
 STORED = HERE / "fingerprints.json"
-# The bits depend on the kernels: the AVX-512 ones (fingerprints.json) or, on a CPU without AVX-512, the portable
-# ones (fingerprints-portable.json), which sum in another order; bf16 needs AVX512-BF16 or AMX, so a CPU without it
-# has no bf16 fingerprints.
-STORED_PORTABLE = HERE / "fingerprints-portable.json"
+# The bits depend on the kernels: the AVX-512 ones (fingerprints.json) or, on a CPU without AVX-512, the AVX2 ones
+# (fingerprints-avx2.json: attention's AVX2 tile ops sum in another order); a CPU without AVX2 either runs the
+# portable ones, which have none stored. bf16 needs AVX512-BF16 or AMX, so a CPU without it has no bf16 fingerprints.
+STORED_AVX2 = HERE / "fingerprints-avx2.json"
 
 
 def cpu_has(feature: str) -> bool:
@@ -37,9 +37,11 @@ def cpu_has(feature: str) -> bool:
     return feature in hf.fusetrain_module().cpu_features().split()
 
 
-def stored_path() -> pathlib.Path:
-    """The fingerprints of the kernels this CPU runs."""
-    return STORED if cpu_has("avx512f") else STORED_PORTABLE
+def stored_path() -> pathlib.Path | None:
+    """The fingerprints of the kernels this CPU runs (None: none are stored for them)."""
+    if cpu_has("avx512f"):
+        return STORED
+    return STORED_AVX2 if cpu_has("avx2") and cpu_has("fma") else None
 
 
 def modes() -> list[str]:
@@ -135,7 +137,7 @@ def workload_fingerprints(work: pathlib.Path, steps: int, build: pathlib.Path) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true",
-                        help=f"write the parity fingerprints to {STORED.name} ({STORED_PORTABLE.name} on a CPU "
+                        help=f"write the parity fingerprints to {STORED.name} ({STORED_AVX2.name} on a CPU "
                              "without AVX-512)")
     parser.add_argument("--workloads", type=pathlib.Path, help="bench/compare.py's work directory (W1-W3)")
     parser.add_argument("--steps", type=int, default=3)
@@ -152,6 +154,9 @@ def main() -> None:
         prints = case_fingerprints()
     text = json.dumps(prints, indent=1, sort_keys=True) + "\n"
     target = stored_path() if args.write else args.out
+    if args.write and target is None:
+        sys.exit("fingerprint.py --write: this CPU runs the portable kernels (no AVX2 + FMA), which have no stored "
+                 "fingerprints")
     if target:
         target.write_text(text)
         print(f"{len(prints)} fingerprints written to {target}")

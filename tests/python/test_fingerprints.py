@@ -1,15 +1,20 @@
 """Losses, logits and gradients are bit-identical to the stored fingerprints (fingerprint.py): a change to the
 compiler, passes, kernels or runtime that is meant to keep the arithmetic must not move a single bit. A change that
 means to alter results rewrites fingerprints.json with `python tests/python/fingerprint.py --write` and says why.
-The AVX-512 kernels and the portable ones (a CPU without AVX-512) have fingerprints of their own."""
+The AVX-512 kernels and the AVX2 ones (a CPU without AVX-512) have fingerprints of their own."""
 
 import json
+
+import pytest
 
 import fingerprint
 
 
 def test_every_case_is_bit_identical_to_the_stored_fingerprints():
-    stored = json.loads(fingerprint.stored_path().read_text())
+    path = fingerprint.stored_path()
+    if path is None:
+        pytest.skip("no fingerprints are stored for the portable kernels (a CPU without AVX2 + FMA)")
+    stored = json.loads(path.read_text())
     computed = fingerprint.case_fingerprints()
     assert sorted(computed) == sorted(stored), (
         f"cases differ: new {sorted(set(computed) - set(stored))}, gone {sorted(set(stored) - set(computed))}")
