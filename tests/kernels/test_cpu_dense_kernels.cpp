@@ -365,18 +365,23 @@ TEST(CpuDenseKernels, AttentionTwoThreads) {
   check_attention_grid(2, rng);
 }
 
-TEST(CpuDenseKernels, AttentionPortablePath) {
-  ScopedPortable portable(true);
-  std::mt19937 rng(8);
+// The grid a forced path runs: T in {1, 17, 129}, S in {3, 129}, D 64, masked, causal or not, dropout 0 and 0.1.
+void check_attention_path_grid(int threads, std::mt19937& rng) {
   for (int64_t T : {1, 17, 129})
     for (int64_t S : {3, 129})
       for (bool causal : {false, true})
         for (double dropout : {0.0, 0.1}) {
           if (causal && T > S) continue;
           AttentionCase c;
-          c.T = T, c.S = S, c.D = 64, c.mask = true, c.causal = causal, c.dropout = dropout, c.threads = 2;
+          c.T = T, c.S = S, c.D = 64, c.mask = true, c.causal = causal, c.dropout = dropout, c.threads = threads;
           check_attention(c, rng);
         }
+}
+
+TEST(CpuDenseKernels, AttentionPortablePath) {
+  ScopedPortable portable(true);
+  std::mt19937 rng(8);
+  check_attention_path_grid(2, rng);
 }
 
 // Fewer (b, h) pairs than threads: backward splits keys and sums private dq partials.
@@ -490,16 +495,7 @@ TEST(CpuDenseKernels, AttentionAvx2Path) {
   if (!cpu_features().avx2 || !cpu_features().fma) GTEST_SKIP() << "no AVX2 + FMA";
   ScopedPathCap cap(cpu_basic::CpuPath::avx2);
   std::mt19937 rng(17);
-  for (int threads : {1, 2})
-    for (int64_t T : {1, 17, 129})
-      for (int64_t S : {3, 129})
-        for (bool causal : {false, true})
-          for (double dropout : {0.0, 0.1}) {
-            if (causal && T > S) continue;
-            AttentionCase c;
-            c.T = T, c.S = S, c.D = 64, c.mask = true, c.causal = causal, c.dropout = dropout, c.threads = threads;
-            check_attention(c, rng);
-          }
+  for (int threads : {1, 2}) check_attention_path_grid(threads, rng);
   for (int64_t D : {5, 80}) {
     AttentionCase c;
     c.T = 33, c.S = 70, c.D = D, c.mask = true, c.causal = true, c.dropout = 0.1, c.threads = 2;

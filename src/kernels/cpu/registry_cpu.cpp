@@ -18,13 +18,16 @@ namespace fusetrain::kernels {
 namespace cpu_basic {
 namespace {
 
-// The widest path kernels may take: FUSETRAIN_KERNELS=portable or avx2 in the environment, else no cap.
+// The widest path kernels may take: FUSETRAIN_KERNELS=portable or avx2 in the environment, else (unset or empty)
+// no cap. Any other value is an Error at the first kernel built (and again at each later one).
 std::atomic<CpuPath>& path_cap() {
   static std::atomic<CpuPath> cap{[] {
     const char* env = std::getenv("FUSETRAIN_KERNELS");
-    if (env != nullptr && std::strcmp(env, "portable") == 0) return CpuPath::portable;
-    if (env != nullptr && std::strcmp(env, "avx2") == 0) return CpuPath::avx2;
-    return CpuPath::avx512;
+    if (env == nullptr || *env == '\0') return CpuPath::avx512;
+    if (std::strcmp(env, "portable") == 0) return CpuPath::portable;
+    FT_CHECK(std::strcmp(env, "avx2") == 0, "FUSETRAIN_KERNELS should be \"portable\" or \"avx2\" (or unset), found \"",
+             env, "\"");
+    return CpuPath::avx2;
   }()};
   return cap;
 }
