@@ -36,19 +36,22 @@ constexpr int64_t kExact = -1;  // tolerance value meaning "bit for bit"
 
 struct Path {
   const char* name;
-  bool portable;
+  cpu_basic::CpuPath cap;
 };
 
+// Every code path this CPU can run: portable, AVX2 (on an AVX-512 CPU by capping the path) and AVX-512.
 std::vector<Path> paths() {
-  std::vector<Path> out{{"portable", true}};
-  cpu_basic::force_portable_path(false);
-  if (cpu_basic::use_avx512()) out.push_back({"avx512", false});
+  std::vector<Path> out{{"portable", cpu_basic::CpuPath::portable}};
+  cpu_basic::cap_cpu_path(cpu_basic::CpuPath::avx2);
+  if (cpu_basic::use_avx2()) out.push_back({"avx2", cpu_basic::CpuPath::avx2});
+  cpu_basic::cap_cpu_path(cpu_basic::CpuPath::avx512);
+  if (cpu_basic::use_avx512()) out.push_back({"avx512", cpu_basic::CpuPath::avx512});
   return out;
 }
 
 // Restores the default code path when a test ends, even on failure.
 struct PathGuard {
-  ~PathGuard() { cpu_basic::force_portable_path(false); }
+  ~PathGuard() { cpu_basic::cap_cpu_path(cpu_basic::CpuPath::avx512); }
 };
 
 // ---- random tensors ---------------------------------------------------------------------
@@ -145,7 +148,7 @@ void check_node(const Graph& g, const ir::Node& node, const std::vector<Tensor>&
     initial.push_back(random_tensor(value.shape, value.dtype, rng, -1.0, 1.0, 7));
   }
   for (const Path& path : paths()) {
-    cpu_basic::force_portable_path(path.portable);
+    cpu_basic::cap_cpu_path(path.cap);
     std::unique_ptr<Kernel> cpu = make_cpu_basic_kernel(compile::lower(g, node));
     ASSERT_TRUE(cpu != nullptr) << ir::op_name(node.op) << " has no CPU kernel";
     if (options.expect_accumulates) {
@@ -330,7 +333,7 @@ TEST(CpuBasicKernels, GeluErfAccuracySweep) {
   for (int64_t i = 0; i < n; ++i) x.set_item(i, -10.0 + 20.0 * static_cast<double>(i) / static_cast<double>(n - 1));
   PathGuard guard;
   for (const Path& path : paths()) {
-    cpu_basic::force_portable_path(path.portable);
+    cpu_basic::cap_cpu_path(path.cap);
     std::unique_ptr<Kernel> k = make_cpu_basic_kernel(compile::lower(g, node));
     std::vector<Tensor> y = run_node(*k, g, node, {x}, nullptr, 2, 0);
     double worst = 0.0;
@@ -497,7 +500,7 @@ TEST(CpuBasicKernels, DropoutMatchesRngBitForBit) {
       // The mask itself, against rng.h.
       PathGuard guard;
       for (const Path& path : paths()) {
-        cpu_basic::force_portable_path(path.portable);
+        cpu_basic::cap_cpu_path(path.cap);
         std::unique_ptr<Kernel> k = make_cpu_basic_kernel(compile::lower(g, n));
         std::vector<Tensor> y = run_node(*k, g, n, in, nullptr, 2, 987654321ull);
         int64_t mismatches = 0;

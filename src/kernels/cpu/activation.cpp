@@ -1,5 +1,5 @@
 // Tuned activation kernels, f32: Gelu (erf and tanh forms), Tanh, Relu and
-// GeluBackward (dy, x), TanhBackward (dy, y), ReluBackward (dy, x). The input x (or the saved
+// GeluBackward (dy, x), TanhBackward (dy, y), ReluBackward (dy, x); portable, AVX2 and AVX-512 paths. The input x (or the saved
 // value) may be bf16, widened exactly to f32 block by block; a forward op's bf16 output
 // (out_dtype) is computed in f32 and rounded block by block.
 //
@@ -135,6 +135,63 @@ FT_AVX512 void backward_avx512(float* out, const float* dy, const float* saved, 
   }
 }
 
+// ---- AVX2 + FMA (the AVX-512 formulas on 8 lanes) ----------------------------------------
+
+template <Act A>
+FT_AVX2_INLINE __m256 act_forward8(__m256 x) {
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  if constexpr (A == Act::GeluErf) {
+    __m256 e = erf8(_mm256_mul_ps(x, _mm256_set1_ps(kInvSqrt2)));
+    return _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, e));
+  } else if constexpr (A == Act::GeluTanh) {
+    __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    __m256 u = _mm256_mul_ps(_mm256_set1_ps(kSqrt2OverPi), _mm256_fmadd_ps(_mm256_set1_ps(kGeluCubic), x3, x));
+    return _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, tanh8(u)));
+  } else if constexpr (A == Act::Tanh) {
+    return tanh8(x);
+  } else {
+    return _mm256_max_ps(x, _mm256_setzero_ps());  // NaN -> 0 like x > 0 ? x : 0
+  }
+}
+
+template <Act A>
+FT_AVX2_INLINE __m256 act_backward8(__m256 dy, __m256 saved) {
+  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  const __m256 x = saved;
+  if constexpr (A == Act::GeluErf) {
+    __m256 cdf = _mm256_mul_ps(half, _mm256_add_ps(one, erf8(_mm256_mul_ps(x, _mm256_set1_ps(kInvSqrt2)))));
+    __m256 pdf =
+        _mm256_mul_ps(_mm256_set1_ps(kInvSqrt2Pi), exp8(_mm256_mul_ps(_mm256_set1_ps(-0.5f), _mm256_mul_ps(x, x))));
+    return _mm256_mul_ps(dy, _mm256_fmadd_ps(x, pdf, cdf));
+  } else if constexpr (A == Act::GeluTanh) {
+    __m256 x2 = _mm256_mul_ps(x, x);
+    __m256 u = _mm256_mul_ps(_mm256_set1_ps(kSqrt2OverPi),
+                             _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(kGeluCubic), x2), x, x));
+    __m256 t = tanh8(u);
+    __m256 du_dx =
+        _mm256_mul_ps(_mm256_set1_ps(kSqrt2OverPi), _mm256_fmadd_ps(_mm256_set1_ps(3.0f * kGeluCubic), x2, one));
+    __m256 sech2 = _mm256_fnmadd_ps(t, t, one);
+    __m256 d = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), sech2), du_dx,
+                               _mm256_mul_ps(half, _mm256_add_ps(one, t)));
+    return _mm256_mul_ps(dy, d);
+  } else if constexpr (A == Act::Tanh) {
+    return _mm256_mul_ps(dy, _mm256_fnmadd_ps(saved, saved, one));
+  } else {
+    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GT_OQ), dy);
+  }
+}
+
+template <Act A>
+FT_AVX2 void forward_avx2(float* out, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) store8(out + i, n - i, act_forward8<A>(load8(x + i, n - i)));
+}
+
+template <Act A>
+FT_AVX2 void backward_avx2(float* out, const float* dy, const float* saved, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8)
+    store8(out + i, n - i, act_backward8<A>(load8(dy + i, n - i), load8(saved + i, n - i)));
+}
+
 // ---- kernels ------------------------------------------------------------------------
 
 using ForwardFn = void (*)(float* out, const float* x, int64_t n);
@@ -250,13 +307,13 @@ bool parse_act(const KernelCall& call, Act* act) {
 }
 
 template <Act A>
-ForwardFn forward_fn(bool avx512) {
-  return avx512 ? forward_avx512<A> : forward_portable<A>;
+ForwardFn forward_fn() {
+  return pick_path<ForwardFn>(forward_portable<A>, forward_avx2<A>, forward_avx512<A>);
 }
 
 template <Act A>
-BackwardFn backward_fn(bool avx512) {
-  return avx512 ? backward_avx512<A> : backward_portable<A>;
+BackwardFn backward_fn() {
+  return pick_path<BackwardFn>(backward_portable<A>, backward_avx2<A>, backward_avx512<A>);
 }
 
 }  // namespace
@@ -268,20 +325,19 @@ std::unique_ptr<Kernel> make_activation_kernel(const KernelCall& call) {
   if (!parse_act(call, &act) || (x_dtype != DType::f32 && x_dtype != DType::bf16) ||
       (out_dtype != DType::f32 && out_dtype != DType::bf16))
     return nullptr;
-  const bool avx512 = use_avx512();
   ForwardFn fn = nullptr;
   switch (act) {
     case Act::GeluErf:
-      fn = forward_fn<Act::GeluErf>(avx512);
+      fn = forward_fn<Act::GeluErf>();
       break;
     case Act::GeluTanh:
-      fn = forward_fn<Act::GeluTanh>(avx512);
+      fn = forward_fn<Act::GeluTanh>();
       break;
     case Act::Tanh:
-      fn = forward_fn<Act::Tanh>(avx512);
+      fn = forward_fn<Act::Tanh>();
       break;
     case Act::Relu:
-      fn = forward_fn<Act::Relu>(avx512);
+      fn = forward_fn<Act::Relu>();
       break;
   }
   return std::make_unique<ActivationKernel>(output_shape(call, 0).numel(), fn, x_dtype == DType::bf16,
@@ -289,7 +345,7 @@ std::unique_ptr<Kernel> make_activation_kernel(const KernelCall& call) {
 }
 
 GeluFn gelu_fn(bool tanh_form) {
-  return tanh_form ? forward_fn<Act::GeluTanh>(use_avx512()) : forward_fn<Act::GeluErf>(use_avx512());
+  return tanh_form ? forward_fn<Act::GeluTanh>() : forward_fn<Act::GeluErf>();
 }
 
 std::unique_ptr<Kernel> make_activation_backward_kernel(const KernelCall& call) {
@@ -298,20 +354,19 @@ std::unique_ptr<Kernel> make_activation_backward_kernel(const KernelCall& call) 
   if (!parse_act(call, &act) || input_dtype(call, 0) != DType::f32 ||
       (saved_dtype != DType::f32 && saved_dtype != DType::bf16))
     return nullptr;
-  const bool avx512 = use_avx512();
   BackwardFn fn = nullptr;
   switch (act) {
     case Act::GeluErf:
-      fn = backward_fn<Act::GeluErf>(avx512);
+      fn = backward_fn<Act::GeluErf>();
       break;
     case Act::GeluTanh:
-      fn = backward_fn<Act::GeluTanh>(avx512);
+      fn = backward_fn<Act::GeluTanh>();
       break;
     case Act::Tanh:
-      fn = backward_fn<Act::Tanh>(avx512);
+      fn = backward_fn<Act::Tanh>();
       break;
     case Act::Relu:
-      fn = backward_fn<Act::Relu>(avx512);
+      fn = backward_fn<Act::Relu>();
       break;
   }
   return std::make_unique<ActivationBackwardKernel>(output_shape(call, 0).numel(), fn, saved_dtype == DType::bf16);

@@ -41,6 +41,12 @@ enum class CpuPath { portable, avx2, avx512 };
 /// Caps the path of kernels created afterwards (avx512: no cap). FUSETRAIN_KERNELS=portable or avx2 sets it at start.
 void cap_cpu_path(CpuPath cap);
 
+/// The variant of a kernel with portable, AVX2 and AVX-512 code for the current path (read at construction).
+template <typename Fn>
+Fn pick_path(Fn portable, Fn avx2, Fn avx512) {
+  return use_avx512() ? avx512 : use_avx2() ? avx2 : portable;
+}
+
 // ---- threading -------------------------------------------------------------------
 
 /// Below this many elements of work a kernel runs on the calling thread.

@@ -202,6 +202,17 @@ FT_AVX512 void f32_to_bf16_avx512(uint16_t* out, const float* x, int64_t n) {
   }
 }
 
+FT_AVX2 void bf16_to_f32_avx2(float* out, const uint16_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) store8(out + i, n - i, load8_bf16(x + i, n - i));
+}
+
+FT_AVX2 void f32_to_bf16_avx2(uint16_t* out, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) store8_bf16(out + i, n - i, load8(x + i, n - i));
+}
+
+using WidenFn = void (*)(float*, const uint16_t*, int64_t);
+WidenFn widen_bf16_fn() { return pick_path<WidenFn>(bf16_to_f32_portable, bf16_to_f32_avx2, bf16_to_f32_avx512); }
+
 // out = bf16(f32(out) + f32(x)): one rounding per element.
 void bf16_add_portable(uint16_t* out, const uint16_t* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(bf16_to_float(out[i]) + bf16_to_float(x[i]));
@@ -255,7 +266,8 @@ class CopyKernel final : public Kernel {
 // back to f32 (exact); same dtype is a copy.
 class CastKernel final : public Kernel {
  public:
-  CastKernel(int64_t numel, DType from, DType to) : numel_(numel), from_(from), to_(to), avx512_(use_avx512()) {}
+  CastKernel(int64_t numel, DType from, DType to)
+      : numel_(numel), from_(from), to_(to), round_(round_to_bf16_fn()), widen_(widen_bf16_fn()) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const void* x = args.inputs[0].data();
@@ -273,11 +285,9 @@ class CastKernel final : public Kernel {
           } else if (from_ == DType::f16) {
             f16_to_float(static_cast<float*>(out) + begin, static_cast<const uint16_t*>(x) + begin, n);
           } else if (from_ == DType::f32) {
-            (avx512_ ? f32_to_bf16_avx512 : f32_to_bf16_portable)(static_cast<uint16_t*>(out) + begin,
-                                                                  static_cast<const float*>(x) + begin, n);
+            round_(static_cast<uint16_t*>(out) + begin, static_cast<const float*>(x) + begin, n);
           } else {
-            (avx512_ ? bf16_to_f32_avx512 : bf16_to_f32_portable)(static_cast<float*>(out) + begin,
-                                                                  static_cast<const uint16_t*>(x) + begin, n);
+            widen_(static_cast<float*>(out) + begin, static_cast<const uint16_t*>(x) + begin, n);
           }
         },
         16);
@@ -286,12 +296,15 @@ class CastKernel final : public Kernel {
  private:
   int64_t numel_;
   DType from_, to_;
-  bool avx512_;
+  RoundBf16Fn round_;
+  WidenFn widen_;
 };
 
 }  // namespace
 
-RoundBf16Fn round_to_bf16_fn() { return use_avx512() ? f32_to_bf16_avx512 : f32_to_bf16_portable; }
+RoundBf16Fn round_to_bf16_fn() {
+  return pick_path<RoundBf16Fn>(f32_to_bf16_portable, f32_to_bf16_avx2, f32_to_bf16_avx512);
+}
 
 std::unique_ptr<Kernel> make_fill_kernel(const KernelCall& call) {
   if (output_dtype(call, 0) != DType::f32) return nullptr;

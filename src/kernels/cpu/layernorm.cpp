@@ -1,4 +1,5 @@
-// Tuned LayerNorm over the last axis, f32, its fused backward, and AddLayerNorm (residual add first).
+// Tuned LayerNorm over the last axis, f32, its fused backward, and AddLayerNorm (residual add first);
+// portable, AVX2 and AVX-512 paths.
 //
 // Shape legend: R rows (product of the leading axes), C channels.
 //   forward:  x (R, C), gamma (C), beta (C) -> y (R, C), mean (R), rstd (R)
@@ -130,6 +131,47 @@ void add_layernorm_row_portable(float* y, float* mean_out, float* rstd_out, floa
   layernorm_row_portable(y, mean_out, rstd_out, sum, gamma, beta, C, eps);
 }
 
+FT_AVX2 void layernorm_row_avx2(float* y, float* mean_out, float* rstd_out, const float* x, const float* gamma,
+                                const float* beta, int64_t C, float eps) {
+  const __m256 shift = _mm256_set1_ps(x[0]);
+  __m256 s1a = _mm256_setzero_ps(), s1b = _mm256_setzero_ps();
+  __m256 s2a = _mm256_setzero_ps(), s2b = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= C; c += 16) {
+    const __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(x + c), shift);
+    const __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(x + c + 8), shift);
+    s1a = _mm256_add_ps(s1a, d0);
+    s1b = _mm256_add_ps(s1b, d1);
+    s2a = _mm256_fmadd_ps(d0, d0, s2a);
+    s2b = _mm256_fmadd_ps(d1, d1, s2b);
+  }
+  for (; c < C; c += 8) {
+    const __m256 d = _mm256_and_ps(_mm256_sub_ps(load8(x + c, C - c), shift), _mm256_castsi256_ps(lanes8(C - c)));
+    s1a = _mm256_add_ps(s1a, d);
+    s2a = _mm256_fmadd_ps(d, d, s2a);
+  }
+  const float inv_c = 1.0f / static_cast<float>(C);
+  const float mean_d = reduce_add8(_mm256_add_ps(s1a, s1b)) * inv_c;
+  const float var = std::max(reduce_add8(_mm256_add_ps(s2a, s2b)) * inv_c - mean_d * mean_d, 0.0f);
+  const float mean = x[0] + mean_d;
+  const float rstd = 1.0f / std::sqrt(var + eps);
+  const __m256 vmean = _mm256_set1_ps(mean), vrstd = _mm256_set1_ps(rstd);
+  for (c = 0; c < C; c += 8) {
+    const int64_t n = C - c;
+    const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(load8(x + c, n), vmean), vrstd);
+    store8(y + c, n, _mm256_fmadd_ps(xhat, load8(gamma + c, n), load8(beta + c, n)));
+  }
+  *mean_out = mean;
+  *rstd_out = rstd;
+}
+
+// The sum's pass, then layernorm_row_avx2 on it from L1 (so bit for bit Add and then LayerNorm).
+FT_AVX2 void add_layernorm_row_avx2(float* y, float* mean_out, float* rstd_out, float* sum, const float* x,
+                                    const float* residual, const float* gamma, const float* beta, int64_t C, float eps) {
+  for (int64_t c = 0; c < C; c += 8) store8(sum + c, C - c, _mm256_add_ps(load8(x + c, C - c), load8(residual + c, C - c)));
+  layernorm_row_avx2(y, mean_out, rstd_out, sum, gamma, beta, C, eps);
+}
+
 // ---- backward, one row ------------------------------------------------------------------
 
 // dx: (C); dgamma_part, dbeta_part: (C) per-thread sums; dy, x: (C); gamma: (C)
@@ -183,15 +225,45 @@ FT_AVX512 void layernorm_backward_row_avx512(float* dx, float* dgamma_part, floa
   }
 }
 
+template <bool AccDx>
+FT_AVX2 void layernorm_backward_row_avx2(float* dx, float* dgamma_part, float* dbeta_part, const float* dy,
+                                         const float* x, const float* gamma, float mean, float rstd, int64_t C) {
+  const __m256 vmean = _mm256_set1_ps(mean), vrstd = _mm256_set1_ps(rstd);
+  __m256 sum_g = _mm256_setzero_ps(), sum_gx = _mm256_setzero_ps();
+  for (int64_t c = 0; c < C; c += 8) {
+    const int64_t n = C - c;
+    const __m256 vdy = load8(dy + c, n);
+    const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(load8(x + c, n), vmean), vrstd);
+    const __m256 g = _mm256_mul_ps(vdy, load8(gamma + c, n));  // 0 past the row: so are its terms below
+    sum_g = _mm256_add_ps(sum_g, g);
+    sum_gx = _mm256_fmadd_ps(g, xhat, sum_gx);
+    store8(dgamma_part + c, n, _mm256_fmadd_ps(vdy, xhat, load8(dgamma_part + c, n)));
+    store8(dbeta_part + c, n, _mm256_add_ps(vdy, load8(dbeta_part + c, n)));
+  }
+  const float inv_c = 1.0f / static_cast<float>(C);
+  const __m256 a = _mm256_set1_ps(reduce_add8(sum_g) * inv_c);
+  const __m256 b = _mm256_set1_ps(reduce_add8(sum_gx) * inv_c);
+  for (int64_t c = 0; c < C; c += 8) {
+    const int64_t n = C - c;
+    const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(load8(x + c, n), vmean), vrstd);
+    const __m256 g = _mm256_mul_ps(load8(dy + c, n), load8(gamma + c, n));
+    __m256 v = _mm256_mul_ps(vrstd, _mm256_fnmadd_ps(xhat, b, _mm256_sub_ps(g, a)));
+    if (AccDx) v = _mm256_add_ps(v, load8(dx + c, n));
+    store8(dx + c, n, v);
+  }
+}
+
 // ---- kernels ---------------------------------------------------------------------------
 
 using ForwardRowFn = void (*)(float*, float*, float*, const float*, const float*, const float*, int64_t, float);
 using BackwardRowFn = void (*)(float*, float*, float*, const float*, const float*, const float*, float, float, int64_t);
+using AddRowFn = void (*)(float*, float*, float*, float*, const float*, const float*, const float*, const float*, int64_t,
+                          float);
 
 class LayerNormKernel final : public Kernel {
  public:
   LayerNormKernel(int64_t rows, int64_t C, float eps)
-      : rows_(rows), C_(C), eps_(eps), row_fn_(use_avx512() ? layernorm_row_avx512 : layernorm_row_portable) {}
+      : rows_(rows), C_(C), eps_(eps), row_fn_(pick_path<ForwardRowFn>(layernorm_row_portable, layernorm_row_avx2, layernorm_row_avx512)) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const float* x = static_cast<const float*>(args.inputs[0].data());      // (R, C)
@@ -227,8 +299,8 @@ class AddLayerNormKernel final : public Kernel {
         scale_(static_cast<float>(1.0 / (1.0 - p))),  // as the Dropout kernel rounds it
         seed_(seed),
         map_(map),
-        row_fn_(use_avx512() ? layernorm_row_avx512 : layernorm_row_portable),
-        add_row_fn_(use_avx512() ? add_layernorm_row_avx512 : add_layernorm_row_portable),
+        row_fn_(pick_path<ForwardRowFn>(layernorm_row_portable, layernorm_row_avx2, layernorm_row_avx512)),
+        add_row_fn_(pick_path<AddRowFn>(add_layernorm_row_portable, add_layernorm_row_avx2, add_layernorm_row_avx512)),
         dropout_fn_(p > 0.0 ? dropout_range_fn() : nullptr) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
@@ -265,17 +337,17 @@ class AddLayerNormKernel final : public Kernel {
   uint64_t seed_;
   StreamIndexMap map_;
   ForwardRowFn row_fn_;
-  void (*add_row_fn_)(float*, float*, float*, float*, const float*, const float*, const float*, const float*, int64_t,
-                      float);
+  AddRowFn add_row_fn_;
   DropoutRangeFn dropout_fn_;
 };
 
 class LayerNormBackwardKernel final : public Kernel {
  public:
   LayerNormBackwardKernel(int64_t rows, int64_t C) : rows_(rows), C_(C) {
-    const bool avx512 = use_avx512();
-    write_fn_ = avx512 ? layernorm_backward_row_avx512<false> : layernorm_backward_row_portable<false>;
-    add_fn_ = avx512 ? layernorm_backward_row_avx512<true> : layernorm_backward_row_portable<true>;
+    write_fn_ = pick_path<BackwardRowFn>(layernorm_backward_row_portable<false>, layernorm_backward_row_avx2<false>,
+                                         layernorm_backward_row_avx512<false>);
+    add_fn_ = pick_path<BackwardRowFn>(layernorm_backward_row_portable<true>, layernorm_backward_row_avx2<true>,
+                                       layernorm_backward_row_avx512<true>);
   }
 
   bool accumulates() const override { return true; }

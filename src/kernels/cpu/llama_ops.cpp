@@ -1,5 +1,5 @@
 // Tuned kernels of the Llama-family ops: RMSNorm and its backward, RoPE (and its inverse, the
-// backward), SwiGLU and its backward.
+// backward), SwiGLU and its backward; portable, AVX2 and AVX-512 paths.
 //
 // Shape legend: R rows (product of the leading axes), C channels, B batch, T sequence, H heads,
 // D head size (even), D/2 = half.
@@ -54,12 +54,31 @@ FT_AVX512 void rmsnorm_row_avx512(float* y, float* rstd_out, const float* x, con
   *rstd_out = rstd;
 }
 
+FT_AVX2 void rmsnorm_row_avx2(float* y, float* rstd_out, const float* x, const float* w, int64_t C, float eps) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= C; c += 16) {
+    const __m256 a = _mm256_loadu_ps(x + c), b = _mm256_loadu_ps(x + c + 8);
+    s0 = _mm256_fmadd_ps(a, a, s0);
+    s1 = _mm256_fmadd_ps(b, b, s1);
+  }
+  for (; c < C; c += 8) {
+    const __m256 a = load8(x + c, C - c);
+    s0 = _mm256_fmadd_ps(a, a, s0);
+  }
+  const float rstd = 1.0f / std::sqrt(reduce_add8(_mm256_add_ps(s0, s1)) / static_cast<float>(C) + eps);
+  const __m256 vr = _mm256_set1_ps(rstd);
+  for (c = 0; c < C; c += 8)
+    store8(y + c, C - c, _mm256_mul_ps(_mm256_mul_ps(load8(x + c, C - c), vr), load8(w + c, C - c)));
+  *rstd_out = rstd;
+}
+
 using RmsRowFn = void (*)(float*, float*, const float*, const float*, int64_t, float);
 
 class RMSNormKernel final : public Kernel {
  public:
   RMSNormKernel(int64_t rows, int64_t C, float eps)
-      : rows_(rows), C_(C), eps_(eps), row_fn_(use_avx512() ? rmsnorm_row_avx512 : rmsnorm_row_portable) {}
+      : rows_(rows), C_(C), eps_(eps), row_fn_(pick_path<RmsRowFn>(rmsnorm_row_portable, rmsnorm_row_avx2, rmsnorm_row_avx512)) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const float* x = static_cast<const float*>(args.inputs[0].data());
@@ -121,14 +140,38 @@ FT_AVX512 void rmsnorm_backward_row_avx512(float* dx, float* dweight, const floa
   }
 }
 
+template <bool AccDx>
+FT_AVX2 void rmsnorm_backward_row_avx2(float* dx, float* dweight, const float* dy, const float* x, const float* w,
+                                       float rstd, int64_t C) {
+  const __m256 vr = _mm256_set1_ps(rstd);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t c = 0; c < C; c += 8) {
+    const int64_t n = C - c;
+    const __m256 d = load8(dy + c, n);
+    const __m256 xhat = _mm256_mul_ps(load8(x + c, n), vr);
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(d, load8(w + c, n)), xhat, acc);
+    store8(dweight + c, n, _mm256_fmadd_ps(d, xhat, load8(dweight + c, n)));
+  }
+  const __m256 vmean = _mm256_set1_ps(reduce_add8(acc) / static_cast<float>(C));
+  for (int64_t c = 0; c < C; c += 8) {
+    const int64_t n = C - c;
+    const __m256 g = _mm256_mul_ps(load8(dy + c, n), load8(w + c, n));
+    const __m256 xhat = _mm256_mul_ps(load8(x + c, n), vr);
+    __m256 v = _mm256_mul_ps(vr, _mm256_fnmadd_ps(xhat, vmean, g));
+    if (AccDx) v = _mm256_add_ps(v, load8(dx + c, n));
+    store8(dx + c, n, v);
+  }
+}
+
 using RmsBackwardRowFn = void (*)(float*, float*, const float*, const float*, const float*, float, int64_t);
 
 class RMSNormBackwardKernel final : public Kernel {
  public:
   RMSNormBackwardKernel(int64_t rows, int64_t C) : rows_(rows), C_(C) {
-    const bool avx512 = use_avx512();
-    write_fn_ = avx512 ? rmsnorm_backward_row_avx512<false> : rmsnorm_backward_row_portable<false>;
-    add_fn_ = avx512 ? rmsnorm_backward_row_avx512<true> : rmsnorm_backward_row_portable<true>;
+    write_fn_ = pick_path<RmsBackwardRowFn>(rmsnorm_backward_row_portable<false>, rmsnorm_backward_row_avx2<false>,
+                                            rmsnorm_backward_row_avx512<false>);
+    add_fn_ = pick_path<RmsBackwardRowFn>(rmsnorm_backward_row_portable<true>, rmsnorm_backward_row_avx2<true>,
+                                          rmsnorm_backward_row_avx512<true>);
   }
 
   bool accumulates() const override { return true; }
@@ -215,20 +258,43 @@ FT_AVX512 void rope_row_avx512(float* y, const float* x, const float* cos, const
   }
 }
 
+template <bool Inverse, bool Acc>
+FT_AVX2 void rope_row_avx2(float* y, const float* x, const float* cos, const float* sin, int64_t H, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t h = 0; h < H; ++h) {
+    const float* xh = x + h * D;
+    float* yh = y + h * D;
+    for (int64_t i = 0; i < half; i += 8) {
+      const int64_t n = half - i;
+      const __m256 x1 = load8(xh + i, n), x2 = load8(xh + half + i, n);
+      const __m256 c1 = load8(cos + i, n), c2 = load8(cos + half + i, n);
+      const __m256 s1 = load8(sin + i, n), s2 = load8(sin + half + i, n);
+      __m256 y1 = Inverse ? _mm256_fmadd_ps(x2, s2, _mm256_mul_ps(x1, c1)) : _mm256_fnmadd_ps(x2, s1, _mm256_mul_ps(x1, c1));
+      __m256 y2 = Inverse ? _mm256_fnmadd_ps(x1, s1, _mm256_mul_ps(x2, c2)) : _mm256_fmadd_ps(x1, s2, _mm256_mul_ps(x2, c2));
+      if (Acc) {
+        y1 = _mm256_add_ps(y1, load8(yh + i, n));
+        y2 = _mm256_add_ps(y2, load8(yh + half + i, n));
+      }
+      store8(yh + i, n, y1);
+      store8(yh + half + i, n, y2);
+    }
+  }
+}
+
 using RopeRowFn = void (*)(float*, const float*, const float*, const float*, int64_t, int64_t);
 
 template <bool Acc>
-RopeRowFn rope_row_fn(bool inverse, bool avx512) {
-  if (avx512) return inverse ? rope_row_avx512<true, Acc> : rope_row_avx512<false, Acc>;
-  return inverse ? rope_row_portable<true, Acc> : rope_row_portable<false, Acc>;
+RopeRowFn rope_row_fn(bool inverse) {
+  return inverse ? pick_path<RopeRowFn>(rope_row_portable<true, Acc>, rope_row_avx2<true, Acc>, rope_row_avx512<true, Acc>)
+                 : pick_path<RopeRowFn>(rope_row_portable<false, Acc>, rope_row_avx2<false, Acc>,
+                                        rope_row_avx512<false, Acc>);
 }
 
 class RoPEKernel final : public Kernel {
  public:
   RoPEKernel(int64_t rows, int64_t H, int64_t D, bool inverse) : rows_(rows), H_(H), D_(D) {
-    const bool avx512 = use_avx512();
-    write_fn_ = rope_row_fn<false>(inverse, avx512);
-    add_fn_ = rope_row_fn<true>(inverse, avx512);
+    write_fn_ = rope_row_fn<false>(inverse);
+    add_fn_ = rope_row_fn<true>(inverse);
   }
 
   bool accumulates() const override { return true; }
@@ -309,6 +375,37 @@ FT_AVX512 void swiglu_avx512(void* out, const T* gate, const T* up, int64_t begi
 }
 
 template <typename T>
+FT_AVX2_INLINE __m256 load8_any(const T* p, int64_t n) {
+  if constexpr (std::is_same_v<T, float>)
+    return load8(p, n);
+  else
+    return load8_bf16(p, n);
+}
+
+FT_AVX2_INLINE __m256 sigmoid8(__m256 g) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+}
+
+template <typename T>
+FT_AVX2 void swiglu_avx2(void* out, const T* gate, const T* up, int64_t begin, int64_t end, bool acc) {
+  for (int64_t i = begin; i < end; i += 8) {
+    const int64_t n = end - i;
+    const __m256 g = load8_any(gate + i, n);
+    __m256 v = _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(g)), load8_any(up + i, n));
+    if constexpr (std::is_same_v<T, float>) {
+      float* o = static_cast<float*>(out);
+      if (acc) v = _mm256_add_ps(v, load8(o + i, n));
+      store8(o + i, n, v);
+    } else {
+      uint16_t* o = static_cast<uint16_t*>(out);
+      if (acc) v = _mm256_add_ps(v, load8_bf16(o + i, n));
+      store8_bf16(o + i, n, v);
+    }
+  }
+}
+
+template <typename T>
 void swiglu_backward_portable(float* dgate, float* dup, const float* dy, const T* gate, const T* up, int64_t begin,
                               int64_t end, bool acc_gate, bool acc_up) {
   for (int64_t i = begin; i < end; ++i) {
@@ -339,13 +436,31 @@ FT_AVX512 void swiglu_backward_avx512(float* dgate, float* dup, const float* dy,
   }
 }
 
+template <typename T>
+FT_AVX2 void swiglu_backward_avx2(float* dgate, float* dup, const float* dy, const T* gate, const T* up, int64_t begin,
+                                  int64_t end, bool acc_gate, bool acc_up) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int64_t i = begin; i < end; i += 8) {
+    const int64_t n = end - i;
+    const __m256 g = load8_any(gate + i, n), u = load8_any(up + i, n), d = load8(dy + i, n);
+    const __m256 s = sigmoid8(g);
+    __m256 dg = _mm256_mul_ps(_mm256_mul_ps(d, u), _mm256_mul_ps(s, _mm256_fmadd_ps(g, _mm256_sub_ps(one, s), one)));
+    __m256 du = _mm256_mul_ps(d, _mm256_mul_ps(g, s));
+    if (acc_gate) dg = _mm256_add_ps(dg, load8(dgate + i, n));
+    if (acc_up) du = _mm256_add_ps(du, load8(dup + i, n));
+    store8(dgate + i, n, dg);
+    store8(dup + i, n, du);
+  }
+}
+
 // Work per element is an exp and a divide: parallelise earlier than a plain add would.
 constexpr int64_t kSwiGLUCost = 8;
 
 template <typename T>
 class SwiGLUKernel final : public Kernel {
  public:
-  explicit SwiGLUKernel(int64_t n) : n_(n), fn_(use_avx512() ? swiglu_avx512<T> : swiglu_portable<T>) {}
+  using Fn = void (*)(void*, const T*, const T*, int64_t, int64_t, bool);
+  explicit SwiGLUKernel(int64_t n) : n_(n), fn_(pick_path<Fn>(swiglu_portable<T>, swiglu_avx2<T>, swiglu_avx512<T>)) {}
   bool accumulates() const override { return true; }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
@@ -360,14 +475,15 @@ class SwiGLUKernel final : public Kernel {
 
  private:
   int64_t n_;
-  void (*fn_)(void*, const T*, const T*, int64_t, int64_t, bool);
+  Fn fn_;
 };
 
 template <typename T>
 class SwiGLUBackwardKernel final : public Kernel {
  public:
+  using Fn = void (*)(float*, float*, const float*, const T*, const T*, int64_t, int64_t, bool, bool);
   explicit SwiGLUBackwardKernel(int64_t n)
-      : n_(n), fn_(use_avx512() ? swiglu_backward_avx512<T> : swiglu_backward_portable<T>) {}
+      : n_(n), fn_(pick_path<Fn>(swiglu_backward_portable<T>, swiglu_backward_avx2<T>, swiglu_backward_avx512<T>)) {}
   bool accumulates() const override { return true; }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
@@ -384,7 +500,7 @@ class SwiGLUBackwardKernel final : public Kernel {
 
  private:
   int64_t n_;
-  void (*fn_)(float*, float*, const float*, const T*, const T*, int64_t, int64_t, bool, bool);
+  Fn fn_;
 };
 
 }  // namespace

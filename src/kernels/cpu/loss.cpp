@@ -53,6 +53,30 @@ FT_AVX512 float row_lse_avx512(const float* x, int64_t V) {
   return max + std::log(_mm512_reduce_add_ps(_mm512_add_ps(s0, s1)));
 }
 
+FT_AVX2 float row_lse_avx2(const float* x, int64_t V) {
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 m0 = neg_inf, m1 = neg_inf;
+  int64_t v = 0;
+  for (; v + 16 <= V; v += 16) {
+    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + v));
+    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + v + 8));
+  }
+  for (; v < V; v += 8)
+    m0 = _mm256_max_ps(m0, _mm256_blendv_ps(neg_inf, load8(x + v, V - v), _mm256_castsi256_ps(lanes8(V - v))));
+  const float max = reduce_max8(_mm256_max_ps(m0, m1));
+  const __m256 vmax = _mm256_set1_ps(max);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  for (v = 0; v + 16 <= V; v += 16) {
+    s0 = _mm256_add_ps(s0, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + v), vmax)));
+    s1 = _mm256_add_ps(s1, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + v + 8), vmax)));
+  }
+  for (; v < V; v += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(load8(x + v, V - v), vmax));
+    s0 = _mm256_add_ps(s0, _mm256_and_ps(e, _mm256_castsi256_ps(lanes8(V - v))));
+  }
+  return max + std::log(reduce_add8(_mm256_add_ps(s0, s1)));
+}
+
 // ---- dlogits of one row: exp(x - lse) * scale ------------------------------------------------------
 
 void row_grad_portable(float* d, const float* x, int64_t V, float lse, float scale) {
@@ -70,6 +94,12 @@ FT_AVX512 void row_grad_avx512(float* d, const float* x, int64_t V, float lse, f
   }
 }
 
+FT_AVX2 void row_grad_avx2(float* d, const float* x, int64_t V, float lse, float scale) {
+  const __m256 vlse = _mm256_set1_ps(lse), vscale = _mm256_set1_ps(scale);
+  for (int64_t v = 0; v < V; v += 8)
+    store8(d + v, V - v, _mm256_mul_ps(exp8(_mm256_sub_ps(load8(x + v, V - v), vlse)), vscale));
+}
+
 // ---- kernels ---------------------------------------------------------------------------------------
 
 class CrossEntropyKernel final : public Kernel {
@@ -80,7 +110,7 @@ class CrossEntropyKernel final : public Kernel {
         ignore_index_(ignore_index),
         i64_(i64),
         name_(std::move(name)),
-        row_lse_(use_avx512() ? row_lse_avx512 : row_lse_portable) {}
+        row_lse_(row_lse_fn()) {}
 
   size_t scratch_bytes(int num_threads) const override {
     return static_cast<size_t>(std::max(num_threads, 1)) * kAlignment;
@@ -128,7 +158,7 @@ class CrossEntropyBackwardKernel final : public Kernel {
         ignore_index_(ignore_index),
         i64_(i64),
         name_(std::move(name)),
-        row_grad_(use_avx512() ? row_grad_avx512 : row_grad_portable) {}
+        row_grad_(row_softmax_grad_fn()) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const float dloss = *static_cast<const float*>(args.inputs[0].data());   // ()
@@ -185,9 +215,11 @@ int64_t count_targets(const char* op, const std::string& node, const void* targe
   return count;
 }
 
-RowLseFn row_lse_fn() { return use_avx512() ? row_lse_avx512 : row_lse_portable; }
+RowLseFn row_lse_fn() { return pick_path<RowLseFn>(row_lse_portable, row_lse_avx2, row_lse_avx512); }
 
-RowSoftmaxGradFn row_softmax_grad_fn() { return use_avx512() ? row_grad_avx512 : row_grad_portable; }
+RowSoftmaxGradFn row_softmax_grad_fn() {
+  return pick_path<RowSoftmaxGradFn>(row_grad_portable, row_grad_avx2, row_grad_avx512);
+}
 
 std::unique_ptr<Kernel> make_cross_entropy_kernel(const KernelCall& call) {
   const Shape& logits = input_shape(call, 0);

@@ -1,4 +1,4 @@
-// Tuned softmax over the last axis, f32, and its backward.
+// Tuned softmax over the last axis, f32, and its backward; portable, AVX2 and AVX-512 paths.
 //
 // Shape legend: R rows (product of the leading axes), C channels (last axis).
 //   forward:  x (R, C) -> y (R, C); y may alias x
@@ -62,6 +62,36 @@ FT_AVX512 void softmax_row_avx512(float* y, const float* x, int64_t C) {
   }
 }
 
+FT_AVX2 void softmax_row_avx2(float* y, const float* x, int64_t C) {
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 vmax0 = neg_inf, vmax1 = neg_inf;
+  int64_t c = 0;
+  for (; c + 16 <= C; c += 16) {
+    vmax0 = _mm256_max_ps(vmax0, _mm256_loadu_ps(x + c));
+    vmax1 = _mm256_max_ps(vmax1, _mm256_loadu_ps(x + c + 8));
+  }
+  for (; c < C; c += 8)
+    vmax0 = _mm256_max_ps(vmax0, _mm256_blendv_ps(neg_inf, load8(x + c, C - c), _mm256_castsi256_ps(lanes8(C - c))));
+  const __m256 vm = _mm256_set1_ps(reduce_max8(_mm256_max_ps(vmax0, vmax1)));
+
+  __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+  for (c = 0; c + 16 <= C; c += 16) {
+    const __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + c), vm));
+    const __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + c + 8), vm));
+    _mm256_storeu_ps(y + c, e0);
+    _mm256_storeu_ps(y + c + 8, e1);
+    sum0 = _mm256_add_ps(sum0, e0);
+    sum1 = _mm256_add_ps(sum1, e1);
+  }
+  for (; c < C; c += 8) {
+    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(load8(x + c, C - c), vm)), _mm256_castsi256_ps(lanes8(C - c)));
+    store8(y + c, C - c, e);
+    sum0 = _mm256_add_ps(sum0, e);
+  }
+  const __m256 inv = _mm256_set1_ps(1.0f / reduce_add8(_mm256_add_ps(sum0, sum1)));
+  for (c = 0; c < C; c += 8) store8(y + c, C - c, _mm256_mul_ps(load8(y + c, C - c), inv));
+}
+
 // dx: (C), dy: (C), y: (C)
 void softmax_backward_row_portable(float* dx, const float* dy, const float* y, int64_t C) {
   float dot = 0.0f;
@@ -88,47 +118,66 @@ FT_AVX512 void softmax_backward_row_avx512(float* dx, const float* dy, const flo
   }
 }
 
+FT_AVX2 void softmax_backward_row_avx2(float* dx, const float* dy, const float* y, int64_t C) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= C; c += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(dy + c), _mm256_loadu_ps(y + c), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(dy + c + 8), _mm256_loadu_ps(y + c + 8), acc1);
+  }
+  for (; c < C; c += 8) acc0 = _mm256_fmadd_ps(load8(dy + c, C - c), load8(y + c, C - c), acc0);
+  const __m256 dot = _mm256_set1_ps(reduce_add8(_mm256_add_ps(acc0, acc1)));
+  for (c = 0; c < C; c += 8)
+    store8(dx + c, C - c, _mm256_mul_ps(load8(y + c, C - c), _mm256_sub_ps(load8(dy + c, C - c), dot)));
+}
+
+using SoftmaxRowFn = void (*)(float*, const float*, int64_t);
+using SoftmaxBackwardRowFn = void (*)(float*, const float*, const float*, int64_t);
+
 // ---- kernels ------------------------------------------------------------------------
 
 // y (R, C) = softmax(x (R, C)) along C.
 class SoftmaxKernel final : public Kernel {
  public:
-  SoftmaxKernel(int64_t rows, int64_t C) : rows_(rows), C_(C), avx512_(use_avx512()) {}
+  SoftmaxKernel(int64_t rows, int64_t C)
+      : rows_(rows), C_(C), row_fn_(pick_path<SoftmaxRowFn>(softmax_row_portable, softmax_row_avx2, softmax_row_avx512)) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const float* x = static_cast<const float*>(args.inputs[0].data());
     float* y = static_cast<float*>(args.outputs[0].data());
     const int64_t C = C_;
-    auto row_fn = avx512_ ? softmax_row_avx512 : softmax_row_portable;
     parallel_for(rows_, threads_for(rows_ * C, ctx.num_threads), [&](int64_t begin, int64_t end, int) {
-      for (int64_t r = begin; r < end; ++r) row_fn(y + r * C, x + r * C, C);
+      for (int64_t r = begin; r < end; ++r) row_fn_(y + r * C, x + r * C, C);
     });
   }
 
  private:
   int64_t rows_, C_;
-  bool avx512_;
+  SoftmaxRowFn row_fn_;
 };
 
 // dx (R, C) = y * (dy - sum_c(dy * y)).
 class SoftmaxBackwardKernel final : public Kernel {
  public:
-  SoftmaxBackwardKernel(int64_t rows, int64_t C) : rows_(rows), C_(C), avx512_(use_avx512()) {}
+  SoftmaxBackwardKernel(int64_t rows, int64_t C)
+      : rows_(rows),
+        C_(C),
+        row_fn_(pick_path<SoftmaxBackwardRowFn>(softmax_backward_row_portable, softmax_backward_row_avx2,
+                                                softmax_backward_row_avx512)) {}
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const float* dy = static_cast<const float*>(args.inputs[0].data());
     const float* y = static_cast<const float*>(args.inputs[1].data());
     float* dx = static_cast<float*>(args.outputs[0].data());
     const int64_t C = C_;
-    auto row_fn = avx512_ ? softmax_backward_row_avx512 : softmax_backward_row_portable;
     parallel_for(rows_, threads_for(rows_ * C, ctx.num_threads), [&](int64_t begin, int64_t end, int) {
-      for (int64_t r = begin; r < end; ++r) row_fn(dx + r * C, dy + r * C, y + r * C, C);
+      for (int64_t r = begin; r < end; ++r) row_fn_(dx + r * C, dy + r * C, y + r * C, C);
     });
   }
 
  private:
   int64_t rows_, C_;
-  bool avx512_;
+  SoftmaxBackwardRowFn row_fn_;
 };
 
 }  // namespace

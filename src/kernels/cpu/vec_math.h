@@ -2,7 +2,7 @@
 // bf16 <-> f32 conversion and masked tails. Every function carries the AVX-512
 // target attribute, so it may only be called from functions that carry it too
 // (FT_AVX512), which callers reach only after cpu_basic::use_avx512().
-// The AVX2 + FMA part at the end (exp8, 8-lane tails) is for the AVX2 paths (FT_AVX2,
+// The AVX2 + FMA part at the end (exp8, erf8, tanh8, 8-lane tails and bf16) is for the AVX2 paths (FT_AVX2,
 // reached after cpu_basic::use_avx2()).
 //
 // Accuracy (checked against double-precision libm over [-8, 8]):
@@ -11,6 +11,7 @@
 //   erf16   absolute error < 4e-7 (odd/even rational on [-4, 4], +-1 outside)
 //   tanh16  absolute error < 1e-7 (odd polynomial below 0.625, 1 - 2/(e^2x + 1) above)
 //   exp8    as exp16 (the same polynomial; 2^n as two exponent-field factors)
+//   erf8, tanh8  as erf16, tanh16 (the same rational function and polynomials)
 #pragma once
 
 // GCC 12 warns about the deliberately undefined registers inside its own
@@ -162,6 +163,95 @@ FT_AVX2_INLINE __m256 exp8(__m256 x) {
   const __m256 low = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, bias), 23));
   const __m256 high = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), bias), 23));
   return _mm256_mul_ps(_mm256_mul_ps(p, low), high);
+}
+
+/// erf(x) for 8 lanes: erf16's rational function.
+FT_AVX2_INLINE __m256 erf8(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-4.0f), x);
+  x = _mm256_min_ps(_mm256_set1_ps(4.0f), x);
+  const __m256 x2 = _mm256_mul_ps(x, x);
+  __m256 p = _mm256_set1_ps(-2.72614225801306e-10f);
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(2.77068142495902e-08f));
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-2.10102402082508e-06f));
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-5.69250639462346e-05f));
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-7.34990630326855e-04f));
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-2.95459980854025e-03f));
+  p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-1.60960333262415e-02f));
+  p = _mm256_mul_ps(p, x);
+  __m256 q = _mm256_set1_ps(-1.45660718464996e-05f);
+  q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-2.13374055278905e-04f));
+  q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-1.68282697438203e-03f));
+  q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-7.37332916720468e-03f));
+  q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-1.42647390514189e-02f));
+  return _mm256_div_ps(p, q);
+}
+
+/// tanh(x) for 8 lanes: tanh16's two forms.
+FT_AVX2_INLINE __m256 tanh8(__m256 x) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 ax = _mm256_andnot_ps(sign, x);
+  const __m256 s = _mm256_mul_ps(x, x);
+  __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
+  p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(2.06390887954e-2f));
+  p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(-5.37397155531e-2f));
+  p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(1.33314422036e-1f));
+  p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(-3.33332819422e-1f));
+  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, s), x, x);
+  const __m256 a9 = _mm256_min_ps(_mm256_set1_ps(9.0f), ax);
+  const __m256 e = exp8(_mm256_add_ps(a9, a9));
+  const __m256 large_abs =
+      _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+  const __m256 large = _mm256_or_ps(large_abs, _mm256_and_ps(x, sign));
+  return _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+}
+
+/// Sum of the 8 lanes.
+FT_AVX2_INLINE float reduce_add8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/// Largest of the 8 lanes (NaN lanes as _mm256_max_ps treats them).
+FT_AVX2_INLINE float reduce_max8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/// 8 bf16 bit patterns -> f32 (exact).
+FT_AVX2_INLINE __m256 bf16_to_f32_8(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/// The first min(n, 8) bf16 values at p widened to f32, zeros after.
+FT_AVX2_INLINE __m256 load8_bf16(const uint16_t* p, int64_t n) {
+  if (n >= 8) return bf16_to_f32_8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  alignas(16) uint16_t tail[8] = {};
+  for (int64_t i = 0; i < n; ++i) tail[i] = p[i];
+  return bf16_to_f32_8(_mm_load_si128(reinterpret_cast<const __m128i*>(tail)));
+}
+
+/// 8 f32 -> bf16 bit patterns, rounded as f32_to_bf16_16 rounds (nearest even, NaN stays a quiet NaN).
+FT_AVX2_INLINE __m128i f32_to_bf16_8(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i v = _mm256_blendv_epi8(rounded, quiet, nan);  // each lane < 2^16: packus keeps it
+  return _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+}
+
+/// Stores the first min(n, 8) lanes of v, rounded to bf16, at p.
+FT_AVX2_INLINE void store8_bf16(uint16_t* p, int64_t n, __m256 v) {
+  const __m128i h = f32_to_bf16_8(v);
+  if (n >= 8) return _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
+  alignas(16) uint16_t tail[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(tail), h);
+  for (int64_t i = 0; i < n; ++i) p[i] = tail[i];
 }
 
 }  // namespace fusetrain::kernels::cpu_basic
