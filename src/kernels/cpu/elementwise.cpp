@@ -1,5 +1,5 @@
 // Tuned elementwise kernels: Fill, Add/Sub/Mul/Div (numpy broadcasting), Scale,
-// Copy, Cast (f32 <-> bf16, f32 <-> f16).
+// Copy, Cast (f32 <-> bf16, f32 <-> f16); portable, AVX2 and AVX-512 paths (f16 casts: core/half.cpp).
 //
 // Shape legend: any shape; n elements in total. Binary ops walk the merged
 // broadcast space of out as runs along its last axis, each operand with stride
@@ -73,9 +73,35 @@ FT_AVX512 void binary_run_avx512(float* out, const float* a, int64_t sa, const f
 }
 
 template <BinaryOp Op>
-void pick_binary(bool avx512, BinaryRunFn* write, BinaryRunFn* add) {
-  *write = avx512 ? binary_run_avx512<Op, false> : binary_run_portable<Op, false>;
-  *add = avx512 ? binary_run_avx512<Op, true> : binary_run_portable<Op, true>;
+FT_AVX2_INLINE __m256 apply8(__m256 x, __m256 y) {
+  if constexpr (Op == BinaryOp::Add)
+    return _mm256_add_ps(x, y);
+  else if constexpr (Op == BinaryOp::Sub)
+    return _mm256_sub_ps(x, y);
+  else if constexpr (Op == BinaryOp::Mul)
+    return _mm256_mul_ps(x, y);
+  else
+    return _mm256_div_ps(x, y);
+}
+
+FT_AVX2_INLINE __m256 load_strided8(const float* p, int64_t stride, int64_t i, int64_t n) {
+  return stride != 0 ? load8(p + i, n) : _mm256_set1_ps(p[0]);
+}
+
+template <BinaryOp Op, bool Acc>
+FT_AVX2 void binary_run_avx2(float* out, const float* a, int64_t sa, const float* b, int64_t sb, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) {
+    __m256 v = apply8<Op>(load_strided8(a, sa, i, n - i), load_strided8(b, sb, i, n - i));
+    if (Acc) v = _mm256_add_ps(load8(out + i, n - i), v);
+    store8(out + i, n - i, v);
+  }
+}
+
+template <BinaryOp Op>
+void pick_binary(BinaryRunFn* write, BinaryRunFn* add) {
+  *write = pick_path<BinaryRunFn>(binary_run_portable<Op, false>, binary_run_avx2<Op, false>,
+                                  binary_run_avx512<Op, false>);
+  *add = pick_path<BinaryRunFn>(binary_run_portable<Op, true>, binary_run_avx2<Op, true>, binary_run_avx512<Op, true>);
 }
 
 // out = a op b, f32, a and b broadcast to out.
@@ -126,18 +152,34 @@ FT_AVX512 void scale_avx512(float* out, const float* x, float alpha, int64_t n) 
   }
 }
 
+template <bool Acc>
+FT_AVX2 void scale_avx2(float* out, const float* x, float alpha, int64_t n) {
+  const __m256 va = _mm256_set1_ps(alpha);
+  for (int64_t i = 0; i < n; i += 8) {
+    __m256 v = _mm256_mul_ps(va, load8(x + i, n - i));
+    if (Acc) v = _mm256_add_ps(load8(out + i, n - i), v);
+    store8(out + i, n - i, v);
+  }
+}
+
+using ScaleFn = void (*)(float* out, const float* x, float alpha, int64_t n);
+
+template <bool Acc>
+ScaleFn scale_fn() {
+  return pick_path<ScaleFn>(scale_portable<Acc>, scale_avx2<Acc>, scale_avx512<Acc>);
+}
+
 // out (+)= alpha * x, f32.
 class ScaleKernel final : public Kernel {
  public:
-  ScaleKernel(int64_t numel, float alpha) : numel_(numel), alpha_(alpha), avx512_(use_avx512()) {}
+  ScaleKernel(int64_t numel, float alpha)
+      : numel_(numel), alpha_(alpha), write_(scale_fn<false>()), add_(scale_fn<true>()) {}
   bool accumulates() const override { return true; }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const float* x = static_cast<const float*>(args.inputs[0].data());
     float* out = static_cast<float*>(args.outputs[0].data());
-    const bool acc = accumulate_flag(args, 0);
-    auto fn = avx512_ ? (acc ? scale_avx512<true> : scale_avx512<false>)
-                      : (acc ? scale_portable<true> : scale_portable<false>);
+    const ScaleFn fn = accumulate_flag(args, 0) ? add_ : write_;
     parallel_for(
         numel_, threads_for(numel_, ctx.num_threads),
         [&](int64_t begin, int64_t end, int) { fn(out + begin, x + begin, alpha_, end - begin); }, 16);
@@ -146,7 +188,7 @@ class ScaleKernel final : public Kernel {
  private:
   int64_t numel_;
   float alpha_;
-  bool avx512_;
+  ScaleFn write_, add_;
 };
 
 // out (+)= value, f32.
@@ -227,10 +269,21 @@ FT_AVX512 void bf16_add_avx512(uint16_t* out, const uint16_t* x, int64_t n) {
   }
 }
 
+FT_AVX2 void bf16_add_avx2(uint16_t* out, const uint16_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8)
+    store8_bf16(out + i, n - i, _mm256_add_ps(load8_bf16(out + i, n - i), load8_bf16(x + i, n - i)));
+}
+
+using Bf16AddFn = void (*)(uint16_t* out, const uint16_t* x, int64_t n);
+
 // out = x (memcpy), or with accumulate out += x; f32 or bf16.
 class CopyKernel final : public Kernel {
  public:
-  CopyKernel(int64_t numel, DType dtype) : numel_(numel), dtype_(dtype), avx512_(use_avx512()) {}
+  CopyKernel(int64_t numel, DType dtype)
+      : numel_(numel),
+        dtype_(dtype),
+        add_f32_(scale_fn<true>()),
+        add_bf16_(pick_path<Bf16AddFn>(bf16_add_portable, bf16_add_avx2, bf16_add_avx512)) {}
   bool accumulates() const override { return true; }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
@@ -246,11 +299,9 @@ class CopyKernel final : public Kernel {
           if (!acc) {
             std::memcpy(static_cast<char*>(out) + begin * size, static_cast<const char*>(x) + begin * size, n * size);
           } else if (dtype_ == DType::f32) {
-            (avx512_ ? scale_avx512<true> : scale_portable<true>)(static_cast<float*>(out) + begin,
-                                                                  static_cast<const float*>(x) + begin, 1.0f, n);
+            add_f32_(static_cast<float*>(out) + begin, static_cast<const float*>(x) + begin, 1.0f, n);
           } else {
-            (avx512_ ? bf16_add_avx512 : bf16_add_portable)(static_cast<uint16_t*>(out) + begin,
-                                                            static_cast<const uint16_t*>(x) + begin, n);
+            add_bf16_(static_cast<uint16_t*>(out) + begin, static_cast<const uint16_t*>(x) + begin, n);
           }
         },
         16);
@@ -259,7 +310,8 @@ class CopyKernel final : public Kernel {
  private:
   int64_t numel_;
   DType dtype_;
-  bool avx512_;
+  ScaleFn add_f32_;
+  Bf16AddFn add_bf16_;
 };
 
 // out = x converted: f32 -> bf16 or f16 (nearest even; f16 overflows to inf) or
@@ -318,20 +370,19 @@ std::unique_ptr<Kernel> make_binary_kernel(const KernelCall& call) {
   const Shape& a = input_shape(call, 0);
   const Shape& b = input_shape(call, 1);
   if (!broadcast_space(output_shape(call, 0), a, &b, &space)) return nullptr;
-  const bool avx512 = use_avx512();
   BinaryRunFn write = nullptr, add = nullptr;
   switch (call.op) {
     case OpKind::Add:
-      pick_binary<BinaryOp::Add>(avx512, &write, &add);
+      pick_binary<BinaryOp::Add>(&write, &add);
       break;
     case OpKind::Sub:
-      pick_binary<BinaryOp::Sub>(avx512, &write, &add);
+      pick_binary<BinaryOp::Sub>(&write, &add);
       break;
     case OpKind::Mul:
-      pick_binary<BinaryOp::Mul>(avx512, &write, &add);
+      pick_binary<BinaryOp::Mul>(&write, &add);
       break;
     case OpKind::Div:
-      pick_binary<BinaryOp::Div>(avx512, &write, &add);
+      pick_binary<BinaryOp::Div>(&write, &add);
       break;
     default:
       return nullptr;
