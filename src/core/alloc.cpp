@@ -1,6 +1,8 @@
 #include "fusetrain/core/alloc.h"
 
-#include <sanitizer/asan_interface.h>  // ASAN_POISON_MEMORY_REGION, a no-op outside AddressSanitizer builds
+#include <sanitizer/asan_interface.h>  // ASAN_(UN)POISON_MEMORY_REGION, no-ops outside AddressSanitizer builds
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -9,16 +11,57 @@
 
 namespace fusetrain {
 
-void AlignedFree::operator()(void* p) const { std::free(p); }
+namespace {
+
+// From this size on, memory comes straight from mmap: the kernel hands out zero pages and commits each on its first
+// write, so a buffer that is never written (the gradients of weights LoRA then freezes, padding, an arena's unused
+// tail) costs address space only. Below it, aligned_alloc + memset.
+constexpr size_t kMapThreshold = size_t{1} << 20;
+
+// Every buffer is preceded by one kAlignment-sized header holding the bytes mapped for it (0: from aligned_alloc),
+// so AlignedFree, a stateless deleter, knows how to give it back.
+constexpr size_t kHeader = kAlignment;
+
+size_t page_size() {
+  static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+}  // namespace
+
+void AlignedFree::operator()(void* p) const {
+  if (p == nullptr) return;
+  char* base = static_cast<char*>(p) - kHeader;
+  ASAN_UNPOISON_MEMORY_REGION(base, kHeader);
+  size_t mapped;
+  std::memcpy(&mapped, base, sizeof mapped);
+  if (mapped == 0) return std::free(base);
+  ASAN_UNPOISON_MEMORY_REGION(base, mapped);  // the range may be mapped again for someone else
+  munmap(base, mapped);
+}
 
 AlignedPtr aligned_allocate(size_t bytes) {
-  size_t size = align_up(bytes == 0 ? 1 : bytes);
-  void* p = std::aligned_alloc(kAlignment, size);
-  FT_CHECK(p != nullptr, "out of memory: could not allocate ", size, " bytes");
-  std::memset(p, 0, size);
-  // ASan sees only the rounded allocation; poisoning the rounding makes an access past `bytes` a finding.
-  ASAN_POISON_MEMORY_REGION(static_cast<char*>(p) + bytes, size - bytes);
-  return AlignedPtr(p);
+  const size_t size = align_up(bytes == 0 ? 1 : bytes);
+  char* base = nullptr;
+  size_t mapped = 0, usable = size;
+  if (size + kHeader >= kMapThreshold) {
+    mapped = align_up(size + kHeader, page_size());
+    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    FT_CHECK(p != MAP_FAILED, "out of memory: could not map ", mapped, " bytes");
+    base = static_cast<char*>(p);  // zero pages
+    usable = mapped - kHeader;
+  } else {
+    base = static_cast<char*>(std::aligned_alloc(kAlignment, size + kHeader));
+    FT_CHECK(base != nullptr, "out of memory: could not allocate ", size + kHeader, " bytes");
+    std::memset(base + kHeader, 0, size);
+  }
+  std::memcpy(base, &mapped, sizeof mapped);
+  char* data = base + kHeader;
+  // ASan sees the whole block; poisoning the header and what lies past `bytes` makes an access outside the buffer a
+  // finding.
+  ASAN_POISON_MEMORY_REGION(base, kHeader);
+  ASAN_POISON_MEMORY_REGION(data + bytes, usable - bytes);
+  return AlignedPtr(data);
 }
 
 }  // namespace fusetrain

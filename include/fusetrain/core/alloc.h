@@ -12,13 +12,15 @@ constexpr size_t kAlignment = 64;
 /// Rounds n up to a multiple of `align` (a power of two).
 constexpr size_t align_up(size_t n, size_t align = kAlignment) { return (n + align - 1) & ~(align - 1); }
 
+/// Releases memory from aligned_allocate (null: nothing).
 struct AlignedFree {
   void operator()(void* p) const;
 };
 /// Owning pointer to memory from aligned_allocate.
 using AlignedPtr = std::unique_ptr<void, AlignedFree>;
 
-/// Allocates `bytes` (rounded up to kAlignment), zero-filled; throws Error on failure.
+/// Allocates `bytes` (rounded up to kAlignment), zero-filled; throws Error on failure. From 1 MiB on the memory is
+/// mapped from the kernel and each page becomes resident on its first write, so what is never written costs no RAM.
 AlignedPtr aligned_allocate(size_t bytes);
 
 }  // namespace fusetrain
