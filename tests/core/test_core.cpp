@@ -1,7 +1,10 @@
 // core: dtypes, shapes and broadcasting, bf16/f16 rounding, tensors, CPU features.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -112,6 +115,48 @@ TEST(Tensor, ViewsOwnershipAndCopies) {
   EXPECT_THROW(owned.reshaped({4}), Error);
   EXPECT_THROW(owned.item(6), Error);
   EXPECT_THROW(owned.data_as<int64_t>(), Error);
+}
+
+// Resident pages of this process, in bytes (/proc/self/statm's second field).
+size_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long size = 0, resident = 0;
+  const int read = std::fscanf(f, "%lu %lu", &size, &resident);
+  std::fclose(f);
+  return read == 2 ? static_cast<size_t>(resident) * static_cast<size_t>(sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// Both ways aligned_allocate gets memory (aligned_alloc below 1 MiB, mmap from it on): 64-byte aligned, zero, writable
+// to the last byte, and freed through the same stateless deleter (Tensor's shared_ptr uses it too).
+TEST(AlignedAllocate, ZeroedAlignedOnBothSidesOfTheMapThreshold) {
+  const size_t mib = size_t{1} << 20;
+  for (size_t bytes : {size_t{1}, size_t{63}, size_t{64}, size_t{1000}, mib - 128, mib - 64, mib, mib + 1, 5 * mib + 3}) {
+    AlignedPtr p = aligned_allocate(bytes);
+    ASSERT_NE(p.get(), nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p.get()) % kAlignment, 0u) << bytes;
+    const unsigned char* c = static_cast<const unsigned char*>(p.get());
+    size_t nonzero = 0;
+    for (size_t i = 0; i < bytes; ++i) nonzero += c[i] != 0;
+    EXPECT_EQ(nonzero, 0u) << bytes;
+    std::memset(p.get(), 0xAB, bytes);
+  }
+  Tensor t = Tensor::zeros({3 * 1024 * 1024}, DType::f32);  // mapped, released by the shared_ptr's deleter
+  t.set_item(t.numel() - 1, 1.0);
+  EXPECT_EQ(t.item(0), 0.0);
+}
+
+// A mapped buffer costs no resident memory until it is written: what LoRA relies on when the gradients of weights
+// it then freezes were laid out but never written.
+TEST(AlignedAllocate, UnwrittenPagesOfALargeBufferAreNotResident) {
+  const size_t bytes = size_t{256} << 20;
+  const size_t before = resident_bytes();
+  if (before == 0) GTEST_SKIP() << "no /proc/self/statm";
+  AlignedPtr p = aligned_allocate(bytes);
+  const size_t allocated = resident_bytes();
+  EXPECT_LT(allocated, before + (size_t{32} << 20)) << "allocating 256 MiB made " << (allocated - before) << " bytes resident";
+  std::memset(p.get(), 1, bytes);
+  EXPECT_GT(resident_bytes(), before + (size_t{200} << 20)) << "writing it should make it resident";
 }
 
 TEST(CpuFeatures, DescribesWhatItFound) {
