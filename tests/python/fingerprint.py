@@ -26,7 +26,7 @@ import numpy as np
 HERE = pathlib.Path(__file__).resolve().parent
 STORED = HERE / "fingerprints.json"
 # The bits depend on the kernels: the AVX-512 ones (fingerprints.json) or, on a CPU without AVX-512, the AVX2 ones
-# (fingerprints-avx2.json: attention's AVX2 tile ops sum in another order); a CPU without AVX2 either runs the
+# (fingerprints-avx2.json: the AVX2 kernels round and sum in other orders); a CPU without AVX2 either runs the
 # portable ones, which have none stored. bf16 needs AVX512-BF16 or AMX, so a CPU without it has no bf16 fingerprints.
 STORED_AVX2 = HERE / "fingerprints-avx2.json"
 
