@@ -54,19 +54,11 @@ FT_AVX512 float row_lse_avx512(const float* x, int64_t V) {
 }
 
 FT_AVX2 float row_lse_avx2(const float* x, int64_t V) {
-  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  __m256 m0 = neg_inf, m1 = neg_inf;
-  int64_t v = 0;
-  for (; v + 16 <= V; v += 16) {
-    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + v));
-    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + v + 8));
-  }
-  for (; v < V; v += 8)
-    m0 = _mm256_max_ps(m0, _mm256_blendv_ps(neg_inf, load8(x + v, V - v), _mm256_castsi256_ps(lanes8(V - v))));
-  const float max = reduce_max8(_mm256_max_ps(m0, m1));
+  const float max = row_max8(x, V);
   const __m256 vmax = _mm256_set1_ps(max);
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  for (v = 0; v + 16 <= V; v += 16) {
+  int64_t v = 0;
+  for (; v + 16 <= V; v += 16) {
     s0 = _mm256_add_ps(s0, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + v), vmax)));
     s1 = _mm256_add_ps(s1, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + v + 8), vmax)));
   }

@@ -63,19 +63,10 @@ FT_AVX512 void softmax_row_avx512(float* y, const float* x, int64_t C) {
 }
 
 FT_AVX2 void softmax_row_avx2(float* y, const float* x, int64_t C) {
-  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  __m256 vmax0 = neg_inf, vmax1 = neg_inf;
+  const __m256 vm = _mm256_set1_ps(row_max8(x, C));
+  __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
   int64_t c = 0;
   for (; c + 16 <= C; c += 16) {
-    vmax0 = _mm256_max_ps(vmax0, _mm256_loadu_ps(x + c));
-    vmax1 = _mm256_max_ps(vmax1, _mm256_loadu_ps(x + c + 8));
-  }
-  for (; c < C; c += 8)
-    vmax0 = _mm256_max_ps(vmax0, _mm256_blendv_ps(neg_inf, load8(x + c, C - c), _mm256_castsi256_ps(lanes8(C - c))));
-  const __m256 vm = _mm256_set1_ps(reduce_max8(_mm256_max_ps(vmax0, vmax1)));
-
-  __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
-  for (c = 0; c + 16 <= C; c += 16) {
     const __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + c), vm));
     const __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + c + 8), vm));
     _mm256_storeu_ps(y + c, e0);

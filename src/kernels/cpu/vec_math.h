@@ -221,6 +221,20 @@ FT_AVX2_INLINE float reduce_max8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+/// Largest of x[0, n) (−inf for n = 0; NaN elements as _mm256_max_ps treats them): the max pass of a row's softmax.
+FT_AVX2_INLINE float row_max8(const float* x, int64_t n) {
+  const __m256 neg_inf = _mm256_set1_ps(-__builtin_inff());
+  __m256 m0 = neg_inf, m1 = neg_inf;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
+    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
+  }
+  for (; i < n; i += 8)
+    m0 = _mm256_max_ps(m0, _mm256_blendv_ps(neg_inf, load8(x + i, n - i), _mm256_castsi256_ps(lanes8(n - i))));
+  return reduce_max8(_mm256_max_ps(m0, m1));
+}
+
 /// 8 bf16 bit patterns -> f32 (exact).
 FT_AVX2_INLINE __m256 bf16_to_f32_8(__m128i h) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
