@@ -385,7 +385,8 @@ def matmul_peak(threads: int) -> dict:
     features = fusetrain.cpu_features().split()
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         if name == "bf16" and not ("avx512_bf16" in features or "amx_bf16" in features):
-            # No bf16 arithmetic: fusetrain refuses bf16 and torch.mm emulates it for many minutes; no bf16 peak.
+            # No bf16 arithmetic: torch.mm emulates bf16 for many minutes and fusetrain widens bf16 operands to f32
+            # (its bf16 runs at the fp32 peak); no bf16 peak.
             peak.update({"bf16": float("nan"), "bf16_torch_mm": float("nan"), "bf16_fusetrain_gemm": float("nan")})
             continue
         by_torch = 0.0

@@ -59,8 +59,10 @@ int main(int argc, char** argv) {
       return cli::run_export(options);
     }
     (void)info;
-    std::printf("fusetrain %s\ncpu: %s\nfeatures: %s\n", FUSETRAIN_VERSION, cpu_model_name().c_str(),
-                cpu_features().to_string().c_str());
+    std::printf("fusetrain %s\ncpu: %s\nfeatures: %s\nbf16 matmuls: %s\n", FUSETRAIN_VERSION, cpu_model_name().c_str(),
+                cpu_features().to_string().c_str(),
+                cpu_features().avx512_bf16 ? "bf16 dot products (AVX512-BF16)"
+                                           : "bf16 operands widened to f32 in the GEMM (no AVX512-BF16: f32 speed)");
     if (!info->parsed()) std::printf("\n%s", app.help().c_str());
     return 0;
   } catch (const std::exception& e) {

@@ -11,7 +11,6 @@
 #include <map>
 #include <memory>
 
-#include "fusetrain/core/cpu.h"
 #include "fusetrain/core/error.h"
 #include "fusetrain/data/dataset.h"
 #include "fusetrain/data/qa.h"
@@ -276,9 +275,6 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   FT_CHECK(fs::is_directory(o.model), "--model: \"", o.model, "\" is not a directory");
   FT_CHECK(o.max_seq_length > 0, "--max-seq-length must be > 0, found ", o.max_seq_length);
   o.args.validate();
-  if (o.args.bf16)
-    FT_CHECK(cpu_features().avx512_bf16 || cpu_features().amx_bf16,
-             "--bf16 needs a CPU with AVX512-BF16 or AMX-BF16; this one has: ", cpu_features().to_string());
   job.tokenizer = data::Tokenizer::from_pretrained(o.model);
   // config.json is read and parsed here, once: the model is built from the same directory read, and an
   // architecture without the task's head is refused before any data is read.

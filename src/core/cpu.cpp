@@ -28,6 +28,7 @@ CpuFeatures detect() {
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return f;
   bool osxsave = ecx & (1u << 27);
   bool has_fma = ecx & (1u << 12);
+  bool has_f16c = ecx & (1u << 29);
   uint64_t xcr0 = osxsave ? read_xcr0() : 0;
   bool ymm_state = (xcr0 & 0x6) == 0x6;
   bool zmm_state = (xcr0 & 0xe6) == 0xe6;
@@ -35,6 +36,7 @@ CpuFeatures detect() {
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return f;
   f.avx2 = ymm_state && (ebx & (1u << 5));
   f.fma = ymm_state && has_fma;
+  f.f16c = ymm_state && has_f16c;
   f.avx512f = zmm_state && (ebx & (1u << 16));
   f.avx512bw = f.avx512f && (ebx & (1u << 30));
   f.avx512vl = f.avx512f && (ebx & (1u << 31));
@@ -60,6 +62,7 @@ std::string CpuFeatures::to_string() const {
   };
   add(avx2, "avx2");
   add(fma, "fma");
+  add(f16c, "f16c");
   add(avx512f, "avx512f");
   add(avx512bw, "avx512bw");
   add(avx512vl, "avx512vl");

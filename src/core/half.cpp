@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include "core/half_paths.h"
 #include "fusetrain/core/cpu.h"
 
 namespace fusetrain {
@@ -94,6 +95,36 @@ __attribute__((target("avx512f"))) void bf16_to_float_avx512(float* out, const u
 
 }  // namespace
 
+namespace half_paths {
+
+// Without these the bulk conversions ran scalar code on CPUs without AVX-512: f16 operands of the GEMM and the
+// f16 casts took 7.7 s of a 24.9 s fp16 Llama step (W4) on a Zen 1, where the f32 step took 19.5 s.
+__attribute__((target("avx2,f16c"))) void f16_to_float_avx2(float* out, const uint16_t* in, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  for (; i < n; ++i) out[i] = f16_to_float(in[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void float_to_f16_avx2(uint16_t* out, const float* in, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) out[i] = float_to_f16(in[i]);
+}
+
+__attribute__((target("avx2"))) void bf16_to_float_avx2(float* out, const uint16_t* in, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_slli_epi32(wide, 16));
+  }
+  for (; i < n; ++i) out[i] = bf16_to_float(in[i]);
+}
+
+}  // namespace half_paths
+
 void float_to_bf16(uint16_t* out, const float* in, size_t n) {
   if (cpu_features().avx512_bf16) return float_to_bf16_avx512(out, in, n);
   for (size_t i = 0; i < n; ++i) out[i] = float_to_bf16(in[i]);
@@ -101,16 +132,19 @@ void float_to_bf16(uint16_t* out, const float* in, size_t n) {
 
 void bf16_to_float(float* out, const uint16_t* in, size_t n) {
   if (cpu_features().avx512f) return bf16_to_float_avx512(out, in, n);
+  if (cpu_features().avx2) return half_paths::bf16_to_float_avx2(out, in, n);
   for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(in[i]);
 }
 
 void float_to_f16(uint16_t* out, const float* in, size_t n) {
   if (cpu_features().avx512f) return float_to_f16_avx512(out, in, n);
+  if (cpu_features().f16c) return half_paths::float_to_f16_avx2(out, in, n);
   for (size_t i = 0; i < n; ++i) out[i] = float_to_f16(in[i]);
 }
 
 void f16_to_float(float* out, const uint16_t* in, size_t n) {
   if (cpu_features().avx512f) return f16_to_float_avx512(out, in, n);
+  if (cpu_features().f16c) return half_paths::f16_to_float_avx2(out, in, n);
   for (size_t i = 0; i < n; ++i) out[i] = f16_to_float(in[i]);
 }
 

@@ -748,14 +748,10 @@ bytes (default 2 GiB, protobuf's limit) go to "<file>_data" beside it. Returns t
           "training", [](const PyModel& self) { return self.training; }, "True in train() mode (dropout active).")
       .def_property(
           "bf16", [](const PyModel& self) { return self.model->bf16(); },
-          [](PyModel& self, bool on) {
-            if (on)
-              FT_CHECK(cpu_features().avx512_bf16 || cpu_features().amx_bf16,
-                       "bf16 needs a CPU with AVX512-BF16 or AMX-BF16; this one has: ", cpu_features().to_string());
-            locked(self, [&] { self.model->set_bf16(on); });
-          },
+          [](PyModel& self, bool on) { locked(self, [&] { self.model->set_bf16(on); }); },
           "bf16 mixed precision: matmuls in bfloat16 with float32 accumulation, float32 master weights, "
-          "optimizer state, norms, softmax and loss. Off by default.")
+          "optimizer state, norms, softmax and loss. On CPUs without AVX512-BF16 or AMX the bf16 operands are "
+          "widened to float32 inside the GEMM (float32 speed, half the activation memory). Off by default.")
       .def_property(
           "fp16", [](const PyModel& self) { return self.model->fp16(); },
           [](PyModel& self, bool on) { locked(self, [&] { self.model->set_fp16(on); }); },

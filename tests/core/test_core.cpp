@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/half_paths.h"
 #include "fusetrain/core/alloc.h"
 #include "fusetrain/core/cpu.h"
 #include "fusetrain/core/half.h"
@@ -71,33 +72,60 @@ TEST(F16, RoundTripsAndRounds) {
   EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(std::nanf("")))));
 }
 
-// The bulk conversions (vectorised where the CPU allows) give the scalar ones' bits:
-// every half back to f32, and f32 values across normal, subnormal, overflow and NaN.
+// The bulk conversions (vectorised where the CPU allows) give the scalar ones' bits: every half and every bf16
+// back to f32, and f32 values across normal, subnormal, overflow and NaN. Each is checked as dispatched on this
+// CPU and, where the CPU has AVX2 + F16C, through the AVX2 variants too (an AVX-512 CPU dispatches past them).
+struct BulkPath {
+  const char* name;
+  void (*f16_to_float)(float*, const uint16_t*, size_t);
+  void (*float_to_f16)(uint16_t*, const float*, size_t);
+  void (*bf16_to_float)(float*, const uint16_t*, size_t);
+};
+
+std::vector<BulkPath> bulk_paths() {
+  std::vector<BulkPath> paths{{"dispatched", f16_to_float, float_to_f16, bf16_to_float}};
+  if (cpu_features().avx2 && cpu_features().f16c)
+    paths.push_back({"avx2", half_paths::f16_to_float_avx2, half_paths::float_to_f16_avx2,
+                     half_paths::bf16_to_float_avx2});
+  return paths;
+}
+
 TEST(F16, BulkConversionsMatchScalar) {
   std::vector<uint16_t> halves(65536);
   for (size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(i);
-  std::vector<float> floats(halves.size());
-  f16_to_float(floats.data(), halves.data(), halves.size());
-  for (size_t i = 0; i < halves.size(); ++i) {
-    float want = f16_to_float(halves[i]);
-    if (std::isnan(want))
-      ASSERT_TRUE(std::isnan(floats[i])) << i;
-    else
-      ASSERT_EQ(floats[i], want) << i;
-  }
   std::vector<float> values;
   for (int e = -30; e <= 17; ++e)
     for (float m : {1.0f, 1.0004883f, 1.5f, 1.9990234f, 1.99951171875f})
       for (float sign : {1.0f, -1.0f}) values.push_back(sign * std::ldexp(m, e));
   values.push_back(std::nanf(""));
   values.push_back(std::numeric_limits<float>::infinity());
-  std::vector<uint16_t> got(values.size());
-  float_to_f16(got.data(), values.data(), values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (std::isnan(values[i]))
-      EXPECT_TRUE(std::isnan(f16_to_float(got[i])));
-    else
-      EXPECT_EQ(got[i], float_to_f16(values[i])) << values[i];
+  for (const BulkPath& path : bulk_paths()) {
+    SCOPED_TRACE(path.name);
+    std::vector<float> floats(halves.size());
+    path.f16_to_float(floats.data(), halves.data(), halves.size());
+    for (size_t i = 0; i < halves.size(); ++i) {
+      float want = f16_to_float(halves[i]);
+      if (std::isnan(want))
+        ASSERT_TRUE(std::isnan(floats[i])) << i;
+      else
+        ASSERT_EQ(floats[i], want) << i;
+    }
+    path.bf16_to_float(floats.data(), halves.data(), halves.size());
+    for (size_t i = 0; i < halves.size(); ++i) {
+      uint32_t got, want;
+      const float expected = bf16_to_float(halves[i]);
+      std::memcpy(&got, &floats[i], 4);
+      std::memcpy(&want, &expected, 4);
+      ASSERT_EQ(got, want) << i;  // bits: NaN payloads survive the widening too
+    }
+    std::vector<uint16_t> got(values.size());
+    path.float_to_f16(got.data(), values.data(), values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (std::isnan(values[i]))
+        EXPECT_TRUE(std::isnan(f16_to_float(got[i])));
+      else
+        EXPECT_EQ(got[i], float_to_f16(values[i])) << values[i];
+    }
   }
 }
 

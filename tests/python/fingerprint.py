@@ -27,7 +27,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 STORED = HERE / "fingerprints.json"
 # The bits depend on the kernels: the AVX-512 ones (fingerprints.json) or, on a CPU without AVX-512, the AVX2 ones
 # (fingerprints-avx2.json: the AVX2 kernels round and sum in other orders); a CPU without AVX2 either runs the
-# portable ones, which have none stored. bf16 needs AVX512-BF16 or AMX, so a CPU without it has no bf16 fingerprints.
+# portable ones, which have none stored. The bf16 fingerprints of fingerprints.json are those of bf16 dot products
+# (AVX512-BF16); an AVX-512 CPU without them widens bf16 to f32, as the AVX2 kernels of fingerprints-avx2.json do.
 STORED_AVX2 = HERE / "fingerprints-avx2.json"
 
 
@@ -45,9 +46,10 @@ def stored_path() -> pathlib.Path | None:
 
 
 def modes() -> list[str]:
-    """The precision modes this CPU trains in (bf16 needs AVX512-BF16 or AMX-BF16)."""
-    bf16 = cpu_has("avx512_bf16") or cpu_has("amx_bf16")
-    return [m for m in MODES if bf16 or not m.startswith("bf16")]
+    """The precision modes whose fingerprints are stored for this CPU's kernels (all but bf16 on an AVX-512 CPU
+    without AVX512-BF16, whose widened bf16 GEMM rounds differently from the stored bf16 dot products)."""
+    native_or_widened = stored_path() != STORED or cpu_has("avx512_bf16")
+    return [m for m in MODES if native_or_widened or not m.startswith("bf16")]
 THREADS = 2  # results depend on how work is split: fixed, so the fingerprints do not depend on the machine
 MODES = {
     "fp32": {},

@@ -9,6 +9,8 @@ namespace fusetrain {
 struct CpuFeatures {
   bool avx2 = false;
   bool fma = false;
+  /// Half-precision conversions (vcvtph2ps / vcvtps2ph on 8 lanes), with the AVX state enabled.
+  bool f16c = false;
   bool avx512f = false;
   bool avx512bw = false;
   bool avx512vl = false;

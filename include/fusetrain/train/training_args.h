@@ -109,7 +109,9 @@ void for_each_field(Args& a, Visit&& visit) {
   visit("seed", a.seed, "seed for initialisation, shuffling, masking and dropout");
   visit("dataloader_drop_last", a.dataloader_drop_last, "drop the last incomplete batch");
   visit("resume_from_checkpoint", a.resume_from_checkpoint, "checkpoint directory to continue from");
-  visit("bf16", a.bf16, "bf16 mixed precision (needs AVX512-BF16 or AMX)");
+  visit("bf16", a.bf16,
+        "bf16 mixed precision (bf16 dot products with AVX512-BF16 or AMX; elsewhere bf16 operands are widened "
+        "to f32 in the GEMM: f32 speed, half the activation memory)");
   visit("fp16", a.fp16,
         "fp16 mixed precision with dynamic loss scaling, as on GPUs (f16 operands, f32 accumulation; on CPUs "
         "without fp16 arithmetic it runs at f32 speed: --bf16 is the fast path)");
