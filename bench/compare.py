@@ -32,7 +32,8 @@ exported with torch.onnx.export, `onnxruntime.training.artifacts.generate_artifa
 AdamW with gradient clipping to norm 1, and `onnxruntime.training.api` Module/Optimizer run the steps; installed into
 bench/.venv-ort by this script, and when it cannot be installed or run the table says why), fusetrain_fp32 and fusetrain_bf16 (the Python module from
 build/python or an installed fusetrain), and fusetrain_bf16_recompute (bf16 with activation checkpointing per
-layer: the memory it saves, the time it costs).
+layer: the memory it saves, the time it costs), and fusetrain_fp16 (IEEE half operands with a static loss scale of
+2^10, f32 arithmetic on CPUs without fp16 arithmetic; measured against the fp32 peak).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ ORT_VENV = ROOT / "bench" / ".venv-ort"
 ORT_PACKAGES = ["onnxruntime-training-cpu==1.19.2", "onnx==1.16.2"]
 
 FRAMEWORKS = ["torch_fp32", "torch_bf16", "compile_fp32", "compile_bf16", "ort", "fusetrain_fp32", "fusetrain_bf16",
-              "fusetrain_bf16_recompute"]
+              "fusetrain_bf16_recompute", "fusetrain_fp16"]
 WORKLOADS = {
     "w1": {"title": "W1 bert-base MLM, seq 128, batch 16", "task": "mlm", "seq": 128, "batch": 16},
     "w2": {"title": "W2 gpt2 124M CLM, seq 256, batch 8", "task": "clm", "seq": 256, "batch": 8},
@@ -241,6 +242,8 @@ def fusetrain_step(framework: str, directory: pathlib.Path, threads: int):
     model.set_num_threads(threads)
     model.bf16 = "bf16" in framework
     model.recompute = framework.endswith("recompute")
+    if framework.endswith("fp16"):
+        model.fp16, model.loss_scale = True, 2.0**10  # loss and gradients fit in half at this scale; no step skips
     model.train()
     optimizer = fusetrain.AdamW(model, lr=LEARNING_RATE, weight_decay=0.0)
 
