@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--base-dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--bf16", action="store_true", help="bf16 matmuls (needs AVX512-BF16 or AMX)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 matmuls (bf16 dot products with AVX512-BF16, widened to f32 elsewhere)")
     parser.add_argument("--recompute", action="store_true", help="activation checkpointing per layer")
     parser.add_argument("--out", type=pathlib.Path)
     args = parser.parse_args()

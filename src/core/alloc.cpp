@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -62,6 +63,15 @@ AlignedPtr aligned_allocate(size_t bytes) {
   ASAN_POISON_MEMORY_REGION(base, kHeader);
   ASAN_POISON_MEMORY_REGION(data + bytes, usable - bytes);
   return AlignedPtr(data);
+}
+
+void release_pages(void* p, size_t bytes) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p), page = page_size();
+  const uintptr_t first = (begin + page - 1) / page * page, last = (begin + bytes) / page * page;
+  if (p == nullptr || last <= first) return;
+  // Private anonymous memory (mapped, or the allocator's): the pages are dropped and come back zero-filled. Advice
+  // the kernel refuses leaves the memory as it was, which is still correct, only not smaller.
+  madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 }  // namespace fusetrain

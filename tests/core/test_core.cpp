@@ -187,6 +187,33 @@ TEST(AlignedAllocate, UnwrittenPagesOfALargeBufferAreNotResident) {
   EXPECT_GT(resident_bytes(), before + (size_t{200} << 20)) << "writing it should make it resident";
 }
 
+// release_pages drops the whole pages inside a range (they read as zero and are no longer resident) and keeps the
+// bytes of the partial pages at its ends: what enable_lora relies on to give back each f32 base weight once its bf16
+// copy is written.
+TEST(AlignedAllocate, ReleasedPagesReadZeroAndLeaveTheRestAlone) {
+  const size_t bytes = size_t{128} << 20;
+  AlignedPtr p = aligned_allocate(bytes);
+  unsigned char* c = static_cast<unsigned char*>(p.get());
+  std::memset(c, 7, bytes);
+  const size_t written = resident_bytes();
+  const size_t begin = 1000, length = (size_t{96} << 20) + 123;  // neither end on a page boundary
+  release_pages(c + begin, length);
+  if (written != 0)
+    EXPECT_LT(resident_bytes() + (size_t{80} << 20), written) << "96 MiB released, still resident";
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t first = (reinterpret_cast<uintptr_t>(c + begin) + page - 1) / page * page - reinterpret_cast<uintptr_t>(c);
+  const size_t last = (reinterpret_cast<uintptr_t>(c + begin + length)) / page * page - reinterpret_cast<uintptr_t>(c);
+  size_t wrong = 0;
+  for (size_t i = 0; i < bytes; i += 1 + (i % 61))  // a scattered sample, every page boundary region included below
+    wrong += c[i] != ((i >= first && i < last) ? 0 : 7);
+  for (size_t i : {size_t{0}, begin, first - 1, first, last - 1, last, begin + length, bytes - 1})
+    wrong += c[i] != ((i >= first && i < last) ? 0 : 7);
+  EXPECT_EQ(wrong, 0u);
+  release_pages(c + 10, 20);  // no whole page inside: nothing changes
+  EXPECT_EQ(c[10], 7);
+  release_pages(nullptr, 100);
+}
+
 TEST(CpuFeatures, DescribesWhatItFound) {
   const CpuFeatures& f = cpu_features();
   std::string text = f.to_string();

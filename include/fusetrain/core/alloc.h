@@ -23,4 +23,9 @@ using AlignedPtr = std::unique_ptr<void, AlignedFree>;
 /// mapped from the kernel and each page becomes resident on its first write, so what is never written costs no RAM.
 AlignedPtr aligned_allocate(size_t bytes);
 
+/// Hands the whole pages inside [p, p + bytes) of memory from aligned_allocate back to the kernel: they read as zero
+/// afterwards and cost no RAM until written again; the partial pages at either end, and everything around the
+/// range, keep their contents. For a buffer whose data has been consumed and will be freed or overwritten.
+void release_pages(void* p, size_t bytes);
+
 }  // namespace fusetrain
