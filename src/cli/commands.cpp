@@ -194,6 +194,16 @@ std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job
   throw Error(str("--task ", o.task, " has no dataset"));
 }
 
+// Names the initializers an ONNX import kept constant (ImportOptions::keep_buffers_constant): nothing is frozen
+// unseen.
+void report_constant_buffers(const models::Model& model) {
+  std::string names;
+  for (const std::string& name : onnx_import::constant_buffers(model)) names += (names.empty() ? "" : ", ") + name;
+  if (!names.empty())
+    std::fprintf(stderr, "fusetrain: kept constant (the graph reads them only through ops the host evaluates): %s\n",
+                 names.c_str());
+}
+
 // The longest sequence an ONNX graph's config.json names (its graph is not read for it), else no bound.
 int64_t onnx_positions(const nlohmann::json& config) {
   for (const char* key : {"max_position_embeddings", "n_positions"})
@@ -328,10 +338,12 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
       overrides["label2id"] = label2id;
     }
   }
-  if (onnx_graph)  // the graph's logits fix the number of labels; a label outside them is refused per batch
+  if (onnx_graph) {  // the graph's logits fix the number of labels; a label outside them is refused per batch
     job.model = models::Model::from_onnx(onnx_path, o.task);
-  else
+    report_constant_buffers(*job.model);
+  } else {
     job.model = models::Model::from_pretrained(hf, architecture, overrides, static_cast<uint64_t>(o.args.seed));
+  }
   apply_adapters(o, *job.model, need_train);
   if (!job.model->missing_keys().empty()) {
     std::string names;
@@ -678,6 +690,7 @@ int run_inspect(Options& o) {
   std::unique_ptr<models::Model> model;
   if (fs::path(o.model).extension() == ".onnx") {
     model = models::Model::from_onnx(o.model, o.task);
+    report_constant_buffers(*model);
   } else {
     const io::HfModelDir hf = io::read_hf_dir(o.model);
     model = models::Model::from_pretrained(hf, architecture_for(hf, task));

@@ -34,6 +34,8 @@ struct InputNames {
   static constexpr const char* start_positions = "start_positions";
   static constexpr const char* end_positions = "end_positions";
   static constexpr const char* pool_index = "pool_index";  ///< (B): flat row b·T + t of the pooled token
+  static constexpr const char* rope_cos = "rope_cos";      ///< (B, T, D): DerivedInputs::Rotary
+  static constexpr const char* rope_sin = "rope_sin";
 };
 
 /// An architecture family (BERT, RoBERTa, DistilBERT, GPT-2) with one head.

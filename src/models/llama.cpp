@@ -19,8 +19,8 @@ namespace {
 
 using ir::ValueId;
 
-constexpr const char* kCos = "rope_cos";
-constexpr const char* kSin = "rope_sin";
+constexpr const char* kCos = InputNames::rope_cos;
+constexpr const char* kSin = InputNames::rope_sin;
 
 class LlamaFamily final : public Family {
  public:
@@ -91,7 +91,7 @@ class LlamaFamily final : public Family {
       }
       ValueId context = b.attention(b.transpose(q, {0, 2, 1, 3}), b.transpose(k, {0, 2, 1, 3}),
                                     b.transpose(v, {0, 2, 1, 3}), mask_add, 1.0 / std::sqrt(double(D)), true,
-                                    train ? attn_dropout_ : 0.0, io, window_of(l, T));
+                                    train ? attn_dropout_ : 0.0, io, window_of(l, T, spec.every_window));
       ValueId merged = b.reshape(b.transpose(context, {0, 2, 1, 3}), {B, T, H * D});
       x = b.add(x, proj(b, merged, layer + "self_attn.o_proj", C, H * D, o_bias_));
       ValueId m = rms_norm(b, x, layer + "post_attention_layernorm");
@@ -159,6 +159,20 @@ class LlamaFamily final : public Family {
   bool reads_pool_index() const override { return head_ == Head::SequenceClassification; }
   int64_t max_positions() const override { return std::numeric_limits<int32_t>::max(); }
   int64_t pool_position(const int64_t* ids, int64_t T) const override { return last_non_pad(ids, T, pad_); }
+  DerivedInputs derived_inputs() const override {
+    DerivedInputs d;
+    d.pool_last_non_pad = head_ == Head::SequenceClassification;
+    d.pad_token_id = pad_;
+    d.position_ids_input = head_ != Head::SequenceClassification;
+    DerivedInputs::Rotary& r = d.rotary.emplace();
+    for (double f : inverse_frequencies(0)) r.inv_freq.push_back(static_cast<float>(f));
+    r.attention_factor = attention_factor_;
+    r.dynamic = rope_type_ == "dynamic";
+    r.theta = theta_;
+    r.factor = factor_;
+    r.max_positions = P_;
+    return d;
+  }
 
  private:
   ValueId proj(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t out, int64_t in, bool bias) const {
@@ -198,10 +212,11 @@ class LlamaFamily final : public Family {
     const int64_t first = c.get_int("max_window_layers", 28);
     for (int64_t l = std::max<int64_t>(first, 0); l < layers_; ++l) windows_[static_cast<size_t>(l)] = window;
   }
-  // The window layer l's attention takes at sequence length T: none where it covers the whole sequence.
-  int64_t window_of(int64_t l, int64_t T) const {
+  // The window layer l's attention takes at sequence length T: none where it covers the whole sequence, unless
+  // the graph serves other lengths too (`every`).
+  int64_t window_of(int64_t l, int64_t T, bool every) const {
     const int64_t window = windows_[static_cast<size_t>(l)];
-    return window < T ? window : 0;
+    return window < T || every ? window : 0;
   }
 
   void read_rope(const ConfigReader& c) {

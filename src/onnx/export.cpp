@@ -119,15 +119,19 @@ class Writer {
         names_[v] = position_ids();
       } else if (name == models::InputNames::pool_index) {
         names_[v] = pool_index();
+      } else if (name == models::InputNames::rope_cos || name == models::InputNames::rope_sin) {
+        names_[v] = rotary_table(name == models::InputNames::rope_sin);
       } else {
         throw Error(str("ONNX export: the inference graph reads input \"", name, "\", which export cannot derive"));
       }
     }
-    // input_ids and attention_mask are always inputs (Optimum feeds both); token_type_ids as Optimum has it.
+    // input_ids and attention_mask are always inputs (Optimum feeds both); token_type_ids and position_ids as
+    // Optimum has them.
     declare_input(models::InputNames::input_ids);
     declare_input(models::InputNames::attention_mask);
     if (g.find(models::InputNames::token_type_ids) != ir::kNone && token_types_are_input())
       declare_input(models::InputNames::token_type_ids);
+    if (model_.derived_inputs().position_ids_input) declare_input(models::InputNames::position_ids);
 
     for (ValueId v : g.params())
       if (read.count(v)) names_[v] = g.value(v).name;
@@ -160,6 +164,7 @@ class Writer {
     spec.attention_mask = true;
     spec.token_type_ids = model.uses_token_type_ids();
     spec.fusions = false;
+    spec.every_window = true;
     return model.build(spec);
   }
 
@@ -294,6 +299,13 @@ class Writer {
     value_attr(node("Constant", {}, {out}), pb::TensorProto::FLOAT)->add_float_data(static_cast<float>(v));
     return out;
   }
+  std::string constant_f32(const std::vector<float>& v) {
+    std::string out = fresh("const");
+    pb::TensorProto* t = value_attr(node("Constant", {}, {out}), pb::TensorProto::FLOAT);
+    t->add_dims(static_cast<int64_t>(v.size()));
+    for (float x : v) t->add_float_data(x);
+    return out;
+  }
 
   // input_ids' extent along `axis` as a 1-element tensor (scalar: a 0-d one).
   std::string extent(int axis, bool scalar) {
@@ -381,6 +393,39 @@ class Writer {
     return op("Add", {op("Mul", {count, real}), constant_i64({d.pad_token_id}, true)});
   }
 
+  // rope_cos or rope_sin (B, T, D) as the model's host code fills them (DerivedInputs::Rotary): cos or sin of
+  // position · inv_freq, an f32 product as transformers forms it, each half of D alike.
+  std::string rotary_table(bool sine) {
+    const models::DerivedInputs d = model_.derived_inputs();
+    FT_CHECK(d.rotary.has_value(), "ONNX export: ", model_.architecture(), " reads rotary tables without a rule");
+    const models::DerivedInputs::Rotary& r = *d.rotary;
+    if (rotary_angles_.empty()) {
+      const std::string ids = d.position_ids_input ? models::InputNames::position_ids : position_ids();
+      std::string positions = cast(ids, pb::TensorProto::FLOAT);
+      std::string inv = constant_f32(r.inv_freq);
+      if (r.dynamic) inv = dynamic_inverse_frequencies(r, positions, inv);
+      std::string angle = op("Mul", {op("Unsqueeze", {positions, constant_i64({2})}), inv});
+      rotary_angles_ = op("Concat", {angle, angle});
+      attr(last_, "axis", int64_t{-1});
+    }
+    std::string table = op(sine ? "Sin" : "Cos", {rotary_angles_});
+    return r.attention_factor == 1.0 ? table : op("Mul", {table, constant_f32(r.attention_factor)});
+  }
+
+  // Dynamic NTK rope: inv_freq recomputed from the batch's largest position when it passes max_positions.
+  std::string dynamic_inverse_frequencies(const models::DerivedInputs::Rotary& r, const std::string& positions,
+                                          const std::string& within) {
+    const double D = 2.0 * static_cast<double>(r.inv_freq.size()), P = static_cast<double>(r.max_positions);
+    std::string longest = op("Add", {reduce("ReduceMax", positions, {0, 1}, false), constant_f32(1.0)});
+    std::string ratio = op("Sub", {op("Mul", {longest, constant_f32(r.factor / P)}), constant_f32(r.factor - 1.0)});
+    std::string base = op("Mul", {op("Pow", {ratio, constant_f32(D / (D - 2.0))}), constant_f32(r.theta)});
+    std::vector<float> exponents;
+    for (size_t j = 0; j < r.inv_freq.size(); ++j)
+      exponents.push_back(static_cast<float>(2 * j) / static_cast<float>(D));
+    std::string scaled = op("Reciprocal", {op("Pow", {base, constant_f32(exponents)})});
+    return op("Where", {op("Greater", {longest, constant_f32(P)}), scaled, within});
+  }
+
   // GPT-2 sequence classification: row b·T + t of the flattened scores, t each row's last non-padding token
   // (the last token without a pad id; 0 for a row of padding).
   std::string pool_index() {
@@ -433,19 +478,38 @@ class Writer {
     return op("Mul", {op("Mul", {x, constant_f32(0.5)}), op("Add", {inner, constant_f32(1.0)})});
   }
 
+  // softmax(q·kᵀ·scale + mask)·v. Grouped-query attention (K key/value heads for H = K·G query heads, query head h
+  // reading key/value head h / G) repeats each key/value head G times first, as transformers' repeat_kv does, so
+  // the graph keeps the 4-D attention pattern that ONNX import (fusetrain's, ONNX Runtime's fusions) recognises.
   std::string attention(const ir::Node& n, const ops::AttentionParams& p) {
     auto heads_first = [&](const std::string& x) { return p.seq_major ? transpose(x, {0, 2, 1, 3}) : x; };
-    const std::string q = heads_first(in(n, 0)), k = heads_first(in(n, 1)), v = heads_first(in(n, 2));
+    std::string q = heads_first(in(n, 0)), k = heads_first(in(n, 1)), v = heads_first(in(n, 2));
+    std::vector<Dim> qd = dims(n.inputs[0]), kd = dims(n.inputs[1]);
+    if (p.seq_major) {
+      std::swap(qd[1], qd[2]);
+      std::swap(kd[1], kd[2]);
+    }
+    FT_CHECK(!qd[1].symbolic() && !kd[1].symbolic() && qd[1].k % kd[1].k == 0, "ONNX export: attention with ",
+             qd[1].k, " query heads over ", kd[1].k, " key/value heads is not covered");
+    const int64_t groups = qd[1].k / kd[1].k;
+    if (groups > 1) {  // (B, K, S, D) -> (B, K, G, S, D) -> (B, H, S, D)
+      const std::string grouped = shape_tensor({kd[0], kd[1], Dim{groups}, kd[2], kd[3]});
+      const std::string repeated = shape_tensor({kd[0], qd[1], kd[2], kd[3]});
+      auto repeat = [&](const std::string& x) {
+        return op("Reshape", {op("Expand", {op("Unsqueeze", {x, constant_i64({2})}), grouped}), repeated});
+      };
+      k = repeat(k);
+      v = repeat(v);
+    }
     std::string scores = op("MatMul", {q, transpose(k, {0, 1, 3, 2})});
     scores = op("Mul", {scores, constant_f32(p.scale)});
     if (n.inputs.size() > 3 && n.inputs[3] != ir::kNone)  // the additive key mask (B, S) -> (B, 1, 1, S)
       scores = op("Add", {scores, op("Unsqueeze", {in(n, 3), constant_i64({1, 2})})});
-    FT_CHECK(p.window == 0, "ONNX export: sliding-window attention (window ", p.window, ") is not covered");
     if (p.causal) {
-      // Query t sees keys s <= t + S - T: keep the lower triangle shifted by S - T, the rest to the lowest float
-      // (set, not added, so a row that the key mask also removes stays finite).
-      const std::vector<Dim> qd = dims(n.inputs[0]), kd = dims(n.inputs[1]);
-      const Dim tq = qd[p.seq_major ? 1 : 2], s = kd[p.seq_major ? 1 : 2];
+      // Query t sees keys s <= t + S - T (and, with a window, s > t + S - T - window): keep the lower triangle
+      // shifted by S - T (less the one shifted by window more), the rest to the lowest float (set, not added, so a
+      // row that the key mask also removes stays finite).
+      const Dim tq = qd[2], s = kd[2];
       FT_CHECK(tq == s, "ONNX export: causal attention with ", tq.k, " queries over ", s.k,
                " keys (a cache) is not covered");
       std::string square = op("Concat", {dim_tensor(tq), dim_tensor(s)});
@@ -454,6 +518,11 @@ class Writer {
       fill_value(last_, pb::TensorProto::INT64, 1.0);
       std::string lower = op("Trilu", {ones});
       attr(last_, "upper", int64_t{0});
+      if (p.window > 0) {
+        std::string before = op("Trilu", {ones, constant_i64({-p.window}, true)});
+        attr(last_, "upper", int64_t{0});
+        lower = op("Sub", {lower, before});
+      }
       std::string keep = cast(lower, pb::TensorProto::BOOL);
       scores = op("Where", {keep, scores, constant_f32(std::numeric_limits<float>::lowest())});
     }
@@ -461,6 +530,22 @@ class Writer {
     attr(last_, "axis", int64_t{-1});
     std::string out = op("MatMul", {probs, v});
     return p.seq_major ? transpose(out, {0, 2, 1, 3}) : out;
+  }
+
+  // x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁) of x's two halves; cos and sin (B, T, D) broadcast over
+  // the heads of x (B, T, H, D).
+  std::string rope(const ir::Node& n) {
+    FT_CHECK(!std::get<ops::RoPEParams>(ir::decode_params(n.op, n.attrs, n.name)).inverse,
+             "ONNX export: the inverse rotation is RoPE's backward and has no place in the inference graph");
+    const int64_t half = g1_.graph.value(n.inputs[0]).shape[3] / 2;
+    const std::string x = in(n, 0);
+    const std::string first = fresh("Split_out"), second = fresh("Split_out");
+    attr(node("Split", {x, constant_i64({half, half})}, {first, second}), "axis", int64_t{3});
+    std::string rotated = op("Concat", {op("Neg", {second}), first});
+    attr(last_, "axis", int64_t{3});
+    const std::string cos = op("Unsqueeze", {in(n, 1), constant_i64({2})});
+    const std::string sin = op("Unsqueeze", {in(n, 2), constant_i64({2})});
+    return op("Add", {op("Mul", {x, cos}), op("Mul", {rotated, sin})});
   }
 
   // Writes node n's ONNX equivalent.
@@ -601,6 +686,23 @@ class Writer {
         check_only_output0(n);
         define(n, 0, attention(n, std::get<ops::AttentionParams>(params)));
         return;
+      case K::RMSNorm: {  // x / √(mean(x²) + eps) · weight, as transformers' LlamaRMSNorm in f32
+        check_only_output0(n);
+        const std::string x = in(n, 0);
+        std::string mean_square = reduce("ReduceMean", op("Mul", {x, x}), {-1}, true);
+        std::string eps = constant_f32(std::get<ops::LayerNormParams>(params).eps);
+        std::string inverse_rms = op("Reciprocal", {op("Sqrt", {op("Add", {mean_square, eps})})});
+        define(n, 0, op("Mul", {op("Mul", {x, inverse_rms}), in(n, 1)}));
+        return;
+      }
+      case K::RoPE:
+        define(n, 0, rope(n));
+        return;
+      case K::SwiGLU: {  // silu(gate)·up
+        const std::string gate = in(n, 0);
+        define(n, 0, op("Mul", {op("Mul", {gate, op("Sigmoid", {gate})}), in(n, 1)}));
+        return;
+      }
       default:
         throw Error(str("ONNX export: op ", op_name(n.op), " (node ", n.name.empty() ? std::to_string(n.id) : n.name,
                         ") has no ONNX mapping"));
@@ -616,7 +718,7 @@ class Writer {
   pb::NodeProto* last_ = nullptr;
   std::map<ValueId, std::string> names_;
   std::map<std::tuple<int64_t, int, int>, std::string> dim_cache_;
-  std::string extent_[2], scalar_extent_[2], ids_shape_;
+  std::string extent_[2], scalar_extent_[2], ids_shape_, rotary_angles_;
   int64_t counter_ = 0;
 };
 

@@ -489,6 +489,8 @@ HostTensor unary(const NodeProto& node, const HostTensor& x) {
     else if (op == "Erf") v = std::erf(v);
     else if (op == "Tanh") v = std::tanh(v);
     else if (op == "Sigmoid") v = 1.0f / (1.0f + std::exp(-v));
+    else if (op == "Cos") v = std::cos(v);
+    else if (op == "Sin") v = std::sin(v);
     else if (op == "Identity") {
     } else
       throw Error(str(op, " is not a unary op"));
@@ -1031,7 +1033,8 @@ bool host_supports(const std::string& op) {
       "Range", "Where", "CumSum", "ArgMax", "ArgMin", "Trilu", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin",
       "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Mod", "Equal", "Less", "LessOrEqual", "Greater",
       "GreaterOrEqual", "And", "Or", "Xor", "Not", "Neg", "Abs", "Log", "Exp", "Sqrt", "Reciprocal", "Floor",
-      "Ceil", "Round", "Sign", "Relu", "Erf", "Tanh", "Sigmoid", "IsNaN", "IsInf", "Dropout", "Clip", "Tile"};
+      "Ceil", "Round", "Sign", "Relu", "Erf", "Tanh", "Sigmoid", "Cos", "Sin", "IsNaN", "IsInf", "Dropout", "Clip",
+      "Tile"};
   for (const char* s : kOps)
     if (op == s) return true;
   return false;

@@ -164,6 +164,8 @@ void fill_feed(const HostFeed& f, const HostTensor& v, void* out) {
   }
 }
 
+class Builder;
+
 class OnnxFamily final : public models::Family {
  public:
   OnnxFamily(const std::string& path, Head head, nlohmann::json config, const ImportOptions& options);
@@ -171,6 +173,11 @@ class OnnxFamily final : public models::Family {
   BuiltGraph build(const BatchSpec& spec) const override;
   /// build() before unread nodes are dropped.
   BuiltGraph build_graph(const BatchSpec& spec) const;
+  /// Binds initializers and inputs for `spec` and walks every node (the build's failures stay in `bld`).
+  void walk(Builder& bld, const BatchSpec& spec) const;
+  /// Takes the parameters that are an exporter's buffers out of params_ (the definition says which).
+  void keep_buffers_constant();
+  const std::vector<std::string>& constant_buffers() const { return constant_buffers_; }
   models::ParamInit init(const std::string&) const override { return {models::Init::Zeros}; }
   std::map<std::string, std::string> tied() const override { return {}; }
   std::string base_prefix() const override { return ""; }
@@ -230,6 +237,7 @@ class OnnxFamily final : public models::Family {
   std::vector<std::string> names_;           // id -> name
   std::map<std::string, HostTensor> inits_;  // every initializer
   std::set<std::string> params_;             // the trainable ones
+  std::vector<std::string> constant_buffers_;  // float initializers keep_buffers_constant took out of params_
   std::map<std::string, std::string> tied_;  // initializer -> the identical parameter it trains as (tie_identical)
   std::set<std::string> tied_transposed_;    // the tied initializers that hold their parameter transposed
   std::set<std::string> out_in_;             // parameters stored transposed, as Linear reads them
@@ -246,6 +254,8 @@ enum class Kind : uint8_t { Unset, Const, Batch, Param, Ir, IsNaNOf, Failed };
 
 struct Unsupported {
   std::string where, why;
+  int64_t index = -1;  ///< the node's position in the graph
+  bool host = false;   ///< it failed only because it reads parameters: the host could evaluate it
 };
 
 class Builder {
@@ -318,8 +328,8 @@ class Builder {
     kind_[size_t(v)] = Kind::Ir;
     ir_[size_t(v)] = x;
   }
-  void fail(const NodeProto& n, int64_t index, const std::string& why) {
-    unsupported_.push_back({node_label(n, index), why});
+  void fail(const NodeProto& n, int64_t index, const std::string& why, bool host = false) {
+    unsupported_.push_back({node_label(n, index), why, index, host});
     for (const std::string& o : n.output())
       if (!o.empty()) kind_[size_t(ids_.at(o))] = Kind::Failed;
   }
@@ -645,7 +655,7 @@ void Builder::node(const NodeProto& n, int64_t index) {
     try {
       map_ir(n, index);
     } catch (const Error& e) {
-      fail(n, index, e.what());
+      fail(n, index, e.what(), host_supports(op));
     }
     return;
   }
@@ -708,6 +718,9 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     const ir::OpKind k = op == "Sqrt" ? ops::OpKind::Sqrt : op == "Erf" ? ops::OpKind::Erf
                          : op == "Tanh" ? ops::OpKind::Tanh : ops::OpKind::Relu;
     set_ir(n, 0, b_.graph().add(k, {ir_of(x)}));
+  } else if (op == "Sigmoid") {  // σ(x) = (1 + tanh(x/2)) / 2: the IR's Tanh, forward and backward
+    const ValueId t = b_.graph().add(ops::OpKind::Tanh, {b_.scale(ir_of(x), 0.5)});
+    set_ir(n, 0, b_.scale(b_.add(t, b_.fill(Shape{1}, 1.0)), 0.5));
   } else if (op == "Neg") {
     set_ir(n, 0, b_.scale(ir_of(x), -1.0));
   } else if (op == "Reciprocal") {
@@ -992,6 +1005,7 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
   for (int k = 0; k < g.node_size(); ++k)
     for (int slot = 0; slot < g.node(k).input_size(); ++slot)
       if (!g.node(k).input(slot).empty()) readers_[size_t(ids_.at(g.node(k).input(slot)))].push_back({k, slot});
+  if (options.keep_buffers_constant) keep_buffers_constant();
   // A weight only ever multiplied as x·W trains in Linear's (out, in) layout, so the projection runs as the
   // built models' Linear (bias and GELU fused into its GEMM by the passes).
   std::set<std::string> tied_targets;
@@ -1031,8 +1045,14 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
     inputs_.push_back(i.name());
   }
   FT_CHECK(has_input("input_ids"), path, ": the graph has no input_ids input");
-  for (const char* key : {"max_position_embeddings", "n_positions"})
-    if (config_.contains(key) && config_[key].is_number_integer()) max_positions_ = config_[key].get<int64_t>();
+  // The limit of the config's own architecture where fusetrain knows it (none for rotary positions), else the size
+  // of the position table the config names.
+  try {
+    max_positions_ = models::max_positions(config_);
+  } catch (const std::exception&) {  // no model_type fusetrain builds, or a config its family refuses
+    for (const char* key : {"max_position_embeddings", "n_positions"})
+      if (config_.contains(key) && config_[key].is_number_integer()) max_positions_ = config_[key].get<int64_t>();
+  }
 }
 
 std::map<std::string, Tensor> OnnxFamily::initial_values() const {
@@ -1079,14 +1099,8 @@ BuiltGraph OnnxFamily::build(const BatchSpec& spec) const {
   return out;
 }
 
-BuiltGraph OnnxFamily::build_graph(const BatchSpec& spec) const {
-  FT_CHECK(!spec.bf16 && !spec.fp16, "mixed precision for a graph imported from ONNX is not supported (it trains in "
-                                     "f32)");
-  FT_CHECK(!spec.recompute, "activation checkpointing for a graph imported from ONNX is not supported");
+void OnnxFamily::walk(Builder& bld, const BatchSpec& spec) const {
   const int64_t B = spec.batch, T = spec.seq;
-  BuiltGraph out;
-  auto program = std::make_shared<HostProgram>();
-  Builder bld(*this, names_, ids_, spec, out.graph, *program);
   const onnx::GraphProto& g = proto_.graph();
   for (const auto& [name, h] : inits_) {
     const int v = ids_.at(name);
@@ -1110,6 +1124,69 @@ BuiltGraph OnnxFamily::build_graph(const BatchSpec& spec) const {
   }
   for (int k = 0; k < g.node_size(); ++k) bld.node(g.node(k), k);
   bld.finish(g);
+}
+
+// An exporter writes a model's buffers (the rotary inv_freq) as initializers, like its weights. A float initializer
+// whose every path to the outputs passes through a node only the host evaluates (the Cos and Sin of the rotary
+// angles) is such a buffer: it stays a constant, so those nodes fold on the host with the position ids.
+void OnnxFamily::keep_buffers_constant() {
+  BatchSpec probe;
+  probe.batch = 1;
+  probe.seq = 2;
+  ir::Graph graph;
+  HostProgram program;
+  Builder bld(*this, names_, ids_, probe, graph, program);
+  walk(bld, probe);
+  std::set<int64_t> host_only;
+  for (const Unsupported& u : bld.unsupported())
+    if (u.host) host_only.insert(u.index);
+  if (host_only.empty()) return;
+  const onnx::GraphProto& g = proto_.graph();
+  std::set<int> outputs;
+  for (const auto& o : g.output()) outputs.insert(ids_.at(o.name()));
+  std::set<std::string> tied_targets;
+  for (const auto& [copy, target] : tied_) tied_targets.insert(target);
+  auto reaches_output = [&](int start) {  // other than through a host-only node
+    std::vector<int> work{start};
+    std::set<int> seen{start};
+    while (!work.empty()) {
+      const int v = work.back();
+      work.pop_back();
+      if (outputs.count(v)) return true;
+      for (const auto& [node, slot] : readers_[size_t(v)]) {
+        if (host_only.count(node)) continue;
+        for (const std::string& o : g.node(node).output())
+          if (!o.empty() && seen.insert(ids_.at(o)).second) work.push_back(ids_.at(o));
+      }
+    }
+    return false;
+  };
+  auto embedding_table = [&](int v) {
+    for (const auto& [node, slot] : readers_[size_t(v)])
+      if (g.node(node).op_type() == "Gather" && slot == 0) return true;
+    return false;
+  };
+  for (auto it = params_.begin(); it != params_.end();) {
+    const int v = ids_.at(*it);
+    if (!tied_targets.count(*it) && !embedding_table(v) && !reaches_output(v)) {
+      constant_buffers_.push_back(*it);
+      it = params_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+BuiltGraph OnnxFamily::build_graph(const BatchSpec& spec) const {
+  FT_CHECK(!spec.bf16 && !spec.fp16, "mixed precision for a graph imported from ONNX is not supported (it trains in "
+                                     "f32)");
+  FT_CHECK(!spec.recompute, "activation checkpointing for a graph imported from ONNX is not supported");
+  const int64_t B = spec.batch, T = spec.seq;
+  BuiltGraph out;
+  auto program = std::make_shared<HostProgram>();
+  Builder bld(*this, names_, ids_, spec, out.graph, *program);
+  const onnx::GraphProto& g = proto_.graph();
+  walk(bld, spec);
   if (!bld.unsupported().empty()) {
     std::string list;
     for (const Unsupported& u : bld.unsupported()) list += str("\n  ", u.where, ": ", u.why);
@@ -1270,6 +1347,11 @@ void save_onnx(const models::Model& model, const std::string& path) {
 int64_t graph_nodes(const models::Model& model) {
   const auto* family = dynamic_cast<const OnnxFamily*>(&model.family());
   return family ? family->proto().graph().node_size() : 0;
+}
+
+std::vector<std::string> constant_buffers(const models::Model& model) {
+  const auto* family = dynamic_cast<const OnnxFamily*>(&model.family());
+  return family ? family->constant_buffers() : std::vector<std::string>{};
 }
 
 }  // namespace fusetrain::onnx_import

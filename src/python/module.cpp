@@ -597,19 +597,21 @@ architecture: the transformers class to build; defaults to config["architectures
       .def_static(
           "from_onnx",
           [](const std::filesystem::path& path, const std::string& task, std::vector<std::string> frozen,
-             bool tie_identical, bool fuse_attention) {
+             bool tie_identical, bool fuse_attention, bool keep_buffers_constant) {
             std::unique_ptr<models::Model> model;
             onnx_import::ImportOptions options;
             options.frozen = std::move(frozen);
             options.tie_identical = tie_identical;
             options.fuse_attention = fuse_attention;
+            options.keep_buffers_constant = keep_buffers_constant;
             {
               py::gil_scoped_release release;
               model = models::Model::from_onnx(path.string(), task, options);
             }
             return wrap(std::move(model));
           },
-          "path"_a, "task"_a, "frozen"_a = std::vector<std::string>{}, "tie_identical"_a = true, "fuse_attention"_a = true, R"doc(
+          "path"_a, "task"_a, "frozen"_a = std::vector<std::string>{}, "tie_identical"_a = true, "fuse_attention"_a = true,
+          "keep_buffers_constant"_a = true, R"doc(
 Trains a graph exported to ONNX (torch.onnx.export with either exporter, fusetrain export, Optimum).
 
 task: what to train it for: "seq-cls", "token-cls", "qa", "mlm" or "clm"; its loss is appended to
@@ -623,6 +625,10 @@ tie_identical: train a float initializer equal to an earlier one, or to its tran
     ALBERT's shared layer). Tensors of one repeated value are never tied.
 fuse_attention: run attention as exporters decompose it (MatMul, scale, mask, Softmax, MatMul)
     as one fused op; its mask must then be key padding (plus causal). Off runs the ops as written.
+keep_buffers_constant: keep constant a float initializer whose every path to the outputs passes
+    through an op only the host evaluates (an exporter's buffer, such as the rotary inv_freq the
+    dynamo exporter writes for Llama); an embedding table stays a parameter. They are listed in
+    constant_buffers. Off, such a graph is refused.
 config.json beside the file, when present, gives num_labels, problem_type and the longest sequence.
 Raises ValueError listing every node whose op cannot be imported. export_onnx then writes the same
 graph with the trained initializers.
@@ -723,7 +729,8 @@ base_dtype="bfloat16" keeps the frozen projection weights in bf16, half their me
           },
           "path"_a, "opset"_a = 17, "external_data_threshold"_a = py::none(), R"doc(
 Writes the inference graph (no dropout, no loss) to `path` as an ONNX model: inputs input_ids,
-attention_mask (and token_type_ids for BERT), int64 with dynamic batch_size and sequence_length;
+attention_mask (and token_type_ids for BERT, position_ids for Llama, Mistral and Qwen2 causal LMs and
+base models), int64 with dynamic batch_size and sequence_length;
 outputs named as Optimum names them (logits; start_logits and end_logits for question answering;
 last_hidden_state for a base model); the weights as initializers under their transformers names.
 opset 17 to 20 (20 writes the Gelu op). Initializers totalling more than external_data_threshold
@@ -787,10 +794,14 @@ bytes (default 2 GiB, protobuf's limit) go to "<file>_data" beside it. Returns t
           "The transformers class this model mirrors, e.g. \"BertForSequenceClassification\".")
       .def_property_readonly(
           "model_type", [](const PyModel& self) { return self.model->model_type(); },
-          "\"bert\", \"roberta\", \"distilbert\" or \"gpt2\".")
+          "\"bert\", \"roberta\", \"distilbert\", \"gpt2\", \"llama\", \"mistral\" or \"qwen2\" (an ONNX graph: its "
+          "config.json's, else \"onnx\").")
       .def_property_readonly(
           "missing_keys", [](const PyModel& self) { return self.model->missing_keys(); },
           "Parameters the checkpoint did not provide (freshly initialised).")
+      .def_property_readonly(
+          "constant_buffers", [](const PyModel& self) { return onnx_import::constant_buffers(*self.model); },
+          "Float initializers an ONNX import kept constant (from_onnx's keep_buffers_constant); empty otherwise.")
       .def_property_readonly(
           "num_parameters", [](const PyModel& self) { return self.model->params().num_parameters(); },
           "Number of parameters (tied weights counted once).")

@@ -1,5 +1,5 @@
 """Graphs exported to ONNX by torch.onnx.export from transformers models, for the import tests: both of torch
-2.13's exporters (TorchScript and dynamo), the four architectures fusetrain builds and four it does not, with
+2.13's exporters (TorchScript and dynamo), five architectures fusetrain builds and four it does not, with
 perturbed weights (so that no two initializers are equal and a mix-up cannot pass), and the mapping from the
 graph's initializers back to the torch parameters they came from (an exporter may fold a transpose into a new
 initializer, or share one initializer between equal tensors)."""
@@ -28,6 +28,11 @@ CONFIGS = {
                                                         max_position_embeddings=64),
     "gpt2": lambda: transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100, n_positions=64,
                                             pad_token_id=0, bos_token_id=1, eos_token_id=1, use_cache=False),
+    # Grouped-query attention (2 key/value heads for 6), rotary tables from an inv_freq buffer, SwiGLU.
+    "llama": lambda: transformers.LlamaConfig(hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
+                                              num_key_value_heads=2, intermediate_size=64, vocab_size=100,
+                                              max_position_embeddings=64, rope_theta=500.0, pad_token_id=0,
+                                              use_cache=False),
     # Architectures fusetrain does not build natively.
     "electra": lambda: transformers.ElectraConfig(embedding_size=16, **_SMALL),
     "albert": lambda: transformers.AlbertConfig(embedding_size=16, **_SMALL),
@@ -35,7 +40,7 @@ CONFIGS = {
     "deberta-v2": lambda: transformers.DebertaV2Config(**_SMALL, relative_attention=True, position_buckets=8,
                                                        pos_att_type=["p2c", "c2p"], max_relative_positions=16),
 }
-NATIVE = ["bert", "roberta", "distilbert", "gpt2"]
+NATIVE = ["bert", "roberta", "distilbert", "gpt2", "llama"]
 NOT_NATIVE = ["electra", "albert", "mpnet", "deberta-v2"]
 EXPORTERS = ["torchscript", "dynamo"]
 

@@ -18,6 +18,7 @@ ort = pytest.importorskip("onnxruntime")
 import fusetrain  # noqa: E402
 from hf_models import ARCHITECTURES, VARIANTS, Case, hf_outputs, make_batch, reference_dir, reference_model, \
     variant_cases, without_labels  # noqa: E402
+import test_parity_llama as llama  # noqa: E402  (its configurations, reference directories and batches)
 
 TOL = 1e-4
 
@@ -157,3 +158,41 @@ def test_gpt2_without_a_pad_token_pools_the_last_position(tmp_path):
         with torch.no_grad():
             theirs = reference(input_ids=torch.from_numpy(ids[row:row + 1])).logits.numpy()
         np.testing.assert_allclose(exported[row:row + 1], theirs, rtol=TOL, atol=TOL)
+
+
+# ---------------------------------------------------------------- Llama, Mistral, Qwen2
+
+@pytest.mark.parametrize("case", list(llama.CASES))
+def test_llama_family_exports_run_as_fusetrain_and_transformers(case, tmp_path):
+    """Every configuration of the Llama parity tests (grouped-query attention, each rope scaling, biases, tied heads,
+    Mistral's and Qwen2's sliding windows, sequence classification), at the parity tests' length 12 and at 6: the
+    dynamic rope case has max_position_embeddings 8, so one length scales the frequencies and the other does not,
+    and mistral-window's window of 5 is shorter than one length and covers the other. Causal LMs take position_ids
+    as Optimum exports them; shifted positions must reach the rotary tables."""
+    import torch
+    import transformers
+
+    path, architecture = llama.reference_dir(case)
+    model = fusetrain.Model.from_pretrained(path)
+    onnx_path = model.export_onnx(tmp_path / "model.onnx")
+    onnx.checker.check_model(onnx_path, full_check=True)
+    causal = "CausalLM" in architecture
+    inputs = [i.name for i in onnx.load(onnx_path).graph.input]
+    assert inputs == ["input_ids", "attention_mask"] + (["position_ids"] if causal else [])
+    reference = getattr(transformers, architecture).from_pretrained(path, attn_implementation="eager").eval()
+    full = without_labels(llama.batch(architecture))
+    for length, shift in ((12, 0), (6, 0), (12, 3)):
+        batch = {k: v[:, :length] for k, v in full.items()}
+        positions = np.broadcast_to(np.arange(shift, shift + length, dtype=np.int64), batch["input_ids"].shape)
+        if causal:
+            batch["position_ids"] = np.ascontiguousarray(positions)
+        elif shift:
+            continue
+        exported = run_onnx(onnx_path, batch)["logits"]
+        ours = model.forward(**batch)["logits"]
+        with torch.no_grad():
+            theirs = reference(**{k: torch.from_numpy(v) for k, v in batch.items()}).logits.numpy()
+        np.testing.assert_allclose(exported, ours, rtol=TOL, atol=TOL, err_msg=f"{case} {length} {shift}: vs fusetrain")
+        keep = batch["attention_mask"].astype(bool) if exported.ndim == 3 else slice(None)  # as the parity tests
+        np.testing.assert_allclose(exported[keep], theirs[keep], rtol=TOL, atol=TOL,
+                                   err_msg=f"{case} {length} {shift}: vs transformers")

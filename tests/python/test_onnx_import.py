@@ -22,6 +22,7 @@ import torch  # noqa: E402
 import fusetrain  # noqa: E402
 import hf_models as hf  # noqa: E402
 import onnx_graphs as og  # noqa: E402
+import test_parity_llama as llama  # noqa: E402  (its configurations, reference directories and batches)
 from cli_support import data, run, tiny_model, train_args  # noqa: E402,F401 (fixtures)
 from onnx import TensorProto, helper  # noqa: E402
 
@@ -62,7 +63,7 @@ def test_loss_logits_and_every_gradient(arch, exporter):
 @pytest.mark.parametrize("arch,task,exporter", [
     ("bert", "mlm", "torchscript"), ("bert", "mlm", "dynamo"), ("gpt2", "clm", "torchscript"),
     ("gpt2", "clm", "dynamo"), ("distilbert", "qa", "torchscript"), ("electra", "token-cls", "dynamo"),
-    ("roberta", "token-cls", "torchscript"), ("mpnet", "qa", "dynamo")])
+    ("roberta", "token-cls", "torchscript"), ("mpnet", "qa", "dynamo"), ("llama", "clm", "dynamo")])
 def test_other_heads(arch, task, exporter):
     check_parity(arch, exporter, task)
 
@@ -361,3 +362,91 @@ def test_fusetrain_export_imports_back(tmp_path, architecture, task):
     errors = hf.grad_errors(imported_grads, want)
     assert not errors, "\n".join(errors)
     assert len(imported_state) == len(native.state_dict_names()) - (task == "clm")  # a tied LM head is one
+
+
+@pytest.mark.parametrize("case", ["llama", "llama-seq-cls", "llama-dynamic", "mistral-window", "qwen2-tied"])
+def test_llama_family_export_imports_back(tmp_path, case):
+    """A Llama-family graph fusetrain export wrote (rotary tables computed in the graph from position_ids, repeated
+    key/value heads, SwiGLU as x·sigmoid(x)·up, sliding windows) trains like the model it came from: the same loss and
+    gradients, also past max_position_embeddings where the dynamic rope rescales."""
+    path, architecture = llama.reference_dir(case)
+    native = fusetrain.Model.from_pretrained(path)
+    native.save_pretrained(tmp_path)
+    task = "clm" if "CausalLM" in architecture else "seq-cls"
+    imported = fusetrain.Model.from_onnx(native.export_onnx(tmp_path / "model.onnx"), task)
+    data = llama.batch(architecture)
+    loss, grads = native.loss_and_grads(**data)
+    imported_loss, imported_grads = imported.loss_and_grads(**data)
+    hf.assert_loss_matches(imported_loss, loss, case)
+    assert set(imported.state_dict()) <= set(native.state_dict_names())
+    errors = hf.grad_errors(imported_grads, {name: grads[name] for name in imported_grads})
+    assert not errors, "\n".join(errors)
+
+
+def _sine_graph(path, angle_also_added: bool):
+    """ids -> embedding + sin(ids · freq) -> mean over tokens -> · w. With angle_also_added, ids · freq itself is
+    added too, so freq reaches the logits without passing through Sin."""
+    rng = np.random.default_rng(0)
+    inits = [helper.make_tensor(name, TensorProto.FLOAT, shape, rng.random(int(np.prod(shape))).astype(np.float32))
+             for name, shape in (("emb", [10, 4]), ("freq", [4]), ("w", [4, 2]))]
+    inits.append(helper.make_tensor("axis", TensorProto.INT64, [1], [2]))
+    nodes = [
+        helper.make_node("Cast", ["input_ids"], ["pos"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["pos", "axis"], ["pos3"]),
+        helper.make_node("Mul", ["pos3", "freq"], ["angle"]),
+        helper.make_node("Sin", ["angle"], ["sin"], name="rotary_sin"),
+        helper.make_node("Gather", ["emb", "input_ids"], ["h"]),
+        helper.make_node("Add", ["h", "sin"], ["x0"]),
+        helper.make_node("Add", ["x0", "angle"] if angle_also_added else ["x0", "sin"], ["x"]),
+        helper.make_node("ReduceMean", ["x"], ["m"], axes=[1], keepdims=0),
+        helper.make_node("MatMul", ["m", "w"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "t"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", 2])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+def test_buffers_reaching_the_outputs_only_through_host_ops_are_kept_constant(tmp_path):
+    """An initializer whose only way to the logits is through Sin (a rotary table's frequencies) is a constant,
+    named in constant_buffers; the graph then trains with the sine folded on the host. One that also reaches the
+    logits another way is a weight, and the graph is refused, naming the Sin; so is every such graph with
+    keep_buffers_constant off."""
+    path = _sine_graph(tmp_path / "buffer.onnx", angle_also_added=False)
+    model = fusetrain.Model.from_onnx(path, "seq-cls")
+    assert model.constant_buffers == ["freq"]
+    assert set(model.state_dict()) == {"emb", "w"}
+    ids = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int64)
+    freq = onnx.numpy_helper.to_array(next(t for t in onnx.load(path).graph.initializer if t.name == "freq"))
+    state = model.state_dict()
+    x = state["emb"][ids] + 2 * np.sin(ids[..., None].astype(np.float32) * freq)
+    logits = x.mean(1) @ state["w"].T  # w is held in Linear's (out, in) layout
+    np.testing.assert_allclose(model.forward(input_ids=ids)["logits"], logits, rtol=1e-5, atol=1e-6)
+    loss, grads = model.loss_and_grads(input_ids=ids, labels=np.array([0, 1]))
+    assert set(grads) == {"emb", "w"} and np.isfinite(loss)
+
+    with pytest.raises(ValueError, match='node 3 \\(Sin "rotary_sin"\\)'):
+        fusetrain.Model.from_onnx(path, "seq-cls", keep_buffers_constant=False)
+    weight = _sine_graph(tmp_path / "weight.onnx", angle_also_added=True)
+    with pytest.raises(ValueError, match='node 3 \\(Sin "rotary_sin"\\)'):
+        fusetrain.Model.from_onnx(weight, "seq-cls")
+
+    # An embedding table whose rows reach the logits only through Sin is still a weight.
+    rng = np.random.default_rng(1)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["emb", "input_ids"], ["h"]), helper.make_node("Sin", ["h"], ["s"], name="sin"),
+         helper.make_node("ReduceMean", ["s"], ["m"], axes=[1], keepdims=0),
+         helper.make_node("MatMul", ["m", "w"], ["logits"])],
+        "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "t"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", 2])],
+        [helper.make_tensor(n, TensorProto.FLOAT, shape, rng.random(int(np.prod(shape))).astype(np.float32))
+         for n, shape in (("emb", [10, 4]), ("w", [4, 2]))])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "embedding.onnx")
+    with pytest.raises(ValueError, match='node 1 \\(Sin "sin"\\)'):
+        fusetrain.Model.from_onnx(tmp_path / "embedding.onnx", "seq-cls")
+
+
+def test_dynamo_llama_keeps_its_rotary_frequencies_constant():
+    assert load("llama", "dynamo", "clm").constant_buffers == ["model.rotary_emb.inv_freq"]
+    assert load("llama", "torchscript", "clm").constant_buffers == []  # folded into a constant by the exporter

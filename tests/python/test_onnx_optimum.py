@@ -17,6 +17,7 @@ import pytest
 import fusetrain
 from cli_support import CLI
 from hf_models import Case, make_batch, reference_dir, without_labels
+import test_parity_llama as llama  # its configurations, reference directories and batches
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OPTIMUM_PYTHON = ROOT / ".venv-optimum" / "bin" / "python"
@@ -63,6 +64,24 @@ def test_optimum_models_load_the_export_and_match_fusetrain(architecture, ort_cl
     assert theirs and set(theirs) == set(ours), (set(theirs), set(ours))
     for name, value in theirs.items():
         np.testing.assert_allclose(value, ours[name], rtol=TOL, atol=TOL, err_msg=name)
+
+
+@pytest.mark.parametrize("case,ort_class", [("qwen2-window", "ORTModelForCausalLM"),
+                                            ("llama-seq-cls", "ORTModelForSequenceClassification")])
+def test_optimum_runs_llama_family_exports(case, ort_class, tmp_path):
+    """Optimum's ORT models on `fusetrain export` of Llama and Qwen2 (grouped-query attention, Qwen2's biases and
+    sliding window). ORTModelForCausalLM derives position_ids from the attention mask itself, which differs from
+    0 .. T-1 only on padding, so causal logits are compared where the mask is 1."""
+    path, architecture = llama.reference_dir(case)
+    out = export_dir(path, tmp_path / "onnx")
+    batch = without_labels(llama.batch(architecture))
+    np.savez(tmp_path / "in.npz", **batch)
+    optimum(out, ort_class, tmp_path / "in.npz", tmp_path / "out.npz")
+    theirs = dict(np.load(tmp_path / "out.npz"))
+    ours = fusetrain.Model.from_pretrained(path).forward(**batch)
+    assert set(theirs) == set(ours) == {"logits"}, (set(theirs), set(ours))
+    keep = batch["attention_mask"].astype(bool) if ours["logits"].ndim == 3 else slice(None)
+    np.testing.assert_allclose(theirs["logits"][keep], ours["logits"][keep], rtol=TOL, atol=TOL)
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,8 @@ struct BatchSpec {
   bool fp16 = false;      ///< matmul operands in f16 (f32 accumulation); a loss_scale input seeds backward
   bool recompute = false; ///< backward recomputes each layer's activations (activation checkpointing)
   bool fusions = true;    ///< run the fusion passes
+  /// Attention windows stay on where they cover the whole sequence: the graph serves other lengths (ONNX export).
+  bool every_window = false;
   bool operator==(const BatchSpec&) const = default;
 };
 
@@ -74,6 +76,22 @@ struct DerivedInputs {
   /// GPT-2 sequence classification: the logits are those of each row's last non-padding token.
   bool pool_last_non_pad = false;
   int64_t pad_token_id = -1;  ///< the id both rules read (-1: none; GPT-2 then pools the last token)
+  /// Llama family: position_ids is an input of an exported text-generation or feature-extraction graph (as Optimum
+  /// exports these models), so a caller with left padding can pass its own.
+  bool position_ids_input = false;
+
+  /// Rotary embeddings (Llama family): the plan's inputs rope_cos and rope_sin (B, T, D) hold cos and sin of
+  /// position · inv_freq[j], j < D/2, repeated for the second half of D and multiplied by attention_factor.
+  struct Rotary {
+    std::vector<float> inv_freq;  ///< D/2 frequencies (those of a batch within max_positions when dynamic)
+    double attention_factor = 1.0;
+    /// Dynamic NTK scaling: when a batch's largest position + 1 exceeds max_positions, inv_freq is recomputed as
+    /// 1 / base^(2j/D) with base = theta · (factor · longest / max_positions − (factor − 1))^(D / (D − 2)).
+    bool dynamic = false;
+    double theta = 10000.0, factor = 1.0;
+    int64_t max_positions = 0;
+  };
+  std::optional<Rotary> rotary;  ///< absent: the model reads no rotary tables
 };
 
 /// Outputs of a run, valid until the next run of the same model.

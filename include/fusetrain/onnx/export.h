@@ -29,10 +29,11 @@ struct ExportReport {
   int64_t initializers = 0;   ///< parameters written as initializers
 };
 
-/// Writes `model`'s inference graph to `path` (a .onnx file): inputs input_ids, attention_mask and, for BERT and
-/// RoBERTa, token_type_ids, all int64 (batch_size, sequence_length); outputs named as Hugging Face Optimum names
-/// them (logits; start_logits and end_logits for question answering; last_hidden_state for a base model).
-/// Position ids (and GPT-2's pooled row) are computed inside the graph as the model computes them. Parameters are
+/// Writes `model`'s inference graph to `path` (a .onnx file): inputs input_ids, attention_mask, token_type_ids for
+/// BERT and position_ids for Llama-family causal LMs and base models (as Optimum exports them), all int64
+/// (batch_size, sequence_length); outputs named as Hugging Face Optimum names them (logits; start_logits and
+/// end_logits for question answering; last_hidden_state for a base model). Other position ids, the rotary tables
+/// and the pooled row are computed inside the graph as the model computes them. Parameters are
 /// initializers under their transformers names. Throws Error naming the op when the graph holds one ONNX export
 /// does not cover, and before anything is written.
 ExportReport export_onnx(const models::Model& model, const std::string& path, const ExportOptions& options = {});

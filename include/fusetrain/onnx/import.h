@@ -26,6 +26,11 @@ struct ImportOptions {
   /// as one Attention op. Its mask must then be a key-padding mask, plus a causal one where the graph has it
   /// (every transformers model's is); off computes the graph's ops as written.
   bool fuse_attention = true;
+  /// Keeps constant a float initializer whose every path to the outputs passes through a node that only the host
+  /// can evaluate (the Cos and Sin of rotary angles): a buffer the exporter wrote like a weight, such as Llama's
+  /// rotary inv_freq. An initializer read as an embedding table (Gather's data) stays a parameter. Off, such a
+  /// graph is refused, listing those nodes. constant_buffers() names what was kept constant.
+  bool keep_buffers_constant = true;
 };
 
 /// Writes the ONNX graph `model` was imported from to `path` with its current parameters as the initializers
@@ -35,5 +40,8 @@ void save_onnx(const models::Model& model, const std::string& path);
 
 /// The number of nodes of the ONNX graph `model` was imported from (0 for a model built natively).
 int64_t graph_nodes(const models::Model& model);
+
+/// The float initializers ImportOptions::keep_buffers_constant kept constant (empty for a model built natively).
+std::vector<std::string> constant_buffers(const models::Model& model);
 
 }  // namespace fusetrain::onnx_import
