@@ -19,7 +19,8 @@ elif importlib.util.find_spec("fusetrain") is None:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: long runs (the full crash test); FUSETRAIN_RUN_SLOW=1 runs them")
+    config.addinivalue_line("markers", "slow: long runs (the full crash test, a script's two-seed comparison on both "
+                            "trainers); FUSETRAIN_RUN_SLOW=1 runs them")
 
 
 def pytest_collection_modifyitems(config, items):
