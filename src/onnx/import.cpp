@@ -1129,14 +1129,18 @@ void OnnxFamily::walk(Builder& bld, const BatchSpec& spec) const {
 // An exporter writes a model's buffers (the rotary inv_freq) as initializers, like its weights. A float initializer
 // whose every path to the outputs passes through a node only the host evaluates (the Cos and Sin of the rotary
 // angles) is such a buffer: it stays a constant, so those nodes fold on the host with the position ids.
+// The probe walks the graph at the parameter layout's shape; a graph that cannot be walked there is left to that
+// build to report.
 void OnnxFamily::keep_buffers_constant() {
-  BatchSpec probe;
-  probe.batch = 1;
-  probe.seq = 2;
+  const BatchSpec probe;
   ir::Graph graph;
   HostProgram program;
   Builder bld(*this, names_, ids_, probe, graph, program);
-  walk(bld, probe);
+  try {
+    walk(bld, probe);
+  } catch (const Error&) {
+    return;
+  }
   std::set<int64_t> host_only;
   for (const Unsupported& u : bld.unsupported())
     if (u.host) host_only.insert(u.index);
