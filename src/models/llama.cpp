@@ -164,7 +164,7 @@ class LlamaFamily final : public Family {
     d.pool_last_non_pad = head_ == Head::SequenceClassification;
     d.pad_token_id = pad_;
     d.position_ids_input = head_ != Head::SequenceClassification;
-    DerivedInputs::Rotary& r = d.rotary.emplace();
+    RotaryRule& r = d.rotary.emplace();
     for (double f : inverse_frequencies(0)) r.inv_freq.push_back(static_cast<float>(f));
     r.attention_factor = attention_factor_;
     r.dynamic = rope_type_ == "dynamic";

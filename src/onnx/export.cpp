@@ -393,12 +393,12 @@ class Writer {
     return op("Add", {op("Mul", {count, real}), constant_i64({d.pad_token_id}, true)});
   }
 
-  // rope_cos or rope_sin (B, T, D) as the model's host code fills them (DerivedInputs::Rotary): cos or sin of
+  // rope_cos or rope_sin (B, T, D) as the model's host code fills them (RotaryRule): cos or sin of
   // position · inv_freq, an f32 product as transformers forms it, each half of D alike.
   std::string rotary_table(bool sine) {
     const models::DerivedInputs d = model_.derived_inputs();
     FT_CHECK(d.rotary.has_value(), "ONNX export: ", model_.architecture(), " reads rotary tables without a rule");
-    const models::DerivedInputs::Rotary& r = *d.rotary;
+    const models::RotaryRule& r = *d.rotary;
     if (rotary_angles_.empty()) {
       const std::string ids = d.position_ids_input ? models::InputNames::position_ids : position_ids();
       std::string positions = cast(ids, pb::TensorProto::FLOAT);
@@ -413,7 +413,7 @@ class Writer {
   }
 
   // Dynamic NTK rope: inv_freq recomputed from the batch's largest position when it passes max_positions.
-  std::string dynamic_inverse_frequencies(const models::DerivedInputs::Rotary& r, const std::string& positions,
+  std::string dynamic_inverse_frequencies(const models::RotaryRule& r, const std::string& positions,
                                           const std::string& within) {
     const double D = 2.0 * static_cast<double>(r.inv_freq.size()), P = static_cast<double>(r.max_positions);
     std::string longest = op("Add", {reduce("ReduceMax", positions, {0, 1}, false), constant_f32(1.0)});

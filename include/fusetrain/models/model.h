@@ -68,6 +68,19 @@ struct Batch {
   Tensor end_positions;    ///< QA, (B) i64
 };
 
+/// Rotary embeddings (Llama family), for a graph that computes them itself (ONNX export): the plan's inputs
+/// rope_cos and rope_sin (B, T, D) hold cos and sin of position · inv_freq[j], j < D/2, repeated for the second half
+/// of D and multiplied by attention_factor.
+struct RotaryRule {
+  std::vector<float> inv_freq;  ///< D/2 frequencies (those of a batch within max_positions when dynamic)
+  double attention_factor = 1.0;
+  /// Dynamic NTK scaling: when a batch's largest position + 1 exceeds max_positions, inv_freq is recomputed as
+  /// 1 / base^(2j/D) with base = theta · (factor · longest / max_positions − (factor − 1))^(D / (D − 2)).
+  bool dynamic = false;
+  double theta = 10000.0, factor = 1.0;
+  int64_t max_positions = 0;
+};
+
 /// How a model derives the inputs a caller may leave out, for a graph that must compute them itself (ONNX export).
 struct DerivedInputs {
   /// RoBERTa: position ids count the non-padding tokens from pad_token_id + 1 and padding keeps pad_token_id;
@@ -80,18 +93,7 @@ struct DerivedInputs {
   /// exports these models), so a caller with left padding can pass its own.
   bool position_ids_input = false;
 
-  /// Rotary embeddings (Llama family): the plan's inputs rope_cos and rope_sin (B, T, D) hold cos and sin of
-  /// position · inv_freq[j], j < D/2, repeated for the second half of D and multiplied by attention_factor.
-  struct Rotary {
-    std::vector<float> inv_freq;  ///< D/2 frequencies (those of a batch within max_positions when dynamic)
-    double attention_factor = 1.0;
-    /// Dynamic NTK scaling: when a batch's largest position + 1 exceeds max_positions, inv_freq is recomputed as
-    /// 1 / base^(2j/D) with base = theta · (factor · longest / max_positions − (factor − 1))^(D / (D − 2)).
-    bool dynamic = false;
-    double theta = 10000.0, factor = 1.0;
-    int64_t max_positions = 0;
-  };
-  std::optional<Rotary> rotary;  ///< absent: the model reads no rotary tables
+  std::optional<RotaryRule> rotary;  ///< absent: the model reads no rotary tables
 };
 
 /// Outputs of a run, valid until the next run of the same model.
