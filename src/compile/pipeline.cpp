@@ -30,6 +30,10 @@ std::string fuse_decomposed_layernorm(ir::Graph& g, PassState&) {
   return report(passes::fuse_decomposed_layernorm(g).fused, " written-out LayerNorms");
 }
 
+std::string fuse_decomposed_rmsnorm(ir::Graph& g, PassState&) {
+  return report(passes::fuse_decomposed_rmsnorm(g).fused, " written-out RMSNorms");
+}
+
 std::string fuse_erf_gelu(ir::Graph& g, PassState&) {
   return report(passes::fuse_erf_gelu(g).fused, " written-out GELUs (erf or tanh form)");
 }
@@ -94,8 +98,9 @@ std::string fold_output_casts(ir::Graph& g, PassState&) {
 const std::vector<Pass>& pipeline() {
   static const std::vector<Pass> kPipeline = {
       {"fold_attention_transposes", Stage::Forward, with_fusions, fold_attention_transposes},
-      // Decomposed LayerNorm and GELU first, so the passes after them see the fused ops.
+      // Decomposed LayerNorm, RMSNorm and GELU first, so the passes after them see the fused ops.
       {"fuse_decomposed_layernorm", Stage::Forward, with_fusions, fuse_decomposed_layernorm},
+      {"fuse_decomposed_rmsnorm", Stage::Forward, with_fusions, fuse_decomposed_rmsnorm},
       {"fuse_erf_gelu", Stage::Forward, with_fusions, fuse_erf_gelu},
       {"prune_sliced_rows", Stage::Forward, with_fusions, prune_sliced_rows},
       {"fuse_dropout_add", Stage::Forward, with_fusions, fuse_dropout_add},

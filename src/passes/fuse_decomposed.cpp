@@ -1,4 +1,4 @@
-// Decomposed LayerNorm and erf-GELU, as exporters write them, back into LayerNorm and Gelu
+// Decomposed LayerNorm, RMSNorm and erf-GELU, as exporters write them, back into LayerNorm, RMSNorm and Gelu
 // (see fusion.h).
 #include <cmath>
 #include <numbers>
@@ -84,12 +84,16 @@ class Matcher {
   std::vector<std::vector<NodeId>> consumers_;
 };
 
-// Sqrt(ReduceMean((x - ReduceMean(x))^2) + eps) at `sqrt_node`, divided into the centred x, then
-// scaled by gamma and shifted by beta: rewritten into LayerNorm at the final Add. True if it was.
-bool rewrite_layernorm(Matcher& m, const ir::Node& sqrt_node) {
-  ir::Graph& g = m.g;
+// Under `sqrt_node`: Sqrt(ReduceMean(Pow(d, 2) or d·d over the last axis) + eps), every intermediate read only
+// there. Null when the nodes do not have that form.
+struct MeanSquare {
+  const ir::Node *eps_add, *mean, *square;
+  double eps;
+  ValueId d;  // the value squared
+};
+std::optional<MeanSquare> mean_square_under(const Matcher& m, const ir::Node& sqrt_node) {
   const ir::Node* eps_add = m.inner(sqrt_node.inputs[0], OpKind::Add);
-  if (!eps_add) return false;
+  if (!eps_add) return std::nullopt;
   double eps = 0.0;
   ValueId variance = kNone;
   for (int side = 0; side < 2 && variance == kNone; ++side) {
@@ -99,17 +103,27 @@ bool rewrite_layernorm(Matcher& m, const ir::Node& sqrt_node) {
       variance = eps_add->inputs[static_cast<size_t>(1 - side)];
     }
   }
-  const ir::Node* var_mean = variance == kNone ? nullptr : m.inner(variance, OpKind::ReduceMean);
-  if (!var_mean || !m.mean_over_last_axis(*var_mean)) return false;
-  // The square: Pow(d, 2) or Mul(d, d).
-  const ValueId squared = var_mean->inputs[0];
+  const ir::Node* mean = variance == kNone ? nullptr : m.inner(variance, OpKind::ReduceMean);
+  if (!mean || !m.mean_over_last_axis(*mean)) return std::nullopt;
+  const ValueId squared = mean->inputs[0];
   const ir::Node* square = m.inner(squared, OpKind::Pow);
-  if (square && square->attrs.get_float("exponent") != 2.0) return false;
+  if (square && square->attrs.get_float("exponent") != 2.0) return std::nullopt;
   if (!square) {
     square = m.inner(squared, OpKind::Mul);
-    if (!square || square->inputs[0] != square->inputs[1]) return false;
+    if (!square || square->inputs[0] != square->inputs[1]) return std::nullopt;
   }
-  const ValueId centred = square->inputs[0];
+  return MeanSquare{eps_add, mean, square, eps, square->inputs[0]};
+}
+
+// Sqrt(ReduceMean((x - ReduceMean(x))^2) + eps) at `sqrt_node`, divided into the centred x, then
+// scaled by gamma and shifted by beta: rewritten into LayerNorm at the final Add. True if it was.
+bool rewrite_layernorm(Matcher& m, const ir::Node& sqrt_node) {
+  ir::Graph& g = m.g;
+  const std::optional<MeanSquare> ms = mean_square_under(m, sqrt_node);
+  if (!ms) return false;
+  const ir::Node *eps_add = ms->eps_add, *var_mean = ms->mean, *square = ms->square;
+  const double eps = ms->eps;
+  const ValueId centred = ms->d;
   const ir::Node* sub = m.producer(centred, OpKind::Sub);
   if (!sub || g.is_output(centred)) return false;
   const ValueId x = sub->inputs[0];
@@ -137,6 +151,38 @@ bool rewrite_layernorm(Matcher& m, const ir::Node& sqrt_node) {
   const NodeId at = shift->id;
   m.kill({mean, sub, square, var_mean, eps_add, &sqrt_node, div, scale});
   g.set_op(at, OpKind::LayerNorm, {x, gamma, beta}, ir::Attrs{{"eps", eps}});  // adds mean and rstd
+  return true;
+}
+
+// x / Sqrt(ReduceMean(x²) + eps) at `sqrt_node` (as Div(x, s), or x times Div(1, s) in either order), then times a
+// per-channel weight on either side: rewritten into RMSNorm at that last Mul. True if it was.
+bool rewrite_rmsnorm(Matcher& m, const ir::Node& sqrt_node) {
+  ir::Graph& g = m.g;
+  const std::optional<MeanSquare> ms = mean_square_under(m, sqrt_node);
+  if (!ms) return false;
+  const ValueId x = ms->d, s = sqrt_node.outputs[0];
+  const ir::Value& xv = g.value(x);
+  if (xv.dtype != DType::f32 || xv.shape.rank() < 1) return false;
+  const ir::Node* after = m.only_reader(s);
+  if (!after || after->op != OpKind::Div || after->inputs[1] != s) return false;
+  const ir::Node* reciprocal = nullptr;
+  const ir::Node* norm = after;
+  if (after->inputs[0] != x) {
+    if (!m.constant_near(after->inputs[0], 1.0)) return false;
+    reciprocal = after;
+    norm = m.only_reader(reciprocal->outputs[0]);
+    if (!norm || norm->op != OpKind::Mul || Matcher::other_operand(*norm, reciprocal->outputs[0]) != x) return false;
+  }
+  if (!(g.value(norm->outputs[0]).shape == xv.shape)) return false;
+  const ir::Node* scale = m.only_reader(norm->outputs[0]);
+  const ValueId weight = scale && scale->op == OpKind::Mul ? Matcher::other_operand(*scale, norm->outputs[0]) : kNone;
+  if (weight == kNone || !(g.value(weight).shape == Shape{xv.shape[-1]}) || g.value(weight).dtype != DType::f32 ||
+      !(g.value(scale->outputs[0]).shape == xv.shape))
+    return false;
+  const NodeId at = scale->id;
+  m.kill({ms->square, ms->mean, ms->eps_add, &sqrt_node, norm});
+  if (reciprocal) m.kill({reciprocal});
+  g.set_op(at, OpKind::RMSNorm, {x, weight}, ir::Attrs{{"eps", ms->eps}});  // adds rstd
   return true;
 }
 
@@ -236,6 +282,8 @@ FusionReport rewrite_all(ir::Graph& g, OpKind anchor, Rewrite rewrite) {
 }  // namespace
 
 FusionReport fuse_decomposed_layernorm(ir::Graph& g) { return rewrite_all(g, OpKind::Sqrt, rewrite_layernorm); }
+
+FusionReport fuse_decomposed_rmsnorm(ir::Graph& g) { return rewrite_all(g, OpKind::Sqrt, rewrite_rmsnorm); }
 
 FusionReport fuse_erf_gelu(ir::Graph& g) {
   FusionReport erf = rewrite_all(g, OpKind::Erf, rewrite_erf_gelu);

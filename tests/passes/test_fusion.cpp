@@ -355,6 +355,64 @@ TEST(FuseDecomposed, WrittenOutLayerNormAndErfGeluBecomeTheFusedOpsWithTheSameRe
   }
 }
 
+// Llama's RMSNorm as exporters write it, on a value the residual also reads: the square as Pow or Mul, the division
+// as Div(x, s) or x times Div(1, s) in either order, the weight on either side.
+GraphRun run_decomposed_rmsnorm(bool fuse, int variant, int* fused) {
+  ir::Graph g;
+  ir::GraphBuilder b(g, 2);
+  const int64_t C = 24;
+  ValueId x = b.param("x", {3, 5, C});
+  ValueId weight = b.param("weight", {C});
+  auto scalar = [&](double v) { return b.fill(Shape{1}, v); };
+  ValueId squared = variant == 1 ? b.mul(x, x) : g.add(OpKind::Pow, {x}, {{"exponent", 2.0}});
+  ValueId s = g.add(OpKind::Sqrt, {b.add(b.reduce_mean(squared, {-1}, true), scalar(1e-6))});
+  ValueId normed = variant == 0   ? b.mul(x, b.div(scalar(1.0), s))
+                   : variant == 1 ? b.div(x, s)
+                                  : b.mul(b.div(scalar(1.0), s), x);
+  ValueId y = b.add(x, variant == 1 ? b.mul(weight, normed) : b.mul(normed, weight));
+  ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1, 2});
+  g.mark_output(loss);
+  if (fuse) {
+    *fused = static_cast<int>(passes::fuse_decomposed_rmsnorm(g).fused);
+    EXPECT_EQ(count(g, OpKind::RMSNorm), 1);
+    for (OpKind gone : {OpKind::Pow, OpKind::Sqrt, OpKind::ReduceMean, OpKind::Div})
+      EXPECT_EQ(count(g, gone), 0) << ir::op_name(gone);
+  }
+  return run_graph(g, loss, 0.6f, 0.43f, 0);
+}
+
+TEST(FuseDecomposed, WrittenOutRMSNormBecomesRMSNormWithTheSameResults) {
+  for (int variant = 0; variant < 3; ++variant) {
+    int fused = 0;
+    GraphRun plain = run_decomposed_rmsnorm(false, variant, nullptr);
+    GraphRun with = run_decomposed_rmsnorm(true, variant, &fused);
+    EXPECT_EQ(fused, 1) << "variant " << variant;
+    // The fused kernel forms 1/√ once per row: equal within rounding, not bit for bit.
+    EXPECT_NEAR(plain.loss, with.loss, 1e-5 * std::abs(plain.loss)) << "variant " << variant;
+    ASSERT_EQ(plain.grads.size(), with.grads.size());
+    double max_grad = 0.0;
+    for (float v : plain.grads) max_grad = std::max(max_grad, static_cast<double>(std::abs(v)));
+    for (size_t i = 0; i < plain.grads.size(); ++i)
+      ASSERT_NEAR(plain.grads[i], with.grads[i], 2e-5 * max_grad) << "variant " << variant << " gradient " << i;
+  }
+}
+
+TEST(FuseDecomposed, LeavesRMSNormLookalikesAlone) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  ValueId x = b.param("x", {4, 8});
+  auto scalar = [&](double v) { return b.fill(Shape{1}, v); };
+  // Mean over the first axis; a numerator other than the squared value; a reciprocal of 2, not 1.
+  ValueId s0 = g.add(OpKind::Sqrt, {b.add(b.reduce_mean(b.mul(x, x), {0}, true), scalar(1e-6))});
+  g.mark_output(b.mul(b.div(x, s0), b.param("w0", {8})));
+  ValueId s1 = g.add(OpKind::Sqrt, {b.add(b.reduce_mean(b.mul(x, x), {-1}, true), scalar(1e-6))});
+  g.mark_output(b.mul(b.div(b.param("z", {4, 8}), s1), b.param("w1", {8})));
+  ValueId s2 = g.add(OpKind::Sqrt, {b.add(b.reduce_mean(b.mul(x, x), {-1}, true), scalar(1e-6))});
+  g.mark_output(b.mul(b.mul(x, b.div(scalar(2.0), s2)), b.param("w2", {8})));
+  EXPECT_EQ(passes::fuse_decomposed_rmsnorm(g).fused, 0);
+  EXPECT_EQ(count(g, OpKind::Sqrt), 3);
+}
+
 // GPT-2's gelu_new as exporters write it, terms and factors in both orders: one Gelu (tanh form), the same values.
 GraphRun run_tanh_gelu(bool fuse, int variant, int* fused) {
   ir::Graph g;

@@ -68,6 +68,11 @@ FusionReport prune_sliced_rows(ir::Graph& graph);
 /// statistics and one for the output instead of eight, and the fused backward.
 FusionReport fuse_decomposed_layernorm(ir::Graph& graph);
 
+/// Decomposed RMSNorm (Llama's, as ONNX exporters write it): x / Sqrt(ReduceMean(Pow(x, 2) or x·x) + eps), the
+/// division written as Div or as x times Div(1, ·), times a per-channel weight (last axis, keepdims, either operand
+/// order), every intermediate read only inside the pattern, becomes RMSNorm(x, weight, eps) and its fused backward.
+FusionReport fuse_decomposed_rmsnorm(ir::Graph& graph);
+
 /// Erf-based GELU written out: 0.5 · x · (1 + Erf(x / √2)) (or x · 1/√2 inside, and the three
 /// factors multiplied in any order), with every intermediate read only inside the pattern,
 /// becomes Gelu(x) in its erf form, which fuse_linear_gelu can then fold into a Linear. The tanh form
