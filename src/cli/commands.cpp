@@ -695,8 +695,19 @@ int run_inspect(Options& o) {
     const io::HfModelDir hf = io::read_hf_dir(o.model);
     model = models::Model::from_pretrained(hf, architecture_for(hf, task));
   }
-  std::printf("%s (%s), %lld parameters\n", model->architecture().c_str(), model->model_type().c_str(),
-              static_cast<long long>(model->params().num_parameters()));
+  // The plan shown is the one train would run, so the LoRA flags that change it apply here too.
+  FT_CHECK(!o.merge_lora, "--merge-lora applies to train (it writes the merged model); inspect shows the training ",
+           "plan, for which --lora-r, --lora-alpha, --lora-dropout, --lora-target-modules and --base-dtype count");
+  apply_adapters(o, *model, true);
+  const runtime::ParameterStore& store = model->params();
+  if (store.num_frozen_parameters() > 0)
+    std::printf("%s (%s), %lld parameters: %lld trainable, %lld frozen\n", model->architecture().c_str(),
+                model->model_type().c_str(),
+                static_cast<long long>(store.num_parameters() + store.num_frozen_parameters()),
+                static_cast<long long>(store.num_parameters()), static_cast<long long>(store.num_frozen_parameters()));
+  else
+    std::printf("%s (%s), %lld parameters\n", model->architecture().c_str(), model->model_type().c_str(),
+                static_cast<long long>(store.num_parameters()));
   const int64_t B = o.args.per_device_train_batch_size, T = o.max_seq_length;
   // Any non-padding id will do for a shape-only run.
   std::vector<int64_t> ids(static_cast<size_t>(B * T), std::max<int64_t>(config_int(model->config(), "pad_token_id", 0) + 1, 1));

@@ -106,6 +106,8 @@ std::string MemoryReport::to_string() const {
   char buf[160];
   std::string out;
   out += "parameters        " + size(parameter_bytes) + "\n";
+  if (frozen_parameter_bytes > 0)
+    out += "frozen weights    " + size(frozen_parameter_bytes) + "  (no gradient, no optimizer state)\n";
   out += "gradients         " + size(gradient_bytes) + "\n";
   out += "optimizer state   " + size(optimizer_state_bytes) + "\n";
   out += "inputs            " + size(input_bytes) + "\n";

@@ -41,6 +41,7 @@ void ParameterStore::allocate() {
     bytes += align_up(static_cast<size_t>(s.numel) * dtype_size(s.dtype));
   }
   if (bytes) frozen_ = aligned_allocate(bytes);
+  frozen_bytes_ = bytes;
 }
 
 bool ParameterStore::contains_frozen(const std::string& name) const {

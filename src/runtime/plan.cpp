@@ -220,6 +220,7 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
   p.report_.input_bytes = input_bytes;
   p.report_.parameter_bytes = static_cast<size_t>(params.flat_numel()) * sizeof(float);
   p.report_.gradient_bytes = p.report_.parameter_bytes;
+  p.report_.frozen_parameter_bytes = params.frozen_bytes();
   p.report_.activation_peak_bytes = p.arena_plan_.arena_bytes;
   p.report_.activation_naive_bytes = storage.naive_bytes;
   p.report_.num_buffers = p.buffers_.size();

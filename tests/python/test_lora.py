@@ -277,6 +277,42 @@ def test_cli_lora_run_writes_adapters_peft_evaluates_alike(tiny_llama, tmp_path)
     hf.assert_loss_matches(json.loads(merged.stdout[merged.stdout.index("{"):])["eval_loss"], theirs, "merged model")
 
 
+def test_cli_inspect_shows_the_lora_plan(tiny_llama):
+    """`fusetrain inspect` with the LoRA flags plans what train would run: adapters alone train (r=8 on q, k, v, o
+    of 2 layers of hidden 64 with 2 key/value heads of 16: 2 × (8·64 + 64·8 + 2 · (8·64 + 32·8) + 8·64 + 64·8) =
+    7,168 parameters), the base is frozen (no gradient, no optimizer state) and --base-dtype bf16 halves what it
+    keeps of the projections."""
+    def inspect(*flags):
+        result = subprocess.run([str(cli_support.BUILD / "fusetrain"), "inspect", "--model", str(tiny_llama),
+                                 "--task", "clm", "--max-seq-length", "32", *flags], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    def mib(output, row):
+        line = next((l for l in output.splitlines() if l.startswith(row)), None)
+        if line is None:
+            return None
+        value, unit = line[len(row):].split()[:2]
+        return float(value) * {"MiB": 1.0, "KiB": 1 / 1024}[unit]
+
+    lora = ["--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules", "q_proj,k_proj,v_proj,o_proj"]
+    full, adapted, adapted_bf16 = inspect(), inspect(*lora), inspect(*lora, "--base-dtype", "bf16")
+    assert mib(full, "frozen weights") is None
+    assert ": 7168 trainable," in adapted.splitlines()[0], adapted.splitlines()[0]
+    assert mib(adapted, "parameters") < mib(full, "parameters") / 10
+    for out in (adapted, adapted_bf16):
+        assert mib(out, "gradients") == mib(out, "parameters")
+        assert mib(out, "optimizer state") == pytest.approx(2 * mib(out, "parameters"), abs=1e-4)
+    # Every base weight is frozen, so frozen + trainable is the full model plus the adapters' 7,168 f32 values
+    # (each buffer is padded to 64 bytes: a few KiB at most, under the 0.5% allowed).
+    assert mib(adapted, "frozen weights") + mib(adapted, "parameters") == pytest.approx(
+        mib(full, "parameters") + 7168 * 4 / 2**20, rel=5e-3)
+    assert mib(adapted_bf16, "frozen weights") < mib(adapted, "frozen weights")
+    refused = subprocess.run([str(cli_support.BUILD / "fusetrain"), "inspect", "--model", str(tiny_llama), "--task",
+                              "clm", *lora, "--merge-lora"], capture_output=True, text=True)
+    assert refused.returncode != 0 and "--merge-lora applies to train" in refused.stderr, refused.stderr
+
+
 def test_cli_prompt_response_jsonl_labels_only_the_response(tiny_llama, tmp_path):
     """A clm .jsonl with "prompt" and "response": the loss is the response's and its </s>'s alone, as a
     transformers model computes it with the prompt's labels set to -100 (one example per batch, so the mean of the

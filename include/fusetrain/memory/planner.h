@@ -38,7 +38,8 @@ size_t naive_bytes(const std::vector<BufferRequest>& requests, size_t alignment 
 
 /// The memory a training plan uses, by kind.
 struct MemoryReport {
-  size_t parameter_bytes = 0;
+  size_t parameter_bytes = 0;         ///< the trainable parameters (f32)
+  size_t frozen_parameter_bytes = 0;  ///< frozen weights (LoRA's base) in their dtype; no gradient, no optimizer state
   size_t gradient_bytes = 0;
   size_t optimizer_state_bytes = 0;
   size_t input_bytes = 0;

@@ -63,6 +63,8 @@ class ParameterStore {
   Tensor frozen(size_t i) const;
   /// Sum of the frozen parameters' element counts.
   int64_t num_frozen_parameters() const;
+  /// Bytes of the frozen buffer (each frozen parameter in its dtype, 64-byte aligned).
+  size_t frozen_bytes() const { return frozen_bytes_; }
   /// Sets every gradient to zero (one memset).
   void zero_grads();
   /// Marks which parameters get weight decay (by default all of them).
@@ -73,6 +75,7 @@ class ParameterStore {
   std::vector<ParamSlot> slots_;
   std::vector<FrozenSlot> frozen_slots_;
   int64_t flat_numel_ = 0;
+  size_t frozen_bytes_ = 0;
   AlignedPtr frozen_;
   AlignedPtr params_;
   AlignedPtr grads_;
