@@ -118,9 +118,14 @@ def _lora_settings(model: Any) -> dict:
     (config,) = model.peft_config.values()
     targets = config.target_modules
     targets = [targets] if isinstance(targets, str) else sorted(targets)
+    # A base whose frozen weights are all bf16 (loaded with dtype=torch.bfloat16 to save memory) stays bf16 in the
+    # engine: its frozen projections are kept as they are rather than widened to twice the memory.
+    frozen = [p for p in _base_model(model).parameters() if not p.requires_grad and p.is_floating_point()]
+    bf16_base = bool(frozen) and all(p.dtype == torch.bfloat16 for p in frozen)
     return dict(r=int(config.r), lora_alpha=float(config.lora_alpha), lora_dropout=float(config.lora_dropout or 0.0),
                 target_modules=targets, modules_to_save=sorted(config.modules_to_save or []),
-                use_rslora=bool(getattr(config, "use_rslora", False)))
+                use_rslora=bool(getattr(config, "use_rslora", False)),
+                base_dtype="bfloat16" if bf16_base else "float32")
 
 
 def _engine_names(hf_model: Any) -> dict[str, str]:
@@ -145,7 +150,8 @@ def _engine_names(hf_model: Any) -> dict[str, str]:
 
 def engine_model(model: Any) -> Model:
     """A fusetrain.Model with the config and weights of a transformers model object; a PEFT LoRA model becomes an
-    engine LoRA model with the same adapters (frozen base, adapters and modules_to_save trainable)."""
+    engine LoRA model with the same adapters (frozen base, adapters and modules_to_save trainable; a base held
+    in bf16 keeps its frozen projections in bf16)."""
     base = _base_model(model)
     architecture = type(base).__name__
     _task_of(architecture)

@@ -153,6 +153,33 @@ def test_bf16_base_weights():
     assert not errors, "\n  ".join(errors)
 
 
+def test_a_peft_model_on_a_bf16_base_keeps_its_base_in_bf16():
+    """A PEFT model whose base was loaded in bf16 (transformers' dtype=torch.bfloat16, the usual way to halve a
+    LoRA run's memory) keeps its frozen projections in bf16 in the engine too. The weights are the same bf16
+    values either way, so loss and adapter gradients equal those of the same PEFT model on an f32 base holding
+    those values; the 1e-5 relative bound allows only for the bf16 and f32 GEMMs summing in another order."""
+    peft_m = peft_model("llama-q-v-down")
+    data = batch("LlamaForCausalLM")
+    with torch.no_grad():
+        for p in peft_m.parameters():  # the f32 reference holds the values a bf16 base can hold
+            if not p.requires_grad:
+                p.copy_(p.bfloat16().float())
+    f32 = engine_model(peft_m)
+    assert f32.lora["base_dtype"] == "float32"
+    for p in peft_m.parameters():
+        if not p.requires_grad:
+            p.data = p.data.bfloat16()
+    bf16 = engine_model(peft_m)
+    assert bf16.lora["base_dtype"] == "bfloat16"
+    w = "model.layers.0.self_attn.q_proj.weight"
+    np.testing.assert_array_equal(bf16.state_dict()[w], f32.state_dict()[w])
+    loss32, grads32 = f32.loss_and_grads(**data)
+    loss16, grads16 = bf16.loss_and_grads(**data)
+    assert abs(loss16 - loss32) <= 1e-5 * abs(loss32)
+    errors = hf.grad_errors(grads16, grads32, rtol=1e-5)
+    assert not errors, "\n  ".join(errors)
+
+
 def test_adapters_round_trip_through_peft_and_merge(tmp_path):
     base_dir = tmp_path / "base"
     peft_m = peft_model("llama-q-v-down", base_dir=base_dir)
