@@ -34,6 +34,14 @@ std::string fuse_decomposed_rmsnorm(ir::Graph& g, PassState&) {
   return report(passes::fuse_decomposed_rmsnorm(g).fused, " written-out RMSNorms");
 }
 
+std::string fuse_decomposed_rope(ir::Graph& g, PassState&) {
+  return report(passes::fuse_decomposed_rope(g).fused, " written-out rotary embeddings, applied before the heads transpose");
+}
+
+std::string fuse_decomposed_swiglu(ir::Graph& g, PassState&) {
+  return report(passes::fuse_decomposed_swiglu(g).fused, " written-out SwiGLUs (silu(gate) · up)");
+}
+
 std::string fuse_erf_gelu(ir::Graph& g, PassState&) {
   return report(passes::fuse_erf_gelu(g).fused, " written-out GELUs (erf or tanh form)");
 }
@@ -97,11 +105,14 @@ std::string fold_output_casts(ir::Graph& g, PassState&) {
 
 const std::vector<Pass>& pipeline() {
   static const std::vector<Pass> kPipeline = {
+      // Before the transposes fold: it moves a heads transpose from before the rotation to after it.
+      {"fuse_decomposed_rope", Stage::Forward, with_fusions, fuse_decomposed_rope},
       {"fold_attention_transposes", Stage::Forward, with_fusions, fold_attention_transposes},
-      // Decomposed LayerNorm, RMSNorm and GELU first, so the passes after them see the fused ops.
+      // Decomposed LayerNorm, RMSNorm, GELU and SwiGLU first, so the passes after them see the fused ops.
       {"fuse_decomposed_layernorm", Stage::Forward, with_fusions, fuse_decomposed_layernorm},
       {"fuse_decomposed_rmsnorm", Stage::Forward, with_fusions, fuse_decomposed_rmsnorm},
       {"fuse_erf_gelu", Stage::Forward, with_fusions, fuse_erf_gelu},
+      {"fuse_decomposed_swiglu", Stage::Forward, with_fusions, fuse_decomposed_swiglu},
       {"prune_sliced_rows", Stage::Forward, with_fusions, prune_sliced_rows},
       {"fuse_dropout_add", Stage::Forward, with_fusions, fuse_dropout_add},
       {"fuse_add_layernorm", Stage::Forward, with_fusions, fuse_add_layernorm},

@@ -359,6 +359,7 @@ class Builder {
     return v;
   }
   ValueId transposed(ValueId x, std::vector<int64_t> perm);
+  ValueId unrepeated_heads(ValueId x) const;
   ValueId where(const NodeProto& n, int64_t index);
 
   const OnnxFamily& f_;
@@ -508,6 +509,34 @@ ValueId Builder::transposed(ValueId x, std::vector<int64_t> perm) {
   return identity ? x : b_.transpose(x, perm);
 }
 
+// x (B, H, S, D) as exporters write transformers' repeat_kv, Reshape to (B, Hkv, 1, S, D), Expand to (B, Hkv, r, S,
+// D) (imported as an add of zeros), Reshape to (B, Hkv·r, S, D): the (B, Hkv, S, D) value repeated, which
+// grouped-query Attention reads as it is (no repeated copy, no sum of the repeats' gradients). x otherwise.
+ValueId Builder::unrepeated_heads(ValueId x) const {
+  auto made_by = [&](ValueId v, ops::OpKind op) -> const ir::Node* {
+    const ir::NodeId p = graph_.value(v).producer;
+    return p != ir::kNone && graph_.node(p).op == op ? &graph_.node(p) : nullptr;
+  };
+  const Shape& xs = graph_.value(x).shape;
+  const ir::Node* merge = made_by(x, ops::OpKind::Reshape);
+  const ir::Node* expand = merge ? made_by(merge->inputs[0], ops::OpKind::Add) : nullptr;
+  if (!expand || xs.rank() != 4) return x;
+  for (int side = 0; side < 2; ++side) {
+    const ir::Node* zeros = made_by(expand->inputs[size_t(1 - side)], ops::OpKind::Fill);
+    const ir::Node* split = made_by(expand->inputs[size_t(side)], ops::OpKind::Reshape);
+    if (!zeros || zeros->attrs.get_float("value") != 0.0 || !split) continue;
+    const ValueId kv = split->inputs[0];
+    const Shape& ks = graph_.value(kv).shape;
+    const Shape& grouped = graph_.value(expand->inputs[size_t(side)]).shape;
+    const Shape& repeated = graph_.value(expand->outputs[0]).shape;
+    if (ks.rank() == 4 && ks[0] == xs[0] && ks[2] == xs[2] && ks[3] == xs[3] && xs[1] % ks[1] == 0 &&
+        grouped == Shape{ks[0], ks[1], 1, ks[2], ks[3]} &&
+        repeated == Shape{ks[0], ks[1], xs[1] / ks[1], ks[2], ks[3]})
+      return kv;
+  }
+  return x;
+}
+
 // MatMul(x, W) with W a parameter: a Linear when the weight is trained (out, in) (OnnxFamily::out_in) or the
 // graph transposes an (out, in) parameter itself (an export without constant folding), with the bias of a
 // following Add folded in when that Add is the product's only reader. Otherwise a MatMul.
@@ -610,8 +639,14 @@ ValueId Builder::attention(const NodeProto& n) {
     key_mask_causal_[mask] = causal;
     key_mask = feed(mask, Feed::KeyMask, true, causal ? 1.0 : 0.0);
   }
-  const ValueId k = transposed(ir_of(kt), {0, 1, 3, 2});
-  const ValueId y = b_.attention(ir_of(q), k, ir_of(v), key_mask, scale, causal);
+  ValueId k = transposed(ir_of(kt), {0, 1, 3, 2}), vv = ir_of(v);
+  // Repeated key/value heads: the grouped ones, when both k and v are repeats of the same grouping.
+  const ValueId grouped_k = unrepeated_heads(k), grouped_v = unrepeated_heads(vv);
+  if (grouped_k != k && grouped_v != vv && graph_.value(grouped_k).shape == graph_.value(grouped_v).shape) {
+    k = grouped_k;
+    vv = grouped_v;
+  }
+  const ValueId y = b_.attention(ir_of(q), k, vv, key_mask, scale, causal);
   return y;
 }
 

@@ -1,6 +1,7 @@
-// Decomposed LayerNorm, RMSNorm and erf-GELU, as exporters write them, back into LayerNorm, RMSNorm and Gelu
-// (see fusion.h).
+// Decomposed LayerNorm, RMSNorm, GELU, SwiGLU and rotary embeddings, as exporters write them, back into the fused
+// ops (see fusion.h).
 #include <cmath>
+#include <map>
 #include <numbers>
 #include <optional>
 
@@ -17,6 +18,9 @@ class Matcher {
   explicit Matcher(ir::Graph& g) : g(g), consumers_(g.consumers()) {}
 
   ir::Graph& g;
+  // Values one rewrite made, by the value they derive from, with the node they run before: a later rewrite whose
+  // nodes run after that one reads them instead of making them again.
+  std::map<ValueId, std::pair<NodeId, ValueId>> made;
 
   // The live node producing v when its op is `op` and v is an intermediate (read by exactly
   // one node, not a graph output); null otherwise.
@@ -76,8 +80,17 @@ class Matcher {
     return n.attrs.get_int("keepdims", 0) == 1 && axes.size() == 1 && (axes[0] == -1 || axes[0] == rank - 1);
   }
 
+  // Removes `nodes`, and the constants (Fills) that only they read.
   void kill(std::initializer_list<const ir::Node*> nodes) {
     for (const ir::Node* n : nodes) g.remove_node(n->id);
+    for (const ir::Node* n : nodes)
+      for (ValueId in : n->inputs) {
+        const ir::Node* fill = producer(in, OpKind::Fill);
+        if (!fill || g.is_output(in)) continue;
+        bool unread = true;
+        for (NodeId r : readers(in)) unread = unread && g.is_removed(r);
+        if (unread) g.remove_node(fill->id);
+      }
   }
 
  private:
@@ -269,6 +282,117 @@ bool rewrite_tanh_gelu(Matcher& m, const ir::Node& tanh_node) {
   return false;
 }
 
+// The value `n` halves (Scale by 0.5, Mul by the constant 0.5 on either side, or Div by the constant 2), else kNone.
+ValueId halved(const Matcher& m, const ir::Node& n) {
+  if (n.op == OpKind::Scale) return n.attrs.get_float("alpha") == 0.5 ? n.inputs[0] : kNone;
+  if (n.op == OpKind::Div) return m.constant_near(n.inputs[1], 2.0) ? n.inputs[0] : kNone;
+  if (n.op != OpKind::Mul) return kNone;
+  for (int side = 0; side < 2; ++side)
+    if (m.constant_near(n.inputs[static_cast<size_t>(side)], 0.5)) return n.inputs[static_cast<size_t>(1 - side)];
+  return kNone;
+}
+
+// silu(gate) · up with σ(gate) written as (1 + tanh(gate / 2)) / 2 around `tanh_node` (ONNX's Sigmoid as the
+// importer lowers it): gate halved, Tanh, plus 1, halved, times gate, times up (each product in either order),
+// every intermediate read only inside the pattern: rewritten into SwiGLU(gate, up) at the last Mul. True if it was.
+bool rewrite_swiglu(Matcher& m, const ir::Node& tanh_node) {
+  ir::Graph& g = m.g;
+  const ir::Node* halving = nullptr;
+  ValueId gate = kNone;
+  for (OpKind op : {OpKind::Scale, OpKind::Mul, OpKind::Div}) {
+    const ir::Node* n = m.inner(tanh_node.inputs[0], op);
+    if (n && (gate = halved(m, *n)) != kNone) {
+      halving = n;
+      break;
+    }
+  }
+  if (!halving) return false;
+  const ir::Node* plus_one = m.only_reader(tanh_node.outputs[0]);
+  if (!plus_one || plus_one->op != OpKind::Add ||
+      !m.constant_near(Matcher::other_operand(*plus_one, tanh_node.outputs[0]), 1.0))
+    return false;
+  const ir::Node* sigmoid = m.only_reader(plus_one->outputs[0]);
+  if (!sigmoid || halved(m, *sigmoid) != plus_one->outputs[0]) return false;
+  const ir::Node* silu = m.only_reader(sigmoid->outputs[0]);
+  if (!silu || silu->op != OpKind::Mul || Matcher::other_operand(*silu, sigmoid->outputs[0]) != gate) return false;
+  const ir::Node* product = m.only_reader(silu->outputs[0]);
+  const ValueId up =
+      product && product->op == OpKind::Mul ? Matcher::other_operand(*product, silu->outputs[0]) : kNone;
+  const ir::Value& gv = g.value(gate);
+  if (up == kNone || up == silu->outputs[0] || gv.dtype != DType::f32 || g.value(up).dtype != DType::f32 ||
+      g.value(up).shape != gv.shape || g.value(product->outputs[0]).shape != gv.shape)
+    return false;
+  const NodeId at = product->id;
+  m.kill({halving, &tanh_node, plus_one, sigmoid, silu});
+  g.set_op(at, OpKind::SwiGLU, {gate, up}, ir::Attrs{});
+  return true;
+}
+
+// transformers' apply_rotary_pos_emb as ONNX graphs hold it, around `concat` (its rotate_half):
+//   x·cos + Concat(−x2, x1)·sin, x = Transpose(u, {0, 2, 1, 3}) (B, H, T, D), x1 and x2 its halves (Slices of the
+//   last axis), −x2 a Scale by −1, cos and sin (B or 1, 1, T, D) graph inputs (no gradient), each product and the
+//   sum in either order, every intermediate read only inside the pattern.
+// Rewritten into Transpose(RoPE(u, cos, sin)) at the Add, cos and sin reshaped to (B or 1, T, D) and, for 1,
+// expanded to B rows: the rotation runs before the heads transpose, which fold_attention_transposes then folds.
+bool rewrite_rope(Matcher& m, const ir::Node& concat) {
+  ir::Graph& g = m.g;
+  if (concat.inputs.size() != 2) return false;
+  const ir::Node* negate = m.inner(concat.inputs[0], OpKind::Scale);
+  if (!negate || negate->attrs.get_float("alpha") != -1.0) return false;
+  const ir::Node* first = m.inner(concat.inputs[1], OpKind::Slice);
+  const ir::Node* second = m.inner(negate->inputs[0], OpKind::Slice);
+  if (!first || !second || first->inputs[0] != second->inputs[0]) return false;
+  const ValueId x = first->inputs[0];
+  const ir::Value& xv = g.value(x);
+  if (xv.dtype != DType::f32 || xv.shape.rank() != 4 || xv.shape[3] % 2 != 0) return false;
+  const int64_t B = xv.shape[0], T = xv.shape[2], D = xv.shape[3];
+  auto half = [&](const ir::Node& slice, int64_t start) {
+    return slice.attrs.get_int("axis") == 3 && slice.attrs.get_int("start") == start &&
+           slice.attrs.get_int("end") == start + D / 2;
+  };
+  if (concat.attrs.get_int("axis") != 3 || !half(*first, 0) || !half(*second, D / 2)) return false;
+  const ir::Node* heads = m.producer(x, OpKind::Transpose);
+  if (!heads || heads->attrs.get_ints("perm") != std::vector<int64_t>{0, 2, 1, 3}) return false;
+  // A table the rotation reads: a (B or 1, 1, T, D) f32 graph input.
+  auto table = [&](ValueId v) {
+    const ir::Value& t = g.value(v);
+    return v != kNone && t.kind == ir::ValueKind::Input && t.dtype == DType::f32 && t.shape.rank() == 4 &&
+           (t.shape[0] == B || t.shape[0] == 1) && t.shape[1] == 1 && t.shape[2] == T && t.shape[3] == D;
+  };
+  const ir::Node* times_sin = m.only_reader(concat.outputs[0]);
+  const ValueId sin =
+      times_sin && times_sin->op == OpKind::Mul ? Matcher::other_operand(*times_sin, concat.outputs[0]) : kNone;
+  if (!table(sin)) return false;
+  const ir::Node* sum = m.only_reader(times_sin->outputs[0]);
+  const ValueId cos_term =
+      sum && sum->op == OpKind::Add ? Matcher::other_operand(*sum, times_sin->outputs[0]) : kNone;
+  const ir::Node* times_cos = cos_term == kNone ? nullptr : m.inner(cos_term, OpKind::Mul);
+  const ValueId cos = times_cos ? Matcher::other_operand(*times_cos, x) : kNone;
+  if (!table(cos) || g.value(cos).shape != g.value(sin).shape || g.value(sum->outputs[0]).shape != xv.shape)
+    return false;
+  const NodeId at = sum->id;
+  // The table as (B, T, D), made once for the rotations that read it.
+  auto rows = [&](ValueId t) {
+    if (auto it = m.made.find(t); it != m.made.end() && it->second.first <= at) return it->second.second;
+    const int64_t rows = g.value(t).shape[0];
+    ValueId out = g.insert_before(at, OpKind::Reshape, {t}, ir::Attrs{{"shape", std::vector<int64_t>{rows, T, D}}})[0];
+    if (rows != B)
+      out = g.insert_before(at, OpKind::ExpandTo, {out}, ir::Attrs{{"shape", std::vector<int64_t>{B, T, D}}})[0];
+    m.made[t] = {at, out};
+    return out;
+  };
+  const ValueId cos_rows = rows(cos), sin_rows = rows(sin);
+  const ValueId rotated = g.insert_before(at, OpKind::RoPE, {heads->inputs[0], cos_rows, sin_rows})[0];
+  m.kill({first, second, negate, &concat, times_sin, times_cos});
+  // x's readers: the two halves and the cos product, and possibly others (then its Transpose stays).
+  bool x_read_elsewhere = g.is_output(x);
+  for (NodeId r : m.readers(x))
+    x_read_elsewhere = x_read_elsewhere || (r != first->id && r != second->id && r != times_cos->id);
+  if (!x_read_elsewhere) m.kill({heads});
+  g.set_op(at, OpKind::Transpose, {rotated}, ir::Attrs{{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  return true;
+}
+
 template <typename Rewrite>
 FusionReport rewrite_all(ir::Graph& g, OpKind anchor, Rewrite rewrite) {
   FusionReport report;
@@ -284,6 +408,10 @@ FusionReport rewrite_all(ir::Graph& g, OpKind anchor, Rewrite rewrite) {
 FusionReport fuse_decomposed_layernorm(ir::Graph& g) { return rewrite_all(g, OpKind::Sqrt, rewrite_layernorm); }
 
 FusionReport fuse_decomposed_rmsnorm(ir::Graph& g) { return rewrite_all(g, OpKind::Sqrt, rewrite_rmsnorm); }
+
+FusionReport fuse_decomposed_rope(ir::Graph& g) { return rewrite_all(g, OpKind::Concat, rewrite_rope); }
+
+FusionReport fuse_decomposed_swiglu(ir::Graph& g) { return rewrite_all(g, OpKind::Tanh, rewrite_swiglu); }
 
 FusionReport fuse_erf_gelu(ir::Graph& g) {
   FusionReport erf = rewrite_all(g, OpKind::Erf, rewrite_erf_gelu);

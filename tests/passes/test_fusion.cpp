@@ -471,6 +471,140 @@ TEST(FuseDecomposed, LeavesLookalikesAlone) {
 }
 
 
+// transformers' apply_rotary_pos_emb as ONNX graphs hold it, on heads transposed out of (B, T, H, D): cos and sin
+// (1, 1, T, D) inputs with the products and the sum in one order (variant 0), or (B, 1, T, D) with every operand
+// order swapped (variant 1).
+GraphRun run_decomposed_rope(bool fuse, int variant, int* fused) {
+  ir::Graph g;
+  ir::GraphBuilder b(g, 2);
+  const int64_t B = 2, T = 5, H = 3, D = 8;
+  const int64_t rows = variant == 0 ? 1 : B;
+  ValueId u = b.param("u", {B, T, H, D});
+  ValueId cos = b.input("cos", {rows, 1, T, D});
+  ValueId sin = b.input("sin", {rows, 1, T, D});
+  ValueId x = b.transpose(u, {0, 2, 1, 3});
+  ValueId rotated = b.concat({b.scale(b.slice(x, 3, D / 2, D), -1.0), b.slice(x, 3, 0, D / 2)}, 3);
+  ValueId y = variant == 0 ? b.add(b.mul(x, cos), b.mul(rotated, sin)) : b.add(b.mul(sin, rotated), b.mul(cos, x));
+  // A weight after the rotation, so each position's gradient differs.
+  ValueId loss = b.reduce_sum(b.mul(b.mul(y, y), b.param("w", {D})), {0, 1, 2, 3});
+  g.mark_output(loss);
+  if (fuse) {
+    *fused = static_cast<int>(passes::fuse_decomposed_rope(g).fused);
+    EXPECT_EQ(count(g, OpKind::RoPE), 1);
+    for (OpKind gone : {OpKind::Slice, OpKind::Concat, OpKind::Scale}) EXPECT_EQ(count(g, gone), 0) << ir::op_name(gone);
+    EXPECT_EQ(count(g, OpKind::Transpose), 1);  // now after the rotation
+  }
+  auto feed = [&](runtime::Plan& plan) {
+    float* c = plan.input("cos").data_as<float>();
+    float* s = plan.input("sin").data_as<float>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < D; ++d) {
+          const double angle = static_cast<double>((t + r) * (1 + d % (D / 2))) * 0.3;
+          c[(r * T + t) * D + d] = static_cast<float>(std::cos(angle));
+          s[(r * T + t) * D + d] = static_cast<float>(std::sin(angle));
+        }
+  };
+  return run_graph(g, loss, 0.8f, 0.29f, 0, {}, feed);
+}
+
+TEST(FuseDecomposed, WrittenOutRotaryEmbeddingBecomesRoPEWithTheSameResults) {
+  for (int variant = 0; variant < 2; ++variant) {
+    int fused = 0;
+    GraphRun plain = run_decomposed_rope(false, variant, nullptr);
+    GraphRun with = run_decomposed_rope(true, variant, &fused);
+    EXPECT_EQ(fused, 1) << "variant " << variant;
+    // The kernel sums each rotated pair in double, the written-out graph in f32: equal within f32 rounding.
+    EXPECT_NEAR(plain.loss, with.loss, 1e-5 * std::abs(plain.loss)) << "variant " << variant;
+    double max_grad = 0.0;
+    for (float v : plain.grads) max_grad = std::max(max_grad, static_cast<double>(std::abs(v)));
+    for (size_t i = 0; i < plain.grads.size(); ++i)
+      ASSERT_NEAR(plain.grads[i], with.grads[i], 2e-5 * max_grad) << "variant " << variant << " gradient " << i;
+  }
+}
+
+TEST(FuseDecomposed, LeavesRotaryLookalikesAlone) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  const int64_t B = 2, T = 4, H = 2, D = 6;
+  ValueId u = b.param("u", {B, T, H, D});
+  ValueId cos = b.input("cos", {1, 1, T, D});
+  ValueId sin = b.input("sin", {1, 1, T, D});
+  ValueId x = b.transpose(u, {0, 2, 1, 3});
+  auto rope = [&](ValueId x, ValueId cos, ValueId sin, double sign, bool swap_halves) {
+    ValueId x1 = b.slice(x, 3, 0, D / 2), x2 = b.slice(x, 3, D / 2, D);
+    ValueId rotated = swap_halves ? b.concat({x1, b.scale(x2, sign)}, 3) : b.concat({b.scale(x2, sign), x1}, 3);
+    return b.add(b.mul(x, cos), b.mul(rotated, sin));
+  };
+  // −2 instead of −1; the halves in the other order; sin a trained parameter (it would need a gradient); heads not
+  // transposed out of (B, T, H, D).
+  g.mark_output(rope(x, cos, sin, -2.0, false));
+  g.mark_output(rope(x, cos, sin, -1.0, true));
+  g.mark_output(rope(x, cos, b.param("sin_w", {1, 1, T, D}), -1.0, false));
+  g.mark_output(rope(b.param("x", {B, H, T, D}), cos, sin, -1.0, false));
+  EXPECT_EQ(passes::fuse_decomposed_rope(g).fused, 0);
+  EXPECT_EQ(count(g, OpKind::Concat), 4);
+}
+
+// Llama's MLP product silu(gate) · up with σ as the ONNX importer writes Sigmoid, (1 + tanh(gate / 2)) / 2: the
+// halvings as Scale (variant 0) or as Mul by 0.5 and Div by 2 (variant 1), the products in both orders.
+GraphRun run_decomposed_swiglu(bool fuse, int variant, int* fused) {
+  ir::Graph g;
+  ir::GraphBuilder b(g, 2);
+  ValueId gate = b.param("gate", {3, 5, 12});
+  ValueId up = b.param("up", {3, 5, 12});
+  auto scalar = [&](double v) { return b.fill(Shape{1}, v); };
+  ValueId t = g.add(OpKind::Tanh, {variant == 0 ? b.scale(gate, 0.5) : b.div(gate, scalar(2.0))});
+  ValueId sigmoid = variant == 0 ? b.scale(b.add(t, scalar(1.0)), 0.5) : b.mul(scalar(0.5), b.add(scalar(1.0), t));
+  ValueId y = variant == 0 ? b.mul(up, b.mul(gate, sigmoid)) : b.mul(b.mul(sigmoid, gate), up);
+  ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1, 2});
+  g.mark_output(loss);
+  if (fuse) {
+    *fused = static_cast<int>(passes::fuse_decomposed_swiglu(g).fused);
+    EXPECT_EQ(count(g, OpKind::SwiGLU), 1);
+    EXPECT_EQ(count(g, OpKind::Tanh), 0);
+    EXPECT_EQ(count(g, OpKind::Mul), 1);  // the loss's square alone
+  }
+  return run_graph(g, loss, 0.9f, 0.37f, 0);
+}
+
+TEST(FuseDecomposed, WrittenOutSwiGLUBecomesSwiGLUWithTheSameResults) {
+  for (int variant = 0; variant < 2; ++variant) {
+    int fused = 0;
+    GraphRun plain = run_decomposed_swiglu(false, variant, nullptr);
+    GraphRun with = run_decomposed_swiglu(true, variant, &fused);
+    EXPECT_EQ(fused, 1) << "variant " << variant;
+    // The fused kernel forms σ from exp, the written-out graph from tanh: equal within f32 rounding.
+    EXPECT_NEAR(plain.loss, with.loss, 1e-5 * std::abs(plain.loss)) << "variant " << variant;
+    double max_grad = 0.0;
+    for (float v : plain.grads) max_grad = std::max(max_grad, static_cast<double>(std::abs(v)));
+    for (size_t i = 0; i < plain.grads.size(); ++i)
+      ASSERT_NEAR(plain.grads[i], with.grads[i], 2e-5 * max_grad) << "variant " << variant << " gradient " << i;
+  }
+}
+
+TEST(FuseDecomposed, LeavesSwiGLULookalikesAlone) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  ValueId gate = b.param("gate", {4, 8});
+  ValueId up = b.param("up", {4, 8});
+  auto scalar = [&](double v) { return b.fill(Shape{1}, v); };
+  auto sigmoid_of = [&](ValueId x) {
+    return b.scale(b.add(g.add(OpKind::Tanh, {b.scale(x, 0.5)}), scalar(1.0)), 0.5);
+  };
+  // σ(gate) times something other than gate; σ read elsewhere too; σ(gate)·gate not multiplied by anything; up
+  // broadcast from another shape; a quarter instead of a half.
+  g.mark_output(b.mul(b.mul(up, sigmoid_of(gate)), up));
+  ValueId shared = sigmoid_of(gate);
+  g.mark_output(b.mul(b.mul(gate, shared), up));
+  g.mark_output(shared);
+  g.mark_output(b.mul(gate, sigmoid_of(gate)));
+  g.mark_output(b.mul(b.mul(gate, sigmoid_of(gate)), b.param("row", {8})));
+  g.mark_output(b.mul(b.mul(gate, b.scale(b.add(g.add(OpKind::Tanh, {b.scale(gate, 0.25)}), scalar(1.0)), 0.5)), up));
+  EXPECT_EQ(passes::fuse_decomposed_swiglu(g).fused, 0);
+  EXPECT_EQ(count(g, OpKind::Tanh), 5);
+}
+
 // A language-model head: h = tanh(x·w1ᵀ), logits = h·wvᵀ (+ bias) over V = 301 classes, and the
 // cross-entropy against targets of which `ignored` (a fraction) are -100. Operands in `precision`
 // (casts before the head, as bf16 models build it). Returns the loss and every gradient.

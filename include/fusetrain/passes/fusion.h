@@ -73,6 +73,19 @@ FusionReport fuse_decomposed_layernorm(ir::Graph& graph);
 /// order), every intermediate read only inside the pattern, becomes RMSNorm(x, weight, eps) and its fused backward.
 FusionReport fuse_decomposed_rmsnorm(ir::Graph& graph);
 
+/// Rotary embeddings written out (transformers' apply_rotary_pos_emb as ONNX graphs hold it): x·cos +
+/// Concat(−x2, x1)·sin on heads x = Transpose(u) (B, H, T, D) with x1, x2 Slices of its halves, cos and sin
+/// (B or 1, 1, T, D) graph inputs, in either operand order, every intermediate read only inside the pattern, becomes
+/// Transpose(RoPE(u, cos, sin)): one pass instead of seven ops, and the heads transpose moves after the rotation,
+/// where fold_attention_transposes (run next) folds it into the attention.
+FusionReport fuse_decomposed_rope(ir::Graph& graph);
+
+/// SwiGLU written out (Llama's MLP as ONNX graphs hold it, Sigmoid imported as (1 + Tanh(x / 2)) / 2):
+/// gate halved, Tanh, plus 1, halved, times gate, times up (halving as Scale 0.5, Mul 0.5 or Div 2; each product in
+/// either order), every intermediate read only inside the pattern, becomes SwiGLU(gate, up): one pass over gate
+/// and up and the fused backward instead of seven element-wise ops, each of whose outputs backward kept.
+FusionReport fuse_decomposed_swiglu(ir::Graph& graph);
+
 /// Erf-based GELU written out: 0.5 · x · (1 + Erf(x / √2)) (or x · 1/√2 inside, and the three
 /// factors multiplied in any order), with every intermediate read only inside the pattern,
 /// becomes Gelu(x) in its erf form, which fuse_linear_gelu can then fold into a Linear. The tanh form
