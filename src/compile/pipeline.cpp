@@ -35,7 +35,7 @@ std::string fuse_decomposed_rmsnorm(ir::Graph& g, PassState&) {
 }
 
 std::string fuse_decomposed_rope(ir::Graph& g, PassState&) {
-  return report(passes::fuse_decomposed_rope(g).fused, " written-out rotary embeddings, applied before the heads transpose");
+  return report(passes::fuse_decomposed_rope(g).fused, " written-out rotary embeddings");
 }
 
 std::string fuse_decomposed_swiglu(ir::Graph& g, PassState&) {

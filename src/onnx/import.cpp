@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "fusetrain/core/dtype.h"
@@ -72,6 +73,22 @@ struct HostProgram {
   std::vector<int> nodes;           ///< batch-dependent nodes, in order
   std::vector<HostFeed> feeds;
 };
+
+// A (…, T, T) condition that keeps query t's keys s in (t − window, t] (every s <= t: window 0), the same for
+// every leading index: that window, else nullopt.
+std::optional<int64_t> causal_window(const HostTensor& keep) {
+  const size_t r = keep.shape.size();
+  if (r < 2 || keep.shape[r - 1] != keep.shape[r - 2]) return std::nullopt;
+  const int64_t T = keep.shape[r - 1];
+  int64_t window = 0;
+  for (int64_t s = 0; s < T; ++s) window += keep.at((T - 1) * T + s) != 0;
+  if (window == T) window = 0;
+  for (int64_t k = 0; k < keep.numel(); ++k) {
+    const int64_t t = (k / T) % T, s = k % T;
+    if ((keep.at(k) != 0) != (s <= t && (window == 0 || s > t - window))) return std::nullopt;
+  }
+  return window;
+}
 
 void fill_feed(const HostFeed& f, const HostTensor& v, void* out) {
   const int64_t n = v.numel();
@@ -594,6 +611,20 @@ ValueId Builder::attention(const NodeProto& n) {
   const int64_t axis = attr_int(*softmax, "axis", -1);
   if (axis != -1 && axis != 3) return ir::kNone;
   int scores = ids_.at(softmax->input(0));
+  // fusetrain's own export masks causal (and sliding-window) attention with Where(keep, scores, lowest float), keep
+  // a constant of the build's (T, T): the band it keeps is the causality and the window.
+  bool banded = false;
+  int64_t window = 0;
+  if (const NodeProto* w = producer(scores); w && w->op_type() == "Where") {
+    const int keep = ids_.at(w->input(0)), kept = ids_.at(w->input(1)), other = ids_.at(w->input(2));
+    double fill = 0;
+    if (kind(keep) != Kind::Const || !is_ir(kept) || !scalar_const(other, fill) || fill > -1e30) return ir::kNone;
+    const std::optional<int64_t> band = causal_window(host_[size_t(keep)]);
+    if (!band) return ir::kNone;
+    banded = true;
+    window = *band;
+    scores = kept;
+  }
   int mask = -1;
   if (const NodeProto* add = producer(scores); add && add->op_type() == "Add") {
     const int a = ids_.at(add->input(0)), b = ids_.at(add->input(1));
@@ -639,6 +670,8 @@ ValueId Builder::attention(const NodeProto& n) {
     key_mask_causal_[mask] = causal;
     key_mask = feed(mask, Feed::KeyMask, true, causal ? 1.0 : 0.0);
   }
+  if (banded && qs[2] != ks[3]) return ir::kNone;
+  causal = causal || banded;
   ValueId k = transposed(ir_of(kt), {0, 1, 3, 2}), vv = ir_of(v);
   // Repeated key/value heads: the grouped ones, when both k and v are repeats of the same grouping.
   const ValueId grouped_k = unrepeated_heads(k), grouped_v = unrepeated_heads(vv);
@@ -646,7 +679,7 @@ ValueId Builder::attention(const NodeProto& n) {
     k = grouped_k;
     vv = grouped_v;
   }
-  const ValueId y = b_.attention(ir_of(q), k, vv, key_mask, scale, causal);
+  const ValueId y = b_.attention(ir_of(q), k, vv, key_mask, scale, causal, 0.0, DType::f32, window);
   return y;
 }
 

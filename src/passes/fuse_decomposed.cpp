@@ -329,35 +329,53 @@ bool rewrite_swiglu(Matcher& m, const ir::Node& tanh_node) {
 }
 
 // transformers' apply_rotary_pos_emb as ONNX graphs hold it, around `concat` (its rotate_half):
-//   x·cos + Concat(−x2, x1)·sin, x = Transpose(u, {0, 2, 1, 3}) (B, H, T, D), x1 and x2 its halves (Slices of the
-//   last axis), −x2 a Scale by −1, cos and sin (B or 1, 1, T, D) graph inputs (no gradient), each product and the
-//   sum in either order, every intermediate read only inside the pattern.
-// Rewritten into Transpose(RoPE(u, cos, sin)) at the Add, cos and sin reshaped to (B or 1, T, D) and, for 1,
-// expanded to B rows: the rotation runs before the heads transpose, which fold_attention_transposes then folds.
+//   x·cos + Concat(−x2, x1)·sin, x1 and x2 the halves of x's last axis (two Slices or one Split), −x2 a Scale by
+//   −1, cos and sin f32 graph inputs (no gradient), each product and the sum in either order, every intermediate
+//   read only inside the pattern, in one of two layouts:
+//   - heads-major: x = Transpose(u, {0, 2, 1, 3}) (B, H, T, D), cos and sin (B or 1, 1, T, D) (the exporters'
+//     graphs): rewritten into Transpose(RoPE(u, cos, sin)), so the rotation runs before the heads transpose and
+//     fold_attention_transposes can fold that into the attention;
+//   - sequence-major: x (B, T, H, D), cos and sin (B or 1, T, 1, D) (fusetrain's own export): RoPE(x, cos, sin).
+// The rewrite sits at the Add; cos and sin become (B or 1, T, D) and, for 1, are expanded to B rows.
 bool rewrite_rope(Matcher& m, const ir::Node& concat) {
   ir::Graph& g = m.g;
   if (concat.inputs.size() != 2) return false;
   const ir::Node* negate = m.inner(concat.inputs[0], OpKind::Scale);
   if (!negate || negate->attrs.get_float("alpha") != -1.0) return false;
-  const ir::Node* first = m.inner(concat.inputs[1], OpKind::Slice);
-  const ir::Node* second = m.inner(negate->inputs[0], OpKind::Slice);
-  if (!first || !second || first->inputs[0] != second->inputs[0]) return false;
-  const ValueId x = first->inputs[0];
+  const ValueId x1 = concat.inputs[1], x2 = negate->inputs[0];
+  auto on_last_axis = [](const ir::Node& n) { return n.attrs.get_int("axis") == 3 || n.attrs.get_int("axis") == -1; };
+  ValueId x = kNone;
+  std::vector<const ir::Node*> halves;  // the Slices or the Split
+  const ir::Node* first = m.inner(x1, OpKind::Slice);
+  const ir::Node* second = m.inner(x2, OpKind::Slice);
+  if (first && second && first->inputs[0] == second->inputs[0]) {
+    x = first->inputs[0];
+    halves = {first, second};
+  } else if (const ir::Node* split = m.producer(x1, OpKind::Split);
+             split && split->outputs.size() == 2 && split->outputs[0] == x1 && split->outputs[1] == x2 &&
+             m.single_reader(x1) && m.single_reader(x2) && on_last_axis(*split)) {
+    x = split->inputs[0];
+    halves = {split};
+  }
+  if (x == kNone) return false;
   const ir::Value& xv = g.value(x);
-  if (xv.dtype != DType::f32 || xv.shape.rank() != 4 || xv.shape[3] % 2 != 0) return false;
-  const int64_t B = xv.shape[0], T = xv.shape[2], D = xv.shape[3];
-  auto half = [&](const ir::Node& slice, int64_t start) {
-    return slice.attrs.get_int("axis") == 3 && slice.attrs.get_int("start") == start &&
-           slice.attrs.get_int("end") == start + D / 2;
-  };
-  if (concat.attrs.get_int("axis") != 3 || !half(*first, 0) || !half(*second, D / 2)) return false;
+  if (xv.dtype != DType::f32 || xv.shape.rank() != 4 || xv.shape[3] % 2 != 0 || !on_last_axis(concat)) return false;
+  const int64_t D = xv.shape[3];
+  for (const ValueId half : {x1, x2})
+    if (g.value(half).shape[3] != D / 2) return false;
+  if (halves.size() == 2 && (halves[0]->attrs.get_int("start") != 0 || halves[1]->attrs.get_int("start") != D / 2 ||
+                             !on_last_axis(*halves[0]) || !on_last_axis(*halves[1])))
+    return false;
   const ir::Node* heads = m.producer(x, OpKind::Transpose);
-  if (!heads || heads->attrs.get_ints("perm") != std::vector<int64_t>{0, 2, 1, 3}) return false;
-  // A table the rotation reads: a (B or 1, 1, T, D) f32 graph input.
+  const bool heads_major = heads && heads->attrs.get_ints("perm") == std::vector<int64_t>{0, 2, 1, 3};
+  const int64_t B = xv.shape[0], T = heads_major ? xv.shape[2] : xv.shape[1];
+  // A table the rotation reads: an f32 graph input of (B or 1, 1, T, D) heads-major, (B or 1, T, 1, D) otherwise.
   auto table = [&](ValueId v) {
+    if (v == kNone) return false;
     const ir::Value& t = g.value(v);
-    return v != kNone && t.kind == ir::ValueKind::Input && t.dtype == DType::f32 && t.shape.rank() == 4 &&
-           (t.shape[0] == B || t.shape[0] == 1) && t.shape[1] == 1 && t.shape[2] == T && t.shape[3] == D;
+    if (t.kind != ir::ValueKind::Input || t.dtype != DType::f32 || t.shape.rank() != 4) return false;
+    const int64_t r = t.shape[0];
+    return (r == B || r == 1) && t.shape == (heads_major ? Shape{r, 1, T, D} : Shape{r, T, 1, D});
   };
   const ir::Node* times_sin = m.only_reader(concat.outputs[0]);
   const ValueId sin =
@@ -382,12 +400,17 @@ bool rewrite_rope(Matcher& m, const ir::Node& concat) {
     return out;
   };
   const ValueId cos_rows = rows(cos), sin_rows = rows(sin);
+  m.kill({negate, &concat, times_sin, times_cos});
+  for (const ir::Node* h : halves) m.kill({h});
+  if (!heads_major) {
+    g.set_op(at, OpKind::RoPE, {x, cos_rows, sin_rows}, ir::Attrs{});
+    return true;
+  }
   const ValueId rotated = g.insert_before(at, OpKind::RoPE, {heads->inputs[0], cos_rows, sin_rows})[0];
-  m.kill({first, second, negate, &concat, times_sin, times_cos});
-  // x's readers: the two halves and the cos product, and possibly others (then its Transpose stays).
+  // x's readers: the halves and the cos product, and possibly others (then its Transpose stays).
   bool x_read_elsewhere = g.is_output(x);
   for (NodeId r : m.readers(x))
-    x_read_elsewhere = x_read_elsewhere || (r != first->id && r != second->id && r != times_cos->id);
+    x_read_elsewhere = x_read_elsewhere || !g.is_removed(r);
   if (!x_read_elsewhere) m.kill({heads});
   g.set_op(at, OpKind::Transpose, {rotated}, ir::Attrs{{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
   return true;

@@ -473,26 +473,35 @@ TEST(FuseDecomposed, LeavesLookalikesAlone) {
 
 // transformers' apply_rotary_pos_emb as ONNX graphs hold it, on heads transposed out of (B, T, H, D): cos and sin
 // (1, 1, T, D) inputs with the products and the sum in one order (variant 0), or (B, 1, T, D) with every operand
-// order swapped (variant 1).
+// order swapped (variant 1). Variant 2 is fusetrain's own export: x (B, T, H, D) itself, its halves from one Split,
+// cos and sin (1, T, 1, D).
 GraphRun run_decomposed_rope(bool fuse, int variant, int* fused) {
   ir::Graph g;
   ir::GraphBuilder b(g, 2);
   const int64_t B = 2, T = 5, H = 3, D = 8;
-  const int64_t rows = variant == 0 ? 1 : B;
+  const int64_t rows = variant == 1 ? B : 1;
+  const Shape table = variant == 2 ? Shape{rows, T, 1, D} : Shape{rows, 1, T, D};
   ValueId u = b.param("u", {B, T, H, D});
-  ValueId cos = b.input("cos", {rows, 1, T, D});
-  ValueId sin = b.input("sin", {rows, 1, T, D});
-  ValueId x = b.transpose(u, {0, 2, 1, 3});
-  ValueId rotated = b.concat({b.scale(b.slice(x, 3, D / 2, D), -1.0), b.slice(x, 3, 0, D / 2)}, 3);
-  ValueId y = variant == 0 ? b.add(b.mul(x, cos), b.mul(rotated, sin)) : b.add(b.mul(sin, rotated), b.mul(cos, x));
+  ValueId cos = b.input("cos", table);
+  ValueId sin = b.input("sin", table);
+  ValueId x = variant == 2 ? u : b.transpose(u, {0, 2, 1, 3});
+  ValueId rotated;
+  if (variant == 2) {
+    std::vector<ValueId> halves = b.split(x, 3, {D / 2, D / 2});
+    rotated = b.concat({b.scale(halves[1], -1.0), halves[0]}, 3);
+  } else {
+    rotated = b.concat({b.scale(b.slice(x, 3, D / 2, D), -1.0), b.slice(x, 3, 0, D / 2)}, 3);
+  }
+  ValueId y = variant == 1 ? b.add(b.mul(sin, rotated), b.mul(cos, x)) : b.add(b.mul(x, cos), b.mul(rotated, sin));
   // A weight after the rotation, so each position's gradient differs.
   ValueId loss = b.reduce_sum(b.mul(b.mul(y, y), b.param("w", {D})), {0, 1, 2, 3});
   g.mark_output(loss);
   if (fuse) {
     *fused = static_cast<int>(passes::fuse_decomposed_rope(g).fused);
     EXPECT_EQ(count(g, OpKind::RoPE), 1);
-    for (OpKind gone : {OpKind::Slice, OpKind::Concat, OpKind::Scale}) EXPECT_EQ(count(g, gone), 0) << ir::op_name(gone);
-    EXPECT_EQ(count(g, OpKind::Transpose), 1);  // now after the rotation
+    for (OpKind gone : {OpKind::Slice, OpKind::Split, OpKind::Concat, OpKind::Scale})
+      EXPECT_EQ(count(g, gone), 0) << ir::op_name(gone);
+    EXPECT_EQ(count(g, OpKind::Transpose), variant == 2 ? 0 : 1);  // heads-major: now after the rotation
   }
   auto feed = [&](runtime::Plan& plan) {
     float* c = plan.input("cos").data_as<float>();
@@ -509,7 +518,7 @@ GraphRun run_decomposed_rope(bool fuse, int variant, int* fused) {
 }
 
 TEST(FuseDecomposed, WrittenOutRotaryEmbeddingBecomesRoPEWithTheSameResults) {
-  for (int variant = 0; variant < 2; ++variant) {
+  for (int variant = 0; variant < 3; ++variant) {
     int fused = 0;
     GraphRun plain = run_decomposed_rope(false, variant, nullptr);
     GraphRun with = run_decomposed_rope(true, variant, &fused);

@@ -411,6 +411,14 @@ def test_llama_family_export_imports_back(tmp_path, case):
     assert set(imported.state_dict()) <= set(native.state_dict_names())
     errors = hf.grad_errors(imported_grads, {name: grads[name] for name in imported_grads})
     assert not errors, "\n".join(errors)
+    # And it compiles to the native program: the masked softmax back into (windowed) causal Attention over the
+    # grouped heads, the written-out rotation, RMSNorm and SwiGLU back into their ops, no transposes left.
+    _, native_ops = planned_ops(tmp_path, task)
+    _, imported_ops = planned_ops(tmp_path / "model.onnx", task)
+    for op in ("Attention", "AttentionBackward", "RoPE", "RMSNorm", "SwiGLU", "SwiGLUBackward", "Transpose", "Softmax",
+               "MatMul", "Linear", "LinearCrossEntropy"):
+        assert imported_ops.get(op, 0) == native_ops.get(op, 0), \
+            f"{op}: imported {imported_ops.get(op)}, native {native_ops.get(op)}"
 
 
 def _sine_graph(path, angle_also_added: bool):
