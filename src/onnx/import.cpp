@@ -394,6 +394,7 @@ class Builder {
   std::map<std::string, ValueId> feeds_;
   std::map<int, const NodeProto*> producers_;  // value -> the node that wrote it (nodes mapped so far)
   std::map<int, bool> key_mask_causal_;        // attention masks fed as (B, S) key masks -> causal
+  std::map<int, std::optional<int64_t>> band_windows_;  // Where conditions read by attentions -> causal_window
   std::map<int64_t, ValueId> done_;            // nodes already computed by an earlier fused op (a Linear's bias)
   std::vector<Unsupported> unsupported_;
 };
@@ -619,7 +620,10 @@ ValueId Builder::attention(const NodeProto& n) {
     const int keep = ids_.at(w->input(0)), kept = ids_.at(w->input(1)), other = ids_.at(w->input(2));
     double fill = 0;
     if (kind(keep) != Kind::Const || !is_ir(kept) || !scalar_const(other, fill) || fill > -1e30) return ir::kNone;
-    const std::optional<int64_t> band = causal_window(host_[size_t(keep)]);
+    // Every layer reads the same condition: its (T, T) band is read once.
+    auto known = band_windows_.find(keep);
+    if (known == band_windows_.end()) known = band_windows_.emplace(keep, causal_window(host_[size_t(keep)])).first;
+    const std::optional<int64_t> band = known->second;
     if (!band) return ir::kNone;
     banded = true;
     window = *band;

@@ -355,6 +355,24 @@ TEST(FuseDecomposed, WrittenOutLayerNormAndErfGeluBecomeTheFusedOpsWithTheSameRe
   }
 }
 
+// Each variant of a written-out pattern, built by `run` without and with its pass: the pass fuses it once, and loss
+// and every gradient agree within f32 rounding (the fused kernel forms its intermediates in another order): loss
+// 1e-5 relative, gradients 2e-5 of the largest.
+void expect_fused_alike(const std::function<GraphRun(bool, int, int*)>& run, int variants) {
+  for (int variant = 0; variant < variants; ++variant) {
+    int fused = 0;
+    GraphRun plain = run(false, variant, nullptr);
+    GraphRun with = run(true, variant, &fused);
+    EXPECT_EQ(fused, 1) << "variant " << variant;
+    EXPECT_NEAR(plain.loss, with.loss, 1e-5 * std::abs(plain.loss)) << "variant " << variant;
+    ASSERT_EQ(plain.grads.size(), with.grads.size());
+    double max_grad = 0.0;
+    for (float v : plain.grads) max_grad = std::max(max_grad, static_cast<double>(std::abs(v)));
+    for (size_t i = 0; i < plain.grads.size(); ++i)
+      ASSERT_NEAR(plain.grads[i], with.grads[i], 2e-5 * max_grad) << "variant " << variant << " gradient " << i;
+  }
+}
+
 // Llama's RMSNorm as exporters write it, on a value the residual also reads: the square as Pow or Mul, the division
 // as Div(x, s) or x times Div(1, s) in either order, the weight on either side.
 GraphRun run_decomposed_rmsnorm(bool fuse, int variant, int* fused) {
@@ -382,19 +400,8 @@ GraphRun run_decomposed_rmsnorm(bool fuse, int variant, int* fused) {
 }
 
 TEST(FuseDecomposed, WrittenOutRMSNormBecomesRMSNormWithTheSameResults) {
-  for (int variant = 0; variant < 3; ++variant) {
-    int fused = 0;
-    GraphRun plain = run_decomposed_rmsnorm(false, variant, nullptr);
-    GraphRun with = run_decomposed_rmsnorm(true, variant, &fused);
-    EXPECT_EQ(fused, 1) << "variant " << variant;
-    // The fused kernel forms 1/√ once per row: equal within rounding, not bit for bit.
-    EXPECT_NEAR(plain.loss, with.loss, 1e-5 * std::abs(plain.loss)) << "variant " << variant;
-    ASSERT_EQ(plain.grads.size(), with.grads.size());
-    double max_grad = 0.0;
-    for (float v : plain.grads) max_grad = std::max(max_grad, static_cast<double>(std::abs(v)));
-    for (size_t i = 0; i < plain.grads.size(); ++i)
-      ASSERT_NEAR(plain.grads[i], with.grads[i], 2e-5 * max_grad) << "variant " << variant << " gradient " << i;
-  }
+  // The fused kernel forms 1/√ once per row: equal within rounding, not bit for bit.
+  expect_fused_alike(run_decomposed_rmsnorm, 3);
 }
 
 TEST(FuseDecomposed, LeavesRMSNormLookalikesAlone) {
@@ -436,17 +443,7 @@ GraphRun run_tanh_gelu(bool fuse, int variant, int* fused) {
 }
 
 TEST(FuseDecomposed, WrittenOutTanhGeluBecomesGeluWithTheSameResults) {
-  for (int variant = 0; variant < 2; ++variant) {
-    int fused = 0;
-    GraphRun plain = run_tanh_gelu(false, variant, nullptr);
-    GraphRun with = run_tanh_gelu(true, variant, &fused);
-    EXPECT_EQ(fused, 1) << "variant " << variant;
-    EXPECT_NEAR(plain.loss, with.loss, 1e-5 * std::abs(plain.loss)) << "variant " << variant;
-    double max_grad = 0.0;
-    for (float v : plain.grads) max_grad = std::max(max_grad, static_cast<double>(std::abs(v)));
-    for (size_t i = 0; i < plain.grads.size(); ++i)
-      ASSERT_NEAR(plain.grads[i], with.grads[i], 2e-5 * max_grad) << "variant " << variant << " gradient " << i;
-  }
+  expect_fused_alike(run_tanh_gelu, 2);
 }
 
 TEST(FuseDecomposed, LeavesLookalikesAlone) {
@@ -518,18 +515,8 @@ GraphRun run_decomposed_rope(bool fuse, int variant, int* fused) {
 }
 
 TEST(FuseDecomposed, WrittenOutRotaryEmbeddingBecomesRoPEWithTheSameResults) {
-  for (int variant = 0; variant < 3; ++variant) {
-    int fused = 0;
-    GraphRun plain = run_decomposed_rope(false, variant, nullptr);
-    GraphRun with = run_decomposed_rope(true, variant, &fused);
-    EXPECT_EQ(fused, 1) << "variant " << variant;
-    // The kernel sums each rotated pair in double, the written-out graph in f32: equal within f32 rounding.
-    EXPECT_NEAR(plain.loss, with.loss, 1e-5 * std::abs(plain.loss)) << "variant " << variant;
-    double max_grad = 0.0;
-    for (float v : plain.grads) max_grad = std::max(max_grad, static_cast<double>(std::abs(v)));
-    for (size_t i = 0; i < plain.grads.size(); ++i)
-      ASSERT_NEAR(plain.grads[i], with.grads[i], 2e-5 * max_grad) << "variant " << variant << " gradient " << i;
-  }
+  // The kernel sums each rotated pair in double, the written-out graph in f32.
+  expect_fused_alike(run_decomposed_rope, 3);
 }
 
 TEST(FuseDecomposed, LeavesRotaryLookalikesAlone) {
@@ -578,18 +565,8 @@ GraphRun run_decomposed_swiglu(bool fuse, int variant, int* fused) {
 }
 
 TEST(FuseDecomposed, WrittenOutSwiGLUBecomesSwiGLUWithTheSameResults) {
-  for (int variant = 0; variant < 2; ++variant) {
-    int fused = 0;
-    GraphRun plain = run_decomposed_swiglu(false, variant, nullptr);
-    GraphRun with = run_decomposed_swiglu(true, variant, &fused);
-    EXPECT_EQ(fused, 1) << "variant " << variant;
-    // The fused kernel forms σ from exp, the written-out graph from tanh: equal within f32 rounding.
-    EXPECT_NEAR(plain.loss, with.loss, 1e-5 * std::abs(plain.loss)) << "variant " << variant;
-    double max_grad = 0.0;
-    for (float v : plain.grads) max_grad = std::max(max_grad, static_cast<double>(std::abs(v)));
-    for (size_t i = 0; i < plain.grads.size(); ++i)
-      ASSERT_NEAR(plain.grads[i], with.grads[i], 2e-5 * max_grad) << "variant " << variant << " gradient " << i;
-  }
+  // The fused kernel forms σ from exp, the written-out graph from tanh.
+  expect_fused_alike(run_decomposed_swiglu, 2);
 }
 
 TEST(FuseDecomposed, LeavesSwiGLULookalikesAlone) {
