@@ -1,5 +1,6 @@
 #include "fusetrain/ir/graph.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "fusetrain/core/error.h"
@@ -145,11 +146,24 @@ int64_t Graph::commit() {
   order.reserve(nodes_.size());
   std::vector<bool> placed(nodes_.size(), false);
   for (const auto& [anchor, inserted] : inserted_before_) placed[static_cast<size_t>(inserted)] = true;
-  // Nodes inserted before an inserted node run with it; chains resolve recursively.
-  std::function<void(NodeId)> emit = [&](NodeId id) {
-    auto [lo, hi] = inserted_before_.equal_range(id);
-    for (auto it = lo; it != hi; ++it) emit(it->second);
-    if (!is_removed(id)) order.push_back(id);
+  // Nodes inserted before an inserted node run with it; chains resolve depth-first on an explicit stack (a chain is
+  // as long as the passes make it).
+  std::vector<std::pair<NodeId, bool>> stack;  // (node, its inserted nodes already emitted)
+  auto emit = [&](NodeId root) {
+    stack.assign(1, {root, false});
+    while (!stack.empty()) {
+      const auto [id, ready] = stack.back();
+      stack.pop_back();
+      if (ready) {
+        if (!is_removed(id)) order.push_back(id);
+        continue;
+      }
+      stack.push_back({id, true});
+      auto [lo, hi] = inserted_before_.equal_range(id);
+      const size_t first = stack.size();
+      for (auto it = lo; it != hi; ++it) stack.push_back({it->second, false});
+      std::reverse(stack.begin() + std::ptrdiff_t(first), stack.end());  // the first inserted runs first
+    }
   };
   for (NodeId id = 0; id < static_cast<NodeId>(nodes_.size()); ++id)
     if (!placed[static_cast<size_t>(id)]) emit(id);

@@ -3,6 +3,7 @@
 #include "onnx/host_eval.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,7 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/core/half.h"
+#include "onnx/validate.h"
 
 namespace fusetrain::onnx_import {
 
@@ -37,10 +39,17 @@ HostTensor HostTensor::zeros(HostType type, std::vector<int64_t> shape) {
   HostTensor t;
   t.type = type;
   t.shape = std::move(shape);
-  if (type == HostType::F32)
-    t.f.assign(size_t(t.numel()), 0.0f);
-  else
-    t.i.assign(size_t(t.numel()), 0);
+  const int64_t n = checked_numel(t.shape, "a host tensor");
+  FT_CHECK(n <= kMaxHostElements, "a host tensor of shape ", shape_string(t.shape), " (", n,
+           " elements) is larger than fusetrain evaluates on the host (", kMaxHostElements, ")");
+  try {
+    if (type == HostType::F32)
+      t.f.assign(size_t(n), 0.0f);
+    else
+      t.i.assign(size_t(n), 0);
+  } catch (const std::bad_alloc&) {
+    throw Error(str("out of memory for a host tensor of shape ", shape_string(t.shape), " (", n, " elements)"));
+  }
   return t;
 }
 
@@ -116,7 +125,7 @@ HostType host_type_of(int32_t elem, const std::string& name) {
     case TensorProto::BOOL:
       return HostType::Bool;
     default:
-      throw Error(str("ONNX tensor \"", name, "\": element type ", TensorProto::DataType_Name(elem),
+      throw Error(str("ONNX tensor \"", name, "\": element type ", data_type_name(elem),
                       " is not supported (expected a float, integer or bool type)"));
   }
 }
@@ -207,13 +216,23 @@ void convert_raw(const char* p, int64_t n, int32_t elem, HostTensor& out) {
   }
 }
 
+// An external_data entry's integer value ("offset", "length"); Error naming the tensor when it is not one.
+int64_t external_integer(const TensorProto& t, const std::string& key, const std::string& value) {
+  int64_t out = 0;
+  const char* end = value.data() + value.size();
+  const auto [at, ec] = std::from_chars(value.data(), end, out);
+  FT_CHECK(ec == std::errc() && at == end && !value.empty() && out >= 0, "ONNX tensor \"", t.name(),
+           "\": external data \"", key, "\" is \"", value, "\", expected a non-negative integer");
+  return out;
+}
+
 std::string read_external(const TensorProto& t, const std::string& dir, int64_t bytes) {
   std::string location;
   int64_t offset = 0, length = -1;
   for (const auto& kv : t.external_data()) {
     if (kv.key() == "location") location = kv.value();
-    if (kv.key() == "offset") offset = std::stoll(kv.value());
-    if (kv.key() == "length") length = std::stoll(kv.value());
+    if (kv.key() == "offset") offset = external_integer(t, "offset", kv.value());
+    if (kv.key() == "length") length = external_integer(t, "length", kv.value());
   }
   FT_CHECK(!location.empty(), "ONNX tensor \"", t.name(), "\": external data without a location");
   FT_CHECK(location.find("..") == std::string::npos && !std::filesystem::path(location).is_absolute(),
@@ -223,6 +242,14 @@ std::string read_external(const TensorProto& t, const std::string& dir, int64_t 
   FT_CHECK(length == bytes, "ONNX tensor \"", t.name(), "\": external data holds ", length, " bytes, expected ",
            bytes, " for its shape");
   const std::string path = (std::filesystem::path(dir) / location).string();
+  std::error_code ec;
+  const auto file_size = std::filesystem::file_size(path, ec);
+  FT_CHECK(!ec && std::filesystem::is_regular_file(path, ec), "ONNX tensor \"", t.name(),
+           "\": cannot open its external data file ", path);
+  // Checked before anything is allocated: a declared size the file does not hold is refused, not allocated.
+  FT_CHECK(offset <= int64_t(file_size) && bytes <= int64_t(file_size) - offset, "ONNX tensor \"", t.name(),
+           "\": external data file ", path, " (", file_size, " bytes) ends before offset ", offset, " + ", bytes,
+           " bytes");
   std::ifstream in(path, std::ios::binary);
   FT_CHECK(in.good(), "ONNX tensor \"", t.name(), "\": cannot open its external data file ", path);
   in.seekg(offset);
@@ -233,55 +260,78 @@ std::string read_external(const TensorProto& t, const std::string& dir, int64_t 
   return data;
 }
 
+// The number of values a typed field (float_data, int32_data, ...) of `t` holds for its element type.
+int64_t typed_values(const TensorProto& t) {
+  switch (t.data_type()) {
+    case TensorProto::FLOAT:
+      return t.float_data_size();
+    case TensorProto::DOUBLE:
+      return t.double_data_size();
+    case TensorProto::INT64:
+      return t.int64_data_size();
+    case TensorProto::UINT32:
+    case TensorProto::UINT64:
+      return t.uint64_data_size();
+    default:  // the int32_data types: INT32, INT16, INT8, UINT16, UINT8, BOOL, FLOAT16, BFLOAT16
+      return t.int32_data_size();
+  }
+}
+
 }  // namespace
+
+std::string data_type_name(int32_t elem) {
+  return TensorProto::DataType_IsValid(elem) ? TensorProto::DataType_Name(static_cast<TensorProto::DataType>(elem))
+                                             : str("element type ", elem);
+}
 
 HostTensor read_tensor(const TensorProto& t, const std::string& dir) {
   HostTensor out;
   out.type = host_type_of(t.data_type(), t.name());
   out.shape.assign(t.dims().begin(), t.dims().end());
-  for (int64_t d : out.shape) FT_CHECK(d >= 0, "ONNX tensor \"", t.name(), "\": negative extent in its shape");
-  const int64_t n = out.numel();
+  const std::string what = str("ONNX tensor \"", t.name(), "\"");
+  const int64_t n = checked_numel(out.shape, what);
+  int64_t bytes = 0;
+  FT_CHECK(!__builtin_mul_overflow(n, int64_t(elem_size(t.data_type())), &bytes), what, ": its shape ",
+           shape_string(out.shape), " holds more bytes than a 64-bit count can hold");
+  // The declared size is checked against the data present before anything is allocated for it.
+  std::string external;
+  if (t.data_location() == TensorProto::EXTERNAL) {
+    external = read_external(t, dir, bytes);
+  } else if (t.has_raw_data()) {
+    FT_CHECK(int64_t(t.raw_data().size()) == bytes, what, ": raw_data holds ", t.raw_data().size(), " bytes, expected ",
+             bytes, " for shape ", shape_string(out.shape));
+  } else {
+    FT_CHECK(typed_values(t) == n, what, " holds ", typed_values(t), " values, expected ", n, " for shape ",
+             shape_string(out.shape));
+  }
   if (out.is_float())
     out.f.resize(size_t(n));
   else
     out.i.resize(size_t(n));
-  const int64_t bytes = n * int64_t(elem_size(t.data_type()));
   if (t.data_location() == TensorProto::EXTERNAL) {
-    const std::string data = read_external(t, dir, bytes);
-    convert_raw(data.data(), n, t.data_type(), out);
+    convert_raw(external.data(), n, t.data_type(), out);
     return out;
   }
   if (t.has_raw_data()) {
-    FT_CHECK(int64_t(t.raw_data().size()) == bytes, "ONNX tensor \"", t.name(), "\": raw_data holds ",
-             t.raw_data().size(), " bytes, expected ", bytes, " for shape ", shape_string(out.shape));
     convert_raw(t.raw_data().data(), n, t.data_type(), out);
     return out;
   }
-  auto expect = [&](int64_t have) {
-    FT_CHECK(have == n, "ONNX tensor \"", t.name(), "\" holds ", have, " values, expected ", n, " for shape ",
-             shape_string(out.shape));
-  };
   switch (t.data_type()) {
     case TensorProto::FLOAT:
-      expect(t.float_data_size());
       for (int64_t k = 0; k < n; ++k) out.f[size_t(k)] = t.float_data(int(k));
       break;
     case TensorProto::DOUBLE:
-      expect(t.double_data_size());
       for (int64_t k = 0; k < n; ++k) out.f[size_t(k)] = float(t.double_data(int(k)));
       break;
     case TensorProto::INT64:
-      expect(t.int64_data_size());
       for (int64_t k = 0; k < n; ++k) out.i[size_t(k)] = t.int64_data(int(k));
       break;
     case TensorProto::UINT32:
     case TensorProto::UINT64:
-      expect(t.uint64_data_size());
       for (int64_t k = 0; k < n; ++k) out.i[size_t(k)] = int64_t(t.uint64_data(int(k)));
       break;
     case TensorProto::FLOAT16:
     case TensorProto::BFLOAT16: {
-      expect(t.int32_data_size());
       for (int64_t k = 0; k < n; ++k) {
         uint16_t v = uint16_t(t.int32_data(int(k)));
         if (t.data_type() == TensorProto::FLOAT16)
@@ -292,7 +342,6 @@ HostTensor read_tensor(const TensorProto& t, const std::string& dir) {
       break;
     }
     default:  // the int32_data types: INT32, INT16, INT8, UINT16, UINT8, BOOL
-      expect(t.int32_data_size());
       for (int64_t k = 0; k < n; ++k) out.i[size_t(k)] = t.int32_data(int(k));
       break;
   }

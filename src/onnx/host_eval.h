@@ -16,6 +16,9 @@ namespace fusetrain::onnx_import {
 /// i64, bool as Bool (held in the i64 storage as 0/1).
 enum class HostType : uint8_t { F32, I64, Bool };
 
+/// The most elements one host tensor may hold (16 GiB of f32): a larger one is refused by HostTensor::zeros.
+constexpr int64_t kMaxHostElements = int64_t{1} << 32;
+
 /// A dense row-major host tensor.
 struct HostTensor {
   HostType type = HostType::F32;
@@ -29,6 +32,7 @@ struct HostTensor {
   double at(int64_t k) const { return is_float() ? double(f[size_t(k)]) : double(i[size_t(k)]); }
   /// The values as integers (floats truncated), for shape, axis and index operands.
   std::vector<int64_t> ints() const;
+  /// Throws Error for a shape whose count overflows or exceeds kMaxHostElements, or when memory runs out.
   static HostTensor zeros(HostType type, std::vector<int64_t> shape);
   static HostTensor scalar_f32(float v);
   static HostTensor vector_i64(std::vector<int64_t> v);
@@ -37,8 +41,12 @@ struct HostTensor {
 /// "(2, 3)".
 std::string shape_string(const std::vector<int64_t>& shape);
 
+/// "FLOAT", "INT64", ...; "element type N" for a number ONNX does not define.
+std::string data_type_name(int32_t elem);
+
 /// Reads an ONNX TensorProto (raw or typed fields; external data from files under `dir`). Throws Error naming
-/// the tensor for an element type the importer does not read.
+/// the tensor for an element type the importer does not read, or a declared shape whose size overflows or differs
+/// from the data present (checked before anything is allocated).
 HostTensor read_tensor(const onnx::TensorProto& t, const std::string& dir);
 
 /// Whether the evaluator implements `op_type` (default domain).

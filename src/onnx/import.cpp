@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -22,6 +23,7 @@
 #include "fusetrain/models/model.h"
 #include "models/family.h"
 #include "onnx/host_eval.h"
+#include "onnx/validate.h"
 
 namespace fusetrain::onnx_import {
 
@@ -447,6 +449,8 @@ ValueId Builder::ir_of(int v, bool as_float) {
     if (tied_to_.count(v)) {
       if (ir_[size_t(v)] == ir::kNone) {
         const auto [same, transposed] = tied_to_.at(v);
+        FT_CHECK(same != v && !tied_to_.count(same), "initializer \"", names_[size_t(v)],
+                 "\" is tied to an initializer that is itself tied");  // ties are one level deep: no recursion
         ir_[size_t(v)] = transposed ? b_.transpose(ir_of(same), {1, 0}) : ir_of(same);
       }
       return ir_[size_t(v)];
@@ -491,36 +495,42 @@ ValueId Builder::where(const NodeProto& n, int64_t index) {
   return b_.add(taken, other);
 }
 
-// x transposed by `perm`, composed with the Transposes that produced x (one copy instead of a chain).
+// x transposed by `perm`, composed with the Transposes that produced x (one copy instead of a chain; a loop, as
+// long as the chain the graph holds).
 ValueId Builder::transposed(ValueId x, std::vector<int64_t> perm) {
-  const ir::Value& v = graph_.value(x);
-  if (v.producer != ir::kNone && perm == std::vector<int64_t>{0, 1, 3, 2} && v.shape.rank() == 4) {
-    // The dynamo exporter's kᵀ: Reshape (B·H, S, D) → Transpose (0, 2, 1) → Reshape (B, H, D, S), which is
-    // u (B, H, S, D) with its last two axes swapped: swapping them back is u.
-    const ir::Node& back = graph_.node(v.producer);
-    if (back.op == ops::OpKind::Reshape) {
-      const ir::Value& mid = graph_.value(back.inputs[0]);
-      if (mid.producer != ir::kNone && graph_.node(mid.producer).op == ops::OpKind::Transpose &&
-          graph_.node(mid.producer).attrs.get_ints("perm") == std::vector<int64_t>{0, 2, 1}) {
-        const ir::Value& flat = graph_.value(graph_.node(mid.producer).inputs[0]);
-        if (flat.producer != ir::kNone && graph_.node(flat.producer).op == ops::OpKind::Reshape) {
-          const ValueId u = graph_.node(flat.producer).inputs[0];
-          const Shape& us = graph_.value(u).shape;
-          if (us.rank() == 4 && us[0] == v.shape[0] && us[1] == v.shape[1] && us[2] == v.shape[3] &&
-              us[3] == v.shape[2])
-            return u;
+  for (;;) {
+    const ir::Value& v = graph_.value(x);
+    if (v.producer != ir::kNone && perm == std::vector<int64_t>{0, 1, 3, 2} && v.shape.rank() == 4) {
+      // The dynamo exporter's kᵀ: Reshape (B·H, S, D) → Transpose (0, 2, 1) → Reshape (B, H, D, S), which is
+      // u (B, H, S, D) with its last two axes swapped: swapping them back is u.
+      const ir::Node& back = graph_.node(v.producer);
+      if (back.op == ops::OpKind::Reshape) {
+        const ir::Value& mid = graph_.value(back.inputs[0]);
+        if (mid.producer != ir::kNone && graph_.node(mid.producer).op == ops::OpKind::Transpose &&
+            graph_.node(mid.producer).attrs.get_ints("perm") == std::vector<int64_t>{0, 2, 1}) {
+          const ir::Value& flat = graph_.value(graph_.node(mid.producer).inputs[0]);
+          if (flat.producer != ir::kNone && graph_.node(flat.producer).op == ops::OpKind::Reshape) {
+            const ValueId u = graph_.node(flat.producer).inputs[0];
+            const Shape& us = graph_.value(u).shape;
+            if (us.rank() == 4 && us[0] == v.shape[0] && us[1] == v.shape[1] && us[2] == v.shape[3] &&
+                us[3] == v.shape[2])
+              return u;
+          }
         }
       }
     }
-  }
-  if (v.producer != ir::kNone) {
-    const ir::Node& t = graph_.node(v.producer);
-    if (t.op == ops::OpKind::Transpose) {
-      const std::vector<int64_t>& inner = t.attrs.get_ints("perm");
-      std::vector<int64_t> composed(perm.size());
-      for (size_t k = 0; k < perm.size(); ++k) composed[k] = inner[size_t(perm[k])];
-      return transposed(t.inputs[0], composed);
+    if (v.producer != ir::kNone) {
+      const ir::Node& t = graph_.node(v.producer);
+      if (t.op == ops::OpKind::Transpose) {
+        const std::vector<int64_t>& inner = t.attrs.get_ints("perm");
+        std::vector<int64_t> composed(perm.size());
+        for (size_t k = 0; k < perm.size(); ++k) composed[k] = inner[size_t(perm[k])];
+        x = t.inputs[0];
+        perm = std::move(composed);
+        continue;
+      }
     }
+    break;
   }
   bool identity = true;
   for (size_t k = 0; k < perm.size(); ++k) identity = identity && perm[k] == int64_t(k);
@@ -1009,10 +1019,7 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
   FT_CHECK(proto_.ParseFromIstream(&in), path, " is not an ONNX model (its ModelProto does not parse)");
   const onnx::GraphProto& g = proto_.graph();
   FT_CHECK(g.node_size() > 0, path, ": the ONNX graph has no nodes");
-  for (const auto& opset : proto_.opset_import())
-    if (opset.domain().empty() || opset.domain() == "ai.onnx")
-      FT_CHECK(opset.version() >= 13, path, ": opset ", opset.version(),
-               " (fusetrain imports opset 13 and later; re-export with opset_version=17)");
+  validate_model(proto_, path);
   auto add = [&](const std::string& name) {
     if (name.empty() || ids_.count(name)) return;
     ids_[name] = int(names_.size());
@@ -1022,10 +1029,6 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
   for (const auto& i : g.input()) add(i.name());
   for (const auto& n : g.node())
     for (const std::string& o : n.output()) add(o);
-  for (const auto& n : g.node())
-    for (const std::string& i : n.input())
-      FT_CHECK(i.empty() || ids_.count(i), path, ": node \"", n.name(), "\" (", n.op_type(), ") reads \"", i,
-               "\", which no initializer, input or earlier node defines");
   std::set<std::string> frozen(options.frozen.begin(), options.frozen.end());
   for (const auto& t : g.initializer()) {
     HostTensor h = read_tensor(t, dir_);
@@ -1114,6 +1117,10 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
     if (init_names.count(i.name())) continue;
     FT_CHECK(is_batch_input(i.name()), path, ": graph input \"", i.name(),
              "\" is not one fusetrain feeds (expected input_ids, attention_mask, token_type_ids or position_ids)");
+    const int32_t elem = i.type().tensor_type().elem_type();
+    FT_CHECK(i.type().has_tensor_type() && elem == onnx::TensorProto::INT64, path, ": graph input \"", i.name(),
+             "\" is declared ", i.type().has_tensor_type() ? data_type_name(elem) : "without a type",
+             "; fusetrain feeds it as INT64, as transformers' tokenizers give it");
     inputs_.push_back(i.name());
   }
   FT_CHECK(has_input("input_ids"), path, ": the graph has no input_ids input");

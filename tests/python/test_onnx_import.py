@@ -129,7 +129,7 @@ def test_unsupported_ops_are_listed_with_their_nodes(tmp_path):
         nodes, "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "t"])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["b", 2])], [emb, w])
     path = tmp_path / "model.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]), path)  # HardSwish: 14
     with pytest.raises(ValueError) as err:
         fusetrain.Model.from_onnx(path, "seq-cls")
     message = str(err.value)

@@ -13,7 +13,26 @@ namespace fusetrain {
 /// names the place (file, op, tensor) and what was expected versus found.
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  explicit Error(const std::string& message) : std::runtime_error(printable(message)) {}
+
+  /// `text` with every control character other than newline and tab written as \xNN: a NUL byte or an escape
+  /// sequence read from a file can neither cut the message short nor reach the terminal.
+  static std::string printable(const std::string& text) {
+    static const char kHex[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(text.size());
+    for (const char c : text) {
+      const auto u = static_cast<unsigned char>(c);
+      if ((u < 0x20 && c != '\n' && c != '\t') || u == 0x7f) {
+        out += "\\x";
+        out += kHex[u >> 4];
+        out += kHex[u & 15];
+      } else {
+        out += c;
+      }
+    }
+    return out;
+  }
 };
 
 /// Concatenates any streamable values into a string: str("x has ", n, " dims").
