@@ -53,14 +53,14 @@ void Family::default_position_ids(const int64_t* input_ids, int64_t B, int64_t T
 int64_t ConfigReader::get_int(const std::string& key) const {
   FT_CHECK(has(key), "config.json: missing required field \"", key, "\"");
   const nlohmann::json& v = config_[key];
-  // As io::JsonFields::integer: an unsigned value above INT64_MAX, or a float too large to be an exact integer,
-  // is no int64_t (converting it would be undefined behaviour).
-  const double d = v.is_number_float() ? v.get<double>() : 0.0;
+  // transformers 5 types every integer field of these configs `int`, and its strict dataclass refuses a JSON float
+  // there, 12.0 included. An unsigned value above INT64_MAX is no int64_t (converting it would be undefined
+  // behaviour).
   const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t{std::numeric_limits<int64_t>::max()}
-                    : v.is_number_float()  ? d == std::floor(d) && std::fabs(d) < 9.0e15
                                            : v.is_number_integer();
-  FT_CHECK(fits, "config.json: \"", key, "\" should be an integer, found ", v.dump());
-  return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
+  FT_CHECK(fits, "config.json: \"", key, "\" should be an integer, found ", v.dump(),
+           v.is_number_float() ? " (transformers refuses a float for it too)" : "");
+  return v.get<int64_t>();
 }
 
 int64_t ConfigReader::get_int(const std::string& key, int64_t fallback) const {
@@ -102,14 +102,27 @@ int64_t ConfigReader::positive(const std::string& key) const {
   return v;
 }
 
+void ConfigReader::check_float_field(const std::string& key, const char* expected) const {
+  if (!config_.contains(key)) return;
+  const nlohmann::json& v = config_[key];
+  FT_CHECK(!v.is_null() && !v.is_number_integer(), "config.json: \"", key, "\" is ", v.dump(), ", expected ", expected,
+           " written as a float: transformers types it `float` and refuses ", v.is_null() ? "null" : "an integer",
+           " for it too");
+}
+
 double ConfigReader::epsilon(const std::string& key, double fallback) const {
+  check_float_field(key, "a positive number");
   const double v = get_float(key, fallback);
+  // Stricter than transformers, which takes 0.0, a negative or a non-finite epsilon without a word: the norm divides
+  // by sqrt(variance + eps), so 0 makes NaN of any row of zero variance (Llama's zeroed padding embedding, for one),
+  // a negative one NaN wherever the variance is below it, and NaN or infinity NaN or zero everywhere.
   FT_CHECK(v > 0 && std::isfinite(v), "config.json: \"", key, "\" is ", v,
            ", expected a positive number (the epsilon added to the variance in each LayerNorm)");
   return v;
 }
 
 double ConfigReader::init_std(const std::string& key, double fallback) const {
+  check_float_field(key, "a standard deviation >= 0");
   const double v = get_float(key, fallback);
   FT_CHECK(v >= 0 && std::isfinite(v), "config.json: \"", key, "\" is ", v,
            ", expected a standard deviation >= 0 (of the normal distribution fresh weights are drawn from)");

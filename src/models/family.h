@@ -135,15 +135,21 @@ class ConfigReader {
   int64_t num_labels() const;
   /// Throws unless `value` is positive.
   int64_t positive(const std::string& key) const;
-  /// A norm's epsilon: a finite number > 0 (else an Error naming the field).
+  /// A norm's epsilon: a finite float > 0; null or an integer is refused, as transformers refuses them (else an
+  /// Error naming the field).
   double epsilon(const std::string& key, double fallback) const;
-  /// A standard deviation of fresh weights: finite and >= 0 (else an Error naming the field).
+  /// A standard deviation of fresh weights: a finite float >= 0; null or an integer is refused, as transformers
+  /// refuses them (else an Error naming the field).
   double init_std(const std::string& key, double fallback) const;
   /// A dropout probability in [0, 1) (else an Error naming the field).
   double probability(const std::string& key, double fallback) const;
   const nlohmann::json& json() const { return config_; }
 
  private:
+  /// Throws if `key` is null or a JSON integer: transformers 5 types it `float`, and its strict dataclass refuses
+  /// both (it does not read null as the default).
+  void check_float_field(const std::string& key, const char* expected) const;
+
   const nlohmann::json& config_;
 };
 

@@ -32,17 +32,27 @@ class LlamaFamily final : public Family {
     C_ = c.positive("hidden_size");
     layers_ = c.positive("num_hidden_layers");
     H_ = c.positive("num_attention_heads");
+    // num_key_value_heads and head_dim may be null, as transformers' configs allow: all heads, hidden_size // heads.
+    // transformers builds a model whose key/value heads do not divide the heads, and fails in its first forward.
     K_ = c.has("num_key_value_heads") ? c.positive("num_key_value_heads") : H_;
     FT_CHECK(H_ % K_ == 0, "config.json: \"num_attention_heads\" ", H_, " is not a multiple of \"num_key_value_heads\" ",
              K_);
+    // LlamaConfig.validate_architecture refuses a hidden_size the heads do not divide, head_dim or not; Mistral and
+    // Qwen2 take head_dim, else hidden_size // heads rounded down. A head_dim of 0 is refused for all three (Llama and
+    // Qwen2 fail on it; transformers' Mistral happens to read 0 as unset).
+    FT_CHECK(type_ != "llama" || C_ % H_ == 0, "config.json: \"hidden_size\" is ", C_, " but \"num_attention_heads\" ",
+             H_, " does not divide it (transformers' LlamaConfig refuses it too, with or without \"head_dim\")");
     D_ = c.has("head_dim") ? c.positive("head_dim") : C_ / H_;
-    FT_CHECK(c.has("head_dim") || C_ % H_ == 0, "config.json: \"hidden_size\" is ", C_,
-             " but \"num_attention_heads\" ", H_, " does not divide it");
+    FT_CHECK(D_ > 0, "config.json: \"hidden_size\" ", C_, " is smaller than \"num_attention_heads\" ", H_,
+             ", which leaves heads of size 0");
+    // transformers refuses an odd head_dim above 4 in validate_rope and fails in the forward for one up to 4.
     FT_CHECK(D_ % 2 == 0, "config.json: the head size ", D_, " must be even for rotary embeddings");
     F_ = c.positive("intermediate_size");
     P_ = c.positive("max_position_embeddings");
     eps_ = c.epsilon("rms_norm_eps", 1e-6);
     init_std_ = c.init_std("initializer_range", 0.02);
+    FT_CHECK(type_ != "llama" || init_std_ <= 1.0, "config.json: \"initializer_range\" is ", init_std_,
+             ", expected at most 1 (LlamaConfig's interval for it; transformers refuses it too)");
     attn_dropout_ = c.probability("attention_dropout", 0.0);
     const std::string act = c.get_string("hidden_act", "silu");
     FT_CHECK(act == "silu", "config.json: \"hidden_act\" is \"", act, "\"; fusetrain's ", type_,
@@ -184,15 +194,16 @@ class LlamaFamily final : public Family {
     return b.rms_norm(x, b.param(name + ".weight", {C_}), eps_);
   }
 
-  // Sliding-window layers as transformers picks them. Mistral: every layer when "sliding_window" is set. Qwen2:
-  // only with "use_sliding_window", the layers "layer_types" names "sliding_attention", or without that list
-  // those from "max_window_layers" (default 28) on. Llama: none.
+  // Sliding-window layers as transformers picks them. Mistral: every layer. Qwen2: only with "use_sliding_window",
+  // the layers "layer_types" names "sliding_attention", or without that list those from "max_window_layers"
+  // (default 28) on. Llama: none. "sliding_window" is `int | None = 4096` in both configs: absent it is 4096, null
+  // none; transformers builds a window of 0 or less and fails in its first forward.
   void read_windows(const ConfigReader& c) {
     windows_.assign(static_cast<size_t>(layers_), 0);
     const bool qwen2 = type_ == "qwen2";
-    if (!(type_ == "mistral" || (qwen2 && c.get_bool("use_sliding_window", false))) || !c.has("sliding_window"))
-      return;
-    const int64_t window = c.positive("sliding_window");
+    if (!(type_ == "mistral" || (qwen2 && c.get_bool("use_sliding_window", false)))) return;
+    if (config_.contains("sliding_window") && config_["sliding_window"].is_null()) return;
+    const int64_t window = c.has("sliding_window") ? c.positive("sliding_window") : 4096;
     if (!qwen2) {
       windows_.assign(static_cast<size_t>(layers_), window);
       return;
@@ -219,38 +230,91 @@ class LlamaFamily final : public Family {
     return window < T || every ? window : 0;
   }
 
+  // RoPE as transformers 5 reads it (modeling_rope_utils.py). The dict is "rope_scaling" when that is a non-empty
+  // object, else "rope_parameters" (convert_rope_params_to_dict); its type "rope_type", else "type", else
+  // "default"; its "rope_theta", else the top-level one, else 10000 (standardize_rope_params). A type needs the keys
+  // its _validate_<type>_rope_parameters requires (a missing one is a KeyError there), and every key read must be a
+  // number: transformers fails on null, a string or a list when it validates the config or builds the model.
   void read_rope(const ConfigReader& c) {
-    nlohmann::json rope = config_.contains("rope_parameters") && config_["rope_parameters"].is_object()
-                              ? config_["rope_parameters"]
-                              : (config_.contains("rope_scaling") && config_["rope_scaling"].is_object()
-                                     ? config_["rope_scaling"]
-                                     : nlohmann::json::object());
-    auto number = [&](const char* key, double fallback) {
-      if (!rope.contains(key) || rope[key].is_null()) return fallback;
-      FT_CHECK(rope[key].is_number(), "config.json: rope \"", key, "\" is ", rope[key].dump(), ", expected a number");
-      return rope[key].get<double>();
-    };
-    auto text = [&](const char* key, const std::string& fallback) {
-      if (!rope.contains(key) || rope[key].is_null()) return fallback;
-      FT_CHECK(rope[key].is_string(), "config.json: rope \"", key, "\" is ", rope[key].dump(), ", expected a string");
-      return rope[key].get<std::string>();
-    };
-    theta_ = number("rope_theta", c.get_float("rope_theta", 10000.0));
-    FT_CHECK(theta_ > 0 && std::isfinite(theta_), "config.json: \"rope_theta\" is ", theta_, ", expected > 0");
-    rope_type_ = text("rope_type", text("type", "default"));
-    factor_ = number("factor", 1.0);
-    if (rope_type_ == "default") return;
-    FT_CHECK(rope_type_ == "linear" || rope_type_ == "dynamic" || rope_type_ == "llama3", "config.json: rope type \"",
-             rope_type_, "\" is not supported (supported: default, linear, dynamic, llama3)");
-    FT_CHECK(factor_ >= 1.0 && std::isfinite(factor_), "config.json: the rope scaling \"factor\" is ", factor_,
-             ", expected >= 1");
-    if (rope_type_ == "llama3") {
-      low_ = number("low_freq_factor", 1.0);
-      high_ = number("high_freq_factor", 4.0);
-      original_ = static_cast<int64_t>(number("original_max_position_embeddings", 8192));
-      FT_CHECK(low_ > 0 && high_ > low_ && original_ > 0, "config.json: llama3 rope needs 0 < \"low_freq_factor\" < ",
-               "\"high_freq_factor\" and a positive \"original_max_position_embeddings\"");
+    nlohmann::json rope = nlohmann::json::object();
+    std::string field = "rope_parameters";
+    for (const char* key : {"rope_parameters", "rope_scaling"}) {  // rope_scaling second: it wins
+      if (!config_.contains(key) || config_[key].is_null()) continue;
+      const nlohmann::json& v = config_[key];
+      FT_CHECK(v.is_object(), "config.json: \"", key, "\" should be an object, found ", v.dump(),
+               " (transformers refuses it too)");
+      if (!v.empty()) {
+        rope = v;
+        field = key;
+      }
     }
+    for (const char* layer_type : {"full_attention", "sliding_attention"})
+      FT_CHECK(!rope.contains(layer_type), "config.json: \"", field, "\" holds parameters per layer type (\"",
+               layer_type, "\"), which fusetrain's ", type_, " does not read; give one set for every layer");
+    auto number = [&](const nlohmann::json& v, const std::string& where, const char* expected) {
+      FT_CHECK(v.is_number(), "config.json: ", where, " is ", v.dump(), ", expected ", expected,
+               " (transformers fails on it too)");
+      return v.get<double>();
+    };
+    auto key_of = [&](const char* key) { return str("\"", field, "\" \"", key, "\""); };
+    // A key the rope type needs: missing, transformers raises KeyError.
+    auto required = [&](const char* key, const char* expected) {
+      FT_CHECK(rope.contains(key), "config.json: \"", field, "\" of type \"", rope_type_, "\" needs \"", key, "\" (",
+               expected, "), as transformers requires; it has none");
+      return number(rope[key], key_of(key), expected);
+    };
+
+    const char* type_key = rope.contains("rope_type") ? "rope_type" : rope.contains("type") ? "type" : nullptr;
+    if (type_key) {
+      FT_CHECK(rope[type_key].is_string(), "config.json: ", key_of(type_key), " is ", rope[type_key].dump(),
+               ", expected the name of a rope type (transformers fails on it too)");
+      rope_type_ = rope[type_key].get<std::string>();
+    }
+    if (rope.contains("rope_theta"))
+      theta_ = number(rope["rope_theta"], key_of("rope_theta"), "a number > 0");
+    else if (config_.contains("rope_theta"))
+      theta_ = number(config_["rope_theta"], "\"rope_theta\"", "a number > 0");
+    // transformers takes 0 or a negative base and computes infinite or NaN frequencies from it.
+    FT_CHECK(theta_ > 0 && std::isfinite(theta_), "config.json: \"rope_theta\" is ", theta_, ", expected > 0");
+    if (rope_type_ == "default") return;  // transformers ignores any other key here, with a warning
+    FT_CHECK(rope_type_ == "linear" || rope_type_ == "dynamic" || rope_type_ == "llama3", "config.json: ",
+             key_of(type_key), " is \"", rope_type_, "\", which fusetrain does not support (supported: default, ",
+             "linear, dynamic, llama3)");
+    factor_ = required("factor", "a number >= 1");
+    // transformers only warns below 1 ("factor field must be a float or int >= 1"); fusetrain refuses what that
+    // rule calls invalid rather than train on it (0 divides by zero, a negative factor inverts the frequencies).
+    FT_CHECK(factor_ >= 1.0 && std::isfinite(factor_), "config.json: ", key_of("factor"), " is ", factor_,
+             ", expected a number >= 1 (transformers' rule for it)");
+    // The scaled types compute frequencies for int(head_dim · partial_rotary_factor) dimensions (the dict's, else
+    // the top-level one) while these models rotate whole heads: anything short of a whole head fails in
+    // transformers' forward. (The default type ignores it.)
+    const bool own_partial = rope.contains("partial_rotary_factor");
+    if (own_partial || c.has("partial_rotary_factor")) {
+      const double partial = number(own_partial ? rope["partial_rotary_factor"] : config_["partial_rotary_factor"],
+                                    own_partial ? key_of("partial_rotary_factor") : "\"partial_rotary_factor\"",
+                                    "a fraction of the head");
+      FT_CHECK(static_cast<int64_t>(static_cast<double>(D_) * partial) == D_, "config.json: \"partial_rotary_factor\" ",
+               partial, " rotates part of each head, which ", type_, " does not (transformers fails on it in the ",
+               "forward with rope type \"", rope_type_, "\")");
+    }
+    if (rope_type_ != "llama3") return;
+    low_ = required("low_freq_factor", "a number > 0");
+    high_ = required("high_freq_factor", "a number > low_freq_factor");
+    // standardize_rope_params: the top-level "original_max_position_embeddings" when the config has one, else the
+    // dict's, else "max_position_embeddings".
+    if (config_.contains("original_max_position_embeddings"))
+      original_ = number(config_["original_max_position_embeddings"], "\"original_max_position_embeddings\"",
+                         "a positive number of positions");
+    else if (rope.contains("original_max_position_embeddings"))
+      original_ = number(rope["original_max_position_embeddings"], key_of("original_max_position_embeddings"),
+                         "a positive number of positions");
+    else
+      original_ = static_cast<double>(P_);
+    // transformers divides by low_freq_factor, and only warns when high_freq_factor is not above it (equal, its
+    // smoothing divides by zero) or the original length is not positive; fusetrain refuses all three.
+    FT_CHECK(low_ > 0 && high_ > low_ && original_ > 0, "config.json: ", key_of(type_key), " \"llama3\" needs 0 < ",
+             "\"low_freq_factor\" < \"high_freq_factor\" and a positive \"original_max_position_embeddings\", found ",
+             low_, ", ", high_, " and ", original_);
   }
 
   // inv_freq as transformers' ROPE_INIT_FUNCTIONS compute it for a batch whose longest position is `longest`.
@@ -267,11 +331,11 @@ class LlamaFamily final : public Family {
     if (rope_type_ == "linear")
       for (double& f : inv) f = static_cast<float>(f / factor_);
     if (rope_type_ == "llama3") {
-      const double low_wavelen = double(original_) / low_, high_wavelen = double(original_) / high_;
+      const double low_wavelen = original_ / low_, high_wavelen = original_ / high_;
       for (double& f : inv) {
         const double wavelen = 2 * std::numbers::pi / f;
         const double scaled = wavelen > low_wavelen ? f / factor_ : f;
-        const double smooth = (double(original_) / wavelen - low_) / (high_ - low_);
+        const double smooth = (original_ / wavelen - low_) / (high_ - low_);
         const double smoothed = (1 - smooth) * scaled / factor_ + smooth * scaled;
         const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
         f = static_cast<float>(medium ? smoothed : scaled);
@@ -282,9 +346,10 @@ class LlamaFamily final : public Family {
 
   nlohmann::json config_;
   std::string type_, rope_type_ = "default";
-  int64_t V_, C_, layers_, H_, K_, D_, F_, P_, pad_, num_labels_, original_ = 8192;
+  int64_t V_, C_, layers_, H_, K_, D_, F_, P_, pad_, num_labels_;
   std::vector<int64_t> windows_;  // per layer: its sliding window in tokens, 0 for full causal attention
   double eps_, init_std_, attn_dropout_, theta_ = 10000.0, factor_ = 1.0, low_ = 1.0, high_ = 4.0;
+  double original_ = 8192;  // llama3's original_max_position_embeddings, a float as transformers divides by it
   double attention_factor_ = 1.0;
   bool qkv_bias_, o_bias_, mlp_bias_, tie_;
 };
