@@ -3,6 +3,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -114,6 +115,28 @@ void truncate_tokens(TokenizedText& tokens, int64_t max_length) {
     if (!tokens.offsets.empty()) out.offsets.push_back(tokens.offsets[i]);
   }
   tokens = std::move(out);
+}
+
+uint64_t TokenizedDataset::fingerprint() const {
+  // FNV-1a over 64-bit words: one multiply per element, so a pass over the tokens costs what reading them does.
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&](uint64_t word) { h = (h ^ word) * 0x100000001b3ull; };
+  auto add = [&](const auto& values) {
+    mix(values.size());
+    for (const auto& v : values) {
+      uint64_t word = 0;
+      std::memcpy(&word, &v, sizeof v);
+      mix(word);
+    }
+  };
+  mix(static_cast<uint64_t>(label_kind_));
+  add(offsets_);
+  add(ids_);
+  add(type_ids_);
+  add(labels_);
+  add(float_labels_);
+  add(token_labels_);
+  return h;
 }
 
 void TokenizedDataset::check_index(int64_t i) const {

@@ -37,6 +37,10 @@ void tokenize_rows(const Table& table, const std::vector<size_t>& rows, size_t t
                    std::optional<size_t> pair_column, const TokenizeFn& tokenize, int num_threads, int64_t max_length,
                    Consume&& consume) {
   FT_CHECK(static_cast<bool>(tokenize), table.source, ": no tokenize function given");
+  for (size_t row : rows) {  // only JSON strings are text
+    table.require_text(row, text_column);
+    if (pair_column) table.require_text(row, *pair_column);
+  }
   const size_t threads_wanted = static_cast<size_t>(resolve_threads(num_threads));
   std::vector<TokenizedText> results;
   for (size_t round = 0; round < rows.size(); round += kRowsPerRound) {

@@ -111,6 +111,8 @@ QuestionAnsweringDataset::QuestionAnsweringDataset(const Table& table, const QaC
   Table pairs{table.source, {"question", "context"}, {}, table.row_lines};
   std::vector<std::pair<int64_t, int64_t>> answer_bytes(table.num_rows(), {-1, -1});
   for (size_t row = 0; row < table.num_rows(); ++row) {
+    table.require_text(row, question_column);
+    table.require_text(row, context_column);
     std::string_view question = table.rows[row][question_column];
     while (!question.empty() && std::isspace(static_cast<unsigned char>(question.front()))) question.remove_prefix(1);
     const std::string& context = table.rows[row][context_column];

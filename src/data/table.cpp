@@ -141,6 +141,14 @@ void parse_csv(Table& table, std::string_view content) {
   }
 }
 
+char json_kind(const nlohmann::ordered_json& value) {
+  if (value.is_string()) return 's';
+  if (value.is_null()) return '0';
+  if (value.is_number()) return '#';
+  if (value.is_boolean()) return 'b';
+  return value.is_array() ? '[' : '{';
+}
+
 std::string field_text(const nlohmann::ordered_json& value) {
   if (value.is_string()) return value.get<std::string>();
   if (value.is_null()) return "";
@@ -173,6 +181,7 @@ void parse_json_lines(Table& table, std::string_view content) {
     }
     std::vector<std::string> fields;
     fields.reserve(table.columns.size());
+    std::string kinds;
     for (const auto& name : table.columns) {
       auto it = object.find(name);
       if (it == object.end()) {
@@ -184,11 +193,13 @@ void parse_json_lines(Table& table, std::string_view content) {
                         keys.empty() ? std::string("none") : join(keys), ")"));
       }
       fields.push_back(field_text(*it));
+      kinds += json_kind(*it);
     }
     for (const auto& [key, value] : object.items())
       FT_CHECK(std::find(table.columns.begin(), table.columns.end(), key) != table.columns.end(), table.source, ":",
                line, ": unexpected key \"", key, "\" (keys of the first object: ", join(table.columns), ")");
     add_row(table, std::move(fields), line);
+    table.kinds.push_back(std::move(kinds));
   }
 }
 
@@ -215,6 +226,20 @@ int64_t Table::line_of(size_t row) const {
 }
 
 std::string Table::where(size_t row) const { return str(source, ":", line_of(row)); }
+
+void Table::require_text(size_t row, size_t column) const {
+  if (row >= kinds.size() || column >= kinds[row].size() || kinds[row][column] == 's') return;
+  const char kind = kinds[row][column];
+  const std::string& name = columns[column];
+  if (kind == '[' && rows[row][column].find("\"role\"") != std::string::npos)
+    throw Error(str(where(row), ": \"", name, "\" is a list of chat messages; expected a string. Format the "
+                    "conversation into text first (the tokenizer's chat template: tokenizer.apply_chat_template(messages, "
+                    "tokenize=False)) and train on that"));
+  const char* what = kind == '0' ? "null" : kind == '#' ? "a number" : kind == 'b' ? "a boolean"
+                     : kind == '[' ? "a JSON array" : "a JSON object";
+  throw Error(str(where(row), ": \"", name, "\" is ", what, "; expected a string (text is never made from ",
+                  kind == '0' ? "null: an absent text is refused, not read as empty)" : "another JSON value)"));
+}
 
 std::optional<size_t> find_invalid_utf8(std::string_view bytes) {
   const auto* s = reinterpret_cast<const unsigned char*>(bytes.data());

@@ -267,7 +267,8 @@ std::vector<optim::Segment> metadata_segments(const io::SafetensorsFile& file, i
 void Trainer::write_optimizer_state(const fs::path& staged) {
   const optim::AdamW& opt = *impl_->optimizer;
   const std::map<std::string, std::string> metadata{{"step", std::to_string(opt.step_count())},
-                                                    {"optimizer", "AdamW"}};
+                                                    {"optimizer", "AdamW"},
+                                                    {"run", impl_->run_id}};
   if (!impl_->sync || impl_->sync->zero_stage() == 0) {
     const Shape flat{model_.params().flat_numel()};
     io::save_safetensors((staged / "optimizer.safetensors").string(),
@@ -363,12 +364,21 @@ void Trainer::load_checkpoint(const std::string& dir) {
   std::vector<float> m(static_cast<size_t>(opt.shard_numel())), v(m.size());
   int64_t optimizer_steps = -1;
   std::vector<optim::Segment> all_segments;
+  std::string first_file, first_run;  // the run that wrote the first shard: every other shard must name it too
   for (const fs::path& path : optimizer_files(dir)) {
     io::SafetensorsFile optimizer = io::SafetensorsFile::open(path.string());
     const int64_t steps = metadata_integer(optimizer, "step", "AdamW's update count", 0, step);
     FT_CHECK(optimizer_steps < 0 || optimizer_steps == steps, path.string(), ": \"step\" is ", steps,
              " but the other shards have ", optimizer_steps);
     optimizer_steps = steps;
+    const auto run = optimizer.metadata().find("run");
+    const std::string run_id = run == optimizer.metadata().end() ? std::string("(none)") : run->second;
+    if (first_file.empty()) {
+      first_file = path.filename().string();
+      first_run = run_id;
+    }
+    FT_CHECK(run_id == first_run, path.string(), ": this shard was written by run ", run_id, " but ", first_file,
+             " by run ", first_run, "; the shards of a checkpoint come from one save (this set mixes two runs)");
     const bool sharded = path.filename() != "optimizer.safetensors";
     const std::vector<optim::Segment> segments = sharded ? metadata_segments(optimizer, n)
                                                          : std::vector<optim::Segment>{{0, n}};

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/data/loader.h"
@@ -60,6 +61,10 @@ void Trainer::check_same_configuration() {
   mine["parameter_elements"] = model_.params().flat_numel();
   mine["train_examples"] = train_ ? train_->size() : 0;
   mine["eval_examples"] = eval_ ? eval_->size() : 0;
+  // The content too: files of the same length but other text would otherwise train on a mix.
+  auto hex = [](uint64_t h) { return str(std::hex, std::setw(16), std::setfill('0'), h); };
+  mine["train_data_fingerprint"] = train_ ? hex(train_->fingerprint()) : "";
+  mine["eval_data_fingerprint"] = eval_ ? hex(eval_->fingerprint()) : "";
   std::string text = mine.dump();
   int64_t length = static_cast<int64_t>(text.size());
   comm.broadcast(&length, sizeof length, 0);
@@ -68,9 +73,16 @@ void Trainer::check_same_configuration() {
   const nlohmann::json first = nlohmann::json::parse(reference);
   std::string differences;
   for (const auto& [key, value] : first.items())
-    if (!mine.contains(key) || mine[key] != value)
-      differences += str(differences.empty() ? "" : "; ", key, " is ", mine.contains(key) ? mine[key].dump() : "unset",
-                         " here and ", value.dump(), " on rank 0");
+    if (!mine.contains(key) || mine[key] != value) {
+      const bool data = key.size() > 17 && key.compare(key.size() - 17, 17, "_data_fingerprint") == 0;
+      differences += str(differences.empty() ? "" : "; ",
+                         data ? str("the ", key.substr(0, key.size() - 17) == "train" ? "training" : "evaluation",
+                                    " data differs from rank 0's in content (fingerprint ",
+                                    mine.contains(key) ? mine[key].get<std::string>() : "unset", " here, ",
+                                    value.get<std::string>(), " on rank 0)")
+                              : str(key, " is ", mine.contains(key) ? mine[key].dump() : "unset", " here and ",
+                                    value.dump(), " on rank 0"));
+    }
   std::vector<double> differs(static_cast<size_t>(comm.size()), 0.0);
   differs[static_cast<size_t>(comm.rank())] = differences.empty() ? 0.0 : 1.0;
   comm.all_reduce_sum(differs.data(), static_cast<int64_t>(differs.size()));

@@ -1,7 +1,11 @@
 // Trainer internals shared by trainer.cpp and checkpoint.cpp.
 #pragma once
 
+#include <cstdint>
+#include <cstdio>
 #include <memory>
+#include <random>
+#include <string>
 
 #include "fusetrain/optim/optimizer.h"
 #include "fusetrain/train/data_parallel.h"
@@ -29,6 +33,17 @@ struct Trainer::Impl {
   /// Trainer::start_at's dropout stream position and skipped-step count, applied by the next train().
   int64_t resume_dropout_step = 0;
   int64_t resume_nonfinite_skipped = 0;
+  /// This run's identifier, written into every optimizer file it saves: the ZeRO shards of one checkpoint must
+  /// carry the same one (a shard copied from another run at the same step is refused).
+  std::string run_id = random_run_id();
+
+  static std::string random_run_id() {
+    std::random_device device;
+    const uint64_t id = (uint64_t{device()} << 32) ^ device();
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(id));
+    return text;
+  }
 };
 
 }  // namespace fusetrain::train

@@ -148,6 +148,55 @@ def test_ranks_with_different_configurations_are_refused(tiny, tmp_path):
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
+def test_ranks_with_other_data_of_the_same_length_are_refused(tiny, tmp_path):
+    """Two training files of 50 rows each passed the length check and trained on a mix; the ranks now compare a
+    fingerprint of the tokenized data."""
+    lines = (ROOT / "data" / "sst2" / "train.tsv").read_text().splitlines()
+    first, second = tmp_path / "first.tsv", tmp_path / "second.tsv"
+    first.write_text("\n".join(lines[:51]) + "\n")
+    second.write_text("\n".join(lines[:1] + lines[51:101]) + "\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    common = ["--model", str(tiny), "--max-steps", "2", "--save-strategy", "no", "--disable-tqdm",
+              "--fusetrain-threads", "1", "--output-dir", str(tmp_path / "out"), "--per-device-train-batch-size", "4"]
+    command = [MPIRUN, "-np", "1", "--oversubscribe", str(CLI), "train", *common, "--train-file", str(first),
+               ":", "-np", "1", str(CLI), "train", *common, "--train-file", str(second)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode != 0
+    assert "rank 1 of the data-parallel job was started with another configuration than rank 0" in result.stderr
+    assert "the training data differs from rank 0's in content (fingerprint " in result.stderr, result.stderr
+    assert "train_examples" not in result.stderr  # the lengths agree: only the content differs
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_zero_checkpoint_holding_a_shard_of_another_run_is_refused(tiny, tmp_path):
+    """Two runs of the same job reach step 4 with shards of the same names and sizes (the same data and seed give the
+    same values, even); a set mixing them resumed before. Each shard now names the run that wrote it."""
+    data = rows_file(tmp_path, 50)
+    args = ["--max-steps", "4", "--save-steps", "4", "--zero-stage", "1", "--save-strategy", "steps"]
+    train(tiny, data, tmp_path / "a", 2, 4, *args)
+    train(tiny, data, tmp_path / "b", 2, 4, *args)
+    mixed = tmp_path / "mixed"
+    shutil.copytree(tmp_path / "a" / "checkpoint-4", mixed)
+    shutil.copy(tmp_path / "b" / "checkpoint-4" / "optimizer-shard-1-of-2.safetensors", mixed)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def resume(checkpoint, output):
+        return subprocess.run([str(CLI), "train", "--model", str(tiny), "--train-file", str(data), "--max-steps", "6",
+                               "--save-strategy", "no", "--disable-tqdm", "--fusetrain-threads", "1",
+                               "--per-device-train-batch-size", "8", "--output-dir", str(output),
+                               "--resume-from-checkpoint", str(checkpoint)],
+                              capture_output=True, text=True, env=env, timeout=300)
+
+    result = resume(mixed, tmp_path / "resumed-mixed")
+    assert result.returncode == 1, result.stderr
+    assert "optimizer-shard-1-of-2.safetensors: this shard was written by run " in result.stderr, result.stderr
+    assert ("but optimizer-shard-0-of-2.safetensors by run " in result.stderr and
+            "the shards of a checkpoint come from one save (this set mixes two runs)" in result.stderr)
+    assert not (tmp_path / "resumed-mixed" / "model.safetensors").exists()
+    # Each run's own set resumes.
+    assert resume(tmp_path / "a" / "checkpoint-4", tmp_path / "resumed").returncode == 0
+
+
 # Sharded evaluation: under mpirun each rank runs the forward on its own run of whole eval batches and rank 0 computes
 # the metrics from the gathered predictions. The ranks run the very batches one process runs and rank 0 sums the
 # batch losses in one process's order, so the metrics are not merely close but equal (compared exactly below).

@@ -375,3 +375,28 @@ def test_cli_prompt_response_jsonl_labels_only_the_response(tiny_llama, tmp_path
     run = subprocess.run([str(cli_support.BUILD / "fusetrain"), "evaluate", "--model", str(tiny_llama), "--task", "clm",
                           "--eval-file", str(data), "--max-seq-length", "16"], capture_output=True, text=True)
     assert run.returncode != 0 and "leaves no room for the response" in run.stderr
+
+
+@pytest.mark.parametrize("row, expected", [
+    ({"prompt": [{"role": "user", "content": "Who speaks first?"}], "response": " First Citizen."},
+     'pairs.jsonl:2: "prompt" is a list of chat messages; expected a string. Format the conversation into text first '
+     "(the tokenizer's chat template"),
+    ({"prompt": "One word:", "response": None},
+     'pairs.jsonl:2: "response" is null; expected a string (text is never made from null: an absent text is refused, '
+     'not read as empty)'),
+    ({"prompt": 42, "response": " Verily"}, 'pairs.jsonl:2: "prompt" is a number; expected a string'),
+    ({"prompt": "One word:", "response": {"text": " Verily"}}, 'pairs.jsonl:2: "response" is a JSON object; expected'),
+], ids=["chat-messages", "null-response", "number", "object"])
+def test_cli_prompt_response_values_must_be_strings(tiny_llama, tmp_path, row, expected):
+    """A list of chat messages was trained as its JSON text and a null response as an empty one: both are refused
+    naming the line, before any training."""
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(json.dumps({"prompt": "Say it:", "response": " Verily"}) + "\n" + json.dumps(row) + "\n")
+    run = subprocess.run([str(cli_support.BUILD / "fusetrain"), "train", "--model", str(tiny_llama), "--task", "clm",
+                          "--train-file", str(data), "--max-seq-length", "64", "--max-steps", "1",
+                          "--output-dir", str(tmp_path / "out")], capture_output=True, text=True)
+    lines = [line for line in run.stderr.splitlines() if line.startswith("fusetrain: error:")]
+    assert run.returncode == 1 and len(lines) == 1, run.stderr
+    assert expected in lines[0], lines[0]
+    assert not (tmp_path / "out" / "adapter_model.safetensors").exists()
+    assert not (tmp_path / "out" / "model.safetensors").exists()

@@ -46,7 +46,13 @@ struct Table {
   /// The 1-based line of the file where each row starts. May be left empty for tables built by hand; row i is
   /// then reported as line i + 2 (after a header line).
   std::vector<int64_t> row_lines;
+  /// JSON Lines only: per row, the JSON kind of each field, one character per column ('s' string, '0' null, '#'
+  /// number, 'b' boolean, '[' array, '{' object). Empty for the other formats, whose fields are all text.
+  std::vector<std::string> kinds;
 
+  /// Throws Error `<source>:<line>: "prompt" is null; expected a string` when field `column` of row `row` was not a
+  /// JSON string (text is never made from null, a number or a list); a list of chat messages is named as such.
+  void require_text(size_t row, size_t column) const;
   /// Position of the column named `name`; throws Error `<source>: no column "x" (columns: sentence, label)`.
   size_t column(const std::string& name) const;
   /// Number of rows (the header is not a row).
@@ -182,6 +188,9 @@ class TokenizedDataset {
   std::span<const int64_t> token_labels(int64_t i) const;
   /// The answer's first and last token of example i (LabelKind::Spans only).
   std::pair<int64_t, int64_t> span(int64_t i) const;
+  /// A 64-bit hash of everything a step reads (example boundaries, ids, type ids, labels): the ranks of a
+  /// data-parallel job compare it, so files of the same length but other content are refused.
+  uint64_t fingerprint() const;
 
   /// A dataset over `examples`. Throws Error naming the first inconsistency: offsets that do not start at 0, go
   /// down or miss the end of ids; an empty example; type ids or labels of the wrong length; an id or label out of
