@@ -344,6 +344,85 @@ def checkpoint_seeds():
                        env=dict(os.environ, FUSETRAIN_FUZZ_WRITE_SEEDS=str(out)))
 
 
+# ---- onnx_import ---------------------------------------------------------------------------------------------
+
+ONNX_TASKS = ["seq-cls", "token-cls", "qa", "mlm", "clm"]  # byte 0 % 5 (fuzz/onnx_import.cpp); bit 3: a mask
+
+
+def onnx_seed(name, model, task, masked=True):
+    """An onnx.ModelProto as the onnx_import target reads it: the task byte, then the graph with every initializer
+    inline."""
+    import onnx
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for tensor in model.graph.initializer:
+        assert tensor.data_location != onnx.TensorProto.EXTERNAL, name
+    # What the importer never reads (the dynamo exporter's per-node stack traces, value_info) only slows mutation.
+    for node in model.graph.node:
+        node.doc_string = ""
+        del node.metadata_props[:]
+    del model.graph.value_info[:]
+    del model.metadata_props[:]
+    model.doc_string = ""
+    write("onnx_import", name, bytes([ONNX_TASKS.index(task) | (8 if masked else 0)]) + model.SerializeToString())
+
+
+def onnx_import_seeds():
+    """Real exports of every architecture the import tests cover (tiny configs: vocabulary 100, width 8, one layer):
+    both of torch's exporters for transformers models, fusetrain's own export for its native families (Mistral and
+    Qwen2 included), and the malformed graphs the validator refuses."""
+    import sys
+
+    import onnx
+    import torch
+    import transformers
+
+    sys.path.insert(0, str(ROOT / "tests" / "python"))
+    sys.path.insert(0, str(ROOT / "build" / "python"))
+    import onnx_graphs as og
+    import test_onnx_validation as bad
+
+    small = dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, vocab_size=100,
+                 max_position_embeddings=16)
+    configs = {
+        "bert": lambda: transformers.BertConfig(**small),
+        "roberta": lambda: transformers.RobertaConfig(**{**small, "max_position_embeddings": 18}, pad_token_id=1),
+        "distilbert": lambda: transformers.DistilBertConfig(dim=8, n_layers=1, n_heads=2, hidden_dim=16, vocab_size=100,
+                                                            max_position_embeddings=16),
+        "gpt2": lambda: transformers.GPT2Config(n_embd=8, n_layer=1, n_head=2, vocab_size=100, n_positions=16,
+                                                pad_token_id=0, use_cache=False),
+        "llama": lambda: transformers.LlamaConfig(**small, num_key_value_heads=1, pad_token_id=0, use_cache=False),
+        "electra": lambda: transformers.ElectraConfig(embedding_size=4, **small),
+        "albert": lambda: transformers.AlbertConfig(embedding_size=4, **small),
+        "mpnet": lambda: transformers.MPNetConfig(**small),
+        "deberta-v2": lambda: transformers.DebertaV2Config(**small, relative_attention=True, position_buckets=4,
+                                                           pos_att_type=["p2c", "c2p"], max_relative_positions=8),
+    }
+    tasks = {"bert": ["seq-cls", "token-cls", "qa", "mlm"], "gpt2": ["clm", "seq-cls"], "llama": ["clm", "seq-cls"]}
+    shutil.rmtree(CORPUS / "onnx_import", ignore_errors=True)
+    with tempfile.TemporaryDirectory() as work:
+        for arch, make_config in configs.items():
+            for task in tasks.get(arch, ["seq-cls"]):
+                for exporter in og.EXPORTERS:
+                    torch.manual_seed(0)
+                    model = og.AUTO[task].from_config(make_config()).float().eval()
+                    path = os.path.join(work, f"{arch}-{task}-{exporter}.onnx")
+                    og.export(model, path, exporter, task)
+                    onnx_seed(f"{arch}-{task}-{exporter}", onnx.load(path), task)
+        import fusetrain
+
+        native = {"mistral": ("MistralForCausalLM", dict(sliding_window=4)), "qwen2": ("Qwen2ForCausalLM", {}),
+                  "llama": ("LlamaForCausalLM", {})}
+        for arch, (architecture, extra) in native.items():
+            config = dict(model_type=arch, **small, num_key_value_heads=1, **extra)
+            path = os.path.join(work, f"{arch}-fusetrain.onnx")
+            fusetrain.Model.from_config(config, architecture=architecture).export_onnx(path, opset=18)
+            onnx_seed(f"{arch}-clm-fusetrain", onnx.load(path), "clm")
+    for case, (make, _) in bad.CRASHES.items():
+        onnx_seed(f"bad-{case}", make(), "token-cls")
+    onnx_seed("valid-token-cls", bad.graph(), "token-cls", masked=False)
+
+
 def main():
     for target in ["safetensors", "hf_dir", "config", "tokenizer", "tokenizer_dir", "dataset"]:
         shutil.rmtree(CORPUS / target, ignore_errors=True)
@@ -354,6 +433,7 @@ def main():
     tokenizer_dir_seeds()
     dataset_seeds()
     checkpoint_seeds()
+    onnx_import_seeds()
     total = sum(p.stat().st_size for p in CORPUS.rglob("*") if p.is_file())
     print(f"make_seeds: {sum(1 for p in CORPUS.rglob('*') if p.is_file())} seeds, {total} bytes under {CORPUS}")
 

@@ -22,6 +22,26 @@ namespace fusetrain::onnx_import {
 using onnx::NodeProto;
 using onnx::TensorProto;
 
+namespace {
+
+// A float as an integer the way a cast truncates it, with what C++ leaves undefined defined: NaN is 0, and values
+// beyond int64's range saturate (ONNX leaves such casts to the runtime; x86 runtimes give the range's ends).
+int64_t saturated_int64(double v) {
+  if (std::isnan(v)) return 0;
+  if (v >= 9223372036854775807.0) return std::numeric_limits<int64_t>::max();
+  if (v <= -9223372036854775808.0) return std::numeric_limits<int64_t>::min();
+  return static_cast<int64_t>(v);
+}
+
+// int64 arithmetic that wraps around on overflow, as two's complement hardware (and ONNX Runtime) computes it; signed
+// overflow is undefined in C++.
+int64_t wrapping(char op, int64_t x, int64_t y) {
+  const auto ux = static_cast<uint64_t>(x), uy = static_cast<uint64_t>(y);
+  return static_cast<int64_t>(op == '+' ? ux + uy : op == '-' ? ux - uy : ux * uy);
+}
+
+}  // namespace
+
 int64_t HostTensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -31,7 +51,7 @@ int64_t HostTensor::numel() const {
 std::vector<int64_t> HostTensor::ints() const {
   if (!is_float()) return i;
   std::vector<int64_t> out(f.size());
-  for (size_t k = 0; k < f.size(); ++k) out[k] = static_cast<int64_t>(f[k]);
+  for (size_t k = 0; k < f.size(); ++k) out[k] = saturated_int64(f[k]);
   return out;
 }
 
@@ -467,7 +487,8 @@ HostTensor binary(const NodeProto& node, const HostTensor& a, const HostTensor& 
     for_each_broadcast(shape, {&a.shape, &b.shape}, [&](int64_t k, const std::vector<int64_t>& o) {
       const int64_t x = a.i[size_t(o[0])], y = b.i[size_t(o[1])];
       FT_CHECK(y != 0, op, " \"", node.name(), "\": integer division by zero");
-      int64_t r = op == "Div" ? x / y : x % y;
+      // INT64_MIN / -1 overflows: it wraps to INT64_MIN, its remainder is 0.
+      int64_t r = y == -1 ? (op == "Div" ? wrapping('-', 0, x) : 0) : op == "Div" ? x / y : x % y;
       if (op == "Mod" && r != 0 && ((r < 0) != (y < 0))) r += y;
       out.i[size_t(k)] = r;
     });
@@ -476,7 +497,7 @@ HostTensor binary(const NodeProto& node, const HostTensor& a, const HostTensor& 
   if (compare && (a.is_float() || b.is_float())) {
     const Fn& fn = kOps.at(op);
     for_each_broadcast(shape, {&a.shape, &b.shape}, [&](int64_t k, const std::vector<int64_t>& o) {
-      out.i[size_t(k)] = int64_t(fn(a.at(o[0]), b.at(o[1])));
+      out.i[size_t(k)] = fn(a.at(o[0]), b.at(o[1])) != 0;
     });
     return out;
   }
@@ -486,10 +507,13 @@ HostTensor binary(const NodeProto& node, const HostTensor& a, const HostTensor& 
   for_each_broadcast(shape, {&a.shape, &b.shape}, [&](int64_t k, const std::vector<int64_t>& o) {
     const int64_t x = a.i[size_t(o[0])], y = b.i[size_t(o[1])];
     if (exact) {  // in integers: values such as INT64_MAX are not exact as doubles
-      out.i[size_t(k)] = op == "Add" ? x + y : op == "Sub" ? x - y : op == "Mul" ? x * y : op == "Max" ? std::max(x, y)
-                                                                                                         : std::min(x, y);
+      out.i[size_t(k)] = op == "Add"   ? wrapping('+', x, y)
+                         : op == "Sub" ? wrapping('-', x, y)
+                         : op == "Mul" ? wrapping('*', x, y)
+                         : op == "Max" ? std::max(x, y)
+                                       : std::min(x, y);
     } else {
-      out.i[size_t(k)] = int64_t(it->second(double(x), double(y)));
+      out.i[size_t(k)] = saturated_int64(it->second(double(x), double(y)));
     }
   });
   return out;
@@ -558,7 +582,7 @@ HostTensor cast(const HostTensor& x, int32_t to, const std::string& where) {
     else if (type == HostType::Bool)
       out.i[size_t(k)] = v != 0;
     else
-      out.i[size_t(k)] = x.is_float() ? int64_t(x.f[size_t(k)]) : x.i[size_t(k)];
+      out.i[size_t(k)] = x.is_float() ? saturated_int64(x.f[size_t(k)]) : x.i[size_t(k)];
   }
   return out;
 }
@@ -834,16 +858,24 @@ HostTensor range(const HostTensor& start, const HostTensor& limit, const HostTen
   if (start.is_float() || limit.is_float() || delta.is_float()) {
     const double s = start.at(0), l = limit.at(0), d = delta.at(0);
     FT_CHECK(d != 0, "Range \"", node.name(), "\": delta 0");
-    const int64_t n = std::max<int64_t>(int64_t(std::ceil((l - s) / d)), 0);
+    const double count = std::ceil((l - s) / d);
+    FT_CHECK(std::isfinite(count) && count <= double(kMaxHostElements), "Range \"", node.name(), "\": from ", s, " to ",
+             l, " by ", d, " is not a range of at most ", kMaxHostElements, " elements");
+    const int64_t n = std::max<int64_t>(int64_t(count), 0);
     HostTensor out = HostTensor::zeros(HostType::F32, {n});
     for (int64_t k = 0; k < n; ++k) out.f[size_t(k)] = float(s + double(k) * d);
     return out;
   }
   const int64_t s = start.i[0], l = limit.i[0], d = delta.i[0];
   FT_CHECK(d != 0, "Range \"", node.name(), "\": delta 0");
-  const int64_t n = std::max<int64_t>((l - s + d + (d > 0 ? -1 : 1)) / d, 0);
+  // In 128 bits: limit − start overflows int64 for the extreme ends.
+  const __int128 span = __int128(l) - s + d + (d > 0 ? -1 : 1);
+  const __int128 count = std::max<__int128>(span / d, 0);
+  FT_CHECK(count <= kMaxHostElements, "Range \"", node.name(), "\": from ", s, " to ", l, " by ", d,
+           " is not a range of at most ", kMaxHostElements, " elements");
+  const int64_t n = int64_t(count);
   HostTensor out = HostTensor::zeros(HostType::I64, {n});
-  for (int64_t k = 0; k < n; ++k) out.i[size_t(k)] = s + k * d;
+  for (int64_t k = 0; k < n; ++k) out.i[size_t(k)] = wrapping('+', s, wrapping('*', k, d));  // each lies in [s, l)
   return out;
 }
 
@@ -866,7 +898,7 @@ HostTensor cumsum(const NodeProto& node, const HostTensor& x, int64_t axis_in) {
         if (exclusive) {
           if (x.is_float()) out.f[size_t(off)] = float(acc_f); else out.i[size_t(off)] = acc_i;
         }
-        if (x.is_float()) acc_f += x.f[size_t(off)]; else acc_i += x.i[size_t(off)];
+        if (x.is_float()) acc_f += x.f[size_t(off)]; else acc_i = wrapping('+', acc_i, x.i[size_t(off)]);
         if (!exclusive) {
           if (x.is_float()) out.f[size_t(off)] = float(acc_f); else out.i[size_t(off)] = acc_i;
         }
