@@ -17,7 +17,9 @@ dropout stream and fp16 loss scale), so either Trainer resumes the other's check
 
 A model or setting the engine cannot run (an architecture it does not build, another optimizer, a
 custom `compute_loss`, ...) trains with transformers' own loop after one warning naming it and why;
-`TrainingArguments(fusetrain_require_engine=True)` makes that an error instead.
+`TrainingArguments(fusetrain_require_engine=True)` makes that an error instead. Arguments transformers would
+crash on or misread (`check_arguments`, applied to transformers' own TrainingArguments too) and a model whose
+config no longer describes it (`check_config_matches_model`) are refused with a ValueError before training.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from transformers.trainer_utils import TrainOutput
 from fusetrain import _core, data
 from fusetrain.distributed import engine_communicator
 from fusetrain._core import Model
-from fusetrain.training_args import TrainingArguments, engine_dict, engine_refusals
+from fusetrain.training_args import TrainingArguments, check_arguments, engine_dict, engine_refusals
 
 # transformers collators whose batches equal the engine's own up to padding.
 _PADDING_COLLATORS = ("PaddingCollator", "DataCollatorWithPadding", "DataCollatorForTokenClassification", "default_data_collator",
@@ -128,40 +130,229 @@ def _lora_settings(model: Any) -> dict:
                 base_dtype="bfloat16" if bf16_base else "float32")
 
 
+def _adapter_of(model: Any) -> str | None:
+    return next(iter(model.peft_config)) if _is_peft(model) else None
+
+
+def _plain_name(name: str, adapter: str | None) -> str | None:
+    """A module or parameter name of a PEFT model's base as the engine (and the transformers model without PEFT)
+    names it: "<m>.base_layer.weight" is "<m>.weight", "<m>.lora_A.<adapter>.weight" "<m>.lora_A.weight",
+    "<m>.modules_to_save.<adapter>.<p>" "<m>.<p>"; None for PEFT's frozen original_module copy of a module trained in
+    full. Without an adapter, the name itself."""
+    if adapter is None:
+        return name
+    if ".original_module." in name + ".":
+        return None
+    for part, plain in ((".base_layer", ""), (f".lora_A.{adapter}", ".lora_A"), (f".lora_B.{adapter}", ".lora_B"),
+                        (f".modules_to_save.{adapter}", "")):
+        name = name.replace(part, plain)
+    return name
+
+
 def _engine_names(hf_model: Any) -> dict[str, str]:
-    """Engine parameter name -> the name in hf_model's state_dict. For a PEFT model, PEFT's module names are folded
-    away: "<m>.base_layer.weight" is the engine's "<m>.weight", "<m>.lora_A.<adapter>.weight" its
-    "<m>.lora_A.weight", "<m>.modules_to_save.<adapter>.<p>" its "<m>.<p>" (PEFT's frozen original_module copy of a
-    module trained in full is left out)."""
+    """Engine parameter name -> the name in hf_model's state_dict (for a PEFT model, PEFT's module names folded away
+    as _plain_name does)."""
+    adapter = _adapter_of(hf_model)
     names = {}
-    base = _base_model(hf_model)
-    adapter = next(iter(hf_model.peft_config)) if _is_peft(hf_model) else None
-    for key in base.state_dict():
-        name = key
-        if adapter is not None:
-            if ".original_module." in key:
-                continue
-            for part in (".base_layer", f".lora_A.{adapter}", f".lora_B.{adapter}", f".modules_to_save.{adapter}"):
-                name = name.replace(part, {".base_layer": "", f".modules_to_save.{adapter}": ""}.get(
-                    part, part.rsplit(".", 1)[0]))
-        names[name] = key
+    for key in _base_model(hf_model).state_dict():
+        name = _plain_name(key, adapter)
+        if name is not None:
+            names[name] = key
     return names
+
+
+# ------------------------------------------------------------ does the config still describe the model?
+#
+# The engine builds the model it trains from model.config. A config changed after the model was built
+# (model.config.num_attention_heads = 2, hidden_act = "relu", num_hidden_layers one less, ...) would thus train
+# another model than the one held, silently where no weight's shape shows it. The rule: the model transformers
+# builds from the config now must be the model held, module by module (same classes, parameter and buffer shapes,
+# tied weights, and the settings transformers copies from the config into the modules when it builds them: head
+# counts, epsilons, dropout probabilities, activation classes, padding ids). It is built on the meta device: no
+# memory, and no random numbers drawn.
+
+# Module attributes that change after a model is built without a change of its config.
+_RUNTIME_ATTRIBUTES = frozenset({"training", "gradient_checkpointing", "kernel_config", "name_or_path",
+                                 "max_seq_len_cached"})
+_MAX_CONFIG_TRIALS = 48
+
+
+def _built_from_config(model: Any, config: Any) -> Any:
+    with torch.random.fork_rng(devices=[]), torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return type(model)(config)
+
+
+def _peft_only(name: str) -> bool:
+    """A module PEFT adds (an adapter, the dict holding it, a wrapper's copies): none of the base model's."""
+    return any(part.startswith("lora_") or part in ("modules_to_save", "original_module") for part in name.split("."))
+
+
+def _settings(module: Any) -> dict[str, Any]:
+    return {k: v for k, v in vars(module).items() if not k.startswith("_") and k not in _RUNTIME_ATTRIBUTES
+            and (v is None or isinstance(v, (bool, int, float, str)))}
+
+
+def _shapes(module: Any) -> dict[str, tuple]:
+    tensors = {**dict(module.named_parameters(recurse=False)), **dict(module.named_buffers(recurse=False))}
+    return {k: tuple(v.shape) for k, v in tensors.items() if v is not None}
+
+
+def _class_of(name: str) -> type | None:
+    """The class transformers' activation `name` (a hidden_act value) builds."""
+    from transformers.activations import ACT2CLS
+
+    entry = ACT2CLS.get(name) if isinstance(name, str) else None
+    return entry[0] if isinstance(entry, tuple) else entry
+
+
+def _where(module: str, key: str) -> str:
+    return f"{module}.{key}" if module else f"the model's {key}"
+
+
+def _shape_text(shape: tuple | None) -> str:
+    return "none" if shape is None else "(" + ", ".join(map(str, shape)) + ")"
+
+
+def _mismatch(held: dict[str, Any], built: dict[str, Any]) -> dict | None:
+    """The first difference, module by module, between the modules of the model built from the config (`built`) and
+    those of the model held: first of structure (a module missing or extra, another class or number of layers) or of
+    a parameter's or buffer's shape, then of a setting. A dict: "text", and "pairs", the differing (the config's,
+    the model's) values there."""
+    for name, module in built.items():
+        other = held.get(name)
+        if other is None:
+            return dict(pairs=[], text=f"the config gives a module {name} ({type(module).__name__}) the model does not "
+                                       "have")
+        if type(other) is not type(module):
+            return dict(pairs=[(type(module), type(other))],
+                        text=f"{name or 'the model'} is a {type(other).__name__} where the config gives a "
+                             f"{type(module).__name__}")
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)) and len(module) != len(other):
+            return dict(pairs=[(len(module), len(other))],
+                        text=f"{name} holds {len(other)} modules where the config gives {len(module)}")
+        given, found = _shapes(module), _shapes(other)
+        for key in [*given, *(k for k in found if k not in given)]:
+            if given.get(key) != found.get(key):
+                return dict(pairs=[(g, f) for g, f in zip(given.get(key) or (), found.get(key) or ()) if g != f],
+                            text=f"{_where(name, key)} has shape {_shape_text(found.get(key))} where the config gives "
+                                 f"{_shape_text(given.get(key))}")
+    extra = next((name for name in held if name not in built and not _peft_only(name)), None)
+    if extra is not None:
+        return dict(pairs=[], text=f"the model holds {extra} ({type(held[extra]).__name__}), which the config does "
+                                   "not give")
+    for name, module in built.items():
+        # Only what transformers set when it built the module: resize_token_embeddings adds vocab_size, ...
+        given, found = _settings(module), _settings(held[name])
+        differing = [k for k in given if given[k] != found.get(k)]
+        if differing:
+            key = differing[0]
+            return dict(pairs=[(given.get(k), found.get(k)) for k in differing],
+                        text=f"{_where(name, key)} is {found.get(key)!r} where the config gives {given.get(key)!r}")
+    return None
+
+
+def _ties(model: Any) -> set[frozenset[str]]:
+    """The groups of parameter names that are one tensor (tied weights)."""
+    groups: dict[int, set[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(parameter), set()).add(name)
+    return {frozenset(group) for group in groups.values() if len(group) > 1}
+
+
+def _model_mismatch(held: dict[str, Any], held_model: Any, built_model: Any, peft: bool) -> dict | None:
+    """_mismatch, then (but for a PEFT model, whose copies of a module trained in full untie it) tied weights."""
+    mismatch = _mismatch(held, dict(built_model.named_modules()))
+    if mismatch is not None or peft:
+        return mismatch
+    held_ties, built_ties = _ties(held_model), _ties(built_model)
+    group = min(held_ties ^ built_ties, key=sorted, default=None)
+    if group is None:
+        return None
+    first, *rest = sorted(group)
+    tied = group in held_ties
+    return dict(pairs=[(not tied, tied)],
+                text=f"{first} is {'tied to' if tied else 'a separate weight from'} {', '.join(rest)} where the "
+                     f"config {'unties' if tied else 'ties'} them")
+
+
+def _config_trials(config: Any, pairs: list[tuple[Any, Any]]) -> list[tuple[str, Any]]:
+    """(field, value) changes of the config that could undo a change behind the differing (the config's, the
+    model's) values: a field equal to the config's value set to the model's (for an activation class, a name that
+    builds the model's class) first, then an integer field scaled as the values are, or inversely."""
+    from transformers.activations import ACT2CLS
+
+    fields = {k: v for k, v in config.to_dict().items() if v is None or isinstance(v, (bool, int, float, str))}
+    if hasattr(config, "num_labels"):
+        fields["num_labels"] = config.num_labels
+    exact, scaled = [], []
+    for given, found in pairs:
+        for field, value in fields.items():
+            if isinstance(given, type):
+                if _class_of(value) is given:
+                    exact += [(field, name) for name in ACT2CLS if _class_of(name) is found]
+            elif type(value) is type(given) and value == given and found != value:
+                exact.append((field, found))
+            elif type(value) is int and type(given) is int and type(found) is int and given > 0 and found > 0:
+                for numerator, denominator in ((found, given), (given, found)):  # e.g. heads behind a head size
+                    if value * numerator % denominator == 0 and value * numerator // denominator not in (0, value):
+                        scaled.append((field, value * numerator // denominator))
+    return list(dict.fromkeys(exact + scaled))[:_MAX_CONFIG_TRIALS]
+
+
+def check_config_matches_model(model: Any) -> None:
+    """Raises ValueError when model.config no longer describes the transformers (or PEFT) model `model`: where they
+    differ (a parameter and both shapes, a module's setting, ...), and the config field that changed and the value the
+    model was built with when setting that one field back rebuilds exactly the model held."""
+    import copy
+
+    base = _base_model(model)
+    adapter = _adapter_of(model)
+    held: dict[str, Any] = {}
+    for name, module in base.named_modules():
+        plain = _plain_name(name, adapter)
+        if plain is not None:
+            held[plain] = module  # a PEFT layer's base_layer comes after the layer, and wins
+    advice = "fusetrain builds the model it trains from the config, so it would train a different model than this one"
+    try:
+        built_model = _built_from_config(base, copy.deepcopy(base.config))
+    except Exception as error:  # noqa: BLE001 (transformers refuses the config, whatever its exception)
+        raise ValueError(f"fusetrain: model.config no longer builds a {type(base).__name__} ({type(error).__name__}: "
+                         f"{error}); was it changed after the model was built? {advice}") from error
+    mismatch = _model_mismatch(held, base, built_model, adapter is not None)
+    if mismatch is None:
+        return
+    for field, value in _config_trials(base.config, mismatch["pairs"]):
+        config = copy.deepcopy(base.config)
+        try:
+            setattr(config, field, value)
+            agrees = _model_mismatch(held, base, _built_from_config(base, config), adapter is not None) is None
+        except Exception:  # noqa: BLE001 (a value transformers refuses is not the one the model was built with)
+            continue
+        if agrees:
+            raise ValueError(f"fusetrain: model.config.{field} is {getattr(base.config, field)!r} but the model was "
+                             f"built with {value!r} ({mismatch['text']}); {advice}: set model.config.{field} back to "
+                             f"{value!r}, or build the model from the changed config")
+    raise ValueError(f"fusetrain: model.config does not describe the model it belongs to ({mismatch['text']}); was it "
+                     f"changed after the model was built? {advice}")
 
 
 def engine_model(model: Any) -> Model:
     """A fusetrain.Model with the config and weights of a transformers model object; a PEFT LoRA model becomes an
     engine LoRA model with the same adapters (frozen base, adapters and modules_to_save trainable; a base held
-    in bf16 keeps its frozen projections in bf16)."""
+    in bf16 keeps its frozen projections in bf16). A config that no longer describes the model (changed after the
+    model was built) is refused with a ValueError (check_config_matches_model)."""
     base = _base_model(model)
     architecture = type(base).__name__
     _task_of(architecture)
+    refusal = _lora_refusal(model) if _is_peft(model) else None
+    if refusal:
+        raise TypeError(refusal)
+    check_config_matches_model(model)
     config_dict = base.config.to_dict()
     config_dict["architectures"] = [architecture]
     out = Model.from_config(config_dict, architecture=architecture)
     if _is_peft(model):
-        refusal = _lora_refusal(model)
-        if refusal:
-            raise TypeError(refusal)
         out.enable_lora(**_lora_settings(model))
     load_weights(out, model)
     return out
@@ -269,6 +460,7 @@ class Trainer(transformers.Trainer):
             processing_class = kwargs.pop("tokenizer", None)
         if args is None:
             args = TrainingArguments(output_dir="trainer_output")
+        check_arguments(args)  # transformers' own TrainingArguments do not check them
         # Text columns are tokenized when a tokenizer is given (transformers expects tokenized datasets).
         train_dataset = data.tokenize_if_needed(train_dataset, processing_class, "train_dataset")
         if isinstance(eval_dataset, dict):
@@ -413,6 +605,7 @@ class Trainer(transformers.Trainer):
     def _inner_training_loop(self, batch_size: int | None = None, args: Any = None,
                              resume_from_checkpoint: str | None = None, trial: Any = None,
                              ignore_keys_for_eval: list[str] | None = None) -> TrainOutput:
+        check_arguments(args if args is not None else self.args)  # changed since __init__ (a search trial, ...)
         refusal = self.engine_refusal()
         if refusal is None:
             self._prepare_engine_data()  # the model or the data may have changed since __init__

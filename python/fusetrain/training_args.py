@@ -11,7 +11,21 @@ transformers' (a script's `HfArgumentParser` parses it, `should_log`, `device`,
   this many in a row stop training with an error;
 - `fusetrain_require_engine`: raise instead of training with transformers' own loop when the
   engine cannot run the model or the arguments;
+- `fusetrain_rendezvous_timeout`: seconds a process that a launcher's variables (`WORLD_SIZE` > 1,
+  `RANK`, `MASTER_ADDR`, `MASTER_PORT`) make one of several waits for the others to connect before
+  raising an error naming them (default $FUSETRAIN_RENDEZVOUS_TIMEOUT, else 60). transformers waits
+  `ddp_timeout` (30 minutes) on a GPU and without limit on the CPU; fusetrain joins the CPU
+  process group itself, within this timeout, before transformers would;
 - `early_stopping_patience` / `early_stopping_threshold`: early stopping without a callback.
+
+Values transformers would divide by, crash on deep inside, or silently read as something else are
+refused when the arguments are made, each with a ValueError naming the argument, what was expected
+and what was found (`check_arguments`; `fusetrain.Trainer` applies it to transformers' own
+TrainingArguments too): `gradient_accumulation_steps` < 1 or not an integer, `num_train_epochs`,
+`learning_rate` or `weight_decay` negative or not finite, `max_steps` other than -1 or an integer
+>= 1, `warmup_steps` not finite or a non-integer >= 1, `max_grad_norm` negative or not finite, and
+`logging_steps`, `eval_steps` or `save_steps` negative or not finite under the "steps" strategy
+(`save_steps` 0 too).
 
 `engine_refusals()` lists the settings the engine does not run; with any, `fusetrain.Trainer`
 trains with transformers' loop (one warning) unless `fusetrain_require_engine` is set.
@@ -22,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +44,7 @@ from typing import Any
 import transformers
 
 from fusetrain import _core
+from fusetrain.distributed import RENDEZVOUS_TIMEOUT_VARIABLE, join_process_group
 
 # transformers' `optim` values that are the update fusetrain's fused AdamW computes.
 _ADAMW_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_torch_xla", "adamw_apex_fused")
@@ -37,6 +53,15 @@ _SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constan
 
 def _value(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
+
+
+def _default_rendezvous_timeout() -> float:
+    text = os.environ.get(RENDEZVOUS_TIMEOUT_VARIABLE, "60")
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"fusetrain: {RENDEZVOUS_TIMEOUT_VARIABLE} is {text!r}; expected a number of seconds > 0") \
+            from None
 
 
 @dataclass
@@ -54,6 +79,11 @@ class TrainingArguments(transformers.TrainingArguments):
         default=False,
         metadata={"help": "Raise instead of training with transformers' own loop when fusetrain's engine cannot run "
                           "the model or these arguments."})
+    fusetrain_rendezvous_timeout: float = field(
+        default_factory=_default_rendezvous_timeout,
+        metadata={"help": "Seconds to wait for the other processes of a WORLD_SIZE > 1 launch to connect to "
+                          "MASTER_ADDR:MASTER_PORT before raising an error naming them (default: "
+                          f"${RENDEZVOUS_TIMEOUT_VARIABLE}, else 60)."})
     early_stopping_patience: int = field(
         default=0, metadata={"help": "Evaluations without improvement of metric_for_best_model before stopping "
                                      "(0: off)."})
@@ -61,6 +91,11 @@ class TrainingArguments(transformers.TrainingArguments):
         default=0.0, metadata={"help": "The least change of metric_for_best_model that counts as an improvement."})
 
     def __post_init__(self) -> None:
+        check_arguments(self)
+        timeout = self.fusetrain_rendezvous_timeout
+        if not _is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
+            raise ValueError(f"fusetrain: fusetrain_rendezvous_timeout is {timeout!r}; expected a number of "
+                             "seconds > 0")
         if (self.bf16 or self.bf16_full_eval) and not self.use_cpu:
             # The engine runs bf16 on the CPU; transformers asks for use_cpu there when no bf16 GPU is present.
             from transformers.utils import is_torch_bf16_gpu_available
@@ -72,6 +107,10 @@ class TrainingArguments(transformers.TrainingArguments):
             import torch
 
             self.use_cpu = not torch.cuda.is_available()
+        if self._joins_cpu_process_group():
+            # transformers (through accelerate) would join it with no time limit: a missing peer hangs the run.
+            join_process_group(backend="gloo", rendezvous_timeout=float(self.fusetrain_rendezvous_timeout),
+                               group_timeout=float(self.ddp_timeout))
         super().__post_init__()
         if self.fusetrain_threads < 0:
             raise ValueError(f"fusetrain_threads is {self.fusetrain_threads}; expected 0 (every core) or more")
@@ -79,6 +118,21 @@ class TrainingArguments(transformers.TrainingArguments):
             raise ValueError(f"fusetrain_max_nonfinite_steps is {self.fusetrain_max_nonfinite_steps}; expected >= 1")
         if self.early_stopping_patience < 0:
             raise ValueError(f"early_stopping_patience is {self.early_stopping_patience}; expected >= 0")
+
+    def _joins_cpu_process_group(self) -> bool:
+        """Whether transformers is about to join a torch.distributed process group over gloo, as accelerate does for
+        the CPU processes of a launch with WORLD_SIZE > 1 (not with an MPI backend, on XLA or under DeepSpeed)."""
+        from transformers.utils import is_torch_xla_available
+
+        if _environment_world_size() <= 1 or self.deepspeed or is_torch_xla_available():
+            return False
+        if not (self.use_cpu or os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes")):
+            return False
+        import torch.distributed as dist
+
+        if not dist.is_available() or dist.is_initialized():
+            return False
+        return self.ddp_backend == "gloo" or (self.ddp_backend is None and not dist.is_mpi_available())
 
     @classmethod
     def from_hf(cls, hf_args: transformers.TrainingArguments, **overrides: Any) -> TrainingArguments:
@@ -90,9 +144,69 @@ class TrainingArguments(transformers.TrainingArguments):
         return cls(**values)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_arguments(args: transformers.TrainingArguments) -> None:
+    """Raises ValueError for a value of `args` that transformers' Trainer would divide by, crash on deep inside, or
+    silently read as something else (ones transformers refuses itself with a clear message are left to it). Works
+    for transformers' own TrainingArguments too."""
+
+    def refuse(name: str, expected: str) -> None:
+        raise ValueError(f"fusetrain: {name} is {_value(getattr(args, name))!r}; expected {expected}")
+
+    def finite(name: str) -> bool:
+        value = getattr(args, name)
+        return _is_number(value) and math.isfinite(value)
+
+    accumulation = args.gradient_accumulation_steps
+    if not _is_integer(accumulation) or accumulation < 1:  # transformers divides by it
+        refuse("gradient_accumulation_steps", "an integer >= 1")
+    if not finite("num_train_epochs") or args.num_train_epochs < 0:  # math.ceil(nan), or silently no steps
+        refuse("num_train_epochs", "a finite number >= 0")
+    if not _is_integer(args.max_steps) or not (args.max_steps == -1 or args.max_steps >= 1):
+        # transformers trains one step for 0, crashes on a float, and reads any negative value as -1
+        refuse("max_steps", "an integer >= 1, or -1 to train for num_train_epochs")
+    if not finite("learning_rate") or args.learning_rate < 0:
+        refuse("learning_rate", "a finite number >= 0")
+    if not finite("warmup_steps") or (args.warmup_steps >= 1 and args.warmup_steps != int(args.warmup_steps)):
+        # transformers refuses a negative value itself; int() crashes on inf or nan and truncates 2.5 to 2
+        refuse("warmup_steps", "an integer, or a fraction in [0, 1) of the training steps")
+    if not finite("weight_decay") or args.weight_decay < 0:
+        refuse("weight_decay", "a finite number >= 0")
+    if args.max_grad_norm is not None and (not finite("max_grad_norm") or args.max_grad_norm < 0):
+        # transformers clips only when max_grad_norm > 0: a negative or nan value silently turns clipping off
+        refuse("max_grad_norm", "a finite number >= 0 (0: no clipping)")
+    # Under the "steps" strategy transformers logs, evaluates or saves when global_step % steps == 0: a negative
+    # value means every step, nan never, and save_steps 0 never. (It refuses logging_steps 0, and a fractional
+    # value above 1, itself; eval_steps None or 0 is documented as "logging_steps".)
+    if _value(args.logging_strategy) == "steps" and (not finite("logging_steps") or args.logging_steps < 0):
+        refuse("logging_steps", "a number > 0 (an integer, or a fraction < 1 of the training steps)")
+    if _value(args.eval_strategy) == "steps" and args.eval_steps is not None and (
+            not finite("eval_steps") or args.eval_steps < 0):
+        refuse("eval_steps", "a number > 0 (an integer, or a fraction < 1 of the training steps)")
+    if _value(args.save_strategy) == "steps" and (not finite("save_steps") or args.save_steps <= 0):
+        refuse("save_steps", "a number > 0 (an integer, or a fraction < 1 of the training steps)")
+
+
+def _environment_world_size() -> int:
+    """WORLD_SIZE as a launcher set it (1 when unset)."""
+    text = os.environ.get("WORLD_SIZE", "1")
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"fusetrain: the environment variable WORLD_SIZE is {text!r}; expected the number of "
+                         "processes (an integer >= 1)") from None
+
+
 def _launched_distributed() -> bool:
     """Whether a launcher (torchrun, mpirun, srun) started this process as one of several."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1 or _core._launched_by_mpi()
+    return _environment_world_size() > 1 or _core._launched_by_mpi()
 
 
 def _data_parallel_ready(args: transformers.TrainingArguments) -> bool:
