@@ -346,7 +346,7 @@ def checkpoint_seeds():
 
 # ---- onnx_import ---------------------------------------------------------------------------------------------
 
-ONNX_TASKS = ["seq-cls", "token-cls", "qa", "mlm", "clm"]  # byte 0 % 5 (fuzz/onnx_import.cpp); bit 3: a mask
+ONNX_TASKS = ["seq-cls", "token-cls", "qa", "mlm", "clm"]  # byte 0: low 3 bits % 5 (fuzz/onnx_import.cpp); bit 3: a mask
 
 
 def onnx_seed(name, model, task, masked=True):

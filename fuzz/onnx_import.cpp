@@ -1,8 +1,8 @@
 // An ONNX graph: models::Model::from_onnx (the validator, the importer's value lookup, the host evaluator, the op
 // mapping, the compile pipeline), then one training step (forward, backward) on a small padded batch with labels.
 //
-// Input: byte 0 picks the task (% 5: seq-cls, token-cls, qa, mlm, clm) and, in bit 3, whether the batch carries an
-// attention mask; the rest is the ModelProto, written as model.onnx into a scratch directory with no config.json.
+// Input: byte 0 picks the task (its low 3 bits % 5: seq-cls, token-cls, qa, mlm, clm) and, in bit 3, whether the
+// batch carries an attention mask; the rest is the ModelProto, written as model.onnx into a scratch directory with no config.json.
 // The seeds (fuzz/make_seeds.py) are real exports of every architecture the import tests cover, by both of torch's
 // exporters and by fusetrain's own, plus the malformed graphs of tests/python/test_onnx_validation.py.
 //
@@ -30,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::filesystem::path dir = fuzz::scratch_dir() / "onnx";
   static const bool made = std::filesystem::create_directories(dir);
   (void)made;
-  const std::string task = kTasks[data[0] % kTasks.size()];
+  const std::string task = kTasks[(data[0] & 7) % kTasks.size()];
   const bool masked = (data[0] & 8) != 0;
   fuzz::write_file(dir / "model.onnx", fuzz::as_text(data + 1, size - 1));
 

@@ -768,6 +768,13 @@ void Builder::node(const NodeProto& n, int64_t index) {
   if (any_batch) prog_.nodes.push_back(int(index));
 }
 
+// `axis` of a value of rank `rank`, negative counting from the end; Error naming `what` when it is outside.
+int64_t axis_in(int64_t axis, int64_t rank, const char* what) {
+  const int64_t a = axis < 0 ? axis + rank : axis;
+  FT_CHECK(a >= 0 && a < rank, what, " ", axis, " is out of range for a value of rank ", rank);
+  return a;
+}
+
 void Builder::map_ir(const NodeProto& n, int64_t index) {
   const std::string& op = n.op_type();
   const int x = in_id(n, 0);
@@ -809,14 +816,12 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     set_ir(n, 0, b_.div(b_.fill(Shape{1}, 1.0), ir_of(x)));
   } else if (op == "Softmax") {
     const int64_t r = int64_t(in_shape(0).size());
-    int64_t axis = attr_int(n, "axis", -1);
-    if (axis < 0) axis += r;
+    const int64_t axis = axis_in(attr_int(n, "axis", -1), r, "softmax axis");
     FT_CHECK(axis == r - 1, "softmax over axis ", attr_int(n, "axis", -1), " (only the last axis is supported)");
     set_ir(n, 0, b_.softmax(ir_of(x)));
   } else if (op == "LayerNormalization") {
     const int64_t r = int64_t(in_shape(0).size());
-    int64_t axis = attr_int(n, "axis", -1);
-    if (axis < 0) axis += r;
+    const int64_t axis = axis_in(attr_int(n, "axis", -1), r, "normalisation axis");
     FT_CHECK(axis == r - 1, "normalisation over axes from ", attr_int(n, "axis", -1),
              " (only the last axis is supported)");
     const int64_t C = in_shape(0).back();
@@ -833,8 +838,7 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     const int64_t r = int64_t(in_shape(0).size());
     if (axes.empty())
       for (int64_t k = 0; k < r; ++k) axes.push_back(k);
-    for (int64_t& a : axes)
-      if (a < 0) a += r;
+    for (int64_t& a : axes) a = axis_in(a, r, "reduction axis");
     const bool keep = attr_int(n, "keepdims", 1) != 0;
     set_ir(n, 0, op == "ReduceMean" ? b_.reduce_mean(ir_of(x), axes, keep) : b_.reduce_sum(ir_of(x), axes, keep));
   } else if (op == "Transpose") {
@@ -877,12 +881,16 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     if (n.input_size() > 4 && !n.input(4).empty()) steps = const_of(n, 4, "steps").ints();
     if (axes.empty())
       for (size_t k = 0; k < starts.size(); ++k) axes.push_back(int64_t(k));
+    FT_CHECK(ends.size() == starts.size() && axes.size() == starts.size() &&
+                 (steps.empty() || steps.size() == starts.size()),
+             "starts, ends, axes and steps of different lengths (", starts.size(), ", ", ends.size(), ", ",
+             axes.size(), ", ", steps.size(), ")");
     std::vector<int64_t> shape = in_shape(0);
     ValueId y = ir_of(x);
     for (size_t k = 0; k < axes.size(); ++k) {
       FT_CHECK(steps.empty() || steps[k] == 1, "a slice with step ", steps.empty() ? 1 : steps[k],
                " (only step 1 is supported)");
-      const int64_t ax = axes[k] < 0 ? axes[k] + int64_t(shape.size()) : axes[k];
+      const int64_t ax = axis_in(axes[k], int64_t(shape.size()), "slice axis");
       const int64_t dim = shape[size_t(ax)];
       int64_t s = starts[k], e = ends[k];
       if (s < 0) s += dim;
@@ -898,14 +906,15 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     FT_CHECK(is_host(idx), "indices computed from parameters");
     const std::vector<int64_t> shape = in_shape(0);
     const int64_t r = int64_t(shape.size());
-    int64_t axis = attr_int(n, "axis", 0);
-    if (axis < 0) axis += r;
+    const int64_t axis = axis_in(attr_int(n, "axis", 0), r, "gather axis");
     const HostTensor& ih = host_[size_t(idx)];
     double scalar = 0;
     if (kind(idx) == Kind::Const && ih.shape.empty() && scalar_const(idx, scalar)) {
       // One index: a slice without its axis (e.g. a pooler's first token).
+      const int64_t dim = shape[size_t(axis)];
+      FT_CHECK(scalar >= double(-dim) && scalar < double(dim), "index ", scalar, " is out of range for ", dim);
       int64_t i = int64_t(scalar);
-      if (i < 0) i += shape[size_t(axis)];
+      if (i < 0) i += dim;
       std::vector<int64_t> out = shape;
       out.erase(out.begin() + axis);
       set_ir(n, 0, b_.reshape(b_.slice(ir_of(x), axis, i, i + 1), out));
@@ -926,7 +935,9 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     const int idx = in_id(n, 1);
     FT_CHECK(is_host(idx), "indices computed from parameters");
     const std::vector<int64_t> shape = in_shape(0), ishape = host_[size_t(idx)].shape;
+    FT_CHECK(!ishape.empty(), "indices of rank 0 (GatherND's indices end in the tuple length)");
     const int64_t m = ishape.back(), r = int64_t(shape.size());
+    FT_CHECK(m >= 1 && m <= r, "index tuples of length ", m, " for data of rank ", r);
     int64_t rows = 1, rest = 1;
     for (int64_t k = 0; k < m; ++k) rows *= shape[size_t(k)];
     for (int64_t k = m; k < r; ++k) rest *= shape[size_t(k)];
@@ -942,8 +953,8 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     FT_CHECK(is_host(idx), "indices computed from parameters");
     const std::vector<int64_t> shape = in_shape(0), ishape = host_[size_t(idx)].shape;
     FT_CHECK(ishape.size() == shape.size(), "indices of rank ", ishape.size(), " for data of rank ", shape.size());
-    int64_t axis = attr_int(n, "axis", 0), numel = 1;
-    if (axis < 0) axis += int64_t(shape.size());
+    const int64_t axis = axis_in(attr_int(n, "axis", 0), int64_t(shape.size()), "gather axis");
+    int64_t numel = 1;
     for (int64_t d : shape) numel *= d;
     const ValueId column = b_.reshape(ir_of(x), {numel, 1});
     const ValueId y = b_.embedding(column, feed(idx, Feed::Elements, false, double(axis), shape));
@@ -951,13 +962,11 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
   } else if (op == "Concat") {
     std::vector<ValueId> xs;
     for (int k = 0; k < n.input_size(); ++k) xs.push_back(ir_of(in_id(n, k)));
-    int64_t axis = attr_int(n, "axis", 0);
-    if (axis < 0) axis += int64_t(in_shape(0).size());
+    const int64_t axis = axis_in(attr_int(n, "axis", 0), int64_t(in_shape(0).size()), "concatenation axis");
     set_ir(n, 0, b_.concat(xs, axis));
   } else if (op == "Split") {
     const std::vector<int64_t> shape = in_shape(0);
-    int64_t axis = attr_int(n, "axis", 0);
-    if (axis < 0) axis += int64_t(shape.size());
+    const int64_t axis = axis_in(attr_int(n, "axis", 0), int64_t(shape.size()), "split axis");
     std::vector<int64_t> sizes;
     if (n.input_size() > 1 && !n.input(1).empty())
       sizes = const_of(n, 1, "split").ints();
@@ -968,6 +977,7 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
       const int64_t each = (dim + parts - 1) / parts;
       for (int64_t k = 0; k < parts; ++k) sizes.push_back(std::min(each, dim - k * each));
     }
+    FT_CHECK(int64_t(sizes.size()) == n.output_size(), sizes.size(), " split sizes for ", n.output_size(), " outputs");
     const std::vector<ValueId> ys = b_.split(ir_of(x), axis, sizes);
     for (int k = 0; k < n.output_size(); ++k) set_ir(n, k, ys[size_t(k)]);
   } else if (op == "Where") {
@@ -976,6 +986,8 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
   } else if (op == "Tile") {
     const std::vector<int64_t> repeats = const_of(n, 1, "repeats").ints();
     FT_CHECK(repeats.size() == in_shape(0).size(), repeats.size(), " repeats for rank ", in_shape(0).size());
+    for (int64_t k : repeats)  // each repeat is one more operand of a Concat
+      FT_CHECK(k >= 1 && k <= 4096, "a repeat count of ", k, " (fusetrain tiles 1 to 4096 times per axis)");
     ValueId y = ir_of(x);
     for (size_t ax = 0; ax < repeats.size(); ++ax)
       if (repeats[ax] > 1) y = b_.concat(std::vector<ValueId>(size_t(repeats[ax]), y), int64_t(ax));

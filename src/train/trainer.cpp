@@ -40,6 +40,8 @@ Trainer::Trainer(models::Model& model, TrainingArguments args, Head task, const 
            "\" but there is no evaluation dataset");
   if (fs::exists(args_.output_dir))
     FT_CHECK(fs::is_directory(args_.output_dir), "output_dir \"", args_.output_dir, "\" exists and is not a directory");
+  check_vocabulary(train_, "training");
+  check_vocabulary(eval_, "evaluation");
   model_.set_num_threads(static_cast<int>(args_.fusetrain_threads));
   model_.set_bf16(args_.bf16);
   model_.set_fp16(args_.fp16);
@@ -53,6 +55,20 @@ Trainer::Trainer(models::Model& model, TrainingArguments args, Head task, const 
 }
 
 Trainer::~Trainer() = default;
+
+// A tokenizer larger than the model's vocabulary gives ids the embedding has no row for: refused here, naming the
+// vocabulary, rather than later by the loss (as "labels") or by a kernel in the middle of a step.
+void Trainer::check_vocabulary(const data::TokenizedDataset* dataset, const char* which) const {
+  const nlohmann::json& config = model_.config();
+  if (dataset == nullptr || !config.contains("vocab_size") || !config["vocab_size"].is_number_integer()) return;
+  const int64_t vocab = config["vocab_size"].get<int64_t>();
+  for (int64_t i = 0; i < dataset->size(); ++i)
+    for (const int64_t id : dataset->ids(i))
+      FT_CHECK(id >= 0 && id < vocab, "the ", which, " data holds token id ", id, " (example ", i,
+               ") but the model's vocabulary has ", vocab, " entries (config.json \"vocab_size\"): the tokenizer "
+               "is larger than the model's embedding, so it is not this model's tokenizer (or the embedding needs "
+               "resizing to it)");
+}
 
 void Trainer::check_same_configuration() {
   comm::Communicator& comm = *comm_;

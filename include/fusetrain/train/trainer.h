@@ -189,8 +189,11 @@ class Trainer {
   void log(nlohmann::json entry);
   /// (Re)makes AdamW over the whole parameters or over a ZeRO shard.
   void make_optimizer(optim::Shard shard);
-  /// Data parallel: throws Error on every rank when any rank's model, data sizes or arguments differ from rank 0's.
+  /// Data parallel: throws Error on every rank when any rank's model, data (sizes and content) or arguments differ
+  /// from rank 0's.
   void check_same_configuration();
+  /// Throws Error when `dataset` holds a token id outside the model's config.json vocab_size.
+  void check_vocabulary(const data::TokenizedDataset* dataset, const char* which) const;
   std::string save_checkpoint();
   void write_checkpoint(const std::filesystem::path& staged);
   /// optimizer.safetensors, or under ZeRO one file per shard (rank 0 receives the others' shards).
