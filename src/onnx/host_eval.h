@@ -19,6 +19,10 @@ enum class HostType : uint8_t { F32, I64, Bool };
 /// The most elements one host tensor may hold (16 GiB of f32): a larger one is refused by HostTensor::zeros.
 constexpr int64_t kMaxHostElements = int64_t{1} << 32;
 
+/// Throws Error naming `what` unless `shape`'s extents are non-negative and their product (zeros left out) is at
+/// most kMaxHostElements: every stride and row count computed from such a shape fits 64 bits.
+void check_host_shape(const std::vector<int64_t>& shape, const std::string& what);
+
 /// A dense row-major host tensor.
 struct HostTensor {
   HostType type = HostType::F32;

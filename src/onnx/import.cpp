@@ -160,7 +160,7 @@ void fill_feed(const HostFeed& f, const HostTensor& v, void* out) {
   }
   if (!f.as_float) {
     const std::vector<int64_t> idx = v.ints();
-    std::memcpy(out, idx.data(), size_t(n) * sizeof(int64_t));
+    if (n > 0) std::memcpy(out, idx.data(), size_t(n) * sizeof(int64_t));
     return;
   }
   float* o = static_cast<float*>(out);

@@ -14,7 +14,10 @@ def test_every_case_is_bit_identical_to_the_stored_fingerprints():
     path = fingerprint.stored_path()
     if path is None:
         pytest.skip("no fingerprints are stored for the portable kernels (a CPU without AVX2 + FMA)")
-    stored = json.loads(path.read_text())
+    # An AVX-512 CPU without AVX512-BF16 computes no bf16 modes (fingerprint.modes()): its widened bf16 GEMM rounds
+    # differently from the stored bf16 dot products, so those stored cases are not compared on it.
+    stored = {key: value for key, value in json.loads(path.read_text()).items()
+              if key.rsplit("/", 1)[1] in ("eval", "refused", *fingerprint.modes())}
     computed = fingerprint.case_fingerprints()
     assert sorted(computed) == sorted(stored), (
         f"cases differ: new {sorted(set(computed) - set(stored))}, gone {sorted(set(stored) - set(computed))}")

@@ -270,3 +270,18 @@ def test_a_nul_byte_in_a_name_does_not_cut_the_message_short(tmp_path):
                          helper.make_node("MatMul", ["h", "w"], ["logits"], name="he\0ad", alpha=1.0)])
     message = refused(model, tmp_path)
     assert 'node 1 (MatMul "he\\x00ad") has attribute "alpha", which MatMul-13' in message, message
+
+
+def test_the_generated_schema_table_is_onnx_registry():
+    """src/onnx/schemas.inc is the installed onnx package's schema registry for opsets up to 20, row for row (the
+    header names the onnx release it was written from; old opsets' schemas do not change between releases)."""
+    import importlib.util
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("gen_onnx_schemas", root / "scripts" / "gen_onnx_schemas.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    table = (root / "src" / "onnx" / "schemas.inc").read_text().splitlines()
+    committed = [line for line in table if line.startswith(' {"')]
+    assert committed == generator.rows(20)
+    assert len(committed) > 400 and any('"LayerNormalization", 17' in line for line in committed)
