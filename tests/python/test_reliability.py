@@ -284,6 +284,30 @@ def test_max_seq_length_beyond_the_positions_is_refused_before_training(tiny_mod
     assert not output.exists()
 
 
+@pytest.mark.parametrize("task", ["seq-cls", "mlm"])
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused_naming_the_vocabulary(tiny_model, data, tmp_path, task):
+    """MiniLM's 30522-entry tokenizer on a model with 1000 embedding rows was blamed on "labels" (or reached a
+    kernel): it is refused before training, naming the vocabulary."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=128, num_labels=2)
+    model = tmp_path / "small_vocab"
+    builder = transformers.BertForMaskedLM if task == "mlm" else transformers.BertForSequenceClassification
+    builder(config).save_pretrained(model)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(tiny_model / name, model / name)
+    output = tmp_path / "out"
+    line = error_line(run(*train_args(model, data, output, "--max-steps", "1", "--task", task,
+                                      "--text-column", "sentence")))
+    assert "the training data holds token id" in line, line
+    assert "but the model's vocabulary has 1000 entries (config.json \"vocab_size\")" in line, line
+    assert "labels" not in line, line
+    assert not (output / "model.safetensors").exists()
+
+
 def test_question_answering_missing_key_names_the_line_and_its_keys(tiny_model, tmp_path):
     first = {"question": "q?", "context": "the answer", "answers": {"text": ["answer"], "answer_start": [4]}}
     train = tmp_path / "qa.jsonl"
