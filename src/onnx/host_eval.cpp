@@ -322,7 +322,6 @@ HostTensor read_tensor(const TensorProto& t, const std::string& dir) {
   out.shape.assign(t.dims().begin(), t.dims().end());
   const std::string what = str("ONNX tensor \"", t.name(), "\"");
   const int64_t n = checked_numel(out.shape, what);
-  check_host_shape(out.shape, what);
   int64_t bytes = 0;
   FT_CHECK(!__builtin_mul_overflow(n, int64_t(elem_size(t.data_type())), &bytes), what, ": its shape ",
            shape_string(out.shape), " holds more bytes than a 64-bit count can hold");
@@ -337,6 +336,7 @@ HostTensor read_tensor(const TensorProto& t, const std::string& dir) {
     FT_CHECK(typed_values(t) == n, what, " holds ", typed_values(t), " values, expected ", n, " for shape ",
              shape_string(out.shape));
   }
+  check_host_shape(out.shape, what);  // after the data checks: a declared size the data lacks is named as such
   if (out.is_float())
     out.f.resize(size_t(n));
   else
@@ -849,14 +849,20 @@ HostTensor concat(const NodeProto& node, const std::vector<const HostTensor*>& i
                "\": inputs of shapes ", shape_string(first.shape), " and ", shape_string(t.shape),
                " differ outside axis ", axis);
     out_shape[size_t(axis)] += t.shape[size_t(axis)];
-    if (t.is_float()) type = HostType::F32;
+    // Mixed inputs widen: any float makes the result float, bool beside int64 makes it int64.
+    if (t.is_float())
+      type = HostType::F32;
+    else if (t.type != type && type != HostType::F32)
+      type = HostType::I64;
   }
+  const int32_t to = type == HostType::F32 ? TensorProto::FLOAT : type == HostType::Bool ? TensorProto::BOOL
+                                                                                          : TensorProto::INT64;
   HostTensor out = HostTensor::zeros(type, out_shape);
   int64_t outer = 1;
   for (int64_t k = 0; k < axis; ++k) outer *= out_shape[size_t(k)];
   int64_t out_row = out.numel() / std::max<int64_t>(outer, 1), pos = 0;
   for (const HostTensor* t : in) {
-    const HostTensor c = t->type == type ? *t : cast(*t, TensorProto::FLOAT, node.name());
+    const HostTensor c = t->type == type ? *t : cast(*t, to, node.name());
     const int64_t row = outer ? c.numel() / outer : 0;
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t q = 0; q < row; ++q) copy_elem(c, o * row + q, out, o * out_row + pos + q);
@@ -873,6 +879,7 @@ HostTensor expand(const NodeProto& node, const HostTensor& x, const std::vector<
 }
 
 HostTensor where(const NodeProto& node, const HostTensor& c, const HostTensor& x, const HostTensor& y) {
+  FT_CHECK(!c.is_float(), "Where \"", node.name(), "\": the condition should be bool, found a float tensor");
   std::vector<int64_t> shape = broadcast_shapes(c.shape, x.shape, "Where \"" + node.name() + "\"");
   shape = broadcast_shapes(shape, y.shape, "Where \"" + node.name() + "\"");
   const HostType type = arith_type(x, y);
@@ -886,7 +893,18 @@ HostTensor where(const NodeProto& node, const HostTensor& c, const HostTensor& x
   return out;
 }
 
+// An operand the op reads as a scalar (Range's bounds, CumSum's axis, Trilu's k, ConstantOfShape's value): one
+// element, else a clear error rather than a read past an empty tensor.
+const HostTensor& one_element(const HostTensor& t, const NodeProto& node, const char* what) {
+  FT_CHECK(t.numel() == 1, node.op_type(), " \"", node.name(), "\": ", what, " should hold one element, found shape ",
+           shape_string(t.shape));
+  return t;
+}
+
 HostTensor range(const HostTensor& start, const HostTensor& limit, const HostTensor& delta, const NodeProto& node) {
+  one_element(start, node, "start");
+  one_element(limit, node, "limit");
+  one_element(delta, node, "delta");
   if (start.is_float() || limit.is_float() || delta.is_float()) {
     const double s = start.at(0), l = limit.at(0), d = delta.at(0);
     FT_CHECK(d != 0, "Range \"", node.name(), "\": delta 0");
@@ -1168,6 +1186,7 @@ std::vector<HostTensor> eval_host(const NodeProto& node, const std::vector<const
     HostTensor value = HostTensor::scalar_f32(0.0f);
     for (const auto& a : node.attribute())
       if (a.name() == "value") value = read_tensor(a.t(), "");
+    one_element(value, node, "its value");
     HostTensor out = HostTensor::zeros(value.type, shape);
     for (int64_t k = 0; k < out.numel(); ++k) copy_elem(value, 0, out, k);
     return one(out);
@@ -1212,12 +1231,15 @@ std::vector<HostTensor> eval_host(const NodeProto& node, const std::vector<const
   if (op == "Expand") return one(expand(node, need(in, 0, node), need(in, 1, node).ints()));
   if (op == "Range") return one(range(need(in, 0, node), need(in, 1, node), need(in, 2, node), node));
   if (op == "Where") return one(where(node, need(in, 0, node), need(in, 1, node), need(in, 2, node)));
-  if (op == "CumSum") return one(cumsum(node, need(in, 0, node), need(in, 1, node).ints().at(0)));
-  if (op == "Clip")
+  if (op == "CumSum") return one(cumsum(node, need(in, 0, node), one_element(need(in, 1, node), node, "axis").ints()[0]));
+  if (op == "Clip") {
+    if (in.size() > 1 && in[1]) one_element(*in[1], node, "min");
+    if (in.size() > 2 && in[2]) one_element(*in[2], node, "max");
     return one(clip(need(in, 0, node), in.size() > 1 ? in[1] : nullptr, in.size() > 2 ? in[2] : nullptr));
+  }
   if (op == "Tile") return one(tile(node, need(in, 0, node), need(in, 1, node).ints()));
   if (op == "ArgMax" || op == "ArgMin") return one(arg_reduce(node, need(in, 0, node)));
-  if (op == "Trilu") return one(trilu(node, need(in, 0, node), in.size() > 1 && in[1] ? in[1]->ints().at(0) : 0));
+  if (op == "Trilu") return one(trilu(node, need(in, 0, node), in.size() > 1 && in[1] ? one_element(*in[1], node, "k").ints()[0] : 0));
   if (op == "ReduceSum" || op == "ReduceMean" || op == "ReduceMax" || op == "ReduceMin")
     return one(reduce(node, need(in, 0, node), axes_operand(node, in, 1)));
   if (op == "Max" || op == "Min" || op == "Add" || op == "Sub" || op == "Mul" || op == "Div" || op == "Pow" ||

@@ -328,6 +328,7 @@ class Builder {
   bool is_host(int v) const { return kind(v) == Kind::Const || kind(v) == Kind::Batch; }
   bool is_ir(int v) const { return kind(v) == Kind::Ir || kind(v) == Kind::Param; }
   const HostTensor& const_of(const NodeProto& n, int k, const char* what);
+  double const_scalar(const NodeProto& n, int k, const char* what);
   bool scalar_const(int v, double& value) const {
     if (kind(v) != Kind::Const || host_[size_t(v)].numel() != 1) return false;
     value = host_[size_t(v)].at(0);
@@ -407,6 +408,12 @@ const HostTensor& Builder::const_of(const NodeProto& n, int k, const char* what)
     throw Error(str(what, " (input ", k, " \"", k < n.input_size() ? n.input(k) : "", "\") must be a constant; ",
                     kind(v) == Kind::Batch ? "it depends on the batch's values" : "it is computed from parameters"));
   return host_[size_t(v)];
+}
+
+double Builder::const_scalar(const NodeProto& n, int k, const char* what) {
+  const HostTensor& t = const_of(n, k, what);
+  FT_CHECK(t.numel() == 1, what, " (input ", k, ") should hold one element, found shape ", shape_string(t.shape));
+  return t.at(0);
 }
 
 ValueId Builder::feed(int v, Feed how, bool as_float, double scalar, std::vector<int64_t> tuple_dims) {
@@ -868,9 +875,10 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     set_ir(n, 0, ir_of(x));
   } else if (op == "Dropout") {
     double ratio = 0.5;
-    if (n.input_size() > 1 && !n.input(1).empty()) ratio = const_of(n, 1, "the ratio").at(0);
+    if (n.input_size() > 1 && !n.input(1).empty()) ratio = const_scalar(n, 1, "the ratio");
+    FT_CHECK(ratio >= 0 && ratio < 1, "the ratio is ", ratio, ", expected a probability in [0, 1)");
     bool training = false;
-    if (n.input_size() > 2 && !n.input(2).empty()) training = const_of(n, 2, "training_mode").at(0) != 0;
+    if (n.input_size() > 2 && !n.input(2).empty()) training = const_scalar(n, 2, "training_mode") != 0;
     const ValueId y = ir_of(x);
     set_ir(n, 0, training && spec_.training && ratio > 0 ? b_.dropout(y, ratio) : y);
     if (n.output_size() > 1 && !n.output(1).empty()) kind_[size_t(ids_.at(n.output(1)))] = Kind::Failed;
