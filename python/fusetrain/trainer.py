@@ -15,7 +15,9 @@ Checkpoints hold what transformers writes (`model.safetensors`, `optimizer.pt`, 
 `rng_state.pth`, `trainer_state.json`, `training_args.bin`) plus `fusetrain_state.json` (the engine's
 dropout stream and fp16 loss scale), so either Trainer resumes the other's checkpoints.
 
-A model or setting the engine cannot run (an architecture it does not build, another optimizer, a
+A transformers head class fusetrain does not build itself is captured (`fusetrain.capture`: its training
+forward exported by torch.onnx's dynamo exporter and imported, parameters under their transformers names).
+A model or setting the engine cannot run (a graph it cannot capture or import, another optimizer, a
 custom `compute_loss`, ...) trains with transformers' own loop after one warning naming it and why;
 `TrainingArguments(fusetrain_require_engine=True)` makes that an error instead. Arguments transformers would
 crash on or misread (`check_arguments`, applied to transformers' own TrainingArguments too) and a model whose
@@ -42,7 +44,7 @@ from transformers.trainer_callback import EarlyStoppingCallback
 from transformers.trainer_pt_utils import get_model_param_count
 from transformers.trainer_utils import TrainOutput
 
-from fusetrain import _core, data
+from fusetrain import _core, capture, data
 from fusetrain.distributed import engine_communicator
 from fusetrain._core import Model
 from fusetrain.training_args import TrainingArguments, check_arguments, engine_dict, engine_refusals
@@ -68,12 +70,23 @@ def _registry_row(architecture: str) -> dict | None:
     return next((row for row in _core.architectures() if row["architecture"] == architecture), None)
 
 
+def _native(architecture: str) -> bool:
+    """Whether fusetrain builds the architecture itself (else the engine trains its captured graph)."""
+    row = _registry_row(architecture)
+    return row is not None and _trainable(row)
+
+
 def _task_of(architecture: str) -> str:
     row = _registry_row(architecture)
     if row is not None and _trainable(row):
         return row["task"]
+    task = capture.task_of_class(architecture)
+    if task is not None:
+        return task
     raise TypeError(
-        f"fusetrain cannot train a {architecture}; supported model classes: " + ", ".join(supported_trainer_classes())
+        f"fusetrain cannot train a {architecture}: it builds " + ", ".join(supported_trainer_classes())
+        + " and captures other transformers head classes (...ForSequenceClassification, ...ForTokenClassification, "
+        "...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM)"
     )
 
 
@@ -344,11 +357,16 @@ def engine_model(model: Any) -> Model:
     model was built) is refused with a ValueError (check_config_matches_model)."""
     base = _base_model(model)
     architecture = type(base).__name__
-    _task_of(architecture)
+    task = _task_of(architecture)
     refusal = _lora_refusal(model) if _is_peft(model) else None
     if refusal:
         raise TypeError(refusal)
     check_config_matches_model(model)
+    if not _native(architecture):
+        if _is_peft(model):
+            raise TypeError(f"the engine trains LoRA adapters on the architectures it builds "
+                            f"({', '.join(supported_trainer_classes())}), not on a captured {architecture}")
+        return capture.capture(base, task)
     config_dict = base.config.to_dict()
     config_dict["architectures"] = [architecture]
     out = Model.from_config(config_dict, architecture=architecture)
@@ -482,6 +500,8 @@ class Trainer(transformers.Trainer):
         self._engine_datasets: dict[int, Any] = {}
         self._engine: Any = None  # the engine loop of the train() running now
         self._warned_fallback = False
+        self._captured_source: Any = None  # the model object _capture_error describes
+        self._capture_error: str | None = None
         self._data_refusal: str | None = None
         self._eval_engine: Model | None = None  # the engine model an evaluation loop is running on
         if train_dataset is not None and self.engine_refusal() is None:
@@ -507,9 +527,14 @@ class Trainer(transformers.Trainer):
     def engine_refusal(self) -> str | None:
         """Why the engine cannot run this Trainer's training (None when it can)."""
         architecture = architecture_of(self.model)
-        row = _registry_row(architecture)
-        if row is None or not _trainable(row):
-            return (f"fusetrain does not build {architecture} (it builds {', '.join(supported_trainer_classes())})")
+        if not _native(architecture):
+            if capture.task_of_class(architecture) is None:
+                return (f"fusetrain does not build {architecture} (it builds {', '.join(supported_trainer_classes())})"
+                        " and captures only head classes (...ForSequenceClassification, ...ForTokenClassification, "
+                        "...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM)")
+            failure = self._capture_failure()
+            if failure is not None:
+                return failure
         reasons = engine_refusals(self.args)
         if self.compute_loss_func is not None:
             reasons.append("compute_loss_func is given (the engine computes the model's own loss)")
@@ -524,6 +549,17 @@ class Trainer(transformers.Trainer):
         if self._data_refusal:
             reasons.append(self._data_refusal)
         return "; ".join(reasons) or None
+
+    def _capture_failure(self) -> str | None:
+        """Why the model could not be captured (None when it was, or when it is not captured at all); tried once
+        per model object."""
+        if self._captured_source is not self.model:
+            self._captured_source, self._capture_error = self.model, None
+            try:
+                self._engine_ready_model()
+            except (capture.CaptureError, TypeError) as error:
+                self._capture_error = str(error)
+        return self._capture_error
 
     def _fall_back(self, reason: str, what: str = "training") -> None:
         message = (f"fusetrain: {what} runs with transformers' own loop, not fusetrain's engine: {reason}. "

@@ -1,0 +1,199 @@
+"""Capture: a transformers model that fusetrain does not build natively, as an engine model.
+
+The model's training forward (dropout included) is exported by torch.onnx's dynamo exporter, with the batch and
+sequence axes dynamic and every parameter under its transformers name (no constant folding, no value
+deduplication), and the graph is imported (`Model.from_onnx`) with the task's loss appended to its logits. The
+engine never imports PyTorch; capture does, since the user already holds a PyTorch model.
+
+A capture is written once per model class, config, task and torch version into the capture cache
+($FUSETRAIN_CACHE, else ~/.cache/fusetrain) as model.onnx and config.json; a later run reads it from there. The
+cached graph's weights are replaced by the model's own on every load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import json
+import logging
+import os
+import pathlib
+import tempfile
+import warnings
+from typing import Any
+
+from fusetrain import _core
+
+# The task each transformers head class trains, by the suffix of its class name.
+_TASK_OF_SUFFIX = (
+    ("ForSequenceClassification", "seq-cls"),
+    ("ForTokenClassification", "token-cls"),
+    ("ForQuestionAnswering", "qa"),
+    ("ForMaskedLM", "mlm"),
+    ("ForCausalLM", "clm"),
+)
+# The inputs fusetrain feeds a graph, in the order the exported forward takes them.
+_FED_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+_FORMAT = 1  # bumped when what a cached capture holds changes
+
+
+class CaptureError(ValueError):
+    """A model could not be captured; the message names the model and why."""
+
+
+def task_of_class(architecture: str) -> str | None:
+    """The task ("seq-cls", "mlm", ...) a transformers head class trains, from its name; None for other classes."""
+    return next((task for suffix, task in _TASK_OF_SUFFIX if architecture.endswith(suffix)), None)
+
+
+def cache_root() -> pathlib.Path:
+    """Where captures are kept: $FUSETRAIN_CACHE/capture, else ~/.cache/fusetrain/capture."""
+    base = os.environ.get("FUSETRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "fusetrain")
+    return pathlib.Path(base) / "capture"
+
+
+def _fed_inputs(model: Any) -> list[str]:
+    """The inputs of `model`'s forward that the engine feeds: input_ids, attention_mask, and token_type_ids where
+    the forward takes them and the model has more than one token type."""
+    parameters = inspect.signature(model.forward).parameters
+    names = [name for name in _FED_INPUTS if name in parameters]
+    if "input_ids" not in names:
+        raise CaptureError(f"{type(model).__name__}.forward takes no input_ids; fusetrain captures models whose "
+                           "inputs are token sequences")
+    if "token_type_ids" in names and int(getattr(model.config, "type_vocab_size", 0) or 0) < 2:
+        names.remove("token_type_ids")
+    return names
+
+
+def _output_names(task: str) -> list[str]:
+    return ["start_logits", "end_logits"] if task == "qa" else ["logits"]
+
+
+def cache_key(model: Any, task: str) -> str:
+    """What a capture depends on: the class, its config, the task, the inputs, torch's and fusetrain's versions."""
+    import torch
+
+    config = model.config.to_dict()
+    for volatile in ("_name_or_path", "transformers_version", "torch_dtype", "dtype"):
+        config.pop(volatile, None)
+    parameter_dtypes = sorted({str(p.dtype) for p in model.parameters()})
+    text = json.dumps({"class": f"{type(model).__module__}.{type(model).__qualname__}", "config": config,
+                       "task": task, "inputs": _fed_inputs(model), "dtypes": parameter_dtypes,
+                       "torch": torch.__version__, "fusetrain": _core.__version__, "format": _FORMAT},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+class _Forward:
+    """Builds the module torch.onnx.export traces: the model called with the fed inputs by keyword, returning its
+    outputs by name, with the model's own submodules so that parameter names stay transformers'."""
+
+    @staticmethod
+    def make(model: Any, inputs: list[str], outputs: list[str]) -> Any:
+        import torch
+
+        class Forward(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                object.__setattr__(self, "inner", model)  # not a submodule: its names would gain an "inner." prefix
+                self._modules = model._modules
+
+            def forward(self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None) -> tuple:
+                given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+                out = self.inner(**{name: given[name] for name in inputs}, return_dict=True)
+                return tuple(getattr(out, name) for name in outputs)
+
+        return Forward()
+
+
+def _export(model: Any, task: str, path: pathlib.Path) -> None:
+    import torch
+
+    inputs, outputs = _fed_inputs(model), _output_names(task)
+    vocab = int(getattr(model.config, "vocab_size", 0) or 2)
+    max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
+    generator = torch.Generator().manual_seed(0)
+    example = {"input_ids": torch.randint(min(3, vocab - 1), vocab, (2, 8), generator=generator),
+               "attention_mask": torch.ones(2, 8, dtype=torch.long),
+               "token_type_ids": torch.zeros(2, 8, dtype=torch.long)}
+    batch = torch.export.Dim("batch_size", min=1)
+    sequence = torch.export.Dim("sequence_length", min=2, max=max(max_positions, 8))
+    dims = {name: {0: batch, 1: sequence} for name in inputs}
+    was_training = model.training
+    model.train()  # dropout in the graph, as transformers' Trainer trains
+    try:
+        with warnings.catch_warnings(), _quiet_logging(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(_Forward.make(model, inputs, outputs), (example["input_ids"],), str(path),
+                              kwargs={name: example[name] for name in inputs[1:]}, input_names=inputs,
+                              output_names=outputs, dynamo=True, optimize=False, opset_version=18,
+                              dynamic_shapes=dims, verbose=False)
+    except Exception as error:  # noqa: BLE001 (the exporter raises many kinds; each is named in the message)
+        raise CaptureError(f"torch.onnx.export could not capture {type(model).__name__}: "
+                           f"{type(error).__name__}: {_first_line(error)}") from error
+    finally:
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def _quiet_logging():
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else repr(error)
+
+
+def captured_path(model: Any, task: str) -> pathlib.Path:
+    """The captured graph of `model` for `task` (captured now unless the cache holds it)."""
+    folder = cache_root() / cache_key(model, task)
+    graph = folder / "model.onnx"
+    if graph.exists() and (folder / "config.json").exists():
+        return graph
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside the cache and renamed into place: a capture stopped half-way is never read as complete.
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+    try:
+        model.config.to_json_file(str(scratch / "config.json"))
+        _export(model, task, scratch / "model.onnx")
+        try:
+            os.replace(scratch, folder)
+        except OSError:  # another process captured the same model meanwhile
+            if not graph.exists():
+                raise
+    finally:
+        if scratch.exists():
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
+    return graph
+
+
+def capture(model: Any, task: str | None = None) -> Any:
+    """An engine model (fusetrain.Model) for a transformers model object: its graph captured (or read from the
+    cache) and imported for `task` (default: the task of the model's class), holding the model's current weights
+    under their transformers names. Raises CaptureError naming the model and the construct that stopped it."""
+    architecture = type(model).__name__
+    task = task or task_of_class(architecture)
+    if task is None:
+        raise CaptureError(f"{architecture} is not a head fusetrain trains (a class ending in "
+                           + ", ".join(suffix for suffix, _ in _TASK_OF_SUFFIX) + ")")
+    graph = captured_path(model, task)
+    try:
+        engine = _core.Model.from_onnx(graph, task, tie_identical=False)
+    except ValueError as error:
+        raise CaptureError(f"fusetrain cannot import the captured graph of {architecture}: {error}") from error
+    state = model.state_dict()
+    names = engine.state_dict_names()
+    missing = [name for name in names if name not in state]
+    if missing:
+        raise CaptureError(f"the captured graph of {architecture} holds weights under names that are not the model's "
+                           f"parameters ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})")
+    engine.load_state_dict({name: state[name].detach() for name in names}, strict=True)
+    return engine

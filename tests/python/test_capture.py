@@ -1,0 +1,183 @@
+"""Capture: transformers models fusetrain does not build natively, trained by fusetrain.Trainer on the engine
+(fusetrain_require_engine=True) through their captured graph (fusetrain.capture).
+
+Tolerances: the loss of one step within 1e-5 relative and every gradient within 1e-4 norm-wise of PyTorch's
+(hf_models.grad_errors, which also holds gradients that vanish mathematically, such as attention's key bias, to
+~0); fusetrain and PyTorch sum the same f32 products in different orders (measured: ~1e-6 relative). Trainer losses
+within 1e-3 relative: transformers logs each loss rounded to 4 significant digits. Dropout is off in every config
+(the engine's dropout masks are its own, as for the models it builds).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnxscript")  # the dynamo exporter
+
+import fusetrain  # noqa: E402
+import hf_models as hf  # noqa: E402
+from fusetrain import capture  # noqa: E402
+
+_SMALL = dict(hidden_size=36, num_hidden_layers=2, num_attention_heads=3, intermediate_size=52, vocab_size=101,
+              max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+CONFIGS = {
+    "electra": lambda: transformers.ElectraConfig(embedding_size=20, **_SMALL),
+    "albert": lambda: transformers.AlbertConfig(embedding_size=20, **_SMALL, classifier_dropout_prob=0.0),
+    "mpnet": lambda: transformers.MPNetConfig(**_SMALL),
+    "xlm-roberta": lambda: transformers.XLMRobertaConfig(**_SMALL, pad_token_id=1),
+}
+HEADS = {"seq-cls": transformers.AutoModelForSequenceClassification, "mlm": transformers.AutoModelForMaskedLM}
+
+
+@pytest.fixture(autouse=True)
+def capture_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("FUSETRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "capture-cache"))
+
+
+def model_of(arch: str, task: str, seed: int = 0):
+    torch.manual_seed(seed)
+    model = HEADS[task].from_config(CONFIGS[arch]())
+    hf.perturb_(model, seed, scale=0.02)  # no two weights equal: a mix-up of names cannot pass
+    return model.float()
+
+
+def batch(task: str, seed: int = 0, rows: int = 4, length: int = 11) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, 101, size=(rows, length))
+    mask = np.ones_like(ids)
+    mask[0, length - 3:] = 0
+    ids[0, length - 3:] = 1
+    if task == "seq-cls":
+        labels = rng.integers(0, 2, size=rows)
+    else:
+        labels = np.where(rng.random((rows, length)) < 0.3, ids, -100)
+        labels[:, 1] = ids[:, 1]
+        labels[mask == 0] = -100
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+@pytest.mark.parametrize("task", ["seq-cls", "mlm"])
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_captured_loss_and_every_gradient_match_pytorch(arch, task):
+    model = model_of(arch, task)
+    engine = capture.capture(model)
+    assert engine.state_dict_names() and set(engine.state_dict_names()) <= set(model.state_dict())
+    data = batch(task)
+    model.train()
+    out = model(**{k: torch.from_numpy(v) for k, v in data.items()})
+    out.loss.backward()
+    engine.train()
+    loss, grads = engine.loss_and_grads(**data)
+    hf.assert_loss_matches(loss, out.loss.item(), f"{arch} {task}")
+    # Tied weights are one parameter under one of their names (ELECTRA's LM head and word embeddings).
+    want = {name: model.get_parameter(name).grad.numpy() for name in grads}
+    covered = {id(model.get_parameter(name)) for name in grads}
+    assert covered == {id(p) for p in model.parameters()}, "a parameter the engine does not train"
+    errors = hf.grad_errors(grads, want)
+    assert not errors, f"{arch} {task}: {len(errors)} gradient mismatches:\n  " + "\n  ".join(errors)
+
+
+def trainer_losses(trainer_cls, args_cls, model, data, tmp_path, **extra) -> list[float]:
+    args = args_cls(output_dir=str(tmp_path), per_device_train_batch_size=4, learning_rate=3e-3, max_steps=3,
+                    logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0,
+                    lr_scheduler_type="constant", weight_decay=0.01, **extra)
+    trainer = trainer_cls(model=model, args=args, train_dataset=data)
+    trainer.train()
+    return [e["loss"] for e in trainer.state.log_history if "loss" in e]
+
+
+@pytest.mark.parametrize("arch, task", [("electra", "seq-cls"), ("albert", "seq-cls"), ("mpnet", "seq-cls")])
+def test_trainer_trains_a_captured_model_as_transformers_does(arch, task, tmp_path):
+    """Three AdamW steps of fusetrain.Trainer on the engine against transformers' Trainer on the same weights and
+    batches: the same losses, and the same weights after (written back into the user's model object)."""
+    # One batch of 4 equal-length rows per step, so the samplers' orders cannot make the steps differ.
+    rows = batch(task, seed=1)
+    data = [{k: v[i] for k, v in rows.items()} for i in range(4)]
+    ours_model, theirs_model = model_of(arch, task), model_of(arch, task)
+    ours = trainer_losses(fusetrain.Trainer, fusetrain.TrainingArguments, ours_model, data, tmp_path / "ours",
+                          fusetrain_require_engine=True)
+    theirs = trainer_losses(transformers.Trainer, transformers.TrainingArguments, theirs_model, data,
+                            tmp_path / "theirs")
+    assert len(ours) == len(theirs) == 3
+    np.testing.assert_allclose(ours, theirs, rtol=1e-3)
+    trained = dict(theirs_model.named_parameters())
+    moved = 0
+    for name, p in ours_model.named_parameters():
+        # 3 steps of lr 3e-3: weights move by ~1e-2; f32 summation order leaves ~1e-6 between the two.
+        np.testing.assert_allclose(p.detach().numpy(), trained[name].detach().numpy(), rtol=0, atol=2e-5,
+                                   err_msg=name)
+        moved += not torch.equal(p, model_of(arch, task).get_parameter(name))
+    assert moved > 0.9 * len(trained)
+
+
+def test_saved_model_loads_in_transformers_with_equal_logits(tmp_path):
+    model = model_of("electra", "seq-cls")
+    rows = batch("seq-cls", seed=2)
+    data = [{k: v[i] for k, v in rows.items()} for i in range(4)]
+    trainer = fusetrain.Trainer(model=model, args=fusetrain.TrainingArguments(
+        output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, max_steps=2, learning_rate=1e-2,
+        report_to=[], save_strategy="no", use_cpu=True, fusetrain_require_engine=True), train_dataset=data)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "saved"))
+    loaded = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "saved").eval()
+    feed = {k: torch.from_numpy(rows[k]) for k in ("input_ids", "attention_mask")}
+    with torch.no_grad():
+        np.testing.assert_allclose(loaded(**feed).logits.numpy(), model.eval()(**feed).logits.numpy(), rtol=0,
+                                   atol=0)
+    engine = capture.capture(model)
+    engine.eval()
+    got = engine.forward(**{k: rows[k] for k in ("input_ids", "attention_mask")})["logits"]
+    np.testing.assert_allclose(got, loaded(**feed).logits.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_second_capture_reads_the_cache(monkeypatch):
+    model = model_of("mpnet", "seq-cls")
+    first = capture.captured_path(model, "seq-cls")
+    assert (first.parent / "config.json").exists()
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("captured again")
+
+    monkeypatch.setattr(capture, "_export", no_export)
+    assert capture.captured_path(model_of("mpnet", "seq-cls", seed=3), "seq-cls") == first  # other weights, same graph
+    engine = capture.capture(model_of("mpnet", "seq-cls", seed=3))
+    held = model_of("mpnet", "seq-cls", seed=3).state_dict()
+    for name, value in engine.state_dict().items():
+        np.testing.assert_array_equal(value, held[name].numpy(), err_msg=name)  # the model's weights, not the cache's
+    changed = model_of("mpnet", "seq-cls")
+    changed.config.layer_norm_eps = 1e-6
+    with pytest.raises(AssertionError, match="captured again"):
+        capture.captured_path(changed, "seq-cls")  # another config is another graph
+
+
+def test_a_model_the_exporter_cannot_capture_falls_back_naming_why(tmp_path):
+    class UntraceableForSequenceClassification(transformers.ElectraForSequenceClassification):
+        def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+            if input_ids.sum().item() > 0:  # data-dependent control flow: torch.export cannot trace it
+                input_ids = input_ids + 0
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+
+    torch.manual_seed(0)
+    model = UntraceableForSequenceClassification(CONFIGS["electra"]())
+    rows = batch("seq-cls")
+    data = [{k: v[i] for k, v in rows.items()} for i in range(4)]
+    common = dict(per_device_train_batch_size=4, max_steps=1, report_to=[], save_strategy="no", use_cpu=True)
+    with pytest.raises(ValueError, match="torch.onnx.export could not capture UntraceableForSequenceClassification"):
+        fusetrain.Trainer(model=model, args=fusetrain.TrainingArguments(
+            output_dir=str(tmp_path / "a"), fusetrain_require_engine=True, **common), train_dataset=data).train()
+    trainer = fusetrain.Trainer(model=model, args=fusetrain.TrainingArguments(output_dir=str(tmp_path / "b"),
+                                                                             **common), train_dataset=data)
+    with pytest.warns(UserWarning, match="transformers' own loop.*could not capture UntraceableForSequenceClassification"):
+        trainer.train()
+
+
+def test_a_class_that_is_no_head_is_refused_naming_the_heads(tmp_path):
+    model = transformers.ElectraModel(CONFIGS["electra"]())
+    data = [{"input_ids": np.arange(3, 9)}]
+    with pytest.raises(ValueError, match="captures only head classes"):
+        fusetrain.Trainer(model=model, args=fusetrain.TrainingArguments(
+            output_dir=str(tmp_path), max_steps=1, report_to=[], use_cpu=True, fusetrain_require_engine=True),
+            train_dataset=data).train()
