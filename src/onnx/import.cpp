@@ -269,7 +269,8 @@ class OnnxFamily final : public models::Family {
 
 // ---- one build ----------------------------------------------------------------------------------------------
 
-enum class Kind : uint8_t { Unset, Const, Batch, Param, Ir, IsNaNOf, Failed };
+// Sequence: an ONNX sequence of IR values (SplitToSequence's output), read by SequenceAt only.
+enum class Kind : uint8_t { Unset, Const, Batch, Param, Ir, IsNaNOf, Failed, Sequence };
 
 struct Unsupported {
   std::string where, why;
@@ -393,6 +394,7 @@ class Builder {
   std::vector<ValueId> ir_;
   std::vector<HostTensor> host_;
   std::vector<int> nan_source_;
+  std::map<int, std::vector<ValueId>> sequences_;  // a Kind::Sequence value's elements
   std::map<int, std::pair<int, bool>> tied_to_;  // a tied initializer -> (its parameter, held transposed)
   std::map<std::string, ValueId> feeds_;
   std::map<int, const NodeProto*> producers_;  // value -> the node that wrote it (nodes mapped so far)
@@ -466,6 +468,7 @@ ValueId Builder::ir_of(int v, bool as_float) {
     return ir_[size_t(v)];
   }
   if (kind(v) == Kind::Ir) return ir_[size_t(v)];
+  FT_CHECK(kind(v) != Kind::Sequence, "sequence \"", names_[size_t(v)], "\" is read by an op other than SequenceAt");
   FT_CHECK(is_host(v), "value \"", names_[size_t(v)], "\" is not available");
   return feed(v, Feed::AsIs, as_float);
 }
@@ -719,7 +722,7 @@ void Builder::node(const NodeProto& n, int64_t index) {
   bool any_ir = false, any_batch = false, any_failed = false;
   for (int k = 0; k < n.input_size(); ++k) {
     const Kind kd = kind(in_id(n, k));
-    any_ir |= kd == Kind::Ir || kd == Kind::Param || kd == Kind::IsNaNOf;
+    any_ir |= kd == Kind::Ir || kd == Kind::Param || kd == Kind::IsNaNOf || kd == Kind::Sequence;
     any_batch |= kd == Kind::Batch;
     any_failed |= kd == Kind::Failed;
   }
@@ -1005,6 +1008,39 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     const std::vector<int64_t> out = broadcast_shapes(in_shape(0), target, "Expand");
     // A broadcast add of zeros: its gradient sums back over the broadcast axes.
     set_ir(n, 0, out == in_shape(0) ? ir_of(x) : b_.add(ir_of(x), b_.fill(Shape(out), 0.0)));
+  } else if (op == "SplitToSequence") {
+    // torch.split as the dynamo exporter writes it: a sequence of the pieces, which SequenceAt reads back.
+    const std::vector<int64_t> shape = in_shape(0);
+    const int64_t axis = axis_in(attr_int(n, "axis", 0), int64_t(shape.size()), "split axis");
+    FT_CHECK(n.input_size() > 1 && !n.input(1).empty(), "SplitToSequence without split sizes is not supported");
+    const HostTensor& split = const_of(n, 1, "split");
+    const int64_t dim = shape[size_t(axis)];
+    std::vector<int64_t> sizes;
+    if (split.shape.empty()) {  // a scalar: pieces of that size, the last one shorter
+      const int64_t each = split.ints().at(0);
+      FT_CHECK(each >= 1, "a split size of ", each);
+      for (int64_t at = 0; at < dim; at += each) sizes.push_back(std::min(each, dim - at));
+      FT_CHECK(sizes.size() <= 4096, dim / each, " pieces (fusetrain splits into at most 4096)");
+    } else {
+      sizes = split.ints();
+      int64_t total = 0;
+      for (int64_t k : sizes) {
+        FT_CHECK(k >= 1 && k <= dim, "a split size of ", k, " for an axis of ", dim);
+        total += k;
+      }
+      FT_CHECK(total == dim, "split sizes summing to ", total, " for an axis of ", dim);
+    }
+    const int v = ids_.at(n.output(0));
+    sequences_[v] = b_.split(ir_of(x), axis, sizes);
+    kind_[size_t(v)] = Kind::Sequence;
+  } else if (op == "SequenceAt") {
+    FT_CHECK(kind(x) == Kind::Sequence, "SequenceAt of a value that is not a sequence of SplitToSequence");
+    const std::vector<ValueId>& items = sequences_.at(x);
+    int64_t at = int64_t(const_scalar(n, 1, "position"));
+    const int64_t count = int64_t(items.size());
+    if (at < 0) at += count;
+    FT_CHECK(at >= 0 && at < count, "position ", at, " of a sequence of ", count);
+    set_ir(n, 0, items[size_t(at)]);
   } else {
     throw Error("no mapping to fusetrain IR for this op on values computed from parameters");
   }

@@ -21,15 +21,48 @@ import fusetrain  # noqa: E402
 import hf_models as hf  # noqa: E402
 from fusetrain import capture  # noqa: E402
 
+T = transformers
+# Odd sizes: head dims of 12 and 8 (not multiples of 16), 6 query heads over 2 key/value heads.
 _SMALL = dict(hidden_size=36, num_hidden_layers=2, num_attention_heads=3, intermediate_size=52, vocab_size=101,
               max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-CONFIGS = {
-    "electra": lambda: transformers.ElectraConfig(embedding_size=20, **_SMALL),
-    "albert": lambda: transformers.AlbertConfig(embedding_size=20, **_SMALL, classifier_dropout_prob=0.0),
-    "mpnet": lambda: transformers.MPNetConfig(**_SMALL),
-    "xlm-roberta": lambda: transformers.XLMRobertaConfig(**_SMALL, pad_token_id=1),
+_DECODER = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
+                intermediate_size=64, vocab_size=101, max_position_embeddings=64, pad_token_id=0, use_cache=False)
+ENCODERS = {
+    "electra": lambda: T.ElectraConfig(embedding_size=20, **_SMALL),
+    "albert": lambda: T.AlbertConfig(embedding_size=20, **_SMALL, classifier_dropout_prob=0.0),
+    "mpnet": lambda: T.MPNetConfig(**_SMALL),
+    "xlm-roberta": lambda: T.XLMRobertaConfig(**_SMALL, pad_token_id=1),
+    "deberta-v2": lambda: T.DebertaV2Config(**_SMALL, relative_attention=True, position_buckets=8,
+                                            pos_att_type=["p2c", "c2p"], max_relative_positions=16),
+    "modernbert": lambda: T.ModernBertConfig(hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
+                                             intermediate_size=64, vocab_size=101, max_position_embeddings=64,
+                                             pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                                             sep_token_id=2),
 }
-HEADS = {"seq-cls": transformers.AutoModelForSequenceClassification, "mlm": transformers.AutoModelForMaskedLM}
+DECODERS = {
+    "gemma": lambda: T.GemmaConfig(**_DECODER, head_dim=8),  # tied embeddings
+    "gemma2": lambda: T.Gemma2Config(**_DECODER, head_dim=8, final_logit_softcapping=30.0,
+                                     attn_logit_softcapping=50.0),
+    "phi": lambda: T.PhiConfig(**_DECODER, partial_rotary_factor=0.5),
+    "phi3": lambda: T.Phi3Config(**_DECODER, bos_token_id=1, eos_token_id=2),
+    "qwen3": lambda: T.Qwen3Config(**_DECODER, head_dim=8),  # QK-norm
+    "olmo2": lambda: T.Olmo2Config(**_DECODER, bos_token_id=1, eos_token_id=2),
+    "opt": lambda: T.OPTConfig(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, ffn_dim=64,
+                               vocab_size=101, max_position_embeddings=64, word_embed_proj_dim=48, pad_token_id=1,
+                               dropout=0.0, attention_dropout=0.0, use_cache=False),
+    "gpt-neox": lambda: T.GPTNeoXConfig(hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
+                                        intermediate_size=64, vocab_size=101, max_position_embeddings=64,
+                                        rotary_pct=0.5, use_cache=False),
+    "bloom": lambda: T.BloomConfig(hidden_size=48, n_layer=2, n_head=6, vocab_size=101, use_cache=False),  # ALiBi
+    "falcon": lambda: T.FalconConfig(hidden_size=48, num_hidden_layers=2, num_attention_heads=6, vocab_size=101,
+                                     use_cache=False),
+    "granite": lambda: T.GraniteConfig(**_DECODER, embedding_multiplier=2.0, logits_scaling=4.0,
+                                       residual_multiplier=0.5, attention_multiplier=0.2),
+}
+CONFIGS = {**ENCODERS, **DECODERS}
+HEADS = {"seq-cls": T.AutoModelForSequenceClassification, "mlm": T.AutoModelForMaskedLM,
+         "clm": T.AutoModelForCausalLM}
+CASES = [(arch, task) for arch in ENCODERS for task in ("seq-cls", "mlm")] + [(arch, "clm") for arch in DECODERS]
 
 
 @pytest.fixture(autouse=True)
@@ -52,6 +85,8 @@ def batch(task: str, seed: int = 0, rows: int = 4, length: int = 11) -> dict[str
     ids[0, length - 3:] = 1
     if task == "seq-cls":
         labels = rng.integers(0, 2, size=rows)
+    elif task == "clm":
+        labels = np.where(mask == 1, ids, -100)
     else:
         labels = np.where(rng.random((rows, length)) < 0.3, ids, -100)
         labels[:, 1] = ids[:, 1]
@@ -59,8 +94,7 @@ def batch(task: str, seed: int = 0, rows: int = 4, length: int = 11) -> dict[str
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-@pytest.mark.parametrize("task", ["seq-cls", "mlm"])
-@pytest.mark.parametrize("arch", list(CONFIGS))
+@pytest.mark.parametrize("arch, task", CASES)
 def test_captured_loss_and_every_gradient_match_pytorch(arch, task):
     model = model_of(arch, task)
     engine = capture.capture(model)
@@ -89,7 +123,8 @@ def trainer_losses(trainer_cls, args_cls, model, data, tmp_path, **extra) -> lis
     return [e["loss"] for e in trainer.state.log_history if "loss" in e]
 
 
-@pytest.mark.parametrize("arch, task", [("electra", "seq-cls"), ("albert", "seq-cls"), ("mpnet", "seq-cls")])
+@pytest.mark.parametrize("arch, task", [("electra", "seq-cls"), ("albert", "seq-cls"), ("mpnet", "seq-cls"),
+                                        ("gemma", "clm"), ("phi3", "clm")])
 def test_trainer_trains_a_captured_model_as_transformers_does(arch, task, tmp_path):
     """Three AdamW steps of fusetrain.Trainer on the engine against transformers' Trainer on the same weights and
     batches: the same losses, and the same weights after (written back into the user's model object)."""
