@@ -32,7 +32,9 @@ exported with torch.onnx.export, `onnxruntime.training.artifacts.generate_artifa
 AdamW with gradient clipping to norm 1, and `onnxruntime.training.api` Module/Optimizer run the steps; installed into
 bench/.venv-ort by this script, and when it cannot be installed or run the table says why), fusetrain_fp32 and fusetrain_bf16 (the Python module from
 build/python or an installed fusetrain), and fusetrain_bf16_recompute (bf16 with activation checkpointing per
-layer: the memory it saves, the time it costs), and fusetrain_fp16 (IEEE half operands with a static loss scale of
+layer: the memory it saves, the time it costs), captured_fp32 and captured_bf16 (the workload's transformers model
+captured through torch.onnx's dynamo exporter and imported, fusetrain.capture, as fusetrain.Trainer trains an
+architecture it does not build natively; the capture is cached in the workload's folder), and fusetrain_fp16 (IEEE half operands with a static loss scale of
 2^10, f32 arithmetic on CPUs without fp16 arithmetic; measured against the fp32 peak).
 """
 
@@ -58,7 +60,7 @@ ORT_VENV = ROOT / "bench" / ".venv-ort"
 ORT_PACKAGES = ["onnxruntime-training-cpu==1.19.2", "onnx==1.16.2"]
 
 FRAMEWORKS = ["torch_fp32", "torch_bf16", "compile_fp32", "compile_bf16", "ort", "fusetrain_fp32", "fusetrain_bf16",
-              "fusetrain_bf16_recompute", "fusetrain_fp16"]
+              "fusetrain_bf16_recompute", "fusetrain_fp16", "captured_fp32", "captured_bf16"]
 WORKLOADS = {
     "w1": {"title": "W1 bert-base MLM, seq 128, batch 16", "task": "mlm", "seq": 128, "batch": 16},
     "w2": {"title": "W2 gpt2 124M CLM, seq 256, batch 8", "task": "clm", "seq": 256, "batch": 8},
@@ -205,7 +207,7 @@ def worker(framework: str, directory: pathlib.Path, warmup: int, steps: int, thr
 
     data = np.load(directory / "batches.npz")
     batches = [{k: data[k][i] for k in data.files} for i in range(warmup + steps)]
-    if framework.startswith("fusetrain"):
+    if framework.startswith(("fusetrain", "captured")):
         step = fusetrain_step(framework, directory, threads)
     elif framework == "ort":
         step = ort_step(directory, threads)
@@ -236,7 +238,10 @@ def fusetrain_step(framework: str, directory: pathlib.Path, threads: int):
     sys.path.insert(0, str(ROOT / "build" / "python"))
     import fusetrain
 
-    model = fusetrain.Model.from_pretrained(str(directory))
+    if framework.startswith("captured"):
+        model = captured_model(directory)
+    else:
+        model = fusetrain.Model.from_pretrained(str(directory))
     if json.loads((directory / "spec.json").read_text()).get("lora"):
         model.enable_lora(**LORA)
     model.set_num_threads(threads)
@@ -254,6 +259,18 @@ def fusetrain_step(framework: str, directory: pathlib.Path, threads: int):
         return loss
 
     return step
+
+
+def captured_model(directory: pathlib.Path):
+    """The workload's transformers model captured (fusetrain.capture: the dynamo exporter's graph, imported), as
+    fusetrain.Trainer trains an architecture it does not build; the capture cache is the workload's own folder."""
+    import transformers
+
+    os.environ["FUSETRAIN_CACHE"] = str(directory / "capture-cache")
+    from fusetrain import capture
+
+    architecture = json.loads((directory / "config.json").read_text())["architectures"][0]
+    return capture.capture(getattr(transformers, architecture).from_pretrained(directory))
 
 
 def ort_export(directory: pathlib.Path) -> pathlib.Path:

@@ -6,6 +6,7 @@ evaluate, predict, inspect, info) plus `report` and `launch`.
     fusetrain report RUN_DIR                      # RUN_DIR/report.png and report.html from RUN_DIR/log.jsonl
     fusetrain launch -n 4 -- train --model DIR --train-file train.tsv   # data parallel over 4 Open MPI ranks
     fusetrain launch -n 4 --hosts node1:2,node2:2 -- train ...          # 2 ranks on each of two hosts
+    fusetrain train --model GEMMA_DIR --task clm --train-file text.txt   # captured: see fusetrain.capture
     fusetrain --help
 
 `launch` runs `mpirun -np N ... python -m fusetrain <subcommand and args>` with this Python and exits with
@@ -122,6 +123,56 @@ def _launch(argv: list[str]) -> int:
     return 1  # not reached
 
 
+_MODEL_COMMANDS = ("train", "evaluate", "predict", "inspect", "export")
+
+
+def _option(argv: list[str], name: str) -> tuple[int, str] | None:
+    """The position and value of `--name VALUE` or `--name=VALUE` in argv (the last one given), or None."""
+    found = None
+    for at, arg in enumerate(argv):
+        if arg == name and at + 1 < len(argv):
+            found = (at + 1, argv[at + 1])
+        elif arg.startswith(name + "="):
+            found = (at, arg.split("=", 1)[1])
+    return found
+
+
+def _with_captured_model(argv: list[str]) -> list[str] | int:
+    """argv with `--model DIR` replaced by the captured graph when fusetrain does not build DIR's architecture
+    (python -m fusetrain.capture, in a child process: this one, which trains, never imports PyTorch); an exit
+    status when the capture failed (its error printed)."""
+    if argv[:1] not in [[c] for c in _MODEL_COMMANDS]:
+        return argv
+    model = _option(argv, "--model")
+    if model is None or not os.path.isfile(os.path.join(model[1], "config.json")):
+        return argv
+    import json
+    import subprocess
+
+    from fusetrain import capture
+
+    try:
+        with open(os.path.join(model[1], "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return argv  # the engine's command line names what is wrong with it
+    if not isinstance(config, dict) or capture.is_native(config):
+        return argv
+    task = (_option(argv, "--task") or (0, "seq-cls"))[1]
+    seed = (_option(argv, "--seed") or (0, "42"))[1]
+    print(f"fusetrain: capturing {model[1]} with PyTorch (fusetrain does not build "
+          f"{(config.get('architectures') or [config.get('model_type')])[0]})", file=sys.stderr, flush=True)
+    result = subprocess.run([sys.executable, "-m", "fusetrain.capture", "--model", model[1], "--task", task,
+                             "--seed", seed], stdout=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        return result.returncode
+    graph = result.stdout.strip().splitlines()[-1]
+    out = list(argv)
+    at, value = model
+    out[at] = graph if out[at] == value else f"--model={graph}"
+    return out
+
+
 def main() -> int:
     """Runs the command line with this process's arguments; returns its exit status."""
     argv = sys.argv[1:]
@@ -129,6 +180,9 @@ def main() -> int:
         return _report(argv[1:])
     if argv[:1] == ["launch"]:
         return _launch(argv[1:])
+    argv = _with_captured_model(argv)
+    if isinstance(argv, int):
+        return argv
     sys.stdout.flush()
     report_to = next((a.split("=", 1)[1] for a in argv if a.startswith("--report-to=")), None)
     if "--report-to" in argv and argv.index("--report-to") + 1 < len(argv):

@@ -8,6 +8,11 @@ engine never imports PyTorch; capture does, since the user already holds a PyTor
 A capture is written once per model class, config, task and torch version into the capture cache
 ($FUSETRAIN_CACHE, else ~/.cache/fusetrain) as model.onnx and config.json; a later run reads it from there. The
 cached graph's weights are replaced by the model's own on every load.
+
+The command line captures through `python -m fusetrain.capture --model DIR --task TASK`, which the `fusetrain`
+command (and `python -m fusetrain`) runs for a model directory whose architecture fusetrain does not build: it
+prints the path of a graph holding DIR's weights (model.onnx, with DIR's config.json and tokenizer files beside
+it), which the engine's command line trains as any ONNX graph. The training process never imports PyTorch.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import json
 import logging
 import os
 import pathlib
+import sys
 import tempfile
 import warnings
 from typing import Any
@@ -197,3 +203,103 @@ def capture(model: Any, task: str | None = None) -> Any:
                            f"parameters ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})")
     engine.load_state_dict({name: state[name].detach() for name in names}, strict=True)
     return engine
+
+
+# ---------------------------------------------------------------- the command line's capture
+
+_AUTO_CLASSES = {"seq-cls": "AutoModelForSequenceClassification", "token-cls": "AutoModelForTokenClassification",
+                 "qa": "AutoModelForQuestionAnswering", "mlm": "AutoModelForMaskedLM", "clm": "AutoModelForCausalLM"}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                    "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json")
+
+
+def is_native(config: dict) -> bool:
+    """Whether fusetrain builds the model a config.json describes (its architecture, else its model_type)."""
+    rows = _core.architectures()
+    named = (config.get("architectures") or [None])[0]
+    if named is not None:
+        return any(row["architecture"] == named for row in rows)
+    return any(row["model_type"] == config.get("model_type") for row in rows)
+
+
+def _weights_digest(directory: pathlib.Path) -> str:
+    """Names, sizes and modification times of the directory's weight files: a new digest when they change."""
+    entries = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir()
+                     if p.suffix in (".safetensors", ".bin", ".json") and p.is_file())
+    return hashlib.sha256(json.dumps([str(directory.resolve()), entries]).encode()).hexdigest()[:16]
+
+
+def prepare_directory(model_dir: str | os.PathLike, task: str, seed: int = 42) -> pathlib.Path:
+    """The graph the command line trains for a model directory fusetrain does not build: the capture of its
+    transformers class for `task` (from the cache when present) with the directory's weights as initializers,
+    config.json and the tokenizer files beside it. Weights of a head the directory lacks are drawn as transformers
+    draws them, from `seed`."""
+    import numpy as np
+    import onnx
+    import onnx.numpy_helper
+    import torch
+    import transformers
+
+    directory = pathlib.Path(model_dir)
+    if task not in _AUTO_CLASSES:
+        raise CaptureError(f"task {task!r} is not one fusetrain captures ({', '.join(_AUTO_CLASSES)})")
+    torch.manual_seed(seed)
+    with warnings.catch_warnings(), _quiet_logging():
+        warnings.simplefilter("ignore")
+        try:
+            model = getattr(transformers, _AUTO_CLASSES[task]).from_pretrained(str(directory))
+        except (ValueError, OSError, KeyError) as error:
+            raise CaptureError(f"{directory}: transformers cannot build a model for --task {task}: "
+                               f"{_first_line(error)}") from error
+    model = model.float()
+    graph_path = captured_path(model, task)
+    target = graph_path.parent / f"from-{_weights_digest(directory)}-{seed}"
+    if (target / "model.onnx").exists():
+        return target / "model.onnx"
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        graph = onnx.load(str(graph_path))
+        state = {name: value.detach().numpy() for name, value in model.state_dict().items()}
+        for initializer in graph.graph.initializer:
+            if initializer.name in state and initializer.data_type == onnx.TensorProto.FLOAT:
+                value = np.ascontiguousarray(state[initializer.name], dtype=np.float32)
+                initializer.CopyFrom(onnx.numpy_helper.from_array(value, initializer.name))
+        onnx.save(graph, str(scratch / "model.onnx"), save_as_external_data=graph.ByteSize() > 1_500_000_000)
+        config = model.config.to_dict()
+        config["architectures"] = [type(model).__name__]
+        (scratch / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+        for name in _TOKENIZER_FILES:
+            if (directory / name).exists():
+                (scratch / name).write_bytes((directory / name).read_bytes())
+        try:
+            os.replace(scratch, target)
+        except OSError:
+            if not (target / "model.onnx").exists():
+                raise
+    finally:
+        if scratch.exists():
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target / "model.onnx"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m fusetrain.capture --model DIR --task TASK [--seed N]`: prints the prepared graph's path."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m fusetrain.capture", description=main.__doc__)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args(argv)
+    try:
+        print(prepare_directory(args.model, args.task, args.seed))
+    except CaptureError as error:
+        print(f"fusetrain: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

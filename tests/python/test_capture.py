@@ -216,3 +216,100 @@ def test_a_class_that_is_no_head_is_refused_naming_the_heads(tmp_path):
         fusetrain.Trainer(model=model, args=fusetrain.TrainingArguments(
             output_dir=str(tmp_path), max_steps=1, report_to=[], use_cpu=True, fusetrain_require_engine=True),
             train_dataset=data).train()
+
+
+# ---- the command line: `fusetrain train --model DIR` for an architecture fusetrain does not build ----------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    """A 512-entry byte-level BPE tokenizer trained on Tiny Shakespeare (examples/make_tiny_llama.py)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    text = root.parent / "shared" / "datasets" / "tinyshakespeare" / "input.txt"
+    out = tmp_path_factory.mktemp("tiny-llama")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pathlib.Path(fusetrain.__file__).parents[1]),
+                                                          os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, str(root / "examples" / "make_tiny_llama.py"), "--text", str(text), "--output",
+                    str(out), "--hidden-size", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1",
+                    "--intermediate-size", "48", "--vocab-size", "512"], check=True, capture_output=True, env=env)
+    lines = text.read_text().splitlines()
+    (out / "train.txt").write_text("\n".join(lines[:1500]) + "\n")
+    return out
+
+
+def cli(*args, cache):
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FUSETRAIN_CACHE": str(cache),
+           "PYTHONPATH": os.pathsep.join([str(pathlib.Path(fusetrain.__file__).parents[1]),
+                                          os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "fusetrain", *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("arch", ["gemma", "phi3"])
+def test_cli_trains_a_captured_model_and_resumes_bit_identically(arch, tokenizer_dir, tmp_path):
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    torch.manual_seed(0)
+    config = CONFIGS[arch]()
+    config.vocab_size, config.pad_token_id, config.bos_token_id, config.eos_token_id = 512, 2, 1, 2
+    model_dir = tmp_path / arch
+    HEADS["clm"].from_config(config).save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, model_dir / name)
+    cache = tmp_path / "cache"
+    common = ["train", "--model", str(model_dir), "--task", "clm", "--train-file", str(tokenizer_dir / "train.txt"),
+              "--max-seq-length", "32", "--per-device-train-batch-size", "4", "--max-steps", "6", "--logging-steps",
+              "1", "--save-steps", "3", "--learning-rate", "1e-3", "--disable-tqdm"]
+    full = cli(*common, "--output-dir", str(tmp_path / "full"), cache=cache)
+    assert full.returncode == 0, full.stderr
+    assert "capturing" in full.stderr
+    captures = [p for p in (cache / "capture").iterdir() if p.is_dir()]
+    assert len(captures) == 1
+    # Resumed from step 3 in another directory: the same weights at step 6, bit for bit.
+    shutil.copytree(tmp_path / "full" / "checkpoint-3", tmp_path / "resumed" / "checkpoint-3")
+    resumed = cli(*common, "--output-dir", str(tmp_path / "resumed"), "--resume-from-checkpoint",
+                  str(tmp_path / "resumed" / "checkpoint-3"), cache=cache)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [p for p in (cache / "capture").iterdir() if p.is_dir()] == captures  # read from the cache
+    final, again = load_file(tmp_path / "full" / "model.safetensors"), load_file(tmp_path / "resumed" / "model.safetensors")
+    assert sorted(final) == sorted(again)
+    for name in final:
+        np.testing.assert_array_equal(final[name], again[name], err_msg=name)
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "full" / "log.jsonl").read_text().splitlines()
+              if '"loss"' in line]
+    assert len(losses) == 6 and all(np.isfinite(losses))
+    # The output is a transformers directory: it loads with the trained weights.
+    loaded = HEADS["clm"].from_pretrained(tmp_path / "full")
+    for name, value in final.items():
+        np.testing.assert_array_equal(loaded.get_parameter(name).detach().numpy(), value, err_msg=name)
+    assert any(not np.array_equal(value, HEADS["clm"].from_pretrained(model_dir).get_parameter(name).detach().numpy())
+               for name, value in final.items())
+
+
+def test_cli_capture_failure_is_one_error_line(tmp_path):
+    import json
+
+    model_dir = tmp_path / "unknown"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "no-such-model",
+                                                       "architectures": ["NoSuchForCausalLM"]}))
+    result = cli("train", "--model", str(model_dir), "--task", "clm", "--train-file", str(tmp_path / "x.txt"),
+                 "--output-dir", str(tmp_path / "out"), cache=tmp_path / "cache")
+    lines = [line for line in result.stderr.splitlines() if line.startswith("fusetrain: error:")]
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert f"{model_dir}: transformers cannot build a model for --task clm" in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
