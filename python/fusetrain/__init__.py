@@ -51,6 +51,40 @@ __all__ = [
 ]
 
 
+_native_from_pretrained = Model.from_pretrained
+
+
+def _from_pretrained(path: Any, architecture: str | None = None, **config_overrides: Any) -> Model:
+    """Loads config.json and *.safetensors from a local model directory.
+
+    architecture: the transformers class to build (e.g. "BertForSequenceClassification");
+        defaults to config["architectures"][0].
+    **config_overrides: merged into the config first, e.g. num_labels=2.
+    Head weights missing from the checkpoint are freshly initialised and listed in missing_keys.
+    An architecture fusetrain does not build is loaded with transformers and captured (fusetrain.capture; needs
+    PyTorch and transformers), its parameters under their transformers names.
+    """
+    import json
+    import os
+
+    config_path = os.path.join(os.fspath(path), "config.json")
+    try:
+        with open(config_path) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        config = None  # the engine names what is wrong with it
+    if isinstance(config, dict):
+        from fusetrain import capture
+
+        named = dict(config, architectures=[architecture]) if architecture else config
+        if not capture.is_native(named):
+            return capture.from_directory(path, architecture, **config_overrides)
+    return _native_from_pretrained(path, architecture, **config_overrides)
+
+
+Model.from_pretrained = staticmethod(_from_pretrained)
+
+
 def __getattr__(name: str) -> Any:
     # Trainer and TrainingArguments subclass transformers' classes: imported on first use, so that
     # `import fusetrain` (Model, AdamW) needs neither transformers nor torch.

@@ -144,11 +144,18 @@ def _export(model: Any, task: str, path: pathlib.Path) -> None:
 
 @contextlib.contextmanager
 def _quiet_logging():
+    """Warnings of the exporter and transformers' loading progress bars off (a capture prints one line)."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     logging.disable(logging.WARNING)
     try:
         yield
     finally:
         logging.disable(logging.NOTSET)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _first_line(error: BaseException) -> str:
@@ -203,6 +210,27 @@ def capture(model: Any, task: str | None = None) -> Any:
                            f"parameters ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})")
     engine.load_state_dict({name: state[name].detach() for name in names}, strict=True)
     return engine
+
+
+def from_directory(path: str | os.PathLike, architecture: str | None = None, **config_overrides: Any) -> Any:
+    """Model.from_pretrained for a directory whose architecture fusetrain does not build: the transformers class
+    (`architecture`, else config.json's "architectures"[0]) loaded with transformers, overrides applied, and
+    captured. Raises CaptureError naming the directory and why."""
+    import transformers
+
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    name = architecture or (config.get("architectures") or [None])[0]
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    if cls is None or task_of_class(name) is None:
+        raise CaptureError(f"{os.fspath(path)}: fusetrain does not build {name or config.get('model_type')!r} and "
+                           "captures transformers head classes (...ForSequenceClassification, "
+                           "...ForTokenClassification, ...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM); "
+                           "pass architecture= to name one")
+    with warnings.catch_warnings(), _quiet_logging():
+        warnings.simplefilter("ignore")
+        model = cls.from_pretrained(os.fspath(path), **config_overrides)
+    return capture(model.float())
 
 
 # ---------------------------------------------------------------- the command line's capture

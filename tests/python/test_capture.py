@@ -313,3 +313,19 @@ def test_cli_capture_failure_is_one_error_line(tmp_path):
     assert f"{model_dir}: transformers cannot build a model for --task clm" in lines[0], lines[0]
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_model_from_pretrained_captures_a_directory_it_does_not_build(tmp_path):
+    model = model_of("qwen3", "clm")
+    model.save_pretrained(tmp_path / "qwen3")
+    engine = fusetrain.Model.from_pretrained(tmp_path / "qwen3")
+    assert engine.architecture == "Qwen3ForCausalLM"
+    data = batch("clm")
+    with torch.no_grad():
+        want = model.eval()(input_ids=torch.from_numpy(data["input_ids"]),
+                            attention_mask=torch.from_numpy(data["attention_mask"])).logits.numpy()
+    got = engine.eval().forward(input_ids=data["input_ids"], attention_mask=data["attention_mask"])["logits"]
+    mask = data["attention_mask"].astype(bool)  # padded positions' logits are not compared
+    np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="fusetrain does not build 'Qwen3Model' and captures transformers head"):
+        fusetrain.Model.from_pretrained(tmp_path / "qwen3", architecture="Qwen3Model")
