@@ -13,6 +13,7 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/models/model.h"
+#include "../../fuzz/onnx_import_case.h"
 #include "support/test_util.h"
 
 namespace fusetrain::testing {
@@ -20,16 +21,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::array<const char*, 5> kTasks = {"seq-cls", "token-cls", "qa", "mlm", "clm"};  // as fuzz/onnx_import.cpp
-
 struct Outcome {
   bool trained = false;
   double loss = 0;
   std::string error;
 };
 
-// The fuzz target's input layout: byte 0 picks the task (low 3 bits % 5) and whether a mask is fed (bit 3), the rest
-// is the ModelProto. Trains one step on a padded (2, 8) batch.
+// One input as the fuzz target runs it (fuzz/onnx_import_case.h): trains one step on its padded (2, 8) batch.
 Outcome import_and_step(const fs::path& input, const fs::path& scratch) {
   std::ifstream in(input, std::ios::binary);
   std::ostringstream bytes;
@@ -37,33 +35,13 @@ Outcome import_and_step(const fs::path& input, const fs::path& scratch) {
   const std::string data = bytes.str();
   Outcome out;
   if (data.empty()) return out;
-  const auto first = static_cast<uint8_t>(data[0]);
-  const std::string task = kTasks[(first & 7) % kTasks.size()];
+  fuzz::OnnxImportCase input_case(static_cast<uint8_t>(data[0]));
   fs::create_directories(scratch);
   const fs::path path = scratch / "model.onnx";
   std::ofstream(path, std::ios::binary).write(data.data() + 1, std::streamsize(data.size() - 1));
-  constexpr int64_t B = 2, T = 8;
-  std::array<int64_t, B * T> ids{}, mask{}, token_labels{};
-  std::array<int64_t, B> classes = {1, 0}, start = {1, 2}, end = {3, 4};
-  for (int64_t k = 0; k < B * T; ++k) {
-    const bool pad = k >= T && k % T >= 5;
-    ids[size_t(k)] = pad ? 0 : 1 + (k * 7) % 4;
-    mask[size_t(k)] = pad ? 0 : 1;
-    token_labels[size_t(k)] = pad ? -100 : k % 2;
-  }
-  models::Batch batch;
-  batch.input_ids = Tensor::view(ids.data(), Shape{B, T}, DType::i64);
-  if (first & 8) batch.attention_mask = Tensor::view(mask.data(), Shape{B, T}, DType::i64);
-  if (task == "seq-cls") {
-    batch.labels = Tensor::view(classes.data(), Shape{B}, DType::i64);
-  } else if (task == "qa") {
-    batch.start_positions = Tensor::view(start.data(), Shape{B}, DType::i64);
-    batch.end_positions = Tensor::view(end.data(), Shape{B}, DType::i64);
-  } else {
-    batch.labels = Tensor::view(token_labels.data(), Shape{B, T}, DType::i64);
-  }
+  const models::Batch batch = input_case.batch();
   try {
-    std::unique_ptr<models::Model> model = models::Model::from_onnx(path.string(), task);
+    std::unique_ptr<models::Model> model = models::Model::from_onnx(path.string(), input_case.task());
     out.loss = model->loss_and_grads(batch, /*training=*/true);
     out.trained = true;
   } catch (const Error& e) {
