@@ -41,7 +41,7 @@ _TASK_OF_SUFFIX = (
 )
 # The inputs fusetrain feeds a graph, in the order the exported forward takes them.
 _FED_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-_FORMAT = 1  # bumped when what a cached capture holds changes
+_FORMAT = 2  # bumped when what a cached capture holds changes
 
 
 class CaptureError(ValueError):
@@ -140,6 +140,69 @@ def _export(model: Any, task: str, path: pathlib.Path) -> None:
                            f"{type(error).__name__}: {_first_line(error)}") from error
     finally:
         model.train(was_training)
+    _simplify(path)
+
+
+def _simplify(path: pathlib.Path) -> None:
+    """onnxscript's graph optimizer on the exported graph, without what would break the name binding: constants
+    are folded except through a float initializer of rank >= 1 (a parameter, or a buffer such as rotary
+    frequencies: a folded transpose of a weight would be a new initializer under a new name), then its rewrite
+    rules, dead-node removal and common-subexpression elimination; no deduplication of equal initializers (a fresh
+    model's norm weights are all equal and must stay apart) and no lifting of constants into initializers. The
+    export's Transpose, Split and Sequence chains around attention and rotary embeddings then fold into the
+    program the native build compiles to. These passes are onnxscript's internals: with a version that lacks them
+    the graph is left as exported (it trains the same, more slowly)."""
+    try:
+        from onnxscript import ir, rewriter
+        from onnxscript.ir.passes import common
+        from onnxscript.optimizer import _constant_folding
+    except ImportError:
+        return
+    model = ir.load(str(path))
+    weights = {v.name for v in model.graph.initializers.values()
+               if v.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)
+               and v.shape is not None and len(v.shape) >= 1}
+
+    def should_fold(node: Any) -> bool | None:
+        return False if any(v is not None and v.name in weights for v in node.inputs) else None
+
+    passes = ir.passes.Sequential(
+        common.InlinePass(),
+        ir.passes.PassManager([
+            _constant_folding.FoldConstantsPass(shape_inference=True, input_size_limit=8192,
+                                                output_size_limit=262144, should_fold=should_fold),
+            rewriter.RewritePass(rewriter._DEFAULT_REWRITE_RULES),
+            common.RemoveUnusedNodesPass(),
+            common.RemoveUnusedFunctionsPass(),
+            common.RemoveUnusedOpsetsPass(),
+        ], steps=2, early_stop=True),
+        common.RemoveUnusedNodesPass(),
+        common.CommonSubexpressionEliminationPass(),
+    )
+    passes(model)
+    ir.save(model, str(path))
+    _constants_as_nodes(path, weights)
+
+
+def _constants_as_nodes(path: pathlib.Path, weights: set[str]) -> None:
+    """Float initializers the folding created (BLOOM's ALiBi slopes, ...) become Constant nodes: the importer
+    trains every float initializer of more than one element as a parameter, and these are not the model's."""
+    import onnx
+
+    graph = onnx.load(str(path))
+    folded = [t for t in graph.graph.initializer
+              if t.name not in weights and t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
+                                                           onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)]
+    if not folded:
+        return
+    nodes = [onnx.helper.make_node("Constant", [], [t.name], name=f"folded_{t.name}", value=t) for t in folded]
+    kept = [t for t in graph.graph.initializer if t not in folded]
+    del graph.graph.initializer[:]
+    graph.graph.initializer.extend(kept)
+    rest = list(graph.graph.node)
+    del graph.graph.node[:]
+    graph.graph.node.extend(nodes + rest)
+    onnx.save(graph, str(path))
 
 
 @contextlib.contextmanager
