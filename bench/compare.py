@@ -35,8 +35,9 @@ AdamW with gradient clipping to norm 1, and `onnxruntime.training.api` Module/Op
 bench/.venv-ort by this script, and when it cannot be installed or run the table says why), fusetrain_fp32 and fusetrain_bf16 (the Python module from
 build/python or an installed fusetrain), and fusetrain_bf16_recompute (bf16 with activation checkpointing per
 layer: the memory it saves, the time it costs), captured_fp32 and captured_bf16 (the workload's transformers model
-captured through torch.onnx's dynamo exporter and imported, fusetrain.capture, as fusetrain.Trainer trains an
-architecture it does not build natively; the capture is cached in the workload's folder), and fusetrain_fp16 (IEEE half operands with a static loss scale of
+captured through torch.onnx's dynamo exporter, as the fusetrain command captures a directory it does not build:
+python -m fusetrain.capture in a child process, the graph imported by the worker, which never imports PyTorch; the
+capture is cached in the workload's folder), and fusetrain_fp16 (IEEE half operands with a static loss scale of
 2^10, f32 arithmetic on CPUs without fp16 arithmetic; measured against the fp32 peak).
 """
 
@@ -271,15 +272,19 @@ def fusetrain_step(framework: str, directory: pathlib.Path, threads: int):
 
 
 def captured_model(directory: pathlib.Path):
-    """The workload's transformers model captured (fusetrain.capture: the dynamo exporter's graph, imported), as
-    fusetrain.Trainer trains an architecture it does not build; the capture cache is the workload's own folder."""
-    import transformers
+    """The workload's transformers model captured as the fusetrain command captures a directory it does not build
+    (python -m fusetrain.capture in a child process, so this one never imports PyTorch) and the graph imported; the
+    capture cache is the workload's own folder."""
+    import fusetrain
 
-    os.environ["FUSETRAIN_CACHE"] = str(directory / "capture-cache")
-    from fusetrain import capture
-
-    architecture = json.loads((directory / "config.json").read_text())["architectures"][0]
-    return capture.capture(getattr(transformers, architecture).from_pretrained(directory))
+    spec = json.loads((directory / "spec.json").read_text())
+    task = {"cls": "seq-cls"}.get(spec["task"], spec["task"])
+    env = dict(os.environ, FUSETRAIN_CACHE=str(directory / "capture-cache"),
+               PYTHONPATH=os.pathsep.join([str(pathlib.Path(fusetrain.__file__).parents[1]),
+                                           os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-m", "fusetrain.capture", "--model", str(directory), "--task", task],
+                            capture_output=True, text=True, env=env, check=True)
+    return fusetrain.Model.from_onnx(result.stdout.strip().splitlines()[-1], task, tie_identical=False)
 
 
 def ort_export(directory: pathlib.Path) -> pathlib.Path:
