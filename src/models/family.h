@@ -86,6 +86,9 @@ class Family {
   }
   /// Parameter values the family brings itself (an imported graph's initializers), by stored name.
   virtual std::map<std::string, Tensor> initial_values() const { return {}; }
+  /// Frees the values initial_values() returned, once the parameters hold them (an imported graph would
+  /// otherwise keep two more copies of its weights: as read and in the file's bytes).
+  virtual void release_initial_values() {}
   Head head() const { return head_; }
 
  protected:

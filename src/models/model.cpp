@@ -144,6 +144,7 @@ std::unique_ptr<Model> Model::from_onnx(const std::string& path, const std::stri
   m->params_ = layout_parameters(*m->family_);
   for (const auto& [name, value] : m->family_->initial_values())
     std::memcpy(m->params_->param(name).data(), value.data(), size_t(value.nbytes()));
+  m->family_->release_initial_values();  // the parameters hold them now
   return m;
 }
 

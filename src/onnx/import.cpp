@@ -206,6 +206,7 @@ class OnnxFamily final : public models::Family {
   bool binds_inputs() const override { return true; }
   void bind_inputs(runtime::Plan& plan, const Batch& batch) const override;
   std::map<std::string, Tensor> initial_values() const override;
+  void release_initial_values() override;
 
   const onnx::ModelProto& proto() const { return proto_; }
   bool is_param(const std::string& name) const { return params_.count(name) > 0 || tied_.count(name) > 0; }
@@ -1197,6 +1198,23 @@ std::map<std::string, Tensor> OnnxFamily::initial_values() const {
     out.emplace(name, Tensor::view(const_cast<float*>(h.f.data()), Shape(h.shape), DType::f32));
   }
   return out;
+}
+
+// A parameter's initializer keeps its shape (builds declare the parameter by it) but not its values: the model's
+// parameters hold them, and save_onnx writes them from there.
+void OnnxFamily::release_initial_values() {
+  for (auto& [name, h] : inits_) {
+    if (!is_param(name)) continue;
+    std::vector<float>().swap(h.f);
+    std::vector<int64_t>().swap(h.i);
+  }
+  for (onnx::TensorProto& t : *proto_.mutable_graph()->mutable_initializer()) {
+    if (!is_param(t.name())) continue;
+    t.clear_raw_data();
+    t.clear_float_data();
+    t.clear_external_data();
+    t.set_data_location(onnx::TensorProto::DEFAULT);
+  }
 }
 
 // The dummy values a build evaluates batch-dependent nodes on (their shapes are what matters).
