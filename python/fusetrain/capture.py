@@ -279,13 +279,22 @@ def from_directory(path: str | os.PathLike, architecture: str | None = None, **c
     """Model.from_pretrained for a directory whose architecture fusetrain does not build: the transformers class
     (`architecture`, else config.json's "architectures"[0]) loaded with transformers, overrides applied, and
     captured. Raises CaptureError naming the directory and why."""
-    import transformers
-
     with open(os.path.join(path, "config.json")) as f:
         config = json.load(f)
     name = architecture or (config.get("architectures") or [None])[0]
+    named = (config.get("architectures") or [None])[0]
+    task = task_of_class(name) if isinstance(name, str) else None
+    if task is not None and name == named and not config_overrides:
+        # The directory's own class: its prepared graph (from the cache when the directory has not changed) holds
+        # its weights, so neither transformers nor torch need load the model again.
+        try:
+            return _core.Model.from_onnx(prepare_directory(path, task), task, tie_identical=False)
+        except ValueError as error:
+            raise CaptureError(f"fusetrain cannot import the captured graph of {name}: {error}") from error
+    import transformers
+
     cls = getattr(transformers, name, None) if isinstance(name, str) else None
-    if cls is None or task_of_class(name) is None:
+    if cls is None or task is None:
         raise CaptureError(f"{os.fspath(path)}: fusetrain does not build {name or config.get('model_type')!r} and "
                            "captures transformers head classes (...ForSequenceClassification, "
                            "...ForTokenClassification, ...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM); "
@@ -313,11 +322,17 @@ def is_native(config: dict) -> bool:
     return any(row["model_type"] == config.get("model_type") for row in rows)
 
 
-def _weights_digest(directory: pathlib.Path) -> str:
-    """Names, sizes and modification times of the directory's weight files: a new digest when they change."""
+def _prepared_key(directory: pathlib.Path, task: str, seed: int) -> str:
+    """What a directory's prepared graph depends on, read without loading anything: the directory's path, the names,
+    sizes and modification times of its weight and JSON files (config.json among them), the task, the seed of a
+    missing head, and the versions of torch, transformers and fusetrain."""
+    from importlib import metadata
+
     entries = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir()
                      if p.suffix in (".safetensors", ".bin", ".json") and p.is_file())
-    return hashlib.sha256(json.dumps([str(directory.resolve()), entries]).encode()).hexdigest()[:16]
+    versions = [metadata.version(name) for name in ("torch", "transformers")] + [_core.__version__, _FORMAT]
+    text = json.dumps([str(directory.resolve()), entries, task, seed, versions])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def prepare_directory(model_dir: str | os.PathLike, task: str, seed: int = 42) -> pathlib.Path:
@@ -325,15 +340,19 @@ def prepare_directory(model_dir: str | os.PathLike, task: str, seed: int = 42) -
     transformers class for `task` (from the cache when present) with the directory's weights as initializers,
     config.json and the tokenizer files beside it. Weights of a head the directory lacks are drawn as transformers
     draws them, from `seed`."""
+    directory = pathlib.Path(model_dir)
+    if task not in _AUTO_CLASSES:
+        raise CaptureError(f"task {task!r} is not one fusetrain captures ({', '.join(_AUTO_CLASSES)})")
+    # Prepared before: nothing to load (neither the model nor the capture).
+    target = cache_root() / "directories" / _prepared_key(directory, task, seed)
+    if (target / "model.onnx").exists():
+        return target / "model.onnx"
     import numpy as np
     import onnx
     import onnx.numpy_helper
     import torch
     import transformers
 
-    directory = pathlib.Path(model_dir)
-    if task not in _AUTO_CLASSES:
-        raise CaptureError(f"task {task!r} is not one fusetrain captures ({', '.join(_AUTO_CLASSES)})")
     torch.manual_seed(seed)
     with warnings.catch_warnings(), _quiet_logging():
         warnings.simplefilter("ignore")
@@ -344,9 +363,7 @@ def prepare_directory(model_dir: str | os.PathLike, task: str, seed: int = 42) -
                                f"{_first_line(error)}") from error
     model = model.float()
     graph_path = captured_path(model, task)
-    target = graph_path.parent / f"from-{_weights_digest(directory)}-{seed}"
-    if (target / "model.onnx").exists():
-        return target / "model.onnx"
+    target.parent.mkdir(parents=True, exist_ok=True)
     scratch = pathlib.Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
         graph = onnx.load(str(graph_path))
