@@ -226,29 +226,42 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else repr(error)
 
 
+def _write_folder(folder: pathlib.Path, fill: Any) -> pathlib.Path:
+    """`folder`/model.onnx, the folder filled by fill(scratch) in a scratch folder beside it and renamed into place:
+    a write stopped half-way is never read as complete. Another process that wrote the same folder meanwhile wins.
+    A cache that cannot be written is a CaptureError naming it."""
+    import shutil
+
+    scratch = None
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        scratch = pathlib.Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+        fill(scratch)
+        try:
+            os.replace(scratch, folder)
+        except OSError:
+            if not (folder / "model.onnx").exists():
+                raise
+    except OSError as error:
+        raise CaptureError(f"cannot write the capture cache {folder.parent} ({error.strerror or error}); set "
+                           "FUSETRAIN_CACHE to a writable folder") from error
+    finally:
+        if scratch is not None and scratch.exists():
+            shutil.rmtree(scratch, ignore_errors=True)
+    return folder / "model.onnx"
+
+
 def captured_path(model: Any, task: str) -> pathlib.Path:
     """The captured graph of `model` for `task` (captured now unless the cache holds it)."""
     folder = cache_root() / cache_key(model, task)
-    graph = folder / "model.onnx"
-    if graph.exists() and (folder / "config.json").exists():
-        return graph
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    # Written beside the cache and renamed into place: a capture stopped half-way is never read as complete.
-    scratch = pathlib.Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
-    try:
+    if (folder / "model.onnx").exists() and (folder / "config.json").exists():
+        return folder / "model.onnx"
+
+    def fill(scratch: pathlib.Path) -> None:
         model.config.to_json_file(str(scratch / "config.json"))
         _export(model, task, scratch / "model.onnx")
-        try:
-            os.replace(scratch, folder)
-        except OSError:  # another process captured the same model meanwhile
-            if not graph.exists():
-                raise
-    finally:
-        if scratch.exists():
-            import shutil
 
-            shutil.rmtree(scratch, ignore_errors=True)
-    return graph
+    return _write_folder(folder, fill)
 
 
 def capture(model: Any, task: str | None = None) -> Any:
@@ -341,6 +354,8 @@ def prepare_directory(model_dir: str | os.PathLike, task: str, seed: int = 42) -
     config.json and the tokenizer files beside it. Weights of a head the directory lacks are drawn as transformers
     draws them, from `seed`."""
     directory = pathlib.Path(model_dir)
+    if not (directory / "config.json").is_file():
+        raise CaptureError(f"{directory}: expected a model directory with config.json, found none")
     if task not in _AUTO_CLASSES:
         raise CaptureError(f"task {task!r} is not one fusetrain captures ({', '.join(_AUTO_CLASSES)})")
     # Prepared before: nothing to load (neither the model nor the capture).
@@ -363,9 +378,8 @@ def prepare_directory(model_dir: str | os.PathLike, task: str, seed: int = 42) -
                                f"{_first_line(error)}") from error
     model = model.float()
     graph_path = captured_path(model, task)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = pathlib.Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
+
+    def fill(scratch: pathlib.Path) -> None:
         graph = onnx.load(str(graph_path))
         state = {name: value.detach().numpy() for name, value in model.state_dict().items()}
         for initializer in graph.graph.initializer:
@@ -379,17 +393,8 @@ def prepare_directory(model_dir: str | os.PathLike, task: str, seed: int = 42) -
         for name in _TOKENIZER_FILES:
             if (directory / name).exists():
                 (scratch / name).write_bytes((directory / name).read_bytes())
-        try:
-            os.replace(scratch, target)
-        except OSError:
-            if not (target / "model.onnx").exists():
-                raise
-    finally:
-        if scratch.exists():
-            import shutil
 
-            shutil.rmtree(scratch, ignore_errors=True)
-    return target / "model.onnx"
+    return _write_folder(target, fill)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -250,7 +250,8 @@ def tokenizer_dir(tmp_path_factory):
     return out
 
 
-def cli(*args, cache):
+def cli(*args, cache, module="fusetrain"):
+    """`python -m <module> args` with the capture cache at `cache`."""
     import os
     import pathlib
     import subprocess
@@ -259,7 +260,7 @@ def cli(*args, cache):
     env = {**os.environ, "FUSETRAIN_CACHE": str(cache),
            "PYTHONPATH": os.pathsep.join([str(pathlib.Path(fusetrain.__file__).parents[1]),
                                           os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "fusetrain", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env,
                           timeout=600)
 
 
@@ -341,3 +342,21 @@ def test_model_from_pretrained_captures_a_directory_it_does_not_build(tmp_path):
     np.testing.assert_allclose(got[mask], want[mask], rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="fusetrain does not build 'Qwen3Model' and captures transformers head"):
         fusetrain.Model.from_pretrained(tmp_path / "qwen3", architecture="Qwen3Model")
+
+
+def test_capture_input_errors_are_one_clear_error(tmp_path):
+    missing = cli("--model", str(tmp_path / "nowhere"), "--task", "clm", cache=tmp_path / "cache",
+                  module="fusetrain.capture")
+    assert missing.returncode == 1 and "expected a model directory with config.json, found none" in missing.stderr
+    model_dir = tmp_path / "qwen3"
+    model_of("qwen3", "clm").save_pretrained(model_dir)
+    wrong_task = cli("--model", str(model_dir), "--task", "summarise", cache=tmp_path / "cache",
+                     module="fusetrain.capture")
+    assert wrong_task.returncode == 1 and "task 'summarise' is not one fusetrain captures" in wrong_task.stderr
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    unwritable = cli("--model", str(model_dir), "--task", "clm", cache=blocked, module="fusetrain.capture")
+    assert unwritable.returncode == 1, unwritable.stderr
+    assert f"cannot write the capture cache {blocked}" in unwritable.stderr, unwritable.stderr
+    for result in (missing, wrong_task, unwritable):
+        assert "Traceback" not in result.stderr
