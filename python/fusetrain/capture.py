@@ -129,8 +129,7 @@ def _export(model: Any, task: str, path: pathlib.Path) -> None:
     was_training = model.training
     model.train()  # dropout in the graph, as transformers' Trainer trains
     try:
-        with warnings.catch_warnings(), _quiet_logging(), torch.no_grad():
-            warnings.simplefilter("ignore")
+        with _quiet_logging(), torch.no_grad():
             torch.onnx.export(_Forward.make(model, inputs, outputs), (example["input_ids"],), str(path),
                               kwargs={name: example[name] for name in inputs[1:]}, input_names=inputs,
                               output_names=outputs, dynamo=True, optimize=False, opset_version=18,
@@ -214,7 +213,9 @@ def _quiet_logging():
     hf_logging.disable_progress_bar()
     logging.disable(logging.WARNING)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         logging.disable(logging.NOTSET)
         if bars:
@@ -312,8 +313,7 @@ def from_directory(path: str | os.PathLike, architecture: str | None = None, **c
                            "captures transformers head classes (...ForSequenceClassification, "
                            "...ForTokenClassification, ...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM); "
                            "pass architecture= to name one")
-    with warnings.catch_warnings(), _quiet_logging():
-        warnings.simplefilter("ignore")
+    with _quiet_logging():
         model = cls.from_pretrained(os.fspath(path), **config_overrides)
     return capture(model.float())
 
@@ -369,8 +369,7 @@ def prepare_directory(model_dir: str | os.PathLike, task: str, seed: int = 42) -
     import transformers
 
     torch.manual_seed(seed)
-    with warnings.catch_warnings(), _quiet_logging():
-        warnings.simplefilter("ignore")
+    with _quiet_logging():
         try:
             model = getattr(transformers, _AUTO_CLASSES[task]).from_pretrained(str(directory))
         except (ValueError, OSError, KeyError) as error:
