@@ -12,6 +12,8 @@ Workloads (models built by transformers from configs and saved once; every frame
         causal LM, sequence 512, batch 4, full fine-tuning (Tiny Shakespeare text)
     w6  Qwen3-shaped 134M (w4's shape with QK-norm), causal LM, sequence 512, batch 4: fusetrain trains it through
         capture (fusetrain.Model.from_pretrained captures an architecture it does not build)
+    w7  ViT-Base/16 (hidden 768, 12 layers, 12 heads), image classification of 224x224 images into 10 classes, batch
+        32 (synthetic normalised images): fusetrain trains it through capture, its pixel_values a float input
     w5  w4 with LoRA r=16, alpha 32 on q, k, v and o (PEFT's get_peft_model for PyTorch, enable_lora for fusetrain)
     w4-s512, w4-s1024, w4-s2048, w4-s4096  w4 at sequence 512, 1024, 2048, 4096 with batch 8, 4, 2, 1 (4096 tokens
         a step), for step time and memory against sequence length
@@ -71,6 +73,9 @@ WORKLOADS = {
     "w4": {"title": "W4 Llama 134M CLM, seq 512, batch 4", "task": "clm", "seq": 512, "batch": 4, "llama": True},
     "w6": {"title": "W6 Qwen3-shaped 134M CLM (captured), seq 512, batch 4", "task": "clm", "seq": 512, "batch": 4,
            "qwen3": True},
+    # 197 tokens a 224x224 image: 196 patches of 16x16 and the class token.
+    "w7": {"title": "W7 ViT-Base/16 image classification (captured), 224x224, batch 32", "task": "image-cls",
+           "seq": 197, "batch": 32},
     "w5": {"title": "W5 Llama 134M CLM LoRA r=16 (q,k,v,o), seq 512, batch 4", "task": "clm", "seq": 512, "batch": 4,
            "llama": True, "lora": True},
     **{f"w4-s{seq}": {"title": f"W4 Llama 134M CLM, seq {seq}, batch {4096 // seq}", "task": "clm", "seq": seq,
@@ -107,7 +112,7 @@ def prepare(workload: str, count: int) -> pathlib.Path:
     spec = WORKLOADS[workload]
     out = WORK / workload
     done = out / "batches.npz"
-    if done.exists() and np.load(done)["input_ids"].shape[0] >= count:
+    if done.exists() and np.load(done)[np.load(done).files[0]].shape[0] >= count:
         return out
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_dir())
@@ -115,7 +120,14 @@ def prepare(workload: str, count: int) -> pathlib.Path:
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
     no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-    if spec["task"] == "mlm":
+    if spec["task"] == "image-cls":
+        # ViT-Base/16 with 10 classes on synthetic images (normalised like an image processor's output): speed and
+        # memory do not depend on the pixels.
+        model = transformers.ViTForImageClassification(transformers.ViTConfig(num_labels=10, **no_dropout))
+        n = count * B
+        arrays = {"pixel_values": rng.standard_normal((n, 3, 224, 224), dtype=np.float32),
+                  "labels": rng.integers(0, 10, n).astype(np.int64)}
+    elif spec["task"] == "mlm":
         model = transformers.BertForMaskedLM(transformers.BertConfig(**no_dropout))
         ids = tokenizer(" ".join(sst2_sentences()[:20000]), add_special_tokens=False)["input_ids"]
         n = count * B
@@ -180,6 +192,11 @@ def model_flops_per_step(config: dict, task: str, batch: int, seq: int, lora: di
     else:
         d, layers = config["hidden_size"], config["num_hidden_layers"]
         ff, vocab = config["intermediate_size"], config["vocab_size"]
+    if config.get("model_type") == "vit":  # patch embedding (3·16·16 -> d per patch), encoder layers, classifier
+        d, layers, ff = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
+        patch = 3 * config["patch_size"] ** 2
+        per_token = layers * (2 * 4 * d * d + 2 * 2 * d * ff + 2 * 2 * seq * d) + 2 * patch * d * (seq - 1) / seq
+        return 3.0 * (per_token * seq + 2 * d * config.get("num_labels", 10)) * batch
     if config.get("model_type") in ("llama", "qwen3"):  # q, o (d x d), k, v (d x kv), SwiGLU's three matrices, causal scores
         kv = d * config["num_key_value_heads"] // config["num_attention_heads"]
         per_token = layers * (2 * (2 * d * d + 2 * d * kv) + 2 * 3 * d * ff + 2 * 2 * seq * d)
@@ -279,12 +296,15 @@ def captured_model(directory: pathlib.Path):
 
     spec = json.loads((directory / "spec.json").read_text())
     task = {"cls": "seq-cls"}.get(spec["task"], spec["task"])
+    from fusetrain import capture
+
     env = dict(os.environ, FUSETRAIN_CACHE=str(directory / "capture-cache"),
                PYTHONPATH=os.pathsep.join([str(pathlib.Path(fusetrain.__file__).parents[1]),
                                            os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run([sys.executable, "-m", "fusetrain.capture", "--model", str(directory), "--task", task],
                             capture_output=True, text=True, env=env, check=True)
-    return fusetrain.Model.from_onnx(result.stdout.strip().splitlines()[-1], task, tie_identical=False)
+    return fusetrain.Model.from_onnx(result.stdout.strip().splitlines()[-1], capture.engine_task(task),
+                                     tie_identical=False)
 
 
 def ort_export(directory: pathlib.Path) -> pathlib.Path:

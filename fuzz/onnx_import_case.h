@@ -34,15 +34,15 @@ class OnnxImportCase {
   /// The batch, as views of this object's arrays.
   models::Batch batch() {
     models::Batch batch;
-    batch.input_ids = Tensor::view(ids_.data(), Shape{B, T}, DType::i64);
-    if (masked_) batch.attention_mask = Tensor::view(mask_.data(), Shape{B, T}, DType::i64);
+    batch.set("input_ids", Tensor::view(ids_.data(), Shape{B, T}, DType::i64));
+    if (masked_) batch.set("attention_mask", Tensor::view(mask_.data(), Shape{B, T}, DType::i64));
     if (task_ == "seq-cls") {
-      batch.labels = Tensor::view(classes_.data(), Shape{B}, DType::i64);
+      batch.set("labels", Tensor::view(classes_.data(), Shape{B}, DType::i64));
     } else if (task_ == "qa") {
-      batch.start_positions = Tensor::view(start_.data(), Shape{B}, DType::i64);
-      batch.end_positions = Tensor::view(end_.data(), Shape{B}, DType::i64);
+      batch.set("start_positions", Tensor::view(start_.data(), Shape{B}, DType::i64));
+      batch.set("end_positions", Tensor::view(end_.data(), Shape{B}, DType::i64));
     } else {
-      batch.labels = Tensor::view(token_labels_.data(), Shape{B, T}, DType::i64);
+      batch.set("labels", Tensor::view(token_labels_.data(), Shape{B, T}, DType::i64));
     }
     return batch;
   }

@@ -38,10 +38,12 @@ _TASK_OF_SUFFIX = (
     ("ForQuestionAnswering", "qa"),
     ("ForMaskedLM", "mlm"),
     ("ForCausalLM", "clm"),
+    ("ForImageClassification", "image-cls"),
 )
-# The inputs fusetrain feeds a graph, in the order the exported forward takes them.
+# The inputs fusetrain feeds a graph, in the order the exported forward takes them: token sequences, or images.
 _FED_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-_FORMAT = 2  # bumped when what a cached capture holds changes
+_IMAGE_INPUTS = ("pixel_values",)
+_FORMAT = 3  # bumped when what a cached capture holds changes
 
 
 class CaptureError(ValueError):
@@ -59,14 +61,22 @@ def cache_root() -> pathlib.Path:
     return pathlib.Path(base) / "capture"
 
 
+def engine_task(task: str) -> str:
+    """The engine's task for a captured task: an image classifier's head is the engine's classification of a whole
+    input ("seq-cls"), with the same problem_type rules."""
+    return "seq-cls" if task == "image-cls" else task
+
+
 def _fed_inputs(model: Any) -> list[str]:
     """The inputs of `model`'s forward that the engine feeds: input_ids, attention_mask, and token_type_ids where
-    the forward takes them and the model has more than one token type."""
+    the forward takes them and the model has more than one token type; pixel_values for an image model."""
     parameters = inspect.signature(model.forward).parameters
+    if "input_ids" not in parameters and "pixel_values" in parameters:
+        return ["pixel_values"]
     names = [name for name in _FED_INPUTS if name in parameters]
     if "input_ids" not in names:
-        raise CaptureError(f"{type(model).__name__}.forward takes no input_ids; fusetrain captures models whose "
-                           "inputs are token sequences")
+        raise CaptureError(f"{type(model).__name__}.forward takes neither input_ids nor pixel_values; fusetrain "
+                           "captures models whose inputs are token sequences or images")
     if "token_type_ids" in names and int(getattr(model.config, "type_vocab_size", 0) or 0) < 2:
         names.remove("token_type_ids")
     return names
@@ -105,8 +115,10 @@ class _Forward:
                 object.__setattr__(self, "inner", model)  # not a submodule: its names would gain an "inner." prefix
                 self._modules = model._modules
 
-            def forward(self, input_ids: Any, attention_mask: Any = None, token_type_ids: Any = None) -> tuple:
-                given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+            def forward(self, input_ids: Any = None, attention_mask: Any = None, token_type_ids: Any = None,
+                        pixel_values: Any = None) -> tuple:
+                given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
+                         "pixel_values": pixel_values}
                 out = self.inner(**{name: given[name] for name in inputs}, return_dict=True)
                 return tuple(getattr(out, name) for name in outputs)
 
@@ -117,21 +129,29 @@ def _export(model: Any, task: str, path: pathlib.Path) -> None:
     import torch
 
     inputs, outputs = _fed_inputs(model), _output_names(task)
-    vocab = int(getattr(model.config, "vocab_size", 0) or 2)
-    max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
     generator = torch.Generator().manual_seed(0)
-    example = {"input_ids": torch.randint(min(3, vocab - 1), vocab, (2, 8), generator=generator),
-               "attention_mask": torch.ones(2, 8, dtype=torch.long),
-               "token_type_ids": torch.zeros(2, 8, dtype=torch.long)}
     batch = torch.export.Dim("batch_size", min=1)
-    sequence = torch.export.Dim("sequence_length", min=2, max=max(max_positions, 8))
-    dims = {name: {0: batch, 1: sequence} for name in inputs}
+    if inputs == ["pixel_values"]:
+        # Images of the size the config names: the batch is the one dynamic axis (a position table fits one size).
+        config = model.config
+        size = config.image_size if isinstance(config.image_size, (list, tuple)) else (config.image_size,) * 2
+        channels = int(getattr(config, "num_channels", 3))
+        example = {"pixel_values": torch.randn(2, channels, *size, generator=generator)}
+        dims = {"pixel_values": {0: batch}}
+    else:
+        vocab = int(getattr(model.config, "vocab_size", 0) or 2)
+        max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
+        example = {"input_ids": torch.randint(min(3, vocab - 1), vocab, (2, 8), generator=generator),
+                   "attention_mask": torch.ones(2, 8, dtype=torch.long),
+                   "token_type_ids": torch.zeros(2, 8, dtype=torch.long)}
+        sequence = torch.export.Dim("sequence_length", min=2, max=max(max_positions, 8))
+        dims = {name: {0: batch, 1: sequence} for name in inputs}
     was_training = model.training
     model.train()  # dropout in the graph, as transformers' Trainer trains
     try:
         with _quiet_logging(), torch.no_grad():
-            torch.onnx.export(_Forward.make(model, inputs, outputs), (example["input_ids"],), str(path),
-                              kwargs={name: example[name] for name in inputs[1:]}, input_names=inputs,
+            torch.onnx.export(_Forward.make(model, inputs, outputs), (), str(path),
+                              kwargs={name: example[name] for name in inputs}, input_names=inputs,
                               output_names=outputs, dynamo=True, optimize=False, opset_version=18,
                               dynamic_shapes=dims, verbose=False)
     except Exception as error:  # noqa: BLE001 (the exporter raises many kinds; each is named in the message)
@@ -259,7 +279,9 @@ def captured_path(model: Any, task: str) -> pathlib.Path:
         return folder / "model.onnx"
 
     def fill(scratch: pathlib.Path) -> None:
-        model.config.to_json_file(str(scratch / "config.json"))
+        config = model.config.to_dict()
+        config["architectures"] = [type(model).__name__]  # what the engine model names itself
+        (scratch / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
         _export(model, task, scratch / "model.onnx")
 
     return _write_folder(folder, fill)
@@ -276,7 +298,7 @@ def capture(model: Any, task: str | None = None) -> Any:
                            + ", ".join(suffix for suffix, _ in _TASK_OF_SUFFIX) + ")")
     graph = captured_path(model, task)
     try:
-        engine = _core.Model.from_onnx(graph, task, tie_identical=False)
+        engine = _core.Model.from_onnx(graph, engine_task(task), tie_identical=False)
     except ValueError as error:
         raise CaptureError(f"fusetrain cannot import the captured graph of {architecture}: {error}") from error
     state = model.state_dict()
@@ -302,7 +324,7 @@ def from_directory(path: str | os.PathLike, architecture: str | None = None, **c
         # The directory's own class: its prepared graph (from the cache when the directory has not changed) holds
         # its weights, so neither transformers nor torch need load the model again.
         try:
-            return _core.Model.from_onnx(prepare_directory(path, task), task, tie_identical=False)
+            return _core.Model.from_onnx(prepare_directory(path, task), engine_task(task), tie_identical=False)
         except ValueError as error:
             raise CaptureError(f"fusetrain cannot import the captured graph of {name}: {error}") from error
     import transformers
@@ -311,8 +333,8 @@ def from_directory(path: str | os.PathLike, architecture: str | None = None, **c
     if cls is None or task is None:
         raise CaptureError(f"{os.fspath(path)}: fusetrain does not build {name or config.get('model_type')!r} and "
                            "captures transformers head classes (...ForSequenceClassification, "
-                           "...ForTokenClassification, ...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM); "
-                           "pass architecture= to name one")
+                           "...ForTokenClassification, ...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM, "
+                           "...ForImageClassification); pass architecture= to name one")
     with _quiet_logging():
         model = cls.from_pretrained(os.fspath(path), **config_overrides)
     return capture(model.float())
@@ -321,7 +343,8 @@ def from_directory(path: str | os.PathLike, architecture: str | None = None, **c
 # ---------------------------------------------------------------- the command line's capture
 
 _AUTO_CLASSES = {"seq-cls": "AutoModelForSequenceClassification", "token-cls": "AutoModelForTokenClassification",
-                 "qa": "AutoModelForQuestionAnswering", "mlm": "AutoModelForMaskedLM", "clm": "AutoModelForCausalLM"}
+                 "qa": "AutoModelForQuestionAnswering", "mlm": "AutoModelForMaskedLM", "clm": "AutoModelForCausalLM",
+                 "image-cls": "AutoModelForImageClassification"}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                     "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json")
 

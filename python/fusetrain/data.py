@@ -23,7 +23,7 @@ LABEL_KINDS = ("class", "regression", "token_classes", "tokens")
 # Columns a batch may carry into the model; others (text, ids of rows) are dropped
 # before a collator sees them, as transformers' remove_unused_columns does.
 MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask", "start_positions",
-                 "end_positions") + LABEL_COLUMNS
+                 "end_positions", "pixel_values") + LABEL_COLUMNS
 TEXT_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question", "context"), ("text",),
                 ("sentence",), ("content",))
 
@@ -123,6 +123,8 @@ def to_engine(
     columns = column_names(dataset)
     if len(dataset) == 0:
         raise ValueError(f"the {name} is empty")
+    if task == "image-cls":
+        return _images_to_engine(dataset, columns, num_labels, problem_type, name, with_labels)
     if "input_ids" not in columns:
         raise ValueError(
             f"the {name} has no input_ids column (columns: {', '.join(columns) or 'none'}): tokenize it first, e.g. "
@@ -166,21 +168,7 @@ def to_engine(
                          f"got task {task!r}")
     kind, labels = "none", None
     if "class" in task_kinds and label_column is not None:
-        values = _scalar_column(dataset, label_column)
-        if values.ndim != 1:
-            raise ValueError(
-                f'the {name}\'s "{label_column}" must hold one value per example for sequence classification; '
-                f"found shape {values.shape}"
-            )
-        if problem_type == "regression" or num_labels == 1 or values.dtype.kind == "f":
-            if num_labels != 1:
-                raise ValueError(
-                    f'the {name}\'s "{label_column}" holds floats but the model has {num_labels} labels; '
-                    "regression needs num_labels=1"
-                )
-            kind, labels = "regression", np.ascontiguousarray(values, dtype=np.float32)
-        else:
-            kind, labels = "class", _as_int(values, f'the {name}\'s "{label_column}"')
+        kind, labels = _example_labels(dataset, label_column, num_labels, problem_type, name)
     elif "token_classes" in task_kinds and label_column is not None:
         values, label_offsets = _ragged(dataset, label_column)
         if not np.array_equal(label_offsets, offsets):
@@ -190,6 +178,42 @@ def to_engine(
         kind = "tokens"
     return _core._Dataset(new_offsets, ids, type_ids, kind, labels, num_labels if kind != "regression" else 0,
                           vocab_size)
+
+
+def _example_labels(dataset: Any, label_column: str, num_labels: int, problem_type: str | None,
+                    name: str) -> tuple[str, np.ndarray]:
+    """One label per example: ("class", int64 ids) or ("regression", float32 targets)."""
+    values = _scalar_column(dataset, label_column)
+    if values.ndim != 1:
+        raise ValueError(
+            f'the {name}\'s "{label_column}" must hold one value per example for sequence classification; '
+            f"found shape {values.shape}"
+        )
+    if problem_type == "regression" or num_labels == 1 or values.dtype.kind == "f":
+        if num_labels != 1:
+            raise ValueError(
+                f'the {name}\'s "{label_column}" holds floats but the model has {num_labels} labels; '
+                "regression needs num_labels=1"
+            )
+        return "regression", np.ascontiguousarray(values, dtype=np.float32)
+    return "class", _as_int(values, f'the {name}\'s "{label_column}"')
+
+
+def _images_to_engine(dataset: Any, columns: list[str], num_labels: int, problem_type: str | None, name: str,
+                      with_labels: bool) -> _core._Dataset:
+    """An image dataset for the engine: its examples' labels; the collator gives each batch's pixel_values."""
+    if "pixel_values" not in columns:
+        raise ValueError(f"the {name} has no pixel_values column (columns: {', '.join(columns) or 'none'}): "
+                         "preprocess the images first, e.g. dataset.with_transform(lambda batch: "
+                         "image_processor(batch['image'], return_tensors='pt'))")
+    offsets = np.zeros(len(dataset) + 1, dtype=np.int64)
+    empty = np.zeros(0, dtype=np.int64)
+    label_column = next((c for c in LABEL_COLUMNS if c in columns), None)
+    if not with_labels or label_column is None:
+        return _core._Dataset(offsets, empty, None, "none", None, 0, 0, without_tokens=True)
+    kind, labels = _example_labels(dataset, label_column, num_labels, problem_type, name)
+    return _core._Dataset(offsets, empty, None, kind, labels, num_labels if kind != "regression" else 0, 0,
+                          without_tokens=True)
 
 
 def tokenize_if_needed(dataset: Any, tokenizer: Any, name: str) -> Any:
@@ -247,9 +271,18 @@ def pad_batch(batch: Mapping[str, Any], pad_id: int, multiple: int = 8) -> dict[
     return out
 
 
+def _plain_array(value: Any) -> np.ndarray:
+    """A value as a numpy array of float32 (floating values) or int64 (integers and booleans)."""
+    array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+    if array.dtype.kind == "f":
+        return array.astype(np.float32, copy=False)
+    return array.astype(np.int64, copy=False) if array.dtype.kind in "iub" else array
+
+
 class PaddingCollator:
     """Pads a list of examples into a batch of torch tensors: input_ids with `pad_id`, attention_mask and
-    token_type_ids with 0, per-token labels with -100 (fusetrain.Trainer's default without a tokenizer)."""
+    token_type_ids with 0, per-token labels with -100 (fusetrain.Trainer's default without a tokenizer). Examples
+    without input_ids (images) are stacked as they are."""
 
     def __init__(self, pad_id: int) -> None:
         self.pad_id = pad_id
@@ -257,6 +290,11 @@ class PaddingCollator:
     def __call__(self, features: list[Mapping[str, Any]]) -> dict[str, Any]:
         import torch
 
+        if "input_ids" not in features[0]:
+            batch = {key: torch.from_numpy(np.stack([_plain_array(f[key]) for f in features])) for key in features[0]}
+            if "label" in batch and "labels" not in batch:
+                batch["labels"] = batch.pop("label")
+            return batch
         longest = max(len(f["input_ids"]) for f in features)
         fill = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1}
         batch: dict[str, Any] = {}

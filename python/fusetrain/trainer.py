@@ -86,7 +86,7 @@ def _task_of(architecture: str) -> str:
     raise TypeError(
         f"fusetrain cannot train a {architecture}: it builds " + ", ".join(supported_trainer_classes())
         + " and captures other transformers head classes (...ForSequenceClassification, ...ForTokenClassification, "
-        "...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM)"
+        "...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM, ...ForImageClassification)"
     )
 
 
@@ -531,7 +531,7 @@ class Trainer(transformers.Trainer):
             if capture.task_of_class(architecture) is None:
                 return (f"fusetrain does not build {architecture} (it builds {', '.join(supported_trainer_classes())})"
                         " and captures only head classes (...ForSequenceClassification, ...ForTokenClassification, "
-                        "...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM)")
+                        "...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM, ...ForImageClassification)")
             failure = self._capture_failure()
             if failure is not None:
                 return failure
@@ -586,7 +586,7 @@ class Trainer(transformers.Trainer):
         if key not in self._engine_datasets:
             config = self._engine_model.config
             self._engine_datasets[key] = (dataset, data.to_engine(
-                dataset, task=task, vocab_size=int(config["vocab_size"]),
+                dataset, task=task, vocab_size=int(config.get("vocab_size") or 0),
                 num_labels=int(config.get("num_labels") or len(config.get("id2label") or {}) or 2),
                 problem_type=config.get("problem_type"), name="train_dataset", with_labels=with_labels))
         return self._engine_datasets[key][1]
@@ -614,8 +614,8 @@ class Trainer(transformers.Trainer):
     def _uses_python_collator(self) -> bool:
         """Whether training batches come from calling the collator (else the engine collates in C++)."""
         task = _task_of(architecture_of(self.model))
-        if task == "qa":
-            return True  # start and end positions are the collator's
+        if task in ("qa", "image-cls"):
+            return True  # start and end positions, or the images, are the collator's
         collator = self.data_collator
         if collator is None:
             return False
@@ -674,7 +674,7 @@ class Trainer(transformers.Trainer):
         self.model_wrapped = self.accelerator.prepare(self.model)
 
         model = self._engine_ready_model()
-        engine = _core._Trainer(model, engine_dict(args, max_steps=max_steps), task,
+        engine = _core._Trainer(model, engine_dict(args, max_steps=max_steps), capture.engine_task(task),
                                 self._engine_dataset(self.train_dataset, task, with_labels=task != "qa"), None,
                                 self._pad_id(), self._mlm_spec(task))
         engine.set_delegated(True)
@@ -878,8 +878,8 @@ class Trainer(transformers.Trainer):
                 return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
             engine = self._engine_ready_model()
         has_labels = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
-        batch = {k: _numpy(inputs[k]) for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids")
-                 if inputs.get(k) is not None}
+        batch = {row["name"]: _numpy(inputs[row["name"]]) for row in engine.inputs
+                 if inputs.get(row["name"]) is not None}
         if has_labels:
             batch.update({k: _numpy(inputs[k]) for k in self.label_names})
         out = engine.eval().forward(**batch)  # eval(): no dropout (the engine's training loop is unaffected)

@@ -716,13 +716,13 @@ int run_inspect(Options& o) {
   const bool per_token = label_kind == models::LabelKind::TokenIds;
   std::vector<int64_t> labels(static_cast<size_t>(per_token ? B * T : B), 0);
   models::Batch batch;
-  batch.input_ids = Tensor::view(ids.data(), {B, T}, DType::i64);
+  batch.set("input_ids", Tensor::view(ids.data(), {B, T}, DType::i64));
   if (label_kind == models::LabelKind::Spans) {
-    batch.start_positions = Tensor::view(labels.data(), {B}, DType::i64);
-    batch.end_positions = Tensor::view(labels.data(), {B}, DType::i64);
+    batch.set("start_positions", Tensor::view(labels.data(), {B}, DType::i64));
+    batch.set("end_positions", Tensor::view(labels.data(), {B}, DType::i64));
   } else {
-    batch.labels = per_token ? Tensor::view(labels.data(), {B, T}, DType::i64)
-                             : Tensor::view(labels.data(), {B}, DType::i64);
+    batch.set("labels", per_token ? Tensor::view(labels.data(), {B, T}, DType::i64)
+                                  : Tensor::view(labels.data(), {B}, DType::i64));
   }
   model->set_num_threads(static_cast<int>(o.args.fusetrain_threads));
   model->set_bf16(o.args.bf16);

@@ -191,7 +191,8 @@ TokenizedDataset TokenizedDataset::from_flat(FlatExamples e) {
   FT_CHECK(!e.offsets.empty() && e.offsets.front() == 0, "offsets must start at 0");
   FT_CHECK(e.offsets.back() == n_ids, "offsets end at ", e.offsets.back(), " but there are ", n_ids, " ids");
   const int64_t n = static_cast<int64_t>(e.offsets.size()) - 1;
-  for (int64_t i = 0; i < n; ++i)
+  FT_CHECK(!e.without_tokens || n_ids == 0, "a dataset without tokens holds ", n_ids, " ids");
+  for (int64_t i = 0; i < n && !e.without_tokens; ++i)
     FT_CHECK(e.offsets[i + 1] > e.offsets[i], "example ", i, " has no tokens (offsets ", e.offsets[i], " to ",
              e.offsets[i + 1], ")");
   FT_CHECK(e.type_ids.empty() || static_cast<int64_t>(e.type_ids.size()) == n_ids, "expected ", n_ids,

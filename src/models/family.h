@@ -65,16 +65,20 @@ class Family {
   /// Whether the graph reads InputNames::pool_index, the rows pool_position picks (GPT-2's sequence classification).
   virtual bool reads_pool_index() const { return false; }
   virtual bool uses_token_type_ids() const { return true; }
+  /// The inputs the graphs read (token_inputs by default).
+  virtual std::vector<InputDecl> inputs() const { return token_inputs(uses_token_type_ids()); }
   /// The rules default_position_ids and pool_position follow, for graphs that compute them (ONNX export).
   virtual DerivedInputs derived_inputs() const { return {}; }
   virtual int64_t max_positions() const = 0;
   /// Whether the family fills the plan's inputs from a batch itself (bind_inputs) instead of Model's binding of
   /// input_ids, attention_mask, token_type_ids and position_ids (ONNX import, whose inputs follow the graph).
   virtual bool binds_inputs() const { return false; }
-  /// Fills every input of `plan` but the labels from `batch` (only when binds_inputs()).
-  virtual void bind_inputs(runtime::Plan& plan, const Batch& batch) const {
+  /// Fills every input of `plan` but the labels from `batch`, whose shapes `spec` holds (only when
+  /// binds_inputs()).
+  virtual void bind_inputs(runtime::Plan& plan, const Batch& batch, const BatchSpec& spec) const {
     (void)plan;
     (void)batch;
+    (void)spec;
   }
   /// Fills inputs the family computes on the host from the position ids the batch runs with (Llama's rotary
   /// tables), after Model's own binding.

@@ -118,6 +118,7 @@ std::unique_ptr<Model> Model::from_config(const nlohmann::json& config_or_path, 
   m->config_ = config;
   m->config_["architectures"] = nlohmann::json::array({m->architecture_});
   m->family_ = family_for(info, m->config_);
+  m->inputs_ = m->family_->inputs();
   m->params_ = layout_parameters(*m->family_);
   m->aliases_ = m->family_->tied();
   initialise(*m->params_, *m->family_, seed);
@@ -141,6 +142,7 @@ std::unique_ptr<Model> Model::from_onnx(const std::string& path, const std::stri
       ArchitectureInfo{m->architecture_.c_str(), m->model_type_.c_str(), head, nullptr});
   m->architecture_info_ = m->onnx_info_.get();
   m->family_ = onnx_import::make_onnx_family(path, head, config, options);
+  m->inputs_ = m->family_->inputs();
   m->params_ = layout_parameters(*m->family_);
   for (const auto& [name, value] : m->family_->initial_values())
     std::memcpy(m->params_->param(name).data(), value.data(), size_t(value.nbytes()));
@@ -540,30 +542,46 @@ void Model::load_adapter(const std::string& dir) {
 
 BatchSpec Model::spec_for(const Batch& batch, bool training, bool with_backward) const {
   BatchSpec spec;
-  spec.batch = batch.input_ids.shape()[0];
-  spec.seq = batch.input_ids.shape()[1];
+  spec.batch = 0;
+  for (const InputDecl& input : inputs_) {
+    const Tensor& t = batch.get(input.name);
+    if (t.data() == nullptr) continue;
+    spec.shapes.emplace_back(input.name, t.shape());
+    spec.batch = t.shape()[0];
+    if (input.seq_axis >= 0) spec.seq = t.shape()[input.seq_axis];
+  }
   spec.training = training;
   spec.bf16 = bf16_;
   spec.fp16 = fp16_;
   spec.recompute = recompute_ && with_backward;
   spec.fusions = fusions_;
-  if (batch.start_positions.defined() || batch.end_positions.defined())
+  const Tensor& labels = batch.get(InputNames::labels);
+  if (batch.has(InputNames::start_positions) || batch.has(InputNames::end_positions))
     spec.labels = LabelKind::Spans;
-  else if (batch.labels.defined() && batch.labels.data() != nullptr) {
-    if (batch.labels.dtype() == DType::f32)
+  else if (labels.data() != nullptr) {
+    if (labels.dtype() == DType::f32)
       spec.labels = LabelKind::Values;
     else
-      spec.labels = batch.labels.shape().rank() == 2 ? LabelKind::TokenIds : LabelKind::ClassIds;
+      spec.labels = labels.shape().rank() == 2 ? LabelKind::TokenIds : LabelKind::ClassIds;
   }
   return spec;
 }
 
 compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
-  // Everything that decides the graph or how it is compiled.
-  const compile::ProgramCache::Key key{spec.batch,     spec.seq,      spec.training,
-                                       spec.bf16,      spec.fp16,     spec.recompute,
-                                       spec.fusions,   static_cast<int64_t>(spec.labels),
-                                       with_backward,  count_unfused_ops_};
+  // Everything that decides the graph or how it is compiled: the shapes of the inputs the batch must give (an
+  // optional input shares their batch and sequence axes, and one left out is filled with its default, so the
+  // same program serves a batch with or without it), then the settings.
+  compile::ProgramCache::Key key;
+  for (const auto& [name, shape] : spec.shapes) {
+    const auto input = std::find_if(inputs_.begin(), inputs_.end(), [&](const InputDecl& d) { return d.name == name; });
+    if (input->source != InputSource::Batch) continue;
+    key.push_back(shape.rank());
+    key.insert(key.end(), shape.dims().begin(), shape.dims().end());
+  }
+  for (int64_t setting : {int64_t{spec.training}, int64_t{spec.bf16}, int64_t{spec.fp16}, int64_t{spec.recompute},
+                          int64_t{spec.fusions}, static_cast<int64_t>(spec.labels), int64_t{with_backward},
+                          int64_t{count_unfused_ops_}})
+    key.push_back(setting);
   if (compile::Program* program = programs_.find(key)) return *program;
   BuiltGraph built = build(spec);
   FT_CHECK(!with_backward || built.loss != ir::kNone, architecture_, ": gradients need labels (no loss without them)");
@@ -597,57 +615,92 @@ void require_ids(const Tensor& t, const char* what, int64_t B, int64_t T) {
            ") like input_ids");
 }
 
+// A shape as NumPy prints it: "(8,)" for one axis.
+std::string numpy_shape(const Shape& shape) {
+  return shape.rank() == 1 ? str("(", shape[0], ",)") : shape.to_string();
+}
+
+bool is_label(const std::string& name) {
+  return std::find(std::begin(kLabelNames), std::end(kLabelNames), name) != std::end(kLabelNames);
+}
+
 }  // namespace
+
+void Model::check_inputs(const Batch& batch) const {
+  for (const auto& [name, tensor] : batch.tensors()) {
+    if (is_label(name)) continue;
+    const bool declared =
+        std::any_of(inputs_.begin(), inputs_.end(), [&](const InputDecl& d) { return d.name == name; });
+    if (declared) continue;
+    std::string takes;
+    for (const InputDecl& d : inputs_) takes += (takes.empty() ? "" : ", ") + d.name;
+    throw Error(str(architecture_, " does not take ", name, " (it takes ", takes, ")"));
+  }
+  // Every sequence input shares the batch and sequence axes of the first one given.
+  const InputDecl* first = nullptr;
+  int64_t B = 0, T = 0;
+  for (const InputDecl& input : inputs_) {
+    const Tensor& t = batch.get(input.name);
+    if (t.data() == nullptr) {
+      FT_CHECK(input.source != InputSource::Batch, architecture_, " needs ", input.name, ", ", describe(input),
+               "; the batch has none");
+      continue;
+    }
+    FT_CHECK(t.dtype() == input.dtype, input.name, " must be ", element_type_name(input.dtype), ", found ",
+             element_type_name(t.dtype()));
+    bool fits = t.shape().rank() == input.rank;
+    for (size_t k = 0; fits && k < input.fixed.size(); ++k)
+      fits = input.fixed[k] < 0 || t.shape()[int64_t(k)] == input.fixed[k];
+    FT_CHECK(fits, input.name, " must be ", describe(input), "; found shape ", numpy_shape(t.shape()));
+    FT_CHECK(t.numel() > 0, input.name, " is empty: shape ", t.shape().to_string());
+    if (first == nullptr) {
+      first = &input;
+      B = t.shape()[0];
+      T = input.seq_axis >= 0 ? t.shape()[input.seq_axis] : 0;
+      continue;
+    }
+    FT_CHECK(t.shape()[0] == B, input.name, " has batch size ", t.shape()[0], ", but ", first->name, " has ", B);
+    if (input.seq_axis >= 0 && T > 0)
+      FT_CHECK(t.shape()[input.seq_axis] == T, input.name, " has shape ", t.shape().to_string(), ", expected (", B,
+               ", ", T, ") like ", first->name);
+  }
+  FT_CHECK(T <= family_->max_positions(), "sequence length ", T, " exceeds the model's maximum of ",
+           family_->max_positions(), " positions");
+  const Tensor& mask = batch.get(InputNames::attention_mask);
+  if (mask.data() != nullptr && mask.dtype() == DType::i64) {
+    // The graph turns the mask into an additive bias, (1 - m) * min: any value but 0 or 1 would silently become
+    // NaN (large values), a full mask (2) or a reweighting (negative values).
+    const int64_t* m = mask.data_as<int64_t>();
+    const int64_t cols = mask.shape()[-1];
+    for (int64_t i = 0; i < mask.numel(); ++i)
+      FT_CHECK(m[i] == 0 || m[i] == 1, "attention_mask: value ", m[i], " at (", i / cols, ", ", i % cols,
+               "); expected 1 for a token to attend to and 0 for padding");
+  }
+}
 
 ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bool zero_grads,
                        runtime::RunObserver* observer) {
-  const Tensor& ids = batch.input_ids;
-  FT_CHECK(ids.data() != nullptr && ids.shape().rank() == 2, "input_ids must have shape (batch, sequence), found ",
-           ids.shape().to_string());
-  FT_CHECK(ids.dtype() == DType::i64, "input_ids must be int64, found ", dtype_name(ids.dtype()));
-  const int64_t B = ids.shape()[0], T = ids.shape()[1];
-  FT_CHECK(B > 0 && T > 0, "input_ids is empty: shape ", ids.shape().to_string());
+  check_inputs(batch);
   const Family* family = family_.get();
-  FT_CHECK(T <= family->max_positions(), "sequence length ", T, " exceeds the model's maximum of ",
-           family->max_positions(), " positions");
   const BatchSpec spec = spec_for(batch, training, with_backward);
+  const int64_t B = spec.batch, T = spec.seq;
   compile::Program& program = plan_for(spec, with_backward);
   runtime::Plan& plan = *program.plan;
   const ir::ValueId logits = program.roles.outputs.empty() ? ir::kNone : program.roles.outputs[0];
-  const int64_t* id_data = ids.data_as<int64_t>();
+  const Tensor& ids = batch.get(InputNames::input_ids);
+  const int64_t* id_data = ids.data() != nullptr ? ids.data_as<int64_t>() : nullptr;
 
-  auto bind_optional = [&](const char* name, const Tensor& t) {
-    if (t.data() == nullptr) {
-      plan.bind_input(name, nullptr);
-      return;
-    }
-    require_ids(t, name, B, T);
-    plan.bind_input(name, t.data());
-  };
-  if (batch.attention_mask.data() != nullptr) {
-    require_ids(batch.attention_mask, InputNames::attention_mask, B, T);
-    // The graph turns the mask into an additive bias, (1 - m) * min: any value but 0 or 1 would silently become
-    // NaN (large values), a full mask (2) or a reweighting (negative values).
-    const int64_t* mask = batch.attention_mask.data_as<int64_t>();
-    for (int64_t i = 0; i < B * T; ++i)
-      FT_CHECK(mask[i] == 0 || mask[i] == 1, "attention_mask: value ", mask[i], " at (", i / T, ", ", i % T,
-               "); expected 1 for a token to attend to and 0 for padding");
-  }
-  if (family->uses_token_type_ids()) {
-    if (batch.token_type_ids.data() != nullptr) require_ids(batch.token_type_ids, InputNames::token_type_ids, B, T);
-  } else {
-    FT_CHECK(batch.token_type_ids.data() == nullptr, architecture_, " does not take token_type_ids");
-  }
-  if (batch.position_ids.data() != nullptr) require_ids(batch.position_ids, "position_ids", B, T);
   if (family->binds_inputs()) {
-    family->bind_inputs(plan, batch);
+    family->bind_inputs(plan, batch, spec);
   } else {
-    plan.bind_input(InputNames::input_ids, ids.data());
-    bind_optional(InputNames::attention_mask, batch.attention_mask);
-    if (family->uses_token_type_ids()) bind_optional(InputNames::token_type_ids, batch.token_type_ids);
+    for (const InputDecl& input : inputs_) {
+      if (input.name == InputNames::position_ids) continue;
+      const Tensor& t = batch.get(input.name);
+      plan.bind_input(input.name.c_str(), t.data());  // null: the plan's own buffer, holding the default
+    }
     std::vector<int64_t> default_positions;
-    const int64_t* positions =
-        batch.position_ids.data() != nullptr ? batch.position_ids.data_as<int64_t>() : nullptr;
+    const Tensor& given_positions = batch.get(InputNames::position_ids);
+    const int64_t* positions = given_positions.data() != nullptr ? given_positions.data_as<int64_t>() : nullptr;
     if (positions == nullptr) {
       default_positions.resize(static_cast<size_t>(B * T));
       family->default_position_ids(id_data, B, T, default_positions.data());
@@ -664,6 +717,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     for (int64_t b = 0; b < B; ++b) rows[b] = b * T + family->pool_position(id_data + b * T, T);
   }
 
+  const Tensor& labels = batch.get(InputNames::labels);
   // Integer labels must name a class of the logits (or be -100, ignored).
   auto check_classes = [&](const Tensor& labels) {
     const int64_t classes = plan.graph().value(logits).shape[-1];
@@ -676,39 +730,42 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     case LabelKind::None:
       break;
     case LabelKind::TokenIds: {
-      require_ids(batch.labels, "labels", B, T);
-      check_classes(batch.labels);
+      FT_CHECK(std::any_of(inputs_.begin(), inputs_.end(), [](const InputDecl& d) { return d.seq_axis >= 0; }),
+               "labels have shape ", labels.shape().to_string(), "; ", architecture_,
+               " reads no sequence, so its labels are one class per example, of shape (", B, ")");
+      require_ids(labels, "labels", B, T);
+      check_classes(labels);
       if (family->head() == Head::CausalLM) {
         // Shift left: position t predicts token t + 1; the last position is ignored.
         int64_t* shifted = plan.input(InputNames::labels).data_as<int64_t>();
-        const int64_t* labels = batch.labels.data_as<int64_t>();
+        const int64_t* given = labels.data_as<int64_t>();
         for (int64_t b = 0; b < B; ++b) {
-          for (int64_t t = 0; t + 1 < T; ++t) shifted[b * T + t] = labels[b * T + t + 1];
+          for (int64_t t = 0; t + 1 < T; ++t) shifted[b * T + t] = given[b * T + t + 1];
           shifted[b * T + T - 1] = -100;
         }
       } else {
-        plan.bind_input(InputNames::labels, batch.labels.data());
+        plan.bind_input(InputNames::labels, labels.data());
       }
       break;
     }
     case LabelKind::ClassIds:
-      FT_CHECK(batch.labels.dtype() == DType::i64 && batch.labels.shape() == Shape({B}), "labels have shape ",
-               batch.labels.shape().to_string(), "; class labels must be int64 of shape (", B, ")");
-      check_classes(batch.labels);
-      plan.bind_input(InputNames::labels, batch.labels.data());
+      FT_CHECK(labels.dtype() == DType::i64 && labels.shape() == Shape({B}), "labels have shape ",
+               labels.shape().to_string(), "; class labels must be int64 of shape (", B, ")");
+      check_classes(labels);
+      plan.bind_input(InputNames::labels, labels.data());
       break;
     case LabelKind::Values: {
       Tensor dest = plan.input(InputNames::labels);
-      FT_CHECK(batch.labels.numel() == dest.numel(), "float labels have shape ", batch.labels.shape().to_string(),
+      FT_CHECK(labels.numel() == dest.numel(), "float labels have shape ", labels.shape().to_string(),
                ", expected ", dest.shape().to_string());
-      plan.bind_input(InputNames::labels, batch.labels.data());
+      plan.bind_input(InputNames::labels, labels.data());
       break;
     }
     case LabelKind::Spans: {
-      FT_CHECK(batch.start_positions.defined() && batch.end_positions.defined(),
+      FT_CHECK(batch.has(InputNames::start_positions) && batch.has(InputNames::end_positions),
                "question answering needs both start_positions and end_positions");
-      for (auto [name, t] : {std::pair{InputNames::start_positions, &batch.start_positions},
-                             std::pair{InputNames::end_positions, &batch.end_positions}}) {
+      for (auto [name, t] : {std::pair{InputNames::start_positions, &batch.get(InputNames::start_positions)},
+                             std::pair{InputNames::end_positions, &batch.get(InputNames::end_positions)}}) {
         FT_CHECK(t->dtype() == DType::i64 && t->shape() == Shape({B}), name, " must be int64 of shape (", B, ")");
         int64_t* dest = plan.input(name).data_as<int64_t>();
         for (int64_t b = 0; b < B; ++b) dest[b] = std::clamp<int64_t>(t->data_as<int64_t>()[b], 0, T);

@@ -117,6 +117,12 @@ float attr_float(const NodeProto& node, const std::string& name, float fallback)
   return fallback;
 }
 
+std::string attr_string(const NodeProto& node, const std::string& name, const std::string& fallback) {
+  for (const auto& a : node.attribute())
+    if (a.name() == name) return a.s();
+  return fallback;
+}
+
 std::vector<int64_t> attr_ints(const NodeProto& node, const std::string& name) {
   for (const auto& a : node.attribute())
     if (a.name() == name) return {a.ints().begin(), a.ints().end()};

@@ -79,6 +79,8 @@ std::vector<int64_t> flatten_shape(const std::vector<int64_t>& shape, int64_t ax
 int64_t attr_int(const onnx::NodeProto& node, const std::string& name, int64_t fallback);
 /// A float attribute of `node`, or `fallback`.
 float attr_float(const onnx::NodeProto& node, const std::string& name, float fallback);
+/// A string attribute of `node`, or `fallback`.
+std::string attr_string(const onnx::NodeProto& node, const std::string& name, const std::string& fallback);
 /// An integer-list attribute of `node` (empty when absent).
 std::vector<int64_t> attr_ints(const onnx::NodeProto& node, const std::string& name);
 /// Whether `node` has attribute `name`.

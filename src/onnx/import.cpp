@@ -36,13 +36,46 @@ using onnx::NodeProto;
 
 namespace {
 
-/// The ONNX graph inputs fusetrain feeds, from the batch.
-const char* const kBatchInputs[] = {"input_ids", "attention_mask", "token_type_ids", "position_ids"};
+/// The ONNX graph inputs fusetrain feeds from the batch: token inputs (int64 (batch, sequence), which the host may
+/// evaluate nodes on) and float inputs (which only the graph reads).
+const char* const kTokenInputs[] = {"input_ids", "attention_mask", "token_type_ids", "position_ids"};
+const char* const kFloatInputs[] = {"pixel_values"};
 
-bool is_batch_input(const std::string& name) {
-  for (const char* s : kBatchInputs)
+bool is_token_input(const std::string& name) {
+  for (const char* s : kTokenInputs)
     if (name == s) return true;
   return false;
+}
+
+bool is_float_input(const std::string& name) {
+  for (const char* s : kFloatInputs)
+    if (name == s) return true;
+  return false;
+}
+
+bool is_batch_input(const std::string& name) { return is_token_input(name) || is_float_input(name); }
+
+/// The shape a float input has in a build for `spec`: the batch's, else the graph's fixed sizes with the batch
+/// size of the spec on a dynamic axis 0.
+std::vector<int64_t> float_input_shape(const onnx::ValueInfoProto& input, const models::BatchSpec& spec) {
+  for (const auto& [name, shape] : spec.shapes)
+    if (name == input.name()) return shape.dims();
+  std::vector<int64_t> shape;
+  const auto& dims = input.type().tensor_type().shape().dim();
+  for (int k = 0; k < dims.size(); ++k) {
+    FT_CHECK(dims[k].has_dim_value() || k == 0, "ONNX input \"", input.name(), "\" has a dynamic axis ", k,
+             "; fusetrain needs its size from a batch");
+    shape.push_back(dims[k].has_dim_value() ? dims[k].dim_value() : spec.batch);
+  }
+  return shape;
+}
+
+/// The key of a build's host program: the batch and sequence sizes, then the float inputs' shapes.
+std::vector<int64_t> host_key(const models::BatchSpec& spec) {
+  std::vector<int64_t> key{spec.batch, spec.seq};
+  for (const auto& [name, shape] : spec.shapes)
+    if (is_float_input(name)) key.insert(key.end(), shape.dims().begin(), shape.dims().end());
+  return key;
 }
 
 /// How a host value reaches the plan: as it is, or transformed first.
@@ -202,9 +235,10 @@ class OnnxFamily final : public models::Family {
   std::string base_prefix() const override { return ""; }
   std::vector<std::string> head_prefixes() const override { return {}; }
   bool uses_token_type_ids() const override { return has_input("token_type_ids"); }
+  std::vector<models::InputDecl> inputs() const override;
   int64_t max_positions() const override { return max_positions_; }
   bool binds_inputs() const override { return true; }
-  void bind_inputs(runtime::Plan& plan, const Batch& batch) const override;
+  void bind_inputs(runtime::Plan& plan, const Batch& batch, const BatchSpec& spec) const override;
   std::map<std::string, Tensor> initial_values() const override;
   void release_initial_values() override;
 
@@ -265,7 +299,7 @@ class OnnxFamily final : public models::Family {
   std::vector<std::string> inputs_;          // graph inputs fusetrain feeds
   int64_t max_positions_ = int64_t{1} << 40;
   bool fuse_attention_ = true;
-  mutable std::map<std::pair<int64_t, int64_t>, std::shared_ptr<HostProgram>> programs_;
+  mutable std::map<std::vector<int64_t>, std::shared_ptr<HostProgram>> programs_;  // by host_key
 };
 
 // ---- one build ----------------------------------------------------------------------------------------------
@@ -296,6 +330,11 @@ class Builder {
   void set_const(int v, HostTensor t) {
     kind_[size_t(v)] = Kind::Const;
     host_[size_t(v)] = std::move(t);
+  }
+  /// A float input of the batch, which only the graph reads.
+  void set_input(int v, ValueId x) {
+    kind_[size_t(v)] = Kind::Ir;
+    ir_[size_t(v)] = x;
   }
   void set_batch(int v, HostTensor dummy) {
     kind_[size_t(v)] = Kind::Batch;
@@ -359,6 +398,7 @@ class Builder {
   ValueId binary(const NodeProto& n, int a, int b);
   ValueId attention(const NodeProto& probs_times_v);
   ValueId projection(const NodeProto& n, int64_t index);
+  ValueId patch_conv(const NodeProto& n);
   const NodeProto* producer(int v) const {
     auto it = producers_.find(v);
     return it == producers_.end() ? nullptr : it->second;
@@ -1042,9 +1082,42 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     if (at < 0) at += count;
     FT_CHECK(at >= 0 && at < count, "position ", at, " of a sequence of ", count);
     set_ir(n, 0, items[size_t(at)]);
+  } else if (op == "Conv") {
+    set_ir(n, 0, patch_conv(n));
   } else {
     throw Error("no mapping to fusetrain IR for this op on values computed from parameters");
   }
+}
+
+// A 2-D convolution whose kernel tiles the image (kernel == stride, no padding, dilation 1, one group: the patch
+// embedding of ViT and its kin) is a Linear over the flattened patches:
+//   x (B, C, H, W) -> patches (B·P·Q, C·p·q) · W(O, C·p·q)ᵀ + bias -> (B, O, P, Q),  P = H / p, Q = W / q.
+ValueId Builder::patch_conv(const NodeProto& n) {
+  const std::vector<int64_t> xs = shape_of(in_id(n, 0)), ws = shape_of(in_id(n, 1));
+  FT_CHECK(xs.size() == 4 && ws.size() == 4, "Conv of rank ", xs.size(), "; fusetrain maps 2-D convolutions (an "
+           "input of rank 4)");
+  const std::vector<int64_t> kernel = {ws[2], ws[3]};
+  const std::vector<int64_t> strides = attr_ints(n, "strides"), pads = attr_ints(n, "pads"),
+                             dilations = attr_ints(n, "dilations");
+  const std::string auto_pad = attr_string(n, "auto_pad", "NOTSET");
+  const bool tiles = (strides.empty() ? std::vector<int64_t>{1, 1} : strides) == kernel &&
+                     std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; }) &&
+                     std::all_of(dilations.begin(), dilations.end(), [](int64_t d) { return d == 1; }) &&
+                     attr_int(n, "group", 1) == 1 && (auto_pad == "NOTSET" || auto_pad == "VALID");
+  FT_CHECK(tiles, "Conv with kernel (", ws[2], ", ", ws[3], "), strides ", shape_string(strides), ", pads ",
+           shape_string(pads), ", group ", attr_int(n, "group", 1), "; fusetrain maps convolutions whose kernel "
+           "tiles the image (a patch embedding: strides equal to the kernel, no padding or dilation, one group)");
+  const int64_t B = xs[0], C = xs[1], H = xs[2], W = xs[3], O = ws[0], p = ws[2], q = ws[3];
+  FT_CHECK(ws[1] == C, "Conv weight has ", ws[1], " input channels; the input has ", C);
+  FT_CHECK(H % p == 0 && W % q == 0, "Conv over a (", H, ", ", W, ") image with a (", p, ", ", q,
+           ") kernel that does not tile it");
+  const int64_t P = H / p, Q = W / q;
+  ValueId x = b_.reshape(ir_of(in_id(n, 0)), {B, C, P, p, Q, q});
+  x = b_.reshape(b_.transpose(x, {0, 2, 4, 1, 3, 5}), {B * P * Q, C * p * q});  // (B·P·Q, C·p·q)
+  const ValueId w = b_.reshape(ir_of(in_id(n, 1)), {O, C * p * q});
+  const int bias = in_id(n, 2);
+  const ValueId y = bias >= 0 ? b_.linear(x, w, ir_of(bias)) : b_.linear(x, w);  // (B·P·Q, O)
+  return b_.transpose(b_.reshape(y, {B, P, Q, O}), {0, 3, 1, 2});
 }
 
 ValueId Builder::output(int v, const std::string& name) {
@@ -1173,14 +1246,24 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
   for (const auto& i : g.input()) {
     if (init_names.count(i.name())) continue;
     FT_CHECK(is_batch_input(i.name()), path, ": graph input \"", i.name(),
-             "\" is not one fusetrain feeds (expected input_ids, attention_mask, token_type_ids or position_ids)");
+             "\" is not one fusetrain feeds (expected input_ids, attention_mask, token_type_ids, position_ids or "
+             "pixel_values)");
     const int32_t elem = i.type().tensor_type().elem_type();
-    FT_CHECK(i.type().has_tensor_type() && elem == onnx::TensorProto::INT64, path, ": graph input \"", i.name(),
-             "\" is declared ", i.type().has_tensor_type() ? data_type_name(elem) : "without a type",
-             "; fusetrain feeds it as INT64, as transformers' tokenizers give it");
+    if (is_float_input(i.name())) {
+      FT_CHECK(i.type().has_tensor_type() && elem == onnx::TensorProto::FLOAT, path, ": graph input \"", i.name(),
+               "\" is declared ", i.type().has_tensor_type() ? data_type_name(elem) : "without a type",
+               "; fusetrain feeds it as FLOAT, as transformers' image processors give it");
+      FT_CHECK(i.type().tensor_type().has_shape() && i.type().tensor_type().shape().dim_size() >= 1, path,
+               ": graph input \"", i.name(), "\" has no declared rank");
+    } else {
+      FT_CHECK(i.type().has_tensor_type() && elem == onnx::TensorProto::INT64, path, ": graph input \"", i.name(),
+               "\" is declared ", i.type().has_tensor_type() ? data_type_name(elem) : "without a type",
+               "; fusetrain feeds it as INT64, as transformers' tokenizers give it");
+    }
     inputs_.push_back(i.name());
   }
-  FT_CHECK(has_input("input_ids"), path, ": the graph has no input_ids input");
+  FT_CHECK(has_input("input_ids") || has_input("pixel_values"), path,
+           ": the graph has no input_ids or pixel_values input");
   // The limit of the config's own architecture where fusetrain knows it (none for rotary positions), else the size
   // of the position table the config names.
   try {
@@ -1266,6 +1349,10 @@ void OnnxFamily::walk(Builder& bld, const BatchSpec& spec) const {
   }
   for (const auto& i : g.input()) {
     if (!is_batch_input(i.name()) || inits_.count(i.name())) continue;
+    if (is_float_input(i.name())) {
+      bld.set_input(ids_.at(i.name()), bld.builder().input(i.name(), Shape(float_input_shape(i, spec)), DType::f32));
+      continue;
+    }
     const auto& dims = i.type().tensor_type().shape().dim();
     FT_CHECK(dims.size() == 2, "ONNX input \"", i.name(), "\" has rank ", dims.size(), "; expected (batch, sequence)");
     const int64_t want[2] = {B, T};
@@ -1356,7 +1443,7 @@ BuiltGraph OnnxFamily::build_graph(const BatchSpec& spec) const {
   auto named = [&](const char* name) { return outputs.count(name) ? bld.output(outputs[name], name) : ir::kNone; };
   ir::GraphBuilder& b = bld.builder();
   const models::ConfigReader config(config_);
-  programs_[{B, T}] = program;
+  programs_[host_key(spec)] = program;
   if (head_ == Head::QuestionAnswering && outputs.count("start_logits") && outputs.count("end_logits")) {
     out.logits = named("start_logits");
     out.end_logits = named("end_logits");
@@ -1401,29 +1488,49 @@ BuiltGraph OnnxFamily::build_graph(const BatchSpec& spec) const {
   return out;
 }
 
-void OnnxFamily::bind_inputs(runtime::Plan& plan, const Batch& batch) const {
-  const int64_t B = batch.input_ids.shape()[0], T = batch.input_ids.shape()[1];
-  auto it = programs_.find({B, T});
+std::vector<models::InputDecl> OnnxFamily::inputs() const {
+  std::vector<models::InputDecl> out;
+  for (const auto& i : proto_.graph().input()) {
+    if (!has_input(i.name())) continue;
+    if (is_float_input(i.name())) {
+      models::InputDecl d{i.name(), DType::f32, i.type().tensor_type().shape().dim_size(), -1,
+                          models::InputSource::Batch, {}};
+      for (const auto& dim : i.type().tensor_type().shape().dim())
+        d.fixed.push_back(dim.has_dim_value() ? dim.dim_value() : -1);
+      d.fixed[0] = -1;
+      out.push_back(std::move(d));
+      continue;
+    }
+    const models::InputSource source = i.name() == "input_ids"        ? models::InputSource::Batch
+                                       : i.name() == "position_ids" ? models::InputSource::Derived
+                                                                    : models::InputSource::Optional;
+    out.push_back({i.name(), DType::i64, 2, 1, source, {}});
+  }
+  return out;
+}
+
+void OnnxFamily::bind_inputs(runtime::Plan& plan, const Batch& batch, const BatchSpec& spec) const {
+  const int64_t B = spec.batch, T = spec.seq;
+  auto it = programs_.find(host_key(spec));
   FT_CHECK(it != programs_.end(), "no host program for batch shape (", B, ", ", T, ")");
   const HostProgram& prog = *it->second;
   std::vector<HostTensor> env(names_.size());
   std::vector<const HostTensor*> ptr(names_.size(), nullptr);
   for (size_t v = 0; v < names_.size(); ++v)
     if (prog.has_const[v]) ptr[v] = &prog.consts[v];
-  const std::pair<const char*, const Tensor*> given[] = {{"input_ids", &batch.input_ids},
-                                                          {"attention_mask", &batch.attention_mask},
-                                                          {"token_type_ids", &batch.token_type_ids},
-                                                          {"position_ids", &batch.position_ids}};
   for (const std::string& name : inputs_) {
     const int v = ids_.at(name);
+    const Tensor& given = batch.get(name);
+    if (is_float_input(name)) {  // Model::check_inputs checked its dtype and shape
+      if (plan.has_input(name)) plan.bind_input(name, given.data());
+      continue;
+    }
     HostTensor t = dummy_input(name, B, T);
-    for (const auto& [n, tensor] : given)
-      if (name == n && tensor->data() != nullptr) {
-        FT_CHECK(tensor->dtype() == DType::i64 && tensor->numel() == B * T, name, " must be int64 of shape (", B,
-                 ", ", T, ")");
-        std::memcpy(t.i.data(), tensor->data(), size_t(B * T) * sizeof(int64_t));
-      }
-    if (name == "token_type_ids" && batch.token_type_ids.data() == nullptr) std::fill(t.i.begin(), t.i.end(), 0);
+    if (given.data() != nullptr) {
+      FT_CHECK(given.dtype() == DType::i64 && given.numel() == B * T, name, " must be int64 of shape (", B, ", ", T,
+               ")");
+      std::memcpy(t.i.data(), given.data(), size_t(B * T) * sizeof(int64_t));
+    }
     env[size_t(v)] = std::move(t);
     ptr[size_t(v)] = &env[size_t(v)];
   }

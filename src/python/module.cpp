@@ -171,55 +171,68 @@ struct PreparedBatch {
   bool has_labels = false;
 };
 
-/// Converts and checks the keyword arguments of forward / loss_and_grads.
-PreparedBatch prepare_batch(py::handle input_ids, py::handle attention_mask, py::handle token_type_ids,
-                            py::handle position_ids, py::handle labels, py::handle start_positions,
-                            py::handle end_positions) {
-  PreparedBatch out;
-  FT_CHECK(!input_ids.is_none(), "input_ids is required");
-  Input ids = int64_input(input_ids, "input_ids");
-  FT_CHECK(ids.array.ndim() == 2, "input_ids must have shape (batch, sequence); got shape ", shape_string(ids.array));
-  FT_CHECK(ids.array.size() > 0, "input_ids is empty: shape ", shape_string(ids.array));
-  const std::string ids_shape = shape_string(ids.array);
-  const int64_t batch = ids.array.shape(0);
-  out.batch.input_ids = ids.tensor;
-  out.keep_alive.push_back(ids.array);
+/// A float input (pixel_values) as f32 (zero copy when already float32, contiguous and aligned).
+Input float_input(py::handle obj, const std::string& name) {
+  py::array a = as_array(obj);
+  FT_CHECK(a.dtype().kind() == 'f', name, " must be a floating-point array; got dtype ",
+           py::str(a.dtype()).cast<std::string>());
+  if (!(py::array_t<float>::check_(a) && is_plain(a)))
+    a = numpy().attr("ascontiguousarray")(a, "dtype"_a = numpy().attr("float32"));
+  return {a, Tensor::view(const_cast<void*>(a.data()), Shape(dims_of(a)), DType::f32)};
+}
 
-  auto like_ids = [&](py::handle obj, const char* name, bool allow_bool, Tensor& slot) {
-    if (obj.is_none()) return;
-    Input in = int64_input(obj, name, allow_bool);
-    FT_CHECK(in.array.ndim() == 2 && shape_string(in.array) == ids_shape, name, " must have the shape of input_ids ",
-             ids_shape, "; got shape ", shape_string(in.array));
-    slot = in.tensor;
+/// Converts the keyword arguments of forward / loss_and_grads into a batch; the model checks the inputs against
+/// what it declares (Model::check_inputs), this the arrays' types and the labels' layout.
+PreparedBatch prepare_batch(const models::Model& model, py::handle input_ids, py::handle attention_mask,
+                            py::handle token_type_ids, py::handle position_ids, py::handle labels,
+                            py::handle start_positions, py::handle end_positions, const py::kwargs& others) {
+  PreparedBatch out;
+  auto keep = [&](const std::string& name, Input in) {
+    out.batch.set(name, in.tensor);
     out.keep_alive.push_back(in.array);
   };
-  like_ids(attention_mask, "attention_mask", true, out.batch.attention_mask);
-  like_ids(token_type_ids, "token_type_ids", false, out.batch.token_type_ids);
-  like_ids(position_ids, "position_ids", false, out.batch.position_ids);
+  if (!input_ids.is_none()) keep("input_ids", int64_input(input_ids, "input_ids"));
+  if (!attention_mask.is_none()) keep("attention_mask", int64_input(attention_mask, "attention_mask", true));
+  if (!token_type_ids.is_none()) keep("token_type_ids", int64_input(token_type_ids, "token_type_ids"));
+  if (!position_ids.is_none()) keep("position_ids", int64_input(position_ids, "position_ids"));
+  for (auto [key, value] : others) {
+    const std::string name = py::str(key).cast<std::string>();
+    const auto input = std::find_if(model.inputs().begin(), model.inputs().end(),
+                                    [&](const models::InputDecl& d) { return d.name == name; });
+    if (input == model.inputs().end()) {
+      std::string takes;
+      for (const models::InputDecl& d : model.inputs()) takes += (takes.empty() ? "" : ", ") + d.name;
+      throw Error(str(model.architecture(), " does not take ", name, " (it takes ", takes, ")"));
+    }
+    keep(name, input->dtype == DType::f32 ? float_input(value, name) : int64_input(value, name.c_str()));
+  }
+  model.check_inputs(out.batch);  // the inputs first: the labels are checked against their batch size
+  int64_t batch = 0;
+  for (const models::InputDecl& d : model.inputs())
+    if (batch == 0 && out.batch.has(d.name)) batch = out.batch.get(d.name).shape()[0];
 
   if (!labels.is_none()) {
     Input in = label_input(labels);
     FT_CHECK((in.array.ndim() == 1 || in.array.ndim() == 2) && in.array.shape(0) == batch,
              "labels must have shape (batch,) or (batch, n) with batch ", batch, "; got shape ",
              shape_string(in.array));
-    out.batch.labels = in.tensor;
-    out.keep_alive.push_back(in.array);
+    keep("labels", in);
     out.has_labels = true;
   }
 
-  auto position = [&](py::handle obj, const char* name, Tensor& slot) {
+  auto position = [&](py::handle obj, const char* name) {
     Input in = int64_input(obj, name);
     FT_CHECK((in.array.ndim() == 1 || (in.array.ndim() == 2 && in.array.shape(1) == 1)) && in.array.shape(0) == batch,
              name, " must have shape (batch,) with batch ", batch, "; got shape ", shape_string(in.array));
-    slot = in.tensor.reshaped(Shape{batch});
-    out.keep_alive.push_back(in.array);
+    in.tensor = in.tensor.reshaped(Shape{batch});
+    keep(name, in);
   };
   FT_CHECK(start_positions.is_none() == end_positions.is_none(),
            "start_positions and end_positions must be given together");
   if (!start_positions.is_none()) {
     FT_CHECK(labels.is_none(), "give either labels or start_positions/end_positions, not both");
-    position(start_positions, "start_positions", out.batch.start_positions);
-    position(end_positions, "end_positions", out.batch.end_positions);
+    position(start_positions, "start_positions");
+    position(end_positions, "end_positions");
     out.has_labels = true;
   }
   return out;
@@ -406,16 +419,17 @@ std::string model_repr(const PyModel& self) {
              " parameters, ", self.training ? "training" : "eval", ">");
 }
 
-/// Defines a method taking a batch's keyword arguments (input_ids, ..., end_positions);
-/// `f(model, prepared_batch)` does the work.
+/// Defines a method taking a batch's keyword arguments (input_ids, ..., end_positions, and any other input the
+/// model declares, such as pixel_values); `f(model, prepared_batch)` does the work.
 template <typename F>
 void def_batch_method(py::class_<PyModel>& cls, const char* name, F f, const char* doc) {
   auto method = [f](PyModel& self, py::handle input_ids, py::handle attention_mask, py::handle token_type_ids,
-                    py::handle position_ids, py::handle labels, py::handle start_positions, py::handle end_positions) {
-    return f(self, prepare_batch(input_ids, attention_mask, token_type_ids, position_ids, labels, start_positions,
-                                 end_positions));
+                    py::handle position_ids, py::handle labels, py::handle start_positions, py::handle end_positions,
+                    const py::kwargs& others) {
+    return f(self, prepare_batch(*self.model, input_ids, attention_mask, token_type_ids, position_ids, labels,
+                                 start_positions, end_positions, others));
   };
-  cls.def(name, method, "input_ids"_a, "attention_mask"_a = py::none(), "token_type_ids"_a = py::none(),
+  cls.def(name, method, "input_ids"_a = py::none(), "attention_mask"_a = py::none(), "token_type_ids"_a = py::none(),
           "position_ids"_a = py::none(), "labels"_a = py::none(), "start_positions"_a = py::none(),
           "end_positions"_a = py::none(), doc);
 }
@@ -803,6 +817,26 @@ bytes (default 2 GiB, protobuf's limit) go to "<file>_data" beside it. Returns t
           "constant_buffers", [](const PyModel& self) { return onnx_import::constant_buffers(*self.model); },
           "Float initializers an ONNX import kept constant (from_onnx's keep_buffers_constant); empty otherwise.")
       .def_property_readonly(
+          "inputs",
+          [](const PyModel& self) {
+            py::list rows;
+            for (const models::InputDecl& d : self.model->inputs()) {
+              static const char* kSource[] = {"batch", "optional", "derived"};
+              py::dict row;
+              row["name"] = d.name;
+              row["dtype"] = models::element_type_name(d.dtype);
+              row["rank"] = d.rank;
+              row["sequence_axis"] = d.seq_axis < 0 ? py::object(py::none()) : py::int_(d.seq_axis);
+              row["source"] = kSource[int(d.source)];
+              row["shape"] = models::describe(d);
+              rows.append(row);
+            }
+            return rows;
+          },
+          "The inputs the model reads, as dicts: name, dtype (\"int64\", \"float32\"), rank, sequence_axis (None "
+          "for none; axis 0 is the batch), source (\"batch\": the batch must give it, \"optional\", \"derived\": "
+          "computed when left out) and shape, e.g. \"float32 (batch, 3, 224, 224)\".")
+      .def_property_readonly(
           "num_parameters", [](const PyModel& self) { return self.model->params().num_parameters(); },
           "Number of parameters (tied weights counted once).")
       .def("__repr__", &model_repr);
@@ -812,6 +846,8 @@ Runs the model on one batch and returns a dict.
 
 input_ids, attention_mask, token_type_ids, position_ids: integer arrays of shape (batch, sequence).
     int64 C-contiguous arrays are read in place; other integer types are converted.
+Other inputs the model declares (Model.inputs) by name, e.g. pixel_values: float (batch, channels, height,
+    width) for an image model; float32 C-contiguous arrays are read in place.
 labels: int (batch,) class ids or (batch, sequence) token ids (-100 ignored), or float
     (batch,) / (batch, n) values for regression and multi-label classification.
 start_positions, end_positions: (batch,) for question answering.

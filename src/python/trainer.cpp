@@ -144,13 +144,21 @@ data::Batch batch_from_python(py::handle output) {
            "the data collator must return a mapping of arrays (input_ids, attention_mask, labels, ...); got ",
            py::type::of(output).attr("__name__").cast<std::string>());
   py::dict batch_dict = py::dict(py::reinterpret_borrow<py::object>(output));
-  FT_CHECK(batch_dict.contains("input_ids"), "the data collator's batch has no \"input_ids\"");
-  py::array ids = as_array(batch_dict["input_ids"]);
-  FT_CHECK(ids.ndim() == 2, "the data collator's input_ids must have shape (batch, sequence); got ", ids.ndim(),
-           " dimensions");
   data::Batch b;
-  b.batch_size = ids.shape(0);
-  b.seq_len = ids.shape(1);
+  if (batch_dict.contains("input_ids")) {
+    py::array ids = as_array(batch_dict["input_ids"]);
+    FT_CHECK(ids.ndim() == 2, "the data collator's input_ids must have shape (batch, sequence); got ", ids.ndim(),
+             " dimensions");
+    b.batch_size = ids.shape(0);
+    b.seq_len = ids.shape(1);
+  } else {
+    FT_CHECK(batch_dict.contains("pixel_values"), "the data collator's batch has no \"input_ids\" (or "
+             "\"pixel_values\" for an image model)");
+    py::array pixels = as_array(batch_dict["pixel_values"]);
+    FT_CHECK(pixels.ndim() >= 1, "the data collator's pixel_values is a scalar; expected (batch, channels, height, "
+             "width)");
+    b.batch_size = pixels.shape(0);
+  }
   const auto tokens = static_cast<size_t>(b.batch_size * b.seq_len);
   auto tokens_of = [&](const char* key) {
     std::vector<int64_t> v = int64_values(batch_dict[key], str("the data collator's ", key));
@@ -182,12 +190,22 @@ data::Batch batch_from_python(py::handle output) {
       FT_CHECK(static_cast<int64_t>(v.size()) == b.batch_size, "the data collator's ", name, " has ", v.size(),
                " values for ", b.batch_size, " examples");
       (name == "start_positions" ? b.start_positions : b.end_positions) = std::move(v);
+    } else if (name == "pixel_values") {
+      py::array pixels = as_array(value);
+      FT_CHECK(pixels.dtype().kind() == 'f', "the data collator's pixel_values must be floating point; got dtype ",
+               py::str(pixels.dtype()).cast<std::string>());
+      data::FloatInput input{name, {}, float_values(pixels)};
+      for (py::ssize_t k = 0; k < pixels.ndim(); ++k) input.shape.push_back(pixels.shape(k));
+      FT_CHECK(!input.shape.empty() && input.shape[0] == b.batch_size, "the data collator's pixel_values has ",
+               input.shape.empty() ? 0 : input.shape[0], " examples; the batch has ", b.batch_size);
+      b.float_inputs.push_back(std::move(input));
     } else if (name != "special_tokens_mask") {
       throw Error(str("the data collator's batch has a key \"", name, "\" the model does not take (expected "
-                      "input_ids, attention_mask, token_type_ids, labels, start_positions, end_positions)"));
+                      "input_ids, attention_mask, token_type_ids, pixel_values, labels, start_positions, "
+                      "end_positions)"));
     }
   }
-  if (b.attention_mask.empty()) b.attention_mask.assign(tokens, 1);
+  if (b.attention_mask.empty() && !b.input_ids.empty()) b.attention_mask.assign(tokens, 1);
   return b;
 }
 
@@ -323,7 +341,7 @@ Tokenized examples as the engine's Trainer reads them (fusetrain.Trainer builds 
 datasets, lists of dicts or map-style datasets). Example i is ids[offsets[i]:offsets[i + 1]].
 )doc")
       .def(py::init([](py::handle offsets, py::handle ids, py::handle type_ids, const std::string& label_kind,
-                       py::handle labels, int64_t num_labels, int64_t vocab_size) {
+                       py::handle labels, int64_t num_labels, int64_t vocab_size, bool without_tokens) {
              data::FlatExamples e;
              e.offsets = int64_values(offsets, "offsets");
              e.ids = int64_values(ids, "input_ids");
@@ -335,10 +353,11 @@ datasets, lists of dicts or map-style datasets). Example i is ids[offsets[i]:off
                e.labels = int64_values(labels, "labels");
              e.num_labels = num_labels;
              e.vocab_size = vocab_size;
+             e.without_tokens = without_tokens;
              return std::make_unique<PyDataset>(PyDataset{data::TokenizedDataset::from_flat(std::move(e))});
            }),
            "offsets"_a, "ids"_a, "type_ids"_a = py::none(), "label_kind"_a = "none", "labels"_a = py::none(),
-           "num_labels"_a = 0, "vocab_size"_a = 0)
+           "num_labels"_a = 0, "vocab_size"_a = 0, "without_tokens"_a = false)
       .def("__len__", [](const PyDataset& d) { return d.dataset.size(); })
       .def_property_readonly(
           "num_tokens", [](const PyDataset& d) { return d.dataset.num_tokens(); }, "Total tokens over all examples.")

@@ -117,18 +117,20 @@ models::Batch Trainer::view_of(const data::Batch& b) const {
   auto ids = [&](const std::vector<int64_t>& v) {
     return Tensor::view(const_cast<int64_t*>(v.data()), {B, T}, DType::i64);
   };
-  m.input_ids = ids(b.input_ids);
-  m.attention_mask = ids(b.attention_mask);
-  if (model_.uses_token_type_ids() && !b.token_type_ids.empty()) m.token_type_ids = ids(b.token_type_ids);
+  if (!b.input_ids.empty()) m.set("input_ids", ids(b.input_ids));
+  if (!b.attention_mask.empty()) m.set("attention_mask", ids(b.attention_mask));
+  if (model_.uses_token_type_ids() && !b.token_type_ids.empty()) m.set("token_type_ids", ids(b.token_type_ids));
+  for (const data::FloatInput& input : b.float_inputs)
+    m.set(input.name, Tensor::view(const_cast<float*>(input.values.data()), Shape(input.shape), DType::f32));
   if (!b.float_labels.empty())
-    m.labels = Tensor::view(const_cast<float*>(b.float_labels.data()), {B, 1}, DType::f32);
-  else if (static_cast<int64_t>(b.labels.size()) == B * T && task_ != Head::SequenceClassification)
-    m.labels = ids(b.labels);
+    m.set("labels", Tensor::view(const_cast<float*>(b.float_labels.data()), {B, 1}, DType::f32));
+  else if (T > 0 && static_cast<int64_t>(b.labels.size()) == B * T && task_ != Head::SequenceClassification)
+    m.set("labels", ids(b.labels));
   else if (static_cast<int64_t>(b.labels.size()) == B)
-    m.labels = Tensor::view(const_cast<int64_t*>(b.labels.data()), {B}, DType::i64);
+    m.set("labels", Tensor::view(const_cast<int64_t*>(b.labels.data()), {B}, DType::i64));
   if (!b.start_positions.empty()) {
-    m.start_positions = Tensor::view(const_cast<int64_t*>(b.start_positions.data()), {B}, DType::i64);
-    m.end_positions = Tensor::view(const_cast<int64_t*>(b.end_positions.data()), {B}, DType::i64);
+    m.set("start_positions", Tensor::view(const_cast<int64_t*>(b.start_positions.data()), {B}, DType::i64));
+    m.set("end_positions", Tensor::view(const_cast<int64_t*>(b.end_positions.data()), {B}, DType::i64));
   }
   return m;
 }
@@ -706,7 +708,7 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
   if (qa) p.feature_offsets.push_back(0);
   while (std::optional<data::Batch> batch = loader.next()) {
     models::Batch view = view_of(*batch);
-    if (!labelled) view.labels = Tensor();
+    if (!labelled) view.set("labels", Tensor());
     models::ModelOutput out = model_.forward(view, /*training=*/false);
     if (out.loss) {
       const double weighted = *out.loss * static_cast<double>(batch->batch_size);

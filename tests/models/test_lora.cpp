@@ -34,8 +34,8 @@ Data lm_batch(int64_t B, int64_t T, uint64_t seed) {
   d.ids.resize(size_t(B * T));
   for (auto& id : d.ids) id = 1 + int64_t(rng() % 40);
   d.labels = d.ids;
-  d.batch.input_ids = Tensor::view(d.ids.data(), {B, T}, DType::i64);
-  d.batch.labels = Tensor::view(d.labels.data(), {B, T}, DType::i64);
+  d.batch.set("input_ids", Tensor::view(d.ids.data(), {B, T}, DType::i64));
+  d.batch.set("labels", Tensor::view(d.labels.data(), {B, T}, DType::i64));
   return d;
 }
 

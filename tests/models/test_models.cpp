@@ -68,8 +68,8 @@ Data make_batch(const Model& m, int64_t B, int64_t T, uint64_t seed) {
     d.mask[1 * T + t] = 0;
     d.ids[1 * T + t] = pad;
   }
-  d.batch.input_ids = Tensor::view(d.ids.data(), {B, T}, DType::i64);
-  d.batch.attention_mask = Tensor::view(d.mask.data(), {B, T}, DType::i64);
+  d.batch.set("input_ids", Tensor::view(d.ids.data(), {B, T}, DType::i64));
+  d.batch.set("attention_mask", Tensor::view(d.mask.data(), {B, T}, DType::i64));
   const std::string& arch = m.architecture();
   if (arch.find("MaskedLM") != std::string::npos || arch.find("LMHead") != std::string::npos ||
       arch.find("TokenClassification") != std::string::npos) {
@@ -77,15 +77,15 @@ Data make_batch(const Model& m, int64_t B, int64_t T, uint64_t seed) {
     d.labels.resize(B * T);
     for (size_t i = 0; i < d.labels.size(); ++i)
       d.labels[i] = i % 3 == 0 ? -100 : static_cast<int64_t>(rng() % classes);
-    d.batch.labels = Tensor::view(d.labels.data(), {B, T}, DType::i64);
+    d.batch.set("labels", Tensor::view(d.labels.data(), {B, T}, DType::i64));
   } else if (arch.find("SequenceClassification") != std::string::npos) {
     d.labels.resize(B);
     for (auto& l : d.labels) l = static_cast<int64_t>(rng() % 3);
-    d.batch.labels = Tensor::view(d.labels.data(), {B}, DType::i64);
+    d.batch.set("labels", Tensor::view(d.labels.data(), {B}, DType::i64));
   } else if (arch.find("QuestionAnswering") != std::string::npos) {
     d.labels = {1, 3, 2, T + 5};  // start0, start1, end0, end1 (clamped to T: ignored)
-    d.batch.start_positions = Tensor::view(d.labels.data(), {B}, DType::i64);
-    d.batch.end_positions = Tensor::view(d.labels.data() + 2, {B}, DType::i64);
+    d.batch.set("start_positions", Tensor::view(d.labels.data(), {B}, DType::i64));
+    d.batch.set("end_positions", Tensor::view(d.labels.data() + 2, {B}, DType::i64));
   }
   return d;
 }
@@ -229,15 +229,15 @@ TEST(Models, BadBatchesGiveClearErrors) {
   auto model = Model::from_config(tiny_config("bert"), 0, "BertForSequenceClassification");
   std::vector<int64_t> ids(2 * 50, 3);
   Batch batch;
-  batch.input_ids = Tensor::view(ids.data(), {2, 50}, DType::i64);
+  batch.set("input_ids", Tensor::view(ids.data(), {2, 50}, DType::i64));
   EXPECT_NE(error_of([&] { model->forward(batch); }).find("sequence length 50 exceeds the model's maximum of 40"),
             std::string::npos);
-  batch.input_ids = Tensor::view(ids.data(), {2, 5}, DType::i64);
+  batch.set("input_ids", Tensor::view(ids.data(), {2, 5}, DType::i64));
   ids[3] = 99;
   EXPECT_NE(error_of([&] { model->forward(batch); }).find("99"), std::string::npos);
   ids[3] = 3;
   std::vector<int64_t> labels{0, 7};
-  batch.labels = Tensor::view(labels.data(), {2}, DType::i64);
+  batch.set("labels", Tensor::view(labels.data(), {2}, DType::i64));
   EXPECT_NE(error_of([&] { model->loss_and_grads(batch); }).find("labels: value 7"), std::string::npos);
 }
 

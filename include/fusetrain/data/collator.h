@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "fusetrain/data/dataset.h"
@@ -13,9 +14,16 @@
 namespace fusetrain::data {
 
 /// One batch as plain data. Token tensors are row-major (B, T) with B = batch_size, T = seq_len.
+/// A float input of a batch, e.g. pixel_values (B, C, H, W).
+struct FloatInput {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+
 struct Batch {
   int64_t batch_size = 0;
-  int64_t seq_len = 0;
+  int64_t seq_len = 0;  ///< 0 for a batch without token inputs (images)
   std::vector<int64_t> input_ids;       ///< (B, T), padding = the pad id
   std::vector<int64_t> attention_mask;  ///< (B, T), 1 on tokens, 0 on padding
   std::vector<int64_t> token_type_ids;  ///< (B, T), 0 on padding
@@ -25,6 +33,7 @@ struct Batch {
   std::vector<float> float_labels;      ///< (B) regression targets, or empty
   std::vector<int64_t> start_positions;  ///< (B) question answering: the answer's first token, or empty
   std::vector<int64_t> end_positions;    ///< (B) question answering: the answer's last token, or empty
+  std::vector<FloatInput> float_inputs;  ///< inputs that are not tokens (pixel_values), from a Python collator
 };
 
 /// Collates examples `indices` of `dataset` with dynamic padding: T is the longest example in the batch rounded up

@@ -152,6 +152,9 @@ struct FlatExamples {
   int64_t num_labels = 0;
   /// When > 0, every id must lie in [0, vocab_size).
   int64_t vocab_size = 0;
+  /// Examples whose inputs are not tokens (images): none holds an id, and a Python collator gives each batch's
+  /// inputs (pixel_values); the dataset holds their labels.
+  bool without_tokens = false;
 };
 
 /// Tokenized examples in flat buffers: example i is ids()[offsets[i], offsets[i+1]). The base of TextDataset and

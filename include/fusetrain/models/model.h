@@ -13,6 +13,7 @@
 #include "fusetrain/compile/compiler.h"
 #include "fusetrain/core/tensor.h"
 #include "fusetrain/ir/graph.h"
+#include "fusetrain/models/inputs.h"
 #include "fusetrain/models/lora.h"
 #include "fusetrain/models/registry.h"
 #include "fusetrain/onnx/import.h"
@@ -28,7 +29,9 @@ namespace fusetrain::models {
 /// The shape of a batch; a plan is compiled once per distinct spec.
 struct BatchSpec {
   int64_t batch = 1;
-  int64_t seq = 1;
+  int64_t seq = 1;  ///< the sequence axis of the inputs that have one (1 when none does)
+  /// The declared inputs the batch gives, in declaration order, with their shapes.
+  std::vector<std::pair<std::string, Shape>> shapes;
   bool attention_mask = false;
   bool token_type_ids = false;
   bool position_ids = false;
@@ -56,17 +59,6 @@ struct BuiltGraph {
 
 /// How the graph passes changed a plan's graph (forward + backward), for reports.
 using PassLog = compile::PassLog;
-
-/// One batch of inputs, as views of caller memory (i64 ids, f32 values).
-struct Batch {
-  Tensor input_ids;        ///< (B, T) i64
-  Tensor attention_mask;   ///< (B, T) i64 1/0, optional (undefined Tensor if absent)
-  Tensor token_type_ids;   ///< (B, T) i64, optional
-  Tensor position_ids;     ///< (B, T) i64, optional
-  Tensor labels;           ///< see LabelKind; optional
-  Tensor start_positions;  ///< QA, (B) i64
-  Tensor end_positions;    ///< QA, (B) i64
-};
 
 /// Rotary embeddings (Llama family), for a graph that computes them itself (ONNX export): the plan's inputs
 /// rope_cos and rope_sin (B, T, D) hold cos and sin of position · inv_freq[j], j < D/2, repeated for the second half
@@ -150,6 +142,11 @@ class Model {
   int64_t max_positions() const;
   /// Whether the architecture reads token_type_ids (BERT and RoBERTa do).
   bool uses_token_type_ids() const;
+  /// The inputs the model reads (a batch may also carry the labels of kLabelNames).
+  const std::vector<InputDecl>& inputs() const { return inputs_; }
+  /// Error naming the input unless `batch` holds every input the model needs, each of its declared dtype and
+  /// shape, with one batch size and sequence length, and nothing it does not take (labels aside).
+  void check_inputs(const Batch& batch) const;
   /// Names of parameters that get no weight decay under transformers' Trainer:
   /// biases and LayerNorm weights.
   bool decays(const std::string& stored_name) const;
@@ -273,6 +270,7 @@ class Model {
   const ArchitectureInfo* architecture_info_ = nullptr;
   std::unique_ptr<ArchitectureInfo> onnx_info_;  // an imported graph's row, which the registry does not hold
   std::unique_ptr<Family> family_;  // built once from config_: the graphs, initialisation and position rules
+  std::vector<InputDecl> inputs_;   // family_->inputs()
   std::unique_ptr<runtime::ParameterStore> params_;
   std::map<std::string, std::string> aliases_;  // tied name -> stored name
   std::optional<LoraConfig> lora_;
