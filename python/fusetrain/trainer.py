@@ -600,7 +600,9 @@ class Trainer(transformers.Trainer):
         return int(self._engine_model.config.get("pad_token_id") or 0)
 
     def _mlm_spec(self, task: str) -> dict | None:
-        if task != "mlm":
+        """How the engine masks tokens for masked-LM training: only in place of a standard
+        DataCollatorForLanguageModeling; under any other collator the labels are the dataset's, as in transformers."""
+        if task != "mlm" or self._uses_python_collator():
             return None
         tokenizer = self.processing_class
         mask_id = getattr(tokenizer, "mask_token_id", None)
@@ -621,7 +623,7 @@ class Trainer(transformers.Trainer):
             return False
         name = getattr(collator, "__name__", None) or type(collator).__name__
         if name in _PADDING_COLLATORS:
-            return False
+            return task == "mlm"  # masked-LM labels the dataset holds (pre-masked): the collator passes them on
         if name == "DataCollatorForLanguageModeling":
             standard = (getattr(collator, "mask_replace_prob", 0.8) == 0.8
                         and getattr(collator, "random_replace_prob", 0.1) == 0.1)

@@ -634,6 +634,14 @@ void Model::check_inputs(const Batch& batch) const {
     if (declared) continue;
     std::string takes;
     for (const InputDecl& d : inputs_) takes += (takes.empty() ? "" : ", ") + d.name;
+    if (name == InputNames::attention_mask && tensor.dtype() == DType::i64) {
+      // A graph exported without a mask input attends to every token: a mask without padding asks for just that.
+      const int64_t* m = tensor.data_as<int64_t>();
+      const int64_t at = std::find_if(m, m + tensor.numel(), [](int64_t x) { return x != 1; }) - m;
+      if (at == tensor.numel()) continue;
+      throw Error(str(architecture_, " does not take attention_mask (it takes ", takes, "), so it cannot mask the ",
+                      "padding the mask marks (value ", m[at], " at flat position ", at, ")"));
+    }
     throw Error(str(architecture_, " does not take ", name, " (it takes ", takes, ")"));
   }
   // Every sequence input shares the batch and sequence axes of the first one given.

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <google/protobuf/unknown_field_set.h>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -138,7 +139,34 @@ bool has_attr(const NodeProto& node, const std::string& name) {
 std::string node_label(const NodeProto& node, int64_t index) {
   std::string s = str("node ", index, " (", node.op_type());
   if (!node.name().empty()) s += str(" \"", node.name(), "\"");
-  return s + ")";
+  s += ")";
+  // torch.onnx's dynamo exporter records the module path of each node: name_scopes holds the scopes from the
+  // outermost, "['', 'vit', ..., 'vit.embeddings.patch_embeddings.projection', 'conv2d']", the op's own last.
+  // NodeProto.metadata_props (field 9, ONNX 1.16) is newer than the system's onnx schema, so it is read from the
+  // message's unknown fields: StringStringEntryProto entries, key 1, value 2.
+  const google::protobuf::UnknownFieldSet& unknown = node.unknown_fields();
+  for (int f = 0; f < unknown.field_count(); ++f) {
+    if (unknown.field(f).number() != 9 || unknown.field(f).type() != google::protobuf::UnknownField::TYPE_LENGTH_DELIMITED)
+      continue;
+    onnx::StringStringEntryProto entry;
+    if (!entry.ParseFromString(unknown.field(f).length_delimited()) || entry.key() != "pkg.torch.onnx.name_scopes")
+      continue;
+    std::vector<std::string> scopes;
+    const std::string& v = entry.value();
+    for (size_t open = v.find('\''); open != std::string::npos; open = v.find('\'', open + 1)) {
+      const size_t close = v.find('\'', open + 1);
+      if (close == std::string::npos) break;
+      scopes.push_back(v.substr(open + 1, close - open - 1));
+      open = close;
+    }
+    if (scopes.size() >= 2 && !scopes[scopes.size() - 2].empty()) {
+      std::string module = scopes[scopes.size() - 2].substr(0, 200);
+      for (char& c : module)
+        if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+      s += str(" in module ", module);
+    }
+  }
+  return s;
 }
 
 // ---- reading tensors --------------------------------------------------------------------------------------------

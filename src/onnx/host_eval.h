@@ -85,7 +85,8 @@ std::string attr_string(const onnx::NodeProto& node, const std::string& name, co
 std::vector<int64_t> attr_ints(const onnx::NodeProto& node, const std::string& name);
 /// Whether `node` has attribute `name`.
 bool has_attr(const onnx::NodeProto& node, const std::string& name);
-/// "node 12 (Softmax \"/attn/Softmax\")": how errors name a node.
+/// "node 12 (Softmax \"/attn/Softmax\")": how errors name a node; a node torch.onnx's dynamo exporter wrote also
+/// names its module ("... in module vit.embeddings.patch_embeddings.projection").
 std::string node_label(const onnx::NodeProto& node, int64_t index);
 
 }  // namespace fusetrain::onnx_import
