@@ -1,4 +1,4 @@
-// An ONNX graph: models::Model::from_onnx (the validator, the importer's value lookup, the host evaluator, the op
+// An ONNX graph: onnx_import::import_model (the validator, the importer's value lookup, the host evaluator, the op
 // mapping, the compile pipeline), then one training step (forward, backward) on a small padded batch with labels.
 //
 // Input: see onnx_import_case.h; the ModelProto is written as model.onnx into a scratch directory with no
@@ -10,6 +10,7 @@
 // report as fusetrain::Error, so a graph whose shapes ask for gigabytes is refused rather than allocated.
 #include "fuzz_support.h"
 #include "fusetrain/models/model.h"
+#include "fusetrain/onnx/import.h"
 #include "onnx_import_case.h"
 
 namespace fuzz = fusetrain::fuzz;
@@ -22,8 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::OnnxImportCase input(data[0]);
   fuzz::write_file(dir / "model.onnx", fuzz::as_text(data + 1, size - 1));
   const fusetrain::models::Batch batch = input.batch();
-  fuzz::parses("Model::from_onnx", [&] {
-    std::unique_ptr<fusetrain::models::Model> model = fusetrain::models::Model::from_onnx((dir / "model.onnx").string(),
+  fuzz::parses("onnx_import::import_model", [&] {
+    std::unique_ptr<fusetrain::models::Model> model = fusetrain::onnx_import::import_model((dir / "model.onnx").string(),
                                                                                           input.task());
     const double loss = model->loss_and_grads(batch, /*training=*/true);
     fuzz::sink = fuzz::sink + static_cast<uint64_t>(loss == loss);

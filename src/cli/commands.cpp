@@ -19,6 +19,8 @@
 #include "fusetrain/models/model.h"
 #include "fusetrain/models/registry.h"
 #include "fusetrain/onnx/export.h"
+#include "fusetrain/onnx/import.h"
+#include "fusetrain/load/load.h"
 #include "fusetrain/train/data_parallel.h"
 #include "fusetrain/train/trainer.h"
 
@@ -273,7 +275,7 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   default_columns(o, job.task);
   FT_CHECK(!o.model.empty(), "--model DIR is required (a Hugging Face model directory with its tokenizer files)");
   // --model may name an ONNX graph; its tokenizer and config.json are the directory's around it.
-  const bool onnx_graph = fs::path(o.model).extension() == ".onnx";
+  const bool onnx_graph = load::model_source(o.model) == load::ModelSource::Imported;
   const std::string onnx_path = o.model;
   if (onnx_graph) {
     FT_CHECK(fs::is_regular_file(o.model), "--model: ONNX file \"", o.model, "\" does not exist");
@@ -338,12 +340,10 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
       overrides["label2id"] = label2id;
     }
   }
-  if (onnx_graph) {  // the graph's logits fix the number of labels; a label outside them is refused per batch
-    job.model = models::Model::from_onnx(onnx_path, o.task);
-    report_constant_buffers(*job.model);
-  } else {
-    job.model = models::Model::from_pretrained(hf, architecture, overrides, static_cast<uint64_t>(o.args.seed));
-  }
+  // An imported graph's logits fix the number of labels (a label outside them is refused per batch): no overrides.
+  job.model = load::load_model(onnx_graph ? onnx_path : o.model, o.task, &hf, architecture, overrides,
+                               static_cast<uint64_t>(o.args.seed));
+  if (onnx_graph) report_constant_buffers(*job.model);
   apply_adapters(o, *job.model, need_train);
   if (!job.model->missing_keys().empty()) {
     std::string names;
@@ -688,12 +688,12 @@ int run_inspect(Options& o) {
   o.args.validate();  // --zero-stage, --ddp-bucket-cap-mb and the rest, with their one-line errors
   const models::Head task = models::head_for_task(o.task);
   std::unique_ptr<models::Model> model;
-  if (fs::path(o.model).extension() == ".onnx") {
-    model = models::Model::from_onnx(o.model, o.task);
+  if (load::model_source(o.model) == load::ModelSource::Imported) {
+    model = load::load_model(o.model, o.task, nullptr);
     report_constant_buffers(*model);
   } else {
     const io::HfModelDir hf = io::read_hf_dir(o.model);
-    model = models::Model::from_pretrained(hf, architecture_for(hf, task));
+    model = load::load_model(o.model, o.task, &hf, architecture_for(hf, task));
   }
   // The plan shown is the one train would run, so the LoRA flags that change it apply here too.
   FT_CHECK(!o.merge_lora, "--merge-lora applies to train (it writes the merged model); inspect shows the training ",

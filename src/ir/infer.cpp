@@ -517,8 +517,9 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
                 rng_row_start + T, ") are outside rng_rows ", rng_rows);
       size_t mask_at = c.op == OpKind::Attention ? 3 : 6;
       if (n_in > mask_at)
-        c.require(c.shape(mask_at) == Shape{q[0], S}, "mask should be (B, S) = (", q[0], ", ", S, "), found ",
-                  c.shape(mask_at).to_string());
+        c.require(c.shape(mask_at) == Shape{q[0], S} || c.shape(mask_at) == Shape{q[0], heads, S},
+                  "mask should be (B, S) = (", q[0], ", ", S, ") or (B, H, S) = (", q[0], ", ", heads, ", ", S,
+                  "), found ", c.shape(mask_at).to_string());
       Shape lse{q[0], heads, T};
       if (c.op == OpKind::Attention) return {{q, out_dtype}, {lse, DType::f32}};
       c.require(c.shape(0) == q && c.shape(4) == q, "dout and out should be ", q.to_string());

@@ -93,6 +93,12 @@ class Family {
   /// Frees the values initial_values() returned, once the parameters hold them (an imported graph would
   /// otherwise keep two more copies of its weights: as read and in the file's bytes).
   virtual void release_initial_values() {}
+  /// Writes into `dir` the graph the family keeps beside the weights, with `model`'s parameters (an imported
+  /// graph: model.onnx); nothing for the families the registry builds.
+  virtual void save_graph(const Model& model, const std::string& dir) const {
+    (void)model;
+    (void)dir;
+  }
   Head head() const { return head_; }
 
  protected:

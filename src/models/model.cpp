@@ -15,7 +15,6 @@
 #include "fusetrain/io/safetensors.h"
 #include "models/family.h"
 #include "models/lora_graph.h"
-#include "onnx/import.h"
 
 namespace fusetrain::models {
 
@@ -125,12 +124,7 @@ std::unique_ptr<Model> Model::from_config(const nlohmann::json& config_or_path, 
   return m;
 }
 
-std::unique_ptr<Model> Model::from_onnx(const std::string& path, const std::string& task,
-                                        const onnx_import::ImportOptions& options) {
-  const Head head = head_for_task(task);
-  const std::filesystem::path config_path = std::filesystem::path(path).parent_path() / "config.json";
-  nlohmann::json config = std::filesystem::exists(config_path) ? io::read_json_file(config_path.string())
-                                                                : nlohmann::json::object();
+std::unique_ptr<Model> Model::from_family(std::unique_ptr<Family> family, const nlohmann::json& config, Head head) {
   std::unique_ptr<Model> m(new Model());
   m->config_ = config;
   m->architecture_ = config.contains("architectures") && config["architectures"].is_array() &&
@@ -141,7 +135,7 @@ std::unique_ptr<Model> Model::from_onnx(const std::string& path, const std::stri
   m->onnx_info_ = std::make_unique<ArchitectureInfo>(
       ArchitectureInfo{m->architecture_.c_str(), m->model_type_.c_str(), head, nullptr});
   m->architecture_info_ = m->onnx_info_.get();
-  m->family_ = onnx_import::make_onnx_family(path, head, config, options);
+  m->family_ = std::move(family);
   m->inputs_ = m->family_->inputs();
   m->params_ = layout_parameters(*m->family_);
   for (const auto& [name, value] : m->family_->initial_values())
@@ -320,7 +314,7 @@ void Model::save_pretrained(const std::string& dir) const {
     // names. An exporter that folded transposes wrote names of its own (onnx::MatMul_12, val_34), which no
     // transformers class reads, so a model.safetensors under them would load as random weights.
     std::filesystem::create_directories(dir);
-    onnx_import::save_onnx(*this, (std::filesystem::path(dir) / "model.onnx").string());
+    family_->save_graph(*this, dir);
     bool transformers_names = config_.contains("model_type");
     for (const runtime::ParamSlot& slot : params_->slots())
       if (slot.name.find("::") != std::string::npos || slot.name.find('.') == std::string::npos)

@@ -19,6 +19,7 @@
 
 #include "fusetrain/core/dtype.h"
 #include "fusetrain/core/error.h"
+#include "fusetrain/io/hf_dir.h"
 #include "fusetrain/io/safetensors.h"
 #include "fusetrain/models/model.h"
 #include "models/family.h"
@@ -87,6 +88,8 @@ enum class Feed : uint8_t {
   FlatTuples,  ///< GatherND's index tuples as flat row numbers (i64)
   Elements,    ///< GatherElements' indices as flat element numbers of the data (i64)
   KeyMask,     ///< an additive (B, 1, T|1, S) attention mask as the (B, S) key mask (scalar 1: with causal rows)
+  HeadKeyBias,  ///< additive biases summed to (B, H, T, S) as the (B, H, S) key bias of each head (ALiBi); scalar 1:
+                ///< with causal rows
 };
 
 struct HostFeed {
@@ -95,7 +98,12 @@ struct HostFeed {
   Feed feed = Feed::AsIs;
   bool as_float = true;              ///< f32 (else i64)
   double scalar = 0;                 ///< DropTimes' scalar
-  std::vector<int64_t> tuple_dims;   ///< FlatTuples: the extents the tuples index; Elements: the data's shape
+  std::vector<int64_t> tuple_dims;   ///< FlatTuples: the extents the tuples index; Elements: the data's shape;
+                                     ///< HeadKeyBias: B, H, T, S
+  /// HeadKeyBias: the host values summed (value ids; `value` is the first), each broadcast to (B, H, T, S) from
+  /// the 4-D shape it is read as (bias_dims: 4 per term).
+  std::vector<int> terms;
+  std::vector<int64_t> bias_dims;
   std::vector<float> const_f;        ///< the data of a feed from a constant, computed once
   std::vector<int64_t> const_i;
   bool constant = false;
@@ -123,6 +131,38 @@ std::optional<int64_t> causal_window(const HostTensor& keep) {
     if ((keep.at(k) != 0) != (s <= t && (window == 0 || s > t - window))) return std::nullopt;
   }
   return window;
+}
+
+// HeadKeyBias: the sum of f.terms at (b, h, t, s), each read as its 4-D shape with size-1 axes broadcast.
+float summed_bias(const HostFeed& f, const std::vector<const HostTensor*>& terms, int64_t b, int64_t h, int64_t t,
+                  int64_t s) {
+  float x = 0;
+  for (size_t k = 0; k < terms.size(); ++k) {
+    const int64_t* d = f.bias_dims.data() + 4 * k;
+    const int64_t at = (((d[0] == 1 ? 0 : b) * d[1] + (d[1] == 1 ? 0 : h)) * d[2] + (d[2] == 1 ? 0 : t)) * d[3] + s;
+    x += terms[k]->f[size_t(at)];
+  }
+  return x;
+}
+
+// Writes the (B, H, S) key bias of f's summed terms (their last query row, which causal masking leaves whole)
+// after checking every row is that bias (and, with causal rows, masked above the diagonal).
+void fill_head_key_bias(const HostFeed& f, const std::vector<const HostTensor*>& terms, float* out) {
+  const int64_t B = f.tuple_dims[0], H = f.tuple_dims[1], T = f.tuple_dims[2], S = f.tuple_dims[3];
+  const bool causal = f.scalar != 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      float* key = out + (b * H + h) * S;
+      for (int64_t s = 0; s < S; ++s) key[s] = summed_bias(f, terms, b, h, T - 1, s);
+      for (int64_t t = 0; t + 1 < T; ++t)
+        for (int64_t s = 0; s < S; ++s) {
+          const float x = summed_bias(f, terms, b, h, t, s);
+          const bool ok = causal && s > t ? x <= -1e30f : (x == key[s] || (x <= -1e30f && key[s] <= -1e30f));
+          FT_CHECK(ok, "the graph's attention bias at (", b, ", ", h, ", ", t, ", ", s, ") is ", x,
+                   ", which is neither a key bias per head", causal ? " plus a causal mask" : "",
+                   "; import it with fuse_attention off");
+        }
+    }
 }
 
 void fill_feed(const HostFeed& f, const HostTensor& v, void* out) {
@@ -241,6 +281,9 @@ class OnnxFamily final : public models::Family {
   void bind_inputs(runtime::Plan& plan, const Batch& batch, const BatchSpec& spec) const override;
   std::map<std::string, Tensor> initial_values() const override;
   void release_initial_values() override;
+  void save_graph(const models::Model& model, const std::string& dir) const override {
+    save_onnx(model, (std::filesystem::path(dir) / "model.onnx").string());
+  }
 
   const onnx::ModelProto& proto() const { return proto_; }
   bool is_param(const std::string& name) const { return params_.count(name) > 0 || tied_.count(name) > 0; }
@@ -399,6 +442,9 @@ class Builder {
   ValueId attention(const NodeProto& probs_times_v);
   ValueId projection(const NodeProto& n, int64_t index);
   ValueId patch_conv(const NodeProto& n);
+  /// The key bias input and whether its rows are causal; nullopt when the biases are no key bias per head.
+  std::optional<std::pair<ValueId, bool>> head_key_bias(const std::vector<std::pair<int, bool>>& biases, int64_t B,
+                                                        int64_t H, int64_t T, int64_t S);
   const NodeProto* producer(int v) const {
     auto it = producers_.find(v);
     return it == producers_.end() ? nullptr : it->second;
@@ -661,8 +707,21 @@ ValueId Builder::projection(const NodeProto& n, int64_t index) {
 ValueId Builder::attention(const NodeProto& n) {
   if (!f_.fuse_attention()) return ir::kNone;
   const int p = in_id(n, 0), v = in_id(n, 1);
-  if (!is_ir(v) || shape_of(v).size() != 4) return ir::kNone;
+  if (!is_ir(v)) return ir::kNone;
   int probs = p;
+  // BLOOM's form: the heads folded into the batch, MatMul(Reshape(probs (B, H, T, S) -> (B·H, T, S)), v (B·H, S, D)).
+  bool flat = false;
+  if (shape_of(v).size() == 3) {
+    const NodeProto* r = producer(p);
+    if (!r || r->op_type() != "Reshape") return ir::kNone;
+    const int inner = ids_.at(r->input(0));
+    const std::vector<int64_t> ps = shape_of(inner);
+    if (!is_ir(inner) || ps.size() != 4 || ps[0] * ps[1] != shape_of(v)[0]) return ir::kNone;
+    probs = inner;
+    flat = true;
+  } else if (shape_of(v).size() != 4) {
+    return ir::kNone;
+  }
   if (const NodeProto* w = producer(p); w && w->op_type() == "Where") {  // SDPA's NaN guard
     const int c = ids_.at(w->input(0));
     if (kind(c) != Kind::IsNaNOf) return ir::kNone;
@@ -690,29 +749,60 @@ ValueId Builder::attention(const NodeProto& n) {
     window = *band;
     scores = kept;
   }
-  int mask = -1;
-  if (const NodeProto* add = producer(scores); add && add->op_type() == "Add") {
-    const int a = ids_.at(add->input(0)), b = ids_.at(add->input(1));
-    if (is_host(b) && is_ir(a)) {
-      mask = b;
-      scores = a;
-    } else if (is_host(a) && is_ir(b)) {
-      mask = a;
-      scores = b;
+  // Additive biases from the batch between the scores and Softmax (host values: a padding or causal mask, ALiBi's
+  // per-head key bias), read back across the Reshape of (B·H, T, S) scores to (B, H, T, S) in BLOOM's form.
+  std::vector<std::pair<int, bool>> biases;  // (host value, read in the (B·H, ...) layout)
+  const std::vector<int64_t> probs_shape = shape_of(probs);
+  bool crossed = false;
+  for (int step = 0; step < 4; ++step) {
+    const NodeProto* op = producer(scores);
+    if (op && op->op_type() == "Add") {
+      const int a = ids_.at(op->input(0)), b = ids_.at(op->input(1));
+      if (is_host(b) && is_ir(a)) {
+        biases.emplace_back(b, crossed);
+        scores = a;
+      } else if (is_host(a) && is_ir(b)) {
+        biases.emplace_back(a, crossed);
+        scores = b;
+      } else {
+        return ir::kNone;
+      }
+    } else if (flat && !crossed && op && op->op_type() == "Reshape" && shape_of(ids_.at(op->input(0))).size() == 3) {
+      scores = ids_.at(op->input(0));
+      crossed = true;
     } else {
-      return ir::kNone;
+      break;
     }
   }
+  if (flat != crossed) return ir::kNone;
   double scale = 1.0;
   scores = unscaled(scores, scale);
   const NodeProto* qk = producer(scores);
   if (!qk || qk->op_type() != "MatMul") return ir::kNone;
   const int q = unscaled(ids_.at(qk->input(0)), scale), kt = unscaled(ids_.at(qk->input(1)), scale);
   if (!is_ir(q) || !is_ir(kt)) return ir::kNone;
-  const std::vector<int64_t> qs = shape_of(q), ks = shape_of(kt), vs = shape_of(v);
+  std::vector<int64_t> qs = shape_of(q), ks = shape_of(kt), vs = shape_of(v);
+  if (flat) {  // (B·H, T, D), (B·H, D, S), (B·H, S, D) read as (B, H, ...)
+    const int64_t B = probs_shape[0], H = probs_shape[1];
+    if (qs.size() != 3 || ks.size() != 3 || qs[0] != B * H || ks[0] != B * H) return ir::kNone;
+    qs = {B, H, qs[1], qs[2]};
+    ks = {B, H, ks[1], ks[2]};
+    vs = {B, H, vs[1], vs[2]};
+  }
   if (qs.size() != 4 || ks.size() != 4) return ir::kNone;
   const int64_t B = qs[0], H = qs[1], T = qs[2], D = qs[3], S = ks[3];
   if (ks != std::vector<int64_t>{B, H, D, S} || vs != std::vector<int64_t>{B, H, S, D}) return ir::kNone;
+  if (biases.size() > 1 || (biases.size() == 1 && biases[0].second)) {
+    if (banded) return ir::kNone;
+    const std::optional<std::pair<ValueId, bool>> bias = head_key_bias(biases, B, H, T, S);
+    if (!bias) return ir::kNone;
+    const ValueId q4 = flat ? b_.reshape(ir_of(q), {B, H, T, D}) : ir_of(q);
+    const ValueId k4 = transposed(flat ? b_.reshape(ir_of(kt), {B, H, D, S}) : ir_of(kt), {0, 1, 3, 2});
+    const ValueId v4 = flat ? b_.reshape(ir_of(v), {B, H, S, D}) : ir_of(v);
+    const ValueId y = b_.attention(q4, k4, v4, bias->first, scale, bias->second, 0.0, DType::f32, 0);
+    return flat ? b_.reshape(y, {B * H, T, D}) : y;
+  }
+  const int mask = biases.empty() ? -1 : biases[0].first;
   // The mask: broadcastable to (B, 1, T, S) and, on the build's all-ones attention mask, zero (a padding mask) or
   // causal (lowest above the diagonal).
   ValueId key_mask = ir::kNone;
@@ -1087,6 +1177,64 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
   } else {
     throw Error("no mapping to fusetrain IR for this op on values computed from parameters");
   }
+}
+
+// The (B, H, S) key bias of attention biases summed to (B, H, T, S) (ALiBi's slope·position per head, plus a padding
+// and causal mask), fed from the host each batch (fill_head_key_bias checks every row); kNone when the build's
+// values do not have that form. Each bias is broadcast from its shape: (B|1, H|1, T|1, S), or (B·H|1, T|1, S) read
+// before the heads were split from the batch.
+std::optional<std::pair<ValueId, bool>> Builder::head_key_bias(const std::vector<std::pair<int, bool>>& biases,
+                                                               int64_t B, int64_t H, int64_t T, int64_t S) {
+  HostFeed f;
+  f.feed = Feed::HeadKeyBias;
+  f.as_float = true;
+  f.tuple_dims = {B, H, T, S};
+  std::string name = "onnx:head_key_bias";
+  std::vector<const HostTensor*> terms;
+  bool constant = true;
+  for (const auto& [value, flat] : biases) {
+    const HostTensor& h = host_[size_t(value)];
+    if (!h.is_float()) return std::nullopt;
+    std::vector<int64_t> d = h.shape;
+    if (flat) {
+      if (d.size() != 3 || (d[0] != B * H && d[0] != 1)) return std::nullopt;
+      d = {d[0] == 1 ? 1 : B, d[0] == 1 ? 1 : H, d[1], d[2]};
+    }
+    while (d.size() < 4) d.insert(d.begin(), 1);
+    const int64_t want[4] = {B, H, T, S};
+    if (d.size() != 4 || d[3] != S) return std::nullopt;
+    for (int k = 0; k < 3; ++k)
+      if (d[size_t(k)] != 1 && d[size_t(k)] != want[k]) return std::nullopt;
+    f.terms.push_back(value);
+    f.bias_dims.insert(f.bias_dims.end(), d.begin(), d.end());
+    terms.push_back(&h);
+    constant = constant && kind(value) == Kind::Const;
+    name += ":" + names_[size_t(value)];
+  }
+  f.value = f.terms[0];
+  // Causal rows when the build's values mask every key after its query (T == S); else none may be masked.
+  bool causal = T == S;
+  for (int64_t b = 0; b < B && causal; ++b)
+    for (int64_t h = 0; h < H && causal; ++h)
+      for (int64_t t = 0; t < T && causal; ++t)
+        for (int64_t s = t + 1; s < S && causal; ++s) causal = summed_bias(f, terms, b, h, t, s) <= -1e30f;
+  f.scalar = causal ? 1.0 : 0.0;
+  std::vector<float> built(size_t(B * H * S));
+  try {
+    fill_head_key_bias(f, terms, built.data());
+  } catch (const Error&) {
+    return std::nullopt;  // not a key bias per head on the build's batch: the graph's ops compute it as written
+  }
+  if (auto it = feeds_.find(name); it != feeds_.end()) return std::pair{it->second, causal};  // every layer's
+  f.input = name;
+  if (constant) {
+    f.constant = true;
+    f.const_f = std::move(built);
+  }
+  prog_.feeds.push_back(std::move(f));
+  const ValueId x = b_.input(name, Shape({B, H, S}), DType::f32);
+  feeds_[name] = x;
+  return std::pair{x, causal};
 }
 
 // A 2-D convolution whose kernel tiles the image (kernel == stride, no padding, dilation 1, one group: the patch
@@ -1554,6 +1702,15 @@ void OnnxFamily::bind_inputs(runtime::Plan& plan, const Batch& batch, const Batc
       continue;
     }
     plan.bind_input(f.input, nullptr);
+    if (f.feed == Feed::HeadKeyBias) {
+      std::vector<const HostTensor*> terms;
+      for (int value : f.terms) {
+        FT_CHECK(ptr[size_t(value)] != nullptr, "host value \"", names_[size_t(value)], "\" was not computed");
+        terms.push_back(ptr[size_t(value)]);
+      }
+      fill_head_key_bias(f, terms, plan.input(f.input).data_as<float>());
+      continue;
+    }
     const HostTensor* v = ptr[size_t(f.value)];
     FT_CHECK(v != nullptr, "host value \"", names_[size_t(f.value)], "\" was not computed");
     fill_feed(f, *v, plan.input(f.input).data());
@@ -1568,6 +1725,15 @@ std::unique_ptr<models::Family> make_onnx_family(const std::string& path, Head h
 }
 
 bool is_onnx_family(const models::Family& family) { return dynamic_cast<const OnnxFamily*>(&family) != nullptr; }
+
+std::unique_ptr<models::Model> import_model(const std::string& path, const std::string& task,
+                                           const ImportOptions& options) {
+  const Head head = models::head_for_task(task);
+  const std::filesystem::path config_path = std::filesystem::path(path).parent_path() / "config.json";
+  const nlohmann::json config = std::filesystem::exists(config_path) ? io::read_json_file(config_path.string())
+                                                                      : nlohmann::json::object();
+  return models::Model::from_family(make_onnx_family(path, head, config, options), config, head);
+}
 
 void save_onnx(const models::Model& model, const std::string& path) {
   const auto* family = dynamic_cast<const OnnxFamily*>(&model.family());

@@ -33,6 +33,7 @@
 #include "fusetrain/models/model.h"
 #include "fusetrain/models/registry.h"
 #include "fusetrain/onnx/export.h"
+#include "fusetrain/onnx/import.h"
 #include "fusetrain/optim/optimizer.h"
 #include "cli/app.h"
 #include "cli/commands.h"
@@ -620,7 +621,7 @@ architecture: the transformers class to build; defaults to config["architectures
             options.keep_buffers_constant = keep_buffers_constant;
             {
               py::gil_scoped_release release;
-              model = models::Model::from_onnx(path.string(), task, options);
+              model = onnx_import::import_model(path.string(), task, options);
             }
             return wrap(std::move(model));
           },

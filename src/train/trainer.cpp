@@ -35,7 +35,6 @@ Trainer::Trainer(models::Model& model, TrainingArguments args, Head task, const 
       ids_(std::move(ids)) {
   args_.validate();
   FT_CHECK(*models::head_info(task).task, "a model without a head (", model.architecture(), ") has nothing to train");
-  FT_CHECK(!(task == Head::MaskedLM && !ids_.mlm), "masked-LM training needs a tokenizer with a mask token");
   FT_CHECK(!(args_.eval_strategy != "no" && eval_ == nullptr), "eval_strategy is \"", args_.eval_strategy,
            "\" but there is no evaluation dataset");
   if (fs::exists(args_.output_dir))
@@ -161,6 +160,8 @@ data::CollateFn Trainer::collate_for(const data::TokenizedDataset& dataset, uint
   data::CollateOptions options;
   options.pad_id = ids_.pad_id;
   options.seed = seed;
+  // The engine masks tokens itself only when it collates: a data collator (set_collate) gives its own labels.
+  FT_CHECK(!(task_ == Head::MaskedLM && !ids_.mlm), "masked-LM training needs a tokenizer with a mask token");
   if (task_ == Head::MaskedLM) options.mlm = ids_.mlm;
   return data::padded_collate(dataset, options);
 }

@@ -254,13 +254,16 @@ struct AttentionCase {
   int threads = 1;
   bool dead_row = false;   // batch 0's mask is −inf everywhere: no query there sees a key
   bool seq_major = false;  // q, k, v, out (B, T|S, H, D) instead of (B, H, T|S, D)
+  bool head_mask = false;  // the mask is a key bias per head (B, H, S), as ALiBi's, rather than (B, S)
 
   std::string label() const {
     return "Attention B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
            " S=" + std::to_string(S) + " D=" + std::to_string(D) + (mask ? " mask" : "") + (causal ? " causal" : "") +
            " window=" + std::to_string(window) + " dropout=" + std::to_string(dropout) + " threads=" + std::to_string(threads) +
-           (dead_row ? " dead-row" : "") + (seq_major ? " seq-major" : "") + " K=" + std::to_string(kv_heads());
+           (dead_row ? " dead-row" : "") + (seq_major ? " seq-major" : "") + (head_mask ? " head-mask" : "") +
+           " K=" + std::to_string(kv_heads());
   }
+  Shape mask_shape() const { return head_mask ? Shape{B, H, S} : Shape{B, S}; }
   int64_t kv_heads() const { return K > 0 ? K : H; }
   Shape q_shape() const { return seq_major ? Shape{B, T, H, D} : Shape{B, H, T, D}; }
   Shape kv_shape() const { return seq_major ? Shape{B, S, kv_heads(), D} : Shape{B, kv_heads(), S, D}; }
@@ -280,9 +283,12 @@ std::vector<Tensor> attention_inputs(const AttentionCase& c, std::mt19937& rng) 
     in.push_back(t);
   }
   if (c.mask) {
-    Tensor m = Tensor::zeros(Shape{c.B, c.S}, DType::f32);
+    Tensor m = Tensor::zeros(c.mask_shape(), DType::f32);
     std::bernoulli_distribution masked(0.3);
     for (int64_t i = 0; i < m.numel(); ++i) m.set_item(i, masked(rng) ? -3.0 : 0.0);
+    if (c.head_mask)  // ALiBi's form: slope_h · key position, slope 2^-(h + 1), on top of the padding
+      for (int64_t i = 0; i < m.numel(); ++i)
+        m.set_item(i, m.item(i) + std::ldexp(1.0, -int((i / c.S) % c.H) - 1) * double(i % c.S));
     if (c.dead_row)
       for (int64_t s = 0; s < c.S; ++s) m.set_item(s, -kInf);
     in.push_back(m);
@@ -300,7 +306,7 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
   ValueId q = builder.input("q", c.q_shape());
   ValueId k = builder.input("k", c.kv_shape());
   ValueId v = builder.input("v", c.kv_shape());
-  ValueId mask = c.mask ? builder.input("mask", Shape{c.B, c.S}) : ir::kNone;
+  ValueId mask = c.mask ? builder.input("mask", c.mask_shape()) : ir::kNone;
   std::vector<ValueId> forward_inputs{q, k, v};
   if (c.mask) forward_inputs.push_back(mask);
   g.add_node(OpKind::Attention, forward_inputs, c.attrs());
@@ -353,6 +359,22 @@ void check_attention_grid(int threads, std::mt19937& rng) {
               c.T = T, c.S = S, c.D = D, c.mask = mask, c.causal = causal, c.dropout = dropout, c.threads = threads;
               check_attention(c, rng);
             }
+}
+
+// A key bias per head (B, H, S), ALiBi's form, in every layout: direct and seq-major, grouped key/value heads,
+// causal or not, on one and two threads.
+TEST(CpuDenseKernels, AttentionPerHeadKeyBias) {
+  std::mt19937 rng(17);
+  for (int threads : {1, 2})
+    for (bool seq_major : {false, true})
+      for (int64_t K : {0, 2})
+        for (bool causal : {false, true})
+          for (int64_t T : {3, 17, 129}) {
+            AttentionCase c;
+            c.H = 4, c.K = K, c.T = T, c.S = T, c.D = 24, c.mask = true, c.head_mask = true, c.causal = causal;
+            c.seq_major = seq_major, c.threads = threads;
+            check_attention(c, rng);
+          }
 }
 
 TEST(CpuDenseKernels, AttentionOneThread) {

@@ -589,19 +589,20 @@ TEST(RefKernels, AttentionDropoutUsesTheDocumentedElementIndex) {
 }
 
 TEST(RefKernels, AttentionBackwardMatchesFiniteDifferences) {
-  // With causal masking, an additive mask and dropout (the mask is a fixed
-  // function of (seed, step, index), so the output is differentiable).
+  // With causal masking, an additive mask, (B, S) or a key bias per head (B, H, S) as ALiBi's, and dropout (the
+  // dropout mask is a fixed function of (seed, step, index), so the output is differentiable).
   std::mt19937 rng(3);
   const int64_t B = 2, H = 2, T = 3, S = 4, D = 3;
+  for (const Shape& mask_shape : {Shape{B, S}, Shape{B, H, S}})
   for (double p : {0.0, 0.3}) {
-    SCOPED_TRACE(testing::Message() << "dropout_p=" << p);
+    SCOPED_TRACE(testing::Message() << "dropout_p=" << p << " mask " << mask_shape.to_string());
     Graph g;
     GraphBuilder gb(g, 4);
     gb.attention(gb.input("q", {B, H, T, D}), gb.input("k", {B, H, S, D}), gb.input("v", {B, H, S, D}),
-                 gb.input("mask", {B, S}), 0.7, true, p);
+                 gb.input("mask", mask_shape), 0.7, true, p);
     const ir::Attrs attrs = g.nodes().back().attrs;
     std::vector<Tensor> in = {random_tensor({B, H, T, D}, rng), random_tensor({B, H, S, D}, rng),
-                              random_tensor({B, H, S, D}, rng), random_tensor({B, S}, rng)};
+                              random_tensor({B, H, S, D}, rng), random_tensor(mask_shape, rng)};
     Tensor dout = random_tensor({B, H, T, D}, rng);
     auto fwd = run_ref(g, in, 11);
 
@@ -613,7 +614,7 @@ TEST(RefKernels, AttentionBackwardMatchesFiniteDifferences) {
     ids.push_back(b.add_input("v", {B, H, S, D}, DType::f32));
     ids.push_back(b.add_input("out", {B, H, T, D}, DType::f32));
     ids.push_back(b.add_input("lse", {B, H, T}, DType::f32));
-    ids.push_back(b.add_input("mask", {B, S}, DType::f32));
+    ids.push_back(b.add_input("mask", mask_shape, DType::f32));
     b.add_node(OpKind::AttentionBackward, ids, attrs);
     auto grads = run_ref(b, {dout, in[0], in[1], in[2], fwd[0], fwd[1], in[3]}, 11);
     const char* names[] = {"dq", "dk", "dv"};

@@ -13,6 +13,7 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/models/model.h"
+#include "fusetrain/onnx/import.h"
 #include "../../fuzz/onnx_import_case.h"
 #include "support/test_util.h"
 
@@ -41,7 +42,7 @@ Outcome import_and_step(const fs::path& input, const fs::path& scratch) {
   std::ofstream(path, std::ios::binary).write(data.data() + 1, std::streamsize(data.size() - 1));
   const models::Batch batch = input_case.batch();
   try {
-    std::unique_ptr<models::Model> model = models::Model::from_onnx(path.string(), input_case.task());
+    std::unique_ptr<models::Model> model = onnx_import::import_model(path.string(), input_case.task());
     out.loss = model->loss_and_grads(batch, /*training=*/true);
     out.trained = true;
   } catch (const Error& e) {

@@ -472,3 +472,16 @@ def test_a_convolution_the_importer_cannot_map_is_named_with_its_module(tmp_path
         fusetrain.Trainer(model=model, args=fusetrain.TrainingArguments(
             output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to=[], save_strategy="no",
             use_cpu=True, fusetrain_require_engine=True), train_dataset=data).train()
+
+
+def test_bloom_alibi_runs_inside_the_attention_kernel(tmp_path):
+    """BLOOM adds ALiBi (slope_h · key position) and the causal mask to (B·H, T, S) scores it multiplies with bmm: the
+    importer folds both into the Attention op's (B, H, S) key bias, so no (T, S) score tensor is built; the plan
+    `fusetrain inspect` prints has Attention and no Softmax."""
+    graph = capture.captured_path(model_of("bloom", "clm"), "clm")
+    shown = cli("inspect", "--model", str(graph), "--task", "clm", "--max-seq-length", "16",
+                "--per-device-train-batch-size", "2", cache=tmp_path / "cache")
+    assert shown.returncode == 0, shown.stderr
+    ops = {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines() if line.startswith("  ")}
+    assert ops.get("Attention") == ["2", "2"] and ops.get("AttentionBackward") == ["2", "2"], shown.stdout
+    assert "Softmax" not in ops and "SoftmaxBackward" not in ops, shown.stdout

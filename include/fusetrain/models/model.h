@@ -16,7 +16,6 @@
 #include "fusetrain/models/inputs.h"
 #include "fusetrain/models/lora.h"
 #include "fusetrain/models/registry.h"
-#include "fusetrain/onnx/import.h"
 #include "fusetrain/runtime/parameters.h"
 #include "fusetrain/runtime/plan.h"
 
@@ -25,6 +24,8 @@ struct HfModelDir;
 }
 
 namespace fusetrain::models {
+
+class Family;
 
 /// The shape of a batch; a plan is compiled once per distinct spec.
 struct BatchSpec {
@@ -113,13 +114,10 @@ class Model {
   static std::unique_ptr<Model> from_pretrained(const io::HfModelDir& dir, const std::string& architecture = "",
                                                 const nlohmann::json& config_overrides = nlohmann::json::object(),
                                                 uint64_t init_seed = 0);
-  /// A graph exported to ONNX (torch.onnx.export, fusetrain export, Optimum), trained as `task` ("seq-cls",
-  /// "token-cls", "qa", "mlm", "clm"): its float initializers are the parameters (but those named in `frozen`),
-  /// the task's loss is appended to its logits, and it compiles through the same passes as a built model.
-  /// config.json beside the file, when present, gives num_labels, problem_type and max_position_embeddings.
-  /// Throws Error listing every node whose op fusetrain cannot import.
-  static std::unique_ptr<Model> from_onnx(const std::string& path, const std::string& task,
-                                          const onnx_import::ImportOptions& options = {});
+  /// A model whose graphs a family made outside the registry builds (an ONNX graph: onnx_import::import_model),
+  /// with `head` and the parameter values the family brings; `config` names the architecture ("architectures"[0],
+  /// else "OnnxModel") and model_type (else "onnx").
+  static std::unique_ptr<Model> from_family(std::unique_ptr<Family> family, const nlohmann::json& config, Head head);
   /// Fresh weights from a config (a JSON object or a config.json path), initialised as the
   /// architecture does in transformers (normal(0, initializer_range), zero biases, unit LayerNorm).
   static std::unique_ptr<Model> from_config(const nlohmann::json& config, uint64_t seed = 0,
@@ -134,7 +132,7 @@ class Model {
   const std::string& model_type() const { return model_type_; }
   /// The registry's row for this model: its head, what it returns, the task it trains.
   const ArchitectureInfo& architecture_info() const { return *architecture_info_; }
-  /// Whether the model was imported from an ONNX graph (from_onnx).
+  /// Whether the model's family came from outside the registry (from_family: an imported ONNX graph).
   bool imported_from_onnx() const { return onnx_info_ != nullptr; }
   /// The family that builds this model's graphs (src/models/family.h).
   const Family& family() const { return *family_; }

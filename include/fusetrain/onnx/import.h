@@ -1,8 +1,9 @@
-// ONNX import: train a graph exported to ONNX (models::Model::from_onnx), and write the trained weights back
-// into the same graph.
+// ONNX import: train a graph exported to ONNX (import_model), and write the trained weights back into the same
+// graph.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,14 @@ struct ImportOptions {
   /// graph is refused, listing those nodes. constant_buffers() names what was kept constant.
   bool keep_buffers_constant = true;
 };
+
+/// A graph exported to ONNX (torch.onnx.export, fusetrain export, Optimum, fusetrain.capture), trained as `task`
+/// ("seq-cls", "token-cls", "qa", "mlm", "clm"): its float initializers are the parameters (but those named in
+/// `frozen`), the task's loss is appended to its logits, and it compiles through the same passes as a built model.
+/// config.json beside the file, when present, gives num_labels, problem_type and max_position_embeddings.
+/// Throws Error listing every node whose op fusetrain cannot import.
+std::unique_ptr<models::Model> import_model(const std::string& path, const std::string& task,
+                                           const ImportOptions& options = {});
 
 /// Writes the ONNX graph `model` was imported from to `path` with its current parameters as the initializers
 /// (everything else as read). Throws Error for a model not imported from ONNX, or one whose weights hold inf or

@@ -3,7 +3,7 @@
 // Legend: B batch, H heads, K key/value heads (grouped-query attention: H / K query heads share
 // one, query head h reads key/value head h / (H / K)), T query length, S key length, D head size;
 // bh = b·H + h indexes one (batch, head) pair; BQ query rows and BK keys per tile.
-//   q, out, dq, dout: (B, H, T, D)   k, v, dk, dv: (B, K, S, D)   mask: (B, S)   lse: (B, H, T)
+//   q, out, dq, dout: (B, H, T, D)   k, v, dk, dv: (B, K, S, D)   mask: (B, S) or (B, H, S)   lse: (B, H, T)
 // With AttentionParams::seq_major those six are (B, T, H, D) and (B, S, K, D) instead, the
 // layout projections produce, so no transpose is needed around the op. One head's rows are
 // then H·D elements apart; tasks there take a batch element and a group of heads, copy the
@@ -538,6 +538,7 @@ struct AttentionPlan {
   bool causal = false;
   int64_t window = 0;  // sliding window (causal only): query t sees keys s > t + S − T − window; 0: all
   bool has_mask = false;
+  int64_t mask_heads = 1;  // 1: a (B, S) mask every head reads; H: a (B, H, S) one (a key bias per head: ALiBi)
   bool grouped = false;  // through packed f32 copies: seq-major layout, bf16 q, k, v or out, or K < H
   float dropout_p = 0.0f;
   uint64_t seed = 0;
@@ -560,6 +561,7 @@ struct AttentionPlan {
     rng_rows = params.stream_rows(T);
     rng_row_start = params.rng_row_start;
     has_mask = call.inputs.size() > mask_at;
+    if (has_mask && call.inputs[mask_at].shape.rank() == 3) mask_heads = call.inputs[mask_at].shape[1];
     grouped = seq_major || call.inputs[q_at].dtype != DType::f32 || params.out_dtype != DType::f32 || K != H;
     ops = &select_ops();
   }
@@ -577,6 +579,10 @@ struct AttentionPlan {
   }
   // Whether the window hides some key of a tile with this causal offset from one of its mq queries.
   bool window_cuts(int64_t offset, int64_t mq) const { return window > 0 && offset + mq - 1 >= window; }
+  // The mask row (S) head bh (= b·H + h) reads, or null without a mask.
+  const float* mask_row(const Tensor& mask, int64_t bh) const {
+    return has_mask ? static_cast<const float*>(mask.data()) + (mask_heads > 1 ? bh : bh / H) * S : nullptr;
+  }
   // Offset of row 0 of head bh in a (B, H, len, D) tensor (not seq-major).
   int64_t head_offset(int64_t bh, int64_t len) const { return bh * len * D; }
   // Dropout stream index of (bh, t, s).
@@ -714,7 +720,7 @@ class AttentionForwardKernel final : public Kernel {
   // (B, H, T, D) layout: one query block of head bh, read and written in place.
   void forward_direct(const KernelArgs& args, const StepContext& ctx, int64_t bh, int64_t t0, float* work) const {
     const AttentionPlan& p = plan_;
-    const float* mask = p.has_mask ? static_cast<const float*>(args.inputs[3].data()) + (bh / p.H) * p.S : nullptr;
+    const float* mask = p.has_mask ? p.mask_row(args.inputs[3], bh) : nullptr;
     forward_block(static_cast<const float*>(args.inputs[0].data()) + p.head_offset(bh, p.T),
                   static_cast<const float*>(args.inputs[1].data()) + p.head_offset(bh, p.S),
                   static_cast<const float*>(args.inputs[2].data()) + p.head_offset(bh, p.S), mask,
@@ -736,9 +742,9 @@ class AttentionForwardKernel final : public Kernel {
     gather_operand(q, args.inputs[0], p, T, H, b, h0, hg);
     gather_operand(k, args.inputs[1], p, S, p.K, b, h0 / p.group, kg);
     gather_operand(v, args.inputs[2], p, S, p.K, b, h0 / p.group, kg);
-    const float* mask = p.has_mask ? static_cast<const float*>(args.inputs[3].data()) + b * S : nullptr;
     for (int64_t h = 0; h < hg; ++h) {
       const int64_t bh = b * H + h0 + h, kv = h / p.group;
+      const float* mask = p.has_mask ? p.mask_row(args.inputs[3], bh) : nullptr;
       for (int64_t t0 = 0; t0 < T; t0 += kBlockQ)
         forward_block(q + h * T * D, k + kv * S * D, v + kv * S * D, mask, out + h * T * D,
                       static_cast<float*>(args.outputs[1].data()) + bh * T, ctx, bh, t0, work);
@@ -878,7 +884,7 @@ class AttentionBackwardKernel final : public Kernel {
                 in(3, k_at),
                 in(4, q_at),
                 in(5, bh * p.T),
-                p.has_mask ? in(6, (bh / p.H) * p.S) : nullptr,
+                p.has_mask ? p.mask_row(args.inputs[6], bh) : nullptr,
                 out(0, q_at),
                 out(1, k_at),
                 out(2, k_at)};
@@ -936,7 +942,7 @@ class AttentionBackwardKernel final : public Kernel {
                 v + kv * S * D,
                 out + h * T * D,
                 static_cast<const float*>(args.inputs[5].data()) + bh * T,
-                p.has_mask ? static_cast<const float*>(args.inputs[6].data()) + b * S : nullptr,
+                p.has_mask ? p.mask_row(args.inputs[6], bh) : nullptr,
                 dq + h * T * D,
                 dk + kv * S * D,
                 dv + kv * S * D};

@@ -6,7 +6,7 @@
 // Shape letters: B batch, H heads, K key/value heads (H a multiple of K: grouped-query attention,
 // query head h reads key/value head h / (H / K)), T query length, S key length, D head size.
 //   q, out, dout, dq: (B, H, T, D)   k, v, dk, dv: (B, K, S, D)
-//   lse: (B, H, T)                   mask: (B, S) additive, optional
+//   lse: (B, H, T)                   mask: (B, S) or (B, H, S) additive (a bias per head: ALiBi), optional
 // With seq_major: q, out, dout, dq (B, T, H, D) and k, v, dk, dv (B, S, K, D).
 #include <algorithm>
 #include <cmath>
@@ -28,6 +28,7 @@ struct AttentionDims {
   double dropout_p = 0.0;
   uint64_t seed = 0;
   int64_t rng_rows = 0, rng_row_start = 0;  // dropout draws the stream of rows [start, start + T) of rng_rows
+  int64_t mask_heads = 1;  // 1: a (B, S) mask every head reads; H: a (B, H, S) one, a row per head
 };
 
 AttentionDims parse_attention(const KernelCall& call, size_t q_input) {
@@ -49,6 +50,8 @@ AttentionDims parse_attention(const KernelCall& call, size_t q_input) {
   a.seed = params.seed;
   a.rng_rows = params.stream_rows(a.T);
   a.rng_row_start = params.rng_row_start;
+  const size_t mask_at = q_input == 0 ? 3 : 6;
+  if (call.inputs.size() > mask_at && call.inputs[mask_at].shape.rank() == 3) a.mask_heads = call.inputs[mask_at].shape[1];
   return a;
 }
 
@@ -82,7 +85,8 @@ double attention_scores(double* scores, const float* q_row, const float* k, cons
     double dot = 0.0;
     const float* k_row = k + kv_row_at(a, b, h, s);
     for (int64_t d = 0; d < a.D; ++d) dot += static_cast<double>(q_row[d]) * k_row[d];
-    scores[s] = a.scale * dot + (mask != nullptr ? static_cast<double>(mask[b * a.S + s]) : 0.0);
+    const int64_t row = a.mask_heads > 1 ? b * a.H + h : b;
+    scores[s] = a.scale * dot + (mask != nullptr ? static_cast<double>(mask[row * a.S + s]) : 0.0);
     max = std::max(max, scores[s]);
   }
   return max;
