@@ -178,6 +178,11 @@ def model_flops_per_step(config: dict, task: str, batch: int, seq: int, lora: di
     """Matmul FLOPs of one training step (forward + backward = 3x forward), attention included. With LoRA the frozen
     weights take no weight gradient: their matrices cost 2x forward (forward and the input gradient), the attention
     scores still 3x, and the adapters (r x in, out x r per target) 3x."""
+    if config.get("model_type") == "vit":  # patch embedding (3·16·16 -> d per patch), encoder layers, classifier
+        d, layers, ff = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
+        patch = 3 * config["patch_size"] ** 2
+        per_token = layers * (2 * 4 * d * d + 2 * 2 * d * ff + 2 * 2 * seq * d) + 2 * patch * d * (seq - 1) / seq
+        return 3.0 * (per_token * seq + 2 * d * config.get("num_labels", 10)) * batch
     if lora is not None and config.get("model_type") == "llama":
         d, layers = config["hidden_size"], config["num_hidden_layers"]
         ff, vocab = config["intermediate_size"], config["vocab_size"]
@@ -192,11 +197,6 @@ def model_flops_per_step(config: dict, task: str, batch: int, seq: int, lora: di
     else:
         d, layers = config["hidden_size"], config["num_hidden_layers"]
         ff, vocab = config["intermediate_size"], config["vocab_size"]
-    if config.get("model_type") == "vit":  # patch embedding (3·16·16 -> d per patch), encoder layers, classifier
-        d, layers, ff = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
-        patch = 3 * config["patch_size"] ** 2
-        per_token = layers * (2 * 4 * d * d + 2 * 2 * d * ff + 2 * 2 * seq * d) + 2 * patch * d * (seq - 1) / seq
-        return 3.0 * (per_token * seq + 2 * d * config.get("num_labels", 10)) * batch
     if config.get("model_type") in ("llama", "qwen3"):  # q, o (d x d), k, v (d x kv), SwiGLU's three matrices, causal scores
         kv = d * config["num_key_value_heads"] // config["num_attention_heads"]
         per_token = layers * (2 * (2 * d * d + 2 * d * kv) + 2 * 3 * d * ff + 2 * 2 * seq * d)
