@@ -716,7 +716,27 @@ int run_inspect(Options& o) {
   const bool per_token = label_kind == models::LabelKind::TokenIds;
   std::vector<int64_t> labels(static_cast<size_t>(per_token ? B * T : B), 0);
   models::Batch batch;
-  batch.set("input_ids", Tensor::view(ids.data(), {B, T}, DType::i64));
+  // Every input the batch must give, from the model's declaration: token ids (B, T), float inputs (pixel_values)
+  // zeros of their fixed sizes.
+  std::vector<std::vector<float>> floats;
+  for (const models::InputDecl& input : model->inputs()) {
+    if (input.source != models::InputSource::Batch) continue;
+    if (input.dtype == DType::i64) {
+      batch.set(input.name, Tensor::view(ids.data(), {B, T}, DType::i64));
+      continue;
+    }
+    std::vector<int64_t> dims{B};
+    for (size_t k = 1; k < input.fixed.size(); ++k) {
+      FT_CHECK(input.fixed[k] > 0, "inspect: ", input.name, " has no fixed size on axis ", k, " (", models::describe(input),
+               ")");
+      dims.push_back(input.fixed[k]);
+    }
+    const Shape shape(dims);
+    floats.emplace_back(static_cast<size_t>(shape.numel()), 0.0f);
+    batch.set(input.name, Tensor::view(floats.back().data(), shape, DType::f32));
+  }
+  const bool sequence = std::any_of(model->inputs().begin(), model->inputs().end(),
+                                    [](const models::InputDecl& d) { return d.seq_axis >= 0; });
   if (label_kind == models::LabelKind::Spans) {
     batch.set("start_positions", Tensor::view(labels.data(), {B}, DType::i64));
     batch.set("end_positions", Tensor::view(labels.data(), {B}, DType::i64));
@@ -737,8 +757,12 @@ int run_inspect(Options& o) {
     for (const auto& [op, c] : counts) n += c;
     return n;
   };
-  std::printf("training plan for batch %lld x %lld: %zu nodes scheduled\n", static_cast<long long>(B),
-              static_cast<long long>(T), plan.num_scheduled_nodes());
+  if (sequence)
+    std::printf("training plan for batch %lld x %lld: %zu nodes scheduled\n", static_cast<long long>(B),
+                static_cast<long long>(T), plan.num_scheduled_nodes());
+  else
+    std::printf("training plan for batch %lld: %zu nodes scheduled\n", static_cast<long long>(B),
+                plan.num_scheduled_nodes());
   std::printf("  %-28s %8s %8s\n", "op", "built", "planned");
   std::map<std::string, std::pair<int, int>> rows;
   for (const auto& [op, n] : log.ops_before) rows[op].first = n;
