@@ -566,7 +566,9 @@ compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
   // optional input shares their batch and sequence axes, and one left out is filled with its default, so the
   // same program serves a batch with or without it), then the settings.
   compile::ProgramCache::Key key;
-  for (const auto& [name, shape] : spec.shapes) {
+  for (const auto& given : spec.shapes) {
+    const std::string& name = given.first;
+    const Shape& shape = given.second;
     const auto input = std::find_if(inputs_.begin(), inputs_.end(), [&](const InputDecl& d) { return d.name == name; });
     if (input->source != InputSource::Batch) continue;
     key.push_back(shape.rank());
@@ -621,7 +623,9 @@ bool is_label(const std::string& name) {
 }  // namespace
 
 void Model::check_inputs(const Batch& batch) const {
-  for (const auto& [name, tensor] : batch.tensors()) {
+  for (const auto& entry : batch.tensors()) {
+    const std::string& name = entry.first;
+    const Tensor& tensor = entry.second;
     if (is_label(name)) continue;
     const bool declared =
         std::any_of(inputs_.begin(), inputs_.end(), [&](const InputDecl& d) { return d.name == name; });
