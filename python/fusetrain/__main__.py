@@ -170,6 +170,14 @@ def _with_captured_model(argv: list[str]) -> list[str] | int:
     out = list(argv)
     at, value = model
     out[at] = graph if out[at] == value else f"--model={graph}"
+    engine_task = capture.engine_task(task)
+    if engine_task != task:  # an image classifier trains as the engine's whole-input classification
+        at, value = _option(out, "--task")
+        out[at] = engine_task if out[at] == value else f"--task={engine_task}"
+    if argv[0] == "inspect":
+        architecture = (config.get("architectures") or [config.get("model_type")])[0]
+        print(f"capture: {architecture} is not built natively; its training forward was captured by torch.onnx's "
+              f"dynamo exporter into {graph} (task {task}), which the plan below imports", flush=True)
     return out
 
 

@@ -487,3 +487,21 @@ def test_bloom_alibi_runs_inside_the_attention_kernel(tmp_path):
     ops = {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines() if line.startswith("  ")}
     assert ops.get("Attention") == ["2", "2"] and ops.get("AttentionBackward") == ["2", "2"], shown.stdout
     assert "Softmax" not in ops and "SoftmaxBackward" not in ops, shown.stdout
+
+
+@pytest.mark.slow  # two captures in child processes (~35 s); the import errors it shows are covered in CI above
+def test_inspect_reports_the_capture_and_where_it_fails(tmp_path):
+    """`fusetrain inspect --model DIR` on a directory fusetrain does not build says it was captured and shows the
+    imported plan; for a model the importer cannot take it exits non-zero naming the op and its module."""
+    vit_model().save_pretrained(tmp_path / "vit")
+    shown = cli("inspect", "--model", str(tmp_path / "vit"), "--task", "image-cls", "--per-device-train-batch-size",
+                "2", cache=tmp_path / "cache")
+    assert shown.returncode == 0, shown.stderr
+    assert "capture: ViTForImageClassification is not built natively" in shown.stdout
+    assert "Attention" in shown.stdout and "training plan for batch 2:" in shown.stdout
+    config = T.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], image_size=32,
+                              num_labels=3)
+    T.ConvNextForImageClassification(config).save_pretrained(tmp_path / "convnext")
+    refused = cli("inspect", "--model", str(tmp_path / "convnext"), "--task", "image-cls", cache=tmp_path / "cache")
+    assert refused.returncode != 0
+    assert "in module convnext.encoder.stages.0.layers.0.dwconv: Conv with kernel (7, 7)" in refused.stderr
