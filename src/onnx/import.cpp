@@ -29,13 +29,6 @@
 
 namespace fusetrain::onnx_import {
 
-using ir::ValueId;
-using models::Batch;
-using models::BatchSpec;
-using models::BuiltGraph;
-using models::Head;
-using onnx::NodeProto;
-
 namespace detail {
 
 /// The ONNX graph inputs fusetrain feeds from the batch: token inputs (int64 (batch, sequence), which the host may

@@ -21,7 +21,7 @@
 #include "onnx/host_eval.h"
 #include "onnx/import.h"
 
-namespace fusetrain::onnx_import::detail {
+namespace fusetrain::onnx_import {
 
 using ir::ValueId;
 using models::Batch;
@@ -29,6 +29,8 @@ using models::BatchSpec;
 using models::BuiltGraph;
 using models::Head;
 using onnx::NodeProto;
+
+namespace detail {
 
 /// How a host value reaches the plan: as it is, or transformed first.
 enum class Feed : uint8_t {
@@ -313,4 +315,5 @@ class Builder {
   std::vector<Unsupported> unsupported_;
 };
 
-}  // namespace fusetrain::onnx_import::detail
+}  // namespace detail
+}  // namespace fusetrain::onnx_import

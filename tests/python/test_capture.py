@@ -144,15 +144,23 @@ def test_trainer_trains_a_captured_model_as_transformers_does(arch, task, tmp_pa
     # One batch of 4 equal-length rows per step, so the samplers' orders cannot make the steps differ.
     rows = batch(task, seed=1)
     data = [{k: v[i] for k, v in rows.items()} for i in range(4)]
-    ours_model, theirs_model = model_of(arch, task), model_of(arch, task)
+    ours_model, theirs_model = both_trainers(lambda: model_of(arch, task), data, tmp_path)
+    feed = {k: torch.from_numpy(v) for k, v in rows.items()}
+    assert_trained_alike(ours_model, theirs_model, lambda: model_of(arch, task), feed)
+
+
+def both_trainers(fresh, data, tmp_path):
+    """Three steps of fusetrain.Trainer (on the engine) and of transformers' Trainer, each on a model `fresh()`
+    builds: their logged losses agree within 1e-3 relative (transformers logs 4 significant digits). Returns both
+    trained models."""
+    ours_model, theirs_model = fresh(), fresh()
     ours = trainer_losses(fusetrain.Trainer, fusetrain.TrainingArguments, ours_model, data, tmp_path / "ours",
                           fusetrain_require_engine=True)
     theirs = trainer_losses(transformers.Trainer, transformers.TrainingArguments, theirs_model, data,
                             tmp_path / "theirs")
     assert len(ours) == len(theirs) == 3
     np.testing.assert_allclose(ours, theirs, rtol=1e-3)
-    feed = {k: torch.from_numpy(v) for k, v in rows.items()}
-    assert_trained_alike(ours_model, theirs_model, lambda: model_of(arch, task), feed)
+    return ours_model, theirs_model
 
 
 def assert_trained_alike(ours_model, theirs_model, fresh, feed) -> None:
@@ -447,24 +455,23 @@ def test_trainer_trains_a_captured_vit_as_transformers_does(tmp_path):
     rows = images(seed=2)
     data = [{"pixel_values": torch.from_numpy(rows["pixel_values"][i]), "labels": int(rows["labels"][i])}
             for i in range(4)]
-    ours_model, theirs_model = vit_model(), vit_model()
-    ours = trainer_losses(fusetrain.Trainer, fusetrain.TrainingArguments, ours_model, data, tmp_path / "ours",
-                          fusetrain_require_engine=True)
-    theirs = trainer_losses(transformers.Trainer, transformers.TrainingArguments, theirs_model, data,
-                            tmp_path / "theirs")
-    assert len(ours) == len(theirs) == 3
-    np.testing.assert_allclose(ours, theirs, rtol=1e-3)
+    ours_model, theirs_model = both_trainers(vit_model, data, tmp_path)
     feed = {"pixel_values": torch.from_numpy(rows["pixel_values"]), "labels": torch.from_numpy(rows["labels"])}
     assert_trained_alike(ours_model, theirs_model, vit_model, feed)
+
+
+def convnext_model():
+    """A small ConvNeXt: its depthwise 7x7 convolution is no patch embedding."""
+    config = T.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], image_size=32,
+                              num_labels=3)
+    torch.manual_seed(0)
+    return T.ConvNextForImageClassification(config)
 
 
 def test_a_convolution_the_importer_cannot_map_is_named_with_its_module(tmp_path):
     """ConvNeXt's depthwise 7x7 convolution is no patch embedding: fusetrain.Trainer with fusetrain_require_engine
     refuses it naming the op, its settings and the module it sits in (the warning's text without the flag)."""
-    config = T.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], image_size=32,
-                              num_labels=3)
-    torch.manual_seed(0)
-    model = T.ConvNextForImageClassification(config)
+    model = convnext_model()
     rows = images()
     data = [{"pixel_values": torch.from_numpy(rows["pixel_values"][i]), "labels": int(rows["labels"][i]) % 3}
             for i in range(4)]
@@ -499,9 +506,7 @@ def test_inspect_reports_the_capture_and_where_it_fails(tmp_path):
     assert shown.returncode == 0, shown.stderr
     assert "capture: ViTForImageClassification is not built natively" in shown.stdout
     assert "Attention" in shown.stdout and "training plan for batch 2:" in shown.stdout
-    config = T.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], image_size=32,
-                              num_labels=3)
-    T.ConvNextForImageClassification(config).save_pretrained(tmp_path / "convnext")
+    convnext_model().save_pretrained(tmp_path / "convnext")
     refused = cli("inspect", "--model", str(tmp_path / "convnext"), "--task", "image-cls", cache=tmp_path / "cache")
     assert refused.returncode != 0
     assert "in module convnext.encoder.stages.0.layers.0.dwconv: Conv with kernel (7, 7)" in refused.stderr
