@@ -85,16 +85,15 @@ class BertFamily final : public Family {
     }
     out.hidden_states = x;
 
+    ValueId logits = x;  // Head::Base: the hidden states
     switch (head_) {
       case Head::Base:
         pooler(b, x, B, T);  // BertModel and RobertaModel carry a pooler; the hidden states are the output
-        out.logits = x;
         break;
       case Head::MaskedLM:
-        out.logits = masked_lm_head(b, x, word);
+        logits = masked_lm_head(b, x, word);
         break;
-      case Head::SequenceClassification: {
-        ValueId logits;
+      case Head::SequenceClassification:
         if (roberta_) {
           // RobertaClassificationHead: dropout, dense, tanh, dropout, out_proj on the <s> token.
           ValueId h = maybe_dropout(b, first_token(b, x, B, T, C), classifier_dropout_, train);
@@ -105,22 +104,17 @@ class BertFamily final : public Family {
           ValueId pooled = maybe_dropout(b, pooler(b, x, B, T), classifier_dropout_, train);
           logits = dense(b, pooled, "classifier", num_labels_, C);
         }
-        out.logits = logits;
-        if (spec.labels != LabelKind::None)
-          out.loss = sequence_classification_loss(b, logits, spec, ConfigReader(config_), num_labels_);
         break;
-      }
       case Head::TokenClassification:
-        out.logits = dense(b, maybe_dropout(b, x, classifier_dropout_, train), "classifier", num_labels_, C);
-        if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
+        logits = dense(b, maybe_dropout(b, x, classifier_dropout_, train), "classifier", num_labels_, C);
         break;
       case Head::QuestionAnswering:
-        question_answering_outputs(b, dense(b, x, "qa_outputs", 2, C), spec, out);
+        logits = dense(b, x, "qa_outputs", 2, C);
         break;
       case Head::CausalLM:
         throw Error("BERT/RoBERTa have no causal-LM head in fusetrain");
     }
-    if (head_ == Head::MaskedLM && spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
+    head_outputs(b, head_, {logits}, spec, ConfigReader(config_), out);
     return out;
   }
 

@@ -70,29 +70,27 @@ class DistilBertFamily final : public Family {
     }
     out.hidden_states = x;
 
+    ValueId logits = x;  // Head::Base: the hidden states
     switch (head_) {
       case Head::Base:
-        out.logits = x;
         break;
       case Head::MaskedLM: {
         ValueId h = activation(b, dense(b, x, "vocab_transform", C, C), act_, matmul_dtype_);
         h = layer_norm(b, h, "vocab_layer_norm");
         ValueId projector = tie_ ? word : b.param("vocab_projector.weight", {V_, C});
-        out.logits = project(b, h, projector, b.param("vocab_projector.bias", {V_}), matmul_dtype_);
-        if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
+        logits = project(b, h, projector, b.param("vocab_projector.bias", {V_}), matmul_dtype_);
         break;
       }
       case Head::SequenceClassification: {
         ValueId pooled = b.relu(dense(b, first_token(b, x, B, T, C), "pre_classifier", C, C));
         pooled = maybe_dropout(b, pooled, classifier_dropout_, train);
-        out.logits = dense(b, pooled, "classifier", num_labels_, C);
-        if (spec.labels != LabelKind::None)
-          out.loss = sequence_classification_loss(b, out.logits, spec, ConfigReader(config_), num_labels_);
+        logits = dense(b, pooled, "classifier", num_labels_, C);
         break;
       }
       default:
         throw Error("DistilBERT in fusetrain has masked-LM and sequence-classification heads only");
     }
+    head_outputs(b, head_, {logits}, spec, ConfigReader(config_), out);
     return out;
   }
 

@@ -207,6 +207,8 @@ ValueId first_token(ir::GraphBuilder& b, ValueId x, int64_t B, int64_t T, int64_
   return b.reshape(b.slice(x, 1, 0, 1), {B, C});
 }
 
+namespace {
+
 ValueId sequence_classification_loss(ir::GraphBuilder& b, ValueId logits, const BatchSpec& spec,
                                      const ConfigReader& config, int64_t num_labels) {
   std::string problem = config.get_string("problem_type", "");
@@ -239,20 +241,67 @@ ValueId sequence_classification_loss(ir::GraphBuilder& b, ValueId logits, const 
                   "\" (expected regression, single_label_classification or multi_label_classification)"));
 }
 
-ValueId token_loss(ir::GraphBuilder& b, ValueId logits, const BatchSpec& spec) {
-  FT_CHECK(spec.labels == LabelKind::TokenIds, "this head needs integer token labels of shape (", spec.batch, ", ",
-           spec.seq, ")");
-  return b.softmax_cross_entropy(logits, b.input(InputNames::labels, {spec.batch, spec.seq}, DType::i64));
+}  // namespace
+
+void head_outputs(ir::GraphBuilder& b, Head head, HeadLogits logits, const BatchSpec& spec,
+                  const ConfigReader& config, BuiltGraph& out) {
+  const int64_t B = spec.batch, T = spec.seq;
+  const Shape& shape = b.graph().value(logits.logits).shape;
+  const bool labelled = spec.labels != LabelKind::None;
+  switch (head) {
+    case Head::Base:
+      out.logits = logits.logits;
+      return;
+    case Head::SequenceClassification:
+      FT_CHECK(shape.rank() == 2 && shape[0] == B, "sequence classification needs logits of shape (batch, labels) = (",
+               B, ", L), the model returns ", shape.to_string());
+      out.logits = logits.logits;
+      if (labelled) out.loss = sequence_classification_loss(b, out.logits, spec, config, shape[1]);
+      return;
+    case Head::QuestionAnswering: {
+      if (logits.end_logits != ir::kNone) {
+        for (ValueId v : {logits.logits, logits.end_logits})
+          FT_CHECK(b.graph().value(v).shape == Shape({B, T}), "question answering needs start and end logits of shape (",
+                   B, ", ", T, "), the model returns ", b.graph().value(v).shape.to_string());
+        out.logits = logits.logits;
+        out.end_logits = logits.end_logits;
+      } else {
+        FT_CHECK(shape == Shape({B, T, 2}), "question answering needs start_logits and end_logits, or logits of shape ",
+                 "(batch, sequence, 2) = (", B, ", ", T, ", 2); the model returns ", shape.to_string());
+        std::vector<ValueId> parts = b.split(logits.logits, -1, {1, 1});
+        out.logits = b.reshape(parts[0], {B, T});
+        out.end_logits = b.reshape(parts[1], {B, T});
+      }
+      if (!labelled) return;
+      FT_CHECK(spec.labels == LabelKind::Spans, "question answering needs start_positions and end_positions");
+      // Positions arrive clamped to [0, T]; T is ignored, as in transformers.
+      ValueId start = b.input(InputNames::start_positions, {B}, DType::i64);
+      ValueId end = b.input(InputNames::end_positions, {B}, DType::i64);
+      ValueId start_loss = b.softmax_cross_entropy(out.logits, start, T);
+      ValueId end_loss = b.softmax_cross_entropy(out.end_logits, end, T);
+      out.loss = b.scale(b.add(start_loss, end_loss), 0.5);
+      return;
+    }
+    case Head::MaskedLM:
+    case Head::CausalLM:
+    case Head::TokenClassification:
+      FT_CHECK(shape.rank() == 3 && shape[0] == B && shape[1] == T, "this head needs logits of shape (batch, sequence, ",
+               "classes) = (", B, ", ", T, ", L), the model returns ", shape.to_string());
+      out.logits = logits.logits;
+      if (!labelled) return;
+      FT_CHECK(spec.labels == LabelKind::TokenIds, "this head needs integer token labels of shape (", B, ", ", T, ")");
+      out.loss = b.softmax_cross_entropy(out.logits, b.input(InputNames::labels, {B, T}, DType::i64));
+      return;
+  }
+  throw Error("unknown head");
 }
 
-void last_token_classification(ir::GraphBuilder& b, ValueId x, const BatchSpec& spec, const ConfigReader& config,
-                               int64_t num_labels, int64_t C, BuiltGraph& out) {
+ValueId last_token_logits(ir::GraphBuilder& b, ValueId x, const BatchSpec& spec, int64_t num_labels, int64_t C) {
   ValueId scores = b.linear(x, b.param("score.weight", {num_labels, C}));  // (B, T, L)
   // Gather row b·T + t of the flattened scores: an embedding lookup, whose backward scatters the gradient back to
   // that row.
   ValueId rows = b.reshape(scores, {spec.batch * spec.seq, num_labels});
-  out.logits = b.embedding(rows, b.input(InputNames::pool_index, {spec.batch}, DType::i64));
-  if (spec.labels != LabelKind::None) out.loss = sequence_classification_loss(b, out.logits, spec, config, num_labels);
+  return b.embedding(rows, b.input(InputNames::pool_index, {spec.batch}, DType::i64));
 }
 
 int64_t last_non_pad(const int64_t* ids, int64_t T, int64_t pad) {
@@ -261,20 +310,6 @@ int64_t last_non_pad(const int64_t* ids, int64_t T, int64_t pad) {
   for (int64_t t = 0; t < T; ++t)
     if (ids[t] != pad) last = t;
   return last;
-}
-
-void question_answering_outputs(ir::GraphBuilder& b, ValueId logits, const BatchSpec& spec, BuiltGraph& out) {
-  std::vector<ValueId> parts = b.split(logits, -1, {1, 1});
-  out.logits = b.reshape(parts[0], {spec.batch, spec.seq});
-  out.end_logits = b.reshape(parts[1], {spec.batch, spec.seq});
-  if (spec.labels == LabelKind::None) return;
-  FT_CHECK(spec.labels == LabelKind::Spans, "question answering needs start_positions and end_positions");
-  // Positions arrive clamped to [0, T]; T is ignored, as in transformers.
-  ValueId start = b.input(InputNames::start_positions, {spec.batch}, DType::i64);
-  ValueId end = b.input(InputNames::end_positions, {spec.batch}, DType::i64);
-  ValueId start_loss = b.softmax_cross_entropy(out.logits, start, spec.seq);
-  ValueId end_loss = b.softmax_cross_entropy(out.end_logits, end, spec.seq);
-  out.loss = b.scale(b.add(start_loss, end_loss), 0.5);
 }
 
 }  // namespace fusetrain::models

@@ -198,20 +198,28 @@ ir::ValueId split_heads(ir::GraphBuilder& b, ir::ValueId x, int64_t B, int64_t T
 ir::ValueId merge_heads(ir::GraphBuilder& b, ir::ValueId x, int64_t B, int64_t T, int64_t H, int64_t D);
 /// x (B, T, C) -> x[:, 0] (B, C)
 ir::ValueId first_token(ir::GraphBuilder& b, ir::ValueId x, int64_t B, int64_t T, int64_t C);
-/// Declares the label inputs for `spec` and returns the sequence-classification
-/// loss for logits (B, L), following transformers' problem_type rules.
-ir::ValueId sequence_classification_loss(ir::GraphBuilder& b, ir::ValueId logits, const BatchSpec& spec,
-                                         const ConfigReader& config, int64_t num_labels);
-/// Token-level loss: logits (B, T, L) against labels (B, T), -100 ignored.
-ir::ValueId token_loss(ir::GraphBuilder& b, ir::ValueId logits, const BatchSpec& spec);
-/// The decoder models' sequence classification: "score.weight" (L, C) applied to every position of x (B, T, C),
-/// the row InputNames::pool_index picks per sequence kept as the logits (B, L), and its loss when labels are given.
-void last_token_classification(ir::GraphBuilder& b, ir::ValueId x, const BatchSpec& spec, const ConfigReader& config,
-                               int64_t num_labels, int64_t C, BuiltGraph& out);
+/// What a head's layers compute, before its loss: `logits` as the head kind has them, and for question answering
+/// given as two outputs, the end logits beside the start logits.
+struct HeadLogits {
+  ir::ValueId logits = ir::kNone;
+  ir::ValueId end_logits = ir::kNone;  ///< question answering: end logits (B, T) when `logits` are the start logits
+};
+/// The one place a head's outputs and loss are built, for every family (native and imported). By head kind:
+///  - Base: `logits` are the hidden states, returned as they are; no loss.
+///  - MaskedLM, CausalLM, TokenClassification: logits (B, T, L); cross-entropy against (B, T) token labels, -100
+///    ignored (causal-LM labels arrive shifted left by one, so no slicing here).
+///  - SequenceClassification: logits (B, L); the problem_type loss (MSE, cross-entropy or BCE with logits).
+///  - QuestionAnswering: logits (B, T, 2), or start and end logits (B, T); the mean of the start and end
+///    cross-entropies, positions clamped to [0, T] and T ignored, as transformers does.
+/// Labels are declared as graph inputs only when `spec` carries them. Throws Error naming the shape the head needs
+/// when the logits have another (an imported graph's outputs).
+void head_outputs(ir::GraphBuilder& b, Head head, HeadLogits logits, const BatchSpec& spec,
+                  const ConfigReader& config, BuiltGraph& out);
+/// The decoder models' sequence-classification logits (B, L): "score.weight" (L, C) applied to every position of
+/// x (B, T, C), the row InputNames::pool_index picks per sequence kept.
+ir::ValueId last_token_logits(ir::GraphBuilder& b, ir::ValueId x, const BatchSpec& spec, int64_t num_labels,
+                              int64_t C);
 /// The last position of ids (T) that is not `pad` (T - 1 when pad < 0): the token decoder models classify.
 int64_t last_non_pad(const int64_t* ids, int64_t T, int64_t pad);
-/// QA: logits (B, T, 2) -> start/end logits (B, T) in `out`; loss with the
-/// positions clamped to [0, T] and T ignored, as transformers does.
-void question_answering_outputs(ir::GraphBuilder& b, ir::ValueId logits, const BatchSpec& spec, BuiltGraph& out);
 
 }  // namespace fusetrain::models

@@ -78,24 +78,22 @@ class Gpt2Family final : public Family {
     x = layer_norm(b, x, p("ln_f"));
     out.hidden_states = x;
 
+    ValueId logits = x;  // Head::Base: the hidden states
     switch (head_) {
       case Head::Base:
-        out.logits = x;
         break;
       case Head::CausalLM: {
         ValueId lm_head = tie_ ? wte : b.param("lm_head.weight", {V_, C});
-        out.logits = project(b, x, lm_head, ir::kNone, matmul_dtype_);
-        // Labels arrive shifted left by one (the last position ignored), so every
-        // position predicts the next token without slicing the logits.
-        if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
+        logits = project(b, x, lm_head, ir::kNone, matmul_dtype_);
         break;
       }
       case Head::SequenceClassification:
-        last_token_classification(b, x, spec, ConfigReader(config_), num_labels_, C, out);
+        logits = last_token_logits(b, x, spec, num_labels_, C);
         break;
       default:
         throw Error("GPT-2 in fusetrain has causal-LM and sequence-classification heads only");
     }
+    head_outputs(b, head_, {logits}, spec, ConfigReader(config_), out);
     return out;
   }
 

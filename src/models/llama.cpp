@@ -116,22 +116,22 @@ class LlamaFamily final : public Family {
     }
     x = rms_norm(b, x, p("norm"));
     out.hidden_states = x;
+    ValueId logits = x;  // Head::Base: the hidden states
     switch (head_) {
       case Head::Base:
-        out.logits = x;
         break;
       case Head::CausalLM: {
         ValueId lm_head = tie_ ? embed : b.param("lm_head.weight", {V_, C});
-        out.logits = project(b, x, lm_head, ir::kNone, matmul_dtype_);
-        if (spec.labels != LabelKind::None) out.loss = token_loss(b, out.logits, spec);
+        logits = project(b, x, lm_head, ir::kNone, matmul_dtype_);
         break;
       }
       case Head::SequenceClassification:
-        last_token_classification(b, x, spec, ConfigReader(config_), num_labels_, C, out);
+        logits = last_token_logits(b, x, spec, num_labels_, C);
         break;
       default:
         throw Error(str(type_, " in fusetrain has causal-LM and sequence-classification heads only"));
     }
+    head_outputs(b, head_, {logits}, spec, ConfigReader(config_), out);
     return out;
   }
 

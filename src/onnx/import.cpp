@@ -951,7 +951,6 @@ BuiltGraph OnnxFamily::build_graph(const BatchSpec& spec) const {
   FT_CHECK(!spec.bf16 && !spec.fp16, "mixed precision for a graph imported from ONNX is not supported (it trains in "
                                      "f32)");
   FT_CHECK(!spec.recompute, "activation checkpointing for a graph imported from ONNX is not supported");
-  const int64_t B = spec.batch, T = spec.seq;
   BuiltGraph out;
   auto program = std::make_shared<HostProgram>();
   Builder bld(*this, names_, ids_, spec, out.graph, *program);
@@ -967,50 +966,16 @@ BuiltGraph OnnxFamily::build_graph(const BatchSpec& spec) const {
   for (const auto& o : g.output()) outputs[o.name()] = ids_.at(o.name());
   FT_CHECK(!outputs.empty(), "the ONNX graph has no outputs");
   auto named = [&](const char* name) { return outputs.count(name) ? bld.output(outputs[name], name) : ir::kNone; };
-  ir::GraphBuilder& b = bld.builder();
-  const models::ConfigReader config(config_);
   programs_[host_key(spec)] = program;
+  models::HeadLogits logits;
   if (head_ == Head::QuestionAnswering && outputs.count("start_logits") && outputs.count("end_logits")) {
-    out.logits = named("start_logits");
-    out.end_logits = named("end_logits");
-    FT_CHECK(b.graph().value(out.logits).shape == Shape({B, T}), "start_logits has shape ",
-             b.graph().value(out.logits).shape.to_string(), ", expected (", B, ", ", T, ")");
-    if (spec.labels != models::LabelKind::None) {
-      FT_CHECK(spec.labels == models::LabelKind::Spans, "question answering needs start_positions and end_positions");
-      const ValueId start = b.input(models::InputNames::start_positions, {B}, DType::i64);
-      const ValueId end = b.input(models::InputNames::end_positions, {B}, DType::i64);
-      out.loss = b.scale(b.add(b.softmax_cross_entropy(out.logits, start, T),
-                               b.softmax_cross_entropy(out.end_logits, end, T)), 0.5);
-    }
-    return out;
+    logits = {named("start_logits"), named("end_logits")};
+  } else {
+    const std::string first = g.output(0).name();
+    logits.logits = outputs.count("logits") ? named("logits") : bld.output(outputs[first], first);
+    if (head_ == Head::Base) out.hidden_states = logits.logits;
   }
-  const std::string first = g.output(0).name();
-  const ValueId logits = outputs.count("logits") ? named("logits") : bld.output(outputs[first], first);
-  const Shape& ls = b.graph().value(logits).shape;
-  switch (head_) {
-    case Head::Base:
-      out.hidden_states = logits;
-      out.logits = logits;
-      break;
-    case Head::SequenceClassification:
-      FT_CHECK(ls.rank() == 2 && ls[0] == B, "sequence classification needs logits of shape (batch, labels), the "
-                                             "graph returns ", ls.to_string());
-      out.logits = logits;
-      if (spec.labels != models::LabelKind::None)
-        out.loss = models::sequence_classification_loss(b, logits, spec, config, ls[1]);
-      break;
-    case Head::QuestionAnswering:
-      FT_CHECK(ls == Shape({B, T, 2}), "question answering needs start_logits and end_logits outputs, or logits of "
-                                       "shape (batch, sequence, 2); the graph returns ", ls.to_string());
-      models::question_answering_outputs(b, logits, spec, out);
-      break;
-    default:  // token classification and the language models: one class per position
-      FT_CHECK(ls.rank() == 3 && ls[0] == B && ls[1] == T, "this head needs logits of shape (batch, sequence, "
-                                                          "classes), the graph returns ", ls.to_string());
-      out.logits = logits;
-      if (spec.labels != models::LabelKind::None) out.loss = models::token_loss(b, logits, spec);
-      break;
-  }
+  models::head_outputs(bld.builder(), head_, logits, spec, models::ConfigReader(config_), out);
   return out;
 }
 
