@@ -300,13 +300,25 @@ struct KernelF32Avx512 {
   }
 
   // Tiles of mr < MR rows run a kernel with only mr accumulator rows (see row_kernel).
+  //
+  // Two software prefetches hide the memory the tile waits on: C's rows, requested before the k loop so they
+  // arrive while it runs (C is written back once per KC block, from L3 or memory when the product is large), and
+  // the B panel four k steps ahead (it streams from L2). Measured on an Ice Lake Xeon, 2 threads, the best of 6
+  // alternated runs: 1024x1024x384 259.6 -> 277.5 GFLOP/s, 2048^3 244.7 -> 258.8, 6304x768x3072 257.1 -> 269.8.
   template <int ROWS>
   FT_TARGET_AVX512 static void micro_rows(int64_t kd, const float* a, const float* b, float* c, int64_t ldc, int nr,
                                           float alpha, float beta) {
+#pragma GCC unroll 14
+    for (int i = 0; i < ROWS; i++) {
+      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 16), _MM_HINT_T0);
+    }
     __m512 acc[ROWS][2];
 #pragma GCC unroll 14
     for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     for (int64_t k = 0; k < kd; k++, a += MR, b += NR) {
+      _mm_prefetch(reinterpret_cast<const char*>(b + 4 * NR), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(b + 4 * NR + 16), _MM_HINT_T0);
       __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
 #pragma GCC unroll 14
       for (int i = 0; i < ROWS; i++) {
