@@ -1,6 +1,7 @@
 // Shape and dtype inference for every op. The switch has no default, so a new
 // op in ops.def fails to compile until it is handled here (-Werror=switch).
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "fusetrain/core/error.h"
@@ -512,6 +513,8 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       c.require(attention.window >= 0, "window should be >= 0 (0: no sliding window), found ", attention.window);
       c.require(attention.window == 0 || attention.causal, "a sliding window (window ", attention.window,
                 ") needs causal attention");
+      c.require(std::isfinite(attention.softcap) && attention.softcap >= 0.0,
+                "softcap should be a finite number >= 0 (0: no soft-capping), found ", attention.softcap);
       const int64_t rng_rows = attention.stream_rows(T), rng_row_start = attention.rng_row_start;
       c.require(rng_row_start >= 0 && rng_row_start + T <= rng_rows, "dropout rows [", rng_row_start, ", ",
                 rng_row_start + T, ") are outside rng_rows ", rng_rows);

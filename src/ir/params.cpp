@@ -308,6 +308,7 @@ OpParams decode(OpKind op, AttrReader& r) {
       p.scale = r.number("scale");
       p.causal = r.flag("causal", p.causal);
       p.window = r.integer("window", p.window);
+      p.softcap = r.number("softcap", p.softcap);
       p.seq_major = r.flag("seq_major", p.seq_major);
       p.dropout_p = r.number("dropout_p", p.dropout_p);
       p.seed = static_cast<uint64_t>(r.integer("seed", static_cast<int64_t>(p.seed)));

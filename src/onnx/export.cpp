@@ -503,6 +503,8 @@ class Writer {
     }
     std::string scores = op("MatMul", {q, transpose(k, {0, 1, 3, 2})});
     scores = op("Mul", {scores, constant_f32(p.scale)});
+    if (p.softcap > 0)  // softcap·tanh(scores / softcap), before the mask
+      scores = op("Mul", {op("Tanh", {op("Div", {scores, constant_f32(p.softcap)})}), constant_f32(p.softcap)});
     if (n.inputs.size() > 3 && n.inputs[3] != ir::kNone)  // the additive key mask (B, S) -> (B, 1, 1, S)
       scores = op("Add", {scores, op("Unsqueeze", {in(n, 3), constant_i64({1, 2})})});
     if (p.causal) {

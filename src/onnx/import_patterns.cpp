@@ -2,6 +2,7 @@
 // exporters decompose it, with its padding, causal or per-head (ALiBi) additive mask, and a patch-embedding
 // convolution as a Linear over the flattened patches.
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "fusetrain/core/error.h"
@@ -128,7 +129,8 @@ ValueId Builder::unrepeated_heads(ValueId x) const {
 }
 
 // Scaled dot-product attention as exporters decompose it, recognised at its last MatMul:
-//   MatMul(Softmax(Add(s·MatMul(s_q·q, s_k·kᵀ), mask)), v), Softmax's output optionally through
+//   MatMul(Softmax(Add(s·MatMul(s_q·q, s_k·kᵀ), mask)), v), the scores optionally soft-capped (c·Tanh(x / c),
+//   Gemma 2) before the mask, Softmax's output optionally through
 //   Where(IsNaN(p), 0, p), with q (B, H, T, D), kᵀ (B, H, D, S), v (B, H, S, D) and a mask from the batch that
 //   is a key-padding mask, or causal plus one. It becomes one Attention op (the kernel the built models use),
 //   reading the mask as (B, S) additive (the host checks, each batch, that it has that form). The decomposed
@@ -204,6 +206,20 @@ ValueId Builder::attention(const NodeProto& n) {
     }
   }
   if (flat != crossed) return ir::kNone;
+  // Gemma 2's logit soft-capping between the scores and the mask, c·Tanh(s / c): the kernel's softcap.
+  double softcap = 0.0;
+  {
+    double outer = 1.0, inner = 1.0;
+    const int t = unscaled(scores, outer);
+    const NodeProto* th = producer(t);
+    if (t != scores && th && th->op_type() == "Tanh" && outer > 0.0) {
+      const int x = unscaled(ids_.at(th->input(0)), inner);
+      if (x != ids_.at(th->input(0)) && std::abs(inner * outer - 1.0) < 1e-6) {
+        softcap = outer;
+        scores = x;
+      }
+    }
+  }
   double scale = 1.0;
   scores = unscaled(scores, scale);
   const NodeProto* qk = producer(scores);
@@ -228,7 +244,7 @@ ValueId Builder::attention(const NodeProto& n) {
     const ValueId q4 = flat ? b_.reshape(ir_of(q), {B, H, T, D}) : ir_of(q);
     const ValueId k4 = transposed(flat ? b_.reshape(ir_of(kt), {B, H, D, S}) : ir_of(kt), {0, 1, 3, 2});
     const ValueId v4 = flat ? b_.reshape(ir_of(v), {B, H, S, D}) : ir_of(v);
-    const ValueId y = b_.attention(q4, k4, v4, bias->first, scale, bias->second, 0.0, DType::f32, 0);
+    const ValueId y = b_.attention(q4, k4, v4, bias->first, scale, bias->second, 0.0, DType::f32, 0, softcap);
     return flat ? b_.reshape(y, {B * H, T, D}) : y;
   }
   const int mask = biases.empty() ? -1 : biases[0].first;
@@ -263,7 +279,7 @@ ValueId Builder::attention(const NodeProto& n) {
     k = grouped_k;
     vv = grouped_v;
   }
-  const ValueId y = b_.attention(ir_of(q), k, vv, key_mask, scale, causal, 0.0, DType::f32, window);
+  const ValueId y = b_.attention(ir_of(q), k, vv, key_mask, scale, causal, 0.0, DType::f32, window, softcap);
   return y;
 }
 

@@ -255,13 +255,14 @@ struct AttentionCase {
   bool dead_row = false;   // batch 0's mask is −inf everywhere: no query there sees a key
   bool seq_major = false;  // q, k, v, out (B, T|S, H, D) instead of (B, H, T|S, D)
   bool head_mask = false;  // the mask is a key bias per head (B, H, S), as ALiBi's, rather than (B, S)
+  double softcap = 0.0;    // scores softcap·tanh(scores / softcap) before the mask (Gemma 2); 0: none
 
   std::string label() const {
     return "Attention B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
            " S=" + std::to_string(S) + " D=" + std::to_string(D) + (mask ? " mask" : "") + (causal ? " causal" : "") +
            " window=" + std::to_string(window) + " dropout=" + std::to_string(dropout) + " threads=" + std::to_string(threads) +
            (dead_row ? " dead-row" : "") + (seq_major ? " seq-major" : "") + (head_mask ? " head-mask" : "") +
-           " K=" + std::to_string(kv_heads());
+           " K=" + std::to_string(kv_heads()) + " softcap=" + std::to_string(softcap);
   }
   Shape mask_shape() const { return head_mask ? Shape{B, H, S} : Shape{B, S}; }
   int64_t kv_heads() const { return K > 0 ? K : H; }
@@ -269,7 +270,7 @@ struct AttentionCase {
   Shape kv_shape() const { return seq_major ? Shape{B, S, kv_heads(), D} : Shape{B, kv_heads(), S, D}; }
   ir::Attrs attrs() const {
     return {{"scale", 1.0 / std::sqrt(static_cast<double>(D))}, {"causal", int64_t{causal}}, {"dropout_p", dropout},
-            {"seed", int64_t{11}}, {"seq_major", int64_t{seq_major}}, {"window", window}};
+            {"seed", int64_t{11}}, {"seq_major", int64_t{seq_major}}, {"window", window}, {"softcap", softcap}};
   }
 };
 
@@ -375,6 +376,27 @@ TEST(CpuDenseKernels, AttentionPerHeadKeyBias) {
             c.seq_major = seq_major, c.threads = threads;
             check_attention(c, rng);
           }
+}
+
+// Logit soft-capping (Gemma 2) with a cap of 1.5, where tanh bends every score (q, k in [-2, 2), D 24: scores up to
+// about 4): the AVX-512, AVX2 and portable tile ops, direct and seq-major with grouped heads, causal with and
+// without a sliding window, dropout, one and two threads.
+TEST(CpuDenseKernels, AttentionSoftCap) {
+  std::mt19937 rng(19);
+  for (int path = 0; path < 3; ++path) {
+    ScopedPathCap cap(path == 1 ? cpu_basic::CpuPath::avx2 : cpu_basic::CpuPath::avx512);
+    ScopedPortable portable(path == 2);
+    for (int threads : {1, 2})
+      for (bool seq_major : {false, true})
+        for (int64_t window : {int64_t{0}, int64_t{5}})
+          for (double dropout : {0.0, 0.1}) {
+            AttentionCase c;
+            c.H = 4, c.K = seq_major ? 2 : 0, c.T = 37, c.S = 37, c.D = 24, c.mask = true, c.causal = true;
+            c.window = window, c.dropout = dropout, c.seq_major = seq_major, c.threads = threads, c.softcap = 1.5;
+            SCOPED_TRACE(path == 0 ? "avx512" : path == 1 ? "avx2" : "portable");
+            check_attention(c, rng);
+          }
+  }
 }
 
 TEST(CpuDenseKernels, AttentionOneThread) {

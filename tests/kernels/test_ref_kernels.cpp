@@ -589,17 +589,20 @@ TEST(RefKernels, AttentionDropoutUsesTheDocumentedElementIndex) {
 }
 
 TEST(RefKernels, AttentionBackwardMatchesFiniteDifferences) {
-  // With causal masking, an additive mask, (B, S) or a key bias per head (B, H, S) as ALiBi's, and dropout (the
-  // dropout mask is a fixed function of (seed, step, index), so the output is differentiable).
+  // With causal masking, an additive mask, (B, S) or a key bias per head (B, H, S) as ALiBi's, dropout (the
+  // dropout mask is a fixed function of (seed, step, index), so the output is differentiable), and Gemma 2's
+  // logit soft-capping (a cap of 0.8, which bends the scores: 0.7·q·k reaches about 2 here).
   std::mt19937 rng(3);
   const int64_t B = 2, H = 2, T = 3, S = 4, D = 3;
+  for (double softcap : {0.0, 0.8})
   for (const Shape& mask_shape : {Shape{B, S}, Shape{B, H, S}})
   for (double p : {0.0, 0.3}) {
-    SCOPED_TRACE(testing::Message() << "dropout_p=" << p << " mask " << mask_shape.to_string());
+    SCOPED_TRACE(testing::Message() << "dropout_p=" << p << " mask " << mask_shape.to_string() << " softcap="
+                                    << softcap);
     Graph g;
     GraphBuilder gb(g, 4);
     gb.attention(gb.input("q", {B, H, T, D}), gb.input("k", {B, H, S, D}), gb.input("v", {B, H, S, D}),
-                 gb.input("mask", mask_shape), 0.7, true, p);
+                 gb.input("mask", mask_shape), 0.7, true, p, DType::f32, 0, softcap);
     const ir::Attrs attrs = g.nodes().back().attrs;
     std::vector<Tensor> in = {random_tensor({B, H, T, D}, rng), random_tensor({B, H, S, D}, rng),
                               random_tensor({B, H, S, D}, rng), random_tensor(mask_shape, rng)};

@@ -496,6 +496,19 @@ def test_bloom_alibi_runs_inside_the_attention_kernel(tmp_path):
     assert "Softmax" not in ops and "SoftmaxBackward" not in ops, shown.stdout
 
 
+def test_gemma2_soft_capping_runs_inside_the_attention_kernel(tmp_path):
+    """Gemma 2 soft-caps its attention scores (50·tanh(s / 50)) before the mask: the importer hands the cap to the
+    Attention op, so the plan has Attention and no Softmax; the one Tanh left is the final logits' cap (30)."""
+    graph = capture.captured_path(model_of("gemma2", "clm"), "clm")
+    shown = cli("inspect", "--model", str(graph), "--task", "clm", "--max-seq-length", "16",
+                "--per-device-train-batch-size", "2", cache=tmp_path / "cache")
+    assert shown.returncode == 0, shown.stderr
+    ops = {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines() if line.startswith("  ")}
+    assert ops.get("Attention") == ["2", "2"] and ops.get("AttentionBackward") == ["2", "2"], shown.stdout
+    assert "Softmax" not in ops and "SoftmaxBackward" not in ops, shown.stdout
+    assert ops.get("Tanh", ["", "0"])[1] == "1", shown.stdout
+
+
 @pytest.mark.slow  # two captures in child processes (~35 s); the import errors it shows are covered in CI above
 def test_inspect_reports_the_capture_and_where_it_fails(tmp_path):
     """`fusetrain inspect --model DIR` on a directory fusetrain does not build says it was captured and shows the

@@ -163,6 +163,8 @@ struct AttentionParams {
   double scale = 1.0;                   ///< "scale" (required)
   bool causal = false;                  ///< "causal": query t sees keys s <= t + S - T
   int64_t window = 0;                   ///< "window": with causal, only keys s > t + S - T - window (0: all)
+  double softcap = 0.0;                 ///< "softcap": scores become softcap·tanh(scores / softcap) before the mask
+                                        ///< is added (Gemma 2's attention logit soft-capping); 0: none
   bool seq_major = false;               ///< "seq_major": (B, T, H, D) tensors instead of (B, H, T, D)
   double dropout_p = 0.0;               ///< "dropout_p"
   uint64_t seed = 0;                    ///< "seed": the dropout stream id

@@ -28,6 +28,8 @@
 // (with rng_rows / rng_row_start set: ((bh·rng_rows)+rng_row_start+t)·S+s, the rows of a longer query)
 // and scales it by 1/(1−p); lse and the softmax sum are taken before dropout.
 // A query row that sees no key (all masked with −inf) gets out 0 and lse 0.
+// Soft-capping (Gemma 2) maps each score tile to softcap·tanh(S / softcap) right after its matmul, before the
+// mask and the window; backward keeps 1 − tanh² of the recomputed tile and multiplies dS by it.
 // A sliding window (causal only) hides key s from query t when t + S − T − s >= window: forward
 // starts each query block at its oldest visible key and backward ends each key block's query
 // loop at its newest viewer, so work grows as T·window; the tiles that straddle the window's edge
@@ -92,6 +94,7 @@ int64_t line_floats(int64_t n) { return (n + 15) / 16 * 16; }
 //   keys j <= i + causal_offset, else 0.
 // backward_ds_row: with keep (n) multipliers: dp *= keep; then dp = p·(dp − di); p *= keep.
 // dropout_row: out[j] = 1/(1−p) or 0 for elements first .. first+n−1 of the stream.
+// soft_cap: x (rows, n) = cap·tanh(x / cap); with `grad`, grad (rows, n, rows ld apart too) = 1 − tanh².
 struct TileOps {
   void (*matmul)(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
                  const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
@@ -102,6 +105,7 @@ struct TileOps {
                          const float* lse);
   void (*backward_ds_row)(float* p, float* dp, int64_t n, float di, const float* keep);
   void (*dropout_row)(uint64_t seed, uint64_t offset, uint64_t first, int64_t n, float p, float* out);
+  void (*soft_cap)(float* x, int64_t ld, int64_t rows, int64_t n, float cap, float* grad);
 };
 
 // ---------------------------------------------------------------------------
@@ -185,8 +189,19 @@ void dropout_row_portable(uint64_t seed, uint64_t offset, uint64_t first, int64_
   }
 }
 
+void soft_cap_portable(float* x, int64_t ld, int64_t rows, int64_t n, float cap, float* grad) {
+  const float inverse = 1.0f / cap;
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const float t = std::tanh(x[i * ld + j] * inverse);
+      x[i * ld + j] = cap * t;
+      if (grad) grad[i * ld + j] = 1.0f - t * t;
+    }
+}
+
 constexpr TileOps kPortableOps{matmul_portable,         forward_softmax_portable, scale_rows_portable,
-                               backward_probs_portable, backward_ds_row_portable, dropout_row_portable};
+                               backward_probs_portable, backward_ds_row_portable, dropout_row_portable,
+                               soft_cap_portable};
 
 // ---------------------------------------------------------------------------
 // AVX-512 tile ops
@@ -359,8 +374,22 @@ FT_AVX512 void dropout_row_avx512(uint64_t seed, uint64_t offset, uint64_t first
   }
 }
 
+FT_AVX512 void soft_cap_avx512(float* x, int64_t ld, int64_t rows, int64_t n, float cap, float* grad) {
+  const __m512 c = _mm512_set1_ps(cap), inverse = _mm512_set1_ps(1.0f / cap), one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = x + i * ld;
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 lanes = tail_mask(n - j);
+      const __m512 t = cpu_basic::tanh16(_mm512_mul_ps(_mm512_maskz_loadu_ps(lanes, row + j), inverse));
+      _mm512_mask_storeu_ps(row + j, lanes, _mm512_mul_ps(c, t));
+      if (grad) _mm512_mask_storeu_ps(grad + i * ld + j, lanes, _mm512_fnmadd_ps(t, t, one));
+    }
+  }
+}
+
 constexpr TileOps kAvx512Ops{matmul_avx512,         forward_softmax_avx512, scale_rows_avx512,
-                             backward_probs_avx512, backward_ds_row_avx512, dropout_row_avx512};
+                             backward_probs_avx512, backward_ds_row_avx512, dropout_row_avx512,
+                             soft_cap_avx512};
 
 // ---------------------------------------------------------------------------
 // AVX2 tile ops (CPUs without AVX-512): the AVX-512 ops' arithmetic on 8 lanes; dropout stays portable
@@ -501,8 +530,21 @@ FT_AVX2 void backward_ds_row_avx2(float* p, float* dp, int64_t n, float di, cons
   }
 }
 
+FT_AVX2 void soft_cap_avx2(float* x, int64_t ld, int64_t rows, int64_t n, float cap, float* grad) {
+  const __m256 c = _mm256_set1_ps(cap), inverse = _mm256_set1_ps(1.0f / cap), one = _mm256_set1_ps(1.0f);
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = x + i * ld;
+    for (int64_t j = 0; j < n; j += 8) {
+      const __m256 t = cpu_basic::tanh8(_mm256_mul_ps(load8(row + j, n - j), inverse));
+      store8(row + j, n - j, _mm256_mul_ps(c, t));
+      if (grad) store8(grad + i * ld + j, n - j, _mm256_fnmadd_ps(t, t, one));
+    }
+  }
+}
+
 constexpr TileOps kAvx2Ops{matmul_avx2,         forward_softmax_avx2, scale_rows_avx2,
-                           backward_probs_avx2, backward_ds_row_avx2, dropout_row_portable};
+                           backward_probs_avx2, backward_ds_row_avx2, dropout_row_portable,
+                           soft_cap_avx2};
 
 const TileOps& select_ops() {
   return cpu_basic::use_avx512() ? kAvx512Ops : cpu_basic::use_avx2() ? kAvx2Ops : kPortableOps;
@@ -537,6 +579,7 @@ struct AttentionPlan {
   float scale = 1.0f;
   bool causal = false;
   int64_t window = 0;  // sliding window (causal only): query t sees keys s > t + S − T − window; 0: all
+  float softcap = 0.0f;  // scores softcap·tanh(scores / softcap) before the mask; 0: none
   bool has_mask = false;
   int64_t mask_heads = 1;  // 1: a (B, S) mask every head reads; H: a (B, H, S) one (a key bias per head: ALiBi)
   bool grouped = false;  // through packed f32 copies: seq-major layout, bf16 q, k, v or out, or K < H
@@ -556,6 +599,7 @@ struct AttentionPlan {
     scale = static_cast<float>(params.scale);
     causal = params.causal;
     window = params.window;
+    softcap = static_cast<float>(params.softcap);
     dropout_p = static_cast<float>(params.dropout_p);
     seed = params.seed;
     rng_rows = params.stream_rows(T);
@@ -783,6 +827,7 @@ class AttentionForwardKernel final : public Kernel {
       const int64_t nk = std::min(kBlockK, key_end - kb);
       const int64_t offset = p.causal_offset(t0, kb);
       ops.matmul(nk, mq, D, p.scale, k + kb * D, D, 1, qt, kBlockQ, st, kBlockQ, false);
+      if (p.softcap > 0.0f) ops.soft_cap(st, kBlockQ, nk, mq, p.softcap, nullptr);
       if (p.window_cuts(offset, mq)) hide_old_keys_forward(st, kBlockQ, nk, mq, offset, p.window);
       ops.forward_softmax(st, kBlockQ, nk, mq, mask ? mask + kb : nullptr, offset, m, l, corr);
       if (kb > key_begin) ops.scale_rows(out, D, mq, D, corr);
@@ -962,10 +1007,10 @@ class AttentionBackwardKernel final : public Kernel {
     return std::max<int64_t>(1, std::min<int64_t>(key_blocks, (threads + BH - 1) / BH));
   }
 
-  // Per thread: Kt, Vt (D, BK), P, dP (BQ, BK), Di (T), keep (BK).
+  // Per thread: Kt, Vt (D, BK), P, dP (BQ, BK), Di (T), keep (BK), and with a softcap its derivative (BQ, BK).
   int64_t tile_floats() const {
-    return 2 * line_floats(plan_.D * kBlockK) + 2 * line_floats(kBlockQ * kBlockK) + line_floats(plan_.T) +
-           line_floats(kBlockK);
+    return 2 * line_floats(plan_.D * kBlockK) + (plan_.softcap > 0.0f ? 3 : 2) * line_floats(kBlockQ * kBlockK) +
+           line_floats(plan_.T) + line_floats(kBlockK);
   }
   // Packed copies of one head (seq-major): dout, q, out, dq (T, D); k, v, dk, dv (S, D).
   int64_t head_floats() const { return 4 * plan_.T * plan_.D + 4 * plan_.S * plan_.D; }
@@ -990,6 +1035,7 @@ class AttentionBackwardKernel final : public Kernel {
     float* dp = pt + line_floats(kBlockQ * kBlockK);  // dP then dS: (BQ, BK)
     float* di = dp + line_floats(kBlockQ * kBlockK);  // (T)
     float* keep = di + line_floats(T);                // (BK)
+    float* cap_grad = keep + line_floats(kBlockK);    // 1 − tanh² of the capped scores: (BQ, BK)
 
     std::fill(dq, dq + T * D, 0.0f);
     for (int64_t t = 0; t < T; ++t) {
@@ -1019,6 +1065,7 @@ class AttentionBackwardKernel final : public Kernel {
         const float* q_blk = q + t0 * D;        // (mq, D)
         const float* dout_blk = dout + t0 * D;  // (mq, D)
         ops.matmul(mq, nk, D, p.scale, q_blk, D, 1, kt, kBlockK, pt, kBlockK, false);
+        if (p.softcap > 0.0f) ops.soft_cap(pt, kBlockK, mq, nk, p.softcap, cap_grad);
         ops.backward_probs(pt, kBlockK, mq, nk, mask ? mask + kb : nullptr, offset, lse + t0);
         if (p.window_cuts(offset, mq)) hide_old_keys_backward(pt, kBlockK, mq, nk, offset, p.window);
         ops.matmul(mq, nk, D, 1.0f, dout_blk, D, 1, vt, kBlockK, dp, kBlockK, false);
@@ -1029,6 +1076,8 @@ class AttentionBackwardKernel final : public Kernel {
             row_keep = keep;
           }
           ops.backward_ds_row(pt + i * kBlockK, dp + i * kBlockK, nk, di[t0 + i], row_keep);
+          if (p.softcap > 0.0f)  // dS through the cap: · (1 − tanh²)
+            for (int64_t j = 0; j < nk; ++j) dp[i * kBlockK + j] *= cap_grad[i * kBlockK + j];
         }
         ops.matmul(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, D, dv_blk, D, true);            // dV += Pᵀ·dO
         ops.matmul(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, D, dk_blk, D, true);            // dK += scale·dSᵀ·Q

@@ -7,6 +7,7 @@
 // query head h reads key/value head h / (H / K)), T query length, S key length, D head size.
 //   q, out, dout, dq: (B, H, T, D)   k, v, dk, dv: (B, K, S, D)
 //   lse: (B, H, T)                   mask: (B, S) or (B, H, S) additive (a bias per head: ALiBi), optional
+// With softcap c > 0 the scores scale·q·k become c·tanh(scale·q·k / c) before the mask is added (Gemma 2).
 // With seq_major: q, out, dout, dq (B, T, H, D) and k, v, dk, dv (B, S, K, D).
 #include <algorithm>
 #include <cmath>
@@ -25,6 +26,7 @@ struct AttentionDims {
   double scale = 1.0;
   bool causal = false;
   int64_t window = 0;  // sliding window (causal only); 0: none
+  double softcap = 0.0;  // scores c·tanh(s / c) before the mask; 0: none
   double dropout_p = 0.0;
   uint64_t seed = 0;
   int64_t rng_rows = 0, rng_row_start = 0;  // dropout draws the stream of rows [start, start + T) of rng_rows
@@ -46,6 +48,7 @@ AttentionDims parse_attention(const KernelCall& call, size_t q_input) {
   a.scale = params.scale;
   a.causal = params.causal;
   a.window = params.window;
+  a.softcap = params.softcap;
   a.dropout_p = params.dropout_p;
   a.seed = params.seed;
   a.rng_rows = params.stream_rows(a.T);
@@ -72,10 +75,11 @@ bool key_allowed(const AttentionDims& a, int64_t t, int64_t s) {
   return !a.causal || (age >= 0 && (a.window == 0 || age < a.window));
 }
 
-// scores (S) for query row t of head (b, h): scale·q·k + mask[b, s] on allowed
-// keys, −inf on the others. Returns the maximum (−inf if no key counts).
+// scores (S) for query row t of head (b, h): scale·q·k (soft-capped) + mask[b, s] on allowed
+// keys, −inf on the others. Returns the maximum (−inf if no key counts). With a softcap and `capped_grad`, also
+// the cap's derivative 1 − tanh² per key (S).
 double attention_scores(double* scores, const float* q_row, const float* k, const float* mask,
-                        const AttentionDims& a, int64_t b, int64_t h, int64_t t) {
+                        const AttentionDims& a, int64_t b, int64_t h, int64_t t, double* capped_grad = nullptr) {
   double max = kNegInf;
   for (int64_t s = 0; s < a.S; ++s) {
     if (!key_allowed(a, t, s)) {
@@ -86,7 +90,13 @@ double attention_scores(double* scores, const float* q_row, const float* k, cons
     const float* k_row = k + kv_row_at(a, b, h, s);
     for (int64_t d = 0; d < a.D; ++d) dot += static_cast<double>(q_row[d]) * k_row[d];
     const int64_t row = a.mask_heads > 1 ? b * a.H + h : b;
-    scores[s] = a.scale * dot + (mask != nullptr ? static_cast<double>(mask[row * a.S + s]) : 0.0);
+    double score = a.scale * dot;
+    if (a.softcap > 0.0) {
+      const double th = std::tanh(score / a.softcap);
+      score = a.softcap * th;
+      if (capped_grad) capped_grad[s] = 1.0 - th * th;
+    }
+    scores[s] = score + (mask != nullptr ? static_cast<double>(mask[row * a.S + s]) : 0.0);
     max = std::max(max, scores[s]);
   }
   return max;
@@ -137,15 +147,17 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 //   dV = Pdᵀ·dO
 //   dPd = (dO·Vᵀ)·m                         (gradient w.r.t. P through dropout)
 //   dS = P ⊙ (dPd − Σ_s P·dPd)              (Σ_s P·dPd equals rowsum(dO ⊙ out))
+//   dS ⊙= 1 − tanh²(scale·q·k / c)          (with a softcap c)
 //   dQ = scale·dS·K,  dK = scale·dSᵀ·Q
-// Scratch: probs, dprobs_dropped, probs_dropped (S each), dk_sum, dv_sum (S·D each).
+// Scratch: probs, dprobs_dropped, probs_dropped, capped_grad (S each), dk_sum, dv_sum (S·D each).
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* lse, const float* mask, const AttentionDims& a,
                         uint64_t rng_offset, const bool accumulate[3], double* scratch) {
   double* probs = scratch;
   double* probs_dropped = probs + a.S;
   double* dprobs_dropped = probs_dropped + a.S;
-  double* dk_sum = dprobs_dropped + a.S;
+  double* capped_grad = dprobs_dropped + a.S;
+  double* dk_sum = capped_grad + a.S;
   double* dv_sum = dk_sum + a.S * a.D;
   const int64_t group = a.H / a.K;  // query heads per key/value head; their dk, dv contributions add up
   for (int64_t b = 0; b < a.B; ++b)
@@ -158,7 +170,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         const int64_t q_at = row_at(a, b, h, t, a.T);
         const float* q_row = q + q_at;
         const float* dout_row = dout + q_at;
-        attention_scores(probs, q_row, k, mask, a, b, h, t);
+        attention_scores(probs, q_row, k, mask, a, b, h, t, capped_grad);
         double row_term = 0.0;  // Σ_s P·dPd
         for (int64_t s = 0; s < a.S; ++s) {
           const double factor = dropout_factor(a, rng_offset, b, h, t, s);
@@ -171,7 +183,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           row_term += probs[s] * dprobs_dropped[s];
         }
         for (int64_t s = 0; s < a.S; ++s) {
-          const double dscore = probs[s] * (dprobs_dropped[s] - row_term);
+          double dscore = probs[s] * (dprobs_dropped[s] - row_term);
+          if (a.softcap > 0.0 && probs[s] != 0.0) dscore *= capped_grad[s];
           for (int64_t d = 0; d < a.D; ++d) {
             dv_sum[s * a.D + d] += probs_dropped[s] * dout_row[d];
             dk_sum[s * a.D + d] += a.scale * dscore * q_row[d];
@@ -255,7 +268,7 @@ class AttentionBackwardRef final : public RefKernel {
       : dims_(parse_attention(call, 1)), has_mask_(call.inputs.size() == 7), widened_(widened_floats(call, 1, 3)) {}
 
   size_t scratch_bytes(int) const override {
-    return static_cast<size_t>(3 * dims_.S + 2 * dims_.S * dims_.D) * sizeof(double) + widened_ * sizeof(float);
+    return static_cast<size_t>(4 * dims_.S + 2 * dims_.S * dims_.D) * sizeof(double) + widened_ * sizeof(float);
   }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
@@ -264,7 +277,7 @@ class AttentionBackwardRef final : public RefKernel {
     // needed: the row term Σ_s P·dPd is computed directly.
     const float* mask = has_mask_ ? args.inputs[6].data_as<float>() : nullptr;
     double* work = static_cast<double*>(args.scratch);
-    float* floats = reinterpret_cast<float*>(work + 3 * dims_.S + 2 * dims_.S * dims_.D);
+    float* floats = reinterpret_cast<float*>(work + 4 * dims_.S + 2 * dims_.S * dims_.D);
     const float* qkv[3];
     for (size_t i = 0; i < 3; ++i) {
       qkv[i] = as_f32(args.inputs[i + 1], floats);
