@@ -219,14 +219,16 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       return {{x, DType::f32}, {rows, DType::f32}};
     }
     case OpKind::RoPE: {
-      // x (B, T, H, D), cos and sin (B, T, D) -> y like x
+      // x (B, T, H, D), cos and sin (B, T, R) -> y like x: the first R of each head's D rotate (R even, R <= D;
+      // R < D is partial rotary), the others pass through.
       const Shape& x = c.shape(0);
       for (size_t i = 0; i < 3; ++i) c.require_f32(i, "x, cos and sin");
       c.require(x.rank() == 4, "x should be (B, T, H, D), found ", x.to_string());
-      c.require(x[3] % 2 == 0, "the head size D should be even (two halves rotate together), found ", x[3]);
-      const Shape table{x[0], x[1], x[3]};
-      c.require(c.shape(1) == table && c.shape(2) == table, "cos and sin should be ", table.to_string(), ", found ",
-                c.shape(1).to_string(), " and ", c.shape(2).to_string());
+      const Shape& table = c.shape(1);
+      c.require(table.rank() == 3 && table[0] == x[0] && table[1] == x[1] && table[2] > 0 && table[2] <= x[3] &&
+                    table[2] % 2 == 0 && c.shape(2) == table,
+                "cos and sin should be (", x[0], ", ", x[1], ", R) with R even and at most the head size ", x[3],
+                ", found ", table.to_string(), " and ", c.shape(2).to_string());
       return {{x, DType::f32}};
     }
     case OpKind::SwiGLU:

@@ -534,20 +534,33 @@ class Writer {
     return p.seq_major ? transpose(out, {0, 2, 1, 3}) : out;
   }
 
-  // x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁) of x's two halves; cos and sin (B, T, D) broadcast over
-  // the heads of x (B, T, H, D).
+  // x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁) of x's two halves; cos and sin (B, T, R) broadcast over
+  // the heads of x (B, T, H, D). With R < D (partial rotary) the first R of each head rotate and the rest is
+  // concatenated after them unchanged.
   std::string rope(const ir::Node& n) {
     FT_CHECK(!std::get<ops::RoPEParams>(ir::decode_params(n.op, n.attrs, n.name)).inverse,
              "ONNX export: the inverse rotation is RoPE's backward and has no place in the inference graph");
-    const int64_t half = g1_.graph.value(n.inputs[0]).shape[3] / 2;
-    const std::string x = in(n, 0);
+    const int64_t D = g1_.graph.value(n.inputs[0]).shape[3], R = g1_.graph.value(n.inputs[1]).shape[2];
+    const int64_t half = R / 2;
+    std::string x = in(n, 0), rest;
+    if (R < D) {
+      const std::string rotary = fresh("Split_out");
+      rest = fresh("Split_out");
+      attr(node("Split", {x, constant_i64({R, D - R})}, {rotary, rest}), "axis", int64_t{3});
+      x = rotary;
+    }
     const std::string first = fresh("Split_out"), second = fresh("Split_out");
     attr(node("Split", {x, constant_i64({half, half})}, {first, second}), "axis", int64_t{3});
     std::string rotated = op("Concat", {op("Neg", {second}), first});
     attr(last_, "axis", int64_t{3});
     const std::string cos = op("Unsqueeze", {in(n, 1), constant_i64({2})});
     const std::string sin = op("Unsqueeze", {in(n, 2), constant_i64({2})});
-    return op("Add", {op("Mul", {x, cos}), op("Mul", {rotated, sin})});
+    std::string y = op("Add", {op("Mul", {x, cos}), op("Mul", {rotated, sin})});
+    if (R < D) {
+      y = op("Concat", {y, rest});
+      attr(last_, "axis", int64_t{3});
+    }
+    return y;
   }
 
   // Writes node n's ONNX equivalent.

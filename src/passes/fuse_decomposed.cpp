@@ -336,7 +336,11 @@ bool rewrite_swiglu(Matcher& m, const ir::Node& tanh_node) {
 //     graphs): rewritten into Transpose(RoPE(u, cos, sin)), so the rotation runs before the heads transpose and
 //     fold_attention_transposes can fold that into the attention;
 //   - sequence-major: x (B, T, H, D), cos and sin (B or 1, T, 1, D) (fusetrain's own export): RoPE(x, cos, sin).
-// The rewrite sits at the Add; cos and sin become (B or 1, T, D) and, for 1, are expanded to B rows.
+// Partial rotary (Phi, GPT-NeoX, StableLM): x is Slice(xf, 0:R) of the head vectors xf (D wide) and the rotation's
+// result is joined with the rest, Concat(rotated, Slice(xf, R:D)): one RoPE over xf with R-wide tables, which
+// passes elements R .. D through, at the Concat.
+// The rewrite sits at the Add (the Concat when partial); cos and sin become (B or 1, T, R) and, for 1, are expanded
+// to B rows.
 bool rewrite_rope(Matcher& m, const ir::Node& concat) {
   ir::Graph& g = m.g;
   if (concat.inputs.size() != 2) return false;
@@ -360,56 +364,77 @@ bool rewrite_rope(Matcher& m, const ir::Node& concat) {
   if (x == kNone) return false;
   const ir::Value& xv = g.value(x);
   if (xv.dtype != DType::f32 || xv.shape.rank() != 4 || xv.shape[3] % 2 != 0 || !on_last_axis(concat)) return false;
-  const int64_t D = xv.shape[3];
+  const int64_t R = xv.shape[3];  // the rotated width: the head size, or its first R elements (partial rotary)
   for (const ValueId half : {x1, x2})
-    if (g.value(half).shape[3] != D / 2) return false;
-  if (halves.size() == 2 && (halves[0]->attrs.get_int("start") != 0 || halves[1]->attrs.get_int("start") != D / 2 ||
+    if (g.value(half).shape[3] != R / 2) return false;
+  if (halves.size() == 2 && (halves[0]->attrs.get_int("start") != 0 || halves[1]->attrs.get_int("start") != R / 2 ||
                              !on_last_axis(*halves[0]) || !on_last_axis(*halves[1])))
     return false;
-  const ir::Node* heads = m.producer(x, OpKind::Transpose);
-  const bool heads_major = heads && heads->attrs.get_ints("perm") == std::vector<int64_t>{0, 2, 1, 3};
-  const int64_t B = xv.shape[0], T = heads_major ? xv.shape[2] : xv.shape[1];
-  // A table the rotation reads: an f32 graph input of (B or 1, 1, T, D) heads-major, (B or 1, T, 1, D) otherwise.
-  auto table = [&](ValueId v) {
-    if (v == kNone) return false;
-    const ir::Value& t = g.value(v);
-    if (t.kind != ir::ValueKind::Input || t.dtype != DType::f32 || t.shape.rank() != 4) return false;
-    const int64_t r = t.shape[0];
-    return (r == B || r == 1) && t.shape == (heads_major ? Shape{r, 1, T, D} : Shape{r, T, 1, D});
-  };
   const ir::Node* times_sin = m.only_reader(concat.outputs[0]);
   const ValueId sin =
       times_sin && times_sin->op == OpKind::Mul ? Matcher::other_operand(*times_sin, concat.outputs[0]) : kNone;
-  if (!table(sin)) return false;
+  if (sin == kNone) return false;
   const ir::Node* sum = m.only_reader(times_sin->outputs[0]);
   const ValueId cos_term =
       sum && sum->op == OpKind::Add ? Matcher::other_operand(*sum, times_sin->outputs[0]) : kNone;
   const ir::Node* times_cos = cos_term == kNone ? nullptr : m.inner(cos_term, OpKind::Mul);
   const ValueId cos = times_cos ? Matcher::other_operand(*times_cos, x) : kNone;
-  if (!table(cos) || g.value(cos).shape != g.value(sin).shape || g.value(sum->outputs[0]).shape != xv.shape)
-    return false;
-  const NodeId at = sum->id;
-  // The table as (B, T, D), made once for the rotations that read it.
+  if (cos == kNone || g.value(sum->outputs[0]).shape != xv.shape) return false;
+
+  // Partial rotary: x = Slice(xf, 0:R), read only by the pattern, and the sum joined with Slice(xf, R:D).
+  ValueId xf = x;
+  const ir::Node *part = m.producer(x, OpKind::Slice), *rest = nullptr, *joined = nullptr;
+  if (part && on_last_axis(*part) && part->attrs.get_int("start") == 0 && !g.is_output(x)) {
+    const ir::Node* j = m.only_reader(sum->outputs[0]);
+    if (j && j->op == OpKind::Concat && j->inputs.size() == 2 && j->inputs[0] == sum->outputs[0] && on_last_axis(*j))
+      rest = m.inner(j->inputs[1], OpKind::Slice);
+    const ir::Value& whole = g.value(part->inputs[0]);
+    bool read_by_pattern_only = true;
+    for (NodeId r : m.readers(x))
+      read_by_pattern_only = read_by_pattern_only && (r == times_cos->id || r == halves[0]->id ||
+                                                      (halves.size() == 2 && r == halves[1]->id));
+    if (rest && rest->inputs[0] == part->inputs[0] && on_last_axis(*rest) && rest->attrs.get_int("start") == R &&
+        whole.shape.rank() == 4 && g.value(rest->outputs[0]).shape[3] == whole.shape[3] - R &&
+        read_by_pattern_only) {
+      xf = part->inputs[0];
+      joined = j;
+    }
+  }
+  const ir::Node* heads = m.producer(xf, OpKind::Transpose);
+  const bool heads_major = heads && heads->attrs.get_ints("perm") == std::vector<int64_t>{0, 2, 1, 3};
+  const int64_t B = xv.shape[0], T = heads_major ? xv.shape[2] : xv.shape[1];
+  // A table the rotation reads: an f32 graph input of (B or 1, 1, T, R) heads-major, (B or 1, T, 1, R) otherwise.
+  auto table = [&](ValueId v) {
+    const ir::Value& t = g.value(v);
+    if (t.kind != ir::ValueKind::Input || t.dtype != DType::f32 || t.shape.rank() != 4) return false;
+    const int64_t r = t.shape[0];
+    return (r == B || r == 1) && t.shape == (heads_major ? Shape{r, 1, T, R} : Shape{r, T, 1, R});
+  };
+  if (!table(sin) || !table(cos) || g.value(cos).shape != g.value(sin).shape) return false;
+  const NodeId at = joined ? joined->id : sum->id;
+  // The table as (B, T, R), made once for the rotations that read it.
   auto rows = [&](ValueId t) {
     if (auto it = m.made.find(t); it != m.made.end() && it->second.first <= at) return it->second.second;
     const int64_t rows = g.value(t).shape[0];
-    ValueId out = g.insert_before(at, OpKind::Reshape, {t}, ir::Attrs{{"shape", std::vector<int64_t>{rows, T, D}}})[0];
+    ValueId out = g.insert_before(at, OpKind::Reshape, {t}, ir::Attrs{{"shape", std::vector<int64_t>{rows, T, R}}})[0];
     if (rows != B)
-      out = g.insert_before(at, OpKind::ExpandTo, {out}, ir::Attrs{{"shape", std::vector<int64_t>{B, T, D}}})[0];
+      out = g.insert_before(at, OpKind::ExpandTo, {out}, ir::Attrs{{"shape", std::vector<int64_t>{B, T, R}}})[0];
     m.made[t] = {at, out};
     return out;
   };
   const ValueId cos_rows = rows(cos), sin_rows = rows(sin);
   m.kill({negate, &concat, times_sin, times_cos});
   for (const ir::Node* h : halves) m.kill({h});
+  if (joined) m.kill({part, rest, sum});
   if (!heads_major) {
-    g.set_op(at, OpKind::RoPE, {x, cos_rows, sin_rows}, ir::Attrs{});
+    g.set_op(at, OpKind::RoPE, {xf, cos_rows, sin_rows}, ir::Attrs{});
     return true;
   }
   const ValueId rotated = g.insert_before(at, OpKind::RoPE, {heads->inputs[0], cos_rows, sin_rows})[0];
-  // x's readers: the halves and the cos product, and possibly others (then its Transpose stays).
-  bool x_read_elsewhere = g.is_output(x);
-  for (NodeId r : m.readers(x))
+  // xf's readers: the halves (or the partial rotary's slices) and the cos product, and possibly others (then its
+  // Transpose stays).
+  bool x_read_elsewhere = g.is_output(xf);
+  for (NodeId r : m.readers(xf))
     x_read_elsewhere = x_read_elsewhere || !g.is_removed(r);
   if (!x_read_elsewhere) m.kill({heads});
   g.set_op(at, OpKind::Transpose, {rotated}, ir::Attrs{{"perm", std::vector<int64_t>{0, 2, 1, 3}}});

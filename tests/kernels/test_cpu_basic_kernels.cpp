@@ -408,11 +408,15 @@ TEST(CpuBasicKernels, RMSNorm) {
 
 TEST(CpuBasicKernels, RoPE) {
   std::mt19937 rng(17);
-  // (B, T, H, D): head sizes with a half below, at and above one vector, and not a multiple of 16.
+  // (B, T, H, D): head sizes with a half below, at and above one vector, and not a multiple of 16; tables as wide
+  // as the head, or (partial rotary) a quarter or half of it, or all but two elements.
   for (const Shape& shape : {Shape{1, 1, 1, 2}, Shape{2, 3, 2, 10}, Shape{2, 5, 3, 64}, Shape{1, 9, 2, 96},
-                             Shape{3, 7, 4, 130}}) {
-    const Shape table{shape[0], shape[1], shape[3]};
+                             Shape{3, 7, 4, 130}})
+  for (int64_t R : {shape[3], shape[3] / 4 * 2, shape[3] / 2 / 2 * 2, shape[3] - 2}) {
+    if (R <= 0) continue;
+    const Shape table{shape[0], shape[1], R};
     for (int64_t inverse : {0, 1}) {
+      SCOPED_TRACE(testing::Message() << shape.to_string() << " R=" << R << " inverse=" << inverse);
       Graph g;
       const ir::Node& n = one_node(g, OpKind::RoPE, {{shape, DType::f32}, {table, DType::f32}, {table, DType::f32}},
                                    {{"inverse", inverse}});

@@ -471,17 +471,19 @@ TEST(FuseDecomposed, LeavesLookalikesAlone) {
 // transformers' apply_rotary_pos_emb as ONNX graphs hold it, on heads transposed out of (B, T, H, D): cos and sin
 // (1, 1, T, D) inputs with the products and the sum in one order (variant 0), or (B, 1, T, D) with every operand
 // order swapped (variant 1). Variant 2 is fusetrain's own export: x (B, T, H, D) itself, its halves from one Split,
-// cos and sin (1, T, 1, D).
+// cos and sin (1, T, 1, D). Variant 3 is partial rotary as Phi's graph holds it: the rotation of the first R = 4 of
+// each transposed head's 8 elements, concatenated with the other 4.
 GraphRun run_decomposed_rope(bool fuse, int variant, int* fused) {
   ir::Graph g;
   ir::GraphBuilder b(g, 2);
-  const int64_t B = 2, T = 5, H = 3, D = 8;
+  const int64_t B = 2, T = 5, H = 3, W = 8, D = variant == 3 ? 4 : W;  // W the head size, D the rotated width
   const int64_t rows = variant == 1 ? B : 1;
   const Shape table = variant == 2 ? Shape{rows, T, 1, D} : Shape{rows, 1, T, D};
-  ValueId u = b.param("u", {B, T, H, D});
+  ValueId u = b.param("u", {B, T, H, W});
   ValueId cos = b.input("cos", table);
   ValueId sin = b.input("sin", table);
-  ValueId x = variant == 2 ? u : b.transpose(u, {0, 2, 1, 3});
+  ValueId heads = variant == 2 ? u : b.transpose(u, {0, 2, 1, 3});
+  ValueId x = variant == 3 ? b.slice(heads, 3, 0, D) : heads;
   ValueId rotated;
   if (variant == 2) {
     std::vector<ValueId> halves = b.split(x, 3, {D / 2, D / 2});
@@ -490,8 +492,9 @@ GraphRun run_decomposed_rope(bool fuse, int variant, int* fused) {
     rotated = b.concat({b.scale(b.slice(x, 3, D / 2, D), -1.0), b.slice(x, 3, 0, D / 2)}, 3);
   }
   ValueId y = variant == 1 ? b.add(b.mul(sin, rotated), b.mul(cos, x)) : b.add(b.mul(x, cos), b.mul(rotated, sin));
+  if (variant == 3) y = b.concat({y, b.slice(heads, 3, D, W)}, 3);
   // A weight after the rotation, so each position's gradient differs.
-  ValueId loss = b.reduce_sum(b.mul(b.mul(y, y), b.param("w", {D})), {0, 1, 2, 3});
+  ValueId loss = b.reduce_sum(b.mul(b.mul(y, y), b.param("w", {W})), {0, 1, 2, 3});
   g.mark_output(loss);
   if (fuse) {
     *fused = static_cast<int>(passes::fuse_decomposed_rope(g).fused);
@@ -516,7 +519,7 @@ GraphRun run_decomposed_rope(bool fuse, int variant, int* fused) {
 
 TEST(FuseDecomposed, WrittenOutRotaryEmbeddingBecomesRoPEWithTheSameResults) {
   // The kernel sums each rotated pair in double, the written-out graph in f32.
-  expect_fused_alike(run_decomposed_rope, 3);
+  expect_fused_alike(run_decomposed_rope, 4);
 }
 
 TEST(FuseDecomposed, LeavesRotaryLookalikesAlone) {

@@ -496,6 +496,20 @@ def test_bloom_alibi_runs_inside_the_attention_kernel(tmp_path):
     assert "Softmax" not in ops and "SoftmaxBackward" not in ops, shown.stdout
 
 
+def test_phi_partial_rotary_runs_as_one_rope(tmp_path):
+    """Phi rotates only the first half of each head (partial_rotary_factor 0.5): the exported Slice, rotate-half,
+    Concat-with-the-rest pattern becomes one RoPE whose tables are half as wide as the head, which passes the other
+    half through; the attention transposes then fold into the kernel, so no Slice, Concat or Transpose is planned."""
+    graph = capture.captured_path(model_of("phi", "clm"), "clm")
+    shown = cli("inspect", "--model", str(graph), "--task", "clm", "--max-seq-length", "16",
+                "--per-device-train-batch-size", "2", cache=tmp_path / "cache")
+    assert shown.returncode == 0, shown.stderr
+    ops = {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines() if line.startswith("  ")}
+    assert ops.get("RoPE") == ["0", "8"], shown.stdout  # q and k of 2 layers, forward and backward
+    for gone in ("Slice", "SliceBackward", "Concat", "Split", "Transpose"):
+        assert ops.get(gone, ["", "0"])[1] == "0", (gone, shown.stdout)
+
+
 def test_gemma2_soft_capping_runs_inside_the_attention_kernel(tmp_path):
     """Gemma 2 soft-caps its attention scores (50·tanh(s / 50)) before the mask: the importer hands the cap to the
     Attention op, so the plan has Attention and no Softmax; the one Tanh left is the final logits' cap (30)."""

@@ -167,6 +167,10 @@ std::vector<OpCase> make_cases() {
     add(inverse ? "rope_inverse" : "rope", OpKind::RoPE, [inverse](GraphBuilder& b, int64_t n) {
       return Outs{b.rope(b.param("x", {2, n, 3, 8}), b.input("cos", {2, n, 8}), b.input("sin", {2, n, 8}), inverse)};
     });
+  // Partial rotary (Phi, GPT-NeoX): tables 4 wide rotate the first 4 of each head's 8; the other 4 pass through.
+  add("rope_partial", OpKind::RoPE, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.rope(b.param("x", {2, n, 3, 8}), b.input("cos", {2, n, 4}), b.input("sin", {2, n, 4}))};
+  });
   for (double p : {0.0, 0.3})
     add(p == 0.0 ? "add_layer_norm" : "add_layer_norm_dropout", OpKind::AddLayerNorm,
         [p](GraphBuilder& b, int64_t n) {

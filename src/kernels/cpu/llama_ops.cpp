@@ -6,7 +6,7 @@
 //   RMSNorm:         x (R, C), weight (C) -> y (R, C), rstd (R); rstd = 1/√(mean_C(x²) + eps)
 //   RMSNormBackward: dy (R, C), x (R, C), weight (C), rstd (R) -> dx (R, C) (may alias dy), dweight (C)
 //                    with x̂ = x·rstd, g = dy·weight: dx = rstd·(g − x̂·mean_C(g·x̂)), dweight = Σ_R dy·x̂
-//   RoPE:            x (B, T, H, D), cos, sin (B, T, D) -> y (B, T, H, D)
+//   RoPE:            x (B, T, H, D), cos, sin (B, T, R), R <= D -> y (B, T, H, D)
 //   SwiGLU:          gate, up (n) f32 or bf16 -> silu(gate)·up in their dtype
 //   SwiGLUBackward:  dy (n) f32, gate, up (n) -> dgate = dy·up·σ(g)·(1 + g·(1 − σ(g))), dup = dy·silu(g), f32
 // Each thread sums dweight for its rows into its own (C) slice of scratch; the slices are added
@@ -216,12 +216,14 @@ class RMSNormBackwardKernel final : public Kernel {
 };
 
 // ---- RoPE, one (b, t) row of H heads ----------------------------------------------------------
-// Forward: (x1·c1 − x2·s1, x2·c2 + x1·s2); inverse: (x1·c1 + x2·s2, x2·c2 − x1·s1), where c1, c2 (s1, s2)
-// are the halves of cos (sin). Both halves of a pair are read before either is written, so y may be x.
+// Forward: (x1·c1 − x2·s1, x2·c2 + x1·s2); inverse: (x1·c1 + x2·s2, x2·c2 − x1·s1), where x1, x2 are the halves
+// of a head's first R elements and c1, c2 (s1, s2) the halves of cos (sin), R wide; elements R .. D pass through
+// (partial rotary). Both halves of a pair are read before either is written, so y may be x.
 
 template <bool Inverse, bool Acc>
-void rope_row_portable(float* y, const float* x, const float* cos, const float* sin, int64_t H, int64_t D) {
-  const int64_t half = D / 2;
+void rope_row_portable(float* y, const float* x, const float* cos, const float* sin, int64_t H, int64_t D,
+                       int64_t R) {
+  const int64_t half = R / 2;
   for (int64_t h = 0; h < H; ++h) {
     const float* xh = x + h * D;
     float* yh = y + h * D;
@@ -232,12 +234,14 @@ void rope_row_portable(float* y, const float* x, const float* cos, const float* 
       yh[i] = Acc ? yh[i] + y1 : y1;
       yh[half + i] = Acc ? yh[half + i] + y2 : y2;
     }
+    for (int64_t i = R; i < D; ++i) yh[i] = Acc ? yh[i] + xh[i] : xh[i];
   }
 }
 
 template <bool Inverse, bool Acc>
-FT_AVX512 void rope_row_avx512(float* y, const float* x, const float* cos, const float* sin, int64_t H, int64_t D) {
-  const int64_t half = D / 2;
+FT_AVX512 void rope_row_avx512(float* y, const float* x, const float* cos, const float* sin, int64_t H, int64_t D,
+                               int64_t R) {
+  const int64_t half = R / 2;
   for (int64_t h = 0; h < H; ++h) {
     const float* xh = x + h * D;
     float* yh = y + h * D;
@@ -255,12 +259,19 @@ FT_AVX512 void rope_row_avx512(float* y, const float* x, const float* cos, const
       _mm512_mask_storeu_ps(yh + i, m, y1);
       _mm512_mask_storeu_ps(yh + half + i, m, y2);
     }
+    for (int64_t i = R; i < D; i += 16) {
+      const __mmask16 m = tail_mask(D - i);
+      __m512 v = _mm512_maskz_loadu_ps(m, xh + i);
+      if (Acc) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, yh + i));
+      _mm512_mask_storeu_ps(yh + i, m, v);
+    }
   }
 }
 
 template <bool Inverse, bool Acc>
-FT_AVX2 void rope_row_avx2(float* y, const float* x, const float* cos, const float* sin, int64_t H, int64_t D) {
-  const int64_t half = D / 2;
+FT_AVX2 void rope_row_avx2(float* y, const float* x, const float* cos, const float* sin, int64_t H, int64_t D,
+                             int64_t R) {
+  const int64_t half = R / 2;
   for (int64_t h = 0; h < H; ++h) {
     const float* xh = x + h * D;
     float* yh = y + h * D;
@@ -278,10 +289,15 @@ FT_AVX2 void rope_row_avx2(float* y, const float* x, const float* cos, const flo
       store8(yh + i, n, y1);
       store8(yh + half + i, n, y2);
     }
+    for (int64_t i = R; i < D; i += 8) {
+      __m256 v = load8(xh + i, D - i);
+      if (Acc) v = _mm256_add_ps(v, load8(yh + i, D - i));
+      store8(yh + i, D - i, v);
+    }
   }
 }
 
-using RopeRowFn = void (*)(float*, const float*, const float*, const float*, int64_t, int64_t);
+using RopeRowFn = void (*)(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t);
 
 template <bool Acc>
 RopeRowFn rope_row_fn(bool inverse) {
@@ -292,7 +308,7 @@ RopeRowFn rope_row_fn(bool inverse) {
 
 class RoPEKernel final : public Kernel {
  public:
-  RoPEKernel(int64_t rows, int64_t H, int64_t D, bool inverse) : rows_(rows), H_(H), D_(D) {
+  RoPEKernel(int64_t rows, int64_t H, int64_t D, int64_t R, bool inverse) : rows_(rows), H_(H), D_(D), R_(R) {
     write_fn_ = rope_row_fn<false>(inverse);
     add_fn_ = rope_row_fn<true>(inverse);
   }
@@ -307,12 +323,12 @@ class RoPEKernel final : public Kernel {
     const RopeRowFn fn = accumulate_flag(args, 0) ? add_fn_ : write_fn_;
     const int64_t row = H_ * D_;
     parallel_for(rows_, threads_for(rows_ * row, ctx.num_threads), [&](int64_t begin, int64_t end, int) {
-      for (int64_t r = begin; r < end; ++r) fn(y + r * row, x + r * row, cos + r * D_, sin + r * D_, H_, D_);
+      for (int64_t r = begin; r < end; ++r) fn(y + r * row, x + r * row, cos + r * R_, sin + r * R_, H_, D_, R_);
     });
   }
 
  private:
-  int64_t rows_, H_, D_;
+  int64_t rows_, H_, D_, R_;
   RopeRowFn write_fn_, add_fn_;
 };
 
@@ -520,7 +536,8 @@ std::unique_ptr<Kernel> make_rmsnorm_backward_kernel(const KernelCall& call) {
 
 std::unique_ptr<Kernel> make_rope_kernel(const KernelCall& call) {
   const Shape& x = input_shape(call, 0);
-  return std::make_unique<RoPEKernel>(x[0] * x[1], x[2], x[3], call.params<ops::RoPEParams>().inverse);
+  return std::make_unique<RoPEKernel>(x[0] * x[1], x[2], x[3], call.inputs[1].shape[2],
+                                      call.params<ops::RoPEParams>().inverse);
 }
 
 std::unique_ptr<Kernel> make_swiglu_kernel(const KernelCall& call) {

@@ -1,6 +1,7 @@
-// Reference RoPE: each pair (x1[i], x2[i]) of the head's two halves rotated by cos and sin of its position.
+// Reference RoPE: each pair (x1[i], x2[i]) of the two halves of a head's first R elements rotated by cos and sin
+// (B, T, R) of its position; elements R .. D pass through (partial rotary when R < D).
 //
-// Shape letters: B batch, T sequence, H heads, D head size (even), D/2 = half.
+// Shape letters: B batch, T sequence, H heads, D head size, R rotated size (even), R/2 = half.
 #include "kernels/ref/ref_kernels.h"
 
 namespace fusetrain::kernels::ref {
@@ -13,6 +14,7 @@ class RoPERef final : public RefKernel {
     rows_ = x[0] * x[1];  // (b, t) pairs, each with its own cos and sin row
     H_ = x[2];
     D_ = x[3];
+    R_ = input_shape(call, 1)[2];
   }
 
   void run(const KernelArgs& args, const StepContext&) override {
@@ -21,10 +23,10 @@ class RoPERef final : public RefKernel {
     const float* cos = args.inputs[1].data_as<float>();
     const float* sin = args.inputs[2].data_as<float>();
     const bool accumulate = accumulate_flag(args, 0);
-    const int64_t half = D_ / 2;
+    const int64_t half = R_ / 2;
     for (int64_t r = 0; r < rows_; ++r) {
-      const float* c = cos + r * D_;
-      const float* s = sin + r * D_;
+      const float* c = cos + r * R_;
+      const float* s = sin + r * R_;
       for (int64_t h = 0; h < H_; ++h) {
         const int64_t base = (r * H_ + h) * D_;
         for (int64_t i = 0; i < half; ++i) {
@@ -35,13 +37,14 @@ class RoPERef final : public RefKernel {
           store(args.outputs[0].data(), DType::f32, base + i, y1, accumulate);
           store(args.outputs[0].data(), DType::f32, base + half + i, y2, accumulate);
         }
+        for (int64_t i = R_; i < D_; ++i) store(args.outputs[0].data(), DType::f32, base + i, x[base + i], accumulate);
       }
     }
   }
 
  private:
   bool inverse_;
-  int64_t rows_ = 0, H_ = 0, D_ = 0;
+  int64_t rows_ = 0, H_ = 0, D_ = 0, R_ = 0;
 };
 
 }  // namespace
