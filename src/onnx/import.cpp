@@ -284,7 +284,10 @@ ValueId Builder::projection(const NodeProto& n, int64_t index) {
     const int src = ids_.at(t->input(0));
     if (kind(src) == Kind::Param && !tied_to_.count(src) && host_[size_t(src)].shape.size() == 2) weight = src;
   }
-  if (weight < 0) return b_.matmul(ir_of(x), ir_of(w));
+  if (weight < 0) {  // a product with a parameter (held (in, out)) runs in the mixed-precision dtype, as autocast's
+    if (kind(x) != Kind::Param && kind(w) != Kind::Param) return b_.matmul(ir_of(x), ir_of(w));
+    return b_.matmul(gemm_operand(ir_of(x)), gemm_operand(ir_of(w)));
+  }
   const ValueId wv = ir_of(weight);
   const int64_t N = graph_.value(wv).shape[0];
   // The bias: the one Add reading the product, with a (N) parameter as its other operand.
@@ -295,13 +298,13 @@ ValueId Builder::projection(const NodeProto& n, int64_t index) {
     if (add.op_type() == "Add" && add.input_size() == 2) {
       const int bias = ids_.at(add.input(1 - readers[0].second));
       if (kind(bias) == Kind::Param && host_[size_t(bias)].shape == std::vector<int64_t>{N}) {
-        const ValueId y = b_.linear(ir_of(x), wv, ir_of(bias));
+        const ValueId y = b_.linear(gemm_operand(ir_of(x)), gemm_operand(wv), ir_of(bias));
         done_[readers[0].first] = y;
         return y;
       }
     }
   }
-  return b_.linear(ir_of(x), wv);
+  return b_.linear(gemm_operand(ir_of(x)), gemm_operand(wv));
 }
 
 
@@ -399,9 +402,9 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     const bool out_in = kind(w) == Kind::Param && f_.out_in(names_[size_t(w)]);  // held (out, in): x·Wᵀ
     ValueId y;
     if ((tb || out_in) && !ta && alpha == 1.0 && (c < 0 || beta == 1.0) && (c < 0 || in_shape(2).size() == 1)) {
-      y = b_.linear(ir_of(x), ir_of(w), c < 0 ? ir::kNone : ir_of(c));
+      y = b_.linear(gemm_operand(ir_of(x)), gemm_operand(ir_of(w)), c < 0 ? ir::kNone : ir_of(c));
     } else {
-      y = b_.matmul(ir_of(x), ir_of(w), ta, tb || out_in);
+      y = b_.matmul(gemm_operand(ir_of(x)), gemm_operand(ir_of(w)), ta, tb || out_in);
       if (alpha != 1.0) y = b_.scale(y, alpha);
       if (c >= 0) y = b_.add(y, beta == 1.0 ? ir_of(c) : b_.scale(ir_of(c), beta));
     }
@@ -948,8 +951,6 @@ void OnnxFamily::keep_buffers_constant() {
 }
 
 BuiltGraph OnnxFamily::build_graph(const BatchSpec& spec) const {
-  FT_CHECK(!spec.bf16 && !spec.fp16, "mixed precision for a graph imported from ONNX is not supported (it trains in "
-                                     "f32)");
   FT_CHECK(!spec.recompute, "activation checkpointing for a graph imported from ONNX is not supported");
   BuiltGraph out;
   auto program = std::make_shared<HostProgram>();

@@ -291,6 +291,13 @@ class Builder {
     return v;
   }
   ValueId transposed(ValueId x, std::vector<int64_t> perm);
+  /// A projection's operand (input or weight) in the dtype mixed precision runs projections in: bf16 or f16, as
+  /// autocast hands a Linear's operands to the GEMM and as the built families cast them (models::project); f32
+  /// training, or an operand already in it: v itself.
+  ValueId gemm_operand(ValueId v) {
+    const DType want = spec_.fp16 ? DType::f16 : spec_.bf16 ? DType::bf16 : DType::f32;
+    return want == DType::f32 || graph_.value(v).dtype == want ? v : b_.cast(v, want);
+  }
   ValueId unrepeated_heads(ValueId x) const;
   ValueId where(const NodeProto& n, int64_t index);
 

@@ -368,7 +368,8 @@ ValueId Builder::patch_conv(const NodeProto& n) {
   x = b_.reshape(b_.transpose(x, {0, 2, 4, 1, 3, 5}), {B * P * Q, C * p * q});  // (B·P·Q, C·p·q)
   const ValueId w = b_.reshape(ir_of(in_id(n, 1)), {O, C * p * q});
   const int bias = in_id(n, 2);
-  const ValueId y = bias >= 0 ? b_.linear(x, w, ir_of(bias)) : b_.linear(x, w);  // (B·P·Q, O)
+  const ValueId y = bias >= 0 ? b_.linear(gemm_operand(x), gemm_operand(w), ir_of(bias))
+                              : b_.linear(gemm_operand(x), gemm_operand(w));  // (B·P·Q, O)
   return b_.transpose(b_.reshape(y, {B, P, Q, O}), {0, 3, 1, 2});
 }
 
