@@ -500,15 +500,22 @@ def test_a_convolution_the_importer_cannot_map_is_named_with_its_module(tmp_path
             use_cpu=True, fusetrain_require_engine=True), train_dataset=data).train()
 
 
-def test_bloom_alibi_runs_inside_the_attention_kernel(tmp_path):
-    """BLOOM adds ALiBi (slope_h · key position) and the causal mask to (B·H, T, S) scores it multiplies with bmm: the
-    importer folds both into the Attention op's (B, H, S) key bias, so no (T, S) score tensor is built; the plan
-    `fusetrain inspect` prints has Attention and no Softmax."""
-    graph = capture.captured_path(model_of("bloom", "clm"), "clm")
+def captured_clm_plan(arch, tmp_path):
+    """The op table `fusetrain inspect` prints for the captured causal LM `arch` at batch 2 x 16 (op -> [built,
+    planned]), and the inspect run."""
+    graph = capture.captured_path(model_of(arch, "clm"), "clm")
     shown = cli("inspect", "--model", str(graph), "--task", "clm", "--max-seq-length", "16",
                 "--per-device-train-batch-size", "2", cache=tmp_path / "cache")
     assert shown.returncode == 0, shown.stderr
     ops = {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines() if line.startswith("  ")}
+    return ops, shown
+
+
+def test_bloom_alibi_runs_inside_the_attention_kernel(tmp_path):
+    """BLOOM adds ALiBi (slope_h · key position) and the causal mask to (B·H, T, S) scores it multiplies with bmm: the
+    importer folds both into the Attention op's (B, H, S) key bias, so no (T, S) score tensor is built; the plan
+    `fusetrain inspect` prints has Attention and no Softmax."""
+    ops, shown = captured_clm_plan("bloom", tmp_path)
     assert ops.get("Attention") == ["2", "2"] and ops.get("AttentionBackward") == ["2", "2"], shown.stdout
     assert "Softmax" not in ops and "SoftmaxBackward" not in ops, shown.stdout
 
@@ -517,11 +524,7 @@ def test_phi_partial_rotary_runs_as_one_rope(tmp_path):
     """Phi rotates only the first half of each head (partial_rotary_factor 0.5): the exported Slice, rotate-half,
     Concat-with-the-rest pattern becomes one RoPE whose tables are half as wide as the head, which passes the other
     half through; the attention transposes then fold into the kernel, so no Slice, Concat or Transpose is planned."""
-    graph = capture.captured_path(model_of("phi", "clm"), "clm")
-    shown = cli("inspect", "--model", str(graph), "--task", "clm", "--max-seq-length", "16",
-                "--per-device-train-batch-size", "2", cache=tmp_path / "cache")
-    assert shown.returncode == 0, shown.stderr
-    ops = {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines() if line.startswith("  ")}
+    ops, shown = captured_clm_plan("phi", tmp_path)
     assert ops.get("RoPE") == ["0", "8"], shown.stdout  # q and k of 2 layers, forward and backward
     for gone in ("Slice", "SliceBackward", "Concat", "Split", "Transpose"):
         assert ops.get(gone, ["", "0"])[1] == "0", (gone, shown.stdout)
@@ -530,11 +533,7 @@ def test_phi_partial_rotary_runs_as_one_rope(tmp_path):
 def test_gemma2_soft_capping_runs_inside_the_attention_kernel(tmp_path):
     """Gemma 2 soft-caps its attention scores (50·tanh(s / 50)) before the mask: the importer hands the cap to the
     Attention op, so the plan has Attention and no Softmax; the one Tanh left is the final logits' cap (30)."""
-    graph = capture.captured_path(model_of("gemma2", "clm"), "clm")
-    shown = cli("inspect", "--model", str(graph), "--task", "clm", "--max-seq-length", "16",
-                "--per-device-train-batch-size", "2", cache=tmp_path / "cache")
-    assert shown.returncode == 0, shown.stderr
-    ops = {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines() if line.startswith("  ")}
+    ops, shown = captured_clm_plan("gemma2", tmp_path)
     assert ops.get("Attention") == ["2", "2"] and ops.get("AttentionBackward") == ["2", "2"], shown.stdout
     assert "Softmax" not in ops and "SoftmaxBackward" not in ops, shown.stdout
     assert ops.get("Tanh", ["", "0"])[1] == "1", shown.stdout
