@@ -93,9 +93,11 @@ ValueId GraphBuilder::sigmoid_cross_entropy(ValueId logits, ValueId targets) {
 }
 
 ValueId GraphBuilder::attention(ValueId q, ValueId k, ValueId v, ValueId mask, double scale, bool causal,
-                                double dropout_p, DType out_dtype, int64_t window, double softcap) {
+                                double dropout_p, DType out_dtype, int64_t window, double softcap,
+                                ValueId key_begin) {
   std::vector<ValueId> inputs{q, k, v};
   if (mask != kNone) inputs.push_back(mask);
+  if (key_begin != kNone) inputs.push_back(key_begin);
   Attrs attrs{{"scale", scale}, {"causal", int64_t{causal}}, {"dropout_p", dropout_p}, {"seed", next_stream()}};
   if (out_dtype != DType::f32) attrs.set("out_dtype", std::string(dtype_name(out_dtype)));
   if (window > 0) attrs.set("window", window);

@@ -483,8 +483,11 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       return {{c.shape(1), DType::f32}};
     case OpKind::Attention:
     case OpKind::AttentionBackward: {
-      // Attention: q, k, v, [mask]; AttentionBackward: dout, q, k, v, out, lse, [mask]
+      // Attention: q, k, v, [mask], [key_begin]; AttentionBackward: dout, q, k, v, out, lse, [mask], [key_begin]
       size_t q_at = c.op == OpKind::Attention ? 0 : 1;
+      const size_t first_extra = c.op == OpKind::Attention ? 3 : 6;
+      const AttentionExtras extras =
+          AttentionExtras::locate(n_in, first_extra, n_in > first_extra && c.dtype(first_extra) == DType::i64);
       const Shape& q = c.shape(q_at);
       const Shape& k = c.shape(q_at + 1);
       const Shape& v = c.shape(q_at + 2);
@@ -496,8 +499,9 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       const auto& attention = std::get<AttentionParams>(params);
       const DType out_dtype = attention.out_dtype;
       for (size_t i = 0; i < n_in; ++i)
-        if ((i < q_at || i > q_at + 2) && !(c.op == OpKind::AttentionBackward && i == 4))
-          c.require_f32(i, "every input but q, k, v");
+        if ((i < q_at || i > q_at + 2) && !(c.op == OpKind::AttentionBackward && i == 4) &&
+            static_cast<int>(i) != extras.key_begin)
+          c.require_f32(i, "every input but q, k, v and key_begin");
       if (c.op == OpKind::AttentionBackward)
         c.require(c.dtype(4) == out_dtype, "out should be ", dtype_name(out_dtype), " (out_dtype), found ",
                   dtype_name(c.dtype(4)));
@@ -520,11 +524,19 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       const int64_t rng_rows = attention.stream_rows(T), rng_row_start = attention.rng_row_start;
       c.require(rng_row_start >= 0 && rng_row_start + T <= rng_rows, "dropout rows [", rng_row_start, ", ",
                 rng_row_start + T, ") are outside rng_rows ", rng_rows);
-      size_t mask_at = c.op == OpKind::Attention ? 3 : 6;
-      if (n_in > mask_at)
+      if (extras.mask >= 0) {
+        const size_t mask_at = static_cast<size_t>(extras.mask);
         c.require(c.shape(mask_at) == Shape{q[0], S} || c.shape(mask_at) == Shape{q[0], heads, S},
                   "mask should be (B, S) = (", q[0], ", ", S, ") or (B, H, S) = (", q[0], ", ", heads, ", ", S,
                   "), found ", c.shape(mask_at).to_string());
+      }
+      if (extras.key_begin >= 0) {
+        const size_t at = static_cast<size_t>(extras.key_begin);
+        c.require(c.dtype(at) == DType::i64, "key_begin should be i64, found ", dtype_name(c.dtype(at)));
+        c.require(c.shape(at) == Shape{q[0], T}, "key_begin should be (B, T) = (", q[0], ", ", T, "), found ",
+                  c.shape(at).to_string());
+        c.require(attention.causal, "key_begin (packed sequences) needs causal attention");
+      }
       Shape lse{q[0], heads, T};
       if (c.op == OpKind::Attention) return {{q, out_dtype}, {lse, DType::f32}};
       c.require(c.shape(0) == q && c.shape(4) == q, "dout and out should be ", q.to_string());

@@ -505,6 +505,10 @@ class Writer {
     scores = op("Mul", {scores, constant_f32(p.scale)});
     if (p.softcap > 0)  // softcap·tanh(scores / softcap), before the mask
       scores = op("Mul", {op("Tanh", {op("Div", {scores, constant_f32(p.softcap)})}), constant_f32(p.softcap)});
+    const bool integer_extra = n.inputs.size() > 3 && graph().value(n.inputs[3]).dtype == DType::i64;
+    FT_CHECK(ops::AttentionExtras::locate(n.inputs.size(), 3, integer_extra).key_begin < 0,
+             "ONNX export: attention over packed sequences (key_begin) is not covered; export a model built for "
+             "unpacked batches");
     if (n.inputs.size() > 3 && n.inputs[3] != ir::kNone)  // the additive key mask (B, S) -> (B, 1, 1, S)
       scores = op("Add", {scores, op("Unsqueeze", {in(n, 3), constant_i64({1, 2})})});
     if (p.causal) {

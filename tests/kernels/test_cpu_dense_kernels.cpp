@@ -256,13 +256,15 @@ struct AttentionCase {
   bool seq_major = false;  // q, k, v, out (B, T|S, H, D) instead of (B, H, T|S, D)
   bool head_mask = false;  // the mask is a key bias per head (B, H, S), as ALiBi's, rather than (B, S)
   double softcap = 0.0;    // scores softcap·tanh(scores / softcap) before the mask (Gemma 2); 0: none
+  int64_t packed = 0;      // > 0 (causal, T = S): examples of 1 to `packed` tokens packed in each row (key_begin)
 
   std::string label() const {
     return "Attention B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
            " S=" + std::to_string(S) + " D=" + std::to_string(D) + (mask ? " mask" : "") + (causal ? " causal" : "") +
            " window=" + std::to_string(window) + " dropout=" + std::to_string(dropout) + " threads=" + std::to_string(threads) +
            (dead_row ? " dead-row" : "") + (seq_major ? " seq-major" : "") + (head_mask ? " head-mask" : "") +
-           " K=" + std::to_string(kv_heads()) + " softcap=" + std::to_string(softcap);
+           " K=" + std::to_string(kv_heads()) + " softcap=" + std::to_string(softcap) +
+           " packed=" + std::to_string(packed);
   }
   Shape mask_shape() const { return head_mask ? Shape{B, H, S} : Shape{B, S}; }
   int64_t kv_heads() const { return K > 0 ? K : H; }
@@ -294,6 +296,17 @@ std::vector<Tensor> attention_inputs(const AttentionCase& c, std::mt19937& rng) 
       for (int64_t s = 0; s < c.S; ++s) m.set_item(s, -kInf);
     in.push_back(m);
   }
+  if (c.packed > 0) {  // key_begin (B, T): each row cut into examples of random lengths in [1, packed]
+    Tensor begin = Tensor::zeros(Shape{c.B, c.T}, DType::i64);
+    std::uniform_int_distribution<int64_t> length(1, c.packed);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t start = 0; start < c.T;) {
+        const int64_t end = std::min(c.T, start + length(rng));
+        for (int64_t t = start; t < end; ++t) begin.data_as<int64_t>()[b * c.T + t] = start;
+        start = end;
+      }
+    in.push_back(begin);
+  }
   return in;
 }
 
@@ -308,8 +321,10 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
   ValueId k = builder.input("k", c.kv_shape());
   ValueId v = builder.input("v", c.kv_shape());
   ValueId mask = c.mask ? builder.input("mask", c.mask_shape()) : ir::kNone;
+  ValueId key_begin = c.packed > 0 ? builder.input("key_begin", Shape{c.B, c.T}, DType::i64) : ir::kNone;
   std::vector<ValueId> forward_inputs{q, k, v};
   if (c.mask) forward_inputs.push_back(mask);
+  if (c.packed > 0) forward_inputs.push_back(key_begin);
   g.add_node(OpKind::Attention, forward_inputs, c.attrs());
   const ir::Node forward = g.nodes().back();
   ValueId dout = builder.input("dout", c.q_shape());
@@ -317,6 +332,7 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
   ValueId lse = builder.input("lse", Shape{c.B, c.H, c.T});
   std::vector<ValueId> backward_inputs{dout, q, k, v, out, lse};
   if (c.mask) backward_inputs.push_back(mask);
+  if (c.packed > 0) backward_inputs.push_back(key_begin);
   g.add_node(OpKind::AttentionBackward, backward_inputs, forward.attrs);
   const ir::Node backward = g.nodes().back();
 
@@ -335,7 +351,7 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
 
   std::vector<Tensor> backward_in{
       random_tensor(c.q_shape(), DType::f32, rng), inputs[0], inputs[1], inputs[2], want[0], want[1]};
-  if (c.mask) backward_in.push_back(inputs[3]);
+  for (size_t i = 3; i < inputs.size(); ++i) backward_in.push_back(inputs[i]);  // the mask, key_begin
   std::unique_ptr<Kernel> tuned_backward = make_cpu_dense_kernel(compile::lower(g, backward));
   ASSERT_NE(tuned_backward, nullptr) << label;
   EXPECT_FALSE(tuned_backward->accumulates());
@@ -530,6 +546,55 @@ TEST(CpuDenseKernels, AttentionSlidingWindow) {
   AttentionCase few;
   few.B = 1, few.H = 1, few.T = 300, few.S = 300, few.D = 8, few.causal = true, few.window = 100, few.threads = 2;
   check_attention(few, rng);
+}
+
+// Packed sequences (key_begin): examples from 1 token to longer than a tile, boundaries inside tiles and on their
+// edges, with a key mask, sliding windows, dropout, grouped-query heads, both layouts, the AVX-512 (or AVX2) and
+// portable tile ops, one and two threads; and one (b, h) on two threads (backward's key-block chunks).
+TEST(CpuDenseKernels, AttentionPackedSequences) {
+  std::mt19937 rng(23);
+  for (bool portable : {false, true}) {
+    ScopedPortable path(portable);
+    for (int threads : {1, 2})
+      for (int64_t packed : {1, 5, 40, 150})
+        for (bool seq_major : {false, true}) {
+          AttentionCase c;
+          c.B = 2, c.H = 4, c.K = seq_major ? 2 : 0, c.T = 200, c.S = 200, c.D = 16, c.causal = true;
+          c.packed = packed, c.seq_major = seq_major, c.threads = threads, c.mask = packed == 40;
+          c.window = packed == 150 ? 30 : 0, c.dropout = packed == 5 ? 0.1 : 0.0;
+          check_attention(c, rng);
+        }
+  }
+  AttentionCase few;
+  few.B = 1, few.H = 1, few.T = 300, few.S = 300, few.D = 8, few.causal = true, few.packed = 120, few.threads = 2;
+  check_attention(few, rng);
+}
+
+// A key_begin that decreases along a row, or points past its query, is refused by both kernels, naming it.
+TEST(CpuDenseKernels, AttentionRefusesBadKeyBegin) {
+  std::mt19937 rng(24);
+  AttentionCase c;
+  c.B = 1, c.H = 1, c.T = 4, c.S = 4, c.causal = true, c.packed = 2;
+  ir::Graph g;
+  ir::GraphBuilder builder(g, 11);
+  builder.attention(builder.input("q", c.q_shape()), builder.input("k", c.kv_shape()), builder.input("v", c.kv_shape()),
+                    ir::kNone, 0.5, true, 0.0, DType::f32, 0, 0.0, builder.input("key_begin", Shape{1, 4}, DType::i64));
+  const ir::Node node = g.nodes().back();
+  std::vector<Tensor> inputs = attention_inputs(c, rng);
+  for (auto [values, message] : {std::pair<std::vector<int64_t>, std::string>{{0, 0, 2, 1}, "must not decrease"},
+                                 {{0, 2, 2, 2}, "key_begin[0, 1] is 2; expected a key in [0, 1]"}}) {
+    std::copy(values.begin(), values.end(), inputs[3].data_as<int64_t>());
+    for (bool reference : {false, true}) {
+      std::unique_ptr<Kernel> kernel =
+          reference ? make_ref_kernel(compile::lower(g, node)) : make_cpu_dense_kernel(compile::lower(g, node));
+      try {
+        run_kernel(*kernel, g, node, inputs, 1);
+        ADD_FAILURE() << "key_begin " << values[1] << values[2] << values[3] << " was accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 // The AVX2 tile ops, which CPUs without AVX-512 take (capped to them here, so a CPU with AVX-512 runs them too):

@@ -340,6 +340,15 @@ std::vector<OpCase> make_cases() {
     ValueId q = b.param("q", {1, 2, n + 2, 4}), k = b.param("k", {1, 2, n + 3, 4}), v = b.param("v", {1, 2, n + 3, 4});
     return Outs{b.attention(q, k, v, ir::kNone, 0.5, true, 0.0, DType::f32, 2)};
   });
+  add("attention_packed", OpKind::Attention,
+      [](GraphBuilder& b, int64_t n) {
+        // Packed examples of 3 tokens (the last one shorter): each query sees only its own example's keys, with a
+        // key mask and grouped key/value heads.
+        ValueId q = b.param("q", {2, 4, n + 4, 4}), k = b.param("k", {2, 2, n + 4, 4}), v = b.param("v", {2, 2, n + 4, 4});
+        ValueId key_begin = b.input("key_begin", {2, n + 4}, DType::i64);
+        return Outs{b.attention(q, k, v, b.input("mask", {2, n + 4}), 0.5, true, 0.0, DType::f32, 0, 0.0, key_begin)};
+      },
+      {{"key_begin", Fill{.segment = 3}}});
   add("attention_seq_major", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
     // (B, T, H, D) operands, causal, with dropout: the layout fold_attention_transposes writes.
     ValueId q = b.param("q", {1, n, 2, 4}), k = b.param("k", {1, n + 2, 2, 4}), v = b.param("v", {1, n + 2, 2, 4});
@@ -425,6 +434,12 @@ std::map<std::string, std::vector<double>> random_values(const ir::Graph& graph,
     auto it = fills.find(v.name);
     Fill f = it == fills.end() ? Fill{} : it->second;
     std::vector<double> data(static_cast<size_t>(v.shape.numel()));
+    if (f.segment > 0) {  // each row: the first position of the segment holding t
+      const int64_t T = v.shape[-1];
+      for (size_t i = 0; i < data.size(); ++i) data[i] = double(int64_t(i) % T - int64_t(i) % T % f.segment);
+      out[v.name] = std::move(data);
+      continue;
+    }
     for (double& x : data) {
       if (!is_floating(v.dtype)) {
         std::uniform_int_distribution<int64_t> pick(0, std::max<int64_t>(f.int_high, 1) - 1);

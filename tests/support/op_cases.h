@@ -18,6 +18,7 @@ struct Fill {
   double ignore_fraction = 0.0;   ///< integer inputs: fraction set to -100 (ignored targets)
   double quantum = 0.0;           ///< round float values to multiples of this (0: no rounding)
   double mask_fraction = 0.0;     ///< float inputs named "mask*": fraction set to -10000
+  int64_t segment = 0;            ///< integer (rows, T) inputs: t − t mod segment (packed examples' key_begin)
 };
 
 /// A case: `build` declares parameters (differentiated) and inputs (fed data)

@@ -77,8 +77,11 @@ class GraphBuilder {
   /// additive key mask (B, S) (pass kNone); returns (B, H, T, D) in `out_dtype` (f32 or bf16).
   /// `window` > 0 (causal only): each query sees just the `window` newest keys, its own included.
   /// `softcap` > 0: the scores become softcap·tanh(scores / softcap) before the mask (Gemma 2).
+  /// `key_begin` (B, T) i64 (causal only, or kNone): query t sees no key before key_begin[b, t], so packed
+  /// examples attend only within themselves (non-decreasing along t; see ops::AttentionExtras).
   ValueId attention(ValueId q, ValueId k, ValueId v, ValueId mask, double scale, bool causal = false,
-                    double dropout_p = 0.0, DType out_dtype = DType::f32, int64_t window = 0, double softcap = 0.0);
+                    double dropout_p = 0.0, DType out_dtype = DType::f32, int64_t window = 0, double softcap = 0.0,
+                    ValueId key_begin = kNone);
 
  private:
   int64_t next_stream() { return static_cast<int64_t>(seed_ * 1000003ull + stream_++); }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fusetrain/core/dtype.h"
+#include "fusetrain/core/error.h"
 #include "fusetrain/ops/op.h"
 
 namespace fusetrain::ops {
@@ -175,6 +176,40 @@ struct AttentionParams {
   /// Query rows of the dropout stream for a query length T.
   int64_t stream_rows(int64_t T) const { return rng_rows.value_or(T); }
 };
+
+/// Where Attention's optional inputs are. They follow q, k, v (Attention) or dout, q, k, v, out, lse
+/// (AttentionBackward), at index `first`: the f32 additive key mask, then the i64 key_begin (B, T), each optional
+/// and told apart by dtype. key_begin[b, t] is the first key query t of batch element b may see (causal only;
+/// non-decreasing along t): packed sequences, each query seeing only its own example's keys. -1: absent.
+struct AttentionExtras {
+  int mask = -1;
+  int key_begin = -1;
+  /// From the number of inputs and whether input `first` is integer.
+  static AttentionExtras locate(size_t num_inputs, size_t first, bool first_is_integer) {
+    AttentionExtras e;
+    if (num_inputs >= first + 2) {
+      e.mask = static_cast<int>(first);
+      e.key_begin = static_cast<int>(first + 1);
+    } else if (num_inputs == first + 1) {
+      (first_is_integer ? e.key_begin : e.mask) = static_cast<int>(first);
+    }
+    return e;
+  }
+};
+
+/// Checks a key_begin input (B, T) over S keys: each value in [0, t + S − T] (a query sees at least its own key)
+/// and non-decreasing along t. Throws Error naming the first value that is not.
+inline void check_key_begin(const int64_t* key_begin, int64_t B, int64_t T, int64_t S) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t v = key_begin[b * T + t];
+      FT_CHECK(v >= 0 && v <= t + S - T, "Attention: key_begin[", b, ", ", t, "] is ", v, "; expected a key in [0, ",
+               t + S - T, "]");
+      FT_CHECK(t == 0 || v >= key_begin[b * T + t - 1], "Attention: key_begin[", b, ", ", t, "] is ", v,
+               ", before key_begin[", b, ", ", t - 1, "] = ", key_begin[b * T + t - 1],
+               " (it must not decrease along a row)");
+    }
+}
 
 /// RoPE: rotary position embedding of the last axis's two halves.
 struct RoPEParams {

@@ -53,11 +53,13 @@ void grad_rule<OpKind::SigmoidCrossEntropy>(GradContext& ctx) {
 
 template <>
 void grad_rule<OpKind::Attention>(GradContext& ctx) {
-  FT_CHECK(!(ctx.num_inputs() == 4 && ctx.needs_grad(3)), "Attention ", ctx.node().name,
-           ": the additive mask depends on a parameter; masks are not differentiated");
+  for (size_t i = 3; i < ctx.num_inputs(); ++i)
+    FT_CHECK(!ctx.needs_grad(i), "Attention ", ctx.node().name,
+             ": the additive mask depends on a parameter; masks are not differentiated");
   std::vector<ValueId> inputs{ctx.grad_output(0), ctx.input(0),  ctx.input(1),
                               ctx.input(2),       ctx.output(0), ctx.output(1)};
-  if (ctx.num_inputs() == 4) inputs.push_back(ctx.input(3));  // the additive mask gets no gradient
+  // The additive mask and key_begin get no gradient.
+  for (size_t i = 3; i < ctx.num_inputs(); ++i) inputs.push_back(ctx.input(i));
   std::vector<ValueId> grads = ctx.g.add_node(OpKind::AttentionBackward, inputs, ctx.attrs());
   for (size_t i = 0; i < 3; ++i) ctx.set_grad_input(i, grads[i]);
 }

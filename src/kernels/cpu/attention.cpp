@@ -34,6 +34,11 @@
 // starts each query block at its oldest visible key and backward ends each key block's query
 // loop at its newest viewer, so work grows as T·window; the tiles that straddle the window's edge
 // get the hidden scores set to −inf (forward) or probabilities to 0 (backward) by hide_old_keys_*.
+// Packed sequences (key_begin (B, T), causal only) hide from query t every key before key_begin[b, t], the start
+// of its own example: like a window that differs per query. As key_begin never decreases along t, forward starts
+// each query block at its first query's key_begin and backward ends each key block's query loop at the first
+// query whose key_begin lies past the block, so no tile lying wholly between two examples is computed; tiles that
+// straddle a boundary get the other example's scores set to −inf or probabilities to 0 by hide_other_examples_*.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -569,6 +574,19 @@ void hide_old_keys_backward(float* p, int64_t ld, int64_t mq, int64_t nk, int64_
   }
 }
 
+// Packed sequences on a forward tile St (nk, mq) whose keys start at kb: key j is hidden from query i when
+// kb + j < key_begin[i] (key_begin: the block's queries' first keys). Before forward_softmax.
+void hide_other_examples_forward(float* st, int64_t ld, int64_t nk, int64_t mq, int64_t kb, const int64_t* key_begin) {
+  for (int64_t i = 0; i < mq; ++i)
+    for (int64_t j = 0; j < std::min(nk, key_begin[i] - kb); ++j) st[j * ld + i] = kNegInf;
+}
+
+// The same on a backward tile P (mq, nk): those probabilities become 0. After backward_probs.
+void hide_other_examples_backward(float* p, int64_t ld, int64_t mq, int64_t nk, int64_t kb, const int64_t* key_begin) {
+  for (int64_t i = 0; i < mq; ++i)
+    std::fill(p + i * ld, p + i * ld + std::clamp<int64_t>(key_begin[i] - kb, 0, nk), 0.0f);
+}
+
 // ---------------------------------------------------------------------------
 
 // Attributes and extents shared by forward and backward, read at plan time.
@@ -581,6 +599,8 @@ struct AttentionPlan {
   int64_t window = 0;  // sliding window (causal only): query t sees keys s > t + S − T − window; 0: all
   float softcap = 0.0f;  // scores softcap·tanh(scores / softcap) before the mask; 0: none
   bool has_mask = false;
+  size_t mask_at = 0;      // the input index of the mask, when has_mask
+  int key_begin_at = -1;   // the input index of key_begin (B, T) i64 (packed sequences), or -1
   int64_t mask_heads = 1;  // 1: a (B, S) mask every head reads; H: a (B, H, S) one (a key bias per head: ALiBi)
   bool grouped = false;  // through packed f32 copies: seq-major layout, bf16 q, k, v or out, or K < H
   float dropout_p = 0.0f;
@@ -588,7 +608,7 @@ struct AttentionPlan {
   int64_t rng_rows = 0, rng_row_start = 0;  // the query rows whose dropout stream these T rows draw
   const TileOps* ops = nullptr;
 
-  AttentionPlan(const KernelCall& call, size_t q_at, size_t mask_at) {
+  AttentionPlan(const KernelCall& call, size_t q_at, size_t first_extra) {
     const Shape& q = call.inputs[q_at].shape;
     const Shape& k = call.inputs[q_at + 1].shape;
     const ops::AttentionParams& params = call.params<ops::AttentionParams>();
@@ -604,7 +624,11 @@ struct AttentionPlan {
     seed = params.seed;
     rng_rows = params.stream_rows(T);
     rng_row_start = params.rng_row_start;
-    has_mask = call.inputs.size() > mask_at;
+    const ops::AttentionExtras extras = ops::AttentionExtras::locate(
+        call.inputs.size(), first_extra, call.inputs.size() > first_extra && call.inputs[first_extra].dtype == DType::i64);
+    has_mask = extras.mask >= 0;
+    mask_at = has_mask ? static_cast<size_t>(extras.mask) : 0;
+    key_begin_at = extras.key_begin;
     if (has_mask && call.inputs[mask_at].shape.rank() == 3) mask_heads = call.inputs[mask_at].shape[1];
     grouped = seq_major || call.inputs[q_at].dtype != DType::f32 || params.out_dtype != DType::f32 || K != H;
     ops = &select_ops();
@@ -623,6 +647,23 @@ struct AttentionPlan {
   }
   // Whether the window hides some key of a tile with this causal offset from one of its mq queries.
   bool window_cuts(int64_t offset, int64_t mq) const { return window > 0 && offset + mq - 1 >= window; }
+  // Batch element b's key_begin row (T), or null without packed sequences; the values are checked once per run.
+  const int64_t* key_begin_row(const KernelArgs& args, int64_t b) const {
+    return key_begin_at >= 0 ? args.inputs[size_t(key_begin_at)].data_as<int64_t>() + b * T : nullptr;
+  }
+  void check_key_begin(const KernelArgs& args) const {
+    if (key_begin_at >= 0) ops::check_key_begin(args.inputs[size_t(key_begin_at)].data_as<int64_t>(), B, T, S);
+  }
+  // Packed sequences: the first key query block t0 sees (never before the window's), and one past the last query
+  // that sees a key of block [kb, kb + nk).
+  int64_t first_key(int64_t t0, const int64_t* key_begin) const {
+    return std::max(window_key_begin(t0), key_begin ? key_begin[t0] : int64_t{0});
+  }
+  int64_t query_end(int64_t kb, int64_t nk, const int64_t* key_begin) const {
+    const int64_t end = window_query_end(kb, nk);
+    if (!key_begin) return end;
+    return std::upper_bound(key_begin, key_begin + end, kb + nk - 1) - key_begin;
+  }
   // The mask row (S) head bh (= b·H + h) reads, or null without a mask.
   const float* mask_row(const Tensor& mask, int64_t bh) const {
     return has_mask ? static_cast<const float*>(mask.data()) + (mask_heads > 1 ? bh : bh / H) * S : nullptr;
@@ -729,6 +770,7 @@ class AttentionForwardKernel final : public Kernel {
     const int64_t groups = (p.H + hg - 1) / hg;
     const int64_t tasks = p.grouped ? p.B * groups : p.B * p.H * query_blocks;
     if (tasks == 0 || p.T == 0) return;
+    p.check_key_begin(args);
     float* scratch = static_cast<float*>(args.scratch);
     const int64_t per_thread = tile_floats() + (p.grouped ? hg * head_floats() : 0);
     auto task_body = [&](int64_t task, float* work) {
@@ -764,12 +806,13 @@ class AttentionForwardKernel final : public Kernel {
   // (B, H, T, D) layout: one query block of head bh, read and written in place.
   void forward_direct(const KernelArgs& args, const StepContext& ctx, int64_t bh, int64_t t0, float* work) const {
     const AttentionPlan& p = plan_;
-    const float* mask = p.has_mask ? p.mask_row(args.inputs[3], bh) : nullptr;
+    const float* mask = p.has_mask ? p.mask_row(args.inputs[p.mask_at], bh) : nullptr;
     forward_block(static_cast<const float*>(args.inputs[0].data()) + p.head_offset(bh, p.T),
                   static_cast<const float*>(args.inputs[1].data()) + p.head_offset(bh, p.S),
                   static_cast<const float*>(args.inputs[2].data()) + p.head_offset(bh, p.S), mask,
                   static_cast<float*>(args.outputs[0].data()) + p.head_offset(bh, p.T),
-                  static_cast<float*>(args.outputs[1].data()) + bh * p.T, ctx, bh, t0, work);
+                  static_cast<float*>(args.outputs[1].data()) + bh * p.T, p.key_begin_row(args, bh / p.H), ctx, bh,
+                  t0, work);
   }
 
   // Seq-major layout: heads [h0, h0 + hg) of batch element b, through packed copies.
@@ -788,18 +831,19 @@ class AttentionForwardKernel final : public Kernel {
     gather_operand(v, args.inputs[2], p, S, p.K, b, h0 / p.group, kg);
     for (int64_t h = 0; h < hg; ++h) {
       const int64_t bh = b * H + h0 + h, kv = h / p.group;
-      const float* mask = p.has_mask ? p.mask_row(args.inputs[3], bh) : nullptr;
+      const float* mask = p.has_mask ? p.mask_row(args.inputs[p.mask_at], bh) : nullptr;
       for (int64_t t0 = 0; t0 < T; t0 += kBlockQ)
         forward_block(q + h * T * D, k + kv * S * D, v + kv * S * D, mask, out + h * T * D,
-                      static_cast<float*>(args.outputs[1].data()) + bh * T, ctx, bh, t0, work);
+                      static_cast<float*>(args.outputs[1].data()) + bh * T, p.key_begin_row(args, b), ctx, bh, t0,
+                      work);
     }
     scatter_operand(args.outputs[0], out, p, T, H, b, h0, hg);
   }
 
   // One query block [t0, t0 + BQ) of head bh: q, out (T, D) and k, v (S, D), rows D apart;
-  // mask (S) or null; lse (T).
+  // mask (S) or null; lse (T); key_begin (T) or null.
   void forward_block(const float* q, const float* k, const float* v, const float* mask, float* out, float* lse,
-                     const StepContext& ctx, int64_t bh, int64_t t0, float* work) const {
+                     const int64_t* key_begin_row, const StepContext& ctx, int64_t bh, int64_t t0, float* work) const {
     const AttentionPlan& p = plan_;
     const TileOps& ops = *p.ops;
     const int64_t D = p.D, S = p.S, T = p.T;
@@ -820,15 +864,18 @@ class AttentionForwardKernel final : public Kernel {
     std::fill(l, l + mq, 0.0f);
     std::fill(out, out + mq * D, 0.0f);
     // Keys past the last query's causal limit are never visible to this block.
-    // Keys before the first query's window never are.
+    // Keys before the first query's window or example never are.
     const int64_t key_end = p.causal ? std::min(S, t0 + mq + S - T) : S;
-    const int64_t key_begin = p.window_key_begin(t0);
+    const int64_t key_begin = p.first_key(t0, key_begin_row);
+    const int64_t* block_key_begin = key_begin_row ? key_begin_row + t0 : nullptr;
     for (int64_t kb = key_begin; kb < key_end; kb += kBlockK) {
       const int64_t nk = std::min(kBlockK, key_end - kb);
       const int64_t offset = p.causal_offset(t0, kb);
       ops.matmul(nk, mq, D, p.scale, k + kb * D, D, 1, qt, kBlockQ, st, kBlockQ, false);
       if (p.softcap > 0.0f) ops.soft_cap(st, kBlockQ, nk, mq, p.softcap, nullptr);
       if (p.window_cuts(offset, mq)) hide_old_keys_forward(st, kBlockQ, nk, mq, offset, p.window);
+      if (block_key_begin && block_key_begin[mq - 1] > kb)
+        hide_other_examples_forward(st, kBlockQ, nk, mq, kb, block_key_begin);
       ops.forward_softmax(st, kBlockQ, nk, mq, mask ? mask + kb : nullptr, offset, m, l, corr);
       if (kb > key_begin) ops.scale_rows(out, D, mq, D, corr);
       if (p.dropout_p > 0.0f) {
@@ -869,6 +916,7 @@ class AttentionBackwardKernel final : public Kernel {
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const AttentionPlan& p = plan_;
     if (p.B * p.H == 0 || p.T == 0) return;
+    p.check_key_begin(args);
     if (p.grouped)
       run_groups(args, ctx);
     else
@@ -881,6 +929,7 @@ class AttentionBackwardKernel final : public Kernel {
   struct Head {
     const float *dout, *q, *k, *v, *out, *lse, *mask;
     float *dq, *dk, *dv;
+    const int64_t* key_begin;  // (T) or null
   };
 
   // (B, H, T, D) layout: one task per (b·H + h, run of key blocks), operands read in place.
@@ -929,10 +978,11 @@ class AttentionBackwardKernel final : public Kernel {
                 in(3, k_at),
                 in(4, q_at),
                 in(5, bh * p.T),
-                p.has_mask ? p.mask_row(args.inputs[6], bh) : nullptr,
+                p.has_mask ? p.mask_row(args.inputs[p.mask_at], bh) : nullptr,
                 out(0, q_at),
                 out(1, k_at),
-                out(2, k_at)};
+                out(2, k_at),
+                p.key_begin_row(args, bh / p.H)};
   }
 
   // Seq-major layout: one task per (b, group of heads), through packed copies (see gather_heads).
@@ -987,10 +1037,11 @@ class AttentionBackwardKernel final : public Kernel {
                 v + kv * S * D,
                 out + h * T * D,
                 static_cast<const float*>(args.inputs[5].data()) + bh * T,
-                p.has_mask ? p.mask_row(args.inputs[6], bh) : nullptr,
+                p.has_mask ? p.mask_row(args.inputs[p.mask_at], bh) : nullptr,
                 dq + h * T * D,
                 dk + kv * S * D,
-                dv + kv * S * D};
+                dv + kv * S * D,
+                p.key_begin_row(args, b)};
       // The first query head of a key/value head starts its dk, dv; the others add to them.
       backward_chunk(head, ctx, bh, 0, 1, work, h % p.group == 0);
     }
@@ -1056,9 +1107,10 @@ class AttentionBackwardKernel final : public Kernel {
       }
       transpose_block(kt, kBlockK, k + kb * D, D, nk, D);
       transpose_block(vt, kBlockK, v + kb * D, D, nk, D);
-      // Queries before t_begin cannot see any key of this block, nor (sliding window) those from t_end on.
+      // Queries before t_begin cannot see any key of this block, nor (sliding window, packed sequences) those
+      // from t_end on.
       const int64_t t_begin = p.causal ? std::max<int64_t>(0, kb - (S - T)) : 0;
-      const int64_t t_end = p.window_query_end(kb, nk);
+      const int64_t t_end = p.query_end(kb, nk, head.key_begin);
       for (int64_t t0 = t_begin; t0 < t_end; t0 += kBlockQ) {
         const int64_t mq = std::min(kBlockQ, t_end - t0);
         const int64_t offset = p.causal_offset(t0, kb);
@@ -1068,6 +1120,8 @@ class AttentionBackwardKernel final : public Kernel {
         if (p.softcap > 0.0f) ops.soft_cap(pt, kBlockK, mq, nk, p.softcap, cap_grad);
         ops.backward_probs(pt, kBlockK, mq, nk, mask ? mask + kb : nullptr, offset, lse + t0);
         if (p.window_cuts(offset, mq)) hide_old_keys_backward(pt, kBlockK, mq, nk, offset, p.window);
+        if (head.key_begin && head.key_begin[t0 + mq - 1] > kb)
+          hide_other_examples_backward(pt, kBlockK, mq, nk, kb, head.key_begin + t0);
         ops.matmul(mq, nk, D, 1.0f, dout_blk, D, 1, vt, kBlockK, dp, kBlockK, false);
         for (int64_t i = 0; i < mq; ++i) {
           const float* row_keep = nullptr;

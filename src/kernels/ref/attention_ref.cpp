@@ -7,6 +7,7 @@
 // query head h reads key/value head h / (H / K)), T query length, S key length, D head size.
 //   q, out, dout, dq: (B, H, T, D)   k, v, dk, dv: (B, K, S, D)
 //   lse: (B, H, T)                   mask: (B, S) or (B, H, S) additive (a bias per head: ALiBi), optional
+//   key_begin: (B, T) i64, optional: query t of batch element b sees no key before key_begin[b, t] (packing)
 // With softcap c > 0 the scores scale·q·k become c·tanh(scale·q·k / c) before the mask is added (Gemma 2).
 // With seq_major: q, out, dout, dq (B, T, H, D) and k, v, dk, dv (B, S, K, D).
 #include <algorithm>
@@ -31,6 +32,8 @@ struct AttentionDims {
   uint64_t seed = 0;
   int64_t rng_rows = 0, rng_row_start = 0;  // dropout draws the stream of rows [start, start + T) of rng_rows
   int64_t mask_heads = 1;  // 1: a (B, S) mask every head reads; H: a (B, H, S) one, a row per head
+  ops::AttentionExtras extras;  // where the optional mask and key_begin inputs are
+  const int64_t* key_begin = nullptr;  // (B, T), bound per run; null: none
 };
 
 AttentionDims parse_attention(const KernelCall& call, size_t q_input) {
@@ -53,8 +56,11 @@ AttentionDims parse_attention(const KernelCall& call, size_t q_input) {
   a.seed = params.seed;
   a.rng_rows = params.stream_rows(a.T);
   a.rng_row_start = params.rng_row_start;
-  const size_t mask_at = q_input == 0 ? 3 : 6;
-  if (call.inputs.size() > mask_at && call.inputs[mask_at].shape.rank() == 3) a.mask_heads = call.inputs[mask_at].shape[1];
+  const size_t first = q_input == 0 ? 3 : 6;
+  a.extras = ops::AttentionExtras::locate(call.inputs.size(), first,
+                                          call.inputs.size() > first && input_dtype(call, first) == DType::i64);
+  if (a.extras.mask >= 0 && call.inputs[size_t(a.extras.mask)].shape.rank() == 3)
+    a.mask_heads = call.inputs[size_t(a.extras.mask)].shape[1];
   return a;
 }
 
@@ -69,9 +75,11 @@ int64_t kv_row_at(const AttentionDims& a, int64_t b, int64_t h, int64_t s) {
   return a.seq_major ? ((b * a.S + s) * a.K + kh) * a.D : ((b * a.K + kh) * a.S + s) * a.D;
 }
 
-// Query t sees key s unless causal and s > t + S − T, or a sliding window leaves it out: s <= t + S − T − window.
-bool key_allowed(const AttentionDims& a, int64_t t, int64_t s) {
+// Query t sees key s unless causal and s > t + S − T, or a sliding window leaves it out: s <= t + S − T − window,
+// or s is before the query's key_begin (another packed example's key).
+bool key_allowed(const AttentionDims& a, int64_t b, int64_t t, int64_t s) {
   const int64_t age = t + a.S - a.T - s;  // how many keys newer than s the query has seen
+  if (a.key_begin != nullptr && s < a.key_begin[b * a.T + t]) return false;
   return !a.causal || (age >= 0 && (a.window == 0 || age < a.window));
 }
 
@@ -82,7 +90,7 @@ double attention_scores(double* scores, const float* q_row, const float* k, cons
                         const AttentionDims& a, int64_t b, int64_t h, int64_t t, double* capped_grad = nullptr) {
   double max = kNegInf;
   for (int64_t s = 0; s < a.S; ++s) {
-    if (!key_allowed(a, t, s)) {
+    if (!key_allowed(a, b, t, s)) {
       scores[s] = kNegInf;
       continue;
     }
@@ -221,11 +229,18 @@ size_t widened_floats(const KernelCall& call, size_t first, size_t count) {
   return floats;
 }
 
+// The key_begin input of this run, or null; its values checked (the kernel indexes keys with them).
+const int64_t* key_begin_of(const KernelArgs& args, const AttentionDims& a) {
+  if (a.extras.key_begin < 0) return nullptr;
+  const int64_t* begin = args.inputs[size_t(a.extras.key_begin)].data_as<int64_t>();
+  ops::check_key_begin(begin, a.B, a.T, a.S);
+  return begin;
+}
+
 class AttentionRef final : public RefKernel {
  public:
   AttentionRef(const KernelCall& call)
       : dims_(parse_attention(call, 0)),
-        has_mask_(call.inputs.size() == 4),
         widened_(widened_floats(call, 0, 3)),
         out_bf16_(output_dtype(call, 0) == DType::bf16),
         out_numel_(output_shape(call, 0).numel()) {}
@@ -238,7 +253,8 @@ class AttentionRef final : public RefKernel {
   void run(const KernelArgs& args, const StepContext& ctx) override {
     const bool acc[2] = {accumulate_flag(args, 0) && !out_bf16_, accumulate_flag(args, 1)};
     // inputs: q, k, v, [mask]; outputs: out, lse
-    const float* mask = has_mask_ ? args.inputs[3].data_as<float>() : nullptr;
+    const float* mask = dims_.extras.mask >= 0 ? args.inputs[size_t(dims_.extras.mask)].data_as<float>() : nullptr;
+    dims_.key_begin = key_begin_of(args, dims_);
     double* probs = static_cast<double*>(args.scratch);
     float* floats = reinterpret_cast<float*>(probs + dims_.S);
     const float* qkv[3];
@@ -256,7 +272,6 @@ class AttentionRef final : public RefKernel {
 
  private:
   AttentionDims dims_;
-  bool has_mask_;
   size_t widened_;
   bool out_bf16_;
   int64_t out_numel_;
@@ -265,7 +280,7 @@ class AttentionRef final : public RefKernel {
 class AttentionBackwardRef final : public RefKernel {
  public:
   AttentionBackwardRef(const KernelCall& call)
-      : dims_(parse_attention(call, 1)), has_mask_(call.inputs.size() == 7), widened_(widened_floats(call, 1, 3)) {}
+      : dims_(parse_attention(call, 1)), widened_(widened_floats(call, 1, 3)) {}
 
   size_t scratch_bytes(int) const override {
     return static_cast<size_t>(4 * dims_.S + 2 * dims_.S * dims_.D) * sizeof(double) + widened_ * sizeof(float);
@@ -275,7 +290,8 @@ class AttentionBackwardRef final : public RefKernel {
     const bool acc[3] = {accumulate_flag(args, 0), accumulate_flag(args, 1), accumulate_flag(args, 2)};
     // inputs: dout, q, k, v, out, lse, [mask]; outputs: dq, dk, dv. `out` is not
     // needed: the row term Σ_s P·dPd is computed directly.
-    const float* mask = has_mask_ ? args.inputs[6].data_as<float>() : nullptr;
+    const float* mask = dims_.extras.mask >= 0 ? args.inputs[size_t(dims_.extras.mask)].data_as<float>() : nullptr;
+    dims_.key_begin = key_begin_of(args, dims_);
     double* work = static_cast<double*>(args.scratch);
     float* floats = reinterpret_cast<float*>(work + 4 * dims_.S + 2 * dims_.S * dims_.D);
     const float* qkv[3];
@@ -290,7 +306,6 @@ class AttentionBackwardRef final : public RefKernel {
 
  private:
   AttentionDims dims_;
-  bool has_mask_;
   size_t widened_;
 };
 
