@@ -163,6 +163,10 @@ SequenceInputs sequence_inputs(ir::GraphBuilder& b, int64_t B, int64_t T) {
   return in;
 }
 
+ValueId packed_key_begin(ir::GraphBuilder& b, const BatchSpec& spec) {
+  return spec.packed ? b.input(InputNames::key_begin, {spec.batch, spec.seq}, DType::i64) : ir::kNone;
+}
+
 ValueId maybe_dropout(ir::GraphBuilder& b, ValueId x, double p, bool training) {
   return training && p > 0 ? b.dropout(x, p) : x;
 }

@@ -36,6 +36,8 @@ struct InputNames {
   static constexpr const char* pool_index = "pool_index";  ///< (B): flat row b·T + t of the pooled token
   static constexpr const char* rope_cos = "rope_cos";      ///< (B, T, D): DerivedInputs::Rotary
   static constexpr const char* rope_sin = "rope_sin";
+  /// (B, T) i64 of packed rows: the first position of the example holding each token (BatchSpec::packed)
+  static constexpr const char* key_begin = "key_begin";
 };
 
 /// An architecture family (BERT, RoBERTa, DistilBERT, GPT-2) with one head.
@@ -73,6 +75,8 @@ class Family {
   /// Whether the family fills the plan's inputs from a batch itself (bind_inputs) instead of Model's binding of
   /// input_ids, attention_mask, token_type_ids and position_ids (ONNX import, whose inputs follow the graph).
   virtual bool binds_inputs() const { return false; }
+  /// Whether build() honours BatchSpec::packed (its causal attention reads InputNames::key_begin).
+  virtual bool packs_sequences() const { return false; }
   /// Fills every input of `plan` but the labels from `batch`, whose shapes `spec` holds (only when
   /// binds_inputs()).
   virtual void bind_inputs(runtime::Plan& plan, const Batch& batch, const BatchSpec& spec) const {
@@ -182,6 +186,8 @@ struct SequenceInputs {
 };
 /// Declares input_ids, attention_mask and position_ids.
 SequenceInputs sequence_inputs(ir::GraphBuilder& b, int64_t B, int64_t T);
+/// Declares InputNames::key_begin (B, T) for a packed spec (BatchSpec::packed); kNone otherwise.
+ir::ValueId packed_key_begin(ir::GraphBuilder& b, const BatchSpec& spec);
 /// Dropout only while training and only for p > 0.
 ir::ValueId maybe_dropout(ir::GraphBuilder& b, ir::ValueId x, double p, bool training);
 /// transformers' ACT2FN for the supported names ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "tanh").

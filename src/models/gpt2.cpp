@@ -49,6 +49,7 @@ class Gpt2Family final : public Family {
     const int64_t B = spec.batch, T = spec.seq, C = C_, D = C_ / H_;
     const bool train = spec.training;
     auto [ids, mask, positions] = sequence_inputs(b, B, T);
+    const ValueId key_begin = packed_key_begin(b, spec);
     ValueId mask_add = additive_mask(b, mask, B, T);  // before the layers' segments (recompute)
 
     ValueId wte = b.param(p("wte.weight"), {V_, C});
@@ -67,7 +68,8 @@ class Gpt2Family final : public Family {
       if (scale_by_layer_) scale /= static_cast<double>(l + 1);
       ValueId context =
           b.attention(split_heads(b, qkv[0], B, T, H_, D), split_heads(b, qkv[1], B, T, H_, D),
-                      split_heads(b, qkv[2], B, T, H_, D), mask_add, scale, true, train ? attn_dropout_ : 0.0, io);
+                      split_heads(b, qkv[2], B, T, H_, D), mask_add, scale, true, train ? attn_dropout_ : 0.0, io, 0,
+                      0.0, key_begin);
       ValueId attn = conv1d(b, merge_heads(b, context, B, T, H_, D), block + "attn.c_proj", C, C);
       x = b.add(x, maybe_dropout(b, attn, resid_dropout_, train));
       ValueId h = activation(b, conv1d(b, layer_norm(b, x, block + "ln_2"), block + "mlp.c_fc", C, F_), act_, matmul_dtype_);
@@ -114,6 +116,7 @@ class Gpt2Family final : public Family {
   std::string base_prefix() const override { return "transformer"; }
   std::vector<std::string> head_prefixes() const override { return {"lm_head.", "score."}; }
   bool uses_token_type_ids() const override { return false; }
+  bool packs_sequences() const override { return true; }
   bool reads_pool_index() const override { return head_ == Head::SequenceClassification; }
   int64_t max_positions() const override { return P_; }
 

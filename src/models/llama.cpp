@@ -77,6 +77,7 @@ class LlamaFamily final : public Family {
     const DType io = attention_dtype(matmul_dtype_);
     auto [ids, mask, positions] = sequence_inputs(b, B, T);
     (void)positions;  // read on the host, for the rotary tables
+    const ValueId key_begin = packed_key_begin(b, spec);
     ValueId mask_add = additive_mask(b, mask, B, T);
     ValueId cos = b.input(kCos, {B, T, D}), sin = b.input(kSin, {B, T, D});
 
@@ -101,7 +102,8 @@ class LlamaFamily final : public Family {
       }
       ValueId context = b.attention(b.transpose(q, {0, 2, 1, 3}), b.transpose(k, {0, 2, 1, 3}),
                                     b.transpose(v, {0, 2, 1, 3}), mask_add, 1.0 / std::sqrt(double(D)), true,
-                                    train ? attn_dropout_ : 0.0, io, window_of(l, T, spec.every_window));
+                                    train ? attn_dropout_ : 0.0, io, window_of(l, T, spec.every_window), 0.0,
+                                    key_begin);
       ValueId merged = b.reshape(b.transpose(context, {0, 2, 1, 3}), {B, T, H * D});
       x = b.add(x, proj(b, merged, layer + "self_attn.o_proj", C, H * D, o_bias_));
       ValueId m = rms_norm(b, x, layer + "post_attention_layernorm");
@@ -166,6 +168,7 @@ class LlamaFamily final : public Family {
   std::string base_prefix() const override { return "model"; }
   std::vector<std::string> head_prefixes() const override { return {"lm_head.", "score."}; }
   bool uses_token_type_ids() const override { return false; }
+  bool packs_sequences() const override { return true; }
   bool reads_pool_index() const override { return head_ == Head::SequenceClassification; }
   int64_t max_positions() const override { return std::numeric_limits<int32_t>::max(); }
   int64_t pool_position(const int64_t* ids, int64_t T) const override { return last_non_pad(ids, T, pad_); }

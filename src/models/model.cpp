@@ -534,6 +534,36 @@ void Model::load_adapter(const std::string& dir) {
   }
 }
 
+namespace {
+
+// Whether a batch packs several examples in a row, as transformers decides: no attention_mask, and position_ids
+// that somewhere do not step by one (find_packed_sequence_indices).
+bool packed_rows(const Batch& batch) {
+  const Tensor& positions = batch.get(InputNames::position_ids);
+  if (batch.has(InputNames::attention_mask) || positions.data() == nullptr || positions.shape().rank() != 2 ||
+      positions.dtype() != DType::i64)
+    return false;
+  const int64_t* p = positions.data_as<int64_t>();
+  const int64_t rows = positions.shape()[0], T = positions.shape()[1];
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 1; t < T; ++t)
+      if (p[r * T + t] != p[r * T + t - 1] + 1) return true;
+  return false;
+}
+
+// key_begin of packed rows: each token's example starts where the position ids last failed to step by one.
+void example_starts(const int64_t* positions, int64_t B, int64_t T, int64_t* out) {
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t start = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (t > 0 && positions[b * T + t] != positions[b * T + t - 1] + 1) start = t;
+      out[b * T + t] = start;
+    }
+  }
+}
+
+}  // namespace
+
 BatchSpec Model::spec_for(const Batch& batch, bool training, bool with_backward) const {
   BatchSpec spec;
   spec.batch = 0;
@@ -544,6 +574,10 @@ BatchSpec Model::spec_for(const Batch& batch, bool training, bool with_backward)
     spec.batch = t.shape()[0];
     if (input.seq_axis >= 0) spec.seq = t.shape()[input.seq_axis];
   }
+  spec.packed = packed_rows(batch) && (family_->packs_sequences() || family_->head() == Head::CausalLM);
+  FT_CHECK(!spec.packed || family_->packs_sequences(), architecture_, ": position_ids restart inside a row and no ",
+           "attention_mask is given, so the rows pack several examples; this model cannot keep them apart (the ",
+           "GPT-2, Llama, Mistral and Qwen2 families can). Give an attention_mask, or one example per row");
   spec.training = training;
   spec.bf16 = bf16_;
   spec.fp16 = fp16_;
@@ -576,7 +610,7 @@ compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
   }
   for (int64_t setting : {int64_t{spec.training}, int64_t{spec.bf16}, int64_t{spec.fp16}, int64_t{spec.recompute},
                           int64_t{spec.fusions}, static_cast<int64_t>(spec.labels), int64_t{with_backward},
-                          int64_t{count_unfused_ops_}})
+                          int64_t{count_unfused_ops_}, int64_t{spec.packed}})
     key.push_back(setting);
   if (compile::Program* program = programs_.find(key)) return *program;
   BuiltGraph built = build(spec);
@@ -716,6 +750,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
       plan.bind_input(InputNames::position_ids, nullptr);
       std::copy(positions, positions + B * T, plan.input(InputNames::position_ids).data_as<int64_t>());
     }
+    if (spec.packed) example_starts(positions, B, T, plan.input(InputNames::key_begin).data_as<int64_t>());
     family->bind_extra_inputs(plan, positions, B, T);
   }
   if (family->reads_pool_index()) {
@@ -742,11 +777,14 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
       require_ids(labels, "labels", B, T);
       check_classes(labels);
       if (family->head() == Head::CausalLM) {
-        // Shift left: position t predicts token t + 1; the last position is ignored.
+        // Shift left: position t predicts token t + 1; the last position is ignored, and in packed rows the last
+        // of each example (it would predict the next example's first token).
         int64_t* shifted = plan.input(InputNames::labels).data_as<int64_t>();
         const int64_t* given = labels.data_as<int64_t>();
+        const int64_t* starts = spec.packed ? plan.input(InputNames::key_begin).data_as<int64_t>() : nullptr;
         for (int64_t b = 0; b < B; ++b) {
-          for (int64_t t = 0; t + 1 < T; ++t) shifted[b * T + t] = given[b * T + t + 1];
+          for (int64_t t = 0; t + 1 < T; ++t)
+            shifted[b * T + t] = starts && starts[b * T + t + 1] == t + 1 ? -100 : given[b * T + t + 1];
           shifted[b * T + T - 1] = -100;
         }
       } else {

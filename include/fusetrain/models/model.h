@@ -44,6 +44,10 @@ struct BatchSpec {
   bool fusions = true;    ///< run the fusion passes
   /// Attention windows stay on where they cover the whole sequence: the graph serves other lengths (ONNX export).
   bool every_window = false;
+  /// Several examples packed in a row: position_ids restart inside a row and no attention_mask is given (the rule
+  /// transformers follows). Causal attention then stays within each example (InputNames::key_begin) and the
+  /// causal-LM loss skips the prediction across each boundary.
+  bool packed = false;
   bool operator==(const BatchSpec&) const = default;
 };
 
