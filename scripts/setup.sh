@@ -40,6 +40,7 @@ PY_PACKAGES=(  # import name=pip requirement
   onnx=onnx onnxruntime=onnxruntime  # the ONNX tests' oracles: onnx.checker and ONNX Runtime's inference
   onnxscript=onnxscript  # torch.onnx.export's dynamo exporter, which writes graphs the import tests train
   peft=peft  # LoRA parity: fusetrain.Trainer takes a PeftModel; adapters saved by fusetrain load with PeftModel.from_pretrained
+  trl=trl==1.16.0  # fusetrain.trl: TRL's SFTTrainer is the parent class and the parity reference; its scripts run on it
   sentencepiece=sentencepiece  # the tokenizer tests convert a SentencePiece model to tokenizer.json
 )
 py_missing=()

@@ -263,7 +263,8 @@ def pad_batch(batch: Mapping[str, Any], pad_id: int, multiple: int = 8) -> dict[
     length = ids.shape[1]
     extra = -length % multiple
     if extra:
-        fill = {"input_ids": pad_id, "attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1}
+        fill = {"input_ids": pad_id, "attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1,
+                "position_ids": 0}
         for key, array in out.items():
             if array.ndim == 2 and array.shape[1] == length:
                 value = fill.get(key, -100)

@@ -471,6 +471,10 @@ class Trainer(transformers.Trainer):
     model object is built from it). `args` may be a fusetrain.TrainingArguments or transformers' own.
     """
 
+    # A subclass whose parent trainer prepares its own datasets and collator (TRL's) sets this: text columns are then
+    # left to it, not tokenized here.
+    _prepares_own_datasets = False
+
     def __init__(self, model: Any = None, args: transformers.TrainingArguments | None = None,
                  data_collator: Callable | None = None, train_dataset: Any = None, eval_dataset: Any = None,
                  processing_class: Any = None, *rest: Any, **kwargs: Any) -> None:
@@ -479,16 +483,17 @@ class Trainer(transformers.Trainer):
         if args is None:
             args = TrainingArguments(output_dir="trainer_output")
         check_arguments(args)  # transformers' own TrainingArguments do not check them
-        # Text columns are tokenized when a tokenizer is given (transformers expects tokenized datasets).
-        train_dataset = data.tokenize_if_needed(train_dataset, processing_class, "train_dataset")
-        if isinstance(eval_dataset, dict):
-            eval_dataset = {k: data.tokenize_if_needed(v, processing_class, "eval_dataset")
-                            for k, v in eval_dataset.items()}
-        else:
-            eval_dataset = data.tokenize_if_needed(eval_dataset, processing_class, "eval_dataset")
+        if not self._prepares_own_datasets:
+            # Text columns are tokenized when a tokenizer is given (transformers expects tokenized datasets).
+            train_dataset = data.tokenize_if_needed(train_dataset, processing_class, "train_dataset")
+            if isinstance(eval_dataset, dict):
+                eval_dataset = {k: data.tokenize_if_needed(v, processing_class, "eval_dataset")
+                                for k, v in eval_dataset.items()}
+            else:
+                eval_dataset = data.tokenize_if_needed(eval_dataset, processing_class, "eval_dataset")
         super().__init__(_transformers_model(model) if model is not None else None, args, data_collator,
                          train_dataset, eval_dataset, processing_class, *rest, **kwargs)
-        if data_collator is None and processing_class is None:
+        if data_collator is None and processing_class is None and not self._prepares_own_datasets:
             # transformers' default (default_data_collator) cannot batch examples of different lengths; this one
             # pads them with the model's pad id.
             self.data_collator = data.PaddingCollator(int(getattr(self.model.config, "pad_token_id", None) or 0))
@@ -541,7 +546,7 @@ class Trainer(transformers.Trainer):
         if self.optimizer is not None or self.lr_scheduler is not None or self.optimizer_cls_and_kwargs is not None:
             reasons.append("an optimizer or scheduler is given (the engine runs AdamW with the arguments' schedule)")
         overridden = [name for name in _STEP_METHODS
-                      if getattr(type(self), name) is not getattr(Trainer, name)]
+                      if getattr(type(self), name) is not getattr(self._engine_step_class(), name)]
         if overridden:
             reasons.append(f"{type(self).__name__} overrides {', '.join(overridden)}")
         if _is_peft(self.model) and _lora_refusal(self.model):
@@ -549,6 +554,11 @@ class Trainer(transformers.Trainer):
         if self._data_refusal:
             reasons.append(self._data_refusal)
         return "; ".join(reasons) or None
+
+    @classmethod
+    def _engine_step_class(cls) -> type:
+        """The class whose training-step methods the engine stands in for: a subclass overriding them is refused."""
+        return Trainer
 
     def _capture_failure(self) -> str | None:
         """Why the model could not be captured (None when it was, or when it is not captured at all); tried once
@@ -740,6 +750,7 @@ class Trainer(transformers.Trainer):
         elif event == "on_epoch_begin":
             self.control = handler.on_epoch_begin(args, s, self.control)
         elif event == "on_step_begin":
+            self.model.train()  # as transformers' training_step does (an evaluation may have left eval mode)
             self.control = handler.on_step_begin(args, s, self.control)
         elif event == "on_step_end":
             step = state["last_step"]
@@ -762,6 +773,7 @@ class Trainer(transformers.Trainer):
             if args.include_num_input_tokens_seen not in (False, "no", None):
                 s.num_input_tokens_seen += step["tokens"]
             self._last_learning_rate, self._last_grad_norm = step["learning_rate"], step["grad_norm"]
+            self._engine_step_metrics(step)
             self.control = handler.on_step_end(args, s, self.control)
             self._maybe_log_save_evaluate(self._tr_loss, self._last_grad_norm, self.model, trial, int(s.epoch),
                                           ignore_keys_for_eval, start_time, learning_rate=self._last_learning_rate)
@@ -773,6 +785,9 @@ class Trainer(transformers.Trainer):
             self.log({k: v for k, v in payload.items() if k != "step"})
         return {"should_training_stop": self.control.should_training_stop,
                 "should_epoch_stop": self.control.should_epoch_stop}
+
+    def _engine_step_metrics(self, step: dict) -> None:
+        """Records a finished engine step's figures for the metrics a parent trainer logs (none here)."""
 
     # ------------------------------------------------------------ checkpoints
 

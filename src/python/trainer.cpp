@@ -173,6 +173,13 @@ data::Batch batch_from_python(py::handle output) {
       b.attention_mask = tokens_of("attention_mask");
     } else if (name == "token_type_ids") {
       b.token_type_ids = tokens_of("token_type_ids");
+    } else if (name == "position_ids") {
+      b.position_ids = tokens_of("position_ids");
+    } else if (name == "num_tokens") {  // what TRL's trainers count for their num_tokens metric
+      b.counted_tokens = py::int_(py::reinterpret_borrow<py::object>(value)).cast<int64_t>();
+    } else if (name == "cu_seq_lens_q" || name == "cu_seq_lens_k" || name == "max_length_q" ||
+               name == "max_length_k" || name == "seq_idx") {
+      // TRL's padding-free boundaries for varlen kernels: the engine reads the same boundaries from position_ids.
     } else if (name == "labels" || name == "label" || name == "label_ids") {
       py::array labels = as_array(value);
       if (labels.dtype().kind() == 'f') {
@@ -201,11 +208,12 @@ data::Batch batch_from_python(py::handle output) {
       b.float_inputs.push_back(std::move(input));
     } else if (name != "special_tokens_mask") {
       throw Error(str("the data collator's batch has a key \"", name, "\" the model does not take (expected "
-                      "input_ids, attention_mask, token_type_ids, pixel_values, labels, start_positions, "
-                      "end_positions)"));
+                      "input_ids, attention_mask, token_type_ids, position_ids, pixel_values, labels, "
+                      "start_positions, end_positions)"));
     }
   }
-  if (b.attention_mask.empty() && !b.input_ids.empty()) b.attention_mask.assign(tokens, 1);
+  // Without a mask every token counts; position_ids without one may pack several examples in a row.
+  if (b.attention_mask.empty() && !b.input_ids.empty() && b.position_ids.empty()) b.attention_mask.assign(tokens, 1);
   return b;
 }
 
@@ -253,7 +261,7 @@ py::dict state_to_python(const train::TrainerState& s, bool with_history) {
   out["last_step"] = py::dict("loss"_a = r.loss, "grad_norm"_a = r.grad_norm, "learning_rate"_a = r.learning_rate,
                               "tokens"_a = r.tokens, "samples"_a = r.samples, "micro_batches"_a = r.micro_batches,
                               "loss_sum"_a = r.loss_sum, "predicted"_a = r.predicted, "labelled"_a = r.labelled,
-                              "skipped"_a = r.skipped);
+                              "skipped"_a = r.skipped, "counted_tokens"_a = r.counted_tokens);
   return out;
 }
 

@@ -119,6 +119,7 @@ models::Batch Trainer::view_of(const data::Batch& b) const {
   if (!b.input_ids.empty()) m.set("input_ids", ids(b.input_ids));
   if (!b.attention_mask.empty()) m.set("attention_mask", ids(b.attention_mask));
   if (model_.uses_token_type_ids() && !b.token_type_ids.empty()) m.set("token_type_ids", ids(b.token_type_ids));
+  if (!b.position_ids.empty()) m.set("position_ids", ids(b.position_ids));
   for (const data::FloatInput& input : b.float_inputs)
     m.set(input.name, Tensor::view(const_cast<float*>(input.values.data()), Shape(input.shape), DType::f32));
   if (!b.float_labels.empty())
@@ -211,7 +212,7 @@ std::map<std::string, double> Trainer::train() {
   const int64_t world = comm.size(), rank = comm.rank();
   data::LoaderOptions loader_options;
   loader_options.batch_size = a.per_device_train_batch_size * world;
-  loader_options.shuffle = true;
+  loader_options.shuffle = a.train_sampling_strategy != "sequential";
   loader_options.seed = static_cast<uint64_t>(a.seed);
   loader_options.drop_last = a.dataloader_drop_last;
   data::CollateFn collate = collate_for(*train_, a.seed, /*training=*/true);
@@ -275,14 +276,17 @@ std::map<std::string, double> Trainer::train() {
     const int64_t B = b.batch_size, T = b.seq_len;
     if (static_cast<int64_t>(b.labels.size()) != B * T || task_ == Head::SequenceClassification) return {B, B};
     int64_t predicted = 0, labelled = 0;
+    // Packed rows (position ids without a mask): the first token of each example is not predicted either.
+    const bool packed = b.attention_mask.empty() && static_cast<int64_t>(b.position_ids.size()) == B * T;
     for (int64_t i = 0; i < B * T; ++i) {
       if (b.labels[static_cast<size_t>(i)] == data::kIgnoreIndex) continue;
       ++labelled;
-      predicted += task_ != Head::CausalLM || i % T != 0;
+      const bool starts = i % T == 0 || (packed && b.position_ids[size_t(i)] != b.position_ids[size_t(i - 1)] + 1);
+      predicted += task_ != Head::CausalLM || !starts;
     }
     return {predicted, labelled};
   };
-  int64_t step_tokens = 0, step_samples = 0, step_predicted = 0, step_labelled = 0;
+  int64_t step_tokens = 0, step_samples = 0, step_predicted = 0, step_labelled = 0, step_counted = 0;
   double step_loss_sum = 0;
   std::vector<double> step_terms;  // data parallel: each micro-batch's share of the step's loss, summed over ranks
   auto lr_at = [&](int64_t step) {
@@ -401,6 +405,7 @@ std::map<std::string, double> Trainer::train() {
       samples_this_run += batch->batch_size;
       step_samples += batch->batch_size;
       step_tokens += batch->batch_size * batch->seq_len;
+      step_counted += std::max<int64_t>(batch->counted_tokens, 0);
       const auto [predicted, labelled] = label_counts(*batch);
       step_predicted += predicted;
       step_labelled += labelled;
@@ -417,7 +422,8 @@ std::map<std::string, double> Trainer::train() {
         grad_scale = 1.0 / static_cast<double>(world * in_step);
         const size_t k = step_terms.size();
         step_terms.insert(step_terms.end(), {static_cast<double>(step_samples), static_cast<double>(step_tokens),
-                                             static_cast<double>(step_predicted), static_cast<double>(step_labelled)});
+                                             static_cast<double>(step_predicted), static_cast<double>(step_labelled),
+                                             static_cast<double>(step_counted)});
         comm.all_reduce_sum(step_terms.data(), static_cast<int64_t>(step_terms.size()));
         step_loss = 0;
         step_loss_sum = 0;
@@ -430,6 +436,7 @@ std::map<std::string, double> Trainer::train() {
         step_tokens = static_cast<int64_t>(step_terms[k + 1]);
         step_predicted = static_cast<int64_t>(step_terms[k + 2]);
         step_labelled = static_cast<int64_t>(step_terms[k + 3]);
+        step_counted = static_cast<int64_t>(step_terms[k + 4]);
         // The step's summed token losses over its predicted positions, as one process reports them.
         step_loss_sum = step_loss / static_cast<double>(in_step) * static_cast<double>(step_predicted);
         step_loss /= static_cast<double>(in_step);
@@ -481,8 +488,9 @@ std::map<std::string, double> Trainer::train() {
                                     step_predicted,
                                     step_labelled,
                                     in_step,
-                                    !skipped.empty() || (a.fp16 && !std::isfinite(last_norm))};
-      step_tokens = step_samples = step_predicted = step_labelled = 0;
+                                    !skipped.empty() || (a.fp16 && !std::isfinite(last_norm)),
+                                    step_counted};
+      step_tokens = step_samples = step_predicted = step_labelled = step_counted = 0;
       step_loss_sum = 0;
       if (!skipped.empty()) {
         skip_nonfinite_step(skipped);

@@ -27,6 +27,10 @@ struct Batch {
   std::vector<int64_t> input_ids;       ///< (B, T), padding = the pad id
   std::vector<int64_t> attention_mask;  ///< (B, T), 1 on tokens, 0 on padding
   std::vector<int64_t> token_type_ids;  ///< (B, T), 0 on padding
+  /// (B, T) from a Python collator, or empty. Without an attention_mask, ids restarting inside a row mark packed
+  /// examples (models::BatchSpec::packed).
+  std::vector<int64_t> position_ids;
+  int64_t counted_tokens = -1;  ///< the tokens a Python collator counts for its trainer's num_tokens; -1: none
   /// (B) class labels; or (B, T) token labels with kIgnoreIndex on padding (language modelling, token
   /// classification); or empty.
   std::vector<int64_t> labels;

@@ -35,6 +35,7 @@ struct StepReport {
   int64_t labelled = 0;      ///< labels that are not ignored, at every position (a causal LM's first included)
   int64_t micro_batches = 0;  ///< micro-batches the step accumulated (fewer than accum at an epoch's end)
   bool skipped = false;      ///< not applied: a non-finite loss or gradient norm, or an fp16 overflow
+  int64_t counted_tokens = 0;  ///< the tokens a Python collator counted (data::Batch::counted_tokens), summed
 };
 
 /// Progress of a run, saved as trainer_state.json in transformers' layout.
