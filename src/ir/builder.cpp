@@ -88,6 +88,10 @@ ValueId GraphBuilder::softmax_cross_entropy(ValueId logits, ValueId targets, int
   return g_.add_node(OpKind::SoftmaxCrossEntropy, {logits, targets}, {{"ignore_index", ignore_index}})[0];
 }
 
+ValueId GraphBuilder::token_stats(ValueId logits, ValueId targets, int64_t ignore_index) {
+  return g_.add(OpKind::TokenStats, {logits, targets}, {{"ignore_index", ignore_index}});
+}
+
 ValueId GraphBuilder::sigmoid_cross_entropy(ValueId logits, ValueId targets) {
   return g_.add(OpKind::SigmoidCrossEntropy, {logits, targets});
 }

@@ -435,6 +435,16 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       c.require(c.shape(1) == rows, "targets should be ", rows.to_string(), ", found ", c.shape(1).to_string());
       return {{Shape{}, DType::f32}, {rows, DType::f32}};
     }
+    case OpKind::TokenStats: {
+      // logits (..., V), targets (...) -> (3): Σ entropy, top-1 hits, counted rows (targets != ignore_index)
+      const Shape& logits = c.shape(0);
+      c.require_f32(0, "logits");
+      c.require_index(1, "targets");
+      c.require(logits.rank() >= 2, "logits should be (..., V)");
+      Shape rows(std::vector<int64_t>(logits.dims().begin(), logits.dims().end() - 1));
+      c.require(c.shape(1) == rows, "targets should be ", rows.to_string(), ", found ", c.shape(1).to_string());
+      return {{Shape{3}, DType::f32}};
+    }
     case OpKind::SoftmaxCrossEntropyBackward: {
       // dloss, logits, targets, lse -> dlogits
       c.require_f32(0, "dloss");
@@ -464,8 +474,11 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       }
       c.require(std::get<LinearCrossEntropyParams>(params).chunk_rows >= 0,
                 "chunk_rows must be 0 (automatic) or positive");
-      if (!std::get<LinearCrossEntropyParams>(params).weight_grad) return {{Shape{}, DType::f32}, {x, DType::f32}};
-      return {{Shape{}, DType::f32}, {x, DType::f32}, {w, DType::f32}, {Shape{w[0]}, DType::f32}};
+      const auto& lce = std::get<LinearCrossEntropyParams>(params);
+      std::vector<TypedShape> outs{{Shape{}, DType::f32}, {x, DType::f32}};
+      if (lce.weight_grad) outs.insert(outs.end(), {{w, DType::f32}, {Shape{w[0]}, DType::f32}});
+      if (lce.token_stats) outs.push_back({Shape{3}, DType::f32});  // as TokenStats
+      return outs;
     }
     case OpKind::SigmoidCrossEntropy:
       c.require_f32(0, "logits");

@@ -287,7 +287,8 @@ OpParams decode(OpKind op, AttrReader& r) {
       return r.finish(p);
     }
     case OpKind::SoftmaxCrossEntropy:
-    case OpKind::SoftmaxCrossEntropyBackward: {
+    case OpKind::SoftmaxCrossEntropyBackward:
+    case OpKind::TokenStats: {
       ParamsOf<OpKind::SoftmaxCrossEntropy> p;
       static_assert(std::is_same_v<ParamsOf<OpKind::SoftmaxCrossEntropy>,
                                    ParamsOf<OpKind::SoftmaxCrossEntropyBackward>>);
@@ -299,6 +300,7 @@ OpParams decode(OpKind op, AttrReader& r) {
       p.ignore_index = r.integer("ignore_index", p.ignore_index);
       p.chunk_rows = r.integer("chunk_rows", p.chunk_rows);
       p.weight_grad = r.flag("weight_grad", p.weight_grad);
+      p.token_stats = r.flag("token_stats", p.token_stats);
       return r.finish(p);
     }
     case OpKind::Attention:

@@ -28,9 +28,19 @@ FusionReport fuse_linear_cross_entropy(ir::Graph& g, int64_t chunk_rows) {
     if (loss.op != OpKind::SoftmaxCrossEntropy) continue;
     const ValueId logits = loss.inputs[0], lse = loss.outputs[1];
     const ir::Value& l = g.value(logits);
-    if (l.producer == kNone || g.is_output(logits) || consumers[static_cast<size_t>(logits)].size() != 1 ||
-        !unread(lse))
-      continue;
+    // The logits' readers: the loss, and perhaps a TokenStats of the same targets (its sums come from the fused op).
+    NodeId stats = kNone;
+    bool other_reader = false;
+    for (NodeId reader : consumers[static_cast<size_t>(logits)]) {
+      const ir::Node& r = g.node(reader);
+      if (reader == id) continue;
+      if (r.op == OpKind::TokenStats && stats == kNone && r.inputs[1] == loss.inputs[1] &&
+          r.attrs.get_int("ignore_index", -100) == loss.attrs.get_int("ignore_index", -100))
+        stats = reader;
+      else
+        other_reader = true;
+    }
+    if (l.producer == kNone || g.is_output(logits) || other_reader || !unread(lse)) continue;
     const ir::Node& linear = g.node(l.producer);
     const DType dtype = g.value(linear.inputs[0]).dtype;
     if (linear.op != OpKind::Linear || (dtype != DType::f32 && dtype != DType::bf16)) continue;
@@ -51,6 +61,16 @@ FusionReport fuse_linear_cross_entropy(ir::Graph& g, int64_t chunk_rows) {
       const Shape w_shape = g.value(w).shape;
       g.add_node_output(id, w_shape, DType::f32);
       g.add_node_output(id, Shape{w_shape[0]}, DType::f32);
+    }
+    if (stats != kNone) {  // the TokenStats output becomes the fused op's last output
+      ir::Node& fused = g.node(id);
+      const ValueId sums = g.node(stats).outputs[0];
+      fused.attrs.set("token_stats", int64_t{1});
+      g.value(sums).producer = id;
+      g.value(sums).output_index = static_cast<int>(fused.outputs.size());
+      fused.outputs.push_back(sums);
+      g.node(stats).outputs.clear();
+      g.remove_node(stats);
     }
     g.remove_node(linear.id);
     report.fused += 1;

@@ -8,6 +8,7 @@
 
 #include "fusetrain/fusetrain.h"
 #include "fusetrain/passes/fusion.h"
+#include "kernels/cpu/basic_kernels.h"
 
 #include "support/test_util.h"
 
@@ -671,6 +672,95 @@ TEST(FuseLinearCrossEntropy, FrozenHeadGetsNoWeightGradient) {
         EXPECT_EQ(n.attrs.get_int("weight_grad", 1), frozen ? 0 : 1);
       }
   }
+}
+
+// TRL's token statistics (TokenStats: summed entropy, top-1 hits, counted rows) of an LM head, unfused (its own
+// op over stored logits, checked against the logits here in double) and fused into LinearCrossEntropy (from each
+// chunk's logits): the same counts, the entropy sum to f32 rounding; f32 and bf16 operands, ignored rows, ties at the
+// top (a first maximum counts, a later one does not), one and two threads.
+TEST(FuseLinearCrossEntropy, TokenStatisticsComeFromTheFusedHead) {
+  for (int path = 0; path < 3; ++path)  // the AVX-512, AVX2 and portable row statistics (as far as the CPU has them)
+  for (DType precision : {DType::f32, DType::bf16})
+    for (int threads : {1, 2}) {
+      kernels::cpu_basic::cap_cpu_path(path == 1 ? kernels::cpu_basic::CpuPath::avx2 : kernels::cpu_basic::CpuPath::avx512);
+      kernels::cpu_basic::force_portable_path(path == 2);
+      const int64_t B = 2, T = 29, C = 16, V = 203;
+      std::vector<float> stats[2];
+      std::vector<int64_t> targets_of_rows(static_cast<size_t>(B * T));
+      for (bool fuse : {false, true}) {
+        ir::Graph g;
+        ir::GraphBuilder b(g, 3);
+        ValueId h = b.tanh(b.param("x", {B, T, C}));
+        auto operand = [&](ValueId v) { return precision == DType::f32 ? v : b.cast(v, precision); };
+        ValueId logits = b.linear(operand(h), operand(b.param("wv", {V, C})), ir::kNone);
+        ValueId targets = b.input("targets", {B, T}, DType::i64);
+        ValueId loss = b.softmax_cross_entropy(logits, targets);
+        ValueId sums = b.token_stats(logits, targets);
+        g.mark_output(loss);
+        g.mark_output(sums);
+        if (!fuse) g.mark_output(logits);
+        if (fuse) {
+          ASSERT_EQ(passes::fuse_linear_cross_entropy(g).fused, 1);
+          EXPECT_EQ(count(g, OpKind::TokenStats), 0);
+        }
+        autodiff::build_backward(g, loss, g.params());
+        runtime::ParameterStore params(g);
+        for (size_t i = 0; i < params.slots().size(); ++i) {
+          float* p = params.param(i).data_as<float>();
+          // Rows of wv repeat every 50 words: logit ties, so the first maximum decides a hit.
+          for (int64_t k = 0; k < params.slots()[i].numel; ++k)
+            p[k] = std::sin(0.37f * static_cast<float>((i == 1 ? k % (50 * C) : k) + 13 * int64_t(i)));
+        }
+        runtime::PlanOptions options;
+        options.num_threads = threads;
+        auto plan = runtime::Plan::compile(g, params, options);
+        int64_t* t = plan->input("targets").data_as<int64_t>();
+        if (!fuse) {
+          // Targets: every fifth row ignored; then, from the logits of a first run, rows on their first maximum
+          // (hits), on a later equal one (word + 50: not hits) and elsewhere.
+          for (int64_t i = 0; i < B * T; ++i) targets_of_rows[size_t(i)] = i % 5 == 0 ? -100 : (i * 7919) % V;
+          std::copy(targets_of_rows.begin(), targets_of_rows.end(), t);
+          plan->run();
+          const float* z = plan->output(logits).data_as<float>();
+          for (int64_t r = 0; r < B * T; ++r) {
+            if (r % 5 == 0 || r % 3 == 0) continue;
+            const int64_t first_max = std::max_element(z + r * V, z + (r + 1) * V) - (z + r * V);
+            targets_of_rows[size_t(r)] = r % 3 == 1 || first_max + 50 >= V ? first_max : first_max + 50;
+          }
+        }
+        std::copy(targets_of_rows.begin(), targets_of_rows.end(), t);
+        plan->run();
+        const Tensor out = plan->output(sums);
+        stats[fuse] = {out.data_as<float>()[0], out.data_as<float>()[1], out.data_as<float>()[2]};
+        if (fuse) continue;
+        // The same sums from the stored logits, in double.
+        const Tensor z = plan->output(logits);
+        double entropy = 0.0, hits = 0.0, rows = 0.0;
+        for (int64_t r = 0; r < B * T; ++r) {
+          if (t[r] == -100) continue;
+          const float* row = z.data_as<float>() + r * V;
+          double max = row[0], sum = 0.0, weighted = 0.0;
+          int64_t first_max = 0;
+          for (int64_t v = 1; v < V; ++v)
+            if (row[v] > max) max = row[v], first_max = v;
+          for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - max), weighted += std::exp(row[v] - max) * row[v];
+          entropy += max + std::log(sum) - weighted / sum;
+          hits += first_max == t[r] ? 1.0 : 0.0;
+          rows += 1.0;
+        }
+        EXPECT_NEAR(stats[0][0], entropy, 1e-5 * entropy);
+        EXPECT_EQ(stats[0][1], hits);
+        EXPECT_EQ(stats[0][2], rows);
+        EXPECT_GT(hits, 0.0);
+        EXPECT_LT(hits, rows);
+      }
+      kernels::cpu_basic::cap_cpu_path(kernels::cpu_basic::CpuPath::avx512);
+      kernels::cpu_basic::force_portable_path(false);
+      const std::string label = str("path ", path, " ", dtype_name(precision), " threads ", threads);
+      EXPECT_NEAR(stats[1][0], stats[0][0], 1e-5 * stats[0][0]) << label;
+      EXPECT_EQ(stats[1][1], stats[0][1]) << label;
+      EXPECT_EQ(stats[1][2], stats[0][2]) << label;
+    }
 }
 
 TEST(FuseLinearCrossEntropy, LeavesLogitsThatAreReadElsewhereAlone) {

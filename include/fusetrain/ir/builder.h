@@ -71,6 +71,10 @@ class GraphBuilder {
   ValueId cast(ValueId x, DType dtype);
   /// logits (..., V), targets (...) i64 -> mean loss over targets != ignore_index (scalar f32).
   ValueId softmax_cross_entropy(ValueId logits, ValueId targets, int64_t ignore_index = -100);
+  /// logits (..., V), targets (...) i64 -> (3) f32 over the rows whose target is not ignore_index: the summed
+  /// entropy of their softmax, how many have the target as their first largest logit, and how many there are
+  /// (TRL's entropy and mean_token_accuracy). Not differentiated.
+  ValueId token_stats(ValueId logits, ValueId targets, int64_t ignore_index = -100);
   /// logits and targets in [0, 1], same shape -> mean binary cross-entropy with logits (scalar f32).
   ValueId sigmoid_cross_entropy(ValueId logits, ValueId targets);
   /// Scaled dot-product attention. q (B, H, T, D), k/v (B, H, S, D), all f32 or all bf16, optional

@@ -157,6 +157,7 @@ struct LinearCrossEntropyParams {
   int64_t ignore_index = -100;  ///< "ignore_index": rows with this target do not count
   int64_t chunk_rows = 0;       ///< "chunk_rows": 0 chooses (about 32 MiB of f32 logits per chunk)
   bool weight_grad = true;      ///< "weight_grad": also form dw and dbias (outputs 2, 3); 0 for a frozen head
+  bool token_stats = false;     ///< "token_stats": a last output (3) as TokenStats computes it (fused from one)
 };
 
 /// Attention and AttentionBackward.

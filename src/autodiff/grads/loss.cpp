@@ -20,14 +20,14 @@ template <>
 void grad_rule<OpKind::LinearCrossEntropy>(GradContext& ctx) {
   for (size_t i = 1; i < ctx.num_outputs(); ++i)
     FT_CHECK(ctx.grad_output(i) == ir::kNone, "LinearCrossEntropy ", ctx.node().name, ": output ", i,
-             " is a gradient the op formed itself and is not differentiated");
+             " is a gradient (or the token statistics) the op formed itself and is not differentiated");
   const ValueId dloss = ctx.grad_output(0);
   const ir::Value& d = ctx.g.value(dloss);
   const bool unit = d.producer != ir::kNone && ctx.g.node(d.producer).op == OpKind::Fill &&
                     ctx.g.node(d.producer).attrs.get_float("value", 0.0) == 1.0;
   auto scaled = [&](ValueId unit_grad) { return unit ? unit_grad : ctx.b.mul(unit_grad, dloss); };
   ctx.set_grad_input(0, scaled(ctx.output(1)));
-  if (ctx.num_outputs() == 2) {  // weight_grad 0: a frozen head
+  if (!ctx.node().attrs.get_int("weight_grad", 1)) {  // a frozen head
     FT_CHECK(!ctx.needs_grad(1) && !(ctx.num_inputs() == 4 && ctx.needs_grad(3)), "LinearCrossEntropy ",
              ctx.node().name, ": weight_grad is 0 but the weight or bias takes a gradient");
     return;

@@ -221,6 +221,14 @@ std::unique_ptr<Kernel> make_cross_entropy_backward_kernel(const KernelCall& cal
 using RowLseFn = float (*)(const float* x, int64_t V);
 using RowSoftmaxGradFn = void (*)(float* d, const float* x, int64_t V, float lse, float scale);
 RowLseFn row_lse_fn();
+/// One row's token statistics (TokenStats): its softmax entropy lse − Σ exp(x − lse)·x, and whether x[target] is
+/// its first largest value.
+struct RowStats {
+  float entropy;
+  bool top1;
+};
+using RowStatsFn = RowStats (*)(const float* x, int64_t V, float lse, int64_t target);
+RowStatsFn row_stats_fn();
 RowSoftmaxGradFn row_softmax_grad_fn();
 /// Target i of an i64 (`i64`) or i32 target tensor.
 inline int64_t load_target(const void* targets, bool i64, int64_t i) {

@@ -5,6 +5,8 @@
 //   inputs:  x (R, K) and w (V, K), both f32 or both bf16; targets (R) i64/i32; bias (V) f32, optional
 //   outputs: loss () = mean over counted rows (target != ignore_index) of lse - logit[target]
 //            dx (R, K), dw (V, K), dbias (V): d(loss)/d(x, w, bias), f32
+//            with token_stats, a last (3): Σ entropy, top-1 hits and counted rows (TokenStats), from each row's
+//            logits before they become G
 // Only counted rows are computed: they are gathered into chunks of m, and per chunk
 //   logits (m, V) = x_c · wᵀ + bias           one GEMM, bias in its epilogue (as Linear)
 //   G = (softmax - onehot) / count            per row, in place (as SoftmaxCrossEntropyBackward)
@@ -52,7 +54,8 @@ class LinearCrossEntropyKernel final : public Kernel {
     bf16_ = call.inputs[0].dtype == DType::bf16;
     i64_ = call.inputs[2].dtype == DType::i64;
     has_bias_ = call.inputs.size() == 4;
-    weight_grad_ = call.outputs.size() == 4;
+    weight_grad_ = call.params<ops::LinearCrossEntropyParams>().weight_grad;
+    token_stats_ = call.params<ops::LinearCrossEntropyParams>().token_stats;
     K_ = x[-1];
     R_ = x.numel() / K_;
     V_ = call.inputs[1].shape[0];
@@ -62,6 +65,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     m_ = std::clamp<int64_t>(chunk > 0 ? chunk : std::max(kMinChunkRows, kChunkBytes / (V_ * 4)), 1,
                              std::max<int64_t>(R_, 1));
     row_lse_ = cpu_basic::row_lse_fn();
+    row_stats_ = cpu_basic::row_stats_fn();
     softmax_grad_ = cpu_basic::row_softmax_grad_fn();
     round_ = cpu_basic::round_to_bf16_fn();
     const int64_t ldg = g_stride();
@@ -89,6 +93,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     auto* dx_chunk = reinterpret_cast<float*>(scratch + l.dx_chunk);      // (m, K)
     auto* bias_partial = reinterpret_cast<float*>(scratch + l.bias_sums); // (threads, V)
     auto* loss_partial = reinterpret_cast<double*>(scratch + l.loss_sums);
+    auto* stats_partial = reinterpret_cast<double*>(scratch + l.stats_sums);  // (threads) × entropy, top-1 hits
     void* gemm_scratch = scratch + l.gemm;
 
     const char* x = static_cast<const char*>(args.inputs[0].data());
@@ -103,6 +108,8 @@ class LinearCrossEntropyKernel final : public Kernel {
 
     const int64_t count =
         cpu_basic::count_targets("LinearCrossEntropy", name_, targets, i64_, R_, V_, ignore_index_);
+    float* stats = token_stats_ ? static_cast<float*>(args.outputs.back().data()) : nullptr;
+    if (stats) stats[0] = stats[1] = 0.0f, stats[2] = static_cast<float>(count);
     std::memset(dx, 0, static_cast<size_t>(R_ * K_) * sizeof(float));
     if (dbias != nullptr) std::fill(dbias, dbias + V_, 0.0f);
     *loss = 0.0f;
@@ -117,7 +124,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     const size_t x_row_bytes = static_cast<size_t>(K_) * (bf16_ ? 2 : 4);
     const int row_threads = cpu_basic::threads_for(m_ * V_, threads);
     constexpr size_t kSlot = kAlignment / sizeof(double);
-    for (int t = 0; t < threads; ++t) loss_partial[t * kSlot] = 0.0;
+    for (int t = 0; t < threads; ++t) loss_partial[t * kSlot] = stats_partial[t * kSlot] = stats_partial[t * kSlot + 1] = 0.0;
     if (bias_grad) std::fill(bias_partial, bias_partial + threads * V_, 0.0f);
     const BiasEpilogue bias_epilogue{bias};
     const GemmEpilogue epilogue{&BiasEpilogue::apply, &bias_epilogue};
@@ -139,6 +146,11 @@ class LinearCrossEntropyKernel final : public Kernel {
           const float lse = row_lse_(row, V_);
           const float target_logit = row[target];
           sum += static_cast<double>(lse) - static_cast<double>(target_logit);
+          if (stats) {
+            const cpu_basic::RowStats s = row_stats_(row, V_, lse, target);
+            stats_partial[t * kSlot] += s.entropy;
+            stats_partial[t * kSlot + 1] += s.top1 ? 1.0 : 0.0;
+          }
           softmax_grad_(row, row, V_, lse, scale);
           row[target] = (std::exp(target_logit - lse) - 1.0f) * scale;
           if (bias_grad)
@@ -158,8 +170,13 @@ class LinearCrossEntropyKernel final : public Kernel {
       s.K = mc;
       gemm(s, logits, x_chunk, begin == 0 ? 0.0f : 1.0f, dw, gemm_scratch, threads, nullptr);
     }
-    double total = 0.0;
-    for (int t = 0; t < threads; ++t) total += loss_partial[t * kSlot];
+    double total = 0.0, entropy = 0.0, hits = 0.0;
+    for (int t = 0; t < threads; ++t) {
+      total += loss_partial[t * kSlot];
+      entropy += stats_partial[t * kSlot];
+      hits += stats_partial[t * kSlot + 1];
+    }
+    if (stats) stats[0] = static_cast<float>(entropy), stats[1] = static_cast<float>(hits);
     *loss = static_cast<float>(total / static_cast<double>(count));
     if (bias_grad)
       for (int t = 0; t < threads; ++t)
@@ -169,7 +186,7 @@ class LinearCrossEntropyKernel final : public Kernel {
  private:
   // Byte offsets into scratch, each 64-byte aligned; `gemm` is where the GEMMs' workspace starts.
   struct Layout {
-    size_t rows, logits, x_chunk, dx_chunk, bias_sums, loss_sums, gemm;
+    size_t rows, logits, x_chunk, dx_chunk, bias_sums, loss_sums, stats_sums, gemm;
   };
 
   Layout layout(int threads) const {
@@ -186,6 +203,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     l.dx_chunk = take(static_cast<size_t>(m_ * K_) * sizeof(float));
     l.bias_sums = take(has_bias_ ? static_cast<size_t>(threads * V_) * sizeof(float) : 0);
     l.loss_sums = take(static_cast<size_t>(threads) * kAlignment);
+    l.stats_sums = take(static_cast<size_t>(threads) * kAlignment);
     l.gemm = at;
     return l;
   }
@@ -204,10 +222,11 @@ class LinearCrossEntropyKernel final : public Kernel {
   }
 
   std::string name_;
-  bool bf16_ = false, i64_ = true, has_bias_ = false, weight_grad_ = true;
+  bool bf16_ = false, i64_ = true, has_bias_ = false, weight_grad_ = true, token_stats_ = false;
   int64_t R_ = 0, K_ = 0, V_ = 0, m_ = 1, ignore_index_ = -100;
   GemmShape logits_shape_{}, dx_shape_{}, dw_shape_{};
   cpu_basic::RowLseFn row_lse_ = nullptr;
+  cpu_basic::RowStatsFn row_stats_ = nullptr;
   cpu_basic::RowSoftmaxGradFn softmax_grad_ = nullptr;
   cpu_basic::RoundBf16Fn round_ = nullptr;
 };

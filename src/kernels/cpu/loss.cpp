@@ -69,6 +69,55 @@ FT_AVX2 float row_lse_avx2(const float* x, int64_t V) {
   return max + std::log(reduce_add8(_mm256_add_ps(s0, s1)));
 }
 
+// ---- token statistics of one row: entropy lse − Σ exp(x − lse)·x, and whether x[target] is the first maximum ----
+
+RowStats row_stats_portable(const float* x, int64_t V, float lse, int64_t target) {
+  float expected = 0.0f;
+  for (int64_t v = 0; v < V; ++v) expected += std::exp(x[v] - lse) * x[v];
+  bool top1 = true;
+  for (int64_t v = 0; v < V && top1; ++v) top1 = v < target ? x[v] < x[target] : x[v] <= x[target];
+  return {lse - expected, top1};
+}
+
+FT_AVX512 float row_max_avx512(const float* x, int64_t n) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 m = neg_inf;
+  for (int64_t v = 0; v < n; v += 16) m = _mm512_max_ps(m, _mm512_mask_loadu_ps(neg_inf, tail_mask(n - v), x + v));
+  return _mm512_reduce_max_ps(m);
+}
+
+FT_AVX512 RowStats row_stats_avx512(const float* x, int64_t V, float lse, int64_t target) {
+  const __m512 vlse = _mm512_set1_ps(lse);
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int64_t v = 0;
+  for (; v + 32 <= V; v += 32) {
+    const __m512 a = _mm512_loadu_ps(x + v), b = _mm512_loadu_ps(x + v + 16);
+    s0 = _mm512_fmadd_ps(exp16(_mm512_sub_ps(a, vlse)), a, s0);
+    s1 = _mm512_fmadd_ps(exp16(_mm512_sub_ps(b, vlse)), b, s1);
+  }
+  for (; v < V; v += 16) {
+    const __mmask16 m = tail_mask(V - v);
+    const __m512 a = _mm512_maskz_loadu_ps(m, x + v);
+    s0 = _mm512_mask3_fmadd_ps(exp16(_mm512_sub_ps(a, vlse)), a, s0, m);
+  }
+  const float t = x[target];
+  const bool top1 = row_max_avx512(x, target) < t && row_max_avx512(x + target + 1, V - target - 1) <= t;
+  return {lse - _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)), top1};
+}
+
+FT_AVX2 RowStats row_stats_avx2(const float* x, int64_t V, float lse, int64_t target) {
+  const __m256 vlse = _mm256_set1_ps(lse);
+  __m256 s = _mm256_setzero_ps();
+  for (int64_t v = 0; v < V; v += 8) {
+    const __m256 a = load8(x + v, V - v);
+    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(a, vlse)), _mm256_castsi256_ps(lanes8(V - v)));
+    s = _mm256_fmadd_ps(e, a, s);
+  }
+  const float t = x[target];
+  const bool top1 = row_max8(x, target) < t && row_max8(x + target + 1, V - target - 1) <= t;
+  return {lse - reduce_add8(s), top1};
+}
+
 // ---- dlogits of one row: exp(x - lse) * scale ------------------------------------------------------
 
 void row_grad_portable(float* d, const float* x, int64_t V, float lse, float scale) {
@@ -208,6 +257,8 @@ int64_t count_targets(const char* op, const std::string& node, const void* targe
 }
 
 RowLseFn row_lse_fn() { return pick_path<RowLseFn>(row_lse_portable, row_lse_avx2, row_lse_avx512); }
+
+RowStatsFn row_stats_fn() { return pick_path<RowStatsFn>(row_stats_portable, row_stats_avx2, row_stats_avx512); }
 
 RowSoftmaxGradFn row_softmax_grad_fn() {
   return pick_path<RowSoftmaxGradFn>(row_grad_portable, row_grad_avx2, row_grad_avx512);

@@ -124,6 +124,8 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const KernelCall& call) {
     case OpKind::SigmoidCrossEntropy:
     case OpKind::SigmoidCrossEntropyBackward:
       return nullptr;  // small (B, labels) tensors: the reference is enough
+    case OpKind::TokenStats:
+      return nullptr;  // unfused only (fuse_linear_cross_entropy folds it into the LM head): the reference
     case OpKind::Fill:
       return make_fill_kernel(call);
     case OpKind::Add:

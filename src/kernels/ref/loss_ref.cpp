@@ -119,6 +119,19 @@ class CrossEntropyBackwardRef final : public RefKernel {
 // LinearCrossEntropy: logits = x · wᵀ (+ bias) in double, then the loss of SoftmaxCrossEntropy and
 // d(loss)/d(x, w, bias) for a unit upstream gradient. With bf16 x and w, d(logits) is rounded to
 // bf16 before the products, as the unfused backward rounds it.
+// One counted row's share of the token statistics: its entropy lse − Σ p·z, whether the target is its first
+// largest logit, and the row itself.
+void add_token_stats(const double* logits, int64_t V, double lse, int64_t target, double stats[3]) {
+  double expected = 0.0;
+  for (int64_t v = 0; v < V; ++v) expected += std::exp(logits[v] - lse) * logits[v];
+  stats[0] += lse - expected;
+  bool top1 = true;
+  for (int64_t v = 0; v < V && top1; ++v)
+    top1 = v < target ? logits[v] < logits[target] : logits[v] <= logits[target];
+  stats[1] += top1 ? 1.0 : 0.0;
+  stats[2] += 1.0;
+}
+
 class LinearCrossEntropyRef final : public RefKernel {
  public:
   LinearCrossEntropyRef(const KernelCall& call)
@@ -126,7 +139,9 @@ class LinearCrossEntropyRef final : public RefKernel {
         x_dtype_(input_dtype(call, 0)),
         targets_dtype_(input_dtype(call, 2)),
         ignore_index_(call.params<ops::LinearCrossEntropyParams>().ignore_index),
-        has_bias_(call.inputs.size() == 4) {
+        has_bias_(call.inputs.size() == 4),
+        weight_grad_(call.params<ops::LinearCrossEntropyParams>().weight_grad),
+        token_stats_(call.params<ops::LinearCrossEntropyParams>().token_stats) {
     const Shape& x = input_shape(call, 0);
     K_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);
@@ -150,7 +165,7 @@ class LinearCrossEntropyRef final : public RefKernel {
     double* dbias = dw + V_ * K_;
     double* logits = dbias + V_;
     std::fill(dx, logits, 0.0);
-    double loss_sum = 0.0;
+    double loss_sum = 0.0, stats[3] = {0.0, 0.0, 0.0};
     for (int64_t r = 0; r < R_; ++r) {
       const int64_t t = load_index(targets, targets_dtype_, r);
       if (t == ignore_index_) continue;
@@ -165,6 +180,7 @@ class LinearCrossEntropyRef final : public RefKernel {
       for (int64_t v = 0; v < V_; ++v) sum += std::exp(logits[v] - max);
       const double lse = max + std::log(sum);
       loss_sum += lse - logits[t];
+      add_token_stats(logits, V_, lse, t, stats);
       for (int64_t v = 0; v < V_; ++v) {
         const double d = (std::exp(logits[v] - lse) - (v == t ? 1.0 : 0.0)) / count;
         dbias[v] += d;
@@ -178,7 +194,11 @@ class LinearCrossEntropyRef final : public RefKernel {
     store(args.outputs[0].data(), DType::f32, 0, count > 0 ? loss_sum / static_cast<double>(count) : 0.0,
           accumulate_flag(args, 0));
     for (int64_t i = 0; i < R_ * K_; ++i) store(args.outputs[1].data(), DType::f32, i, dx[i], accumulate_flag(args, 1));
-    if (args.outputs.size() == 2) return;  // weight_grad 0: no dw, dbias
+    if (token_stats_) {
+      const size_t at = args.outputs.size() - 1;
+      for (int64_t i = 0; i < 3; ++i) store(args.outputs[at].data(), DType::f32, i, stats[i], accumulate_flag(args, at));
+    }
+    if (!weight_grad_) return;
     for (int64_t i = 0; i < V_ * K_; ++i) store(args.outputs[2].data(), DType::f32, i, dw[i], accumulate_flag(args, 2));
     for (int64_t i = 0; i < V_; ++i)
       store(args.outputs[3].data(), DType::f32, i, has_bias_ ? dbias[i] : 0.0, accumulate_flag(args, 3));
@@ -188,8 +208,42 @@ class LinearCrossEntropyRef final : public RefKernel {
   std::string label_;
   DType x_dtype_, targets_dtype_;
   int64_t ignore_index_;
-  bool has_bias_;
+  bool has_bias_, weight_grad_, token_stats_;
   int64_t R_ = 0, K_ = 0, V_ = 0;
+};
+
+// TokenStats: over the rows whose target counts, in double: Σ entropy, top-1 hits, rows (add_token_stats).
+class TokenStatsRef final : public RefKernel {
+ public:
+  TokenStatsRef(const KernelCall& call)
+      : label_(node_label(call)),
+        targets_dtype_(input_dtype(call, 1)),
+        ignore_index_(call.params<ops::CrossEntropyParams>().ignore_index) {
+    const Shape& logits = input_shape(call, 0);
+    V_ = logits[-1];
+    R_ = logits.numel() / std::max<int64_t>(V_, 1);
+  }
+  size_t scratch_bytes(int) const override { return static_cast<size_t>(V_) * sizeof(double); }
+  void run(const KernelArgs& args, const StepContext&) override {
+    double* row = static_cast<double*>(args.scratch);
+    double stats[3] = {0.0, 0.0, 0.0};
+    for (int64_t r = 0; r < R_; ++r) {
+      const int64_t t = checked_target(args.inputs[1].data(), targets_dtype_, r, V_, ignore_index_, label_);
+      if (t == ignore_index_) continue;
+      double max = -std::numeric_limits<double>::infinity();
+      for (int64_t v = 0; v < V_; ++v) max = std::max(max, row[v] = load(args.inputs[0].data(), DType::f32, r * V_ + v));
+      double sum = 0.0;
+      for (int64_t v = 0; v < V_; ++v) sum += std::exp(row[v] - max);
+      add_token_stats(row, V_, max + std::log(sum), t, stats);
+    }
+    for (int64_t i = 0; i < 3; ++i) store(args.outputs[0].data(), DType::f32, i, stats[i], accumulate_flag(args, 0));
+  }
+
+ private:
+  std::string label_;
+  DType targets_dtype_;
+  int64_t ignore_index_;
+  int64_t R_ = 0, V_ = 0;
 };
 
 // loss () = mean over all N elements of max(x, 0) − x·y + log(1 + exp(−|x|)).
@@ -250,6 +304,8 @@ std::unique_ptr<Kernel> make_cross_entropy_ref(const KernelCall& call) {
 std::unique_ptr<Kernel> make_linear_cross_entropy_ref(const KernelCall& call) {
   return std::make_unique<LinearCrossEntropyRef>(call);
 }
+
+std::unique_ptr<Kernel> make_token_stats_ref(const KernelCall& call) { return std::make_unique<TokenStatsRef>(call); }
 
 std::unique_ptr<Kernel> make_cross_entropy_backward_ref(const KernelCall& call) {
   return std::make_unique<CrossEntropyBackwardRef>(call);

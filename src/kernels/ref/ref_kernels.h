@@ -263,6 +263,7 @@ std::unique_ptr<Kernel> make_reduce_sum_to_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_cross_entropy_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_cross_entropy_backward_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_linear_cross_entropy_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_token_stats_ref(const KernelCall& call);
 
 // attention_ref.cpp
 std::unique_ptr<Kernel> make_attention_ref(const KernelCall& call);

@@ -132,6 +132,8 @@ std::unique_ptr<Kernel> make_ref_kernel(const KernelCall& call) {
       return ref::make_sigmoid_cross_entropy_ref(call);
     case OpKind::LinearCrossEntropy:
       return ref::make_linear_cross_entropy_ref(call);
+    case OpKind::TokenStats:
+      return ref::make_token_stats_ref(call);
     case OpKind::SigmoidCrossEntropyBackward:
       return ref::make_sigmoid_cross_entropy_backward_ref(call);
     case OpKind::AttentionBackward:
