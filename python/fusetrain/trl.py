@@ -10,9 +10,8 @@ position_ids restarting at each and no attention_mask; the engine keeps the exam
 loss (models::BatchSpec::packed), with no T x T mask and no work between examples.
 
 What the engine does not run falls back to TRL's own loop after one warning naming the cause, as fusetrain.Trainer
-does (`fusetrain_require_engine=True` makes that an error). TRL's per-step token metrics read the model's logits,
-which the engine's fused LM-head loss does not build: on the engine the SFT logs carry `num_tokens` but not
-`entropy` or `mean_token_accuracy`.
+does. The logged metrics are TRL's: the loss, `entropy` and `mean_token_accuracy` (summed by the fused LM head from
+its chunks of logits, which never exist whole) and `num_tokens`.
 """
 
 from __future__ import annotations
@@ -61,6 +60,16 @@ class SFTTrainer(Trainer, trl.SFTTrainer):
 
         return collate
 
+    def _engine_ready_model(self):
+        model = super()._engine_ready_model()
+        model.token_stats = True  # entropy and mean_token_accuracy, from the fused LM head
+        return model
+
     def _engine_step_metrics(self, step: dict) -> None:
+        # As TRL's compute_loss records them: one mean per micro-batch (the step's mean, once per micro-batch, averages
+        # the same), and the running token count.
+        for _ in range(step["micro_batches"]):
+            self._metrics["train"]["entropy"].append(step["token_entropy"])
+            self._metrics["train"]["mean_token_accuracy"].append(step["token_accuracy"])
         self._total_train_tokens += step["counted_tokens"]
         self._metrics["train"]["num_tokens"] = [self._total_train_tokens]

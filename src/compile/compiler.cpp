@@ -30,6 +30,7 @@ Program compile(ir::Graph graph, GraphRoles roles, runtime::ParameterStore& para
   FT_CHECK(graph.phase() == ir::Phase::Forward, "compile: the graph given must be a forward graph");
   // A training program returns only the loss: unpinned, the vocabulary-sized logits of a language-model head can be
   // overwritten by their own gradient.
+  for (ir::ValueId v : roles.metrics) graph.mark_output(v);
   if (options.backward) {
     graph.mark_output(roles.loss);
   } else {

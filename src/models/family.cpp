@@ -294,7 +294,11 @@ void head_outputs(ir::GraphBuilder& b, Head head, HeadLogits logits, const Batch
       out.logits = logits.logits;
       if (!labelled) return;
       FT_CHECK(spec.labels == LabelKind::TokenIds, "this head needs integer token labels of shape (", B, ", ", T, ")");
-      out.loss = b.softmax_cross_entropy(out.logits, b.input(InputNames::labels, {B, T}, DType::i64));
+      {
+        const ValueId labels = b.input(InputNames::labels, {B, T}, DType::i64);
+        out.loss = b.softmax_cross_entropy(out.logits, labels);
+        if (spec.token_stats && head != Head::TokenClassification) out.token_stats = b.token_stats(out.logits, labels);
+      }
       return;
   }
   throw Error("unknown head");

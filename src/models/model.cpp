@@ -592,6 +592,8 @@ BatchSpec Model::spec_for(const Batch& batch, bool training, bool with_backward)
     else
       spec.labels = labels.shape().rank() == 2 ? LabelKind::TokenIds : LabelKind::ClassIds;
   }
+  spec.token_stats = token_stats_ && spec.labels == LabelKind::TokenIds &&
+                     (family_->head() == Head::CausalLM || family_->head() == Head::MaskedLM);
   return spec;
 }
 
@@ -610,7 +612,7 @@ compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
   }
   for (int64_t setting : {int64_t{spec.training}, int64_t{spec.bf16}, int64_t{spec.fp16}, int64_t{spec.recompute},
                           int64_t{spec.fusions}, static_cast<int64_t>(spec.labels), int64_t{with_backward},
-                          int64_t{count_unfused_ops_}, int64_t{spec.packed}})
+                          int64_t{count_unfused_ops_}, int64_t{spec.packed}, int64_t{spec.token_stats}})
     key.push_back(setting);
   if (compile::Program* program = programs_.find(key)) return *program;
   BuiltGraph built = build(spec);
@@ -620,6 +622,7 @@ compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
   for (ir::ValueId v : {built.logits, built.end_logits})
     if (v != ir::kNone) roles.outputs.push_back(v);
   roles.layer_boundaries = built.layer_boundaries;
+  if (built.token_stats != ir::kNone) roles.metrics.push_back(built.token_stats);
   compile::CompileOptions options;
   options.backward = with_backward;
   options.fusions = spec.fusions;
@@ -831,6 +834,11 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     if (program.roles.outputs.size() > 1) out.end_logits = plan.output(program.roles.outputs[1]);
   }
   if (program.roles.loss != ir::kNone) out.loss = plan.output(program.roles.loss).item();
+  if (!program.roles.metrics.empty()) {
+    const Tensor stats = plan.output(program.roles.metrics[0]);
+    out.token_stats = TokenStats{stats.item(0), stats.item(1), stats.item(2)};
+  }
+  last_token_stats_ = out.token_stats;
   return out;
 }
 

@@ -794,6 +794,20 @@ bytes (default 2 GiB, protobuf's limit) go to "<file>_data" beside it. Returns t
           "Activation checkpointing: backward recomputes each transformer layer's activations instead of "
           "keeping them from forward (a smaller activation peak for one extra forward; same gradients). Off by "
           "default.")
+      .def_property(
+          "token_stats", [](const PyModel& self) { return self.model->token_stats(); },
+          [](PyModel& self, bool on) { locked(self, [&] { self.model->set_token_stats(on); }); },
+          "Causal and masked LMs with token labels: each run also sums the softmax entropy and the top-1 hits over "
+          "the positions the loss counts (TRL's entropy and mean_token_accuracy), from the fused LM head's logits "
+          "chunks; read them with last_token_stats(). Off by default.")
+      .def(
+          "last_token_stats",
+          [](const PyModel& self) -> py::object {
+            const auto& s = self.model->last_token_stats();
+            if (!s) return py::none();
+            return py::dict("entropy_sum"_a = s->entropy_sum, "top1"_a = s->top1, "counted"_a = s->counted);
+          },
+          "The most recent run's token statistics (a dict: entropy_sum, top1, counted), or None.")
       .def(
           "set_num_threads",
           [](PyModel& self, int n) {

@@ -261,7 +261,8 @@ py::dict state_to_python(const train::TrainerState& s, bool with_history) {
   out["last_step"] = py::dict("loss"_a = r.loss, "grad_norm"_a = r.grad_norm, "learning_rate"_a = r.learning_rate,
                               "tokens"_a = r.tokens, "samples"_a = r.samples, "micro_batches"_a = r.micro_batches,
                               "loss_sum"_a = r.loss_sum, "predicted"_a = r.predicted, "labelled"_a = r.labelled,
-                              "skipped"_a = r.skipped, "counted_tokens"_a = r.counted_tokens);
+                              "skipped"_a = r.skipped, "counted_tokens"_a = r.counted_tokens,
+                              "token_entropy"_a = r.token_entropy, "token_accuracy"_a = r.token_accuracy);
   return out;
 }
 

@@ -287,6 +287,7 @@ std::map<std::string, double> Trainer::train() {
     return {predicted, labelled};
   };
   int64_t step_tokens = 0, step_samples = 0, step_predicted = 0, step_labelled = 0, step_counted = 0;
+  double step_entropy = 0, step_accuracy = 0;  // summed per-micro-batch means (token statistics)
   double step_loss_sum = 0;
   std::vector<double> step_terms;  // data parallel: each micro-batch's share of the step's loss, summed over ranks
   auto lr_at = [&](int64_t step) {
@@ -406,6 +407,10 @@ std::map<std::string, double> Trainer::train() {
       step_samples += batch->batch_size;
       step_tokens += batch->batch_size * batch->seq_len;
       step_counted += std::max<int64_t>(batch->counted_tokens, 0);
+      if (const std::optional<models::TokenStats>& stats = model_.last_token_stats(); stats && stats->counted > 0) {
+        step_entropy += stats->entropy_sum / stats->counted;
+        step_accuracy += stats->top1 / stats->counted;
+      }
       const auto [predicted, labelled] = label_counts(*batch);
       step_predicted += predicted;
       step_labelled += labelled;
@@ -489,8 +494,11 @@ std::map<std::string, double> Trainer::train() {
                                     step_labelled,
                                     in_step,
                                     !skipped.empty() || (a.fp16 && !std::isfinite(last_norm)),
-                                    step_counted};
+                                    step_counted,
+                                    step_entropy / static_cast<double>(in_step),
+                                    step_accuracy / static_cast<double>(in_step)};
       step_tokens = step_samples = step_predicted = step_labelled = step_counted = 0;
+      step_entropy = step_accuracy = 0;
       step_loss_sum = 0;
       if (!skipped.empty()) {
         skip_nonfinite_step(skipped);

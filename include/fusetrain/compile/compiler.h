@@ -38,6 +38,7 @@ struct CompileOptions {
 struct GraphRoles {
   ir::ValueId loss = ir::kNone;                 ///< scalar loss; required for a training program
   std::vector<ir::ValueId> outputs;             ///< read after a run (logits, ...); training keeps only the loss
+  std::vector<ir::ValueId> metrics;             ///< small values read after any run, training included (TokenStats)
   std::vector<ir::ValueId> layer_boundaries;    ///< where recompute may cut (a layer's input, each layer's output)
 };
 

@@ -48,6 +48,9 @@ struct BatchSpec {
   /// transformers follows). Causal attention then stays within each example (InputNames::key_begin) and the
   /// causal-LM loss skips the prediction across each boundary.
   bool packed = false;
+  /// A causal or masked LM with token labels also computes the token statistics (ir TokenStats: summed entropy,
+  /// top-1 hits, counted positions), which TRL's trainers log as entropy and mean_token_accuracy.
+  bool token_stats = false;
   bool operator==(const BatchSpec&) const = default;
 };
 
@@ -58,6 +61,7 @@ struct BuiltGraph {
   ir::ValueId end_logits = ir::kNone;     ///< QA only: (B, T)
   ir::ValueId hidden_states = ir::kNone;  ///< last hidden states (B, T, C)
   ir::ValueId loss = ir::kNone;           ///< scalar when labels are given
+  ir::ValueId token_stats = ir::kNone;    ///< (3) with BatchSpec::token_stats
   /// The first layer's input, then each layer's output: the values activation checkpointing keeps.
   std::vector<ir::ValueId> layer_boundaries;
 };
@@ -94,10 +98,18 @@ struct DerivedInputs {
 };
 
 /// Outputs of a run, valid until the next run of the same model.
+/// Token statistics of a run (BatchSpec::token_stats) over the positions the loss counts.
+struct TokenStats {
+  double entropy_sum = 0;  ///< Σ the softmax entropy of each counted position
+  double top1 = 0;         ///< counted positions whose label is the first largest logit
+  double counted = 0;      ///< counted positions
+};
+
 struct ModelOutput {
   Tensor logits;
   Tensor end_logits;  ///< QA only
   std::optional<double> loss;
+  std::optional<TokenStats> token_stats;  ///< with set_token_stats(true) and token labels
 };
 
 /// A Hugging Face model: config, parameters under their Hugging Face names in
@@ -248,6 +260,11 @@ class Model {
   /// The fusion passes (on by default); off compiles the graph as built, to measure
   /// or test what they change.
   void set_fusions(bool on) { fusions_ = on; }
+  /// Whether runs with token labels also return ModelOutput::token_stats (BatchSpec::token_stats).
+  void set_token_stats(bool on) { token_stats_ = on; }
+  bool token_stats() const { return token_stats_; }
+  /// The token statistics of the most recent run, when it computed them.
+  const std::optional<TokenStats>& last_token_stats() const { return last_token_stats_; }
   bool fusions() const { return fusions_; }
   /// Threads used by the kernels (0: all cores).
   void set_num_threads(int n) { num_threads_ = n; }
@@ -289,6 +306,8 @@ class Model {
   bool recompute_ = false;
   bool count_unfused_ops_ = false;
   bool fusions_ = true;
+  bool token_stats_ = false;
+  std::optional<TokenStats> last_token_stats_;
   bool fp16_ = false;
   double loss_scale_ = 1.0;
 };

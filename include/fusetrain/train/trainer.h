@@ -36,6 +36,11 @@ struct StepReport {
   int64_t micro_batches = 0;  ///< micro-batches the step accumulated (fewer than accum at an epoch's end)
   bool skipped = false;      ///< not applied: a non-finite loss or gradient norm, or an fp16 overflow
   int64_t counted_tokens = 0;  ///< the tokens a Python collator counted (data::Batch::counted_tokens), summed
+  /// With the model's token statistics on (Model::set_token_stats): the mean over the step's micro-batches of each
+  /// one's mean token entropy and top-1 accuracy over its counted positions (0 for one without any), as TRL's
+  /// trainers average them.
+  double token_entropy = 0;
+  double token_accuracy = 0;
 };
 
 /// Progress of a run, saved as trainer_state.json in transformers' layout.
