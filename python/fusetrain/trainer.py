@@ -491,8 +491,9 @@ class Trainer(transformers.Trainer):
                                 for k, v in eval_dataset.items()}
             else:
                 eval_dataset = data.tokenize_if_needed(eval_dataset, processing_class, "eval_dataset")
-        super().__init__(_transformers_model(model) if model is not None else None, args, data_collator,
-                         train_dataset, eval_dataset, processing_class, *rest, **kwargs)
+        if model is not None and not (self._prepares_own_datasets and isinstance(model, str)):
+            model = _transformers_model(model)  # TRL loads a model named by a string itself (model_init_kwargs)
+        super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class, *rest, **kwargs)
         if data_collator is None and processing_class is None and not self._prepares_own_datasets:
             # transformers' default (default_data_collator) cannot batch examples of different lengths; this one
             # pads them with the model's pad id.

@@ -5,7 +5,7 @@
 `SFTTrainer` is a subclass of `trl.SFTTrainer` (through `fusetrain.Trainer`): TRL's own code prepares the
 datasets (chat templates, formatting functions, tokenization, packing, completion-only and assistant-only labels),
 builds its collator, wraps a PEFT model, logs and saves; the engine runs the steps, with the batches TRL's collator
-makes. Packed rows (`packing=True`, `padding_free=True`) arrive as TRL makes them, one row of several examples with
+makes. TRL's other names are re-exported: `from fusetrain.trl import SFTTrainer, get_peft_config` works. Packed rows (`packing=True`, `padding_free=True`) arrive as TRL makes them, one row of several examples with
 position_ids restarting at each and no attention_mask; the engine keeps the examples apart in attention and in the
 loss (models::BatchSpec::packed), with no T x T mask and no work between examples.
 
@@ -27,6 +27,12 @@ from fusetrain import data
 from fusetrain.trainer import Trainer
 
 __all__ = ["SFTTrainer", "SFTConfig", "DPOConfig"]
+
+
+def __getattr__(name: str) -> Any:
+    """Every other TRL name (get_peft_config, ModelConfig, ...), so a script's one `from trl import ...` line can
+    name this module instead."""
+    return getattr(trl, name)
 
 
 class SFTTrainer(Trainer, trl.SFTTrainer):

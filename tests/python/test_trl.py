@@ -108,3 +108,101 @@ def test_sft_losses_match_trl_over_ten_steps(case, model_dir, tmp_path):
     assert np.abs(accuracy[0] - accuracy[1]).max() <= 1e-6, accuracy  # float32 ratios of equal counts
     assert set(ours[0]) == set(theirs[0])  # the same metric keys
     assert want[-1] < want[0]  # it trains
+
+
+# ---------------------------------------------------------------- TRL's own script
+
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chat_model_dir(root: pathlib.Path) -> pathlib.Path:
+    """A small Qwen2 with a ChatML template in its tokenizer, as chat models ship."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    out = root / "qwen2-chat"
+    lines = SHAKESPEARE.read_text().splitlines()[:4000]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(lines, trainers.BpeTrainer(
+        vocab_size=311, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<|endoftext|>",
+                                                     eos_token="<|im_end|>")
+    tokenizer.chat_template = CHATML
+    config = transformers.Qwen2Config(vocab_size=bpe.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+                                      max_position_embeddings=1024, pad_token_id=0, eos_token_id=2)
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def chat_data_dir(root: pathlib.Path) -> pathlib.Path:
+    """train.jsonl of conversations (a dataset directory load_dataset reads as it is)."""
+    import json
+
+    out = root / "chat-data"
+    out.mkdir()
+    lines = SHAKESPEARE.read_text().splitlines()
+    rng = np.random.default_rng(0)
+    with open(out / "train.jsonl", "w") as f:
+        for _ in range(40):
+            start = int(rng.integers(0, 20000))
+            messages = [{"role": "user", "content": " ".join(lines[start:start + int(rng.integers(1, 4))])},
+                        {"role": "assistant", "content": "\n".join(lines[start + 4:start + int(rng.integers(6, 30))])}]
+            f.write(json.dumps({"messages": messages}) + "\n")
+    return out
+
+
+def run_trl_script(script: str, args: list[str], cwd: pathlib.Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_DATASETS_CACHE=str(cwd / "hf_datasets"),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, env=env, cwd=cwd,
+                            timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def test_trl_sft_script_runs_with_one_import_line_changed(tmp_path):
+    """TRL's own trl/scripts/sft.py (as TRL ships it, read from the installed package), once as it is and once with
+    its `from trl import ...` line naming fusetrain.trl: both train a small chat model on local JSON Lines
+    conversations with packing, and write the same files and metric keys."""
+    import json
+
+    source = pathlib.Path(trl.__file__).parent / "scripts" / "sft.py"
+    text = source.read_text()
+    line = "from trl import SFTTrainer, get_dataset, get_peft_config, get_quantization_config"
+    assert text.count(line) == 1
+    ours = tmp_path / "sft_fusetrain.py"
+    ours.write_text(text.replace(line, line.replace("from trl import", "from fusetrain.trl import")))
+    model, data = chat_model_dir(tmp_path), chat_data_dir(tmp_path)
+    outputs = {}
+    for name, script in (("trl", str(source)), ("fusetrain", str(ours))):
+        out = tmp_path / f"out-{name}"
+        result = run_trl_script(script, [
+            "--model_name_or_path", str(model), "--dataset_name", str(data), "--output_dir", str(out),
+            "--packing", "--max_length", "256", "--per_device_train_batch_size", "2", "--max_steps", "6",
+            "--learning_rate", "1e-3", "--logging_steps", "2", "--save_steps", "6", "--use_cpu", "--bf16", "False",
+            "--report_to", "none", "--seed", "0", "--use_peft", "--lora_r", "8", "--lora_alpha", "16"], tmp_path)
+        if name == "fusetrain":
+            assert "runs with transformers' own loop" not in result.stderr  # no fallback
+        state = json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())
+        outputs[name] = (sorted(p.name for p in out.iterdir()), sorted(p.name for p in (out / "checkpoint-6").iterdir()),
+                         [sorted(e) for e in state["log_history"]], state["log_history"])
+    ours_files, theirs_files = outputs["fusetrain"], outputs["trl"]
+    assert ours_files[0] == theirs_files[0]  # the output directory
+    # A checkpoint also holds the engine's own state (fusetrain_state.json: its dropout stream and fp16 loss scale).
+    assert ours_files[1] == sorted(theirs_files[1] + ["fusetrain_state.json"])
+    assert ours_files[2] == theirs_files[2]  # the metric keys of every log entry
+    assert "adapter_model.safetensors" in outputs["fusetrain"][0]
+    logs = outputs["fusetrain"][3]
+    assert {"loss", "entropy", "mean_token_accuracy", "num_tokens", "grad_norm", "learning_rate"} <= set(logs[0])
+    losses = [(a["loss"], b["loss"]) for a, b in zip(outputs["fusetrain"][3], outputs["trl"][3]) if "loss" in a]
+    assert losses and all(np.isfinite(a) for a, _ in losses)
