@@ -145,8 +145,11 @@ Gradients build_backward(ir::Graph& graph, ValueId loss, const std::vector<Value
     ValueId grad = sum_contributions(b, contributions[static_cast<size_t>(p)]);
     if (grad != kNone) {
       const ir::Value& gv = graph.value(grad);
-      bool shared = gv.producer == kNone || graph.node(gv.producer).phase == ir::Phase::Forward ||
-                    taken[static_cast<size_t>(grad)] || graph.is_output(grad);
+      // A forward node's output is an activation, except the gradients LinearCrossEntropy forms itself: those go
+      // straight into the gradient buffer too (no (V, K) copy of an LM head's gradient alive across the step).
+      const bool forward = gv.producer != kNone && graph.node(gv.producer).phase == ir::Phase::Forward &&
+                           graph.node(gv.producer).op != OpKind::LinearCrossEntropy;
+      bool shared = gv.producer == kNone || forward || taken[static_cast<size_t>(grad)] || graph.is_output(grad);
       if (!shared)
         for (const ir::Node& n : graph.nodes())
           for (ValueId v : n.inputs) shared = shared || v == grad;

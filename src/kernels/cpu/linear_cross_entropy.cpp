@@ -5,6 +5,7 @@
 //   inputs:  x (R, K) and w (V, K), both f32 or both bf16; targets (R) i64/i32; bias (V) f32, optional
 //   outputs: loss () = mean over counted rows (target != ignore_index) of lse - logit[target]
 //            dx (R, K), dw (V, K), dbias (V): d(loss)/d(x, w, bias), f32
+//            dx, dw and dbias are added into (KernelArgs::accumulate) when they are a parameter's gradient buffer
 //            with token_stats, a last (3): Σ entropy, top-1 hits and counted rows (TokenStats), from each row's
 //            logits before they become G
 // Only counted rows are computed: they are gathered into chunks of m, and per chunk
@@ -74,6 +75,8 @@ class LinearCrossEntropyKernel final : public Kernel {
     dw_shape_ = GemmShape{V_, K_, m_, true, false, ldg, K_, K_};
   }
 
+  bool accumulates() const override { return true; }
+
   size_t scratch_bytes(int num_threads) const override {
     const int threads = std::max(num_threads, 1);
     auto gemm_bytes = [&](const GemmShape& s) {
@@ -110,11 +113,15 @@ class LinearCrossEntropyKernel final : public Kernel {
         cpu_basic::count_targets("LinearCrossEntropy", name_, targets, i64_, R_, V_, ignore_index_);
     float* stats = token_stats_ ? static_cast<float*>(args.outputs.back().data()) : nullptr;
     if (stats) stats[0] = stats[1] = 0.0f, stats[2] = static_cast<float>(count);
-    std::memset(dx, 0, static_cast<size_t>(R_ * K_) * sizeof(float));
-    if (dbias != nullptr) std::fill(dbias, dbias + V_, 0.0f);
+    // Outputs that are a parameter's gradient buffer are added into; the rest are written.
+    const bool add_dx = args.accumulate.size() > 1 && args.accumulate[1];
+    const bool add_dw = dw != nullptr && args.accumulate.size() > 2 && args.accumulate[2];
+    const bool add_dbias = dbias != nullptr && args.accumulate.size() > 3 && args.accumulate[3];
+    if (!add_dx) std::memset(dx, 0, static_cast<size_t>(R_ * K_) * sizeof(float));
+    if (dbias != nullptr && !add_dbias) std::fill(dbias, dbias + V_, 0.0f);
     *loss = 0.0f;
     if (count == 0) {
-      if (dw != nullptr) std::memset(dw, 0, static_cast<size_t>(V_ * K_) * sizeof(float));
+      if (dw != nullptr && !add_dw) std::memset(dw, 0, static_cast<size_t>(V_ * K_) * sizeof(float));
       return;
     }
     for (int64_t r = 0, c = 0; r < R_; ++r)
@@ -163,12 +170,17 @@ class LinearCrossEntropyKernel final : public Kernel {
       s = dx_shape_;
       s.M = mc;
       gemm(s, logits, w, 0.0f, dx_chunk, gemm_scratch, threads, nullptr);
-      for (int64_t i = 0; i < mc; ++i)
-        std::memcpy(dx + rows[begin + i] * K_, dx_chunk + i * K_, static_cast<size_t>(K_) * sizeof(float));
+      for (int64_t i = 0; i < mc; ++i) {
+        float* row = dx + rows[begin + i] * K_;
+        if (add_dx)
+          for (int64_t k = 0; k < K_; ++k) row[k] += dx_chunk[i * K_ + k];
+        else
+          std::memcpy(row, dx_chunk + i * K_, static_cast<size_t>(K_) * sizeof(float));
+      }
       if (dw == nullptr) continue;  // a frozen head: no weight gradient
       s = dw_shape_;
       s.K = mc;
-      gemm(s, logits, x_chunk, begin == 0 ? 0.0f : 1.0f, dw, gemm_scratch, threads, nullptr);
+      gemm(s, logits, x_chunk, begin == 0 && !add_dw ? 0.0f : 1.0f, dw, gemm_scratch, threads, nullptr);
     }
     double total = 0.0, entropy = 0.0, hits = 0.0;
     for (int t = 0; t < threads; ++t) {
