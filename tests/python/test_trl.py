@@ -2,7 +2,7 @@
 sampling), one import apart; their logged losses and mean token entropies agree within 1e-4 relative over 10 steps
 (f32 sums in another order leave ~1e-6 per step, compounding through the AdamW updates), the token accuracies
 to f32 rounding and the token counts exactly, with the same metric keys; padded, packed (bin-fitting, padding-free
-rows) and padding-free, full fine-tune and LoRA.
+rows) and padding-free, full fine-tune and LoRA, and completion-only loss on prompt/completion pairs.
 
 A small Llama (odd sizes, grouped-query attention) with a byte-level BPE tokenizer trained on Tiny Shakespeare,
 examples of 3 to 60 lines."""
@@ -61,7 +61,20 @@ def text_dataset(n: int = 48, seed: int = 0) -> datasets.Dataset:
     return datasets.Dataset.from_dict({"text": texts})
 
 
-def run(trainer_class, config_class, model_dir, tmp_path, peft: bool = False, **settings) -> list[dict]:
+def prompt_completion_dataset(n: int = 48, seed: int = 1) -> datasets.Dataset:
+    """Prompt/completion pairs: TRL trains on the completions only (completion_only_loss, its default for them)."""
+    lines = SHAKESPEARE.read_text().splitlines()
+    rng = np.random.default_rng(seed)
+    rows = {"prompt": [], "completion": []}
+    for _ in range(n):
+        start = int(rng.integers(0, 20000))
+        rows["prompt"].append("\n".join(lines[start:start + int(rng.integers(1, 8))]))
+        rows["completion"].append("\n".join(lines[start + 8:start + 8 + int(rng.integers(2, 40))]))
+    return datasets.Dataset.from_dict(rows)
+
+
+def run(trainer_class, config_class, model_dir, tmp_path, peft: bool = False, completion: bool = False,
+        **settings) -> list[dict]:
     args = config_class(output_dir=str(tmp_path), max_steps=STEPS, per_device_train_batch_size=4,
                         learning_rate=1e-3, logging_steps=1, report_to="none", use_cpu=True, bf16=False,
                         gradient_checkpointing=False, train_sampling_strategy="sequential", save_strategy="no",
@@ -73,7 +86,8 @@ def run(trainer_class, config_class, model_dir, tmp_path, peft: bool = False, **
     if peft:
         import peft as peft_lib
         peft_config = peft_lib.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
-    trainer = trainer_class(model=model, args=args, train_dataset=text_dataset(), processing_class=tokenizer,
+    data = prompt_completion_dataset() if completion else text_dataset()
+    trainer = trainer_class(model=model, args=args, train_dataset=data, processing_class=tokenizer,
                             peft_config=peft_config)
     trainer.train()
     if trainer_class is ft_trl.SFTTrainer:
@@ -86,14 +100,15 @@ def run(trainer_class, config_class, model_dir, tmp_path, peft: bool = False, **
     pytest.param({"packing": True}, id="packed"),
     pytest.param({"padding_free": True, "max_length": None}, id="padding-free"),  # TRL truncates only when packing
     pytest.param({"packing": True, "peft": True}, id="packed-lora"),
+    pytest.param({"packing": True, "completion": True}, id="packed-completion-only"),
 ])
 def test_sft_losses_match_trl_over_ten_steps(case, model_dir, tmp_path):
     settings = dict(case)
-    peft = settings.pop("peft", False)
-    theirs = run(trl.SFTTrainer, trl.SFTConfig, model_dir, tmp_path / "trl", peft, **settings)
+    peft, completion = settings.pop("peft", False), settings.pop("completion", False)
+    theirs = run(trl.SFTTrainer, trl.SFTConfig, model_dir, tmp_path / "trl", peft, completion, **settings)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="fusetrain: training runs with")  # a fallback fails the test
-        ours = run(ft_trl.SFTTrainer, ft_trl.SFTConfig, model_dir, tmp_path / "ours", peft, **settings)
+        ours = run(ft_trl.SFTTrainer, ft_trl.SFTConfig, model_dir, tmp_path / "ours", peft, completion, **settings)
     assert len(ours) == len(theirs) == STEPS
     want = np.array([e["loss"] for e in theirs])
     got = np.array([e["loss"] for e in ours])
