@@ -7,6 +7,7 @@ evaluate, predict, inspect, info) plus `report` and `launch`.
     fusetrain launch -n 4 -- train --model DIR --train-file train.tsv   # data parallel over 4 Open MPI ranks
     fusetrain launch -n 4 --hosts node1:2,node2:2 -- train ...          # 2 ranks on each of two hosts
     fusetrain train --model GEMMA_DIR --task clm --train-file text.txt   # captured: see fusetrain.capture
+    fusetrain train --task sft --model DIR --train-file chat.jsonl --packing   # TRL's SFT: see fusetrain.sft
     fusetrain --help
 
 `launch` runs `mpirun -np N ... python -m fusetrain <subcommand and args>` with this Python and exits with
@@ -188,6 +189,19 @@ def main() -> int:
         return _report(argv[1:])
     if argv[:1] == ["launch"]:
         return _launch(argv[1:])
+    task = _option(argv, "--task")
+    if argv[:1] == ["train"] and task is not None and task[1] == "sft":  # TRL's SFTTrainer on the engine
+        from fusetrain import sft
+
+        rest, skip = [], False
+        for arg in argv[1:]:  # everything but --task sft
+            if skip or arg.startswith("--task="):
+                skip = False
+            elif arg == "--task":
+                skip = True
+            else:
+                rest.append(arg)
+        return sft.main(rest)
     argv = _with_captured_model(argv)
     if isinstance(argv, int):
         return argv

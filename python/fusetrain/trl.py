@@ -20,7 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import trl
+
+try:
+    import trl
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError("fusetrain.trl runs TRL's trainers: install TRL (pip install 'fusetrain[trl]' or pip install "
+                      f"trl); importing it failed: {error}") from error
 from trl import DPOConfig, SFTConfig  # noqa: F401  (re-exported: the import line a script changes names them)
 
 from fusetrain import data

@@ -221,3 +221,38 @@ def test_trl_sft_script_runs_with_one_import_line_changed(tmp_path):
     assert {"loss", "entropy", "mean_token_accuracy", "num_tokens", "grad_norm", "learning_rate"} <= set(logs[0])
     losses = [(a["loss"], b["loss"]) for a, b in zip(outputs["fusetrain"][3], outputs["trl"][3]) if "loss" in a]
     assert losses and all(np.isfinite(a) for a, _ in losses)
+
+
+# ---------------------------------------------------------------- the command line
+
+def test_command_line_sft_trains_from_json_lines(tmp_path):
+    """`python -m fusetrain train --task sft` (the pip-installed `fusetrain` is the same entry point): a chat model's
+    directory and JSON Lines conversations, packed, with LoRA; TRL's files come out. Bad input is one error."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    model, data = chat_model_dir(tmp_path), chat_data_dir(tmp_path)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "hf_datasets"),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "fusetrain", "train", "--task", "sft", "--model", str(model), "--train-file",
+               str(data / "train.jsonl"), "--output-dir", str(out), "--packing", "--max-seq-length", "256",
+               "--max-steps", "3", "--logging-steps", "1", "--per-device-train-batch-size", "2", "--lora-r", "8"]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["global_step"] == 3 and np.isfinite(summary["train_loss"])
+    assert {"adapter_config.json", "adapter_model.safetensors", "chat_template.jinja"} <= {p.name for p in out.iterdir()}
+    assert "runs with transformers' own loop" not in result.stderr
+
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"question": "no text field"}) + "\n")
+    for args, message in (
+            (["--train-file", str(tmp_path / "bad.jsonl")], 'each line needs "messages"'),
+            (["--train-file", str(data / "train.jsonl"), "--lora-r", "-1"], "--lora-r must be 0"),
+            (["--train-file", str(tmp_path / "data.tsv")], "reads JSON Lines")):
+        bad = [sys.executable, "-m", "fusetrain", "train", "--task", "sft", "--model", str(model), *args]
+        result = subprocess.run(bad, capture_output=True, text=True, env=env, timeout=600)
+        assert result.returncode == 2 and message in result.stderr, (args, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr
