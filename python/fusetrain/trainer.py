@@ -790,6 +790,9 @@ class Trainer(transformers.Trainer):
     def _engine_step_metrics(self, step: dict) -> None:
         """Records a finished engine step's figures for the metrics a parent trainer logs (none here)."""
 
+    def _engine_eval_metrics(self, engine: Model, inputs: dict[str, Any]) -> None:
+        """Records what an evaluation batch's engine forward measured for a parent trainer's metrics (none here)."""
+
     # ------------------------------------------------------------ checkpoints
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False, onnx: bool = False) -> None:
@@ -902,6 +905,7 @@ class Trainer(transformers.Trainer):
             batch.update({k: _numpy(inputs[k]) for k in self.label_names})
         out = engine.eval().forward(**batch)  # eval(): no dropout (the engine's training loop is unaffected)
         loss = torch.tensor(out["loss"]) if has_labels and "loss" in out else None
+        self._engine_eval_metrics(engine, inputs)
         if prediction_loss_only:
             return loss, None, None
         if ignore_keys is None:

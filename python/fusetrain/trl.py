@@ -76,6 +76,16 @@ class SFTTrainer(Trainer, trl.SFTTrainer):
         model.token_stats = True  # entropy and mean_token_accuracy, from the fused LM head
         return model
 
+    def _engine_eval_metrics(self, engine, inputs: dict[str, Any]) -> None:
+        # TRL's compute_loss in evaluation: the batch's mean entropy and accuracy, and the running token count.
+        stats = engine.last_token_stats()
+        if stats is None:
+            return
+        counted = stats["counted"]
+        self._metrics["eval"]["entropy"].append(stats["entropy_sum"] / counted if counted > 0 else 0.0)
+        self._metrics["eval"]["mean_token_accuracy"].append(stats["top1"] / counted if counted > 0 else 0.0)
+        self._metrics["eval"]["num_tokens"] = [self._total_train_tokens]
+
     def _engine_step_metrics(self, step: dict) -> None:
         # As TRL's compute_loss records them: one mean per micro-batch (the step's mean, once per micro-batch, averages
         # the same), and the running token count.

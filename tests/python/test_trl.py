@@ -256,3 +256,27 @@ def test_command_line_sft_trains_from_json_lines(tmp_path):
         result = subprocess.run(bad, capture_output=True, text=True, env=env, timeout=600)
         assert result.returncode == 2 and message in result.stderr, (args, result.stderr[-2000:])
         assert "Traceback" not in result.stderr
+
+
+def test_evaluation_reports_trls_metrics(model_dir, tmp_path):
+    """evaluate() on the engine: the loss and TRL's token metrics of the evaluation set, as TRL's own reports them
+    (the same model, no training; tolerances as for the training losses)."""
+    results = {}
+    for name, trainer_class, config_class in (("trl", trl.SFTTrainer, trl.SFTConfig),
+                                              ("ours", ft_trl.SFTTrainer, ft_trl.SFTConfig)):
+        args = config_class(output_dir=str(tmp_path / name), per_device_eval_batch_size=4, report_to="none",
+                            use_cpu=True, bf16=False, max_length=512, seed=0)
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+        trainer = trainer_class(model=model, args=args, train_dataset=text_dataset(8), eval_dataset=text_dataset(12, 3),
+                                processing_class=tokenizer)
+        results[name] = trainer.evaluate()
+        if name == "ours":
+            assert trainer._engine_model is not None  # the forward ran on the engine
+    ours, theirs = results["ours"], results["trl"]
+    keys = {"eval_loss", "eval_entropy", "eval_mean_token_accuracy", "eval_num_tokens"}
+    assert keys <= set(ours) and set(ours) == set(theirs), (ours, theirs)
+    for key in ("eval_loss", "eval_entropy"):
+        assert abs(ours[key] - theirs[key]) <= 1e-4 * abs(theirs[key]), (key, ours[key], theirs[key])
+    assert abs(ours["eval_mean_token_accuracy"] - theirs["eval_mean_token_accuracy"]) <= 1e-6
+    assert ours["eval_num_tokens"] == theirs["eval_num_tokens"]
