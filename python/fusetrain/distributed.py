@@ -11,6 +11,7 @@ variables after a timeout, not a hang.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 from datetime import timedelta
@@ -71,6 +72,16 @@ def join_process_group(backend: str, rendezvous_timeout: float, group_timeout: f
     # The store and prefix torch's own env:// initialisation uses, so that peers initialised by it join this group.
     dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store), rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=group_timeout))
+    # The group this process created is torn down before the interpreter's own teardown: left to it, gloo's threads
+    # can be destroyed still running once a peer has gone, and the process then aborts at exit.
+    atexit.register(_leave_process_group)
+
+
+def _leave_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class TorchCommunicator:
