@@ -426,24 +426,18 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
     }
     case OpKind::Cast:
       return {{c.shape(0), std::get<CastParams>(params).dtype}};
-    case OpKind::SoftmaxCrossEntropy: {
-      const Shape& logits = c.shape(0);
-      c.require_f32(0, "logits");
-      c.require_index(1, "targets");
-      c.require(logits.rank() >= 2, "logits should be (..., V)");
-      Shape rows(std::vector<int64_t>(logits.dims().begin(), logits.dims().end() - 1));
-      c.require(c.shape(1) == rows, "targets should be ", rows.to_string(), ", found ", c.shape(1).to_string());
-      return {{Shape{}, DType::f32}, {rows, DType::f32}};
-    }
+    case OpKind::SoftmaxCrossEntropy:
     case OpKind::TokenStats: {
-      // logits (..., V), targets (...) -> (3): Σ entropy, top-1 hits, counted rows (targets != ignore_index)
+      // logits (..., V) f32, targets (...) -> loss () and lse (...); TokenStats: (3) Σ entropy, top-1 hits, counted
+      // rows (targets != ignore_index)
       const Shape& logits = c.shape(0);
       c.require_f32(0, "logits");
       c.require_index(1, "targets");
       c.require(logits.rank() >= 2, "logits should be (..., V)");
       Shape rows(std::vector<int64_t>(logits.dims().begin(), logits.dims().end() - 1));
       c.require(c.shape(1) == rows, "targets should be ", rows.to_string(), ", found ", c.shape(1).to_string());
-      return {{Shape{3}, DType::f32}};
+      if (c.op == OpKind::TokenStats) return {{Shape{3}, DType::f32}};
+      return {{Shape{}, DType::f32}, {rows, DType::f32}};
     }
     case OpKind::SoftmaxCrossEntropyBackward: {
       // dloss, logits, targets, lse -> dlogits

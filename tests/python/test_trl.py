@@ -30,18 +30,23 @@ SHAKESPEARE = pathlib.Path(__file__).resolve().parents[3] / "shared" / "datasets
 STEPS = 10
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> pathlib.Path:
+def shakespeare_tokenizer(vocab_size: int, special: list[str], pad: str, eos: str):
+    """A byte-level BPE tokenizer trained on Tiny Shakespeare's first 4,000 lines: (the tokenizers object, the
+    transformers tokenizer wrapping it)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    out = tmp_path_factory.mktemp("llama-sft")
-    lines = SHAKESPEARE.read_text().splitlines()[:4000]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=301, special_tokens=["<pad>", "<eos>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", eos_token="<eos>")
+    bpe.train_from_iterator(SHAKESPEARE.read_text().splitlines()[:4000], trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return bpe, transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token=pad, eos_token=eos)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("llama-sft")
+    bpe, tokenizer = shakespeare_tokenizer(301, ["<pad>", "<eos>"], pad="<pad>", eos="<eos>")
     config = transformers.LlamaConfig(vocab_size=bpe.get_vocab_size(), hidden_size=72, num_hidden_layers=2,
                                       num_attention_heads=6, num_key_value_heads=2, intermediate_size=100,
                                       max_position_embeddings=1024, pad_token_id=0, eos_token_id=1)
@@ -133,18 +138,9 @@ CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ me
 
 def chat_model_dir(root: pathlib.Path) -> pathlib.Path:
     """A small Qwen2 with a ChatML template in its tokenizer, as chat models ship."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     out = root / "qwen2-chat"
-    lines = SHAKESPEARE.read_text().splitlines()[:4000]
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(lines, trainers.BpeTrainer(
-        vocab_size=311, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<|endoftext|>",
-                                                     eos_token="<|im_end|>")
+    bpe, tokenizer = shakespeare_tokenizer(311, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], pad="<|endoftext|>",
+                                           eos="<|im_end|>")
     tokenizer.chat_template = CHATML
     config = transformers.Qwen2Config(vocab_size=bpe.get_vocab_size(), hidden_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
