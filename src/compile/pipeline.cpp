@@ -73,6 +73,11 @@ std::string fuse_linear_cross_entropy(ir::Graph& g, PassState&) {
                 " output projections + losses in row chunks; logits never stored");
 }
 
+std::string fuse_linear_log_probs(ir::Graph& g, PassState& state) {
+  return report(passes::fuse_linear_log_probs(g, state.options.backward).fused,
+                " output projections + log-probabilities in row chunks; logits never stored");
+}
+
 std::string merge_duplicate_casts(ir::Graph& g, PassState&) {
   passes::MergeCastsReport r = passes::merge_duplicate_casts(g);
   return report(r.casts, str(" repeated casts (", mib(r.bytes_saved), " MiB) merged into the first"));
@@ -119,6 +124,7 @@ const std::vector<Pass>& pipeline() {
       {"fuse_linear_gelu", Stage::Forward, with_fusions, fuse_linear_gelu},
       // Forms the head's gradients in forward: training programs only.
       {"fuse_linear_cross_entropy", Stage::Forward, fusing_loss, fuse_linear_cross_entropy},
+      {"fuse_linear_log_probs", Stage::Forward, with_fusions, fuse_linear_log_probs},
       {"merge_duplicate_casts", Stage::Joint, with_fusions, merge_duplicate_casts},
       {"recompute", Stage::Joint, recomputing, recompute},
       {"recompute_gelu_outputs", Stage::Joint, with_fusions, recompute_gelu_outputs},

@@ -92,6 +92,17 @@ ValueId GraphBuilder::token_stats(ValueId logits, ValueId targets, int64_t ignor
   return g_.add(OpKind::TokenStats, {logits, targets}, {{"ignore_index", ignore_index}});
 }
 
+std::vector<ValueId> GraphBuilder::token_log_probs(ValueId logits, ValueId targets, bool row_stats,
+                                                  int64_t ignore_index) {
+  return g_.add_node(OpKind::TokenLogProbs, {logits, targets},
+                     {{"ignore_index", ignore_index}, {"row_stats", int64_t{row_stats}}});
+}
+
+ValueId GraphBuilder::preference_loss(ValueId logps, ValueId ref_logps, ValueId lengths, const std::string& loss_type,
+                                      double beta) {
+  return g_.add(OpKind::PreferenceLoss, {logps, ref_logps, lengths}, {{"loss_type", loss_type}, {"beta", beta}});
+}
+
 ValueId GraphBuilder::sigmoid_cross_entropy(ValueId logits, ValueId targets) {
   return g_.add(OpKind::SigmoidCrossEntropy, {logits, targets});
 }

@@ -11,6 +11,13 @@
 namespace fusetrain::ir {
 namespace {
 
+// (R...) -> (R..., 3): a per-row statistics output (entropy, top-1 hit, mean logit).
+Shape with_stats_axis(const Shape& rows) {
+  std::vector<int64_t> dims = rows.dims();
+  dims.push_back(3);
+  return Shape(dims);
+}
+
 using namespace ops;  // the parameter structs
 
 struct Checker {
@@ -473,6 +480,84 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       if (lce.weight_grad) outs.insert(outs.end(), {{w, DType::f32}, {Shape{w[0]}, DType::f32}});
       if (lce.token_stats) outs.push_back({Shape{3}, DType::f32});  // as TokenStats
       return outs;
+    }
+    case OpKind::TokenLogProbs: {
+      // logits (R..., V) f32, targets (R...) -> log p (R...) [, row stats (R..., 3)]
+      c.require_f32(0, "logits");
+      c.require_index(1, "targets");
+      const Shape& logits = c.shape(0);
+      c.require(logits.rank() >= 2, "logits should be (..., V)");
+      Shape rows(std::vector<int64_t>(logits.dims().begin(), logits.dims().end() - 1));
+      c.require(c.shape(1) == rows, "targets should be ", rows.to_string(), ", found ", c.shape(1).to_string());
+      std::vector<TypedShape> outs{{rows, DType::f32}};
+      if (std::get<LogProbsParams>(params).row_stats) outs.push_back({with_stats_axis(rows), DType::f32});
+      return outs;
+    }
+    case OpKind::TokenLogProbsBackward: {
+      // dlogp (R...), logits (R..., V), targets (R...) -> dlogits
+      c.require_f32(0, "dlogp");
+      c.require_f32(1, "logits");
+      c.require_index(2, "targets");
+      Shape rows(std::vector<int64_t>(c.shape(1).dims().begin(), c.shape(1).dims().end() - 1));
+      c.require(c.shape(0) == rows && c.shape(2) == rows, "dlogp and targets should be ", rows.to_string());
+      return {{c.shape(1), DType::f32}};
+    }
+    case OpKind::LinearLogProbs:
+    case OpKind::LinearLogProbsWeightGrad: {
+      // LinearLogProbs: x (R..., K), w (V, K), targets (R...), [bias (V)] -> log p (R...), lse (R...),
+      //   [dx (R..., K) with input_grad], [row stats (R..., 3)]
+      // LinearLogProbsWeightGrad: dlogp (R...), x, w, targets, lse (R...), [bias] -> dw (V, K) [, dbias (V)]
+      const bool grad = c.op == OpKind::LinearLogProbsWeightGrad;
+      const int at = grad ? 1 : 0;
+      const Shape& x = c.shape(at);
+      const Shape& w = c.shape(at + 1);
+      c.require(c.dtype(at) == DType::f32 || c.dtype(at) == DType::bf16, "x should be f32 or bf16, found ",
+                dtype_name(c.dtype(at)));
+      c.require_same_dtype(at, at + 1);
+      c.require(x.rank() >= 2 && w.rank() == 2, "expected x (..., K) and weight (V, K)");
+      c.require(x[-1] == w[1], "x has ", x[-1], " features but weight ", w.to_string(), " expects ", w[1]);
+      c.require_index(at + 2, "targets");
+      Shape rows(std::vector<int64_t>(x.dims().begin(), x.dims().end() - 1));
+      c.require(c.shape(at + 2) == rows, "targets should be ", rows.to_string(), ", found ",
+                c.shape(at + 2).to_string());
+      const auto& lp = std::get<LogProbsParams>(params);
+      c.require(lp.chunk_rows >= 0, "chunk_rows must be 0 (automatic) or positive");
+      if (grad) {
+        c.require_f32(0, "dlogp");
+        c.require(n_in == 5 || n_in == 6, "expected dlogp, x, w, targets, lse and an optional bias");
+        c.require_f32(4, "lse");
+        c.require(c.shape(0) == rows && c.shape(4) == rows, "dlogp and lse should be ", rows.to_string());
+      }
+      if (n_in == size_t(at) + 4) {
+        c.require_f32(at + 3, "bias");
+        c.require(c.shape(at + 3) == Shape{w[0]}, "bias shape ", c.shape(at + 3).to_string(), " should be (", w[0],
+                  ")");
+      }
+      if (grad) {
+        std::vector<TypedShape> outs{{w, DType::f32}};
+        if (n_in == 6) outs.push_back({Shape{w[0]}, DType::f32});
+        return outs;
+      }
+      std::vector<TypedShape> outs{{rows, DType::f32}, {rows, DType::f32}};
+      if (lp.input_grad) outs.push_back({x, DType::f32});
+      if (lp.row_stats) outs.push_back({with_stats_axis(rows), DType::f32});
+      return outs;
+    }
+    case OpKind::PreferenceLoss:
+    case OpKind::PreferenceLossBackward: {
+      // logps (2P), ref_logps (2P), lengths (2P), all f32: P chosen then P rejected -> loss (); backward: dlogps
+      const int at = c.op == OpKind::PreferenceLossBackward ? 1 : 0;
+      if (at == 1) {
+        c.require_f32(0, "dloss");
+        c.require(c.shape(0).numel() == 1, "dloss should be a scalar");
+      }
+      for (int i = at; i < at + 3; ++i) c.require_f32(i, i == at ? "logps" : i == at + 1 ? "ref_logps" : "lengths");
+      const Shape& s = c.shape(at);
+      c.require(s.rank() == 1 && s[0] % 2 == 0 && s[0] > 0,
+                "logps should be (2P): P chosen then P rejected sequences, found ", s.to_string());
+      c.require(c.shape(at + 1) == s && c.shape(at + 2) == s, "ref_logps and lengths should be ", s.to_string());
+      if (at == 1) return {{s, DType::f32}};
+      return {{Shape{}, DType::f32}};
     }
     case OpKind::SigmoidCrossEntropy:
       c.require_f32(0, "logits");

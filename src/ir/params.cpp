@@ -1,6 +1,7 @@
 // decode_params: the one place that reads attribute names. The switch has no default, so a
 // new op in ops.def fails to compile until its attributes are decoded here (-Werror=switch);
 // each case fills ParamsOf<op>, so a Params column naming another struct fails to compile too.
+#include <cmath>
 #include "fusetrain/ir/params.h"
 
 #include <vector>
@@ -301,6 +302,27 @@ OpParams decode(OpKind op, AttrReader& r) {
       p.chunk_rows = r.integer("chunk_rows", p.chunk_rows);
       p.weight_grad = r.flag("weight_grad", p.weight_grad);
       p.token_stats = r.flag("token_stats", p.token_stats);
+      return r.finish(p);
+    }
+    case OpKind::TokenLogProbs:
+    case OpKind::TokenLogProbsBackward:
+    case OpKind::LinearLogProbs:
+    case OpKind::LinearLogProbsWeightGrad: {
+      ParamsOf<OpKind::TokenLogProbs> p;
+      p.ignore_index = r.integer("ignore_index", p.ignore_index);
+      p.chunk_rows = r.integer("chunk_rows", p.chunk_rows);
+      p.input_grad = r.flag("input_grad", p.input_grad);
+      p.row_stats = r.flag("row_stats", p.row_stats);
+      return r.finish(p);
+    }
+    case OpKind::PreferenceLoss:
+    case OpKind::PreferenceLossBackward: {
+      ParamsOf<OpKind::PreferenceLoss> p;
+      p.loss_type = r.string("loss_type", p.loss_type);
+      if (p.loss_type != "sigmoid" && p.loss_type != "hinge" && p.loss_type != "ipo")
+        r.fail(str("loss_type \"", p.loss_type, "\": expected sigmoid, hinge or ipo"));
+      p.beta = r.number("beta", p.beta);
+      if (!(p.beta > 0.0) || !std::isfinite(p.beta)) r.fail(str("beta ", p.beta, ": expected a finite number > 0"));
       return r.finish(p);
     }
     case OpKind::Attention:

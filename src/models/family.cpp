@@ -294,6 +294,18 @@ void head_outputs(ir::GraphBuilder& b, Head head, HeadLogits logits, const Batch
       out.logits = logits.logits;
       if (!labelled) return;
       FT_CHECK(spec.labels == LabelKind::TokenIds, "this head needs integer token labels of shape (", B, ", ", T, ")");
+      if (spec.preference && head == Head::CausalLM) {
+        const ValueId labels = b.input(InputNames::labels, {B, T}, DType::i64);
+        std::vector<ValueId> lp = b.token_log_probs(out.logits, labels, spec.token_stats);
+        out.sequence_logps = b.reduce_sum(lp[0], {1});
+        if (spec.token_stats) out.row_stats = lp[1];
+        if (spec.reference) return;
+        const ValueId ref = b.input(InputNames::ref_logps, {B});
+        const ValueId lengths = b.input(InputNames::completion_lengths, {B});
+        out.loss = b.preference_loss(out.sequence_logps, ref, lengths, spec.preference->loss_type,
+                                     spec.preference->beta);
+        return;
+      }
       {
         const ValueId labels = b.input(InputNames::labels, {B, T}, DType::i64);
         out.loss = b.softmax_cross_entropy(out.logits, labels);

@@ -38,6 +38,10 @@ struct InputNames {
   static constexpr const char* rope_sin = "rope_sin";
   /// (B, T) i64 of packed rows: the first position of the example holding each token (BatchSpec::packed)
   static constexpr const char* key_begin = "key_begin";
+  /// (B) f32 of a preference batch: the reference model's summed log-probability of each sequence
+  static constexpr const char* ref_logps = "ref_logps";
+  /// (B) f32 of a preference batch: each sequence's completion tokens (labels not -100), for loss_type ipo
+  static constexpr const char* completion_lengths = "completion_lengths";
 };
 
 /// An architecture family (BERT, RoBERTa, DistilBERT, GPT-2) with one head.

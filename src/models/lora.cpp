@@ -215,11 +215,12 @@ void add_adapter(ir::Graph& g, const Use& use, ValueId a, ValueId b, const LoraC
 }  // namespace
 
 std::vector<Adapter> apply(ir::Graph& g, const LoraConfig& c, bool training, const std::set<std::string>& bf16_weights,
-                           const std::vector<std::string>& head_prefixes, const std::vector<ValueId*>& watched) {
+                           const std::vector<std::string>& head_prefixes, const std::vector<ValueId*>& watched,
+                           bool with_adapters) {
   const bool all_linear = c.target_modules.size() == 1 && c.target_modules[0] == "all-linear";
   std::vector<Adapter> adapters;
   std::set<std::string> hit;
-  {
+  if (with_adapters) {
     const std::vector<std::vector<NodeId>> readers = g.consumers();
     const std::vector<ValueId> params = g.params();
     int64_t stream = 0x10a5;
@@ -258,12 +259,12 @@ std::vector<Adapter> apply(ir::Graph& g, const LoraConfig& c, bool training, con
       adapters.push_back(ad);
     }
   }
-  if (!all_linear) {
+  if (with_adapters && !all_linear) {
     std::string missing;
     for (const std::string& t : c.target_modules)
       if (!hit.count(t)) missing += (missing.empty() ? "" : ", ") + t;
     FT_CHECK(missing.empty(), "LoRA: target modules not found in the model: ", missing);
-  } else {
+  } else if (with_adapters) {
     FT_CHECK(!adapters.empty(), "LoRA: \"all-linear\" found no linear layer to adapt");
   }
   g.commit();

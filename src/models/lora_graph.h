@@ -21,10 +21,12 @@ std::string b_name(const std::string& module);
 /// cast of theirs to bf16 reads them directly, any other reader gets a cast to f32. `training` enables the
 /// adapters' dropout. "all-linear" adapts every projection but those under `head_prefixes` (the output layers).
 /// Values the caller holds in `watched` that an adapted projection produced now name the sum with the adapter.
-/// Throws Error when a target names no module, or a module that is not a projection.
+/// Throws Error when a target names no module, or a module that is not a projection. Without `with_adapters` the
+/// base is frozen (and kept in bf16) as it is, with no adapter added: the graph of the model's reference (PEFT's
+/// disable_adapter).
 std::vector<Adapter> apply(ir::Graph& graph, const LoraConfig& config, bool training,
                            const std::set<std::string>& bf16_weights, const std::vector<std::string>& head_prefixes,
-                           const std::vector<ir::ValueId*>& watched = {});
+                           const std::vector<ir::ValueId*>& watched = {}, bool with_adapters = true);
 
 /// The frozen weights of `graph` (an applied graph) that only projections read: those config.base_dtype = bf16
 /// keeps in bf16.

@@ -342,7 +342,8 @@ BuiltGraph Model::build(const BatchSpec& spec) const {
   if (lora_) {
     std::vector<ir::ValueId*> watched = {&built.logits, &built.end_logits, &built.hidden_states};
     for (ir::ValueId& v : built.layer_boundaries) watched.push_back(&v);
-    lora::apply(built.graph, *lora_, spec.training, lora_bf16_, family_->head_prefixes(), watched);
+    lora::apply(built.graph, *lora_, spec.training, lora_bf16_, family_->head_prefixes(), watched,
+                /*with_adapters=*/!spec.reference);
   }
   return built;
 }
@@ -594,6 +595,15 @@ BatchSpec Model::spec_for(const Batch& batch, bool training, bool with_backward)
   }
   spec.token_stats = token_stats_ && spec.labels == LabelKind::TokenIds &&
                      (family_->head() == Head::CausalLM || family_->head() == Head::MaskedLM);
+  if (preference_ && spec.labels != LabelKind::None) {
+    FT_CHECK(family_->head() == Head::CausalLM && spec.labels == LabelKind::TokenIds, architecture_,
+             ": a preference loss needs a causal LM and (batch, sequence) token labels");
+    FT_CHECK(!spec.packed, "a preference batch cannot pack sequences (position_ids restart inside a row): give "
+             "one sequence per row with an attention_mask");
+    FT_CHECK(!imported_from_onnx(), architecture_, ": a preference loss needs a causal LM fusetrain builds (an "
+             "imported graph computes its own logits only)");
+    spec.preference = preference_;
+  }
   return spec;
 }
 
@@ -612,17 +622,28 @@ compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
   }
   for (int64_t setting : {int64_t{spec.training}, int64_t{spec.bf16}, int64_t{spec.fp16}, int64_t{spec.recompute},
                           int64_t{spec.fusions}, static_cast<int64_t>(spec.labels), int64_t{with_backward},
-                          int64_t{count_unfused_ops_}, int64_t{spec.packed}, int64_t{spec.token_stats}})
+                          int64_t{count_unfused_ops_}, int64_t{spec.packed}, int64_t{spec.token_stats},
+                          int64_t{spec.preference.has_value()}, int64_t{spec.reference}})
     key.push_back(setting);
+  if (spec.preference) {
+    key.push_back(static_cast<int64_t>(std::hash<std::string>{}(spec.preference->loss_type)));
+    int64_t beta_bits = 0;
+    std::memcpy(&beta_bits, &spec.preference->beta, sizeof(beta_bits));
+    key.push_back(beta_bits);
+  }
   if (compile::Program* program = programs_.find(key)) return *program;
   BuiltGraph built = build(spec);
   FT_CHECK(!with_backward || built.loss != ir::kNone, architecture_, ": gradients need labels (no loss without them)");
   compile::GraphRoles roles;
   roles.loss = built.loss;
-  for (ir::ValueId v : {built.logits, built.end_logits})
-    if (v != ir::kNone) roles.outputs.push_back(v);
+  // A preference program returns sequence log-probabilities, never the logits (they are formed in chunks only).
+  if (!spec.preference)
+    for (ir::ValueId v : {built.logits, built.end_logits})
+      if (v != ir::kNone) roles.outputs.push_back(v);
   roles.layer_boundaries = built.layer_boundaries;
   if (built.token_stats != ir::kNone) roles.metrics.push_back(built.token_stats);
+  for (ir::ValueId v : {built.sequence_logps, built.row_stats})  // metrics 0 and 1 of a preference program
+    if (v != ir::kNone) roles.metrics.push_back(v);
   compile::CompileOptions options;
   options.backward = with_backward;
   options.fusions = spec.fusions;
@@ -721,11 +742,59 @@ void Model::check_inputs(const Batch& batch) const {
   }
 }
 
+namespace {
+
+// A preference run's per-sequence figures: its sequence log-probabilities (metric 0), the reference's (input), and
+// over the positions with a (shifted) label, their count and the sums of the row statistics (metric 1).
+PreferenceStats preference_stats(runtime::Plan& plan, const std::vector<ir::ValueId>& metrics, const BatchSpec& spec,
+                                 const Tensor& shifted) {
+  const int64_t B = spec.batch, T = spec.seq;
+  PreferenceStats s;
+  const Tensor logps = plan.output(metrics[0]);
+  const int64_t* labels = shifted.data_as<int64_t>();
+  const float* rows = metrics.size() > 1 ? plan.output(metrics[1]).data_as<float>() : nullptr;
+  const float* ref = spec.reference ? nullptr : plan.input(InputNames::ref_logps).data_as<float>();
+  for (int64_t b = 0; b < B; ++b) {
+    s.logps.push_back(logps.item(b));
+    if (ref) s.ref_logps.push_back(ref[b]);
+    double tokens = 0, entropy = 0, top1 = 0, mean_logit = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (labels[b * T + t] == -100) continue;
+      tokens += 1;
+      if (!rows) continue;
+      const float* r = rows + (b * T + t) * 3;
+      entropy += r[0];
+      top1 += r[1];
+      mean_logit += r[2];
+    }
+    s.tokens.push_back(tokens);
+    if (rows) {
+      s.entropy_sum.push_back(entropy);
+      s.top1.push_back(top1);
+      s.mean_logit_sum.push_back(mean_logit);
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
 ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bool zero_grads,
-                       runtime::RunObserver* observer) {
+                       runtime::RunObserver* observer, bool reference) {
   check_inputs(batch);
   const Family* family = family_.get();
-  const BatchSpec spec = spec_for(batch, training, with_backward);
+  BatchSpec spec = spec_for(batch, training, with_backward);
+  if (reference) {
+    FT_CHECK(family->head() == Head::CausalLM && spec.labels == LabelKind::TokenIds && !spec.packed,
+             architecture_, ": sequence log-probabilities need a causal LM, (batch, sequence) token labels and one "
+             "sequence per row");
+    FT_CHECK(!lora_ || lora_->modules_to_save.empty(), architecture_, ": the reference (the base without its ",
+             "adapters) is not kept for modules_to_save, which train in full; give a reference model or precomputed "
+             "reference log-probabilities");
+    if (!spec.preference) spec.preference = PreferenceConfig{};
+    spec.reference = true;
+    spec.token_stats = false;
+  }
   const int64_t B = spec.batch, T = spec.seq;
   compile::Program& program = plan_for(spec, with_backward);
   runtime::Plan& plan = *program.plan;
@@ -764,7 +833,8 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
   const Tensor& labels = batch.get(InputNames::labels);
   // Integer labels must name a class of the logits (or be -100, ignored).
   auto check_classes = [&](const Tensor& labels) {
-    const int64_t classes = plan.graph().value(logits).shape[-1];
+    const int64_t classes = logits != ir::kNone ? plan.graph().value(logits).shape[-1]
+                                                : ConfigReader(config_).get_int("vocab_size");
     const int64_t* l = labels.data_as<int64_t>();
     for (int64_t i = 0; i < labels.numel(); ++i)
       FT_CHECK(l[i] == -100 || (l[i] >= 0 && l[i] < classes), "labels: value ", l[i], " at position ", i,
@@ -821,6 +891,26 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     }
   }
 
+  if (spec.preference && !spec.reference) {
+    // Completion lengths (TRL counts the completion mask, before the shift) and the reference log-probabilities.
+    const int64_t* given = labels.data_as<int64_t>();
+    float* lengths = plan.input(InputNames::completion_lengths).data_as<float>();
+    for (int64_t b = 0; b < B; ++b)
+      lengths[b] = static_cast<float>(std::count_if(given + b * T, given + (b + 1) * T, [](int64_t l) { return l != -100; }));
+    float* ref = plan.input(InputNames::ref_logps).data_as<float>();
+    const Tensor& given_ref = batch.get(InputNames::ref_logps);
+    if (given_ref.data() != nullptr) {
+      FT_CHECK(given_ref.dtype() == DType::f32 && given_ref.numel() == B, "ref_logps must be float32 of shape (", B,
+               ",): one reference log-probability per sequence; found ", element_type_name(given_ref.dtype()), " ",
+               given_ref.shape().to_string());
+      const float* r = given_ref.data_as<float>();
+      for (int64_t b = 0; b < B; ++b)
+        FT_CHECK(std::isfinite(r[b]), "ref_logps: value ", r[b], " at sequence ", b, " is not finite");
+      std::copy(r, r + B, ref);
+    } else {
+      reference_log_probs(batch, ref);
+    }
+  }
   if (spec.fp16 && with_backward)
     *plan.input(compile::kLossScaleInput).data_as<float>() = static_cast<float>(loss_scale_);
   if (zero_grads) params_->zero_grads();
@@ -829,11 +919,17 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
   last_plan_ = &plan;
   last_pass_log_ = &program.log;
   ModelOutput out;
-  if (!with_backward) {
+  if (!with_backward && logits != ir::kNone) {
     out.logits = plan.output(logits);
     if (program.roles.outputs.size() > 1) out.end_logits = plan.output(program.roles.outputs[1]);
   }
   if (program.roles.loss != ir::kNone) out.loss = plan.output(program.roles.loss).item();
+  if (spec.preference) {
+    out.preference = preference_stats(plan, program.roles.metrics, spec, plan.input(InputNames::labels));
+    if (!reference) last_preference_stats_ = out.preference;
+    last_token_stats_.reset();
+    return out;
+  }
   if (!program.roles.metrics.empty()) {
     const Tensor stats = plan.output(program.roles.metrics[0]);
     out.token_stats = TokenStats{stats.item(0), stats.item(1), stats.item(2)};
@@ -843,6 +939,22 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
 }
 
 ModelOutput Model::forward(const Batch& batch, bool training) { return run(batch, training, false, false); }
+
+std::vector<double> Model::sequence_log_probs(const Batch& batch) {
+  return run(batch, /*training=*/false, false, false, nullptr, /*reference=*/true).preference->logps;
+}
+
+void Model::reference_log_probs(const Batch& batch, float* out) {
+  std::vector<double> logps;
+  if (reference_ != nullptr)
+    logps = reference_->sequence_log_probs(batch);
+  else if (lora_)
+    logps = sequence_log_probs(batch);  // the base: the same weights without the adapters
+  else
+    throw Error(str(architecture_, ": a preference loss compares against reference log-probabilities: give them "
+                    "(ref_logps), a reference model, or train LoRA adapters (the reference is then the base)"));
+  for (size_t i = 0; i < logps.size(); ++i) out[i] = static_cast<float>(logps[i]);
+}
 
 double Model::loss_and_grads(const Batch& batch, bool training) { return *run(batch, training, true, true).loss; }
 

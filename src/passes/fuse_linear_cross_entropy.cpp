@@ -79,4 +79,43 @@ FusionReport fuse_linear_cross_entropy(ir::Graph& g, int64_t chunk_rows) {
   return report;
 }
 
+FusionReport fuse_linear_log_probs(ir::Graph& g, bool input_grad, int64_t chunk_rows) {
+  FusionReport report;
+  const std::vector<std::vector<NodeId>> consumers = g.consumers();
+  for (NodeId id = 0; id < static_cast<NodeId>(g.nodes().size()); ++id) {
+    ir::Node& node = g.node(id);
+    if (node.op != OpKind::TokenLogProbs) continue;
+    const ValueId logits = node.inputs[0];
+    const ir::Value& l = g.value(logits);
+    if (l.producer == kNone || g.is_output(logits) || consumers[static_cast<size_t>(logits)].size() != 1) continue;
+    const ir::Node& linear = g.node(l.producer);
+    const DType dtype = g.value(linear.inputs[0]).dtype;
+    if (linear.op != OpKind::Linear || (dtype != DType::f32 && dtype != DType::bf16)) continue;
+    const ValueId x = linear.inputs[0], w = linear.inputs[1];
+    const bool row_stats = node.attrs.get_int("row_stats", 0) != 0;
+    const ValueId stats = row_stats ? node.outputs[1] : kNone;
+    std::vector<ValueId> inputs{x, w, node.inputs[1]};
+    if (linear.inputs.size() == 3) inputs.push_back(linear.inputs[2]);
+    node.op = OpKind::LinearLogProbs;
+    node.inputs = inputs;
+    node.attrs = {{"ignore_index", node.attrs.get_int("ignore_index", -100)},
+                  {"chunk_rows", chunk_rows},
+                  {"input_grad", int64_t{input_grad}},
+                  {"row_stats", int64_t{row_stats}}};
+    node.outputs.resize(1);
+    const Shape rows = g.value(node.outputs[0]).shape;
+    g.add_node_output(id, rows, DType::f32);  // lse
+    if (input_grad) g.add_node_output(id, g.value(x).shape, DType::f32);
+    if (row_stats) {  // the statistics stay the last output
+      ir::Node& fused = g.node(id);
+      g.value(stats).output_index = static_cast<int>(fused.outputs.size());
+      fused.outputs.push_back(stats);
+    }
+    g.remove_node(linear.id);
+    report.fused += 1;
+  }
+  report.nodes_removed = g.commit();
+  return report;
+}
+
 }  // namespace fusetrain::passes

@@ -316,6 +316,41 @@ std::vector<OpCase> make_cases() {
     bf16.eps = 1.0 / 16;
     bf16.tolerance = 5e-2;
   }
+  // Per-row log-probabilities: a quarter of the targets ignored (log p 0, no gradient); the row statistics are an
+  // output too, so the vs-reference test compares them (they take no gradient).
+  add("token_log_probs", OpKind::TokenLogProbs,
+      [](GraphBuilder& b, int64_t n) {
+        Outs out = b.token_log_probs(b.param("logits", {2, n, 7}), b.input("targets", {2, n}, DType::i64), true);
+        return Outs{out[0]};
+      },
+      {{"logits", {-2, 2}}, {"targets", {0, 0, 7, 0.25}}});
+  // The fused head: forward forms each row's unit d(log p)/dx (input_grad), backward scales it by the row's
+  // incoming gradient and forms dw, dbias from the chunks again (LinearLogProbsWeightGrad, chunks of 2 rows).
+  for (int64_t chunk : {int64_t{0}, int64_t{2}})
+    add(chunk == 0 ? "linear_log_probs" : "linear_log_probs_chunked", OpKind::LinearLogProbs,
+        [chunk](GraphBuilder& b, int64_t n) {
+          ValueId x = b.param("x", {2, n, 6}), w = b.param("w", {7, 6}), bias = b.param("bias", {7});
+          Outs out = b.graph().add_node(OpKind::LinearLogProbs, {x, w, b.input("targets", {2, n}, DType::i64), bias},
+                                        {{"chunk_rows", chunk}, {"input_grad", int64_t{1}}, {"row_stats", int64_t{1}}});
+          return Outs{out[0]};  // lse, the unit gradients and the statistics are not differentiated
+        },
+        {{"targets", {0, 0, 7, 0.25}}});
+  add("linear_log_probs_frozen_weight", OpKind::LinearLogProbs,
+      [](GraphBuilder& b, int64_t n) {
+        ValueId x = b.param("x", {n, 5}), w = b.input("w", {9, 5});
+        return Outs{b.graph().add_node(OpKind::LinearLogProbs, {x, w, b.input("targets", {n}, DType::i32)},
+                                       {{"chunk_rows", int64_t{3}}, {"input_grad", int64_t{1}}})[0]};
+      },
+      {{"targets", {0, 0, 9, 0.25}}});
+  // DPO's losses over 2P sequences (P chosen, then P rejected); lengths are completion token counts (ipo).
+  for (const char* loss_type : {"sigmoid", "hinge", "ipo"})
+    add(std::string("preference_loss_") + loss_type, OpKind::PreferenceLoss,
+        [loss_type](GraphBuilder& b, int64_t n) {
+          ValueId logps = b.param("logps", {2 * n});
+          ValueId ref = b.input("ref_logps", {2 * n}), lengths = b.input("lengths", {2 * n});
+          return Outs{b.preference_loss(logps, ref, lengths, loss_type, 0.5)};
+        },
+        {{"logps", {-8, -1}}, {"ref_logps", {-8, -1}}, {"lengths", {1, 9, 0, 0, 1}}});
   add("sigmoid_cross_entropy", OpKind::SigmoidCrossEntropy,
       [](GraphBuilder& b, int64_t n) {
         return Outs{b.sigmoid_cross_entropy(b.param("logits", {n, 3}), b.param("targets", {n, 3}))};

@@ -75,6 +75,16 @@ class GraphBuilder {
   /// entropy of their softmax, how many have the target as their first largest logit, and how many there are
   /// (TRL's entropy and mean_token_accuracy). Not differentiated.
   ValueId token_stats(ValueId logits, ValueId targets, int64_t ignore_index = -100);
+  /// logits (..., V), targets (...) i64 -> log softmax(logits)[target] per row (...) f32, 0 where the target is
+  /// ignore_index. With `row_stats`, also (..., 3): each row's entropy, whether its target is the first largest
+  /// logit, and its mean logit (0 on ignored rows; not differentiated). Returns {log-probs[, stats]}.
+  std::vector<ValueId> token_log_probs(ValueId logits, ValueId targets, bool row_stats = false,
+                                       int64_t ignore_index = -100);
+  /// The DPO loss (TRL's loss_type sigmoid, hinge or ipo) of 2P sequences, P chosen then P rejected: their summed
+  /// log-probabilities `logps`, the reference model's `ref_logps`, and their completion `lengths` (ipo), all (2P)
+  /// f32 -> the mean over pairs (scalar f32). Differentiated in `logps` only.
+  ValueId preference_loss(ValueId logps, ValueId ref_logps, ValueId lengths, const std::string& loss_type,
+                          double beta);
   /// logits and targets in [0, 1], same shape -> mean binary cross-entropy with logits (scalar f32).
   ValueId sigmoid_cross_entropy(ValueId logits, ValueId targets);
   /// Scaled dot-product attention. q (B, H, T, D), k/v (B, H, S, D), all f32 or all bf16, optional

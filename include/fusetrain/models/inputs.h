@@ -30,7 +30,7 @@ struct InputDecl {
 };
 
 /// The label tensors a batch may carry besides the declared inputs (their checks depend on the head).
-inline constexpr const char* kLabelNames[] = {"labels", "start_positions", "end_positions"};
+inline constexpr const char* kLabelNames[] = {"labels", "start_positions", "end_positions", "ref_logps"};
 
 /// One batch of named tensors, views of caller memory: a model checks each against its declared inputs
 /// (Model::inputs) and its labels against its head; a tensor with no data counts as absent.

@@ -27,6 +27,14 @@ namespace fusetrain::models {
 
 class Family;
 
+/// A preference objective (TRL's DPOTrainer): each batch holds 2P sequences, the P chosen completions then the P
+/// rejected ones of the same prompts, with labels on the completion tokens.
+struct PreferenceConfig {
+  std::string loss_type = "sigmoid";  ///< TRL's loss_type: "sigmoid" (DPO), "hinge" or "ipo"
+  double beta = 0.1;                  ///< TRL's beta
+  bool operator==(const PreferenceConfig&) const = default;
+};
+
 /// The shape of a batch; a plan is compiled once per distinct spec.
 struct BatchSpec {
   int64_t batch = 1;
@@ -51,6 +59,12 @@ struct BatchSpec {
   /// A causal or masked LM with token labels also computes the token statistics (ir TokenStats: summed entropy,
   /// top-1 hits, counted positions), which TRL's trainers log as entropy and mean_token_accuracy.
   bool token_stats = false;
+  /// A causal LM with token labels computes each sequence's summed log-probability of its labels (BuiltGraph::
+  /// sequence_logps) and, unless `reference`, the preference loss of those against the reference's (inputs
+  /// ref_logps and completion_lengths, (B) f32). With token_stats, per-position statistics (BuiltGraph::row_stats).
+  std::optional<PreferenceConfig> preference;
+  /// The reference model's log-probabilities: the sequence log-probabilities only (no loss), LoRA adapters left out.
+  bool reference = false;
   bool operator==(const BatchSpec&) const = default;
 };
 
@@ -62,6 +76,8 @@ struct BuiltGraph {
   ir::ValueId hidden_states = ir::kNone;  ///< last hidden states (B, T, C)
   ir::ValueId loss = ir::kNone;           ///< scalar when labels are given
   ir::ValueId token_stats = ir::kNone;    ///< (3) with BatchSpec::token_stats
+  ir::ValueId sequence_logps = ir::kNone;  ///< (B) with BatchSpec::preference: Σ_t log p(label) per sequence
+  ir::ValueId row_stats = ir::kNone;  ///< (B, T, 3) with preference and token_stats: entropy, top-1 hit, mean logit
   /// The first layer's input, then each layer's output: the values activation checkpointing keeps.
   std::vector<ir::ValueId> layer_boundaries;
 };
@@ -105,11 +121,21 @@ struct TokenStats {
   double counted = 0;      ///< counted positions
 };
 
+/// Per-sequence figures of a preference run (2P sequences: P chosen, then P rejected), from which TRL's
+/// DPOTrainer metrics follow.
+struct PreferenceStats {
+  std::vector<double> logps;      ///< Σ log p(label) over each sequence's completion
+  std::vector<double> ref_logps;  ///< the same under the reference model
+  std::vector<double> tokens;     ///< completion positions predicted (labels after the shift)
+  std::vector<double> entropy_sum, top1, mean_logit_sum;  ///< with token_stats: sums over those positions
+};
+
 struct ModelOutput {
   Tensor logits;
   Tensor end_logits;  ///< QA only
   std::optional<double> loss;
   std::optional<TokenStats> token_stats;  ///< with set_token_stats(true) and token labels
+  std::optional<PreferenceStats> preference;  ///< with set_preference and token labels
 };
 
 /// A Hugging Face model: config, parameters under their Hugging Face names in
@@ -265,6 +291,19 @@ class Model {
   bool token_stats() const { return token_stats_; }
   /// The token statistics of the most recent run, when it computed them.
   const std::optional<TokenStats>& last_token_stats() const { return last_token_stats_; }
+  /// Trains a causal LM on a preference loss (TRL's DPO; nullopt: back to cross-entropy). A batch then holds 2P
+  /// sequences, P chosen then P rejected, labelled on their completions; its reference log-probabilities come from
+  /// the batch ("ref_logps", (2P) f32: precomputed), else from the reference model (set_reference), else, for a
+  /// LoRA model, from this model with its adapters left out (a second program on the same weights).
+  void set_preference(std::optional<PreferenceConfig> config) { preference_ = std::move(config); }
+  const std::optional<PreferenceConfig>& preference() const { return preference_; }
+  /// The frozen model whose log-probabilities a preference loss compares against (not owned; null: none).
+  void set_reference(Model* reference) { reference_ = reference; }
+  /// Each sequence's summed log-probability of its labels (-100 ignored; the causal shift applied), LoRA adapters
+  /// left out, no dropout: what a reference model gives. (B) values.
+  std::vector<double> sequence_log_probs(const Batch& batch);
+  /// The per-sequence figures of the most recent preference run.
+  const std::optional<PreferenceStats>& last_preference_stats() const { return last_preference_stats_; }
   bool fusions() const { return fusions_; }
   /// Threads used by the kernels (0: all cores).
   void set_num_threads(int n) { num_threads_ = n; }
@@ -281,7 +320,9 @@ class Model {
   BatchSpec spec_for(const Batch& batch, bool training, bool with_backward) const;
   compile::Program& plan_for(const BatchSpec& spec, bool with_backward);
   ModelOutput run(const Batch& batch, bool training, bool with_backward, bool zero_grads,
-                  runtime::RunObserver* observer = nullptr);
+                  runtime::RunObserver* observer = nullptr, bool reference = false);
+  // The reference log-probabilities of a preference batch, into `out` (B).
+  void reference_log_probs(const Batch& batch, float* out);
 
   nlohmann::json config_;
   std::string architecture_;
@@ -308,6 +349,9 @@ class Model {
   bool fusions_ = true;
   bool token_stats_ = false;
   std::optional<TokenStats> last_token_stats_;
+  std::optional<PreferenceConfig> preference_;
+  Model* reference_ = nullptr;
+  std::optional<PreferenceStats> last_preference_stats_;
   bool fp16_ = false;
   double loss_scale_ = 1.0;
 };

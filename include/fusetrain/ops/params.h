@@ -160,6 +160,20 @@ struct LinearCrossEntropyParams {
   bool token_stats = false;     ///< "token_stats": a last output (3) as TokenStats computes it (fused from one)
 };
 
+/// TokenLogProbs, LinearLogProbs and their gradients: per-row log-probabilities of the targets.
+struct LogProbsParams {
+  int64_t ignore_index = -100;  ///< "ignore_index": rows with this target get log-probability 0 and no gradient
+  int64_t chunk_rows = 0;       ///< "chunk_rows" (LinearLogProbs): 0 chooses, as LinearCrossEntropy
+  bool input_grad = false;      ///< "input_grad" (LinearLogProbs): also form d(log p)/dx per row (unit gradients)
+  bool row_stats = false;       ///< "row_stats": a last output (rows..., 3): entropy, top-1 hit, mean logit
+};
+
+/// PreferenceLoss (DPO) and its backward. Sequences arrive as 2P: P chosen, then the P rejected of the same pairs.
+struct PreferenceParams {
+  std::string loss_type = "sigmoid";  ///< "loss_type": sigmoid, hinge or ipo, as TRL names them
+  double beta = 0.1;                  ///< "beta"
+};
+
 /// Attention and AttentionBackward.
 struct AttentionParams {
   double scale = 1.0;                   ///< "scale" (required)
@@ -223,7 +237,7 @@ using OpParams =
                  PowParams, LayerNormParams, DropoutParams, AddLayerNormParams, EmbeddingParams,
                  EmbeddingBackwardParams, ShapeParams, TransposeParams, SplitParams, ConcatParams, SliceParams,
                  SliceBackwardParams, ReduceParams, CastParams, CrossEntropyParams, LinearCrossEntropyParams,
-                 AttentionParams, RoPEParams>;
+                 LogProbsParams, PreferenceParams, AttentionParams, RoPEParams>;
 
 namespace detail {
 template <OpKind K>

@@ -50,6 +50,12 @@ FusionReport fuse_linear_gelu(ir::Graph& graph);
 /// and rows with ignore_index (the unmasked positions of masked LM) cost nothing. Because the
 /// gradients are formed in the forward pass, run it only on graphs that will be differentiated.
 FusionReport fuse_linear_cross_entropy(ir::Graph& graph, int64_t chunk_rows = 0);
+/// The log-probabilities of an LM head: TokenLogProbs(Linear(x, w, bias), targets), f32 or bf16 operands, the logits
+/// read by nothing else, becomes LinearLogProbs(x, w, targets, bias) with outputs (log p, lse, [dx], [row stats]):
+/// the logits are formed a chunk of counted rows at a time and never stored whole. With `input_grad` (a graph that
+/// will be differentiated) the forward also forms each row's d(log p)/dx, so backward only scales it; dw is formed
+/// in backward from the chunks again (LinearLogProbsWeightGrad), as it needs each row's incoming gradient.
+FusionReport fuse_linear_log_probs(ir::Graph& graph, bool input_grad, int64_t chunk_rows = 0);
 
 /// Rows a Slice keeps, computed alone: a Slice along a row axis moves above the op that produced
 /// its input (Linear, LayerNorm, Softmax on another axis, elementwise ops, Dropout, Reshape and

@@ -37,6 +37,51 @@ void grad_rule<OpKind::LinearCrossEntropy>(GradContext& ctx) {
 }
 
 template <>
+void grad_rule<OpKind::TokenLogProbs>(GradContext& ctx) {
+  for (size_t i = 1; i < ctx.num_outputs(); ++i)
+    FT_CHECK(ctx.grad_output(i) == ir::kNone, "TokenLogProbs ", ctx.node().name,
+             ": the row statistics are not differentiated");
+  ctx.set_grad_input(0, ctx.g.add(OpKind::TokenLogProbsBackward, {ctx.grad_output(0), ctx.input(0), ctx.input(1)},
+                                  ctx.attrs()));
+}
+
+// The forward formed d(log p)/dx of each row for a unit gradient (output 2 with input_grad): dx scales each row by
+// the gradient its log-probability received. dw and dbias need those gradients and are formed in backward, from the
+// chunks of logits again (LinearLogProbsWeightGrad, with the forward's lse).
+template <>
+void grad_rule<OpKind::LinearLogProbs>(GradContext& ctx) {
+  for (size_t i = 1; i < ctx.num_outputs(); ++i)
+    FT_CHECK(ctx.grad_output(i) == ir::kNone, "LinearLogProbs ", ctx.node().name, ": output ", i,
+             " (lse, the unit gradients or the row statistics) is not differentiated");
+  const ValueId dlogp = ctx.grad_output(0);
+  if (ctx.needs_grad(0)) {
+    FT_CHECK(ctx.node().attrs.get_int("input_grad", 0), "LinearLogProbs ", ctx.node().name,
+             ": x takes a gradient but input_grad is 0");
+    std::vector<int64_t> column = ctx.input_shape(2).dims();
+    column.push_back(1);
+    ctx.set_grad_input(0, ctx.b.mul(ctx.output(2), ctx.b.reshape(dlogp, column)));
+  }
+  const bool bias = ctx.num_inputs() == 4 && ctx.needs_grad(3);
+  if (!ctx.needs_grad(1) && !bias) return;
+  ir::Attrs attrs = ctx.attrs();
+  attrs.set("input_grad", int64_t{0});
+  attrs.set("row_stats", int64_t{0});
+  std::vector<ValueId> inputs{dlogp, ctx.input(0), ctx.input(1), ctx.input(2), ctx.output(1)};
+  if (ctx.num_inputs() == 4) inputs.push_back(ctx.input(3));  // the logits are formed again, with their bias
+  std::vector<ValueId> grads = ctx.g.add_node(OpKind::LinearLogProbsWeightGrad, inputs, attrs);
+  if (ctx.needs_grad(1)) ctx.set_grad_input(1, grads[0]);
+  if (bias) ctx.set_grad_input(3, grads[1]);
+}
+
+template <>
+void grad_rule<OpKind::PreferenceLoss>(GradContext& ctx) {
+  FT_CHECK(!ctx.needs_grad(1) && !ctx.needs_grad(2), "PreferenceLoss ", ctx.node().name,
+           ": the reference log-probabilities and the lengths are not differentiated");
+  ctx.set_grad_input(0, ctx.g.add(OpKind::PreferenceLossBackward,
+                                  {ctx.grad_output(0), ctx.input(0), ctx.input(1), ctx.input(2)}, ctx.attrs()));
+}
+
+template <>
 void grad_rule<OpKind::SigmoidCrossEntropy>(GradContext& ctx) {
   ctx.set_grad_input(0,
                      ctx.g.add(OpKind::SigmoidCrossEntropyBackward, {ctx.grad_output(0), ctx.input(0), ctx.input(1)}));

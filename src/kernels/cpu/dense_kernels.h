@@ -13,6 +13,8 @@ std::unique_ptr<Kernel> make_cpu_matmul_kernel(const KernelCall& call);
 
 /// LinearCrossEntropy in chunks of rows (kernels/cpu/linear_cross_entropy.cpp). Null for other ops.
 std::unique_ptr<Kernel> make_cpu_linear_cross_entropy_kernel(const KernelCall& call);
+/// LinearLogProbs and LinearLogProbsWeightGrad.
+std::unique_ptr<Kernel> make_cpu_linear_log_probs_kernel(const KernelCall& call);
 
 /// Flash-style Attention and AttentionBackward (kernels/cpu/attention.cpp). Null for other ops.
 std::unique_ptr<Kernel> make_cpu_attention_kernel(const KernelCall& call);

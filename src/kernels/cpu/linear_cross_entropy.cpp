@@ -243,11 +243,213 @@ class LinearCrossEntropyKernel final : public Kernel {
   cpu_basic::RoundBf16Fn round_ = nullptr;
 };
 
+// LinearLogProbs (forward) and LinearLogProbsWeightGrad (its dw, dbias): per-row log-probabilities of an LM head
+// in chunks of counted rows, as LinearCrossEntropy works through them.
+//   LinearLogProbs:  logits GEMM; per row lse, log p = logit[target] − lse, row statistics (entropy, top-1 hit,
+//                    mean logit); with input_grad G = onehot − softmax in place and dx_c = G · w (each row's unit
+//                    gradient: backward only scales it by the gradient its log-probability received).
+//   WeightGrad:      logits GEMM again; G = dlogp[row] · (onehot − exp(logit − lse)) with the forward's lse;
+//                    dw += Gᵀ · x_c, dbias += Σ_rows G.
+// Ignored rows get log p = 0, lse = 0, dx = 0 and stats 0, and cost nothing.
+class LinearLogProbsKernel final : public Kernel {
+ public:
+  LinearLogProbsKernel(const KernelCall& call) : name_(call.name), weight_grad_(call.op == OpKind::LinearLogProbsWeightGrad) {
+    const size_t at = weight_grad_ ? 1 : 0;
+    const ops::LogProbsParams& params = call.params<ops::LogProbsParams>();
+    const Shape& x = call.inputs[at].shape;
+    bf16_ = call.inputs[at].dtype == DType::bf16;
+    i64_ = call.inputs[at + 2].dtype == DType::i64;
+    bias_at_ = weight_grad_ ? 5 : 3;  // after lse for the weight gradient
+    has_bias_ = call.inputs.size() == bias_at_ + 1;
+    input_grad_ = !weight_grad_ && params.input_grad;
+    row_stats_out_ = !weight_grad_ && params.row_stats;
+    ignore_index_ = params.ignore_index;
+    K_ = x[-1];
+    R_ = x.numel() / K_;
+    V_ = call.inputs[at + 1].shape[0];
+    m_ = std::clamp<int64_t>(params.chunk_rows > 0 ? params.chunk_rows : std::max(kMinChunkRows, kChunkBytes / (V_ * 4)),
+                             1, std::max<int64_t>(R_, 1));
+    row_lse_ = cpu_basic::row_lse_fn();
+    row_stats_ = cpu_basic::row_stats_fn();
+    softmax_grad_ = cpu_basic::row_softmax_grad_fn();
+    round_ = cpu_basic::round_to_bf16_fn();
+    const int64_t ldg = bf16_ ? 2 * V_ : V_;
+    logits_shape_ = GemmShape{m_, V_, K_, false, true, K_, K_, V_};
+    dx_shape_ = GemmShape{m_, K_, V_, false, false, ldg, K_, K_};
+    dw_shape_ = GemmShape{V_, K_, m_, true, false, ldg, K_, K_};
+  }
+
+  bool accumulates() const override { return true; }
+
+  size_t scratch_bytes(int num_threads) const override {
+    const int threads = std::max(num_threads, 1);
+    auto gemm_bytes = [&](const GemmShape& s) {
+      return bf16_ ? gemm_bf16_scratch_bytes(s, threads) : gemm_f32_scratch_bytes(s, threads);
+    };
+    return layout(threads).gemm +
+           std::max({gemm_bytes(logits_shape_), gemm_bytes(dx_shape_), gemm_bytes(dw_shape_)});
+  }
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const int threads = std::max(ctx.num_threads, 1);
+    const Layout l = layout(threads);
+    char* scratch = static_cast<char*>(args.scratch);
+    auto* rows = reinterpret_cast<int64_t*>(scratch + l.rows);
+    auto* logits = reinterpret_cast<float*>(scratch + l.logits);
+    char* x_chunk = scratch + l.x_chunk;
+    auto* dx_chunk = reinterpret_cast<float*>(scratch + l.dx_chunk);
+    auto* bias_partial = reinterpret_cast<float*>(scratch + l.bias_sums);
+    void* gemm_scratch = scratch + l.gemm;
+
+    const size_t at = weight_grad_ ? 1 : 0;
+    const char* x = static_cast<const char*>(args.inputs[at].data());
+    const void* w = args.inputs[at + 1].data();
+    const void* targets = args.inputs[at + 2].data();
+    const float* bias = has_bias_ ? static_cast<const float*>(args.inputs[bias_at_].data()) : nullptr;
+    const int64_t count = cpu_basic::count_targets(weight_grad_ ? "LinearLogProbsWeightGrad" : "LinearLogProbs", name_,
+                                                   targets, i64_, R_, V_, ignore_index_);
+    for (int64_t r = 0, c = 0; r < R_; ++r)
+      if (cpu_basic::load_target(targets, i64_, r) != ignore_index_) rows[c++] = r;
+
+    // Outputs. Forward: log p, lse, [dx], [stats], every row written (ignored rows 0). Weight grad: dw, [dbias],
+    // added into when they are a parameter's gradient buffer.
+    const float* dlogp = weight_grad_ ? static_cast<const float*>(args.inputs[0].data()) : nullptr;
+    const float* saved_lse = weight_grad_ ? static_cast<const float*>(args.inputs[4].data()) : nullptr;
+    float* logp = weight_grad_ ? nullptr : static_cast<float*>(args.outputs[0].data());
+    float* lse_out = weight_grad_ ? nullptr : static_cast<float*>(args.outputs[1].data());
+    float* dx = input_grad_ ? static_cast<float*>(args.outputs[2].data()) : nullptr;
+    float* stats = row_stats_out_ ? static_cast<float*>(args.outputs.back().data()) : nullptr;
+    float* dw = weight_grad_ ? static_cast<float*>(args.outputs[0].data()) : nullptr;
+    float* dbias = weight_grad_ && has_bias_ ? static_cast<float*>(args.outputs[1].data()) : nullptr;
+    const bool add_dw = dw != nullptr && !args.accumulate.empty() && args.accumulate[0];
+    const bool add_dbias = dbias != nullptr && args.accumulate.size() > 1 && args.accumulate[1];
+    if (logp) std::fill(logp, logp + R_, 0.0f), std::fill(lse_out, lse_out + R_, 0.0f);
+    if (dx) std::memset(dx, 0, static_cast<size_t>(R_ * K_) * sizeof(float));
+    if (stats) std::fill(stats, stats + 3 * R_, 0.0f);
+    if (dbias != nullptr && !add_dbias) std::fill(dbias, dbias + V_, 0.0f);
+    if (count == 0) {
+      if (dw != nullptr && !add_dw) std::memset(dw, 0, static_cast<size_t>(V_ * K_) * sizeof(float));
+      return;
+    }
+    if (dbias) std::fill(bias_partial, bias_partial + threads * V_, 0.0f);
+    const size_t x_row_bytes = static_cast<size_t>(K_) * (bf16_ ? 2 : 4);
+    const int row_threads = cpu_basic::threads_for(m_ * V_, threads);
+    const BiasEpilogue bias_epilogue{bias};
+    const GemmEpilogue epilogue{&BiasEpilogue::apply, &bias_epilogue};
+    const bool gradient = weight_grad_ || input_grad_;  // the chunk's logits become G
+
+    for (int64_t begin = 0; begin < count; begin += m_) {
+      const int64_t mc = std::min(m_, count - begin);
+      for (int64_t i = 0; i < mc; ++i)
+        std::memcpy(x_chunk + static_cast<size_t>(i) * x_row_bytes, x + rows[begin + i] * x_row_bytes, x_row_bytes);
+      GemmShape s = logits_shape_;
+      s.M = mc;
+      gemm(s, x_chunk, w, 0.0f, logits, gemm_scratch, threads, bias ? &epilogue : nullptr);
+
+      cpu_basic::parallel_for(mc, row_threads, [&](int64_t r0, int64_t r1, int t) {
+        float* bias_sum = bias_partial + t * V_;
+        for (int64_t i = r0; i < r1; ++i) {
+          float* row = logits + i * V_;
+          const int64_t r = rows[begin + i];
+          const int64_t target = cpu_basic::load_target(targets, i64_, r);
+          const float lse = weight_grad_ ? saved_lse[r] : row_lse_(row, V_);
+          const float target_logit = row[target];
+          if (!weight_grad_) {
+            logp[r] = target_logit - lse;
+            lse_out[r] = lse;
+          }
+          if (stats) {
+            const cpu_basic::RowStats rs = row_stats_(row, V_, lse, target);
+            float total = 0.0f;
+            for (int64_t v = 0; v < V_; ++v) total += row[v];
+            stats[r * 3] = rs.entropy;
+            stats[r * 3 + 1] = rs.top1 ? 1.0f : 0.0f;
+            stats[r * 3 + 2] = total / static_cast<float>(V_);
+          }
+          if (!gradient) continue;
+          // G = scale · (onehot − softmax): scale 1 for the unit gradient, dlogp[r] for the weight gradient.
+          const float scale = weight_grad_ ? dlogp[r] : 1.0f;
+          softmax_grad_(row, row, V_, lse, -scale);
+          row[target] = (1.0f - std::exp(target_logit - lse)) * scale;
+          if (dbias)
+            for (int64_t v = 0; v < V_; ++v) bias_sum[v] += row[v];
+          if (bf16_) round_(reinterpret_cast<uint16_t*>(row), row, V_);  // over the row's first half
+        }
+      });
+      if (input_grad_) {
+        s = dx_shape_;
+        s.M = mc;
+        gemm(s, logits, w, 0.0f, dx_chunk, gemm_scratch, threads, nullptr);
+        for (int64_t i = 0; i < mc; ++i)
+          std::memcpy(dx + rows[begin + i] * K_, dx_chunk + i * K_, static_cast<size_t>(K_) * sizeof(float));
+      }
+      if (dw != nullptr) {
+        s = dw_shape_;
+        s.K = mc;
+        gemm(s, logits, x_chunk, begin == 0 && !add_dw ? 0.0f : 1.0f, dw, gemm_scratch, threads, nullptr);
+      }
+    }
+    if (dbias)
+      for (int t = 0; t < threads; ++t)
+        for (int64_t v = 0; v < V_; ++v) dbias[v] += bias_partial[t * V_ + v];
+  }
+
+ private:
+  struct Layout {
+    size_t rows, logits, x_chunk, dx_chunk, bias_sums, gemm;
+  };
+
+  Layout layout(int threads) const {
+    Layout l{};
+    size_t at = 0;
+    auto take = [&](size_t bytes) {
+      const size_t start = at;
+      at += align_up(bytes);
+      return start;
+    };
+    l.rows = take(static_cast<size_t>(R_) * sizeof(int64_t));
+    l.logits = take(static_cast<size_t>(m_ * V_) * sizeof(float));
+    l.x_chunk = take(static_cast<size_t>(m_ * K_) * (bf16_ ? 2 : 4));
+    l.dx_chunk = take(input_grad_ ? static_cast<size_t>(m_ * K_) * sizeof(float) : 0);
+    l.bias_sums = take(weight_grad_ && has_bias_ ? static_cast<size_t>(threads * V_) * sizeof(float) : 0);
+    l.gemm = at;
+    return l;
+  }
+
+  void gemm(const GemmShape& s, const void* a, const void* b, float beta, float* c, void* scratch, int threads,
+            const GemmEpilogue* epilogue) const {
+    if (bf16_)
+      gemm_bf16(s, 1.0f, static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b), beta, c, scratch, threads,
+                epilogue);
+    else
+      gemm_f32(s, 1.0f, static_cast<const float*>(a), static_cast<const float*>(b), beta, c, scratch, threads,
+               epilogue);
+  }
+
+  std::string name_;
+  size_t bias_at_ = 3;
+  bool weight_grad_ = false, bf16_ = false, i64_ = true, has_bias_ = false, input_grad_ = false,
+       row_stats_out_ = false;
+  int64_t R_ = 0, K_ = 0, V_ = 0, m_ = 1, ignore_index_ = -100;
+  GemmShape logits_shape_{}, dx_shape_{}, dw_shape_{};
+  cpu_basic::RowLseFn row_lse_ = nullptr;
+  cpu_basic::RowStatsFn row_stats_ = nullptr;
+  cpu_basic::RowSoftmaxGradFn softmax_grad_ = nullptr;
+  cpu_basic::RoundBf16Fn round_ = nullptr;
+};
+
 }  // namespace
 
 std::unique_ptr<Kernel> make_cpu_linear_cross_entropy_kernel(const KernelCall& call) {
   if (call.op != OpKind::LinearCrossEntropy || call.inputs[1].shape[0] == 0) return nullptr;
   return std::make_unique<LinearCrossEntropyKernel>(call);
+}
+
+std::unique_ptr<Kernel> make_cpu_linear_log_probs_kernel(const KernelCall& call) {
+  if (call.op != OpKind::LinearLogProbs && call.op != OpKind::LinearLogProbsWeightGrad) return nullptr;
+  const size_t at = call.op == OpKind::LinearLogProbsWeightGrad ? 1 : 0;
+  if (call.inputs[at + 1].shape[0] == 0) return nullptr;
+  return std::make_unique<LinearLogProbsKernel>(call);
 }
 
 }  // namespace fusetrain::kernels

@@ -270,6 +270,9 @@ std::unique_ptr<Kernel> make_cpu_dense_kernel(const KernelCall& call) {
       return make_cpu_attention_kernel(call);
     case OpKind::LinearCrossEntropy:
       return make_cpu_linear_cross_entropy_kernel(call);
+    case OpKind::LinearLogProbs:
+    case OpKind::LinearLogProbsWeightGrad:
+      return make_cpu_linear_log_probs_kernel(call);
     default:
       return nullptr;
   }

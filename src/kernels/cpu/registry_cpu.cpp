@@ -120,10 +120,18 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const KernelCall& call) {
     case OpKind::Attention:
     case OpKind::AttentionBackward:
     case OpKind::LinearCrossEntropy:
+    case OpKind::LinearLogProbs:
+    case OpKind::LinearLogProbsWeightGrad:
       return nullptr;  // make_cpu_dense_kernel
     case OpKind::SigmoidCrossEntropy:
     case OpKind::SigmoidCrossEntropyBackward:
       return nullptr;  // small (B, labels) tensors: the reference is enough
+    case OpKind::PreferenceLoss:
+    case OpKind::PreferenceLossBackward:
+      return nullptr;  // one value per sequence: the reference is enough
+    case OpKind::TokenLogProbs:
+    case OpKind::TokenLogProbsBackward:
+      return nullptr;  // unfused only (fuse_linear_log_probs folds them into the LM head): the reference
     case OpKind::TokenStats:
       return nullptr;  // unfused only (fuse_linear_cross_entropy folds it into the LM head): the reference
     case OpKind::Fill:

@@ -264,6 +264,12 @@ std::unique_ptr<Kernel> make_cross_entropy_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_cross_entropy_backward_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_linear_cross_entropy_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_token_stats_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_token_log_probs_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_token_log_probs_backward_ref(const KernelCall& call);
+/// LinearLogProbs and LinearLogProbsWeightGrad.
+std::unique_ptr<Kernel> make_linear_log_probs_ref(const KernelCall& call);
+/// PreferenceLoss and PreferenceLossBackward.
+std::unique_ptr<Kernel> make_preference_loss_ref(const KernelCall& call);
 
 // attention_ref.cpp
 std::unique_ptr<Kernel> make_attention_ref(const KernelCall& call);

@@ -134,6 +134,16 @@ std::unique_ptr<Kernel> make_ref_kernel(const KernelCall& call) {
       return ref::make_linear_cross_entropy_ref(call);
     case OpKind::TokenStats:
       return ref::make_token_stats_ref(call);
+    case OpKind::TokenLogProbs:
+      return ref::make_token_log_probs_ref(call);
+    case OpKind::TokenLogProbsBackward:
+      return ref::make_token_log_probs_backward_ref(call);
+    case OpKind::LinearLogProbs:
+    case OpKind::LinearLogProbsWeightGrad:
+      return ref::make_linear_log_probs_ref(call);
+    case OpKind::PreferenceLoss:
+    case OpKind::PreferenceLossBackward:
+      return ref::make_preference_loss_ref(call);
     case OpKind::SigmoidCrossEntropyBackward:
       return ref::make_sigmoid_cross_entropy_backward_ref(call);
     case OpKind::AttentionBackward:
