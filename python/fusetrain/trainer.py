@@ -493,7 +493,11 @@ class Trainer(transformers.Trainer):
                 eval_dataset = data.tokenize_if_needed(eval_dataset, processing_class, "eval_dataset")
         if model is not None and not (self._prepares_own_datasets and isinstance(model, str)):
             model = _transformers_model(model)  # TRL loads a model named by a string itself (model_init_kwargs)
-        super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class, *rest, **kwargs)
+        if rest:
+            super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class, *rest, **kwargs)
+        else:  # by keyword: TRL's DPOTrainer takes ref_model second
+            super().__init__(model, args=args, data_collator=data_collator, train_dataset=train_dataset,
+                             eval_dataset=eval_dataset, processing_class=processing_class, **kwargs)
         if data_collator is None and processing_class is None and not self._prepares_own_datasets:
             # transformers' default (default_data_collator) cannot batch examples of different lengths; this one
             # pads them with the model's pad id.

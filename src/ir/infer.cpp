@@ -528,9 +528,10 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
         c.require_f32(4, "lse");
         c.require(c.shape(0) == rows && c.shape(4) == rows, "dlogp and lse should be ", rows.to_string());
       }
-      if (n_in == size_t(at) + 4) {
-        c.require_f32(at + 3, "bias");
-        c.require(c.shape(at + 3) == Shape{w[0]}, "bias shape ", c.shape(at + 3).to_string(), " should be (", w[0],
+      const size_t bias_at = grad ? 5 : 3;  // the weight gradient's bias follows lse
+      if (n_in == bias_at + 1) {
+        c.require_f32(bias_at, "bias");
+        c.require(c.shape(bias_at) == Shape{w[0]}, "bias shape ", c.shape(bias_at).to_string(), " should be (", w[0],
                   ")");
       }
       if (grad) {

@@ -198,6 +198,10 @@ PreparedBatch prepare_batch(const models::Model& model, py::handle input_ids, py
   if (!position_ids.is_none()) keep("position_ids", int64_input(position_ids, "position_ids"));
   for (auto [key, value] : others) {
     const std::string name = py::str(key).cast<std::string>();
+    if (name == "ref_logps") {  // a preference batch's reference log-probabilities (Model::set_preference)
+      keep(name, float_input(value, name));
+      continue;
+    }
     const auto input = std::find_if(model.inputs().begin(), model.inputs().end(),
                                     [&](const models::InputDecl& d) { return d.name == name; });
     if (input == model.inputs().end()) {
@@ -808,6 +812,55 @@ bytes (default 2 GiB, protobuf's limit) go to "<file>_data" beside it. Returns t
             return py::dict("entropy_sum"_a = s->entropy_sum, "top1"_a = s->top1, "counted"_a = s->counted);
           },
           "The most recent run's token statistics (a dict: entropy_sum, top1, counted), or None.")
+      .def(
+          "set_preference",
+          [](PyModel& self, std::optional<std::string> loss_type, double beta) {
+            locked(self, [&] {
+              if (!loss_type) return self.model->set_preference(std::nullopt);
+              FT_CHECK(*loss_type == "sigmoid" || *loss_type == "hinge" || *loss_type == "ipo", "loss_type \"",
+                       *loss_type, "\": fusetrain runs sigmoid, hinge and ipo");
+              FT_CHECK(beta > 0 && std::isfinite(beta), "beta must be a finite number > 0; got ", beta);
+              self.model->set_preference(models::PreferenceConfig{*loss_type, beta});
+            });
+          },
+          "loss_type"_a, "beta"_a = 0.1, R"doc(
+Trains a causal LM on TRL's DPO loss (loss_type "sigmoid", "hinge" or "ipo"; None: back to cross-entropy).
+A batch then holds 2P sequences, the P chosen completions then the P rejected ones, labelled on the
+completion tokens (-100 elsewhere). The reference log-probabilities come from the batch (ref_logps,
+shape (2P,)), else from set_reference's model, else, for a LoRA model, from the base with the adapters
+left out (a second program on the same weights). The log-probabilities are formed by the LM head in
+chunks of rows: the (tokens x vocabulary) logits never exist whole.
+)doc")
+      .def(
+          "set_reference",
+          [](PyModel& self, PyModel* reference) {
+            locked(self, [&] { self.model->set_reference(reference ? reference->model.get() : nullptr); });
+          },
+          "reference"_a, py::keep_alive<1, 2>(),
+          "The frozen model a preference loss compares against (None: none). It is kept alive by this model.")
+      .def(
+          "sequence_log_probs",
+          [](PyModel& self, py::handle input_ids, py::handle attention_mask, py::handle labels) {
+            PreparedBatch prepared = prepare_batch(*self.model, input_ids, attention_mask, py::none(), py::none(),
+                                                   labels, py::none(), py::none(), py::kwargs());
+            std::vector<double> out = locked(self, [&] { return self.model->sequence_log_probs(prepared.batch); });
+            return py::array_t<float>(static_cast<py::ssize_t>(out.size()),
+                                      std::vector<float>(out.begin(), out.end()).data());
+          },
+          "input_ids"_a, "attention_mask"_a = py::none(), "labels"_a,
+          "Each sequence's summed log-probability of its labels (-100 ignored; the causal shift applied), with LoRA "
+          "adapters left out and no dropout: the reference log-probabilities (float32 (batch,)).")
+      .def(
+          "last_preference_stats",
+          [](const PyModel& self) -> py::object {
+            const auto& s = self.model->last_preference_stats();
+            if (!s) return py::none();
+            return py::dict("logps"_a = s->logps, "ref_logps"_a = s->ref_logps, "tokens"_a = s->tokens,
+                            "entropy_sum"_a = s->entropy_sum, "top1"_a = s->top1,
+                            "mean_logit_sum"_a = s->mean_logit_sum);
+          },
+          "The most recent preference run's per-sequence figures (a dict of lists: logps, ref_logps, tokens, and "
+          "with token_stats entropy_sum, top1, mean_logit_sum), or None.")
       .def(
           "set_num_threads",
           [](PyModel& self, int n) {

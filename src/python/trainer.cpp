@@ -192,6 +192,11 @@ data::Batch batch_from_python(py::handle output) {
                  "the data collator's ", name, " has ", b.labels.size(), " values; expected one per example (",
                  b.batch_size, ") or one per token (", tokens, ")");
       }
+    } else if (name == "ref_logps") {  // a preference batch's reference log-probabilities
+      data::FloatInput input{name, {b.batch_size}, float_values(value)};
+      FT_CHECK(static_cast<int64_t>(input.values.size()) == b.batch_size, "the data collator's ref_logps has ",
+               input.values.size(), " values for ", b.batch_size, " sequences");
+      b.float_inputs.push_back(std::move(input));
     } else if (name == "start_positions" || name == "end_positions") {
       std::vector<int64_t> v = int64_values(value, "the data collator's " + name);
       FT_CHECK(static_cast<int64_t>(v.size()) == b.batch_size, "the data collator's ", name, " has ", v.size(),
@@ -263,6 +268,12 @@ py::dict state_to_python(const train::TrainerState& s, bool with_history) {
                               "loss_sum"_a = r.loss_sum, "predicted"_a = r.predicted, "labelled"_a = r.labelled,
                               "skipped"_a = r.skipped, "counted_tokens"_a = r.counted_tokens,
                               "token_entropy"_a = r.token_entropy, "token_accuracy"_a = r.token_accuracy);
+  py::list preference;
+  for (const models::PreferenceStats& p : r.preference)
+    preference.append(py::dict("logps"_a = p.logps, "ref_logps"_a = p.ref_logps, "tokens"_a = p.tokens,
+                               "entropy_sum"_a = p.entropy_sum, "top1"_a = p.top1,
+                               "mean_logit_sum"_a = p.mean_logit_sum));
+  out["last_step"]["preference"] = preference;
   return out;
 }
 

@@ -288,6 +288,7 @@ std::map<std::string, double> Trainer::train() {
   };
   int64_t step_tokens = 0, step_samples = 0, step_predicted = 0, step_labelled = 0, step_counted = 0;
   double step_entropy = 0, step_accuracy = 0;  // summed per-micro-batch means (token statistics)
+  std::vector<models::PreferenceStats> step_preference;
   double step_loss_sum = 0;
   std::vector<double> step_terms;  // data parallel: each micro-batch's share of the step's loss, summed over ranks
   auto lr_at = [&](int64_t step) {
@@ -411,6 +412,8 @@ std::map<std::string, double> Trainer::train() {
         step_entropy += stats->entropy_sum / stats->counted;
         step_accuracy += stats->top1 / stats->counted;
       }
+      if (model_.preference() && model_.last_preference_stats())
+        step_preference.push_back(*model_.last_preference_stats());
       const auto [predicted, labelled] = label_counts(*batch);
       step_predicted += predicted;
       step_labelled += labelled;
@@ -496,7 +499,9 @@ std::map<std::string, double> Trainer::train() {
                                     !skipped.empty() || (a.fp16 && !std::isfinite(last_norm)),
                                     step_counted,
                                     step_entropy / static_cast<double>(in_step),
-                                    step_accuracy / static_cast<double>(in_step)};
+                                    step_accuracy / static_cast<double>(in_step),
+                                    std::move(step_preference)};
+      step_preference.clear();
       step_tokens = step_samples = step_predicted = step_labelled = step_counted = 0;
       step_entropy = step_accuracy = 0;
       step_loss_sum = 0;

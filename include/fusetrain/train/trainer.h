@@ -41,6 +41,8 @@ struct StepReport {
   /// trainers average them.
   double token_entropy = 0;
   double token_accuracy = 0;
+  /// A preference model (Model::set_preference): each micro-batch's per-sequence figures, in order.
+  std::vector<models::PreferenceStats> preference;
 };
 
 /// Progress of a run, saved as trainer_state.json in transformers' layout.
