@@ -8,6 +8,7 @@ evaluate, predict, inspect, info) plus `report` and `launch`.
     fusetrain launch -n 4 --hosts node1:2,node2:2 -- train ...          # 2 ranks on each of two hosts
     fusetrain train --model GEMMA_DIR --task clm --train-file text.txt   # captured: see fusetrain.capture
     fusetrain train --task sft --model DIR --train-file chat.jsonl --packing   # TRL's SFT: see fusetrain.sft
+    fusetrain train --task dpo --model DIR --train-file pairs.jsonl --lora-r 16   # TRL's DPO
     fusetrain --help
 
 `launch` runs `mpirun -np N ... python -m fusetrain <subcommand and args>` with this Python and exits with
@@ -190,18 +191,18 @@ def main() -> int:
     if argv[:1] == ["launch"]:
         return _launch(argv[1:])
     task = _option(argv, "--task")
-    if argv[:1] == ["train"] and task is not None and task[1] == "sft":  # TRL's SFTTrainer on the engine
+    if argv[:1] == ["train"] and task is not None and task[1] in ("sft", "dpo"):  # TRL's trainers on the engine
         from fusetrain import sft
 
         rest, skip = [], False
-        for arg in argv[1:]:  # everything but --task sft
+        for arg in argv[1:]:  # everything but --task
             if skip or arg.startswith("--task="):
                 skip = False
             elif arg == "--task":
                 skip = True
             else:
                 rest.append(arg)
-        return sft.main(rest)
+        return sft.main(rest, task[1])
     argv = _with_captured_model(argv)
     if isinstance(argv, int):
         return argv

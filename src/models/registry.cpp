@@ -155,9 +155,10 @@ const ArchitectureInfo* find_architecture(const std::string& model_type, Head he
 Head head_for_task(const std::string& task) {
   for (const HeadInfo& h : kHeads)
     if (*h.task && task == h.task) return h.head;
-  if (task == "sft")  // TRL's trainer, in Python: the pip-installed command line takes it (fusetrain/sft.py)
-    throw Error(str("task \"sft\" runs TRL's SFTTrainer on the engine from Python: use `python -m fusetrain train "
-                    "--task sft ...` or the pip-installed `fusetrain` command (supported here: ", join(task_names()), ")"));
+  if (task == "sft" || task == "dpo")  // TRL's trainers, in Python: the pip-installed command takes them (fusetrain/sft.py)
+    throw Error(str("task \"", task, "\" runs TRL's ", task == "sft" ? "SFTTrainer" : "DPOTrainer", " on the engine from ",
+                    "Python: use `python -m fusetrain train --task ", task, " ...` or the pip-installed `fusetrain` command ",
+                    "(supported here: ", join(task_names()), ")"));
   throw Error(str("task \"", task, "\" is not supported (supported: ", join(task_names()), ")"));
 }
 
