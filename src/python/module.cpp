@@ -862,6 +862,20 @@ chunks of rows: the (tokens x vocabulary) logits never exist whole.
           "The most recent preference run's per-sequence figures (a dict of lists: logps, ref_logps, tokens, and "
           "with token_stats entropy_sum, top1, mean_logit_sum), or None.")
       .def(
+          "last_memory_report",
+          [](const PyModel& self) -> py::object {
+            const runtime::Plan* plan = self.model->last_plan();
+            if (plan == nullptr) return py::none();
+            const memory::MemoryReport& r = plan->memory_report();
+            return py::dict("parameter_bytes"_a = r.parameter_bytes, "frozen_parameter_bytes"_a = r.frozen_parameter_bytes,
+                            "gradient_bytes"_a = r.gradient_bytes, "input_bytes"_a = r.input_bytes,
+                            "activation_peak_bytes"_a = r.activation_peak_bytes,
+                            "activation_naive_bytes"_a = r.activation_naive_bytes);
+          },
+          "The memory of the most recent run's program (a dict of byte counts: parameter, frozen_parameter, gradient, "
+          "input, activation_peak: the planned arena, activation_naive: every activation in its own buffer), or "
+          "None before the first run.")
+      .def(
           "set_num_threads",
           [](PyModel& self, int n) {
             FT_CHECK(n >= 0, "set_num_threads: n must be >= 0 (0 means all cores); got ", n);
