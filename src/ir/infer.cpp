@@ -544,6 +544,35 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       if (lp.row_stats) outs.push_back({with_stats_axis(rows), DType::f32});
       return outs;
     }
+    case OpKind::QuantizedLinear:
+    case OpKind::QuantizedLinearBackward: {
+      // QuantizedLinear: x (..., K) f32 or bf16, packed weight (N·K/2) u8, absmax (ceil(N·K / blocksize)) f32, code
+      //   (16) f32, [bias (N) f32] -> y (..., N) f32 = x · dequant(weight)ᵀ + bias
+      // QuantizedLinearBackward: dy (..., N) f32, packed weight, absmax, code -> dx (..., K) f32 = dy · dequant(weight)
+      const auto& q = std::get<QuantizedParams>(params);
+      const bool backward = c.op == OpKind::QuantizedLinearBackward;
+      const Shape& x = c.shape(0);
+      c.require(c.dtype(0) == DType::f32 || c.dtype(0) == DType::bf16, backward ? "dy" : "x",
+                " should be f32 or bf16, found ", dtype_name(c.dtype(0)));
+      const int64_t in = backward ? q.rows : q.cols, out = backward ? q.cols : q.rows;
+      c.require(x.rank() >= 1 && x[-1] == in, backward ? "dy" : "x", " should be (..., ", in, "), found ", x.to_string());
+      c.require(c.dtype(1) == DType::u8 && c.shape(1).numel() == q.rows * q.cols / 2, "the weight should be ",
+                q.rows * q.cols / 2, " u8 (two 4-bit codes a byte), found ", dtype_name(c.dtype(1)), " ",
+                c.shape(1).to_string());
+      const int64_t blocks = (q.rows * q.cols + q.blocksize - 1) / q.blocksize;
+      c.require_f32(2, "absmax");
+      c.require(c.shape(2).numel() == blocks, "absmax should hold ", blocks, " values (one per block of ", q.blocksize,
+                "), found ", c.shape(2).to_string());
+      c.require_f32(3, "code");
+      c.require(c.shape(3).numel() == 16, "code should hold the 16 values of the format, found ", c.shape(3).to_string());
+      if (n_in == 5) {
+        c.require_f32(4, "bias");
+        c.require(c.shape(4) == Shape{q.rows}, "bias shape ", c.shape(4).to_string(), " should be (", q.rows, ")");
+      }
+      std::vector<int64_t> dims = x.dims();
+      dims.back() = out;
+      return {{Shape(dims), DType::f32}};
+    }
     case OpKind::PreferenceLoss:
     case OpKind::PreferenceLossBackward: {
       // logps (2P), ref_logps (2P), lengths (2P), all f32: P chosen then P rejected -> loss (); backward: dlogps

@@ -1,6 +1,7 @@
 // decode_params: the one place that reads attribute names. The switch has no default, so a
 // new op in ops.def fails to compile until its attributes are decoded here (-Werror=switch);
 // each case fills ParamsOf<op>, so a Params column naming another struct fails to compile too.
+#include "fusetrain/core/quant.h"
 #include <cmath>
 #include "fusetrain/ir/params.h"
 
@@ -313,6 +314,19 @@ OpParams decode(OpKind op, AttrReader& r) {
       p.chunk_rows = r.integer("chunk_rows", p.chunk_rows);
       p.input_grad = r.flag("input_grad", p.input_grad);
       p.row_stats = r.flag("row_stats", p.row_stats);
+      return r.finish(p);
+    }
+    case OpKind::QuantizedLinear:
+    case OpKind::QuantizedLinearBackward: {
+      ParamsOf<OpKind::QuantizedLinear> p;
+      p.rows = r.integer("rows");
+      p.cols = r.integer("cols");
+      p.blocksize = r.integer("blocksize", p.blocksize);
+      p.bf16 = r.flag("bf16", p.bf16);
+      if (p.rows <= 0 || p.cols <= 0) r.fail(str("rows ", p.rows, " and cols ", p.cols, ": expected positive sizes"));
+      if (quant::block_shift(p.blocksize) < 0)
+        r.fail(str("blocksize ", p.blocksize, ": expected a power of two from 32 to 4096"));
+      if (p.rows * p.cols % 2 != 0) r.fail(str("rows x cols = ", p.rows * p.cols, ": two 4-bit codes a byte need an even count"));
       return r.finish(p);
     }
     case OpKind::PreferenceLoss:

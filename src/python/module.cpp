@@ -28,6 +28,7 @@
 #include "fusetrain/core/cpu.h"
 #include "fusetrain/core/error.h"
 #include "fusetrain/core/half.h"
+#include "fusetrain/core/quant.h"
 #include "fusetrain/core/tensor.h"
 #include "fusetrain/kernels/benchmark.h"
 #include "fusetrain/models/model.h"
@@ -560,6 +561,30 @@ problem (what the head solves, in words), outputs (the keys forward returns: ["l
 ["start_logits", "end_logits"] or ["last_hidden_state"]), label_kinds (the dataset labels it trains on:
 "class", "regression", "token_classes", "tokens", "spans") and language_model (evaluation reports perplexity).
 )doc");
+  m.def(
+      "_dequantize_4bit",
+      [](py::array_t<uint8_t, py::array::c_style | py::array::forcecast> data,
+         py::array_t<float, py::array::c_style | py::array::forcecast> absmax,
+         py::array_t<float, py::array::c_style | py::array::forcecast> code, int64_t blocksize, int64_t rows,
+         int64_t cols, bool bf16) {
+        const int shift = quant::block_shift(blocksize);
+        FT_CHECK(shift >= 0, "blocksize ", blocksize, ": expected a power of two from 32 to 4096");
+        FT_CHECK(rows > 0 && cols > 0 && rows * cols % 2 == 0, "rows x cols must be a positive even count; got ",
+                 rows, " x ", cols);
+        FT_CHECK(data.size() == rows * cols / 2, "data holds ", data.size(), " bytes; ", rows, " x ", cols,
+                 " 4-bit codes need ", rows * cols / 2);
+        FT_CHECK(absmax.size() == (rows * cols + blocksize - 1) / blocksize, "absmax holds ", absmax.size(),
+                 " values; ", rows * cols, " elements in blocks of ", blocksize, " need ",
+                 (rows * cols + blocksize - 1) / blocksize);
+        FT_CHECK(code.size() == 16, "code holds ", code.size(), " values; a 4-bit format has 16");
+        const quant::Matrix4bit w{data.data(), absmax.data(), code.data(), rows, cols, shift, bf16};
+        py::array_t<float> out({rows, cols});
+        w.dequantize(0, rows * cols, out.mutable_data());
+        return out;
+      },
+      "data"_a, "absmax"_a, "code"_a, "blocksize"_a, "rows"_a, "cols"_a, "bf16"_a,
+      "The engine's dequantisation of a 4-bit weight in bitsandbytes' layout (float32 (rows, cols); values rounded "
+      "to bf16 when bf16). For tests against bitsandbytes' dequantize_4bit.");
   m.def(
       "_input_address",
       [](py::handle array, const char* name) {

@@ -342,6 +342,22 @@ std::vector<OpCase> make_cases() {
                                        {{"chunk_rows", int64_t{3}}, {"input_grad", int64_t{1}}})[0]};
       },
       {{"targets", {0, 0, 9, 0.25}}});
+  // A 4-bit quantised weight (random codes, absmax and code table), f32 or bf16 dequantised values, f32 or bf16
+  // activations: x and the bias take gradients, the weight none (it is frozen). K = 2n·32 spans blocks of 32.
+  for (int variant = 0; variant < 3; ++variant)
+    add(variant == 0 ? "quantized_linear" : variant == 1 ? "quantized_linear_bf16_weight" : "quantized_linear_bf16",
+        OpKind::QuantizedLinear,
+        [variant](GraphBuilder& b, int64_t n) {
+          const int64_t N = 5, K = 64 * ((n + 1) / 2);
+          ValueId x = b.param("x", {2, n, K});
+          if (variant == 2) x = b.cast(x, DType::bf16);
+          ValueId q = b.input("q", {N * K / 2}, DType::u8), absmax = b.input("absmax", {N * K / 32});
+          ValueId code = b.input("code", {16});
+          return Outs{b.graph().add(OpKind::QuantizedLinear, {x, q, absmax, code, b.param("bias", {N})},
+                                    {{"rows", N}, {"cols", K}, {"blocksize", int64_t{32}},
+                                     {"bf16", int64_t{variant > 0}}})};
+        },
+        {{"q", {0, 0, 256}}, {"absmax", {0.1, 2}}, {"code", {-1, 1}}, {"x", {-1, 1, 0, 0, 1.0 / 16}}}).eps = 1.0 / 16;
   // DPO's losses over 2P sequences (P chosen, then P rejected); lengths are completion token counts (ipo).
   for (const char* loss_type : {"sigmoid", "hinge", "ipo"})
     add(std::string("preference_loss_") + loss_type, OpKind::PreferenceLoss,

@@ -174,6 +174,14 @@ struct PreferenceParams {
   double beta = 0.1;                  ///< "beta"
 };
 
+/// QuantizedLinear and its backward: a frozen (rows, cols) weight in a 4-bit layout (quant::Matrix4bit).
+struct QuantizedParams {
+  int64_t rows = 0;        ///< "rows": output features N (required)
+  int64_t cols = 0;        ///< "cols": input features K (required)
+  int64_t blocksize = 64;  ///< "blocksize": elements per absmax, a power of two from 32 to 4096
+  bool bf16 = true;        ///< "bf16": the dequantised weight is rounded to bf16 (the compute dtype)
+};
+
 /// Attention and AttentionBackward.
 struct AttentionParams {
   double scale = 1.0;                   ///< "scale" (required)
@@ -237,7 +245,7 @@ using OpParams =
                  PowParams, LayerNormParams, DropoutParams, AddLayerNormParams, EmbeddingParams,
                  EmbeddingBackwardParams, ShapeParams, TransposeParams, SplitParams, ConcatParams, SliceParams,
                  SliceBackwardParams, ReduceParams, CastParams, CrossEntropyParams, LinearCrossEntropyParams,
-                 LogProbsParams, PreferenceParams, AttentionParams, RoPEParams>;
+                 LogProbsParams, PreferenceParams, QuantizedParams, AttentionParams, RoPEParams>;
 
 namespace detail {
 template <OpKind K>

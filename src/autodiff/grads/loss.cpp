@@ -73,6 +73,25 @@ void grad_rule<OpKind::LinearLogProbs>(GradContext& ctx) {
   if (bias) ctx.set_grad_input(3, grads[1]);
 }
 
+// A quantised weight is frozen: only x (and a bias) take a gradient. dx = dy · dequant(W), the GEMM dequantising
+// the weight as it packs it, as forward does.
+template <>
+void grad_rule<OpKind::QuantizedLinear>(GradContext& ctx) {
+  for (size_t i = 1; i <= 3; ++i)
+    FT_CHECK(!ctx.needs_grad(i), "QuantizedLinear ", ctx.node().name, ": the quantised weight is frozen");
+  const ValueId dy = ctx.grad_output(0);
+  if (ctx.needs_grad(0)) {
+    // A bf16 x: dy rounded once to bf16 for the GEMM, as Linear's backward does.
+    const ValueId dy_gemm = ctx.input_dtype(0) != DType::f32 ? ctx.b.cast(dy, ctx.input_dtype(0)) : dy;
+    ctx.set_grad_input(0, ctx.g.add(OpKind::QuantizedLinearBackward, {dy_gemm, ctx.input(1), ctx.input(2), ctx.input(3)},
+                                    ctx.attrs()));
+  }
+  if (ctx.num_inputs() == 5 && ctx.needs_grad(4)) {
+    const Shape& sy = ctx.g.value(dy).shape;
+    ctx.set_grad_input(4, ctx.b.reduce_sum(ctx.b.reshape(dy, {sy.numel() / sy[-1], sy[-1]}), {0}));
+  }
+}
+
 template <>
 void grad_rule<OpKind::PreferenceLoss>(GradContext& ctx) {
   FT_CHECK(!ctx.needs_grad(1) && !ctx.needs_grad(2), "PreferenceLoss ", ctx.node().name,

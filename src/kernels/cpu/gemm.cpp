@@ -11,6 +11,7 @@
 #include "kernels/cpu/gemm.h"
 
 #include "fusetrain/core/half.h"
+#include "fusetrain/core/quant.h"
 
 #include <immintrin.h>
 
@@ -71,6 +72,15 @@ struct Operand {
   const T* p;
   int64_t xs, ks;
   const T* at(int64_t x, int64_t k) const { return p + x * xs + k * ks; }
+};
+
+// B as a 4-bit quantised weight W (quant::Matrix4bit): x along W's rows and k along its columns (x_is_row: the
+// product x·Wᵀ), or the other way round (dy·W). Elements are dequantised as the panels are packed.
+struct QuantOperand {
+  const quant::Matrix4bit* w;
+  int64_t x0, k0;
+  bool x_is_row;
+  float at(int64_t x, int64_t k) const { return x_is_row ? w->at(x0 + x, k0 + k) : w->at(k0 + k, x0 + x); }
 };
 
 // dst: (kc, R), dst[k * R + x] = src(x, k) for x < w, zero for w <= x < R.
@@ -380,6 +390,46 @@ struct KernelBf16Avx512 {
 // Drivers
 // ---------------------------------------------------------------------------
 
+// Packs B's panel at (x, k), w wide and kc deep, as Kernel lays its packed B out.
+template <class Kernel, int R, typename T>
+void pack_b(typename Kernel::Packed* dst, const Operand<T>& b, int64_t x, int64_t k, int w, int64_t kc) {
+  Kernel::template pack<R>(dst, b.at(x, k), b.xs, b.ks, w, kc);
+}
+
+// A quantised B, dequantised into the panel: f32 values (k, R), or for the bf16 kernel bf16 pairs along k.
+template <class Kernel, int R>
+void pack_b(typename Kernel::Packed* dst, const QuantOperand& b, int64_t x, int64_t k, int w, int64_t kc) {
+  using Packed = typename Kernel::Packed;
+  if constexpr (std::is_same_v<Packed, float>) {
+    if (b.x_is_row) {
+      for (int xi = 0; xi < w; xi++)
+        for (int64_t kk = 0; kk < kc; kk++) dst[kk * R + xi] = b.at(x + xi, k + kk);
+    } else {
+      for (int64_t kk = 0; kk < kc; kk++)
+        for (int xi = 0; xi < w; xi++) dst[kk * R + xi] = b.at(x + xi, k + kk);
+    }
+    for (int64_t kk = 0; kk < kc; kk++)
+      for (int xi = w; xi < R; xi++) dst[kk * R + xi] = 0.0f;
+  } else {
+    const int64_t pairs = (kc + 1) / 2;
+    for (int64_t p = 0; p < pairs; p++)
+      for (int xi = 0; xi < R; xi++) {
+        uint32_t lo = 0, hi = 0;
+        if (xi < w) {
+          lo = float_to_bf16(b.at(x + xi, k + 2 * p));
+          if (2 * p + 1 < kc) hi = float_to_bf16(b.at(x + xi, k + 2 * p + 1));
+        }
+        dst[p * R + xi] = lo | hi << 16;
+      }
+  }
+}
+
+template <typename T>
+Operand<T> b_at(const Operand<T>& b, int64_t x) {
+  return {b.at(x, 0), b.xs, b.ks};
+}
+inline QuantOperand b_at(const QuantOperand& b, int64_t x) { return {b.w, b.x0 + x, b.k0, b.x_is_row}; }
+
 template <class Kernel>
 size_t kernel_thread_bytes(int64_t N, int64_t K) {
   int64_t kd = ceil_div(std::min<int64_t>(K, Kernel::KC), Kernel::KSTEP);
@@ -412,8 +462,8 @@ char* thread_scratch(void* scratch, size_t slice_bytes, int t) {
 // the block of the whole product at (row0, col0), which is what the epilogue is told. Without C
 // (null; K within one KC block, beta 0) each strip goes to an (MR, NC) buffer in `work` and the
 // epilogue alone consumes it.
-template <class Kernel, typename T>
-void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, Operand<T> a, Operand<T> b, float beta, float* C,
+template <class Kernel, typename T, typename BOperand>
+void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, Operand<T> a, BOperand b, float beta, float* C,
                  int64_t ldc, char* work, const GemmEpilogue* epilogue = nullptr, int64_t row0 = 0, int64_t col0 = 0) {
   using Packed = typename Kernel::Packed;
   constexpr int MR = Kernel::MR, NR = Kernel::NR;
@@ -427,8 +477,7 @@ void gemm_serial(int64_t M, int64_t N, int64_t K, float alpha, Operand<T> a, Ope
       int64_t kc = std::min<int64_t>(Kernel::KC, K - pc);
       int64_t kd = ceil_div(kc, Kernel::KSTEP);
       for (int64_t jr = 0; jr < nc; jr += NR)
-        Kernel::template pack<NR>(b_pack + jr * kd, b.at(jc + jr, pc), b.xs, b.ks, int(std::min<int64_t>(NR, nc - jr)),
-                                  kc);
+        pack_b<Kernel, NR>(b_pack + jr * kd, b, jc + jr, pc, int(std::min<int64_t>(NR, nc - jr)), kc);
       float beta_k = pc == 0 ? beta : 1.0f;
       for (int64_t ic = 0; ic < M; ic += MR) {
         int mr = int(std::min<int64_t>(MR, M - ic));
@@ -465,11 +514,9 @@ void split_range(int64_t total, int64_t unit, int parts, int index, int64_t* beg
   *end = std::min(total, units * (index + 1) / parts * unit);
 }
 
-template <class Kernel, typename T>
-void gemm_threads(const GemmShape& s, float alpha, const T* A, const T* B, float beta, float* C, void* scratch,
-                  int threads, const GemmEpilogue* epilogue) {
-  Operand<T> a{A, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1};
-  Operand<T> b{B, s.trans_b ? s.ldb : 1, s.trans_b ? 1 : s.ldb};
+template <class Kernel, typename T, typename BOperand>
+void gemm_threads_on(const GemmShape& s, float alpha, Operand<T> a, BOperand b, float beta, float* C, void* scratch,
+                     int threads, const GemmEpilogue* epilogue) {
   size_t slice = thread_scratch_bytes(s);
   if (threads <= 1) {
     gemm_serial<Kernel>(s.M, s.N, s.K, alpha, a, b, beta, C, s.ldc, thread_scratch(scratch, slice, 0), epilogue);
@@ -483,11 +530,19 @@ void gemm_threads(const GemmShape& s, float alpha, const T* A, const T* B, float
     split_range(s.M, Kernel::MR, tm, t / tn, &m0, &m1);
     split_range(s.N, Kernel::NR, tn, t % tn, &n0, &n1);
     if (m0 < m1 && n0 < n1) {
-      Operand<T> a_t{a.at(m0, 0), a.xs, a.ks}, b_t{b.at(n0, 0), b.xs, b.ks};
-      gemm_serial<Kernel>(m1 - m0, n1 - n0, s.K, alpha, a_t, b_t, beta, C ? C + m0 * s.ldc + n0 : nullptr, s.ldc,
-                          thread_scratch(scratch, slice, t), epilogue, m0, n0);
+      Operand<T> a_t{a.at(m0, 0), a.xs, a.ks};
+      gemm_serial<Kernel>(m1 - m0, n1 - n0, s.K, alpha, a_t, b_at(b, n0), beta, C ? C + m0 * s.ldc + n0 : nullptr,
+                          s.ldc, thread_scratch(scratch, slice, t), epilogue, m0, n0);
     }
   }
+}
+
+template <class Kernel, typename T>
+void gemm_threads(const GemmShape& s, float alpha, const T* A, const T* B, float beta, float* C, void* scratch,
+                  int threads, const GemmEpilogue* epilogue) {
+  Operand<T> a{A, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1};
+  Operand<T> b{B, s.trans_b ? s.ldb : 1, s.trans_b ? 1 : s.ldb};
+  gemm_threads_on<Kernel>(s, alpha, a, b, beta, C, scratch, threads, epilogue);
 }
 
 // ---------------------------------------------------------------------------
@@ -570,7 +625,46 @@ void gemm_batched_any(const GemmShape& s, int64_t batch, int64_t stride_a, int64
   }
 }
 
+template <typename T>
+void gemm_quant4(const GemmShape& s, const T* A, const quant::Matrix4bit& W, float* C, void* scratch, int threads,
+                 const GemmEpilogue* epilogue) {
+  if (s.M <= 0 || s.N <= 0) return;
+  if (s.K <= 0) {
+    scale_c(s, 0.0f, C);
+    if (epilogue) epilogue->apply(epilogue->context, C, s.ldc, 0, 0, s.M, s.N);
+    return;
+  }
+  if (2.0 * double(s.M) * double(s.N) * double(s.K) < 2e5) threads = 1;
+  const Isa isa = select_isa();
+  Operand<T> a{A, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1};
+  const QuantOperand b{&W, 0, 0, s.trans_b};
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    if (isa == Isa::avx512_bf16 && W.bf16)
+      return gemm_threads_on<KernelBf16Avx512>(s, 1.0f, a, b, 0.0f, C, scratch, threads, epilogue);
+  }
+  if (isa >= Isa::avx512)
+    gemm_threads_on<KernelF32Avx512>(s, 1.0f, a, b, 0.0f, C, scratch, threads, epilogue);
+  else if (isa == Isa::avx2)
+    gemm_threads_on<KernelF32Avx2>(s, 1.0f, a, b, 0.0f, C, scratch, threads, epilogue);
+  else
+    gemm_threads_on<KernelF32Portable>(s, 1.0f, a, b, 0.0f, C, scratch, threads, epilogue);
+}
+
 }  // namespace
+
+size_t gemm_quant4_scratch_bytes(const GemmShape& shape, int num_threads) {
+  return thread_scratch_bytes(shape) * size_t(std::max(num_threads, 1)) + 64;
+}
+
+void gemm_quant4_f32(const GemmShape& shape, const float* A, const quant::Matrix4bit& W, float* C, void* scratch,
+                     int num_threads, const GemmEpilogue* epilogue) {
+  gemm_quant4(shape, A, W, C, scratch, num_threads, epilogue);
+}
+
+void gemm_quant4_bf16(const GemmShape& shape, const uint16_t* A, const quant::Matrix4bit& W, float* C, void* scratch,
+                      int num_threads, const GemmEpilogue* epilogue) {
+  gemm_quant4(shape, A, W, C, scratch, num_threads, epilogue);
+}
 
 size_t gemm_f32_scratch_bytes(const GemmShape& shape, int num_threads) {
   return size_t(std::max(num_threads, 1)) * thread_scratch_bytes(shape) + 64;

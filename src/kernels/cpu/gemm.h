@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "fusetrain/core/quant.h"
+
 namespace fusetrain::kernels {
 
 struct GemmShape {
@@ -52,6 +54,15 @@ void gemm_bf16(const GemmShape& shape, float alpha, const uint16_t* A, const uin
 size_t gemm_f16_scratch_bytes(const GemmShape& shape, int num_threads);
 void gemm_f16(const GemmShape& shape, float alpha, const uint16_t* A, const uint16_t* B, float beta, float* C,
               void* scratch, int num_threads, const GemmEpilogue* epilogue = nullptr);
+
+// B from a 4-bit quantised weight W (rows, cols), dequantised while its panels are packed (no dequantised copy of W
+// exists): trans_b gives C = A·Wᵀ (N = rows, K = cols), else C = A·W (K = rows, N = cols); ldb is unused. C is
+// overwritten (alpha 1, beta 0). A in f32, or bf16 bit patterns (with a bf16 W on AVX512-BF16, vdpbf16ps products).
+size_t gemm_quant4_scratch_bytes(const GemmShape& shape, int num_threads);
+void gemm_quant4_f32(const GemmShape& shape, const float* A, const quant::Matrix4bit& W, float* C, void* scratch,
+                     int num_threads, const GemmEpilogue* epilogue = nullptr);
+void gemm_quant4_bf16(const GemmShape& shape, const uint16_t* A, const quant::Matrix4bit& W, float* C, void* scratch,
+                      int num_threads, const GemmEpilogue* epilogue = nullptr);
 
 // Strided batch: for b in [0, batch), C + b*stride_c = alpha * op(A + b*stride_a) * op(B + b*stride_b)
 // + beta * (C + b*stride_c). stride_a or stride_b may be 0 to broadcast that operand.

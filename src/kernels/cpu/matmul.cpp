@@ -259,6 +259,44 @@ std::unique_ptr<Kernel> make_cpu_matmul_kernel(const KernelCall& call) {
   }
 }
 
+// QuantizedLinear (y = x·Wᵀ + bias) and its backward (dx = dy·W) with W a 4-bit quantised weight: the GEMM
+// dequantises W as it packs its panels (gemm_quant4), so no dequantised copy of the weight exists.
+class QuantizedLinearKernel final : public Kernel {
+ public:
+  QuantizedLinearKernel(const KernelCall& call)
+      : params_(call.params<ops::QuantizedParams>()),
+        bf16_(call.inputs[0].dtype == DType::bf16),
+        has_bias_(call.inputs.size() == 5) {
+    const bool backward = call.op == OpKind::QuantizedLinearBackward;
+    const Shape& x = call.inputs[0].shape;
+    const int64_t k = x[-1], n = backward ? params_.cols : params_.rows;
+    shape_ = GemmShape{x.numel() / k, n, k, false, !backward, k, 0, n};
+  }
+
+  size_t scratch_bytes(int num_threads) const override { return gemm_quant4_scratch_bytes(shape_, num_threads); }
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const quant::Matrix4bit w{static_cast<const uint8_t*>(args.inputs[1].data()), args.inputs[2].data_as<float>(),
+                              args.inputs[3].data_as<float>(), params_.rows, params_.cols,
+                              quant::block_shift(params_.blocksize), params_.bf16};
+    float* y = static_cast<float*>(args.outputs[0].data());
+    if (bf16_)
+      gemm_quant4_bf16(shape_, static_cast<const uint16_t*>(args.inputs[0].data()), w, y, args.scratch,
+                       ctx.num_threads);
+    else
+      gemm_quant4_f32(shape_, args.inputs[0].data_as<float>(), w, y, args.scratch, ctx.num_threads);
+    if (!has_bias_) return;
+    const float* bias = args.inputs[4].data_as<float>();
+    for (int64_t r = 0; r < shape_.M; ++r)
+      for (int64_t j = 0; j < shape_.N; ++j) y[r * shape_.N + j] += bias[j];
+  }
+
+ private:
+  ops::QuantizedParams params_;
+  bool bf16_, has_bias_;
+  GemmShape shape_{};
+};
+
 std::unique_ptr<Kernel> make_cpu_dense_kernel(const KernelCall& call) {
   switch (call.op) {
     case OpKind::MatMul:
@@ -273,6 +311,9 @@ std::unique_ptr<Kernel> make_cpu_dense_kernel(const KernelCall& call) {
     case OpKind::LinearLogProbs:
     case OpKind::LinearLogProbsWeightGrad:
       return make_cpu_linear_log_probs_kernel(call);
+    case OpKind::QuantizedLinear:
+    case OpKind::QuantizedLinearBackward:
+      return std::make_unique<QuantizedLinearKernel>(call);
     default:
       return nullptr;
   }

@@ -122,6 +122,8 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const KernelCall& call) {
     case OpKind::LinearCrossEntropy:
     case OpKind::LinearLogProbs:
     case OpKind::LinearLogProbsWeightGrad:
+    case OpKind::QuantizedLinear:
+    case OpKind::QuantizedLinearBackward:
       return nullptr;  // make_cpu_dense_kernel
     case OpKind::SigmoidCrossEntropy:
     case OpKind::SigmoidCrossEntropyBackward:

@@ -268,6 +268,8 @@ std::unique_ptr<Kernel> make_token_log_probs_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_token_log_probs_backward_ref(const KernelCall& call);
 /// LinearLogProbs and LinearLogProbsWeightGrad.
 std::unique_ptr<Kernel> make_linear_log_probs_ref(const KernelCall& call);
+/// QuantizedLinear and QuantizedLinearBackward.
+std::unique_ptr<Kernel> make_quantized_linear_ref(const KernelCall& call);
 /// PreferenceLoss and PreferenceLossBackward.
 std::unique_ptr<Kernel> make_preference_loss_ref(const KernelCall& call);
 

@@ -144,6 +144,9 @@ std::unique_ptr<Kernel> make_ref_kernel(const KernelCall& call) {
     case OpKind::PreferenceLoss:
     case OpKind::PreferenceLossBackward:
       return ref::make_preference_loss_ref(call);
+    case OpKind::QuantizedLinear:
+    case OpKind::QuantizedLinearBackward:
+      return ref::make_quantized_linear_ref(call);
     case OpKind::SigmoidCrossEntropyBackward:
       return ref::make_sigmoid_cross_entropy_backward_ref(call);
     case OpKind::AttentionBackward:

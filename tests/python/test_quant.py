@@ -1,0 +1,65 @@
+"""The engine's 4-bit dequantisation against bitsandbytes' own: NF4 and FP4, with and without double quantisation
+of the absmax, bf16 and float32 compute, on random weights and on adversarial blocks (all zero, one huge value among
+small ones, denormals): bit for bit (the engine's QuantizedLinear GEMM reads the weight through the same
+dequantisation; its kernels are checked against the reference in the C++ op tests)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+bnb = pytest.importorskip("bitsandbytes")
+import bitsandbytes.functional as F  # noqa: E402
+
+import hf_models as hf  # noqa: E402
+
+fusetrain = hf.fusetrain_module()
+_core = fusetrain._core
+
+
+def weights(kind: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(rows, cols, generator=g)
+    if kind == "zero-blocks":
+        w[:, :64] = 0.0  # whole blocks of zeros: absmax 0
+    elif kind == "one-huge":
+        w = w * 1e-3
+        w[::3, 5] = 3e4  # one large value in a block of small ones
+    elif kind == "denormals":
+        w = w * 1e-39  # subnormal in float32 (and flushed or kept by bf16 as it rounds)
+    return w.to(dtype)
+
+
+def absmax_f32(state) -> np.ndarray:
+    """The absmax bitsandbytes multiplies by: with double quantisation, its 8-bit codes dequantised plus the
+    offset, as dequantize_4bit computes it."""
+    if state.nested:
+        return (F.dequantize_blockwise(state.absmax, state.state2) + state.offset).float().numpy()
+    return state.absmax.float().numpy()
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+@pytest.mark.parametrize("double", [False, True], ids=["absmax", "double-quant"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("kind", ["random", "zero-blocks", "one-huge", "denormals"])
+@pytest.mark.parametrize("blocksize", [64, 128])
+def test_dequantisation_is_bit_identical_to_bitsandbytes(quant_type, double, dtype, kind, blocksize):
+    rows, cols = 24, 320
+    w = weights(kind, rows, cols, dtype)
+    packed, state = F.quantize_4bit(w, blocksize=blocksize, quant_type=quant_type, compress_statistics=double)
+    want = F.dequantize_4bit(packed, state).float().numpy()
+    got = _core._dequantize_4bit(packed.numpy().reshape(-1), absmax_f32(state), state.code.float().numpy(), blocksize,
+                                 rows, cols, dtype == torch.bfloat16)
+    assert got.shape == want.shape
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), np.argwhere(got != want)[:5]
+
+
+def test_dequantisation_refuses_inconsistent_sizes():
+    data = np.zeros(8, np.uint8)
+    with pytest.raises(ValueError, match="blocksize 48: expected a power of two"):
+        _core._dequantize_4bit(data, np.ones(1, np.float32), np.zeros(16, np.float32), 48, 4, 4, True)
+    with pytest.raises(ValueError, match="data holds 8 bytes; 4 x 8 4-bit codes need 16"):
+        _core._dequantize_4bit(data, np.ones(1, np.float32), np.zeros(16, np.float32), 32, 4, 8, True)
+    with pytest.raises(ValueError, match="code holds 4 values"):
+        _core._dequantize_4bit(data, np.ones(1, np.float32), np.zeros(4, np.float32), 32, 4, 4, True)
