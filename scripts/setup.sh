@@ -42,6 +42,7 @@ PY_PACKAGES=(  # import name=pip requirement
   peft=peft  # LoRA parity: fusetrain.Trainer takes a PeftModel; adapters saved by fusetrain load with PeftModel.from_pretrained
   trl=trl==1.16.0  # fusetrain.trl: TRL's SFTTrainer is the parent class and the parity reference; its scripts run on it
   sentencepiece=sentencepiece  # the tokenizer tests convert a SentencePiece model to tokenizer.json
+  bitsandbytes=bitsandbytes==0.50.0  # QLoRA: the 4-bit layouts the engine reads, and the dequantisation it matches
 )
 py_missing=()
 for entry in "${PY_PACKAGES[@]}"; do
