@@ -528,6 +528,17 @@ PYBIND11_MODULE(_core, m) {
       "Best GFLOP/s of fusetrain's GEMM for an (m, k) x (k, n) product in float32 or bfloat16 (float32 "
       "accumulation) on num_threads threads (0: all cores): the matmul peak benchmarks divide model FLOPs by.");
   m.def(
+      "measure_weight_matmul_gflops",
+      [](int64_t m, int64_t n, int64_t k, bool trans_b, const std::string& weight, int num_threads, int repeats) {
+        FT_CHECK(weight == "bfloat16" || weight == "nf4", "measure_weight_matmul_gflops: weight must be \"bfloat16\" "
+                 "or \"nf4\", got \"", weight, "\"");
+        py::gil_scoped_release release;
+        return kernels::measure_weight_matmul_gflops(m, n, k, trans_b, weight == "nf4", num_threads, repeats);
+      },
+      "m"_a, "n"_a, "k"_a, "trans_b"_a = true, "weight"_a = "nf4", "num_threads"_a = 0, "repeats"_a = 5,
+      "Best GFLOP/s of an (m, k) bfloat16 activation times a weight held in bfloat16 or NF4 (dequantised inside the "
+      "GEMM): trans_b a Linear's forward x·Wᵀ with W (n, k), else its input gradient dy·W with W (k, n).");
+  m.def(
       "_cli_main",
       [](std::vector<std::string> argv, std::optional<py::function> report) {
         std::vector<char*> pointers;
