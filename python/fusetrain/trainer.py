@@ -121,12 +121,46 @@ def _lora_refusal(model: Any) -> str | None:
                    (getattr(config, "exclude_modules", None), "exclude_modules"),
                    (not isinstance(getattr(config, "target_modules", None), (list, set, tuple, str)),
                     "target_modules that are not names")]
+    layers = [m for m in _base_model(model).modules() if _is_bnb(m, "Linear4bit") or _is_bnb(m, "Linear8bitLt")]
+    unsupported += [(any(_is_bnb(m, "Linear8bitLt") for m in layers), "an 8-bit (LLM.int8) base"),
+                    (any(_is_bnb(m, "Linear4bit") and m.compute_dtype == torch.float16 for m in layers),
+                     "a 4-bit base computing in float16")]
     named = [what for flag, what in unsupported if flag]
     if isinstance(config.target_modules, str) and config.target_modules != "all-linear":
         named.append("a target_modules regular expression")
     if named:
         return f"the LoRA adapter {name!r} uses {', '.join(named)}, which the engine does not implement"
     return None
+
+
+def _is_bnb(module: Any, layer: str) -> bool:
+    """Whether `module` is bitsandbytes' own `layer` class (PEFT's LoRA wrappers around it share the name)."""
+    return type(module).__name__ == layer and type(module).__module__.startswith("bitsandbytes")
+
+
+def _quantized_modules(model: Any) -> dict[str, Any]:
+    """bitsandbytes' 4-bit layers of a (PEFT) model's base: engine weight name -> the layer."""
+    adapter = _adapter_of(model)
+    return {_plain_name(name, adapter) + ".weight": module for name, module in _base_model(model).named_modules()
+            if _is_bnb(module, "Linear4bit")}
+
+
+def _quantized_values(model: Any) -> dict[str, Any]:
+    """The engine's values of each 4-bit weight, as bitsandbytes holds them: the packed codes (uint8, flat), the
+    absmax of each block (float32; with double quantisation its 8-bit codes dequantised as bitsandbytes' own
+    dequantize_4bit does), and the format's 16 values."""
+    import bitsandbytes.functional as bnb_functional
+
+    out = {}
+    for name, module in _quantized_modules(model).items():
+        state = module.weight.quant_state
+        absmax = state.absmax
+        if state.nested:
+            absmax = bnb_functional.dequantize_blockwise(state.absmax, state.state2) + state.offset
+        out[name] = module.weight.data.detach().reshape(-1)
+        out[name + ".absmax"] = absmax.float()
+        out[name + ".quant_map"] = state.code.float()
+    return out
 
 
 def _lora_settings(model: Any) -> dict:
@@ -137,10 +171,21 @@ def _lora_settings(model: Any) -> dict:
     # engine: its frozen projections are kept as they are rather than widened to twice the memory.
     frozen = [p for p in _base_model(model).parameters() if not p.requires_grad and p.is_floating_point()]
     bf16_base = bool(frozen) and all(p.dtype == torch.bfloat16 for p in frozen)
-    return dict(r=int(config.r), lora_alpha=float(config.lora_alpha), lora_dropout=float(config.lora_dropout or 0.0),
-                target_modules=targets, modules_to_save=sorted(config.modules_to_save or []),
-                use_rslora=bool(getattr(config, "use_rslora", False)),
-                base_dtype="bfloat16" if bf16_base else "float32")
+    settings = dict(r=int(config.r), lora_alpha=float(config.lora_alpha),
+                    lora_dropout=float(config.lora_dropout or 0.0), target_modules=targets,
+                    modules_to_save=sorted(config.modules_to_save or []),
+                    use_rslora=bool(getattr(config, "use_rslora", False)),
+                    base_dtype="bfloat16" if bf16_base else "float32")
+    quantized = _quantized_modules(model)
+    if quantized:  # QLoRA: bitsandbytes' 4-bit base, read as it is
+        states = {(m.weight.quant_state.quant_type, m.weight.quant_state.blocksize, m.compute_dtype)
+                  for m in quantized.values()}
+        if len(states) != 1:
+            raise TypeError(f"the 4-bit layers of the model differ in format, block size or compute dtype: {states}")
+        ((quant_type, blocksize, compute),) = states
+        settings.update(quant_type=quant_type, quant_blocksize=int(blocksize), quant_bf16=compute == torch.bfloat16,
+                        quantized=sorted(quantized))
+    return settings
 
 
 def _adapter_of(model: Any) -> str | None:
@@ -237,6 +282,13 @@ def _mismatch(held: dict[str, Any], built: dict[str, Any]) -> dict | None:
         if other is None:
             return dict(pairs=[], text=f"the config gives a module {name} ({type(module).__name__}) the model does not "
                                        "have")
+        if _is_bnb(other, "Linear4bit") and type(module) is torch.nn.Linear:
+            # bitsandbytes' 4-bit layer (a quantised load) stands for the config's Linear: its weight is packed codes.
+            if (other.in_features, other.out_features) != (module.in_features, module.out_features):
+                return dict(pairs=[((module.in_features, module.out_features), (other.in_features, other.out_features))],
+                            text=f"{name} maps {other.in_features} to {other.out_features} features where the config "
+                                 f"gives {module.in_features} to {module.out_features}")
+            continue
         if type(other) is not type(module):
             return dict(pairs=[(type(module), type(other))],
                         text=f"{name or 'the model'} is a {type(other).__name__} where the config gives a "
@@ -382,7 +434,10 @@ def load_weights(engine: Model, hf_model: Any) -> None:
     wanted = set(engine.state_dict_names())
     names = _engine_names(hf_model)
     state = _base_model(hf_model).state_dict()
-    engine.load_state_dict({name: state[key].detach() for name, key in names.items() if name in wanted}, strict=True)
+    values = {name: state[key].detach() for name, key in names.items() if name in wanted}
+    if _is_peft(hf_model):
+        values.update(_quantized_values(hf_model))
+    engine.load_state_dict(values, strict=True)
 
 
 def write_back(model: Model, hf_model: Any) -> None:

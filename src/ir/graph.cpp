@@ -40,6 +40,13 @@ void Graph::freeze(ValueId v, DType dtype) {
   val.dtype = dtype;
 }
 
+void Graph::freeze_packed(ValueId v, Shape shape) {
+  Value& val = value(v);
+  FT_CHECK(val.kind == ValueKind::Frozen, "freeze_packed: ", describe(v), " is not a frozen parameter");
+  val.dtype = DType::u8;
+  val.shape = std::move(shape);
+}
+
 std::vector<ValueId> Graph::add_node(OpKind op, std::vector<ValueId> inputs, Attrs attrs, std::string name) {
   for (ValueId v : inputs)
     FT_CHECK(v >= 0 && v < static_cast<ValueId>(values_.size()), op_name(op), ": input value id ", v,

@@ -323,6 +323,7 @@ OpParams decode(OpKind op, AttrReader& r) {
       p.cols = r.integer("cols");
       p.blocksize = r.integer("blocksize", p.blocksize);
       p.bf16 = r.flag("bf16", p.bf16);
+      p.round_output = r.flag("round_output", p.round_output);
       if (p.rows <= 0 || p.cols <= 0) r.fail(str("rows ", p.rows, " and cols ", p.cols, ": expected positive sizes"));
       if (quant::block_shift(p.blocksize) < 0)
         r.fail(str("blocksize ", p.blocksize, ": expected a power of two from 32 to 4096"));

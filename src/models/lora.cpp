@@ -1,4 +1,5 @@
 // LoRA: the configuration (PEFT's adapter_config.json) and the graph rewrite that adds the adapters.
+#include "fusetrain/core/quant.h"
 #include <cmath>
 #include <map>
 
@@ -29,6 +30,12 @@ void LoraConfig::validate() const {
   for (const std::string& t : target_modules) FT_CHECK(!t.empty(), "LoRA: target_modules holds an empty name");
   FT_CHECK(base_dtype == DType::f32 || base_dtype == DType::bf16, "LoRA: the base weights can be kept in f32 or bf16, ",
            "not ", dtype_name(base_dtype));
+  FT_CHECK(quant_type.empty() || quant_type == "nf4" || quant_type == "fp4", "LoRA: quant_type \"", quant_type,
+           "\": expected nf4 or fp4");
+  FT_CHECK(quant_type.empty() == quantized.empty(), "LoRA: quant_type and the quantised weights go together (",
+           quant_type.empty() ? "no quant_type" : "quant_type " + quant_type, ", ", quantized.size(), " weights)");
+  FT_CHECK(quant::block_shift(quant_blocksize) >= 0, "LoRA: quant_blocksize ", quant_blocksize,
+           ": expected a power of two from 32 to 4096");
 }
 
 nlohmann::json LoraConfig::to_peft_json(const std::string& task_type, const std::string& base_model) const {
@@ -214,6 +221,69 @@ void add_adapter(ir::Graph& g, const Use& use, ValueId a, ValueId b, const LoraC
 
 }  // namespace
 
+namespace {
+
+// QLoRA: each quantised weight (frozen, (N, K)) becomes packed codes (N·K/2 u8) with "<w>.absmax" and
+// "<w>.quant_map" beside it, and every projection reading it (directly, or through its cast to bf16) a
+// QuantizedLinear of the same x and bias.
+void quantize_weights(ir::Graph& g, const LoraConfig& c, const std::set<std::string>& quantized) {
+  std::set<std::string> found;
+  const std::vector<std::vector<NodeId>> readers = g.consumers();
+  for (ValueId w : g.frozen()) {
+    const std::string name = g.value(w).name;
+    if (!quantized.count(name)) continue;
+    found.insert(name);
+    const Shape shape = g.value(w).shape;
+    FT_CHECK(shape.rank() == 2, "QLoRA: ", name, " has shape ", shape.to_string(), "; a quantised weight is a ",
+             "projection's (out, in)");
+    const int64_t N = shape[0], K = shape[1];
+    FT_CHECK(N * K % c.quant_blocksize == 0, "QLoRA: ", name, " holds ", N * K, " elements, not a whole number of ",
+             "blocks of ", c.quant_blocksize);
+    std::vector<NodeId> linears;
+    for (NodeId r : readers[size_t(w)]) {
+      const ir::Node& n = g.node(r);
+      if (n.op == OpKind::Linear && n.inputs[1] == w) {
+        linears.push_back(r);
+      } else if (n.op == OpKind::Cast && !g.is_output(n.outputs[0])) {  // a bf16 projection's copy of the weight
+        for (NodeId rr : readers[size_t(n.outputs[0])]) {
+          FT_CHECK(g.node(rr).op == OpKind::Linear && g.node(rr).inputs[1] == n.outputs[0], "QLoRA: ", name,
+                   " is read by ", ir::op_name(g.node(rr).op), ", not a projection");
+          linears.push_back(rr);
+        }
+        g.remove_node(r);
+      } else {
+        throw Error(str("QLoRA: ", name, " is read by ", ir::op_name(n.op), ", not a projection"));
+      }
+    }
+    g.freeze_packed(w, Shape{N * K / 2});
+    const ValueId absmax = g.add_param(name + ".absmax", {N * K / c.quant_blocksize});
+    g.freeze(absmax, DType::f32);
+    const ValueId code = g.add_param(name + ".quant_map", {16});
+    g.freeze(code, DType::f32);
+    for (NodeId id : linears) {
+      ValueId x = g.node(id).inputs[0];
+      // bitsandbytes' bf16 compute: x rounded to bf16 for the product, which comes back rounded to bf16.
+      const bool round = c.quant_bf16 && g.value(x).dtype == DType::f32;
+      if (round) x = g.insert_before(id, OpKind::Cast, {x}, {{"dtype", std::string("bf16")}})[0];
+      ir::Node& n = g.node(id);
+      std::vector<ValueId> inputs{x, w, absmax, code};
+      if (n.inputs.size() == 3) inputs.push_back(n.inputs[2]);
+      n.op = OpKind::QuantizedLinear;
+      n.inputs = inputs;
+      n.attrs = {{"rows", N}, {"cols", K}, {"blocksize", c.quant_blocksize}, {"bf16", int64_t{c.quant_bf16}},
+                 {"round_output", int64_t{round}}};
+    }
+  }
+  g.commit();
+  std::string missing;
+  for (const std::string& name : quantized)
+    if (!found.count(name)) missing += (missing.empty() ? "" : ", ") + name;
+  FT_CHECK(missing.empty(), "QLoRA: no frozen weight called ", missing, " (adapters and modules_to_save are not ",
+           "quantised)");
+}
+
+}  // namespace
+
 std::vector<Adapter> apply(ir::Graph& g, const LoraConfig& c, bool training, const std::set<std::string>& bf16_weights,
                            const std::vector<std::string>& head_prefixes, const std::vector<ValueId*>& watched,
                            bool with_adapters) {
@@ -270,13 +340,14 @@ std::vector<Adapter> apply(ir::Graph& g, const LoraConfig& c, bool training, con
   g.commit();
 
   // Freeze the base; weights kept in bf16 are read as they are by bf16 projections, through a cast by others.
+  const std::set<std::string> quantized(c.quantized.begin(), c.quantized.end());
   std::set<std::string> adapter_params;
   for (const Adapter& ad : adapters) adapter_params.insert({a_name(ad.module), b_name(ad.module)});
   std::vector<ValueId> bf16_frozen;
   for (ValueId v : g.params()) {
     const std::string& name = g.value(v).name;
     if (adapter_params.count(name) || LoraConfig::matches(c.modules_to_save, module_of(name))) continue;
-    const bool bf16 = bf16_weights.count(name) > 0;
+    const bool bf16 = bf16_weights.count(name) > 0 && !quantized.count(name);
     g.freeze(v, bf16 ? DType::bf16 : DType::f32);
     if (bf16) bf16_frozen.push_back(v);
   }
@@ -298,6 +369,7 @@ std::vector<Adapter> apply(ir::Graph& g, const LoraConfig& c, bool training, con
     }
     g.commit();
   }
+  if (!quantized.empty()) quantize_weights(g, c, quantized);
   return adapters;
 }
 

@@ -55,6 +55,11 @@ void copy_converted(float* dst, const Tensor& src, const std::string& where) {
 // Copies `src` into the parameter `dest` (f32, or bf16 for a frozen base weight kept in bf16).
 void copy_into(const Tensor& dest, const Tensor& src, const std::string& where) {
   if (dest.dtype() == DType::f32) return copy_converted(dest.data_as<float>(), src, where);
+  if (dest.dtype() == DType::u8) {  // a quantised weight's packed codes, taken as they are
+    FT_CHECK(src.dtype() == DType::u8, where, ": a quantised weight's codes are uint8; found ", dtype_name(src.dtype()));
+    std::memcpy(dest.data(), src.data(), static_cast<size_t>(src.nbytes()));
+    return;
+  }
   FT_CHECK(dest.dtype() == DType::bf16, where, ": cannot store into a ", dtype_name(dest.dtype()), " parameter");
   std::vector<float> tmp(static_cast<size_t>(src.numel()));
   copy_converted(tmp.data(), src, where);
@@ -382,9 +387,18 @@ void Model::enable_lora(const LoraConfig& config) {
   // The old store is dropped below, so each base weight's pages go back to the kernel as soon as it is copied:
   // otherwise the f32 base and its bf16 copy are resident side by side (a 1.1B Llama: 4.1 + 2.1 GiB). Every source
   // is checked first, so that nothing can throw once the first one is released.
-  for (const runtime::FrozenSlot& slot : next->frozen_slots()) check_finite(params_->param(slot.name), slot.name);
+  // A quantised weight's codes, absmax and code table have no f32 source: load_state_dict gives them (QLoRA).
+  auto carried = [&](size_t i) {
+    return next->frozen(i).dtype() != DType::u8 && params_->contains(next->frozen_slots()[i].name);
+  };
+  for (size_t i = 0; i < next->frozen_slots().size(); ++i)
+    if (carried(i)) check_finite(params_->param(next->frozen_slots()[i].name), next->frozen_slots()[i].name);
   for (size_t i = 0; i < next->frozen_slots().size(); ++i) {
     const std::string& name = next->frozen_slots()[i].name;
+    if (!carried(i)) {
+      if (params_->contains(name)) release_pages(params_->param(name).data(), params_->param(name).nbytes());
+      continue;
+    }
     const Tensor source = params_->param(name), dest = next->frozen(i);
     if (dest.dtype() == DType::bf16)
       float_to_bf16(static_cast<uint16_t*>(dest.data()), source.data_as<float>(), static_cast<size_t>(source.numel()));
@@ -428,6 +442,9 @@ std::vector<std::string> Model::head_modules() const {
 
 void Model::merge_lora() {
   FT_CHECK(lora_, "merge_lora: ", architecture_, " has no LoRA adapters");
+  FT_CHECK(lora_->quant_type.empty(), "merge_lora: the base weights are quantised (", lora_->quant_type, ", ",
+           lora_->quantized.size(), " weights): the adapters cannot be folded into 4-bit codes; save the adapters "
+           "(save_adapter) and merge them into the full-precision base model with PEFT");
   const double s = lora_->scaling();
   // Back to the plain layout, every weight f32 and trainable.
   std::optional<LoraConfig> config = std::move(lora_);

@@ -291,6 +291,8 @@ Input weight_input(py::handle obj, const std::string& name) {
     type = DType::f32;
   else if (dtype == "float16")
     type = DType::f16;
+  else if (dtype == "uint8")
+    type = DType::u8;  // a quantised weight's packed codes (QLoRA)
   else if (a.dtype().kind() == 'f') {
     a = numpy().attr("ascontiguousarray")(a, "dtype"_a = numpy().attr("float32"));
     type = DType::f32;
@@ -715,7 +717,8 @@ or torch tensors. With strict, missing or unexpected names raise ValueError list
           "enable_lora",
           [](PyModel& self, int64_t r, double alpha, double dropout, std::vector<std::string> target_modules,
              std::vector<std::string> modules_to_save, bool use_rslora, const std::string& base_dtype,
-             uint64_t seed) {
+             uint64_t seed, const std::string& quant_type, int64_t quant_blocksize, bool quant_bf16,
+             std::vector<std::string> quantized) {
             models::LoraConfig c;
             c.r = r;
             c.alpha = alpha;
@@ -727,15 +730,25 @@ or torch tensors. With strict, missing or unexpected names raise ValueError list
                      "base_dtype must be \"float32\" or \"bfloat16\", found \"", base_dtype, "\"");
             c.base_dtype = base_dtype == "bfloat16" || base_dtype == "bf16" ? DType::bf16 : DType::f32;
             c.seed = seed;
+            c.quant_type = quant_type;
+            c.quant_blocksize = quant_blocksize;
+            c.quant_bf16 = quant_bf16;
+            c.quantized = std::move(quantized);
             locked(self, [&] { self.model->enable_lora(c); });
           },
           "r"_a = 8, "lora_alpha"_a = 8.0, "lora_dropout"_a = 0.0, "target_modules"_a, "modules_to_save"_a =
-          std::vector<std::string>{}, "use_rslora"_a = false, "base_dtype"_a = "float32", "seed"_a = 0, R"doc(
+          std::vector<std::string>{}, "use_rslora"_a = false, "base_dtype"_a = "float32", "seed"_a = 0,
+          "quant_type"_a = "", "quant_blocksize"_a = 64, "quant_bf16"_a = true,
+          "quantized"_a = std::vector<std::string>{}, R"doc(
 Turns the model into a LoRA model, as peft.get_peft_model(model, LoraConfig(...)) does: an adapter
 (lora_A (r, in) kaiming-uniform, lora_B (out, r) zero, scale lora_alpha / r) beside every Linear
 whose module name or name suffix is in target_modules ("all-linear": every projection but the
 output layer); every other weight frozen (no gradient, no optimizer state) but modules_to_save.
 base_dtype="bfloat16" keeps the frozen projection weights in bf16, half their memory.
+QLoRA: quant_type "nf4" or "fp4" holds the frozen weights named in `quantized` in bitsandbytes' 4-bit layout
+(blocks of quant_blocksize): each as "<weight>" (packed codes, uint8), "<weight>.absmax" and
+"<weight>.quant_map", whose values load_state_dict then gives (a bitsandbytes model's own); their GEMMs
+dequantise them, rounded to bf16 when quant_bf16 (bitsandbytes' compute dtype).
 )doc")
       .def_property_readonly(
           "lora",
@@ -750,6 +763,12 @@ base_dtype="bfloat16" keeps the frozen projection weights in bf16, half their me
             d["modules_to_save"] = c->modules_to_save;
             d["use_rslora"] = c->use_rslora;
             d["base_dtype"] = c->base_dtype == DType::bf16 ? "bfloat16" : "float32";
+            if (!c->quant_type.empty()) {
+              d["quant_type"] = c->quant_type;
+              d["quant_blocksize"] = c->quant_blocksize;
+              d["quant_bf16"] = c->quant_bf16;
+              d["quantized"] = c->quantized;
+            }
             return py::object(d);
           },
           "The LoRA settings (a dict) of a model enable_lora was called on, else None.")

@@ -74,6 +74,9 @@ class Graph {
   /// Turns trainable parameter `v` into a frozen one stored in `dtype` (f32 or bf16): autodiff gives it no
   /// gradient. Readers that need another dtype must be rewritten by the caller before commit().
   void freeze(ValueId v, DType dtype);
+  /// Turns frozen parameter `v` into packed bytes of `shape` (u8): a 4-bit quantised weight, which only the
+  /// QuantizedLinear nodes that replace its readers may read.
+  void freeze_packed(ValueId v, Shape shape);
   /// Appends a node; returns its output values.
   std::vector<ValueId> add_node(OpKind op, std::vector<ValueId> inputs, Attrs attrs = {}, std::string name = "");
   /// Appends a single-output node; returns its output.

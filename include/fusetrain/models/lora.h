@@ -35,6 +35,15 @@ struct LoraConfig {
   bool use_rslora = false;          ///< s = alpha / √r instead of alpha / r
   DType base_dtype = DType::f32;    ///< frozen projection weights kept in f32 or bf16 (half the memory)
   uint64_t seed = 0;                ///< draws A (kaiming-uniform, as PEFT); B starts at zero
+  /// QLoRA: the frozen projection weights named in `quantized` are held in a 4-bit layout, `quant_type` "nf4" or
+  /// "fp4" in bitsandbytes' blocks of `quant_blocksize` elements: each as "<weight>" (the packed codes, u8),
+  /// "<weight>.absmax" (f32, one a block) and "<weight>.quant_map" (the format's 16 values), the values
+  /// load_state_dict gives them (a bitsandbytes model's own). Their GEMMs dequantise them (QuantizedLinear),
+  /// rounded to bf16 when `quant_bf16` (bitsandbytes' compute dtype). "" : no quantised weight.
+  std::string quant_type;
+  int64_t quant_blocksize = 64;
+  bool quant_bf16 = true;
+  std::vector<std::string> quantized;
 
   /// The scale s applied to the adapter's output.
   double scaling() const;

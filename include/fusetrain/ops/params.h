@@ -180,6 +180,7 @@ struct QuantizedParams {
   int64_t cols = 0;        ///< "cols": input features K (required)
   int64_t blocksize = 64;  ///< "blocksize": elements per absmax, a power of two from 32 to 4096
   bool bf16 = true;        ///< "bf16": the dequantised weight is rounded to bf16 (the compute dtype)
+  bool round_output = false;  ///< "round_output": the f32 result is rounded to bf16 (a bf16 product's own dtype)
 };
 
 /// Attention and AttentionBackward.

@@ -82,9 +82,13 @@ void grad_rule<OpKind::QuantizedLinear>(GradContext& ctx) {
   const ValueId dy = ctx.grad_output(0);
   if (ctx.needs_grad(0)) {
     // A bf16 x: dy rounded once to bf16 for the GEMM, as Linear's backward does.
-    const ValueId dy_gemm = ctx.input_dtype(0) != DType::f32 ? ctx.b.cast(dy, ctx.input_dtype(0)) : dy;
+    // dx of a bf16 x is a bf16 product: rounded as autograd's bf16 GEMM rounds it.
+    const bool bf16 = ctx.input_dtype(0) != DType::f32;
+    const ValueId dy_gemm = bf16 ? ctx.b.cast(dy, ctx.input_dtype(0)) : dy;
+    ir::Attrs attrs = ctx.attrs();
+    attrs.set("round_output", int64_t{bf16});
     ctx.set_grad_input(0, ctx.g.add(OpKind::QuantizedLinearBackward, {dy_gemm, ctx.input(1), ctx.input(2), ctx.input(3)},
-                                    ctx.attrs()));
+                                    attrs));
   }
   if (ctx.num_inputs() == 5 && ctx.needs_grad(4)) {
     const Shape& sy = ctx.g.value(dy).shape;

@@ -285,10 +285,13 @@ class QuantizedLinearKernel final : public Kernel {
                        ctx.num_threads);
     else
       gemm_quant4_f32(shape_, args.inputs[0].data_as<float>(), w, y, args.scratch, ctx.num_threads);
-    if (!has_bias_) return;
-    const float* bias = args.inputs[4].data_as<float>();
-    for (int64_t r = 0; r < shape_.M; ++r)
-      for (int64_t j = 0; j < shape_.N; ++j) y[r * shape_.N + j] += bias[j];
+    if (has_bias_) {
+      const float* bias = args.inputs[4].data_as<float>();
+      for (int64_t r = 0; r < shape_.M; ++r)
+        for (int64_t j = 0; j < shape_.N; ++j) y[r * shape_.N + j] += bias[j];
+    }
+    if (params_.round_output)
+      for (int64_t i = 0; i < shape_.M * shape_.N; ++i) y[i] = bf16_to_float(float_to_bf16(y[i]));
   }
 
  private:

@@ -29,6 +29,7 @@ class QuantizedLinearRef final : public RefKernel {
         double sum = has_bias_ ? load(args.inputs[4].data(), DType::f32, o) : 0.0;
         for (int64_t i = 0; i < in; ++i)  // forward: W(o, i); backward: W(i, o)
           sum += load(x, x_dtype_, r * in + i) * static_cast<double>(backward_ ? w.at(i, o) : w.at(o, i));
+        if (params_.round_output) sum = bf16_to_float(float_to_bf16(static_cast<float>(sum)));
         store(args.outputs[0].data(), DType::f32, r * out + o, sum, accumulate_flag(args, 0));
       }
   }
