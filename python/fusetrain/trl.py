@@ -54,6 +54,27 @@ def __getattr__(name: str) -> Any:
     return getattr(trl, name)
 
 
+def _trl_collate_hook(trainer: Any, engine_batch: Callable[[dict], dict]) -> Callable[[np.ndarray, bool], dict]:
+    """The engine's collate hook for a TRL trainer: TRL's collator on the dataset's signature columns, its batch made
+    the engine's by `engine_batch`, padded, with TRL's num_tokens (the attention mask's tokens, or a padding-free
+    row's length, before the engine's rounding of the length)."""
+    dataset, collator, pad_id = trainer.train_dataset, trainer.data_collator, trainer._pad_id()
+    trainer._set_signature_columns_if_needed()
+    keep = [c for c in data.column_names(dataset) if c in trainer._signature_columns]
+    selected = dataset.select_columns(keep) if hasattr(dataset, "select_columns") else dataset
+
+    def collate(indices: np.ndarray, training: bool) -> dict:
+        rows = selected[indices.tolist()]
+        batch = engine_batch(collator([dict(zip(rows.keys(), values)) for values in zip(*rows.values())]))
+        counted = (int(batch["attention_mask"].sum()) if "attention_mask" in batch
+                   else int(batch["position_ids"].shape[1]))
+        out = data.pad_batch(batch, pad_id)
+        out["num_tokens"] = counted
+        return out
+
+    return collate
+
+
 class SFTTrainer(Trainer, trl.SFTTrainer):
     """trl.SFTTrainer whose training steps run on fusetrain's engine. Takes TRL's arguments (an SFTConfig)."""
 
@@ -67,23 +88,7 @@ class SFTTrainer(Trainer, trl.SFTTrainer):
         return True  # TRL's collator builds the labels (completion and assistant masks) and the packed rows
 
     def _collate_hook(self) -> Callable[[np.ndarray, bool], dict]:
-        dataset, collator, pad_id = self.train_dataset, self.data_collator, self._pad_id()
-        self._set_signature_columns_if_needed()
-        keep = [c for c in data.column_names(dataset) if c in self._signature_columns]
-        selected = dataset.select_columns(keep) if hasattr(dataset, "select_columns") else dataset
-
-        def collate(indices: np.ndarray, training: bool) -> dict:
-            rows = selected[indices.tolist()]
-            batch = collator([dict(zip(rows.keys(), values)) for values in zip(*rows.values())])
-            # TRL's num_tokens: the attention mask's tokens, or a padding-free row's length (before the engine's
-            # rounding of the length).
-            counted = (int(batch["attention_mask"].sum()) if "attention_mask" in batch
-                       else int(batch["position_ids"].shape[1]))
-            out = data.pad_batch(batch, pad_id)
-            out["num_tokens"] = counted
-            return out
-
-        return collate
+        return _trl_collate_hook(self, lambda batch: batch)
 
     def _engine_ready_model(self):
         model = super()._engine_ready_model()
@@ -173,20 +178,7 @@ class DPOTrainer(Trainer, trl.DPOTrainer):
         return out
 
     def _collate_hook(self) -> Callable[[np.ndarray, bool], dict]:
-        dataset, collator, pad_id = self.train_dataset, self.data_collator, self._pad_id()
-        self._set_signature_columns_if_needed()
-        keep = [c for c in data.column_names(dataset) if c in self._signature_columns]
-        selected = dataset.select_columns(keep)
-
-        def collate(indices: np.ndarray, training: bool) -> dict:
-            rows = selected[indices.tolist()]
-            batch = self._preference_batch(collator([dict(zip(rows.keys(), values)) for values in zip(*rows.values())]))
-            counted = int(batch["attention_mask"].sum())  # TRL's num_tokens
-            out = data.pad_batch(batch, pad_id)
-            out["num_tokens"] = counted
-            return out
-
-        return collate
+        return _trl_collate_hook(self, self._preference_batch)
 
     def _engine_ready_model(self):
         model = super()._engine_ready_model()

@@ -35,17 +35,7 @@ from fusetrain.trainer import engine_model, hf_parameter  # noqa: E402
 STEPS = 6
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> pathlib.Path:
-    out = tmp_path_factory.mktemp("llama-dpo")
-    bpe, tokenizer = test_trl.shakespeare_tokenizer(301, ["<pad>", "<eos>"], pad="<pad>", eos="<eos>")
-    config = transformers.LlamaConfig(vocab_size=bpe.get_vocab_size(), hidden_size=72, num_hidden_layers=2,
-                                      num_attention_heads=6, num_key_value_heads=2, intermediate_size=100,
-                                      max_position_embeddings=1024, pad_token_id=0, eos_token_id=1)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+from test_trl import model_dir  # noqa: E402,F401  (the same small Llama and tokenizer as the SFT tests)
 
 
 def preference_dataset(n: int = 32, seed: int = 2) -> datasets.Dataset:

@@ -14,6 +14,27 @@
 
 namespace fusetrain::kernels {
 
+namespace {
+
+// The best GFLOP/s of an (M, N, K) product `call` computes: the best of `repeats` timings of three calls, after one
+// warm-up call.
+template <typename Call>
+double best_gflops(const Call& call, int64_t M, int64_t N, int64_t K, int repeats) {
+  call();
+  double best = 0;
+  constexpr int kCalls = 3;
+  for (int r = 0; r < repeats; ++r) {
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kCalls; ++i) call();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) * kCalls /
+                              seconds / 1e9);
+  }
+  return best;
+}
+
+}  // namespace
+
 double measure_matmul_gflops(int64_t M, int64_t N, int64_t K, bool bf16, int num_threads, int repeats) {
   FT_CHECK(M > 0 && N > 0 && K > 0, "measure_matmul_gflops: dimensions must be positive, got ", M, " x ", N, " x ",
            K);
@@ -37,17 +58,7 @@ double measure_matmul_gflops(int64_t M, int64_t N, int64_t K, bool bf16, int num
     else
       gemm_f32(shape, 1.0f, a.data(), b.data(), 0.0f, c.data(), scratch.data(), threads);
   };
-  call();
-  double best = 0;
-  constexpr int kCalls = 3;
-  for (int r = 0; r < repeats; ++r) {
-    auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < kCalls; ++i) call();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::max(best, 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) * kCalls /
-                              seconds / 1e9);
-  }
-  return best;
+  return best_gflops(call, M, N, K, repeats);
 }
 
 double measure_weight_matmul_gflops(int64_t M, int64_t N, int64_t K, bool trans_b, bool nf4, int num_threads,
@@ -77,17 +88,7 @@ double measure_weight_matmul_gflops(int64_t M, int64_t N, int64_t K, bool trans_
     else
       gemm_bf16(shape, 1.0f, a.data(), b.data(), 0.0f, c.data(), scratch.data(), threads);
   };
-  call();
-  double best = 0;
-  constexpr int kCalls = 3;
-  for (int r = 0; r < repeats; ++r) {
-    auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < kCalls; ++i) call();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::max(best, 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) * kCalls /
-                              seconds / 1e9);
-  }
-  return best;
+  return best_gflops(call, M, N, K, repeats);
 }
 
 }  // namespace fusetrain::kernels
