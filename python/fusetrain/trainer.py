@@ -122,7 +122,8 @@ def _lora_refusal(model: Any) -> str | None:
                    (not isinstance(getattr(config, "target_modules", None), (list, set, tuple, str)),
                     "target_modules that are not names")]
     layers = [m for m in _base_model(model).modules() if _is_bnb(m, "Linear4bit") or _is_bnb(m, "Linear8bitLt")]
-    unsupported += [(any(_is_bnb(m, "Linear8bitLt") for m in layers), "an 8-bit (LLM.int8) base"),
+    unsupported += [(any(_is_bnb(m, "Linear8bitLt") and m.state.has_fp16_weights for m in layers),
+                     "an 8-bit layer holding float16 weights (has_fp16_weights=True)"),
                     (any(_is_bnb(m, "Linear4bit") and m.compute_dtype == torch.float16 for m in layers),
                      "a 4-bit base computing in float16")]
     named = [what for flag, what in unsupported if flag]
@@ -139,20 +140,32 @@ def _is_bnb(module: Any, layer: str) -> bool:
 
 
 def _quantized_modules(model: Any) -> dict[str, Any]:
-    """bitsandbytes' 4-bit layers of a (PEFT) model's base: engine weight name -> the layer."""
+    """bitsandbytes' quantised layers (4-bit, LLM.int8) of a (PEFT) model's base: engine weight name -> the layer."""
     adapter = _adapter_of(model)
     return {_plain_name(name, adapter) + ".weight": module for name, module in _base_model(model).named_modules()
-            if _is_bnb(module, "Linear4bit")}
+            if _is_bnb(module, "Linear4bit") or _is_bnb(module, "Linear8bitLt")}
+
+
+def _int8_scales(module: Any) -> Any:
+    """An LLM.int8 layer's absmax of each weight row (SCB): on the weight until the first forward moves it to the
+    layer's state."""
+    scb = getattr(module.weight, "SCB", None)
+    return scb if scb is not None else module.state.SCB
 
 
 def _quantized_values(model: Any) -> dict[str, Any]:
-    """The engine's values of each 4-bit weight, as bitsandbytes holds them: the packed codes (uint8, flat), the
-    absmax of each block (float32; with double quantisation its 8-bit codes dequantised as bitsandbytes' own
-    dequantize_4bit does), and the format's 16 values."""
+    """The engine's values of each quantised weight, as bitsandbytes holds them. 4-bit: the packed codes (uint8,
+    flat), the absmax of each block (float32; with double quantisation its 8-bit codes dequantised as bitsandbytes'
+    own dequantize_4bit does), and the format's 16 values. LLM.int8: the int8 codes (as uint8, flat) and the absmax
+    of each row."""
     import bitsandbytes.functional as bnb_functional
 
     out = {}
     for name, module in _quantized_modules(model).items():
+        if _is_bnb(module, "Linear8bitLt"):
+            out[name] = module.weight.data.detach().reshape(-1).view(torch.uint8)
+            out[name + ".absmax"] = _int8_scales(module).float()
+            continue
         state = module.weight.quant_state
         absmax = state.absmax
         if state.nested:
@@ -177,11 +190,12 @@ def _lora_settings(model: Any) -> dict:
                     use_rslora=bool(getattr(config, "use_rslora", False)),
                     base_dtype="bfloat16" if bf16_base else "float32")
     quantized = _quantized_modules(model)
-    if quantized:  # QLoRA: bitsandbytes' 4-bit base, read as it is
-        states = {(m.weight.quant_state.quant_type, m.weight.quant_state.blocksize, m.compute_dtype)
+    if quantized:  # QLoRA: bitsandbytes' quantised base, read as it is
+        states = {("int8", 64, torch.float32) if _is_bnb(m, "Linear8bitLt") else
+                  (m.weight.quant_state.quant_type, m.weight.quant_state.blocksize, m.compute_dtype)
                   for m in quantized.values()}
         if len(states) != 1:
-            raise TypeError(f"the 4-bit layers of the model differ in format, block size or compute dtype: {states}")
+            raise TypeError(f"the quantised layers of the model differ in format, block size or compute dtype: {states}")
         ((quant_type, blocksize, compute),) = states
         settings.update(quant_type=quant_type, quant_blocksize=int(blocksize), quant_bf16=compute == torch.bfloat16,
                         quantized=sorted(quantized))
@@ -282,8 +296,8 @@ def _mismatch(held: dict[str, Any], built: dict[str, Any]) -> dict | None:
         if other is None:
             return dict(pairs=[], text=f"the config gives a module {name} ({type(module).__name__}) the model does not "
                                        "have")
-        if _is_bnb(other, "Linear4bit") and type(module) is torch.nn.Linear:
-            # bitsandbytes' 4-bit layer (a quantised load) stands for the config's Linear: its weight is packed codes.
+        if (_is_bnb(other, "Linear4bit") or _is_bnb(other, "Linear8bitLt")) and type(module) is torch.nn.Linear:
+            # bitsandbytes' quantised layer (a 4- or 8-bit load) stands for the config's Linear: its weight is codes.
             if (other.in_features, other.out_features) != (module.in_features, module.out_features):
                 return dict(pairs=[((module.in_features, module.out_features), (other.in_features, other.out_features))],
                             text=f"{name} maps {other.in_features} to {other.out_features} features where the config "

@@ -546,9 +546,10 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
     }
     case OpKind::QuantizedLinear:
     case OpKind::QuantizedLinearBackward: {
-      // QuantizedLinear: x (..., K) f32 or bf16, packed weight (N·K/2) u8, absmax (ceil(N·K / blocksize)) f32, code
-      //   (16) f32, [bias (N) f32] -> y (..., N) f32 = x · dequant(weight)ᵀ + bias
-      // QuantizedLinearBackward: dy (..., N) f32, packed weight, absmax, code -> dx (..., K) f32 = dy · dequant(weight)
+      // QuantizedLinear: x (..., K) f32 or bf16, then the weight: 4-bit, packed codes (N·K/2) u8, absmax
+      //   (ceil(N·K / blocksize)) f32, code (16) f32; 8-bit, int8 codes (N·K) u8, absmax (N) f32; then [bias (N) f32]
+      //   -> y (..., N) f32 = x · dequant(weight)ᵀ + bias
+      // QuantizedLinearBackward: dy (..., N) f32, the weight's inputs -> dx (..., K) f32 = dy · dequant(weight)
       const auto& q = std::get<QuantizedParams>(params);
       const bool backward = c.op == OpKind::QuantizedLinearBackward;
       const Shape& x = c.shape(0);
@@ -556,18 +557,27 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
                 " should be f32 or bf16, found ", dtype_name(c.dtype(0)));
       const int64_t in = backward ? q.rows : q.cols, out = backward ? q.cols : q.rows;
       c.require(x.rank() >= 1 && x[-1] == in, backward ? "dy" : "x", " should be (..., ", in, "), found ", x.to_string());
-      c.require(c.dtype(1) == DType::u8 && c.shape(1).numel() == q.rows * q.cols / 2, "the weight should be ",
-                q.rows * q.cols / 2, " u8 (two 4-bit codes a byte), found ", dtype_name(c.dtype(1)), " ",
-                c.shape(1).to_string());
-      const int64_t blocks = (q.rows * q.cols + q.blocksize - 1) / q.blocksize;
+      const size_t bias_at = q.bias_input();
+      c.require(n_in == bias_at || (!backward && n_in == bias_at + 1), "a ", q.bits, "-bit weight takes ",
+                bias_at - 1, " inputs", backward ? "" : " and an optional bias", " after ", backward ? "dy" : "x",
+                "; found ", n_in, " inputs in all");
+      const int64_t bytes = q.bits == 4 ? q.rows * q.cols / 2 : q.rows * q.cols;
+      c.require(c.dtype(1) == DType::u8 && c.shape(1).numel() == bytes, "the weight should be ", bytes, " u8 (",
+                q.bits == 4 ? "two 4-bit codes a byte" : "one int8 code an element", "), found ",
+                dtype_name(c.dtype(1)), " ", c.shape(1).to_string());
+      const int64_t scales = q.bits == 4 ? (q.rows * q.cols + q.blocksize - 1) / q.blocksize : q.rows;
       c.require_f32(2, "absmax");
-      c.require(c.shape(2).numel() == blocks, "absmax should hold ", blocks, " values (one per block of ", q.blocksize,
-                "), found ", c.shape(2).to_string());
-      c.require_f32(3, "code");
-      c.require(c.shape(3).numel() == 16, "code should hold the 16 values of the format, found ", c.shape(3).to_string());
-      if (n_in == 5) {
-        c.require_f32(4, "bias");
-        c.require(c.shape(4) == Shape{q.rows}, "bias shape ", c.shape(4).to_string(), " should be (", q.rows, ")");
+      c.require(c.shape(2).numel() == scales, "absmax should hold ", scales, " values (one per ",
+                q.bits == 4 ? str("block of ", q.blocksize) : std::string("row"), "), found ", c.shape(2).to_string());
+      if (q.bits == 4) {
+        c.require_f32(3, "code");
+        c.require(c.shape(3).numel() == 16, "code should hold the 16 values of the format, found ",
+                  c.shape(3).to_string());
+      }
+      if (n_in == bias_at + 1) {
+        c.require_f32(bias_at, "bias");
+        c.require(c.shape(bias_at) == Shape{q.rows}, "bias shape ", c.shape(bias_at).to_string(), " should be (",
+                  q.rows, ")");
       }
       std::vector<int64_t> dims = x.dims();
       dims.back() = out;

@@ -321,13 +321,16 @@ OpParams decode(OpKind op, AttrReader& r) {
       ParamsOf<OpKind::QuantizedLinear> p;
       p.rows = r.integer("rows");
       p.cols = r.integer("cols");
+      p.bits = r.integer("bits", p.bits);
       p.blocksize = r.integer("blocksize", p.blocksize);
       p.bf16 = r.flag("bf16", p.bf16);
       p.round_output = r.flag("round_output", p.round_output);
       if (p.rows <= 0 || p.cols <= 0) r.fail(str("rows ", p.rows, " and cols ", p.cols, ": expected positive sizes"));
       if (quant::block_shift(p.blocksize) < 0)
         r.fail(str("blocksize ", p.blocksize, ": expected a power of two from 32 to 4096"));
-      if (p.rows * p.cols % 2 != 0) r.fail(str("rows x cols = ", p.rows * p.cols, ": two 4-bit codes a byte need an even count"));
+      if (p.bits != 4 && p.bits != 8) r.fail(str("bits ", p.bits, ": expected 4 (NF4, FP4) or 8 (LLM.int8)"));
+      if (p.bits == 8 && p.bf16) r.fail("bits 8: an int8 weight dequantises to f32 (bf16 0)");
+      if (p.bits == 4 && p.rows * p.cols % 2 != 0) r.fail(str("rows x cols = ", p.rows * p.cols, ": two 4-bit codes a byte need an even count"));
       return r.finish(p);
     }
     case OpKind::PreferenceLoss:

@@ -30,8 +30,10 @@ void LoraConfig::validate() const {
   for (const std::string& t : target_modules) FT_CHECK(!t.empty(), "LoRA: target_modules holds an empty name");
   FT_CHECK(base_dtype == DType::f32 || base_dtype == DType::bf16, "LoRA: the base weights can be kept in f32 or bf16, ",
            "not ", dtype_name(base_dtype));
-  FT_CHECK(quant_type.empty() || quant_type == "nf4" || quant_type == "fp4", "LoRA: quant_type \"", quant_type,
-           "\": expected nf4 or fp4");
+  FT_CHECK(quant_type.empty() || quant_type == "nf4" || quant_type == "fp4" || quant_type == "int8",
+           "LoRA: quant_type \"", quant_type, "\": expected nf4, fp4 or int8");
+  FT_CHECK(quant_type != "int8" || !quant_bf16, "LoRA: an int8 (LLM.int8) base dequantises to f32; quant_bf16 must be "
+           "false");
   FT_CHECK(quant_type.empty() == quantized.empty(), "LoRA: quant_type and the quantised weights go together (",
            quant_type.empty() ? "no quant_type" : "quant_type " + quant_type, ", ", quantized.size(), " weights)");
   FT_CHECK(quant::block_shift(quant_blocksize) >= 0, "LoRA: quant_blocksize ", quant_blocksize,
@@ -223,9 +225,9 @@ void add_adapter(ir::Graph& g, const Use& use, ValueId a, ValueId b, const LoraC
 
 namespace {
 
-// QLoRA: each quantised weight (frozen, (N, K)) becomes packed codes (N·K/2 u8) with "<w>.absmax" and
-// "<w>.quant_map" beside it, and every projection reading it (directly, or through its cast to bf16) a
-// QuantizedLinear of the same x and bias.
+// QLoRA: each quantised weight (frozen, (N, K)) becomes its codes (4-bit: N·K/2 u8, with "<w>.absmax" per block
+// and "<w>.quant_map" beside it; int8: N·K u8 with "<w>.absmax" per row), and every projection reading it (directly,
+// or through its cast to bf16) a QuantizedLinear of the same x and bias.
 void quantize_weights(ir::Graph& g, const LoraConfig& c, const std::set<std::string>& quantized) {
   std::set<std::string> found;
   const std::vector<std::vector<NodeId>> readers = g.consumers();
@@ -237,8 +239,9 @@ void quantize_weights(ir::Graph& g, const LoraConfig& c, const std::set<std::str
     FT_CHECK(shape.rank() == 2, "QLoRA: ", name, " has shape ", shape.to_string(), "; a quantised weight is a ",
              "projection's (out, in)");
     const int64_t N = shape[0], K = shape[1];
-    FT_CHECK(N * K % c.quant_blocksize == 0, "QLoRA: ", name, " holds ", N * K, " elements, not a whole number of ",
-             "blocks of ", c.quant_blocksize);
+    const bool int8 = c.quant_type == "int8";
+    FT_CHECK(int8 || N * K % c.quant_blocksize == 0, "QLoRA: ", name, " holds ", N * K, " elements, not a whole number "
+             "of blocks of ", c.quant_blocksize);
     std::vector<NodeId> linears;
     for (NodeId r : readers[size_t(w)]) {
       const ir::Node& n = g.node(r);
@@ -255,23 +258,28 @@ void quantize_weights(ir::Graph& g, const LoraConfig& c, const std::set<std::str
         throw Error(str("QLoRA: ", name, " is read by ", ir::op_name(n.op), ", not a projection"));
       }
     }
-    g.freeze_packed(w, Shape{N * K / 2});
-    const ValueId absmax = g.add_param(name + ".absmax", {N * K / c.quant_blocksize});
+    g.freeze_packed(w, Shape{int8 ? N * K : N * K / 2});
+    const ValueId absmax = g.add_param(name + ".absmax", {int8 ? N : N * K / c.quant_blocksize});
     g.freeze(absmax, DType::f32);
-    const ValueId code = g.add_param(name + ".quant_map", {16});
-    g.freeze(code, DType::f32);
+    std::vector<ValueId> weight{w, absmax};
+    if (!int8) {
+      const ValueId code = g.add_param(name + ".quant_map", {16});
+      g.freeze(code, DType::f32);
+      weight.push_back(code);
+    }
     for (NodeId id : linears) {
       ValueId x = g.node(id).inputs[0];
       // bitsandbytes' bf16 compute: x rounded to bf16 for the product, which comes back rounded to bf16.
       const bool round = c.quant_bf16 && g.value(x).dtype == DType::f32;
       if (round) x = g.insert_before(id, OpKind::Cast, {x}, {{"dtype", std::string("bf16")}})[0];
       ir::Node& n = g.node(id);
-      std::vector<ValueId> inputs{x, w, absmax, code};
+      std::vector<ValueId> inputs{x};
+      inputs.insert(inputs.end(), weight.begin(), weight.end());
       if (n.inputs.size() == 3) inputs.push_back(n.inputs[2]);
       n.op = OpKind::QuantizedLinear;
       n.inputs = inputs;
-      n.attrs = {{"rows", N}, {"cols", K}, {"blocksize", c.quant_blocksize}, {"bf16", int64_t{c.quant_bf16}},
-                 {"round_output", int64_t{round}}};
+      n.attrs = {{"rows", N}, {"cols", K}, {"bits", int64_t{int8 ? 8 : 4}}, {"blocksize", c.quant_blocksize},
+                 {"bf16", int64_t{c.quant_bf16}}, {"round_output", int64_t{round}}};
     }
   }
   g.commit();

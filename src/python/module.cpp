@@ -590,14 +590,62 @@ problem (what the head solves, in words), outputs (the keys forward returns: ["l
                  " values; ", rows * cols, " elements in blocks of ", blocksize, " need ",
                  (rows * cols + blocksize - 1) / blocksize);
         FT_CHECK(code.size() == 16, "code holds ", code.size(), " values; a 4-bit format has 16");
-        const quant::Matrix4bit w{data.data(), absmax.data(), code.data(), rows, cols, shift, bf16};
+        const quant::QuantMatrix w{data.data(), absmax.data(), code.data(), rows, cols, shift, bf16};
         py::array_t<float> out({rows, cols});
-        w.dequantize(0, rows * cols, out.mutable_data());
+        for (int64_t r = 0; r < rows; ++r) w.dequantize_row(r, 0, cols, out.mutable_data() + r * cols);
         return out;
       },
       "data"_a, "absmax"_a, "code"_a, "blocksize"_a, "rows"_a, "cols"_a, "bf16"_a,
       "The engine's dequantisation of a 4-bit weight in bitsandbytes' layout (float32 (rows, cols); values rounded "
       "to bf16 when bf16). For tests against bitsandbytes' dequantize_4bit.");
+  m.def(
+      "_dequantize_int8",
+      [](py::array_t<int8_t, py::array::c_style | py::array::forcecast> data,
+         py::array_t<float, py::array::c_style | py::array::forcecast> absmax) {
+        FT_CHECK(data.ndim() == 2, "data should be int8 (rows, cols), found ", data.ndim(), " dimensions");
+        const int64_t rows = data.shape(0), cols = data.shape(1);
+        FT_CHECK(absmax.size() == rows, "absmax holds ", absmax.size(), " values; ", rows, " rows need ", rows);
+        const quant::QuantMatrix w{reinterpret_cast<const uint8_t*>(data.data()), absmax.data(), nullptr, rows, cols,
+                                   0, false, true};
+        py::array_t<float> out({rows, cols});
+        for (int64_t r = 0; r < rows; ++r) w.dequantize_row(r, 0, cols, out.mutable_data() + r * cols);
+        return out;
+      },
+      "data"_a, "absmax"_a,
+      "The engine's dequantisation of an LLM.int8 weight (int8 (rows, cols) and the absmax of each row, bitsandbytes' "
+      "CB and SCB) to float32. For tests against bitsandbytes' int8_vectorwise_dequant.");
+  m.def(
+      "_quantize_4bit",
+      [](py::array_t<float, py::array::c_style | py::array::forcecast> x, int64_t blocksize,
+         const std::string& quant_type) {
+        const int shift = quant::block_shift(blocksize);
+        FT_CHECK(shift >= 0, "blocksize ", blocksize, ": expected a power of two from 32 to 4096");
+        const float* code = quant::code_4bit(quant_type);
+        FT_CHECK(code != nullptr, "quant_type \"", quant_type, "\": expected nf4 or fp4");
+        const int64_t n = x.size();
+        FT_CHECK(n > 0 && n % blocksize == 0, "x holds ", n, " values; expected a whole number of blocks of ",
+                 blocksize);
+        py::array_t<uint8_t> packed(n / 2);
+        py::array_t<float> absmax(n / blocksize);
+        quant::quantize_4bit(x.data(), n, shift, code, packed.mutable_data(), absmax.mutable_data());
+        return py::make_tuple(packed, absmax);
+      },
+      "x"_a, "blocksize"_a, "quant_type"_a,
+      "The engine's 4-bit quantisation (the CLI's --base-dtype nf4/fp4): x flattened -> (packed codes uint8, absmax "
+      "float32), as bitsandbytes' quantize_4bit. For tests against it.");
+  m.def(
+      "_quantize_int8",
+      [](py::array_t<float, py::array::c_style | py::array::forcecast> x) {
+        FT_CHECK(x.ndim() == 2, "x should be (rows, cols), found ", x.ndim(), " dimensions");
+        const int64_t rows = x.shape(0), cols = x.shape(1);
+        py::array_t<int8_t> q({rows, cols});
+        py::array_t<float> absmax(rows);
+        quant::quantize_int8_rows(x.data(), rows, cols, q.mutable_data(), absmax.mutable_data());
+        return py::make_tuple(q, absmax);
+      },
+      "x"_a,
+      "The engine's LLM.int8 quantisation (the CLI's --base-dtype int8): x (rows, cols) -> (int8 codes, absmax of each "
+      "row), as bitsandbytes' Int8Params quantises a weight. For tests against it.");
   m.def(
       "_input_address",
       [](py::handle array, const char* name) {

@@ -358,6 +358,20 @@ std::vector<OpCase> make_cases() {
                                      {"bf16", int64_t{variant > 0}}})};
         },
         {{"q", {0, 0, 256}}, {"absmax", {0.1, 2}}, {"code", {-1, 1}}, {"x", {-1, 1, 0, 0, 1.0 / 16}}}).eps = 1.0 / 16;
+  // An LLM.int8 weight (random int8 codes, one absmax a row; any width), f32 or bf16 activations, with and
+  // without a bias.
+  for (int variant = 0; variant < 2; ++variant)
+    add(variant == 0 ? "quantized_linear_int8" : "quantized_linear_int8_bf16", OpKind::QuantizedLinear,
+        [variant](GraphBuilder& b, int64_t n) {
+          const int64_t N = 6, K = 40 + n;
+          ValueId x = b.param("x", {n, K});
+          if (variant == 1) x = b.cast(x, DType::bf16);
+          std::vector<ValueId> inputs{x, b.input("q", {N * K}, DType::u8), b.input("absmax", {N})};
+          if (variant == 0) inputs.push_back(b.param("bias", {N}));
+          return Outs{b.graph().add(OpKind::QuantizedLinear, inputs,
+                                    {{"rows", N}, {"cols", K}, {"bits", int64_t{8}}, {"bf16", int64_t{0}}})};
+        },
+        {{"q", {0, 0, 256}}, {"absmax", {0.5, 4}}, {"x", {-1, 1, 0, 0, 1.0 / 16}}}).eps = 1.0 / 16;
   // DPO's losses over 2P sequences (P chosen, then P rejected); lengths are completion token counts (ipo).
   for (const char* loss_type : {"sigmoid", "hinge", "ipo"})
     add(std::string("preference_loss_") + loss_type, OpKind::PreferenceLoss,

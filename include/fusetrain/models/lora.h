@@ -35,11 +35,13 @@ struct LoraConfig {
   bool use_rslora = false;          ///< s = alpha / √r instead of alpha / r
   DType base_dtype = DType::f32;    ///< frozen projection weights kept in f32 or bf16 (half the memory)
   uint64_t seed = 0;                ///< draws A (kaiming-uniform, as PEFT); B starts at zero
-  /// QLoRA: the frozen projection weights named in `quantized` are held in a 4-bit layout, `quant_type` "nf4" or
-  /// "fp4" in bitsandbytes' blocks of `quant_blocksize` elements: each as "<weight>" (the packed codes, u8),
-  /// "<weight>.absmax" (f32, one a block) and "<weight>.quant_map" (the format's 16 values), the values
-  /// load_state_dict gives them (a bitsandbytes model's own). Their GEMMs dequantise them (QuantizedLinear),
-  /// rounded to bf16 when `quant_bf16` (bitsandbytes' compute dtype). "" : no quantised weight.
+  /// QLoRA: the frozen projection weights named in `quantized` are held quantised in bitsandbytes' layouts.
+  /// `quant_type` "nf4" or "fp4": blocks of `quant_blocksize` elements, each weight as "<weight>" (the packed codes,
+  /// u8), "<weight>.absmax" (f32, one a block) and "<weight>.quant_map" (the format's 16 values). "int8" (LLM.int8):
+  /// "<weight>" (int8 codes as u8, one an element) and "<weight>.absmax" (f32, one a row: bitsandbytes' SCB).
+  /// load_state_dict gives them (a bitsandbytes model's own) or Model::from_pretrained quantises the checkpoint's
+  /// weights as it loads them. Their GEMMs dequantise them (QuantizedLinear), 4-bit values rounded to bf16 when
+  /// `quant_bf16` (bitsandbytes' compute dtype). "" : no quantised weight.
   std::string quant_type;
   int64_t quant_blocksize = 64;
   bool quant_bf16 = true;

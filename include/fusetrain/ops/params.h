@@ -15,6 +15,7 @@
 
 #include "fusetrain/core/dtype.h"
 #include "fusetrain/core/error.h"
+#include "fusetrain/core/quant.h"
 #include "fusetrain/ops/op.h"
 
 namespace fusetrain::ops {
@@ -174,13 +175,24 @@ struct PreferenceParams {
   double beta = 0.1;                  ///< "beta"
 };
 
-/// QuantizedLinear and its backward: a frozen (rows, cols) weight in a 4-bit layout (quant::Matrix4bit).
+/// QuantizedLinear and its backward: a frozen (rows, cols) weight in a quantised layout (quant::QuantMatrix).
 struct QuantizedParams {
   int64_t rows = 0;        ///< "rows": output features N (required)
   int64_t cols = 0;        ///< "cols": input features K (required)
-  int64_t blocksize = 64;  ///< "blocksize": elements per absmax, a power of two from 32 to 4096
+  int64_t bits = 4;        ///< "bits": 4 (NF4/FP4 blocks: inputs weight, absmax, code) or 8 (LLM.int8 rows:
+                           ///< inputs weight, absmax; one absmax a row, no code)
+  int64_t blocksize = 64;  ///< "blocksize": elements per absmax (4-bit), a power of two from 32 to 4096
   bool bf16 = true;        ///< "bf16": the dequantised weight is rounded to bf16 (the compute dtype)
   bool round_output = false;  ///< "round_output": the f32 result is rounded to bf16 (a bf16 product's own dtype)
+
+  /// Inputs before the optional bias: x and the weight's tensors.
+  size_t bias_input() const { return bits == 4 ? 4 : 3; }
+  /// The weight held by the op's inputs 1.. (packed codes, absmax, code).
+  quant::QuantMatrix matrix(const void* data, const float* absmax, const float* code) const {
+    int shift = 0;
+    while ((int64_t{1} << shift) < blocksize) ++shift;
+    return {static_cast<const uint8_t*>(data), absmax, bits == 4 ? code : nullptr, rows, cols, shift, bf16, bits == 8};
+  }
 };
 
 /// Attention and AttentionBackward.

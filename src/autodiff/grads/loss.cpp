@@ -77,7 +77,9 @@ void grad_rule<OpKind::LinearLogProbs>(GradContext& ctx) {
 // the weight as it packs it, as forward does.
 template <>
 void grad_rule<OpKind::QuantizedLinear>(GradContext& ctx) {
-  for (size_t i = 1; i <= 3; ++i)
+  // Inputs 1 .. bias_at - 1 hold the weight: codes, absmax and (4-bit) the format's values; a bias follows.
+  const size_t bias_at = ctx.attrs().get_int("bits", 4) == 4 ? 4 : 3;
+  for (size_t i = 1; i < bias_at; ++i)
     FT_CHECK(!ctx.needs_grad(i), "QuantizedLinear ", ctx.node().name, ": the quantised weight is frozen");
   const ValueId dy = ctx.grad_output(0);
   if (ctx.needs_grad(0)) {
@@ -87,12 +89,13 @@ void grad_rule<OpKind::QuantizedLinear>(GradContext& ctx) {
     const ValueId dy_gemm = bf16 ? ctx.b.cast(dy, ctx.input_dtype(0)) : dy;
     ir::Attrs attrs = ctx.attrs();
     attrs.set("round_output", int64_t{bf16});
-    ctx.set_grad_input(0, ctx.g.add(OpKind::QuantizedLinearBackward, {dy_gemm, ctx.input(1), ctx.input(2), ctx.input(3)},
-                                    attrs));
+    std::vector<ValueId> inputs{dy_gemm};
+    for (size_t i = 1; i < bias_at; ++i) inputs.push_back(ctx.input(i));
+    ctx.set_grad_input(0, ctx.g.add(OpKind::QuantizedLinearBackward, inputs, attrs));
   }
-  if (ctx.num_inputs() == 5 && ctx.needs_grad(4)) {
+  if (ctx.num_inputs() == bias_at + 1 && ctx.needs_grad(bias_at)) {
     const Shape& sy = ctx.g.value(dy).shape;
-    ctx.set_grad_input(4, ctx.b.reduce_sum(ctx.b.reshape(dy, {sy.numel() / sy[-1], sy[-1]}), {0}));
+    ctx.set_grad_input(bias_at, ctx.b.reduce_sum(ctx.b.reshape(dy, {sy.numel() / sy[-1], sy[-1]}), {0}));
   }
 }
 

@@ -74,10 +74,10 @@ struct Operand {
   const T* at(int64_t x, int64_t k) const { return p + x * xs + k * ks; }
 };
 
-// B as a 4-bit quantised weight W (quant::Matrix4bit): x along W's rows and k along its columns (x_is_row: the
+// B as a 4-bit quantised weight W (quant::QuantMatrix): x along W's rows and k along its columns (x_is_row: the
 // product x·Wᵀ), or the other way round (dy·W). Elements are dequantised as the panels are packed.
 struct QuantOperand {
-  const quant::Matrix4bit* w;
+  const quant::QuantMatrix* w;
   int64_t x0, k0;
   bool x_is_row;
   float at(int64_t x, int64_t k) const { return x_is_row ? w->at(x0 + x, k0 + k) : w->at(k0 + k, x0 + x); }
@@ -626,7 +626,7 @@ void gemm_batched_any(const GemmShape& s, int64_t batch, int64_t stride_a, int64
 }
 
 template <typename T>
-void gemm_quant4(const GemmShape& s, const T* A, const quant::Matrix4bit& W, float* C, void* scratch, int threads,
+void gemm_quant4(const GemmShape& s, const T* A, const quant::QuantMatrix& W, float* C, void* scratch, int threads,
                  const GemmEpilogue* epilogue) {
   if (s.M <= 0 || s.N <= 0) return;
   if (s.K <= 0) {
@@ -656,12 +656,12 @@ size_t gemm_quant4_scratch_bytes(const GemmShape& shape, int num_threads) {
   return thread_scratch_bytes(shape) * size_t(std::max(num_threads, 1)) + 64;
 }
 
-void gemm_quant4_f32(const GemmShape& shape, const float* A, const quant::Matrix4bit& W, float* C, void* scratch,
+void gemm_quant4_f32(const GemmShape& shape, const float* A, const quant::QuantMatrix& W, float* C, void* scratch,
                      int num_threads, const GemmEpilogue* epilogue) {
   gemm_quant4(shape, A, W, C, scratch, num_threads, epilogue);
 }
 
-void gemm_quant4_bf16(const GemmShape& shape, const uint16_t* A, const quant::Matrix4bit& W, float* C, void* scratch,
+void gemm_quant4_bf16(const GemmShape& shape, const uint16_t* A, const quant::QuantMatrix& W, float* C, void* scratch,
                       int num_threads, const GemmEpilogue* epilogue) {
   gemm_quant4(shape, A, W, C, scratch, num_threads, epilogue);
 }

@@ -59,9 +59,9 @@ void gemm_f16(const GemmShape& shape, float alpha, const uint16_t* A, const uint
 // exists): trans_b gives C = A·Wᵀ (N = rows, K = cols), else C = A·W (K = rows, N = cols); ldb is unused. C is
 // overwritten (alpha 1, beta 0). A in f32, or bf16 bit patterns (with a bf16 W on AVX512-BF16, vdpbf16ps products).
 size_t gemm_quant4_scratch_bytes(const GemmShape& shape, int num_threads);
-void gemm_quant4_f32(const GemmShape& shape, const float* A, const quant::Matrix4bit& W, float* C, void* scratch,
+void gemm_quant4_f32(const GemmShape& shape, const float* A, const quant::QuantMatrix& W, float* C, void* scratch,
                      int num_threads, const GemmEpilogue* epilogue = nullptr);
-void gemm_quant4_bf16(const GemmShape& shape, const uint16_t* A, const quant::Matrix4bit& W, float* C, void* scratch,
+void gemm_quant4_bf16(const GemmShape& shape, const uint16_t* A, const quant::QuantMatrix& W, float* C, void* scratch,
                       int num_threads, const GemmEpilogue* epilogue = nullptr);
 
 // Strided batch: for b in [0, batch), C + b*stride_c = alpha * op(A + b*stride_a) * op(B + b*stride_b)

@@ -78,7 +78,7 @@ double measure_weight_matmul_gflops(int64_t M, int64_t N, int64_t K, bool trans_
   std::vector<float> absmax(static_cast<size_t>(N * K / 64)), code(16);
   for (float& x : absmax) x = 0.5f + uniform(rng) * 0.25f;
   for (float& x : code) x = uniform(rng);
-  const quant::Matrix4bit w{codes.data(), absmax.data(), code.data(), trans_b ? N : K, trans_b ? K : N, 6, true};
+  const quant::QuantMatrix w{codes.data(), absmax.data(), code.data(), trans_b ? N : K, trans_b ? K : N, 6, true};
   std::vector<float> c(static_cast<size_t>(M * N));
   std::vector<unsigned char> scratch(nf4 ? gemm_quant4_scratch_bytes(shape, threads)
                                          : gemm_bf16_scratch_bytes(shape, threads));

@@ -259,14 +259,14 @@ std::unique_ptr<Kernel> make_cpu_matmul_kernel(const KernelCall& call) {
   }
 }
 
-// QuantizedLinear (y = x·Wᵀ + bias) and its backward (dx = dy·W) with W a 4-bit quantised weight: the GEMM
+// QuantizedLinear (y = x·Wᵀ + bias) and its backward (dx = dy·W) with W a quantised weight: the GEMM
 // dequantises W as it packs its panels (gemm_quant4), so no dequantised copy of the weight exists.
 class QuantizedLinearKernel final : public Kernel {
  public:
   QuantizedLinearKernel(const KernelCall& call)
       : params_(call.params<ops::QuantizedParams>()),
         bf16_(call.inputs[0].dtype == DType::bf16),
-        has_bias_(call.inputs.size() == 5) {
+        has_bias_(call.inputs.size() > params_.bias_input()) {
     const bool backward = call.op == OpKind::QuantizedLinearBackward;
     const Shape& x = call.inputs[0].shape;
     const int64_t k = x[-1], n = backward ? params_.cols : params_.rows;
@@ -276,9 +276,8 @@ class QuantizedLinearKernel final : public Kernel {
   size_t scratch_bytes(int num_threads) const override { return gemm_quant4_scratch_bytes(shape_, num_threads); }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
-    const quant::Matrix4bit w{static_cast<const uint8_t*>(args.inputs[1].data()), args.inputs[2].data_as<float>(),
-                              args.inputs[3].data_as<float>(), params_.rows, params_.cols,
-                              quant::block_shift(params_.blocksize), params_.bf16};
+    const quant::QuantMatrix w = params_.matrix(args.inputs[1].data(), args.inputs[2].data_as<float>(),
+                                                params_.bits == 4 ? args.inputs[3].data_as<float>() : nullptr);
     float* y = static_cast<float*>(args.outputs[0].data());
     if (bf16_)
       gemm_quant4_bf16(shape_, static_cast<const uint16_t*>(args.inputs[0].data()), w, y, args.scratch,
@@ -286,7 +285,7 @@ class QuantizedLinearKernel final : public Kernel {
     else
       gemm_quant4_f32(shape_, args.inputs[0].data_as<float>(), w, y, args.scratch, ctx.num_threads);
     if (has_bias_) {
-      const float* bias = args.inputs[4].data_as<float>();
+      const float* bias = args.inputs[params_.bias_input()].data_as<float>();
       for (int64_t r = 0; r < shape_.M; ++r)
         for (int64_t j = 0; j < shape_.N; ++j) y[r * shape_.N + j] += bias[j];
     }
