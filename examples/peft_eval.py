@@ -2,7 +2,9 @@
 directory with peft.PeftModel.from_pretrained, and prints the causal-LM loss on a text file cut into blocks as
 `fusetrain train --task clm` cuts a .txt file: every non-empty line tokenized (with the tokenizer's special tokens),
 all of them concatenated, and the concatenation cut into whole blocks (the remainder dropped). The ids come from the
-`tokenizers` library reading the model's tokenizer.json.
+`tokenizers` library reading the model's tokenizer.json. `--quantize nf4|fp4|int8` loads the base as bitsandbytes
+quantises it (BitsAndBytesConfig: 4-bit blocks of 64 computed in float32, or LLM.int8), the base of a
+`fusetrain train --base-dtype nf4|fp4|int8` run.
 
     python examples/peft_eval.py --model /tmp/tiny-llama --adapter out/lora --eval-file eval.txt --block-size 256
 """
@@ -32,13 +34,22 @@ def main() -> None:
     parser.add_argument("--eval-file", required=True)
     parser.add_argument("--block-size", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--quantize", choices=["nf4", "fp4", "int8"], help="load the base quantised by bitsandbytes")
     args = parser.parse_args()
 
     tokenizer = tokenizers.Tokenizer.from_file(f"{args.model}/tokenizer.json")
     with open(args.eval_file, encoding="utf-8") as f:
         lines = f.read().splitlines()
     data = blocks(tokenizer, lines, args.block_size)
-    base = transformers.AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="eager")
+    quantization = None
+    if args.quantize == "int8":
+        quantization = transformers.BitsAndBytesConfig(load_in_8bit=True)
+    elif args.quantize:
+        quantization = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=args.quantize,
+                                                       bnb_4bit_compute_dtype=torch.float32)
+    base = transformers.AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="eager",
+                                                             quantization_config=quantization,
+                                                             device_map="cpu" if quantization else None)
     model = peft.PeftModel.from_pretrained(base, args.adapter).eval()
     losses = []
     with torch.no_grad():

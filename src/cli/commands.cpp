@@ -236,7 +236,35 @@ std::vector<std::string> split_commas(const std::string& text) {
   return out;
 }
 
-// --lora-r (training) or --adapter (evaluation, prediction) on the model just loaded.
+bool quantized_base(const Options& o) { return o.base_dtype == "nf4" || o.base_dtype == "fp4" || o.base_dtype == "int8"; }
+
+// The LoRA of --lora-r and its flags for a model of `model_type` whose head is `head` (modules `head_modules`).
+models::LoraConfig lora_config(const Options& o, const std::string& model_type, models::Head head,
+                               const std::vector<std::string>& head_modules) {
+  FT_CHECK(o.lora_r > 0, "--lora-r must be a positive rank, found ", o.lora_r);
+  models::LoraConfig c;
+  c.r = o.lora_r;
+  c.alpha = o.lora_alpha;
+  c.dropout = o.lora_dropout;
+  c.target_modules = split_commas(o.lora_target_modules.empty() ? default_lora_targets(model_type)
+                                                                 : o.lora_target_modules);
+  // A task head is new, so it trains in full beside the adapters (PEFT's modules_to_save for SEQ_CLS and others).
+  if (head != models::Head::CausalLM && head != models::Head::MaskedLM) c.modules_to_save = head_modules;
+  c.base_dtype = o.base_dtype == "f32" ? DType::f32 : DType::bf16;
+  c.seed = static_cast<uint64_t>(o.args.seed);
+  if (quantized_base(o)) {
+    // As bitsandbytes' BitsAndBytesConfig(load_in_4bit / load_in_8bit) loads a model: every projection of the base
+    // quantised (blocks of 64 for 4-bit), the output layer kept (here in bf16); 4-bit weights computed in the
+    // training precision (bnb_4bit_compute_dtype: bf16 with --bf16).
+    c.quant_type = o.base_dtype;
+    c.quant_bf16 = o.base_dtype != "int8" && o.args.bf16;
+    c.quantize_base = true;
+  }
+  return c;
+}
+
+// --lora-r (training) or --adapter (evaluation, prediction) on the model just loaded (a quantised base's LoRA is
+// already there: load_for_training applied it as the weights were mapped in).
 void apply_adapters(const Options& o, models::Model& model, bool training) {
   const bool lora_flags = o.lora_r != 0 || !o.lora_target_modules.empty() || o.base_dtype != "f32" || o.merge_lora;
   if (!training) {
@@ -250,23 +278,38 @@ void apply_adapters(const Options& o, models::Model& model, bool training) {
     FT_CHECK(!lora_flags, "--lora-target-modules, --base-dtype and --merge-lora need --lora-r (the adapters' rank)");
     return;
   }
-  FT_CHECK(o.lora_r > 0, "--lora-r must be a positive rank, found ", o.lora_r);
-  models::LoraConfig c;
-  c.r = o.lora_r;
-  c.alpha = o.lora_alpha;
-  c.dropout = o.lora_dropout;
-  c.target_modules =
-      split_commas(o.lora_target_modules.empty() ? default_lora_targets(model.model_type()) : o.lora_target_modules);
-  // A task head is new, so it trains in full beside the adapters (PEFT's modules_to_save for SEQ_CLS and others).
-  const models::Head head = model.architecture_info().head;
-  if (head != models::Head::CausalLM && head != models::Head::MaskedLM) c.modules_to_save = model.head_modules();
-  c.base_dtype = o.base_dtype == "bf16" ? DType::bf16 : DType::f32;
-  c.seed = static_cast<uint64_t>(o.args.seed);
-  model.enable_lora(c);
+  if (!model.lora())
+    model.enable_lora(lora_config(o, model.model_type(), model.architecture_info().head, model.head_modules()));
+  const models::LoraConfig& c = *model.lora();
   std::fprintf(stderr, "fusetrain: LoRA r=%lld alpha=%g on %zu modules (%s): %lld trainable parameters, %lld frozen\n",
                static_cast<long long>(c.r), c.alpha, model.lora_adapters().size(), join(c.target_modules).c_str(),
                static_cast<long long>(model.params().num_parameters()),
                static_cast<long long>(model.params().num_frozen_parameters()));
+  if (!c.quant_type.empty())
+    std::fprintf(stderr, "fusetrain: %s base: %zu projections quantised (%s), %.1f MiB of frozen weights\n",
+                 c.quant_type.c_str(), c.quantized.size(),
+                 c.quant_type == "int8" ? "int8 rows, as LLM.int8"
+                                        : str("blocks of ", c.quant_blocksize, ", computed in ",
+                                              c.quant_bf16 ? "bf16" : "f32").c_str(),
+                 double(model.params().frozen_bytes()) / double(1 << 20));
+}
+
+// The model of a run that trains: with --lora-r and a quantised --base-dtype, loaded straight into its LoRA layout
+// (each weight mapped from the checkpoint and quantised, never the full-precision model in memory); otherwise as
+// load::load_model loads it.
+std::unique_ptr<models::Model> load_for_training(const Options& o, const io::HfModelDir& hf,
+                                                 const std::string& architecture, const nlohmann::json& overrides) {
+  if (o.lora_r <= 0 || !quantized_base(o))
+    return load::load_model(o.model, o.task, &hf, architecture, overrides, static_cast<uint64_t>(o.args.seed));
+  FT_CHECK(!o.merge_lora, "--merge-lora: the base is quantised (--base-dtype ", o.base_dtype, "); adapters cannot be "
+           "folded into its codes. Train without --merge-lora, then merge the saved adapters into the full-precision "
+           "model with PEFT (merge_and_unload)");
+  nlohmann::json config = hf.config;  // the probe sees the overrides from_pretrained will apply
+  for (auto it = overrides.begin(); it != overrides.end(); ++it) config[it.key()] = it.value();
+  const auto probe = models::Model::from_config_uninitialised(config, architecture);  // laid out, nothing written
+  const models::LoraConfig c =
+      lora_config(o, probe->model_type(), probe->architecture_info().head, probe->head_modules());
+  return models::Model::from_pretrained(hf, architecture, overrides, static_cast<uint64_t>(o.args.seed), c);
 }
 
 Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
@@ -287,6 +330,9 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   FT_CHECK(fs::is_directory(o.model), "--model: \"", o.model, "\" is not a directory");
   FT_CHECK(o.max_seq_length > 0, "--max-seq-length must be > 0, found ", o.max_seq_length);
   o.args.validate();
+  // A quantised base is for models too big for their memory otherwise: each layer's activations are recomputed in
+  // backward (what prepare_model_for_kbit_training turns on).
+  if (need_train && o.lora_r > 0 && quantized_base(o)) o.args.gradient_checkpointing = true;
   job.tokenizer = data::Tokenizer::from_pretrained(o.model);
   // config.json is read and parsed here, once: the model is built from the same directory read, and an
   // architecture without the task's head is refused before any data is read.
@@ -341,8 +387,15 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
     }
   }
   // An imported graph's logits fix the number of labels (a label outside them is refused per batch): no overrides.
-  job.model = load::load_model(onnx_graph ? onnx_path : o.model, o.task, &hf, architecture, overrides,
-                               static_cast<uint64_t>(o.args.seed));
+  if (onnx_graph) {
+    FT_CHECK(!quantized_base(o), "--base-dtype ", o.base_dtype, ": a graph imported from ONNX has no named "
+             "projections to quantise; quantised bases are for the models fusetrain builds");
+    job.model = load::load_model(onnx_path, o.task, &hf, architecture, overrides, static_cast<uint64_t>(o.args.seed));
+  } else {
+    job.model = need_train ? load_for_training(o, hf, architecture, overrides)
+                           : load::load_model(o.model, o.task, &hf, architecture, overrides,
+                                              static_cast<uint64_t>(o.args.seed));
+  }
   if (onnx_graph) report_constant_buffers(*job.model);
   apply_adapters(o, *job.model, need_train);
   if (!job.model->missing_keys().empty()) {
@@ -432,8 +485,11 @@ void add_options(CLI::App& app, Options& o) {
                  "train: comma-separated module names to adapt (q_proj,v_proj; all-linear); default: PEFT's for the "
                  "model type");
   app.add_option("--base-dtype", o.base_dtype,
-                 "train with --lora-r: keep the frozen base weights in f32 or bf16 (half their memory)")
-      ->check(CLI::IsMember({"f32", "bf16"}))
+                 "train with --lora-r: keep the frozen base weights in f32 or bf16 (half their memory), or quantise "
+                 "its projections as bitsandbytes does (QLoRA): nf4 or fp4 (4-bit blocks of 64; computed in bf16 "
+                 "with --bf16, else f32) or int8 (LLM.int8 rows), loaded straight from the checkpoint, the rest of "
+                 "the base in bf16, gradient checkpointing on")
+      ->check(CLI::IsMember({"f32", "bf16", "nf4", "fp4", "int8"}))
       ->capture_default_str();
   app.add_flag("--merge-lora", o.merge_lora,
                "train with --lora-r: also write the base model with the adapters merged in, to OUTPUT_DIR/merged");
@@ -686,6 +742,7 @@ int run_export(Options& o) {
 int run_inspect(Options& o) {
   FT_CHECK(!o.model.empty(), "--model DIR is required");
   o.args.validate();  // --zero-stage, --ddp-bucket-cap-mb and the rest, with their one-line errors
+  if (o.lora_r > 0 && quantized_base(o)) o.args.gradient_checkpointing = true;  // as train runs it
   const models::Head task = models::head_for_task(o.task);
   std::unique_ptr<models::Model> model;
   if (load::model_source(o.model) == load::ModelSource::Imported) {
@@ -693,7 +750,7 @@ int run_inspect(Options& o) {
     report_constant_buffers(*model);
   } else {
     const io::HfModelDir hf = io::read_hf_dir(o.model);
-    model = load::load_model(o.model, o.task, &hf, architecture_for(hf, task));
+    model = load_for_training(o, hf, architecture_for(hf, task), nlohmann::json::object());
   }
   // The plan shown is the one train would run, so the LoRA flags that change it apply here too.
   FT_CHECK(!o.merge_lora, "--merge-lora applies to train (it writes the merged model); inspect shows the training ",

@@ -47,7 +47,9 @@ AlignedPtr aligned_allocate(size_t bytes) {
   size_t mapped = 0, usable = size;
   if (size + kHeader >= kMapThreshold) {
     mapped = align_up(size + kHeader, page_size());
-    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    // MAP_NORESERVE: the pages are counted as they are written, not at the mapping, so a store laid out but never
+    // filled (a model loaded straight into its quantised LoRA layout) is not refused for the size it never uses.
+    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     FT_CHECK(p != MAP_FAILED, "out of memory: could not map ", mapped, " bytes");
     base = static_cast<char*>(p);  // zero pages
     usable = mapped - kHeader;

@@ -1,9 +1,10 @@
 // LoRA: the configuration (PEFT's adapter_config.json) and the graph rewrite that adds the adapters.
-#include "fusetrain/core/quant.h"
+#include <algorithm>
 #include <cmath>
 #include <map>
 
 #include "fusetrain/core/error.h"
+#include "fusetrain/core/quant.h"
 #include "fusetrain/io/json_fields.h"
 #include "models/family.h"
 #include "models/lora_graph.h"
@@ -379,6 +380,20 @@ std::vector<Adapter> apply(ir::Graph& g, const LoraConfig& c, bool training, con
   }
   if (!quantized.empty()) quantize_weights(g, c, quantized);
   return adapters;
+}
+
+std::vector<std::string> quantizable(const ir::Graph& g, const std::vector<std::string>& head_prefixes) {
+  const std::vector<std::vector<NodeId>> readers = g.consumers();
+  std::vector<std::string> out;
+  for (ValueId w : g.frozen()) {
+    const std::string& name = g.value(w).name;
+    if (g.value(w).shape.rank() != 2 || starts_with_any(name, head_prefixes)) continue;
+    std::string other;
+    const std::vector<Use> uses = projection_uses(g, readers, w, other);
+    const bool linear = std::all_of(uses.begin(), uses.end(), [](const Use& u) { return !u.in_out; });
+    if (!uses.empty() && other.empty() && linear) out.push_back(name);
+  }
+  return out;
 }
 
 std::set<std::string> bf16_candidates(const ir::Graph& g) {

@@ -32,4 +32,9 @@ std::vector<Adapter> apply(ir::Graph& graph, const LoraConfig& config, bool trai
 /// keeps in bf16.
 std::set<std::string> bf16_candidates(const ir::Graph& graph);
 
+/// The frozen weights of `graph` (an applied graph) a QLoRA base holds quantised, as bitsandbytes' load_in_4bit /
+/// load_in_8bit replaces nn.Linear layers: every (out, in) weight that only Linear projections read, but those under
+/// `head_prefixes` (the output layer stays in full precision).
+std::vector<std::string> quantizable(const ir::Graph& graph, const std::vector<std::string>& head_prefixes);
+
 }  // namespace fusetrain::models::lora

@@ -112,6 +112,13 @@ std::unique_ptr<runtime::ParameterStore> layout_parameters(const Family& family)
 
 std::unique_ptr<Model> Model::from_config(const nlohmann::json& config_or_path, uint64_t seed,
                                           const std::string& architecture) {
+  std::unique_ptr<Model> m = from_config_uninitialised(config_or_path, architecture);
+  initialise(*m->params_, *m->family_, seed);
+  return m;
+}
+
+std::unique_ptr<Model> Model::from_config_uninitialised(const nlohmann::json& config_or_path,
+                                                        const std::string& architecture) {
   nlohmann::json config =
       config_or_path.is_string() ? io::read_json_file(config_or_path.get<std::string>()) : config_or_path;
   std::unique_ptr<Model> m(new Model());
@@ -125,7 +132,6 @@ std::unique_ptr<Model> Model::from_config(const nlohmann::json& config_or_path, 
   m->inputs_ = m->family_->inputs();
   m->params_ = layout_parameters(*m->family_);
   m->aliases_ = m->family_->tied();
-  initialise(*m->params_, *m->family_, seed);
   return m;
 }
 
@@ -156,6 +162,18 @@ std::unique_ptr<Model> Model::from_pretrained(const std::string& dir, const std:
 
 std::unique_ptr<Model> Model::from_pretrained(const io::HfModelDir& hf, const std::string& architecture,
                                               const nlohmann::json& config_overrides, uint64_t init_seed) {
+  return load_pretrained(hf, architecture, config_overrides, init_seed, nullptr);
+}
+
+std::unique_ptr<Model> Model::from_pretrained(const io::HfModelDir& hf, const std::string& architecture,
+                                              const nlohmann::json& config_overrides, uint64_t init_seed,
+                                              const LoraConfig& lora) {
+  return load_pretrained(hf, architecture, config_overrides, init_seed, &lora);
+}
+
+std::unique_ptr<Model> Model::load_pretrained(const io::HfModelDir& hf, const std::string& architecture,
+                                              const nlohmann::json& config_overrides, uint64_t init_seed,
+                                              const LoraConfig* lora) {
   const std::string& dir = hf.path;
   nlohmann::json config = hf.config;
   FT_CHECK(config_overrides.is_object(), "config overrides must be a JSON object");
@@ -163,7 +181,8 @@ std::unique_ptr<Model> Model::from_pretrained(const io::HfModelDir& hf, const st
   if (config_overrides.contains("num_labels"))  // the checkpoint's label names no longer apply, unless given anew
     for (const char* key : {"id2label", "label2id"})
       if (!config_overrides.contains(key)) config.erase(key);
-  std::unique_ptr<Model> m = from_config(config, init_seed, architecture);
+  // Laid out only: the weights are drawn below if the checkpoint lacks some (a new head), else never.
+  std::unique_ptr<Model> m = from_config_uninitialised(config, architecture);
   const Family* family = m->family_.get();
   const std::string prefix = family->base_prefix() + ".";
   const bool head_model = family->head() != Head::Base;
@@ -182,7 +201,7 @@ std::unique_ptr<Model> Model::from_pretrained(const io::HfModelDir& hf, const st
     return false;
   };
 
-  std::set<std::string> loaded;
+  std::map<std::string, Tensor> sources;  // parameter -> the checkpoint's tensor (a view into its mapped file)
   std::vector<std::string> unexpected;
   std::string file_of_first_problem;
   for (const std::string& name : hf.tensor_names()) {
@@ -211,12 +230,11 @@ std::unique_ptr<Model> Model::from_pretrained(const io::HfModelDir& hf, const st
              " but the config (", m->architecture_, ") expects ", dest.shape().to_string());
     FT_CHECK(is_floating(source.dtype()), file, ": tensor \"", name, "\" is ", dtype_name(source.dtype()),
              "; weights must be F32, BF16 or F16");
-    copy_converted(dest.data_as<float>(), source, str(file, ": tensor \"", name, "\""));
-    loaded.insert(target);
+    sources[target] = source;
   }
   std::vector<std::string> missing_required;
   for (const runtime::ParamSlot& slot : params.slots()) {
-    if (loaded.count(slot.name)) continue;
+    if (sources.count(slot.name)) continue;
     bool head_parameter =
         (head_model && !starts_with(slot.name, prefix)) || slot.name.find("pooler.") != std::string::npos;
     if (head_parameter)
@@ -230,7 +248,33 @@ std::unique_ptr<Model> Model::from_pretrained(const io::HfModelDir& hf, const st
     if (!unexpected.empty()) msg += str("; unexpected tensors: ", join(unexpected));
     throw Error(msg);
   }
+  std::optional<LoraConfig> config_lora;
+  if (lora) {
+    config_lora = *lora;
+    if (!config_lora->quant_type.empty() && config_lora->quantized.empty())
+      config_lora->quantized = m->quantizable_weights(*config_lora);
+  }
+  if (lora && m->missing_keys_.empty()) {  // a mapped load: straight into the LoRA layout
+    m->enable_lora(*config_lora, &sources);
+    return m;
+  }
+  initialise(params, *family, init_seed);
+  for (const auto& [target, source] : sources) {
+    const std::string& name = target;
+    copy_converted(params.param(target).data_as<float>(), source, str(hf.path, ": tensor \"", name, "\""));
+  }
+  if (lora) m->enable_lora(*config_lora);
   return m;
+}
+
+std::vector<std::string> Model::quantizable_weights(const LoraConfig& config) const {
+  LoraConfig plain = config;
+  plain.quant_type.clear();
+  plain.quantized.clear();
+  plain.base_dtype = DType::f32;
+  ir::Graph g = family_->build(BatchSpec{}).graph;
+  lora::apply(g, plain, false, {}, family_->head_prefixes());
+  return lora::quantizable(g, family_->head_prefixes());
 }
 
 int64_t Model::max_positions() const { return family_->max_positions(); }
@@ -353,7 +397,32 @@ BuiltGraph Model::build(const BatchSpec& spec) const {
   return built;
 }
 
-void Model::enable_lora(const LoraConfig& config) {
+void Model::enable_lora(const LoraConfig& config) { enable_lora(config, nullptr); }
+
+namespace {
+
+// Quantises `source` (any float dtype) into the QLoRA weight `name` of `store`: its codes and absmax, and for a 4-bit
+// format the code table, as bitsandbytes would from the same weight.
+void quantize_into(runtime::ParameterStore& store, const std::string& name, const Tensor& source,
+                   const LoraConfig& config, const std::string& where) {
+  FT_CHECK(source.shape().rank() == 2, where, ": a quantised weight is (out, in); found ", source.shape().to_string());
+  const int64_t rows = source.shape()[0], cols = source.shape()[1];
+  std::vector<float> values(static_cast<size_t>(source.numel()));
+  copy_converted(values.data(), source, where);  // refuses inf and NaN
+  const Tensor codes = store.frozen(name), absmax = store.frozen(name + ".absmax");
+  if (config.quant_type == "int8") {
+    quant::quantize_int8_rows(values.data(), rows, cols, static_cast<int8_t*>(codes.data()), absmax.data_as<float>());
+    return;
+  }
+  const float* code = quant::code_4bit(config.quant_type);
+  quant::quantize_4bit(values.data(), rows * cols, quant::block_shift(config.quant_blocksize), code,
+                       static_cast<uint8_t*>(codes.data()), absmax.data_as<float>());
+  std::memcpy(store.frozen(name + ".quant_map").data(), code, 16 * sizeof(float));
+}
+
+}  // namespace
+
+void Model::enable_lora(const LoraConfig& config, const std::map<std::string, Tensor>* checkpoint) {
   config.validate();
   FT_CHECK(!lora_, architecture_, " already has LoRA adapters (merge_lora() first to add others)");
   FT_CHECK(!imported_from_onnx(), "LoRA adapts models fusetrain builds; ", architecture_,
@@ -383,35 +452,54 @@ void Model::enable_lora(const LoraConfig& config) {
     lora_adapters_.clear();
     throw;
   }
-  // Carry every weight over; draw the adapters as PEFT does: A ~ kaiming_uniform(a=√5) = U(±1/√in), B = 0.
+  // Carry every weight over, from the model's store or (a mapped load) straight from the checkpoint's mapped files;
+  // draw the adapters as PEFT does: A ~ kaiming_uniform(a=√5) = U(±1/√in), B = 0.
   // The old store is dropped below, so each base weight's pages go back to the kernel as soon as it is copied:
-  // otherwise the f32 base and its bf16 copy are resident side by side (a 1.1B Llama: 4.1 + 2.1 GiB). Every source
-  // is checked first, so that nothing can throw once the first one is released.
-  // A quantised weight's codes, absmax and code table have no f32 source: load_state_dict gives them (QLoRA).
-  auto carried = [&](size_t i) {
-    return next->frozen(i).dtype() != DType::u8 && params_->contains(next->frozen_slots()[i].name);
+  // otherwise the f32 base and its bf16 copy are resident side by side (a 1.1B Llama: 4.1 + 2.1 GiB); a checkpoint
+  // tensor's mapped pages are dropped the same way, so a load never holds more than the model it builds and one
+  // weight. The model's own weights are checked first, so that nothing can throw once the first one is released; a
+  // checkpoint's are checked as they are converted (an error there leaves this model as it was).
+  // A quantised weight's codes, absmax and code table have no source of their own: with config.quantize_base they
+  // are made from the weight's full-precision values, otherwise load_state_dict gives them (a bitsandbytes model's).
+  const std::set<std::string> quantized(config.quantized.begin(), config.quantized.end());
+  auto source_of = [&](const std::string& name) -> std::optional<Tensor> {
+    if (checkpoint) {
+      auto it = checkpoint->find(name);
+      if (it != checkpoint->end()) return it->second;
+    } else if (params_->contains(name)) {
+      return params_->param(name);
+    }
+    return std::nullopt;
   };
-  for (size_t i = 0; i < next->frozen_slots().size(); ++i)
-    if (carried(i)) check_finite(params_->param(next->frozen_slots()[i].name), next->frozen_slots()[i].name);
+  auto release = [&](const std::string& name) {
+    if (std::optional<Tensor> s = source_of(name)) release_pages(s->data(), s->nbytes());
+  };
+  auto carried = [&](size_t i) {
+    const std::string& name = next->frozen_slots()[i].name;
+    return (next->frozen(i).dtype() != DType::u8 || (config.quantize_base && quantized.count(name))) &&
+           source_of(name).has_value();
+  };
+  for (size_t i = 0; !checkpoint && i < next->frozen_slots().size(); ++i)
+    if (carried(i)) check_finite(*source_of(next->frozen_slots()[i].name), next->frozen_slots()[i].name);
   for (size_t i = 0; i < next->frozen_slots().size(); ++i) {
     const std::string& name = next->frozen_slots()[i].name;
     if (!carried(i)) {
-      if (params_->contains(name)) release_pages(params_->param(name).data(), params_->param(name).nbytes());
+      if (!checkpoint) release(name);
       continue;
     }
-    const Tensor source = params_->param(name), dest = next->frozen(i);
-    if (dest.dtype() == DType::bf16)
-      float_to_bf16(static_cast<uint16_t*>(dest.data()), source.data_as<float>(), static_cast<size_t>(source.numel()));
+    const Tensor source = *source_of(name), dest = next->frozen(i);
+    if (dest.dtype() == DType::u8)
+      quantize_into(*next, name, source, config, name);
     else
-      std::memcpy(dest.data(), source.data(), source.nbytes());
-    release_pages(source.data(), source.nbytes());
+      copy_into(dest, source, name);
+    release(name);
   }
   std::mt19937_64 rng(config.seed);
   for (size_t i = 0; i < next->slots().size(); ++i) {
     const std::string& name = next->slots()[i].name;
     Tensor dest = next->param(i);
-    if (params_->contains(name)) {
-      std::memcpy(dest.data(), params_->param(name).data(), size_t(dest.nbytes()));
+    if (std::optional<Tensor> source = source_of(name)) {
+      copy_converted(dest.data_as<float>(), *source, name);
       continue;
     }
     float* p = dest.data_as<float>();

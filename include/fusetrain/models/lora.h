@@ -46,6 +46,10 @@ struct LoraConfig {
   int64_t quant_blocksize = 64;
   bool quant_bf16 = true;
   std::vector<std::string> quantized;
+  /// Whether Model::enable_lora quantises the `quantized` weights from the model's own weights (the CLI's
+  /// --base-dtype nf4|fp4|int8, with bitsandbytes' codes: quant::quantize_4bit, quant::quantize_int8_rows) rather
+  /// than leaving them for load_state_dict to give.
+  bool quantize_base = false;
 
   /// The scale s applied to the adapter's output.
   double scaling() const;

@@ -156,6 +156,14 @@ class Model {
   static std::unique_ptr<Model> from_pretrained(const io::HfModelDir& dir, const std::string& architecture = "",
                                                 const nlohmann::json& config_overrides = nlohmann::json::object(),
                                                 uint64_t init_seed = 0);
+  /// A LoRA model loaded from a model directory: the same as from_pretrained followed by enable_lora(lora), but
+  /// when the checkpoint holds every weight each one goes from its mapped file straight into the LoRA layout (bf16
+  /// or quantised with lora.quantize_base), so the full-precision model never exists in memory: an 8B model with
+  /// a 4-bit base loads within its own 4-bit size plus one weight. `lora.quantized` empty with a quant_type names
+  /// every quantizable_weights() weight.
+  static std::unique_ptr<Model> from_pretrained(const io::HfModelDir& dir, const std::string& architecture,
+                                                const nlohmann::json& config_overrides, uint64_t init_seed,
+                                                const LoraConfig& lora);
   /// A model whose graphs a family made outside the registry builds (an ONNX graph: onnx_import::import_model),
   /// with `head` and the parameter values the family brings; `config` names the architecture ("architectures"[0],
   /// else "OnnxModel") and model_type (else "onnx").
@@ -164,6 +172,10 @@ class Model {
   /// architecture does in transformers (normal(0, initializer_range), zero biases, unit LayerNorm).
   static std::unique_ptr<Model> from_config(const nlohmann::json& config, uint64_t seed = 0,
                                             const std::string& architecture = "");
+  /// The same without drawing the weights: the parameter store is laid out (address space only, no page
+  /// written) for a load that fills it or replaces it.
+  static std::unique_ptr<Model> from_config_uninitialised(const nlohmann::json& config,
+                                                          const std::string& architecture = "");
   ~Model();
 
   const nlohmann::json& config() const { return config_; }
@@ -209,6 +221,9 @@ class Model {
   /// (no gradient, no optimizer state) but those under config.modules_to_save; frozen projection weights are kept in
   /// bf16 when config.base_dtype is bf16. Compiled plans are dropped.
   void enable_lora(const LoraConfig& config);
+  /// The weights LoraConfig::quantized may name for this model and `config` (its target modules): every frozen
+  /// (out, in) weight only Linear projections read, the output layer left out (bitsandbytes' load_in_4bit).
+  std::vector<std::string> quantizable_weights(const LoraConfig& config) const;
   /// The modules of the model's head ("score", "classifier", "lm_head", ...): what a LoRA run on a new task head
   /// trains in full (LoraConfig::modules_to_save).
   std::vector<std::string> head_modules() const;
@@ -317,6 +332,12 @@ class Model {
 
  private:
   Model() = default;
+  static std::unique_ptr<Model> load_pretrained(const io::HfModelDir& dir, const std::string& architecture,
+                                                const nlohmann::json& config_overrides, uint64_t init_seed,
+                                                const LoraConfig* lora);
+  // enable_lora taking the frozen and trainable weights from `checkpoint` (name -> a mapped file's tensor) when
+  // given, else from the model's own store.
+  void enable_lora(const LoraConfig& config, const std::map<std::string, Tensor>* checkpoint);
   BatchSpec spec_for(const Batch& batch, bool training, bool with_backward) const;
   compile::Program& plan_for(const BatchSpec& spec, bool with_backward);
   ModelOutput run(const Batch& batch, bool training, bool with_backward, bool zero_grads,
