@@ -30,10 +30,12 @@ struct Buckets {
     std::stable_sort(order.begin(), order.end(), [&](uint8_t a, uint8_t b) { return code[a] < code[b]; });
     for (int i = 0; i < 15; ++i) bounds[size_t(i)] = (code[order[size_t(i)]] + code[order[size_t(i) + 1]]) / 2.0f;
   }
-  // torch.bucketize(right=False): the number of boundaries strictly below v.
+  // torch.bucketize(right=False): the number of boundaries strictly below v, by binary search (four compares; the
+  // boundaries ascend, so those below v are a prefix).
   uint8_t code_of(float v) const {
     int b = 0;
-    while (b < 15 && bounds[size_t(b)] < v) ++b;
+    for (int step = 8; step > 0; step >>= 1)
+      if (b + step <= 15 && bounds[size_t(b + step - 1)] < v) b += step;
     return order[size_t(b)];
   }
 };
