@@ -15,6 +15,9 @@ Workloads (models built by transformers from configs and saved once; every frame
     w7  ViT-Base/16 (hidden 768, 12 layers, 12 heads), image classification of 224x224 images into 10 classes, batch
         32 (synthetic normalised images): fusetrain trains it through capture, its pixel_values a float input
     w5  w4 with LoRA r=16, alpha 32 on q, k, v and o (PEFT's get_peft_model for PyTorch, enable_lora for fusetrain)
+    w12 w5 with the base quantised to NF4 (QLoRA): PyTorch loads it with bitsandbytes 0.50
+        (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"), compute dtype float32, bfloat16 for the
+        bf16 frameworks), fusetrain quantises the same weights to the same codes (enable_lora(quantize_base=True))
     w4-s512, w4-s1024, w4-s2048, w4-s4096  w4 at sequence 512, 1024, 2048, 4096 with batch 8, 4, 2, 1 (4096 tokens
         a step), for step time and memory against sequence length
 Text is tokenized with MiniLM's WordPiece (bert-base-uncased's vocabulary; its ids are valid GPT-2 ids too).
@@ -78,6 +81,8 @@ WORKLOADS = {
            "seq": 197, "batch": 32},
     "w5": {"title": "W5 Llama 134M CLM LoRA r=16 (q,k,v,o), seq 512, batch 4", "task": "clm", "seq": 512, "batch": 4,
            "llama": True, "lora": True},
+    "w12": {"title": "W12 Llama 134M CLM QLoRA r=16 (q,k,v,o; NF4 base), seq 512, batch 4", "task": "clm", "seq": 512,
+            "batch": 4, "llama": True, "lora": True, "quant": "nf4"},
     **{f"w4-s{seq}": {"title": f"W4 Llama 134M CLM, seq {seq}, batch {4096 // seq}", "task": "clm", "seq": seq,
                       "batch": 4096 // seq, "llama": True} for seq in (512, 1024, 2048, 4096)},
 }
@@ -269,7 +274,10 @@ def fusetrain_step(framework: str, directory: pathlib.Path, threads: int):
         model = captured_model(directory)
     else:
         model = fusetrain.Model.from_pretrained(str(directory))
-    if json.loads((directory / "spec.json").read_text()).get("lora"):
+    spec = json.loads((directory / "spec.json").read_text())
+    if spec.get("quant"):  # the projections quantised as bitsandbytes would, computed in the run's precision
+        model.enable_lora(**LORA, quant_type=spec["quant"], quant_bf16="bf16" in framework, quantize_base=True)
+    elif spec.get("lora"):
         model.enable_lora(**LORA)
     model.set_num_threads(threads)
     model.bf16 = "bf16" in framework
@@ -398,8 +406,15 @@ def torch_step(framework: str, directory: pathlib.Path, threads: int):
 
     torch.set_num_threads(threads)
     architecture = json.loads((directory / "config.json").read_text())["architectures"][0]
-    model = getattr(transformers, architecture).from_pretrained(directory)
-    if json.loads((directory / "spec.json").read_text()).get("lora"):
+    spec = json.loads((directory / "spec.json").read_text())
+    quantization = None
+    if spec.get("quant"):
+        quantization = transformers.BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type=spec["quant"],
+            bnb_4bit_compute_dtype=torch.bfloat16 if framework.endswith("bf16") else torch.float32)
+    model = getattr(transformers, architecture).from_pretrained(directory, quantization_config=quantization,
+                                                                device_map="cpu" if quantization else None)
+    if spec.get("lora"):
         import peft
 
         model = peft.get_peft_model(model, peft.LoraConfig(lora_dropout=0.0, **LORA))

@@ -6,7 +6,7 @@ packed). Shapes: W4's projections at 4,096 tokens (4 x 1,024) and an 8B model's 
     python bench/quant_gemm.py [--threads 2] [--repeats 5] [--rounds 3]
 
 Rounds alternate the two weights; the best GFLOP/s of each is kept (measure_weight_matmul_gflops: the best of
-`repeats` timings of three calls). Figures go to bench/results/quant_gemm.json."""
+`repeats` timings of three calls). Figures go to bench/results/quant_gemm.json (or --out)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "quant_gemm.json")
     args = parser.parse_args()
     rows = []
     print(f"{cpu_name()}, {args.threads} threads")
@@ -49,7 +50,7 @@ def main() -> None:
                          "bf16_gflops": best["bfloat16"], "nf4_gflops": best["nf4"], "ratio": ratio})
             print(f"| {name} | {m} x {n} x {k} | {'x·Wᵀ' if forward else 'dy·W'} | {best['bfloat16']:.1f} | "
                   f"{best['nf4']:.1f} | {ratio:.2f} |", flush=True)
-    out = ROOT / "bench" / "results" / "quant_gemm.json"
+    out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"cpu": cpu_name(), "threads": args.threads, "rows": rows}, indent=2))
 

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/data/dataset.h"
@@ -281,10 +282,17 @@ void apply_adapters(const Options& o, models::Model& model, bool training) {
   if (!model.lora())
     model.enable_lora(lora_config(o, model.model_type(), model.architecture_info().head, model.head_modules()));
   const models::LoraConfig& c = *model.lora();
+  // Frozen parameters as the model counts them: a quantised weight's rows x cols, not its bytes of codes and scales.
+  const std::set<std::string> quantized(c.quantized.begin(), c.quantized.end());
+  int64_t frozen = 0;
+  for (const runtime::FrozenSlot& s : model.params().frozen_slots()) {
+    const size_t dot = s.name.rfind('.');
+    if (dot != std::string::npos && quantized.count(s.name.substr(0, dot))) continue;  // its absmax, its code table
+    frozen += quantized.count(s.name) && c.quant_type != "int8" ? 2 * s.numel : s.numel;
+  }
   std::fprintf(stderr, "fusetrain: LoRA r=%lld alpha=%g on %zu modules (%s): %lld trainable parameters, %lld frozen\n",
                static_cast<long long>(c.r), c.alpha, model.lora_adapters().size(), join(c.target_modules).c_str(),
-               static_cast<long long>(model.params().num_parameters()),
-               static_cast<long long>(model.params().num_frozen_parameters()));
+               static_cast<long long>(model.params().num_parameters()), static_cast<long long>(frozen));
   if (!c.quant_type.empty())
     std::fprintf(stderr, "fusetrain: %s base: %zu projections quantised (%s), %.1f MiB of frozen weights\n",
                  c.quant_type.c_str(), c.quantized.size(),

@@ -368,6 +368,10 @@ std::vector<Adapter> apply(ir::Graph& g, const LoraConfig& c, bool training, con
         if (n.op == OpKind::Cast && g.value(n.outputs[0]).dtype == DType::bf16 && !g.is_output(n.outputs[0])) {
           g.replace_all_uses(n.outputs[0], w);
           g.remove_node(r);
+        } else if (n.op == OpKind::Embedding && n.inputs[0] == w) {
+          // The lookup gathers bf16 rows; the node becomes their cast to f32, so its readers are unchanged.
+          const ValueId rows = g.insert_before(r, OpKind::Embedding, n.inputs, n.attrs)[0];
+          g.set_op(r, OpKind::Cast, {rows}, {{"dtype", std::string("f32")}});
         } else {
           // The reader reads an f32 copy (its input is repointed directly: the dtypes differ).
           const ValueId f = g.insert_before(r, OpKind::Cast, {w}, {{"dtype", std::string("f32")}})[0];
@@ -401,8 +405,24 @@ std::set<std::string> bf16_candidates(const ir::Graph& g) {
   std::set<std::string> out;
   for (ValueId w : g.frozen()) {
     if (g.value(w).shape.rank() != 2) continue;
-    std::string other;
-    if (!projection_uses(g, readers, w, other).empty() && other.empty()) out.insert(g.value(w).name);
+    // Projections read a bf16 weight directly (or through its cast); an embedding table's lookups gather bf16 rows,
+    // which apply casts to f32. Any other reader keeps the weight in f32.
+    bool read = false, other = false;
+    auto classify = [&](NodeId r, ValueId operand) {
+      bool in_out = false;
+      (projects(g.node(r), operand, in_out) ? read : other) = true;
+    };
+    for (NodeId r : readers[size_t(w)]) {
+      const ir::Node& n = g.node(r);
+      if (n.op == OpKind::Embedding && n.inputs[0] == w) {
+        read = true;
+      } else if (n.op == OpKind::Cast) {
+        for (NodeId r2 : readers[size_t(n.outputs[0])]) classify(r2, n.outputs[0]);
+      } else {
+        classify(r, w);
+      }
+    }
+    if (read && !other) out.insert(g.value(w).name);
   }
   return out;
 }

@@ -28,8 +28,8 @@ std::vector<Adapter> apply(ir::Graph& graph, const LoraConfig& config, bool trai
                            const std::set<std::string>& bf16_weights, const std::vector<std::string>& head_prefixes,
                            const std::vector<ir::ValueId*>& watched = {}, bool with_adapters = true);
 
-/// The frozen weights of `graph` (an applied graph) that only projections read: those config.base_dtype = bf16
-/// keeps in bf16.
+/// The frozen weights of `graph` (an applied graph) that only projections and embedding lookups read: those
+/// config.base_dtype = bf16 keeps in bf16 (a lookup gathers bf16 rows and casts them to f32).
 std::set<std::string> bf16_candidates(const ir::Graph& graph);
 
 /// The frozen weights of `graph` (an applied graph) a QLoRA base holds quantised, as bitsandbytes' load_in_4bit /

@@ -61,9 +61,23 @@ void copy_into(const Tensor& dest, const Tensor& src, const std::string& where) 
     return;
   }
   FT_CHECK(dest.dtype() == DType::bf16, where, ": cannot store into a ", dtype_name(dest.dtype()), " parameter");
-  std::vector<float> tmp(static_cast<size_t>(src.numel()));
-  copy_converted(tmp.data(), src, where);
-  float_to_bf16(static_cast<uint16_t*>(dest.data()), tmp.data(), tmp.size());
+  check_finite(src, where);
+  if (src.dtype() == DType::bf16) {
+    std::memcpy(dest.data(), src.data(), static_cast<size_t>(src.nbytes()));
+    return;
+  }
+  // Through f32 a slice at a time: no f32 copy of a whole weight (an 8B model's embedding is 2 GB of it).
+  constexpr int64_t kSlice = int64_t{1} << 20;
+  const int64_t n = src.numel();
+  const size_t item = dtype_size(src.dtype());
+  std::vector<float> tmp(static_cast<size_t>(std::min(n, kSlice)));
+  for (int64_t begin = 0; begin < n; begin += kSlice) {
+    const int64_t count = std::min(kSlice, n - begin);
+    const Tensor slice = Tensor::view(const_cast<char*>(static_cast<const char*>(src.data())) + size_t(begin) * item,
+                                      Shape{count}, src.dtype());
+    copy_converted(tmp.data(), slice, where);
+    float_to_bf16(static_cast<uint16_t*>(dest.data()) + begin, tmp.data(), static_cast<size_t>(count));
+  }
 }
 
 }  // namespace

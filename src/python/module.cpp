@@ -766,7 +766,7 @@ or torch tensors. With strict, missing or unexpected names raise ValueError list
           [](PyModel& self, int64_t r, double alpha, double dropout, std::vector<std::string> target_modules,
              std::vector<std::string> modules_to_save, bool use_rslora, const std::string& base_dtype,
              uint64_t seed, const std::string& quant_type, int64_t quant_blocksize, bool quant_bf16,
-             std::vector<std::string> quantized) {
+             std::vector<std::string> quantized, bool quantize_base) {
             models::LoraConfig c;
             c.r = r;
             c.alpha = alpha;
@@ -782,12 +782,16 @@ or torch tensors. With strict, missing or unexpected names raise ValueError list
             c.quant_blocksize = quant_blocksize;
             c.quant_bf16 = quant_bf16;
             c.quantized = std::move(quantized);
-            locked(self, [&] { self.model->enable_lora(c); });
+            c.quantize_base = quantize_base;
+            locked(self, [&] {
+              if (quantize_base && c.quantized.empty()) c.quantized = self.model->quantizable_weights(c);
+              self.model->enable_lora(c);
+            });
           },
           "r"_a = 8, "lora_alpha"_a = 8.0, "lora_dropout"_a = 0.0, "target_modules"_a, "modules_to_save"_a =
           std::vector<std::string>{}, "use_rslora"_a = false, "base_dtype"_a = "float32", "seed"_a = 0,
           "quant_type"_a = "", "quant_blocksize"_a = 64, "quant_bf16"_a = true,
-          "quantized"_a = std::vector<std::string>{}, R"doc(
+          "quantized"_a = std::vector<std::string>{}, "quantize_base"_a = false, R"doc(
 Turns the model into a LoRA model, as peft.get_peft_model(model, LoraConfig(...)) does: an adapter
 (lora_A (r, in) kaiming-uniform, lora_B (out, r) zero, scale lora_alpha / r) beside every Linear
 whose module name or name suffix is in target_modules ("all-linear": every projection but the
@@ -795,8 +799,10 @@ output layer); every other weight frozen (no gradient, no optimizer state) but m
 base_dtype="bfloat16" keeps the frozen projection weights in bf16, half their memory.
 QLoRA: quant_type "nf4" or "fp4" holds the frozen weights named in `quantized` in bitsandbytes' 4-bit layout
 (blocks of quant_blocksize): each as "<weight>" (packed codes, uint8), "<weight>.absmax" and
-"<weight>.quant_map", whose values load_state_dict then gives (a bitsandbytes model's own); their GEMMs
-dequantise them, rounded to bf16 when quant_bf16 (bitsandbytes' compute dtype).
+"<weight>.quant_map"; "int8" (LLM.int8) as "<weight>" (int8 codes as uint8) and "<weight>.absmax" (one a row).
+Their values load_state_dict then gives (a bitsandbytes model's own), or with quantize_base=True the model
+quantises its own weights as bitsandbytes would (`quantized` empty: every projection but the output layer);
+their GEMMs dequantise them, 4-bit values rounded to bf16 when quant_bf16 (bitsandbytes' compute dtype).
 )doc")
       .def_property_readonly(
           "lora",

@@ -1,5 +1,6 @@
-"""QLoRA on the engine: a transformers model loaded 4-bit by bitsandbytes (BitsAndBytesConfig, as users load one) and
-wrapped by PEFT trains on the engine, which reads bitsandbytes' packed weights as they are (no re-quantisation).
+"""QLoRA on the engine: a transformers model loaded 4-bit or 8-bit by bitsandbytes (BitsAndBytesConfig, as users load
+one) and wrapped by PEFT trains on the engine, which reads bitsandbytes' packed weights as they are (no
+re-quantisation); the CLI's --base-dtype nf4|int8 quantises a checkpoint itself, as bitsandbytes would.
 
 Against PEFT + bitsandbytes on PyTorch, a small Llama (grouped-query attention): the engine mirrors bitsandbytes'
 arithmetic (the dequantised weight rounded to the compute dtype; with bf16 compute x rounded to bf16 for the product,
