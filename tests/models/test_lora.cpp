@@ -108,7 +108,7 @@ TEST(Lora, Bf16BaseWeightsAreStoredInBf16AndTrackF32) {
   bf16->enable_lora(config({"q_proj", "v_proj"}, DType::bf16));
   EXPECT_EQ(bf16->parameter("model.layers.0.mlp.up_proj.weight").dtype(), DType::bf16);
   EXPECT_EQ(bf16->parameter("model.layers.0.self_attn.q_proj.weight").dtype(), DType::bf16);
-  EXPECT_EQ(bf16->parameter("model.embed_tokens.weight").dtype(), DType::f32);  // a Gather reads it
+  EXPECT_EQ(bf16->parameter("model.embed_tokens.weight").dtype(), DType::bf16);  // lookups gather bf16 rows
   EXPECT_EQ(bf16->parameter("model.norm.weight").dtype(), DType::f32);
   perturb_adapters(*f32);
   perturb_adapters(*bf16);
