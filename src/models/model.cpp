@@ -216,6 +216,7 @@ std::unique_ptr<Model> Model::load_pretrained(const io::HfModelDir& hf, const st
   };
 
   std::map<std::string, Tensor> sources;  // parameter -> the checkpoint's tensor (a view into its mapped file)
+  std::map<std::string, std::string> source_names;  // parameter -> "<file>: tensor \"<name>\"", for errors
   std::vector<std::string> unexpected;
   std::string file_of_first_problem;
   for (const std::string& name : hf.tensor_names()) {
@@ -245,6 +246,7 @@ std::unique_ptr<Model> Model::load_pretrained(const io::HfModelDir& hf, const st
     FT_CHECK(is_floating(source.dtype()), file, ": tensor \"", name, "\" is ", dtype_name(source.dtype()),
              "; weights must be F32, BF16 or F16");
     sources[target] = source;
+    source_names[target] = str(file, ": tensor \"", name, "\"");
   }
   std::vector<std::string> missing_required;
   for (const runtime::ParamSlot& slot : params.slots()) {
@@ -273,10 +275,8 @@ std::unique_ptr<Model> Model::load_pretrained(const io::HfModelDir& hf, const st
     return m;
   }
   initialise(params, *family, init_seed);
-  for (const auto& [target, source] : sources) {
-    const std::string& name = target;
-    copy_converted(params.param(target).data_as<float>(), source, str(hf.path, ": tensor \"", name, "\""));
-  }
+  for (const auto& [target, source] : sources)
+    copy_converted(params.param(target).data_as<float>(), source, source_names.at(target));
   if (lora) m->enable_lora(*config_lora);
   return m;
 }
