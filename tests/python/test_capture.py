@@ -187,8 +187,9 @@ def assert_trained_alike(ours_model, theirs_model, fresh, feed) -> None:
 
 def test_trainer_trains_a_captured_model_in_bf16(tmp_path):
     """TrainingArguments(bf16=True) on a captured model trains on the engine, its projections with bf16 operands:
-    three steps log the losses of transformers' Trainer under CPU autocast within 1e-4 relative (measured at most
-    5.1e-5), which the f32 run's losses are not (1.8e-4 apart by the third step), and differ from them."""
+    three steps log the losses of transformers' Trainer under CPU autocast within 2e-4 relative and closer to them
+    than the f32 run's losses are. Measured: 5.1e-5 on a Xeon with AVX-512 (the f32 run 1.8e-4 apart by the third
+    step); 1.15e-4 on a Zen 2 EPYC with AVX2 only, where PyTorch's autocast matmuls take another bf16 path."""
     rows = batch("clm", seed=1)
     data = [{k: v[i] for k, v in rows.items()} for i in range(4)]
     ours = trainer_losses(fusetrain.Trainer, fusetrain.TrainingArguments, model_of("qwen3", "clm"), data,
@@ -198,8 +199,9 @@ def test_trainer_trains_a_captured_model_in_bf16(tmp_path):
     f32 = trainer_losses(fusetrain.Trainer, fusetrain.TrainingArguments, model_of("qwen3", "clm"), data,
                          tmp_path / "f32", fusetrain_require_engine=True)
     assert len(ours) == len(theirs) == 3
-    np.testing.assert_allclose(ours, theirs, rtol=1e-4)
-    assert ours != f32, (ours, f32)
+    np.testing.assert_allclose(ours, theirs, rtol=2e-4)
+    distance = lambda losses: np.max(np.abs(np.array(losses) - theirs) / np.abs(theirs))  # noqa: E731
+    assert distance(ours) < distance(f32), (ours, f32, theirs)
 
 
 def test_saved_model_loads_in_transformers_with_equal_logits(tmp_path):
