@@ -760,6 +760,7 @@ class Trainer(transformers.Trainer):
         self.model_wrapped = self.accelerator.prepare(self.model)
 
         model = self._engine_ready_model()
+        model.set_decayed(self._engine_decayed(model))
         engine = _core._Trainer(model, engine_dict(args, max_steps=max_steps), capture.engine_task(task),
                                 self._engine_dataset(self.train_dataset, task, with_labels=task != "qa"), None,
                                 self._pad_id(), self._mlm_spec(task))
@@ -809,6 +810,13 @@ class Trainer(transformers.Trainer):
         finally:
             self._engine = None
         return self._finalize_training(trial, num_train_samples, start_time)
+
+    def _engine_decayed(self, engine: Model) -> set[str]:
+        """The engine's trained parameters that transformers' optimizer decays: get_decay_parameter_names' choice
+        (a subclass's own rule included), matched by tensor so tied and PEFT names resolve."""
+        names = set(self.get_decay_parameter_names(self.model))
+        decayed = {id(p) for name, p in self.model.named_parameters() if name in names}
+        return {n for n in engine.trainable_names() if id(hf_parameter(self.model, n)) in decayed}
 
     def _engine_event(self, event: str, state: dict, control: dict, payload: Any) -> dict:
         """The engine loop's callback: transformers' callbacks, logging, evaluation and checkpoints at each point.

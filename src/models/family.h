@@ -107,6 +107,13 @@ class Family {
     (void)model;
     (void)dir;
   }
+  /// Whether stored parameter `name` belongs to a module transformers' Trainer exempts from weight decay by its type
+  /// (an nn.LayerNorm: GPT-2's ln_1, ln_2, ln_f; an imported graph's LayerNormalization scales and biases), whatever
+  /// its name says. The name rules are Model::decays'.
+  virtual bool in_layer_norm(const std::string& name) const {
+    (void)name;
+    return false;
+  }
   Head head() const { return head_; }
 
  protected:

@@ -99,6 +99,12 @@ class Gpt2Family final : public Family {
     return out;
   }
 
+  bool in_layer_norm(const std::string& name) const override {
+    for (const char* module : {"ln_1.", "ln_2.", "ln_f."})
+      if (name.find(module) != std::string::npos) return true;
+    return false;
+  }
+
   ParamInit init(const std::string& name) const override {
     if (ends_with(name, "bias")) return {Init::Zeros};
     if (ends_with(name, "ln_1.weight") || ends_with(name, "ln_2.weight") || ends_with(name, "ln_f.weight"))

@@ -3,6 +3,7 @@
 #include "fusetrain/models/model.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -304,13 +305,41 @@ int64_t max_positions(const nlohmann::json& config) {
   return family_for(choose_architecture(config, base ? base->name : ""), config)->max_positions();
 }
 
-bool Model::decays(const std::string& name) const {
-  // An imported graph's names need not follow transformers: its vectors are its biases and norm weights.
-  if (imported_from_onnx()) return params_->param(name).shape().rank() > 1;
-  if (name.find("bias") != std::string::npos) return false;
-  for (const char* norm : {"LayerNorm", "layer_norm", "ln_1.", "ln_2.", "ln_f."})
-    if (name.find(norm) != std::string::npos) return false;
+bool decayed_by_name(const std::string& name) {
+  // transformers' Trainer.get_decay_parameter_names: the lower-cased full name must not match "bias", "layernorm",
+  // "rmsnorm", "(^|\.)norm($|\.)" or "_norm($|\.)".
+  std::string lower(name);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  for (const char* part : {"bias", "layernorm", "rmsnorm"})
+    if (lower.find(part) != std::string::npos) return false;
+  for (size_t at = lower.find("norm"); at != std::string::npos; at = lower.find("norm", at + 1)) {
+    const size_t end = at + 4;
+    const bool ends = end == lower.size() || lower[end] == '.';
+    const bool starts = at == 0 || lower[at - 1] == '.' || lower[at - 1] == '_';
+    if (ends && starts) return false;
+  }
   return true;
+}
+
+bool Model::decays(const std::string& name) const {
+  if (decayed_) {
+    const auto alias = aliases_.find(name);
+    return decayed_->count(alias == aliases_.end() ? name : alias->second) > 0;
+  }
+  return decayed_by_name(name) && !family_->in_layer_norm(name);
+}
+
+void Model::set_decayed(const std::set<std::string>& names) {
+  std::set<std::string> stored;
+  for (const std::string& name : names) {
+    const auto alias = aliases_.find(name);
+    const std::string& held = alias == aliases_.end() ? name : alias->second;
+    FT_CHECK(params_->contains(held), architecture_, ": weight decay was asked for \"", name,
+             "\", which is not a trained parameter of the model");
+    stored.insert(held);
+  }
+  decayed_ = std::move(stored);
+  for (size_t i = 0; i < params_->slots().size(); ++i) params_->set_weight_decay(i, decays(params_->slots()[i].name));
 }
 
 std::vector<std::string> Model::state_dict_names() const {

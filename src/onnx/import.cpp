@@ -740,6 +740,10 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
     for (int slot = 0; slot < g.node(k).input_size(); ++slot)
       if (!g.node(k).input(slot).empty()) readers_[size_t(ids_.at(g.node(k).input(slot)))].push_back({k, slot});
   if (options.keep_buffers_constant) keep_buffers_constant();
+  for (const NodeProto& n : g.node())
+    if (n.op_type() == "LayerNormalization")
+      for (int slot = 1; slot < std::min(n.input_size(), 3); ++slot)
+        if (is_param(n.input(slot))) layer_norm_params_.insert(param_name(n.input(slot)));
   // A weight only ever multiplied as x·W trains in Linear's (out, in) layout, so the projection runs as the
   // built models' Linear (bias and GELU fused into its GEMM by the passes).
   std::set<std::string> tied_targets;

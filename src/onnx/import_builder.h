@@ -99,6 +99,7 @@ class OnnxFamily final : public models::Family {
   std::string base_prefix() const override { return ""; }
   std::vector<std::string> head_prefixes() const override { return {}; }
   bool uses_token_type_ids() const override { return has_input("token_type_ids"); }
+  bool in_layer_norm(const std::string& name) const override { return layer_norm_params_.count(name) > 0; }
   std::vector<models::InputDecl> inputs() const override;
   int64_t max_positions() const override { return max_positions_; }
   bool binds_inputs() const override { return true; }
@@ -158,6 +159,7 @@ class OnnxFamily final : public models::Family {
   std::vector<std::string> names_;           // id -> name
   std::map<std::string, HostTensor> inits_;  // every initializer
   std::set<std::string> params_;             // the trainable ones
+  std::set<std::string> layer_norm_params_;  // parameters read as a LayerNormalization's scale or bias
   std::vector<std::string> constant_buffers_;  // float initializers keep_buffers_constant took out of params_
   std::map<std::string, std::string> tied_;  // initializer -> the identical parameter it trains as (tie_identical)
   std::set<std::string> tied_transposed_;    // the tied initializers that hold their parameter transposed

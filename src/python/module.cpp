@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -758,6 +759,17 @@ or torch tensors. With strict, missing or unexpected names raise ValueError list
           "path"_a,
           "Writes config.json and model.safetensors (float32) in transformers' layout; a LoRA model writes its "
           "adapters in PEFT's format (save_adapter), as PeftModel.save_pretrained does.")
+      .def(
+          "decays", [](const PyModel& self, const std::string& name) { return self.model->decays(name); }, "name"_a,
+          "Whether trained parameter `name` (its stored name) gets weight decay.")
+      .def(
+          "set_decayed",
+          [](PyModel& self, const std::set<std::string>& names) {
+            locked(self, [&] { self.model->set_decayed(names); });
+          },
+          "names"_a,
+          "The trained parameters that get weight decay (stored names), in place of transformers' rule that "
+          "Model.decays applies by default.")
       .def(
           "trainable_names", [](const PyModel& self) { return self.model->trainable_names(); },
           "The names of the parameters that train: all of them, or a LoRA model's adapters and modules_to_save.")

@@ -122,6 +122,18 @@ def test_captured_loss_and_every_gradient_match_pytorch(arch, task):
     assert not errors, f"{arch} {task}: {len(errors)} gradient mismatches:\n  " + "\n  ".join(errors)
 
 
+@pytest.mark.parametrize("arch, task", cases(CASES))
+def test_captured_decay_groups_are_transformers(arch, task):
+    """The engine's own rule (what the CLI applies to a captured graph: names, and the scales and biases of its
+    LayerNormalization nodes) decays what transformers' Trainer.get_decay_parameter_names decays."""
+    model = model_of(arch, task)
+    engine = capture.capture(model)
+    want = set(transformers.Trainer.get_decay_parameter_names(None, model))
+    names = engine.trainable_names()
+    wrong = sorted(n for n in names if engine.decays(n) != (n in want))
+    assert not wrong, f"{arch} {task}: decay differs from transformers' for {wrong}"
+
+
 def trainer_losses(trainer_cls, args_cls, model, data, tmp_path, **extra) -> list[float]:
     args = args_cls(output_dir=str(tmp_path), per_device_train_batch_size=4, learning_rate=3e-3, max_steps=3,
                     logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0,

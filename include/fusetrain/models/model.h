@@ -199,9 +199,13 @@ class Model {
   /// Error naming the input unless `batch` holds every input the model needs, each of its declared dtype and
   /// shape, with one batch size and sequence length, and nothing it does not take (labels aside).
   void check_inputs(const Batch& batch) const;
-  /// Names of parameters that get no weight decay under transformers' Trainer:
-  /// biases and LayerNorm weights.
+  /// Whether a trained parameter gets weight decay: as transformers' Trainer.get_decay_parameter_names decides
+  /// (decayed_by_name, and no parameter of an nn.LayerNorm module), unless set_decayed gave the set.
   bool decays(const std::string& stored_name) const;
+  /// The trained parameters that decay (stored or tied names), in place of the rule (the Python Trainer hands over
+  /// transformers' own choice, so a Trainer subclass's rule holds); updates the store's flags. Error naming a name
+  /// that is not a trained parameter.
+  void set_decayed(const std::set<std::string>& names);
   runtime::ParameterStore& params() { return *params_; }
   const runtime::ParameterStore& params() const { return *params_; }
 
@@ -354,6 +358,7 @@ class Model {
   std::vector<InputDecl> inputs_;   // family_->inputs()
   std::unique_ptr<runtime::ParameterStore> params_;
   std::map<std::string, std::string> aliases_;  // tied name -> stored name
+  std::optional<std::set<std::string>> decayed_;  // set_decayed's names
   std::optional<LoraConfig> lora_;
   std::vector<LoraAdapter> lora_adapters_;
   std::set<std::string> lora_bf16_;  // frozen weights kept in bf16
@@ -379,5 +384,9 @@ class Model {
 
 /// Model::max_positions of the model a config.json describes, without building it (Error on an invalid config).
 int64_t max_positions(const nlohmann::json& config);
+
+/// transformers' name rule for weight decay (Trainer.get_decay_parameter_names): false when the lower-cased name
+/// contains "bias", "layernorm" or "rmsnorm", or "norm" as a whole dotted part or a "_norm" suffix of one.
+bool decayed_by_name(const std::string& name);
 
 }  // namespace fusetrain::models
