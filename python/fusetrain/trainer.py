@@ -476,6 +476,23 @@ def hf_parameter(hf_model: Any, engine_name: str) -> Any:
     return _base_model(hf_model).get_parameter(_engine_names(hf_model).get(engine_name, engine_name))
 
 
+# The optim values whose optimizer is bitsandbytes': its state dict counts steps in an int "step".
+_BNB_OPTIMIZERS = ("lion_32bit", "paged_lion_32bit", "rmsprop_bnb", "rmsprop_32bit", "paged_rmsprop_32bit")
+
+
+def _torch_state(optimizer_state: dict, name: str) -> dict:
+    """Parameter `name`'s entry of the torch optimizer's state dict for the engine's optimizer_state(): its states
+    under the optimizer's own names, with the "step" entry in that optimizer's form (torch's a float tensor, SGD's
+    none, bitsandbytes' an int); empty when the optimizer keeps no state."""
+    states = {key: torch.from_numpy(arrays[name]) for key, arrays in optimizer_state["states"].items()}
+    if not states:
+        return {}
+    optim, step = optimizer_state["optim"], optimizer_state["step"]
+    if optim == "sgd":
+        return states
+    return {"step": step if optim in _BNB_OPTIMIZERS else torch.tensor(float(step)), **states}
+
+
 def _transformers_model(model: Any) -> Any:
     """A transformers model object for `model`: itself, or one loaded from a directory or a fusetrain.Model."""
     if isinstance(model, (str, os.PathLike)):
@@ -894,14 +911,11 @@ class Trainer(transformers.Trainer):
             return super()._save_optimizer_and_scheduler(output_dir)
         engine = self._engine
         optimizer_state = engine.optimizer_state()
-        step = torch.tensor(float(optimizer_state["step"]))
-        for name, exp_avg in optimizer_state["exp_avg"].items():
+        for name in optimizer_state["parameters"]:
             # get_parameter resolves a tied name (GPT-2's lm_head.weight) to the one tensor transformers optimizes.
-            self.optimizer.state[hf_parameter(self.model, name)] = {
-                "step": step.clone(),
-                "exp_avg": torch.from_numpy(exp_avg),
-                "exp_avg_sq": torch.from_numpy(optimizer_state["exp_avg_sq"][name]),
-            }
+            state = _torch_state(optimizer_state, name)
+            if state:
+                self.optimizer.state[hf_parameter(self.model, name)] = state
         applied = self.state.global_step - engine.nonfinite_skipped_steps - (
             int(engine.scaler_state["skipped_steps"]) if self.args.fp16 else 0)
         with warnings.catch_warnings():
@@ -923,22 +937,32 @@ class Trainer(transformers.Trainer):
         self._load_optimizer_and_scheduler(checkpoint)
         self._load_rng_state(checkpoint)
         step = self.state.global_step
-        names = list(engine.optimizer_state()["exp_avg"])  # the engine's parameters (a tied pair is one)
-        exp_avg, exp_avg_sq, updates, missing = {}, {}, 0, []
+        current = engine.optimizer_state()  # the engine's parameters (a tied pair is one) and its state names
+        names, wanted = current["parameters"], list(current["states"])
+        states = {key: {} for key in wanted}
+        updates, missing, found = 0, [], 0
         for name in names:
             param = hf_parameter(self.model, name)
-            moments = self.optimizer.state.get(param)
-            if moments:
-                exp_avg[name], exp_avg_sq[name] = _numpy(moments["exp_avg"]), _numpy(moments["exp_avg_sq"])
-                updates = int(_numpy(moments["step"]))
+            held = self.optimizer.state.get(param) or {}
+            if all(key in held for key in wanted) and (held or not wanted):
+                found += bool(held)
+                for key in wanted:
+                    states[key][name] = _numpy(held[key])
+                if "step" in held:
+                    updates = int(_numpy(held["step"]))
+                elif wanted:  # SGD's momentum keeps no count: it has run since the start
+                    updates = step
             else:
                 missing.append(name)
-                exp_avg[name] = exp_avg_sq[name] = np.zeros(tuple(param.shape), np.float32)
-        if len(missing) == len(names):
-            logger.warning(f"{checkpoint} has no optimizer state (optimizer.pt); AdamW's moments start from zero")
-        elif missing:
-            raise ValueError(f"{checkpoint}: optimizer.pt has no state for {', '.join(missing[:5])}")
-        engine.set_optimizer_state(min(updates, step), exp_avg, exp_avg_sq)
+                for key in wanted:
+                    states[key][name] = np.zeros(tuple(param.shape), np.float32)
+        if wanted and not found:
+            logger.warning(f"{checkpoint} has no optimizer state (optimizer.pt) for {current['optim']}; it starts "
+                           "from zero")
+        elif missing and wanted:
+            raise ValueError(f"{checkpoint}: optimizer.pt has no {current['optim']} state ({', '.join(wanted)}) for "
+                             f"{', '.join(missing[:5])}")
+        engine.set_optimizer_state(min(updates, step), states)
         extra = _engine_state(os.path.join(checkpoint, _ENGINE_STATE_FILE), step)
         scaler_skipped = 0
         if self.args.fp16 and "loss_scaler" in extra:

@@ -46,8 +46,6 @@ import transformers
 from fusetrain import _core
 from fusetrain.distributed import RENDEZVOUS_TIMEOUT_VARIABLE, join_process_group
 
-# transformers' `optim` values that are the update fusetrain's fused AdamW computes.
-_ADAMW_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_torch_xla", "adamw_apex_fused")
 _SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 
 
@@ -226,10 +224,15 @@ def engine_refusals(args: transformers.TrainingArguments) -> list[str]:
     def refuse(name: str, why: str) -> None:
         out.append(f"{name}={_value(getattr(args, name))!r} ({why})")
 
-    if _value(args.optim) not in _ADAMW_OPTIMIZERS:
-        refuse("optim", "the engine runs AdamW")
-    if args.optim_args or args.optim_target_modules:
-        refuse("optim_args" if args.optim_args else "optim_target_modules", "the engine's AdamW takes no extra options")
+    if _value(args.optim) not in _core.optimizer_names():
+        refuse("optim", f"the engine runs {', '.join(_core.optimizer_names())}")
+    else:
+        try:
+            _core.check_optimizer(_value(args.optim), args.optim_args or "")
+        except ValueError as e:
+            refuse("optim_args", str(e))
+    if args.optim_target_modules:
+        refuse("optim_target_modules", "the engine's optimizers update every trained parameter alike")
     if _value(args.lr_scheduler_type) not in _SCHEDULES:
         refuse("lr_scheduler_type", f"the engine runs {', '.join(_SCHEDULES)}")
     if args.lr_scheduler_kwargs:
@@ -266,6 +269,8 @@ def engine_dict(args: transformers.TrainingArguments, *, max_steps: int) -> dict
     out.update(
         output_dir=str(args.output_dir),
         max_steps=int(max_steps),
+        optim=str(_value(args.optim)),
+        optim_args=args.optim_args or "",
         warmup_steps=warmup if warmup < 1 else float(math.floor(warmup)),
         warmup_ratio=0.0,
         logging_steps=1,

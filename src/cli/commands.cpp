@@ -644,8 +644,17 @@ namespace {
 
 double mib(double bytes) { return bytes / (1 << 20); }
 
+// Bytes of optimizer state per parameter element of the arguments' optimizer (AdamW: 8, two f32 moments), from an
+// optimizer over no elements.
+double state_bytes_per_element(models::Model& model, const train::TrainingArguments& args) {
+  const auto probe = optim::make_optimizer(model.params(), train::optimizer_spec(args), optim::Shard{{{0, 0}}});
+  double bytes = 0;
+  for (const optim::StateBuffer& b : probe->states()) bytes += static_cast<double>(dtype_size(b.dtype));
+  return bytes;
+}
+
 // The gradient buckets of data-parallel training, where backward finishes each, and every rank's memory for the
-// parameters, gradients and AdamW state at `world` ranks and the arguments' ZeRO stage.
+// parameters, gradients and optimizer state at `world` ranks and the arguments' ZeRO stage.
 void print_data_parallel(models::Model& model, const runtime::Plan& plan, int world,
                          const train::TrainingArguments& args) {
   const runtime::ParameterStore& params = model.params();
@@ -681,7 +690,7 @@ void print_data_parallel(models::Model& model, const runtime::Plan& plan, int wo
   // ZeRO keeps the full gradient buffer (backward writes it) plus the received shard, and ZeRO-2 one bucket part.
   const double gradients = full + (zero > 0 ? largest_shard : 0) + (zero == 2 ? largest_part : 0);
   std::printf("  per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB\n", mib(full),
-              mib(gradients), mib(2 * largest_shard));
+              mib(gradients), mib(state_bytes_per_element(model, args) / 4 * largest_shard));
 }
 
 // Under mpirun: three training steps of the inspected batch on every rank, then rank 0 prints the last step's
@@ -837,7 +846,8 @@ int run_inspect(Options& o) {
   if (log.applied.empty()) std::printf("passes: none changed the graph\n");
   for (const std::string& line : log.applied) std::printf("pass %s\n", line.c_str());
   memory::MemoryReport report = plan.memory_report();
-  report.optimizer_state_bytes = 2 * report.parameter_bytes;  // AdamW: two moments per parameter
+  report.optimizer_state_bytes =
+      static_cast<size_t>(state_bytes_per_element(*model, o.args) / 4 * static_cast<double>(report.parameter_bytes));
   std::printf("memory:\n%s", report.to_string().c_str());
   std::shared_ptr<comm::Communicator> comm = comm::launched_by_mpi() ? comm::mpi_world() : nullptr;
   print_data_parallel(*model, plan, comm ? comm->size() : static_cast<int>(o.world_size), o.args);

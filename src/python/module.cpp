@@ -452,12 +452,11 @@ struct PyAdamW {
   optim::AdamW optimizer;
 };
 
-/// optim::Sgd over a model's flat buffers; the learning rate lives here so it can change.
+/// optim::Sgd over a model's flat buffers.
 struct PySgd {
-  PySgd(PyModel& m, optim::SgdConfig config) : model(m), optimizer(m.model->params(), config), lr(config.lr) {}
+  PySgd(PyModel& m, optim::SgdConfig config) : model(m), optimizer(m.model->params(), config) {}
   PyModel& model;
   optim::Sgd optimizer;
-  double lr;
 };
 
 void check_hyperparameters(double lr, double weight_decay) {
@@ -481,16 +480,15 @@ void adamw_step(PyAdamW& self) {
 double adamw_clip_and_step(PyAdamW& self, double max_norm) {
   return locked(self.model, [&] {
     self.optimizer.set_num_threads(self.model.num_threads);
-    if (self.model.model->fp16())
-      return self.optimizer.clip_and_step_if_finite(max_norm, -1.0, 1.0 / self.model.model->loss_scale());
-    return self.optimizer.clip_and_step(max_norm);
+    return self.optimizer.clip_and_step(max_norm, -1.0,
+                                        self.model.model->fp16() ? 1.0 / self.model.model->loss_scale() : 1.0);
   });
 }
 
 void sgd_step(PySgd& self) {
   locked(self.model, [&] {
     self.optimizer.set_num_threads(self.model.num_threads);
-    self.optimizer.step(1.0, self.lr);
+    self.optimizer.step();
   });
 }
 
@@ -565,6 +563,16 @@ PYBIND11_MODULE(_core, m) {
       "argv"_a, "report"_a = py::none(),
       "Runs the fusetrain command line (argv[0] is the program name); returns the exit status. `report(entry, "
       "output_dir)` receives every training log entry (--report-to).");
+  m.def("optimizer_names", &optim::optimizer_names,
+        "transformers' `optim` values the engine runs, each the update of the optimizer transformers makes for it.");
+  m.def(
+      "check_optimizer",
+      [](const std::string& optim, const std::string& optim_args) {
+        optim::check_optimizer({.name = optim, .options = optim::parse_optim_args(optim_args)});
+      },
+      "optim"_a, "optim_args"_a = "",
+      "Raises ValueError naming the problem unless the engine runs `optim` with `optim_args` (transformers' form, "
+      "\"key=value,...\").");
   m.def("supported_architectures", &models::supported_architectures,
         "The transformers classes fusetrain implements, e.g. [\"BertForSequenceClassification\", ...].");
   m.def("architectures", &architecture_rows, R"doc(
@@ -1092,10 +1100,10 @@ in the model (from loss_and_grads or accumulate_grads).
       .def(
           "zero_grad", [](PyAdamW& self) { zero_grads(self.model); }, "Sets the model's gradients to zero.")
       .def_property(
-          "lr", [](const PyAdamW& self) { return self.optimizer.config().lr; },
+          "lr", [](const PyAdamW& self) { return self.optimizer.lr(); },
           [](PyAdamW& self, double lr) {
             check_hyperparameters(lr, 0);
-            self.optimizer.config().lr = lr;
+            self.optimizer.set_lr(lr);
           },
           "The learning rate of the next step (settable, for schedules).")
       .def_property_readonly(
@@ -1127,10 +1135,10 @@ into one pass over the flat buffers. step() uses the gradients currently in the 
       .def(
           "zero_grad", [](PySgd& self) { zero_grads(self.model); }, "Sets the model's gradients to zero.")
       .def_property(
-          "lr", [](const PySgd& self) { return self.lr; },
+          "lr", [](const PySgd& self) { return self.optimizer.lr(); },
           [](PySgd& self, double lr) {
             check_hyperparameters(lr, 0);
-            self.lr = lr;
+            self.optimizer.set_lr(lr);
           },
           "The learning rate of the next step (settable, for schedules).")
       .def_property_readonly(

@@ -530,61 +530,76 @@ The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.T
           [](PyTrainer& self) {
             const runtime::ParameterStore& params = self.model.model->params();
             const auto n = static_cast<size_t>(params.flat_numel());
-            std::vector<float> m(n), v(n);
+            std::vector<std::pair<std::string, std::vector<float>>> buffers;
+            std::string name;
             const int64_t step = locked(self.model, [&] {
-              optim::AdamW& opt = self.trainer->optimizer();
-              std::copy_n(opt.exp_avg(), n, m.data());
-              std::copy_n(opt.exp_avg_sq(), n, v.data());
+              optim::Optimizer& opt = self.trainer->optimizer();
+              FT_CHECK(static_cast<size_t>(opt.shard_numel()) == n,
+                       "optimizer_state: this rank's optimizer holds a ZeRO shard, not every parameter's state");
+              for (const optim::StateBuffer& b : opt.states()) {
+                buffers.emplace_back(b.name, std::vector<float>(n));
+                std::copy_n(static_cast<const float*>(b.data), n, buffers.back().second.data());
+              }
+              name = opt.name();
               return opt.step_count();
             });
-            py::dict exp_avg, exp_avg_sq;
-            for (const runtime::ParamSlot& slot : params.slots()) {
-              auto copy = [&](const std::vector<float>& flat) {
+            py::dict states;
+            for (const auto& [state, flat] : buffers) {
+              py::dict by_param;
+              for (const runtime::ParamSlot& slot : params.slots()) {
                 py::array_t<float> a(slot.shape.dims());
                 std::copy_n(flat.data() + slot.offset, slot.numel, a.mutable_data());
-                return a;
-              };
-              exp_avg[py::str(slot.name)] = copy(m);
-              exp_avg_sq[py::str(slot.name)] = copy(v);
+                by_param[py::str(slot.name)] = a;
+              }
+              states[py::str(state)] = by_param;
             }
-            return py::dict("step"_a = step, "exp_avg"_a = exp_avg, "exp_avg_sq"_a = exp_avg_sq);
+            py::list parameters;
+            for (const runtime::ParamSlot& slot : params.slots()) parameters.append(py::str(slot.name));
+            return py::dict("optim"_a = name, "step"_a = step, "states"_a = states, "parameters"_a = parameters);
           },
-          "AdamW's state: {'step': updates, 'exp_avg': {name: array}, 'exp_avg_sq': {name: array}} (copies).")
+          "The optimizer's state (copies): {'optim': its optim name, 'step': updates, 'parameters': the trained "
+          "parameters' names, 'states': {state name: {parameter name: array}}}, the states named as the optimizer it reproduces names them ('exp_avg', "
+          "'momentum_buffer', ...).")
       .def(
           "set_optimizer_state",
-          [](PyTrainer& self, int64_t step, py::dict exp_avg, py::dict exp_avg_sq) {
+          [](PyTrainer& self, int64_t step, py::dict states) {
             const runtime::ParameterStore& params = self.model.model->params();
             FT_CHECK(step >= 0, "optimizer state: the update count is ", step, ", expected >= 0");
-            std::vector<std::pair<py::array_t<float, py::array::c_style | py::array::forcecast>,
-                                  py::array_t<float, py::array::c_style | py::array::forcecast>>>
-                moments;
-            for (const runtime::ParamSlot& slot : params.slots()) {
-              const py::str name(slot.name);
-              FT_CHECK(exp_avg.contains(name) && exp_avg_sq.contains(name), "optimizer state: no moments for \"",
-                       slot.name, "\"");
-              auto m = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(exp_avg[name]);
-              auto v = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(exp_avg_sq[name]);
-              FT_CHECK(m && v && m.size() == slot.numel && v.size() == slot.numel, "optimizer state: \"", slot.name,
-                       "\" needs ", slot.numel, " values per moment; found ", m ? m.size() : 0, " and ",
-                       v ? v.size() : 0);
-              for (const auto* a : {&m, &v}) {
-                const int64_t bad = find_nonfinite(a->data(), DType::f32, slot.numel);
-                FT_CHECK(bad < 0, "optimizer state: \"", slot.name, "\" holds a non-finite moment at element ", bad,
-                         "; the optimizer state of a diverged run cannot be resumed");
+            using Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+            std::vector<std::string> names;
+            locked(self.model, [&] {
+              for (const optim::StateBuffer& b : self.trainer->optimizer().states()) names.push_back(b.name);
+            });
+            std::vector<std::vector<Array>> arrays;  // [state][slot]
+            for (const std::string& state : names) {
+              FT_CHECK(states.contains(py::str(state)), "optimizer state: no \"", state, "\" (the optimizer keeps ",
+                       names.size(), " state", names.size() == 1 ? "" : "s", " per parameter)");
+              py::dict by_param = states[py::str(state)].cast<py::dict>();
+              arrays.emplace_back();
+              for (const runtime::ParamSlot& slot : params.slots()) {
+                const py::str name(slot.name);
+                FT_CHECK(by_param.contains(name), "optimizer state: no ", state, " for \"", slot.name, "\"");
+                Array a = Array::ensure(by_param[name]);
+                FT_CHECK(a && a.size() == slot.numel, "optimizer state: ", state, " of \"", slot.name, "\" needs ",
+                         slot.numel, " values, found ", a ? a.size() : 0);
+                const int64_t bad = find_nonfinite(a.data(), DType::f32, slot.numel);
+                FT_CHECK(bad < 0, "optimizer state: ", state, " of \"", slot.name, "\" holds a non-finite value at ",
+                         "element ", bad, "; the optimizer state of a diverged run cannot be resumed");
+                arrays.back().push_back(std::move(a));
               }
-              moments.emplace_back(std::move(m), std::move(v));
             }
             locked(self.model, [&] {
-              optim::AdamW& opt = self.trainer->optimizer();
-              for (size_t i = 0; i < params.slots().size(); ++i) {
-                const runtime::ParamSlot& slot = params.slots()[i];
-                std::copy_n(moments[i].first.data(), slot.numel, opt.exp_avg() + slot.offset);
-                std::copy_n(moments[i].second.data(), slot.numel, opt.exp_avg_sq() + slot.offset);
-              }
+              optim::Optimizer& opt = self.trainer->optimizer();
+              const std::vector<optim::StateBuffer> buffers = opt.states();
+              for (size_t k = 0; k < buffers.size(); ++k)
+                for (size_t i = 0; i < params.slots().size(); ++i) {
+                  const runtime::ParamSlot& slot = params.slots()[i];
+                  std::copy_n(arrays[k][i].data(), slot.numel, static_cast<float*>(buffers[k].data) + slot.offset);
+                }
               opt.set_step_count(step);
             });
           },
-          "step"_a, "exp_avg"_a, "exp_avg_sq"_a, "Loads optimizer_state()'s form (every parameter, by name).")
+          "step"_a, "states"_a, "Loads optimizer_state()'s form (every state of every parameter, by name).")
       .def_property(
           "scaler_state", [](PyTrainer& self) { return to_python(self.trainer->loss_scaler().to_json()); },
           [](PyTrainer& self, py::dict state) {

@@ -1,5 +1,5 @@
 // Checkpoints: output_dir/checkpoint-N/ holds config.json + model.safetensors
-// (transformers' layout), optimizer.safetensors (AdamW moments), scheduler.json,
+// (transformers' layout), optimizer.safetensors (the optimizer's states), scheduler.json,
 // rng_state.json, trainer_state.json (transformers' format), training_args.json and,
 // for fp16 runs, scaler.json (the loss scale). Everything is written into a staging directory that is
 // renamed into place, so an interrupted save never damages an earlier checkpoint.
@@ -142,12 +142,9 @@ void remove_unfinished_saves(const std::string& output_dir) {
 
 std::string Trainer::save_checkpoint() {
   if (comm_->rank() != 0) {
-    if (impl_->sync && impl_->sync->zero_stage() > 0) {  // rank 0 writes this rank's shard of the moments
-      const optim::AdamW& opt = *impl_->optimizer;
-      const int64_t bytes = opt.shard_numel() * static_cast<int64_t>(sizeof(float));
-      comm_->send(opt.exp_avg(), bytes, 0);
-      comm_->send(opt.exp_avg_sq(), bytes, 0);
-    }
+    if (impl_->sync && impl_->sync->zero_stage() > 0)  // rank 0 writes this rank's shard of the states
+      for (const optim::StateBuffer& b : impl_->optimizer->states())
+        comm_->send(b.data, b.numel * static_cast<int64_t>(dtype_size(b.dtype)), 0);
     return (fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step))).string();
   }
   fs::create_directories(args_.output_dir);
@@ -265,21 +262,20 @@ std::vector<optim::Segment> metadata_segments(const io::SafetensorsFile& file, i
 }  // namespace
 
 void Trainer::write_optimizer_state(const fs::path& staged) {
-  const optim::AdamW& opt = *impl_->optimizer;
+  const optim::Optimizer& opt = *impl_->optimizer;
   const std::map<std::string, std::string> metadata{{"step", std::to_string(opt.step_count())},
-                                                    {"optimizer", "AdamW"},
+                                                    {"optimizer", opt.name()},
                                                     {"run", impl_->run_id}};
+  const std::vector<optim::StateBuffer> states = opt.states();
   if (!impl_->sync || impl_->sync->zero_stage() == 0) {
-    const Shape flat{model_.params().flat_numel()};
-    io::save_safetensors((staged / "optimizer.safetensors").string(),
-                         {{"exp_avg", Tensor::view(opt.exp_avg(), flat, DType::f32)},
-                          {"exp_avg_sq", Tensor::view(opt.exp_avg_sq(), flat, DType::f32)}},
-                         metadata);
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const optim::StateBuffer& b : states) tensors.emplace_back(b.name, Tensor::view(b.data, Shape{b.numel}, b.dtype));
+    io::save_safetensors((staged / "optimizer.safetensors").string(), tensors, metadata);
     return;
   }
   // Rank 0 receives the other ranks' shards one at a time (no rank ever holds more than two shards).
   const int world = comm_->size();
-  std::vector<float> m, v;
+  std::vector<std::vector<uint8_t>> received(states.size());
   for (int r = 0; r < world; ++r) {
     const std::vector<optim::Segment> segments = shard_segments(impl_->sync->buckets(), r, world);
     int64_t numel = 0;
@@ -288,22 +284,19 @@ void Trainer::write_optimizer_state(const fs::path& staged) {
       numel += s.end - s.begin;
       ranges.push_back({s.begin, s.end});
     }
-    const float* mr = opt.exp_avg();
-    const float* vr = opt.exp_avg_sq();
-    if (r > 0) {
-      m.resize(static_cast<size_t>(numel));
-      v.resize(static_cast<size_t>(numel));
-      comm_->recv(m.data(), numel * static_cast<int64_t>(sizeof(float)), r);
-      comm_->recv(v.data(), numel * static_cast<int64_t>(sizeof(float)), r);
-      mr = m.data();
-      vr = v.data();
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (size_t k = 0; k < states.size(); ++k) {
+      void* data = states[k].data;
+      if (r > 0) {
+        received[k].resize(static_cast<size_t>(numel) * dtype_size(states[k].dtype));
+        comm_->recv(received[k].data(), static_cast<int64_t>(received[k].size()), r);
+        data = received[k].data();
+      }
+      tensors.emplace_back(states[k].name, Tensor::view(data, Shape{numel}, states[k].dtype));
     }
     std::map<std::string, std::string> shard_metadata = metadata;
     shard_metadata["segments"] = ranges.dump();
-    io::save_safetensors((staged / shard_file_name(r, world)).string(),
-                         {{"exp_avg", Tensor::view(const_cast<float*>(mr), Shape{numel}, DType::f32)},
-                          {"exp_avg_sq", Tensor::view(const_cast<float*>(vr), Shape{numel}, DType::f32)}},
-                         shard_metadata);
+    io::save_safetensors((staged / shard_file_name(r, world)).string(), tensors, shard_metadata);
   }
 }
 
@@ -357,17 +350,25 @@ void Trainer::load_checkpoint(const std::string& dir) {
     const std::string scaler_file = (fs::path(dir) / "scaler.json").string();
     scaler.load_json(io::read_json_file(scaler_file), scaler_file, step);
   }
-  // The AdamW moments, from one file or from the shards of any world size: each of this optimizer's segments is
-  // copied from the file segments that overlap it (ZeRO resumed on a different number of ranks re-shards).
-  optim::AdamW& opt = *impl_->optimizer;
+  // The optimizer's states, from one file or from the shards of any world size: each of this optimizer's segments
+  // is copied from the file segments that overlap it (ZeRO resumed on a different number of ranks re-shards).
+  optim::Optimizer& opt = *impl_->optimizer;
+  const std::vector<optim::StateBuffer> buffers = opt.states();
   const int64_t n = model_.params().flat_numel();
-  std::vector<float> m(static_cast<size_t>(opt.shard_numel())), v(m.size());
+  std::vector<std::vector<float>> loaded(buffers.size(), std::vector<float>(static_cast<size_t>(opt.shard_numel())));
   int64_t optimizer_steps = -1;
   std::vector<optim::Segment> all_segments;
   std::string first_file, first_run;  // the run that wrote the first shard: every other shard must name it too
   for (const fs::path& path : optimizer_files(dir)) {
     io::SafetensorsFile optimizer = io::SafetensorsFile::open(path.string());
-    const int64_t steps = metadata_integer(optimizer, "step", "AdamW's update count", 0, step);
+    const auto saved_by = optimizer.metadata().find("optimizer");
+    // Checkpoints from before optimizers had transformers' names say "AdamW".
+    const std::string saved = saved_by == optimizer.metadata().end() ? std::string("(none)")
+                              : saved_by->second == "AdamW"         ? std::string("adamw_torch")
+                                                                    : saved_by->second;
+    FT_CHECK(saved == opt.name(), path.string(), ": the optimizer state is ", saved, "'s but this run's optimizer is ",
+             opt.name(), "; resume with --optim ", saved, " (or start the optimizer afresh from the weights alone)");
+    const int64_t steps = metadata_integer(optimizer, "step", "the optimizer's update count", 0, step);
     FT_CHECK(optimizer_steps < 0 || optimizer_steps == steps, path.string(), ": \"step\" is ", steps,
              " but the other shards have ", optimizer_steps);
     optimizer_steps = steps;
@@ -385,7 +386,9 @@ void Trainer::load_checkpoint(const std::string& dir) {
     int64_t numel = 0;
     for (const optim::Segment& s : segments) numel += s.end - s.begin;
     all_segments.insert(all_segments.end(), segments.begin(), segments.end());
-    for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+    for (size_t k = 0; k < buffers.size(); ++k) {
+      const char* name = buffers[k].name.c_str();
+      FT_CHECK(optimizer.contains(name), optimizer.path(), ": no \"", name, "\", which ", opt.name(), " keeps");
       Tensor t = optimizer.tensor(name);
       FT_CHECK(t.dtype() == DType::f32 && t.numel() == numel, optimizer.path(), ": \"", name, "\" has ", t.numel(),
                " ", dtype_name(t.dtype()), " elements, ", sharded ? "its segments" : "the model", " need ", numel,
@@ -393,7 +396,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
       const int64_t bad = find_nonfinite(t.data(), t.dtype(), t.numel());
       FT_CHECK(bad < 0, optimizer.path(), ": \"", name, "\" holds a non-finite value at element ", bad,
                "; the optimizer state of a diverged run cannot be resumed");
-      std::vector<float>& into = std::string(name) == "exp_avg" ? m : v;
+      std::vector<float>& into = loaded[k];
       int64_t from = 0;
       for (const optim::Segment& s : segments) {
         int64_t to = 0;
@@ -420,8 +423,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
            n, " parameter elements");
 
   load_checkpoint_weights(model_, dir);
-  std::copy(m.begin(), m.end(), opt.exp_avg());
-  std::copy(v.begin(), v.end(), opt.exp_avg_sq());
+  for (size_t k = 0; k < buffers.size(); ++k)
+    std::copy(loaded[k].begin(), loaded[k].end(), static_cast<float*>(buffers[k].data));
   opt.set_step_count(optimizer_steps);
   resumed.max_steps = state_.max_steps;
   state_ = std::move(resumed);

@@ -16,7 +16,7 @@
 namespace fusetrain::train {
 
 struct Trainer::Impl {
-  std::unique_ptr<optim::AdamW> optimizer;
+  std::unique_ptr<optim::Optimizer> optimizer;
   /// Data parallel (more than one rank): the gradient buckets and ZeRO shards.
   std::unique_ptr<GradientSync> sync;
   LrSchedule schedule = LrSchedule::Linear;

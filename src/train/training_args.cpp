@@ -1,8 +1,10 @@
 #include "fusetrain/train/training_args.h"
 
+#include <algorithm>
 #include <set>
 
 #include "fusetrain/core/error.h"
+#include "fusetrain/optim/optimizer.h"
 #include "fusetrain/train/schedule.h"
 
 namespace fusetrain::train {
@@ -71,6 +73,8 @@ void TrainingArguments::validate() const {
   FT_CHECK(adam_beta2 >= 0 && adam_beta2 < 1, "TrainingArguments.adam_beta2 must be in [0, 1), found ", adam_beta2);
   FT_CHECK(adam_epsilon >= 0, "TrainingArguments.adam_epsilon must be >= 0, found ", adam_epsilon);
   FT_CHECK(max_grad_norm >= 0, "TrainingArguments.max_grad_norm must be >= 0, found ", max_grad_norm);
+  optim::check_optimizer({optim, learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon,
+                          optim::parse_optim_args(optim_args)});
   FT_CHECK(num_train_epochs > 0 || max_steps > 0, "TrainingArguments: num_train_epochs must be > 0 (found ",
            num_train_epochs, ") unless max_steps > 0");
   FT_CHECK(warmup_steps >= 0, "TrainingArguments.warmup_steps must be >= 0, found ", warmup_steps);

@@ -77,13 +77,14 @@ def test_start_at_with_the_optimizer_state_continues_a_run_exactly(tmp_path):
     half.set_delegated(True)
     run(half, stop_after=3)  # a run stopped after its checkpoint at step 3
     state, weights = half.optimizer_state(), first.state_dict()
-    assert state["step"] == 3 and set(state["exp_avg"]) == set(weights)
+    assert state["optim"] == "adamw_torch" and state["step"] == 3
+    assert set(state["states"]) == {"exp_avg", "exp_avg_sq"} and set(state["states"]["exp_avg"]) == set(weights)
 
     second = model()
     second.load_state_dict(weights)
     rest = _core._Trainer(second, engine_args(tmp_path), "seq-cls", dataset(10), None)
     rest.set_delegated(True)
-    rest.set_optimizer_state(state["step"], state["exp_avg"], state["exp_avg_sq"])
+    rest.set_optimizer_state(state["step"], state["states"])
     rest.start_at(3, half.dropout_step, 0)
     continued = run(rest)
     assert [r["loss"] for r in continued] == [r["loss"] for r in reference[3:]]
@@ -92,17 +93,20 @@ def test_start_at_with_the_optimizer_state_continues_a_run_exactly(tmp_path):
 
 def test_bad_optimizer_state_and_resume_points_are_refused(tmp_path):
     engine = _core._Trainer(model(), engine_args(tmp_path), "seq-cls", dataset(10), None)
-    state = engine.optimizer_state()
-    name = next(iter(state["exp_avg"]))
-    broken = dict(state["exp_avg"], **{name: np.full_like(state["exp_avg"][name], np.nan)})
-    with pytest.raises(ValueError, match=f'"{name}" holds a non-finite moment at element 0'):
-        engine.set_optimizer_state(1, broken, state["exp_avg_sq"])
-    short = dict(state["exp_avg"], **{name: state["exp_avg"][name][:1]})
-    with pytest.raises(ValueError, match=f'"{name}" needs .* values per moment'):
-        engine.set_optimizer_state(1, short, state["exp_avg_sq"])
-    missing = {k: v for k, v in state["exp_avg"].items() if k != name}
-    with pytest.raises(ValueError, match=f'no moments for "{name}"'):
-        engine.set_optimizer_state(1, missing, state["exp_avg_sq"])
+    states = engine.optimizer_state()["states"]
+    exp_avg = states["exp_avg"]
+    name = next(iter(exp_avg))
+    broken = dict(exp_avg, **{name: np.full_like(exp_avg[name], np.nan)})
+    with pytest.raises(ValueError, match=f'exp_avg of "{name}" holds a non-finite value at element 0'):
+        engine.set_optimizer_state(1, dict(states, exp_avg=broken))
+    short = dict(exp_avg, **{name: exp_avg[name][:1]})
+    with pytest.raises(ValueError, match=f'exp_avg of "{name}" needs .* values, found 1'):
+        engine.set_optimizer_state(1, dict(states, exp_avg=short))
+    missing = {k: v for k, v in exp_avg.items() if k != name}
+    with pytest.raises(ValueError, match=f'no exp_avg for "{name}"'):
+        engine.set_optimizer_state(1, dict(states, exp_avg=missing))
+    with pytest.raises(ValueError, match='no "exp_avg_sq"'):
+        engine.set_optimizer_state(1, {"exp_avg": exp_avg})
     with pytest.raises(ValueError, match="nonfinite_skipped_steps .5. <= global_step .2."):
         engine.start_at(2, 0, 5)
     engine.start_at(99)

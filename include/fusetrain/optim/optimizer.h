@@ -1,10 +1,15 @@
 // Optimizers: one fused pass over the flat parameter, gradient and state buffers.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "fusetrain/core/alloc.h"
+#include "fusetrain/core/dtype.h"
 #include "fusetrain/runtime/parameters.h"
 
 namespace fusetrain::optim {
@@ -19,15 +24,6 @@ double grad_norm(const runtime::ParameterStore& params, int num_threads = 0);
 /// torch.nn.utils.clip_grad_norm_ does (coefficient max_norm / (norm + 1e-6),
 /// capped at 1). Returns the norm before clipping.
 double clip_grad_norm(runtime::ParameterStore& params, double max_norm, int num_threads = 0);
-
-/// Hyperparameters of AdamW, with torch.optim.AdamW's defaults.
-struct AdamWConfig {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.01;
-};
 
 /// Elements [begin, end) of the flat buffers.
 struct Segment {
@@ -44,55 +40,134 @@ struct Shard {
   const float* grads = nullptr;
 };
 
-/// AdamW with decoupled weight decay and bias correction, numerically the same
-/// update as torch.optim.AdamW: p -= lr·wd·p; m = β1·m + (1−β1)·g;
-/// v = β2·v + (1−β2)·g²; p -= lr/(1−β1ᵗ) · m / (√v/√(1−β2ᵗ) + ε).
-/// Parameters whose slot has weight_decay == false are not decayed. With a Shard it updates (and keeps moments for)
-/// that range of the flat buffers only.
-class AdamW {
+/// One state buffer of an optimizer, laid out like its shard of the flat buffers (element k belongs to the shard's
+/// k-th parameter element), named as the optimizer it reproduces names it in its state dict ("exp_avg",
+/// "momentum_buffer", "square_avg", "sum", bitsandbytes' "state1").
+struct StateBuffer {
+  std::string name;
+  DType dtype = DType::f32;
+  void* data = nullptr;
+  int64_t numel = 0;
+};
+
+/// An optimizer as transformers' TrainingArguments choose it: the `optim` value, the learning rate, the weight decay of
+/// the decayed parameter group, the Adam arguments (also Lion's betas) and `optim_args` ("momentum=0.9,..." parsed
+/// into key -> value).
+struct OptimizerSpec {
+  std::string name = "adamw_torch";
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  std::map<std::string, std::string> options;
+};
+
+/// The `optim` values the engine runs, each the update of the optimizer transformers makes for it.
+std::vector<std::string> optimizer_names();
+
+/// Parses transformers' `optim_args` text ("momentum=0.9, nesterov=True"): Error naming the entry without one "=".
+std::map<std::string, std::string> parse_optim_args(const std::string& text);
+
+/// An optimizer over the flat parameter and gradient buffers of a ParameterStore (or one ZeRO shard of them):
+/// one fused pass per step over each run of slots with the same weight-decay flag (the parameter groups), its states
+/// laid out like the parameters. Clipping and the non-finite guard are the caller's (the Trainer's): step() takes the
+/// factor every gradient is multiplied by as it is read.
+class Optimizer {
  public:
-  AdamW(runtime::ParameterStore& params, AdamWConfig config, Shard shard = {});
-  /// One update of every parameter. `grad_scale` multiplies each gradient as it
-  /// is read (clipping fused into the pass); `lr` overrides config.lr when >= 0.
+  Optimizer(runtime::ParameterStore& params, Shard shard, double lr);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+  /// The `optim` value whose update this is ("adamw_torch", "sgd", ...).
+  virtual std::string name() const = 0;
+  /// One update of every parameter of the shard: gradients read times `grad_scale`, learning rate `lr` (the
+  /// optimizer's own when < 0).
   void step(double grad_scale = 1.0, double lr = -1.0);
-  /// Clips to `max_norm` (if > 0) and steps, reading each gradient once for the
-  /// norm and once for the update. Gradients are first multiplied by `grad_scale`
-  /// (1 / accumulation steps). Returns the (scaled) gradient norm before clipping.
+  /// Clips to `max_norm` (if > 0) and steps, reading each gradient once for the norm and once for the update.
+  /// Gradients are first multiplied by `grad_scale`. Returns the (scaled) gradient norm before clipping; a norm that
+  /// is inf or NaN (an fp16 overflow) changes nothing.
   double clip_and_step(double max_norm, double lr = -1.0, double grad_scale = 1.0);
-  /// clip_and_step unless the gradients hold inf or NaN (an fp16 overflow): then
-  /// nothing changes and the returned norm is not finite.
-  double clip_and_step_if_finite(double max_norm, double lr = -1.0, double grad_scale = 1.0);
-  /// The same with the gradients' norm given (before grad_scale): a sharded run's global norm, reduced across ranks.
-  double clip_and_step_if_finite_with_norm(double norm, double max_norm, double lr, double grad_scale);
   /// Sum of squares of the gradients this optimizer reads (its shard's), in double.
   double grad_sum_of_squares() const;
+  /// The state buffers, by name (empty for a stateless update).
+  virtual std::vector<StateBuffer> states() const = 0;
+  size_t state_bytes() const;
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t t) { step_count_ = t; }
-  const AdamWConfig& config() const { return config_; }
-  AdamWConfig& config() { return config_; }
-  /// First and second moments: the shard's segments one after another (the parameters' layout without a shard).
-  float* exp_avg() const { return static_cast<float*>(m_.get()); }
-  float* exp_avg_sq() const { return static_cast<float*>(v_.get()); }
-  /// The flat-buffer segments this optimizer updates, and their total length (the moments' length).
+  double lr() const { return lr_; }
+  void set_lr(double lr);
+  /// The flat-buffer segments this optimizer updates, and their total length (each state buffer's length).
   const std::vector<Segment>& segments() const { return segments_; }
   int64_t shard_numel() const { return numel_; }
-  size_t state_bytes() const { return 2 * static_cast<size_t>(numel_) * sizeof(float); }
   void set_num_threads(int n) { num_threads_ = n; }
   /// When on, an update leaves the store's gradients it read at zero (zeroed in the same pass, so a trainer
   /// needs no separate pass before the next step's accumulation). Off by default.
   void set_zero_grads(bool on) { zero_grads_ = on; }
 
- private:
+ protected:
+  /// The update of step step_count() (already counted) with learning rate `lr`.
+  virtual void update(double grad_scale, double lr) = 0;
+  /// A range of state elements [begin, end) whose parameters share one weight-decay flag: p and g are indexed like
+  /// the states (element i of the state is p[i], g[i]); `zero` asks the update to set each g[i] to 0 once read.
+  struct Run {
+    float* p;
+    float* g;
+    int64_t begin, end;
+    bool decay, zero;
+  };
+  /// Calls `fn` for every Run of the shard, in order.
+  template <typename Fn>
+  void for_each_run(Fn&& fn) const;
+  /// A zeroed f32 state buffer of shard_numel() elements.
+  AlignedPtr allocate_state() const;
+  int threads() const;
+
   runtime::ParameterStore& params_;
-  AdamWConfig config_;
+
+ private:
   std::vector<Segment> segments_;
-  std::vector<int64_t> offsets_;  // where each segment starts in the moments
+  std::vector<int64_t> offsets_;  // where each segment starts in the states
   int64_t numel_ = 0;
   const float* grads_ = nullptr;
-  AlignedPtr m_, v_;
+  double lr_;
   int64_t step_count_ = 0;
   int num_threads_ = 0;
   bool zero_grads_ = false;
+};
+
+/// The optimizer `spec` names over `params` (or a shard of them). Error naming an `optim` value the engine does not run
+/// (with the ones it does), or an option the optimizer does not take or cannot read.
+std::unique_ptr<Optimizer> make_optimizer(runtime::ParameterStore& params, const OptimizerSpec& spec, Shard shard = {});
+
+/// make_optimizer's checks of the name and the options alone (no store): Error as make_optimizer's.
+void check_optimizer(const OptimizerSpec& spec);
+
+/// Hyperparameters of AdamW, with torch.optim.AdamW's defaults.
+struct AdamWConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+/// AdamW with decoupled weight decay and bias correction, numerically the same update as torch.optim.AdamW
+/// (adamw_torch): p -= lr·wd·p; m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²; p -= lr/(1−β1ᵗ) · m / (√v/√(1−β2ᵗ) + ε).
+/// States exp_avg and exp_avg_sq.
+class AdamW final : public Optimizer {
+ public:
+  AdamW(runtime::ParameterStore& params, AdamWConfig config, Shard shard = {});
+  std::string name() const override { return "adamw_torch"; }
+  std::vector<StateBuffer> states() const override;
+  const AdamWConfig& config() const { return config_; }
+  float* exp_avg() const { return static_cast<float*>(m_.get()); }
+  float* exp_avg_sq() const { return static_cast<float*>(v_.get()); }
+
+ protected:
+  void update(double grad_scale, double lr) override;
+
+ private:
+  AdamWConfig config_;
+  AlignedPtr m_, v_;
 };
 
 /// Hyperparameters of SGD, as torch.optim.SGD.
@@ -104,22 +179,123 @@ struct SgdConfig {
   bool nesterov = false;
 };
 
-/// SGD with momentum, the same update as torch.optim.SGD: g += wd·p;
-/// b = μ·b + (1−dampening)·g (b = g on the first step); g = nesterov ? g + μ·b : b; p -= lr·g.
-class Sgd {
+/// SGD with momentum, the same update as torch.optim.SGD (sgd): g += wd·p; b = μ·b + (1−dampening)·g (b = g on the
+/// first step); g = nesterov ? g + μ·b : b; p -= lr·g. State momentum_buffer (with momentum only).
+class Sgd final : public Optimizer {
  public:
-  Sgd(runtime::ParameterStore& params, SgdConfig config);
-  void step(double grad_scale = 1.0, double lr = -1.0);
-  int64_t step_count() const { return step_count_; }
+  Sgd(runtime::ParameterStore& params, SgdConfig config, Shard shard = {});
+  std::string name() const override { return "sgd"; }
+  std::vector<StateBuffer> states() const override;
   float* momentum_buffer() const { return static_cast<float*>(b_.get()); }
-  void set_num_threads(int n) { num_threads_ = n; }
+
+ protected:
+  void update(double grad_scale, double lr) override;
 
  private:
-  runtime::ParameterStore& params_;
   SgdConfig config_;
   AlignedPtr b_;
-  int64_t step_count_ = 0;
-  int num_threads_ = 0;
 };
+
+/// Hyperparameters of RMSprop, as torch.optim.RMSprop.
+struct RmspropConfig {
+  double lr = 1e-2;
+  double alpha = 0.99;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double momentum = 0.0;
+  bool centered = false;
+};
+
+/// RMSprop, the same update as torch.optim.RMSprop (rmsprop; bitsandbytes' 32-bit RMSprop computes the same without
+/// momentum and centering): g += wd·p; s = α·s + (1−α)·g²; a = √(s − ḡ²) (centered, ḡ = lerp(ḡ, g, 1−α)) or √s;
+/// a += ε; with momentum b = μ·b + g/a, p -= lr·b, else p -= lr·g/a. States square_avg, momentum_buffer (momentum
+/// > 0), grad_avg (centered).
+class Rmsprop final : public Optimizer {
+ public:
+  Rmsprop(runtime::ParameterStore& params, RmspropConfig config, Shard shard = {}, std::string name = "rmsprop");
+  std::string name() const override { return name_; }
+  std::vector<StateBuffer> states() const override;
+
+ protected:
+  void update(double grad_scale, double lr) override;
+
+ private:
+  RmspropConfig config_;
+  std::string name_;
+  AlignedPtr square_avg_, momentum_, grad_avg_;
+};
+
+/// Hyperparameters of Adagrad, as torch.optim.Adagrad.
+struct AdagradConfig {
+  double lr = 1e-2;
+  double lr_decay = 0.0;
+  double weight_decay = 0.0;
+  double initial_accumulator_value = 0.0;
+  double eps = 1e-10;
+};
+
+/// Adagrad, the same update as torch.optim.Adagrad (adagrad): g += wd·p; s += g²; p -= lr/(1 + (t−1)·lr_decay) ·
+/// g/(√s + ε). State sum.
+class Adagrad final : public Optimizer {
+ public:
+  Adagrad(runtime::ParameterStore& params, AdagradConfig config, Shard shard = {});
+  std::string name() const override { return "adagrad"; }
+  std::vector<StateBuffer> states() const override;
+
+ protected:
+  void update(double grad_scale, double lr) override;
+
+ private:
+  AdagradConfig config_;
+  AlignedPtr sum_;
+};
+
+/// Hyperparameters of Lion, as bitsandbytes' Lion (what transformers' lion_32bit makes, with the Adam betas).
+struct LionConfig {
+  double lr = 1e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double weight_decay = 0.0;
+};
+
+/// Lion, the same update as bitsandbytes' 32-bit Lion (lion_32bit, paged_lion_32bit): p -= lr·wd·p;
+/// p -= lr·sign(β1·m + (1−β1)·g); m = β2·m + (1−β2)·g. State state1 (bitsandbytes' name for m).
+class Lion final : public Optimizer {
+ public:
+  Lion(runtime::ParameterStore& params, LionConfig config, Shard shard = {}, std::string name = "lion_32bit");
+  std::string name() const override { return name_; }
+  std::vector<StateBuffer> states() const override;
+
+ protected:
+  void update(double grad_scale, double lr) override;
+
+ private:
+  LionConfig config_;
+  std::string name_;
+  AlignedPtr m_;
+};
+
+template <typename Fn>
+void Optimizer::for_each_run(Fn&& fn) const {
+  // Consecutive slots with the same decay flag form one run: one loop per run of slots, not per tensor. Each
+  // segment's elements are indexed by their place in the states: element o + k of a state (and of the shard's
+  // gradients) is flat element begin + k, so the parameter and store-gradient pointers are shifted by begin - o.
+  const std::vector<runtime::ParamSlot>& slots = params_.slots();
+  for (size_t seg = 0; seg < segments_.size(); ++seg) {
+    const Segment& s = segments_[seg];
+    const int64_t o = offsets_[seg];
+    float* p = params_.params_data() + (s.begin - o);
+    float* g = grads_ ? const_cast<float*>(grads_) : params_.grads_data() + (s.begin - o);
+    for (size_t first = 0; first < slots.size();) {
+      size_t last = first;
+      while (last + 1 < slots.size() && slots[last + 1].weight_decay == slots[first].weight_decay) ++last;
+      const int64_t lo = std::max(slots[first].offset, s.begin);
+      const int64_t hi = std::min(slots[last].offset + slots[last].numel, s.end);
+      if (lo < hi) fn(Run{p, g, o + (lo - s.begin), o + (hi - s.begin), slots[first].weight_decay,
+                          zero_grads_ && grads_ == nullptr});
+      first = last + 1;
+    }
+  }
+}
 
 }  // namespace fusetrain::optim

@@ -169,8 +169,8 @@ class Trainer {
   /// examples, gradients are summed over ranks weighted by their labelled positions (the global batch's mean), and
   /// rank 0 alone writes logs and checkpoints.
   void set_communicator(std::shared_ptr<comm::Communicator> comm) { comm_ = std::move(comm); }
-  /// AdamW's flat moment buffers (ParameterStore layout) and update count.
-  optim::AdamW& optimizer();
+  /// The optimizer args.optim names (made on first use): its state buffers (ParameterStore layout) and update count.
+  optim::Optimizer& optimizer();
   /// Steps the non-finite guard skipped so far (saved beside a checkpoint so the schedule resumes in place).
   int64_t nonfinite_skipped_steps() const;
 
@@ -228,5 +228,8 @@ bool is_bio(const std::vector<std::string>& label_names);
 /// length.
 std::map<std::string, double> entity_metrics(const std::vector<std::vector<std::string>>& predicted,
                                              const std::vector<std::vector<std::string>>& reference);
+
+/// The optimizer `args` choose: optim, optim_args, the learning rate, weight decay and Adam arguments.
+optim::OptimizerSpec optimizer_spec(const TrainingArguments& args);
 
 }  // namespace fusetrain::train

@@ -24,6 +24,9 @@ struct TrainingArguments {
   double adam_beta2 = 0.999;
   double adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;
+  /// The optimizer, by transformers' `optim` name (optim::optimizer_names), and its options ("key=value,...").
+  std::string optim = "adamw_torch";
+  std::string optim_args;
   std::string lr_scheduler_type = "linear";
   double warmup_steps = 0;  ///< steps when >= 1; a ratio of the total steps when in (0, 1), as in transformers 5
   double warmup_ratio = 0.0;
@@ -87,12 +90,16 @@ void for_each_field(Args& a, Visit&& visit) {
   visit("per_device_train_batch_size", a.per_device_train_batch_size, "examples per training micro-batch");
   visit("per_device_eval_batch_size", a.per_device_eval_batch_size, "examples per evaluation batch");
   visit("gradient_accumulation_steps", a.gradient_accumulation_steps, "micro-batches per optimizer step");
-  visit("learning_rate", a.learning_rate, "peak learning rate of AdamW");
-  visit("weight_decay", a.weight_decay, "decoupled weight decay (not applied to biases and LayerNorm weights)");
-  visit("adam_beta1", a.adam_beta1, "AdamW beta1");
-  visit("adam_beta2", a.adam_beta2, "AdamW beta2");
+  visit("learning_rate", a.learning_rate, "peak learning rate");
+  visit("weight_decay", a.weight_decay,
+        "weight decay of the decayed group (not biases and norm weights), as the optimizer applies it");
+  visit("adam_beta1", a.adam_beta1, "AdamW beta1 (and Lion's)");
+  visit("adam_beta2", a.adam_beta2, "AdamW beta2 (and Lion's)");
   visit("adam_epsilon", a.adam_epsilon, "AdamW epsilon");
   visit("max_grad_norm", a.max_grad_norm, "global gradient-norm clipping (0: off)");
+  visit("optim", a.optim,
+        "optimizer, by transformers' name: adamw_torch, sgd, rmsprop, adagrad, lion_32bit, rmsprop_bnb, ...");
+  visit("optim_args", a.optim_args, "the optimizer's options, \"key=value,...\" (sgd: momentum=0.9,nesterov=true)");
   visit("lr_scheduler_type", a.lr_scheduler_type,
         "linear, cosine, cosine_with_restarts, polynomial, constant or constant_with_warmup");
   visit("warmup_steps", a.warmup_steps,
