@@ -75,10 +75,13 @@ def final_loss(output: pathlib.Path) -> float:
     return [entry for entry in logs if "loss" in entry][-1]["loss"]
 
 
-@pytest.mark.parametrize("precision", [[], ["--fp16"]], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("precision", [[], ["--fp16"], ["--optim", "sgd", "--optim-args", "momentum=0.9,nesterov=true"],
+                                       ["--optim", "rmsprop", "--optim-args", "centered=true,momentum=0.5"],
+                                       ["--optim", "adagrad"], ["--optim", "lion_32bit"]],
+                         ids=["fp32", "fp16", "sgd-nesterov", "rmsprop-centered", "adagrad", "lion"])
 def test_resume_continues_bit_for_bit(tiny_model, data, tmp_path, precision):
     """8 steps straight vs 4 steps, then resume from checkpoint-4 for 4 more (dropout on); in fp16 the
-    checkpoint carries the loss scale."""
+    checkpoint carries the loss scale, with another optimizer its states (optimizer.safetensors)."""
     common = ["--lr-scheduler-type", "cosine", "--warmup-steps", "2", "--save-steps", "4", *precision]
     straight = tmp_path / "straight"
     assert run(*train_args(tiny_model, data, straight, "--max-steps", "8", *common)).returncode == 0
@@ -93,7 +96,29 @@ def test_resume_continues_bit_for_bit(tiny_model, data, tmp_path, precision):
     a = (straight / "model.safetensors").read_bytes()
     b = (resumed_dir / "model.safetensors").read_bytes()
     assert a == b, "final weights differ"
-    assert (half / "checkpoint-4" / "scaler.json").exists() == bool(precision)
+    assert (half / "checkpoint-4" / "scaler.json").exists() == ("--fp16" in precision)
+
+
+def test_resume_with_another_optimizer_is_one_clear_error(tiny_model, data, tmp_path):
+    out = tmp_path / "out"
+    assert run(*train_args(tiny_model, data, out, "--max-steps", "2", "--save-steps", "2", "--optim", "sgd",
+                           "--optim-args", "momentum=0.9")).returncode == 0
+    result = run(*train_args(tiny_model, data, tmp_path / "again", "--max-steps", "4", "--resume-from-checkpoint",
+                             str(out / "checkpoint-2")))
+    assert result.returncode != 0
+    assert "the optimizer state is sgd's but this run's optimizer is adamw_torch" in error_line(result)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--optim", "adafactorx"], "optim: the engine runs adamw_torch"),
+    (["--optim", "sgd", "--optim-args", "momentum=fast"], "optim_args: momentum=fast is not a finite number"),
+    (["--optim", "sgd", "--optim-args", "betas=0.9"], "optim_args: optim sgd takes momentum, dampening, nesterov"),
+    (["--optim", "sgd", "--optim-args", "momentum"], "optim_args: \"momentum\" is not key=value"),
+])
+def test_bad_optimizer_flags_are_one_clear_error(tiny_model, data, tmp_path, flags, expected):
+    result = run(*train_args(tiny_model, data, tmp_path / "out", "--max-steps", "1", *flags))
+    assert result.returncode != 0
+    assert expected in error_line(result)
 
 
 def test_kill_during_save_leaves_previous_checkpoint_intact(tiny_model, data, tmp_path):
