@@ -9,7 +9,8 @@ Each (workload, framework) runs compare.py's worker (the same model directory, b
 full training step with clipping and AdamW) once per round from each checkout, alternating which goes first, so
 both see the same machine load. Reported: the median step time of each side over all its timed steps, the ratio
 after/before, the fastest step of each side and its ratio (other work on the machine only ever adds time, so on a
-shared machine the fastest steps compare the code, the medians the load), and each side's peak resident memory.
+shared machine the fastest steps compare the code, the medians the load), each side's peak resident memory, and
+whether the two sides' losses are bit-identical (every round runs the same steps on the same batches).
 Timings only inform; nothing here fails on them.
 """
 
@@ -53,12 +54,13 @@ def main() -> None:
     results = {"cpu": compare.cpu_name(), "baseline": str(sides["before"]), "rounds": args.rounds,
                "steps": args.steps, "workloads": {}}
     lines = ["| workload | framework | median before / after (ms) | ratio | fastest before / after (ms) | ratio | "
-             "RSS before / after (MB) |", "|---|---|---|---|---|---|---|"]
+             "RSS before / after (MB) | losses bit-identical |", "|---|---|---|---|---|---|---|---|"]
     for workload in args.workloads.split(","):
         directory = compare.prepare(workload, args.warmup + args.steps)
         for framework in args.frameworks.split(","):
             times = {"before": [], "after": []}
             rss = {"before": [], "after": []}
+            losses = {"before": [], "after": []}  # every round's, per side: the same steps on the same batches
             for round_index in range(args.rounds):
                 order = ["before", "after"] if round_index % 2 == 0 else ["after", "before"]
                 for side in order:
@@ -66,14 +68,17 @@ def main() -> None:
                     run = worker(sides[side], framework, directory, args)
                     times[side] += run["step_times"]
                     rss[side].append(run["peak_rss_mb"])
+                    losses[side].append(run["losses"])
             median = {side: statistics.median(values) for side, values in times.items()}
             fastest = {side: min(values) for side, values in times.items()}
             results["workloads"].setdefault(workload, {})[framework] = {
-                "step_times": times, "median_step_s": median, "fastest_step_s": fastest, "peak_rss_mb": rss}
+                "step_times": times, "median_step_s": median, "fastest_step_s": fastest, "peak_rss_mb": rss,
+                "losses": losses, "losses_identical": losses["before"] == losses["after"]}
             lines.append(f"| {workload} | {framework} | {1e3 * median['before']:.1f} / {1e3 * median['after']:.1f} | "
                          f"{median['after'] / median['before']:.3f} | {1e3 * fastest['before']:.1f} / "
                          f"{1e3 * fastest['after']:.1f} | {fastest['after'] / fastest['before']:.3f} | "
-                         f"{max(rss['before']):.0f} / {max(rss['after']):.0f} |")
+                         f"{max(rss['before']):.0f} / {max(rss['after']):.0f} | "
+                         f"{'yes' if losses['before'] == losses['after'] else 'no'} |")
             pathlib.Path(args.output).parent.mkdir(parents=True, exist_ok=True)
             pathlib.Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
     print(f"{results['cpu']}, {args.threads} threads, {args.rounds} rounds x {args.steps} timed steps per side\n")

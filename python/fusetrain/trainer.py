@@ -476,21 +476,26 @@ def hf_parameter(hf_model: Any, engine_name: str) -> Any:
     return _base_model(hf_model).get_parameter(_engine_names(hf_model).get(engine_name, engine_name))
 
 
-# The optim values whose optimizer is bitsandbytes': its state dict counts steps in an int "step".
-_BNB_OPTIMIZERS = ("lion_32bit", "paged_lion_32bit", "rmsprop_bnb", "rmsprop_32bit", "paged_rmsprop_32bit")
+# The optim values whose optimizer counts steps in an int "step" (bitsandbytes', transformers' Adafactor).
+_INT_STEP_OPTIMIZERS = ("lion_32bit", "paged_lion_32bit", "rmsprop_bnb", "rmsprop_32bit", "paged_rmsprop_32bit",
+                        "adafactor")
 
 
-def _torch_state(optimizer_state: dict, name: str) -> dict:
+def _torch_state(optimizer_state: dict, name: str, param: Any) -> dict:
     """Parameter `name`'s entry of the torch optimizer's state dict for the engine's optimizer_state(): its states
     under the optimizer's own names, with the "step" entry in that optimizer's form (torch's a float tensor, SGD's
-    none, bitsandbytes' an int); empty when the optimizer keeps no state."""
-    states = {key: torch.from_numpy(arrays[name]) for key, arrays in optimizer_state["states"].items()}
+    none, an int for bitsandbytes' and Adafactor, which also keeps the parameter's RMS); empty when the optimizer keeps
+    no state."""
+    states = {key: torch.from_numpy(arrays[name]) for key, arrays in optimizer_state["states"].items()
+              if name in arrays}
     if not states:
         return {}
     optim, step = optimizer_state["optim"], optimizer_state["step"]
     if optim == "sgd":
         return states
-    return {"step": step if optim in _BNB_OPTIMIZERS else torch.tensor(float(step)), **states}
+    if optim == "adafactor":
+        states["RMS"] = (param.detach().float().norm(2) / param.numel() ** 0.5).item()
+    return {"step": step if optim in _INT_STEP_OPTIMIZERS else torch.tensor(float(step)), **states}
 
 
 def _transformers_model(model: Any) -> Any:
@@ -913,9 +918,10 @@ class Trainer(transformers.Trainer):
         optimizer_state = engine.optimizer_state()
         for name in optimizer_state["parameters"]:
             # get_parameter resolves a tied name (GPT-2's lm_head.weight) to the one tensor transformers optimizes.
-            state = _torch_state(optimizer_state, name)
+            param = hf_parameter(self.model, name)
+            state = _torch_state(optimizer_state, name, param)
             if state:
-                self.optimizer.state[hf_parameter(self.model, name)] = state
+                self.optimizer.state[param] = state
         applied = self.state.global_step - engine.nonfinite_skipped_steps - (
             int(engine.scaler_state["skipped_steps"]) if self.args.fp16 else 0)
         with warnings.catch_warnings():
@@ -938,24 +944,26 @@ class Trainer(transformers.Trainer):
         self._load_rng_state(checkpoint)
         step = self.state.global_step
         current = engine.optimizer_state()  # the engine's parameters (a tied pair is one) and its state names
-        names, wanted = current["parameters"], list(current["states"])
-        states = {key: {} for key in wanted}
+        names, kept = current["parameters"], current["states"]
+        states = {key: {} for key in kept}
         updates, missing, found = 0, [], 0
         for name in names:
             param = hf_parameter(self.model, name)
             held = self.optimizer.state.get(param) or {}
-            if all(key in held for key in wanted) and (held or not wanted):
-                found += bool(held)
+            wanted = [key for key in kept if name in kept[key]]  # Adafactor keeps factored states for matrices only
+            if held and all(key in held for key in wanted):
+                found += 1
                 for key in wanted:
                     states[key][name] = _numpy(held[key])
                 if "step" in held:
                     updates = int(_numpy(held["step"]))
                 elif wanted:  # SGD's momentum keeps no count: it has run since the start
                     updates = step
-            else:
+            elif wanted:
                 missing.append(name)
                 for key in wanted:
-                    states[key][name] = np.zeros(tuple(param.shape), np.float32)
+                    states[key][name] = np.zeros(tuple(kept[key][name].shape), np.float32)
+        wanted = list(kept)
         if wanted and not found:
             logger.warning(f"{checkpoint} has no optimizer state (optimizer.pt) for {current['optim']}; it starts "
                            "from zero")

@@ -644,13 +644,10 @@ namespace {
 
 double mib(double bytes) { return bytes / (1 << 20); }
 
-// Bytes of optimizer state per parameter element of the arguments' optimizer (AdamW: 8, two f32 moments), from an
-// optimizer over no elements.
-double state_bytes_per_element(models::Model& model, const train::TrainingArguments& args) {
-  const auto probe = optim::make_optimizer(model.params(), train::optimizer_spec(args), optim::Shard{{{0, 0}}});
-  double bytes = 0;
-  for (const optim::StateBuffer& b : probe->states()) bytes += static_cast<double>(dtype_size(b.dtype));
-  return bytes;
+// Bytes of the arguments' optimizer's states for every parameter (AdamW: 8 per element, two f32 moments), from the
+// optimizer itself: its buffers are mapped lazily, so making it costs no memory until a step writes them.
+double optimizer_state_bytes(models::Model& model, const train::TrainingArguments& args) {
+  return static_cast<double>(optim::make_optimizer(model.params(), train::optimizer_spec(args))->state_bytes());
 }
 
 // The gradient buckets of data-parallel training, where backward finishes each, and every rank's memory for the
@@ -690,7 +687,7 @@ void print_data_parallel(models::Model& model, const runtime::Plan& plan, int wo
   // ZeRO keeps the full gradient buffer (backward writes it) plus the received shard, and ZeRO-2 one bucket part.
   const double gradients = full + (zero > 0 ? largest_shard : 0) + (zero == 2 ? largest_part : 0);
   std::printf("  per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB\n", mib(full),
-              mib(gradients), mib(state_bytes_per_element(model, args) / 4 * largest_shard));
+              mib(gradients), mib(optimizer_state_bytes(model, args) * largest_shard / full));
 }
 
 // Under mpirun: three training steps of the inspected batch on every rank, then rank 0 prints the last step's
@@ -846,8 +843,7 @@ int run_inspect(Options& o) {
   if (log.applied.empty()) std::printf("passes: none changed the graph\n");
   for (const std::string& line : log.applied) std::printf("pass %s\n", line.c_str());
   memory::MemoryReport report = plan.memory_report();
-  report.optimizer_state_bytes =
-      static_cast<size_t>(state_bytes_per_element(*model, o.args) / 4 * static_cast<double>(report.parameter_bytes));
+  report.optimizer_state_bytes = static_cast<size_t>(optimizer_state_bytes(*model, o.args));
   std::printf("memory:\n%s", report.to_string().c_str());
   std::shared_ptr<comm::Communicator> comm = comm::launched_by_mpi() ? comm::mpi_world() : nullptr;
   print_data_parallel(*model, plan, comm ? comm->size() : static_cast<int>(o.world_size), o.args);

@@ -140,7 +140,8 @@ Adagrad::Adagrad(runtime::ParameterStore& params, AdagradConfig config, Shard sh
   check_range(config.weight_decay >= 0, "Adagrad", "weight_decay", config.weight_decay, ">= 0");
   check_range(config.initial_accumulator_value >= 0, "Adagrad", "initial_accumulator_value",
               config.initial_accumulator_value, ">= 0");
-  std::fill_n(static_cast<float*>(sum_.get()), shard_numel(), static_cast<float>(config.initial_accumulator_value));
+  if (config.initial_accumulator_value != 0)  // the buffer is zeroed (and its pages untouched) otherwise
+    std::fill_n(static_cast<float*>(sum_.get()), shard_numel(), static_cast<float>(config.initial_accumulator_value));
 }
 
 std::vector<StateBuffer> Adagrad::states() const { return {{"sum", DType::f32, sum_.get(), shard_numel()}}; }
@@ -197,6 +198,174 @@ void Lion::update(double grad_scale, double lr) {
       m[i] = m[i] * b2 + one_minus_b2 * grad;
     });
   });
+}
+
+namespace {
+
+// A parameter of rank >= 2 as (batch, rows, cols) over its last two axes, as Adafactor factors it.
+struct Factored {
+  int64_t batch = 1, rows = 1, cols = 1;
+};
+
+Factored factored(const Shape& shape) {
+  Factored f;
+  const int r = static_cast<int>(shape.rank());
+  for (int d = 0; d + 2 < r; ++d) f.batch *= shape[d];
+  f.rows = shape[r - 2];
+  f.cols = shape[r - 1];
+  return f;
+}
+
+}  // namespace
+
+Adafactor::Adafactor(runtime::ParameterStore& params, AdafactorConfig config, Shard shard)
+    : Optimizer(params, std::move(shard), config.lr), config_(config) {
+  FT_CHECK(shard_numel() == params.flat_numel() && segments().size() == 1,
+           "Adafactor: its update divides each parameter by the RMS of its whole update, so it needs whole parameters; "
+           "ZeRO shards split them (train Adafactor with zero_stage 0)");
+  check_range(config.eps >= 0, "Adafactor", "eps", config.eps, ">= 0");
+  check_range(config.clip_threshold > 0, "Adafactor", "clip_threshold", config.clip_threshold, "> 0");
+  check_range(config.decay_rate < 0, "Adafactor", "decay_rate", config.decay_rate, "< 0");
+  check_range(config.weight_decay >= 0, "Adafactor", "weight_decay", config.weight_decay, ">= 0");
+  for (const runtime::ParamSlot& slot : params.slots()) {
+    if (slot.shape.rank() >= 2) {
+      const Factored f = factored(slot.shape);
+      row_at_.push_back(rows_);
+      col_at_.push_back(cols_);
+      sq_at_.push_back(-1);
+      rows_ += f.batch * f.rows;
+      cols_ += f.batch * f.cols;
+    } else {
+      row_at_.push_back(-1);
+      col_at_.push_back(-1);
+      sq_at_.push_back(squares_);
+      squares_ += slot.numel;
+    }
+  }
+  auto buffer = [](int64_t n) { return aligned_allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float)); };
+  row_ = buffer(rows_);
+  col_ = buffer(cols_);
+  sq_ = buffer(squares_);
+}
+
+std::vector<StateBuffer> Adafactor::states() const {
+  const std::vector<runtime::ParamSlot>& slots = params_.slots();
+  std::vector<StateBuffer> out{{"exp_avg_sq_row", DType::f32, row_.get(), rows_, {}},
+                               {"exp_avg_sq_col", DType::f32, col_.get(), cols_, {}},
+                               {"exp_avg_sq", DType::f32, sq_.get(), squares_, {}}};
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Shape& shape = slots[i].shape;
+    std::vector<int64_t> dims = shape.dims();
+    if (sq_at_[i] >= 0) {
+      out[0].per_slot.push_back({-1, Shape{}});
+      out[1].per_slot.push_back({-1, Shape{}});
+      out[2].per_slot.push_back({sq_at_[i], shape});
+    } else {
+      std::vector<int64_t> row(dims.begin(), dims.end() - 1), col(dims.begin(), dims.end() - 2);
+      col.push_back(dims.back());
+      out[0].per_slot.push_back({row_at_[i], Shape(row)});
+      out[1].per_slot.push_back({col_at_[i], Shape(col)});
+      out[2].per_slot.push_back({-1, Shape{}});
+    }
+  }
+  return out;
+}
+
+void Adafactor::update(double grad_scale, double lr) {
+  const float scale = static_cast<float>(grad_scale), eps = static_cast<float>(config_.eps);
+  const double beta2t_d = 1.0 - std::pow(static_cast<double>(step_count()), config_.decay_rate);
+  const float beta2t = static_cast<float>(beta2t_d), one_minus = static_cast<float>(1.0 - beta2t_d);
+  const float lr_f = static_cast<float>(lr), decay = static_cast<float>(-config_.weight_decay * lr);
+  const float clip = static_cast<float>(config_.clip_threshold);
+  const std::vector<runtime::ParamSlot>& slots = params_.slots();
+  float* rows = static_cast<float*>(row_.get());
+  float* cols = static_cast<float*>(col_.get());
+  float* squares = static_cast<float*>(sq_.get());
+  const int n = threads();
+  const bool zero = zero_grads_on();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const runtime::ParamSlot& slot = slots[i];
+    float* p = params_.params_data() + slot.offset;
+    float* g = params_.grads_data() + slot.offset;
+    const int64_t numel = slot.numel;
+    // The update before its clipping is u_k = f_k · g_k (f: the inverse root of the second-moment estimate); its sum
+    // of squares sets the clipping.
+    double u_squares = 0;
+    std::vector<float> factor_rows;  // factored: rsqrt(R / mean(R)) per row
+    if (sq_at_[i] >= 0) {
+      float* v = squares + sq_at_[i];
+#pragma omp parallel for num_threads(n) reduction(+ : u_squares) schedule(static) if (numel > 65536)
+      for (int64_t k = 0; k < numel; ++k) {
+        const float grad = g[k] * scale;
+        const float vk = v[k] * beta2t + one_minus * (grad * grad + eps);
+        v[k] = vk;
+        const float u = 1.0f / std::sqrt(vk) * grad;
+        u_squares += static_cast<double>(u) * u;
+      }
+    } else {
+      const Factored f = factored(slot.shape);
+      float* r = rows + row_at_[i];
+      float* c = cols + col_at_[i];
+      factor_rows.resize(static_cast<size_t>(f.batch * f.rows));
+      for (int64_t b = 0; b < f.batch; ++b) {
+        const float* gb = g + b * f.rows * f.cols;
+        float* rb = r + b * f.rows;
+        float* cb = c + b * f.cols;
+        std::vector<double> col_sum(static_cast<size_t>(f.cols), 0.0);
+        for (int64_t row = 0; row < f.rows; ++row) {
+          double sum = 0;
+          for (int64_t k = 0; k < f.cols; ++k) {
+            const float grad = gb[row * f.cols + k] * scale;
+            const float u = grad * grad + eps;
+            sum += u;
+            col_sum[static_cast<size_t>(k)] += u;
+          }
+          rb[row] = rb[row] * beta2t + one_minus * static_cast<float>(sum / static_cast<double>(f.cols));
+        }
+        for (int64_t k = 0; k < f.cols; ++k)
+          cb[k] = cb[k] * beta2t + one_minus * static_cast<float>(col_sum[static_cast<size_t>(k)] /
+                                                                  static_cast<double>(f.rows));
+        double row_total = 0;
+        for (int64_t row = 0; row < f.rows; ++row) row_total += rb[row];
+        const float row_mean = static_cast<float>(row_total / static_cast<double>(f.rows));
+        for (int64_t row = 0; row < f.rows; ++row)
+          factor_rows[static_cast<size_t>(b * f.rows + row)] = 1.0f / std::sqrt(rb[row] / row_mean);
+        for (int64_t row = 0; row < f.rows; ++row) {
+          const float fr = factor_rows[static_cast<size_t>(b * f.rows + row)];
+          for (int64_t k = 0; k < f.cols; ++k) {
+            const float u = fr * (1.0f / std::sqrt(cb[k])) * (gb[row * f.cols + k] * scale);
+            u_squares += static_cast<double>(u) * u;
+          }
+        }
+      }
+    }
+    const float rms = static_cast<float>(std::sqrt(u_squares) / std::sqrt(static_cast<double>(numel)));
+    const float divisor = std::max(rms / clip, 1.0f);
+    const bool decays = slot.weight_decay && config_.weight_decay != 0;
+    // Applies the clipped update: element k's factor recomputed from the states as above.
+    auto apply = [&](int64_t k, float factor) {
+      const float grad = g[k] * scale;
+      if (zero) g[k] = 0.0f;
+      const float u = factor * grad / divisor * lr_f;
+      float pk = p[k];
+      if (decays) pk = pk + decay * pk;
+      p[k] = pk - u;
+    };
+    if (sq_at_[i] >= 0) {
+      const float* v = squares + sq_at_[i];
+#pragma omp parallel for num_threads(n) schedule(static) if (numel > 65536)
+      for (int64_t k = 0; k < numel; ++k) apply(k, 1.0f / std::sqrt(v[k]));
+    } else {
+      const Factored f = factored(slot.shape);
+      const float* c = cols + col_at_[i];
+#pragma omp parallel for num_threads(n) schedule(static) if (f.batch * f.rows > 64)
+      for (int64_t br = 0; br < f.batch * f.rows; ++br) {
+        const float fr = factor_rows[static_cast<size_t>(br)];
+        const float* cb = c + (br / f.rows) * f.cols;
+        for (int64_t k = 0; k < f.cols; ++k) apply(br * f.cols + k, fr * (1.0f / std::sqrt(cb[k])));
+      }
+    }
+  }
 }
 
 // ------------------------------------------------------------------ choosing one by transformers' name
@@ -256,7 +425,7 @@ class Options {
 
 std::vector<std::string> optimizer_names() {
   std::vector<std::string> names = kAdamW;
-  for (const char* name : {"sgd", "rmsprop", "adagrad"}) names.push_back(name);
+  for (const char* name : {"sgd", "rmsprop", "adagrad", "adafactor"}) names.push_back(name);
   names.insert(names.end(), kLion.begin(), kLion.end());
   names.insert(names.end(), kBnbRmsprop.begin(), kBnbRmsprop.end());
   return names;
@@ -315,6 +484,10 @@ std::unique_ptr<Optimizer> build(runtime::ParameterStore* params, const Optimize
     c.eps = options.number("eps", 1e-10);
     options.ignore("weight_decay");
     make = [&, c] { return std::make_unique<Adagrad>(*params, c, std::move(shard)); };
+  } else if (name == "adafactor") {
+    // transformers' Trainer makes Adafactor(lr, scale_parameter=False, relative_step=False) and reads no optim_args.
+    const AdafactorConfig c{.lr = spec.lr, .weight_decay = spec.weight_decay};
+    make = [&, c] { return std::make_unique<Adafactor>(*params, c, std::move(shard)); };
   } else if (one_of(name, kLion)) {
     const LionConfig c{spec.lr, spec.beta1, spec.beta2, spec.weight_decay};
     make = [&, c] { return std::make_unique<Lion>(*params, c, std::move(shard), name); };

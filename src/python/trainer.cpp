@@ -27,6 +27,12 @@ using namespace pybind11::literals;
 namespace fusetrain::python {
 namespace {
 
+// Where slot i's values of `buffer` lie: (offset, shape), offset -1 when the slot has none of this state.
+std::pair<int64_t, Shape> state_place(const optim::StateBuffer& buffer, const runtime::ParamSlot& slot, size_t i) {
+  if (buffer.per_slot.empty()) return {slot.offset, slot.shape};
+  return buffer.per_slot[i];
+}
+
 /// A Python callable that may be copied and dropped on threads without the GIL: only the last owner, with the GIL
 /// taken, releases the Python object.
 using SharedCallable = std::shared_ptr<py::function>;
@@ -529,73 +535,76 @@ The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.T
           "optimizer_state",
           [](PyTrainer& self) {
             const runtime::ParameterStore& params = self.model.model->params();
-            const auto n = static_cast<size_t>(params.flat_numel());
-            std::vector<std::pair<std::string, std::vector<float>>> buffers;
+            std::vector<std::pair<optim::StateBuffer, std::vector<float>>> buffers;
             std::string name;
             const int64_t step = locked(self.model, [&] {
               optim::Optimizer& opt = self.trainer->optimizer();
-              FT_CHECK(static_cast<size_t>(opt.shard_numel()) == n,
+              FT_CHECK(opt.shard_numel() == params.flat_numel(),
                        "optimizer_state: this rank's optimizer holds a ZeRO shard, not every parameter's state");
               for (const optim::StateBuffer& b : opt.states()) {
-                buffers.emplace_back(b.name, std::vector<float>(n));
-                std::copy_n(static_cast<const float*>(b.data), n, buffers.back().second.data());
+                const float* data = static_cast<const float*>(b.data);
+                buffers.emplace_back(b, std::vector<float>(data, data + b.numel));
               }
               name = opt.name();
               return opt.step_count();
             });
             py::dict states;
-            for (const auto& [state, flat] : buffers) {
+            for (const auto& [buffer, flat] : buffers) {
               py::dict by_param;
-              for (const runtime::ParamSlot& slot : params.slots()) {
-                py::array_t<float> a(slot.shape.dims());
-                std::copy_n(flat.data() + slot.offset, slot.numel, a.mutable_data());
+              for (size_t i = 0; i < params.slots().size(); ++i) {
+                const runtime::ParamSlot& slot = params.slots()[i];
+                const auto [at, shape] = state_place(buffer, slot, i);
+                if (at < 0) continue;
+                py::array_t<float> a(shape.dims());
+                std::copy_n(flat.data() + at, shape.numel(), a.mutable_data());
                 by_param[py::str(slot.name)] = a;
               }
-              states[py::str(state)] = by_param;
+              states[py::str(buffer.name)] = by_param;
             }
             py::list parameters;
             for (const runtime::ParamSlot& slot : params.slots()) parameters.append(py::str(slot.name));
             return py::dict("optim"_a = name, "step"_a = step, "states"_a = states, "parameters"_a = parameters);
           },
           "The optimizer's state (copies): {'optim': its optim name, 'step': updates, 'parameters': the trained "
-          "parameters' names, 'states': {state name: {parameter name: array}}}, the states named as the optimizer it reproduces names them ('exp_avg', "
-          "'momentum_buffer', ...).")
+          "parameters' names, 'states': {state name: {parameter name: array}}}, the states named as the optimizer it "
+          "reproduces names them ('exp_avg', 'momentum_buffer', ...); a state a parameter does not have (Adafactor's "
+          "factored ones) is left out for it.")
       .def(
           "set_optimizer_state",
           [](PyTrainer& self, int64_t step, py::dict states) {
             const runtime::ParameterStore& params = self.model.model->params();
             FT_CHECK(step >= 0, "optimizer state: the update count is ", step, ", expected >= 0");
             using Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
-            std::vector<std::string> names;
-            locked(self.model, [&] {
-              for (const optim::StateBuffer& b : self.trainer->optimizer().states()) names.push_back(b.name);
-            });
-            std::vector<std::vector<Array>> arrays;  // [state][slot]
-            for (const std::string& state : names) {
+            const std::vector<optim::StateBuffer> buffers =
+                locked(self.model, [&] { return self.trainer->optimizer().states(); });
+            std::vector<std::vector<std::pair<int64_t, Array>>> arrays;  // [state]: (offset, values) per slot
+            for (const optim::StateBuffer& buffer : buffers) {
+              const std::string& state = buffer.name;
               FT_CHECK(states.contains(py::str(state)), "optimizer state: no \"", state, "\" (the optimizer keeps ",
-                       names.size(), " state", names.size() == 1 ? "" : "s", " per parameter)");
+                       buffers.size(), " state", buffers.size() == 1 ? "" : "s", " per parameter)");
               py::dict by_param = states[py::str(state)].cast<py::dict>();
               arrays.emplace_back();
-              for (const runtime::ParamSlot& slot : params.slots()) {
+              for (size_t i = 0; i < params.slots().size(); ++i) {
+                const runtime::ParamSlot& slot = params.slots()[i];
+                const auto [at, shape] = state_place(buffer, slot, i);
+                if (at < 0) continue;
                 const py::str name(slot.name);
                 FT_CHECK(by_param.contains(name), "optimizer state: no ", state, " for \"", slot.name, "\"");
                 Array a = Array::ensure(by_param[name]);
-                FT_CHECK(a && a.size() == slot.numel, "optimizer state: ", state, " of \"", slot.name, "\" needs ",
-                         slot.numel, " values, found ", a ? a.size() : 0);
-                const int64_t bad = find_nonfinite(a.data(), DType::f32, slot.numel);
+                FT_CHECK(a && a.size() == shape.numel(), "optimizer state: ", state, " of \"", slot.name,
+                         "\" needs ", shape.numel(), " values, found ", a ? a.size() : 0);
+                const int64_t bad = find_nonfinite(a.data(), DType::f32, shape.numel());
                 FT_CHECK(bad < 0, "optimizer state: ", state, " of \"", slot.name, "\" holds a non-finite value at ",
                          "element ", bad, "; the optimizer state of a diverged run cannot be resumed");
-                arrays.back().push_back(std::move(a));
+                arrays.back().emplace_back(at, std::move(a));
               }
             }
             locked(self.model, [&] {
               optim::Optimizer& opt = self.trainer->optimizer();
-              const std::vector<optim::StateBuffer> buffers = opt.states();
-              for (size_t k = 0; k < buffers.size(); ++k)
-                for (size_t i = 0; i < params.slots().size(); ++i) {
-                  const runtime::ParamSlot& slot = params.slots()[i];
-                  std::copy_n(arrays[k][i].data(), slot.numel, static_cast<float*>(buffers[k].data) + slot.offset);
-                }
+              const std::vector<optim::StateBuffer> now = opt.states();
+              for (size_t k = 0; k < now.size(); ++k)
+                for (const auto& [at, values] : arrays[k])
+                  std::copy_n(values.data(), values.size(), static_cast<float*>(now[k].data) + at);
               opt.set_step_count(step);
             });
           },

@@ -390,13 +390,22 @@ void Trainer::load_checkpoint(const std::string& dir) {
       const char* name = buffers[k].name.c_str();
       FT_CHECK(optimizer.contains(name), optimizer.path(), ": no \"", name, "\", which ", opt.name(), " keeps");
       Tensor t = optimizer.tensor(name);
-      FT_CHECK(t.dtype() == DType::f32 && t.numel() == numel, optimizer.path(), ": \"", name, "\" has ", t.numel(),
-               " ", dtype_name(t.dtype()), " elements, ", sharded ? "its segments" : "the model", " need ", numel,
+      // A per-parameter state (Adafactor's factored moments) is saved whole, never by shard.
+      const bool per_slot = !buffers[k].per_slot.empty();
+      const int64_t want = per_slot ? buffers[k].numel : numel;
+      FT_CHECK(!(per_slot && sharded), optimizer.path(), ": \"", name, "\" is kept per parameter by ", opt.name(),
+               ", which does not run sharded");
+      FT_CHECK(t.dtype() == DType::f32 && t.numel() == want, optimizer.path(), ": \"", name, "\" has ", t.numel(),
+               " ", dtype_name(t.dtype()), " elements, ", sharded ? "its segments" : "the model", " need ", want,
                " f32");
       const int64_t bad = find_nonfinite(t.data(), t.dtype(), t.numel());
       FT_CHECK(bad < 0, optimizer.path(), ": \"", name, "\" holds a non-finite value at element ", bad,
                "; the optimizer state of a diverged run cannot be resumed");
       std::vector<float>& into = loaded[k];
+      if (per_slot) {
+        into.assign(t.data_as<float>(), t.data_as<float>() + want);
+        continue;
+      }
       int64_t from = 0;
       for (const optim::Segment& s : segments) {
         int64_t to = 0;

@@ -1,5 +1,7 @@
-// The fused optimizers against step-by-step double-precision transcriptions of
-// torch.optim.AdamW / torch.optim.SGD and torch.nn.utils.clip_grad_norm_.
+// The fused optimizers against step-by-step double-precision transcriptions of torch.optim.AdamW, torch.optim.SGD,
+// transformers' Adafactor and torch.nn.utils.clip_grad_norm_; every elementwise optimizer sharded as ZeRO shards it;
+// the choice by transformers' optim name. (The Python tests compare each optimizer with the implementation it
+// reproduces, through both Trainers.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -153,6 +155,133 @@ TEST(Sgd, MomentumAndNesterovMatchTorchFormula) {
     for (size_t k = 0; k < p.size(); ++k) max_err = std::max(max_err, std::abs(p[k] - s.params_data()[k]));
     EXPECT_LT(max_err, 1e-5) << "nesterov=" << nesterov;
   }
+}
+
+// Every elementwise optimizer updates a ZeRO shard (segments that split parameters, read from the shard's own
+// gradient buffer) exactly as the whole store's update updates those elements.
+TEST(Optimizers, ShardsUpdateTheirSegmentsAsTheWholeUpdateDoes) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"adamw_torch", ""}, {"sgd", "momentum=0.9,nesterov=true"}, {"rmsprop", "momentum=0.5,centered=true"},
+      {"adagrad", "lr_decay=0.1"}, {"lion_32bit", ""}, {"rmsprop_bnb", ""}};
+  for (const auto& [name, args] : cases) {
+    runtime::ParameterStore whole = make_store(), sharded = make_store();
+    whole.set_weight_decay(1, false);
+    sharded.set_weight_decay(1, false);
+    std::mt19937 rng(4);
+    std::normal_distribution<float> normal;
+    for (int64_t i = 0; i < whole.flat_numel(); ++i) whole.params_data()[i] = sharded.params_data()[i] = normal(rng);
+    const optim::OptimizerSpec spec{name, 1e-2, 0.1, 0.9, 0.99, 1e-8, optim::parse_optim_args(args)};
+    auto reference = optim::make_optimizer(whole, spec);
+    const int64_t n = whole.flat_numel(), cut = 40;  // inside "w" (51 elements), then the rest
+    std::vector<optim::Segment> halves[2] = {{{0, cut}, {n / 2, n / 2 + 7}}, {{cut, n / 2}, {n / 2 + 7, n}}};
+    std::vector<std::vector<float>> shard_grads(2);
+    std::vector<std::unique_ptr<optim::Optimizer>> parts;
+    for (int r = 0; r < 2; ++r) {
+      int64_t numel = 0;
+      for (const optim::Segment& seg : halves[r]) numel += seg.end - seg.begin;
+      shard_grads[r].resize(static_cast<size_t>(numel));
+      parts.push_back(optim::make_optimizer(sharded, spec, optim::Shard{halves[r], shard_grads[r].data()}));
+    }
+    for (int t = 1; t <= 4; ++t) {
+      fill_grads(whole, rng, 0.5);
+      for (int r = 0; r < 2; ++r) {
+        int64_t at = 0;
+        for (const optim::Segment& seg : halves[r])
+          for (int64_t k = seg.begin; k < seg.end; ++k) shard_grads[r][static_cast<size_t>(at++)] = whole.grads_data()[k];
+      }
+      reference->step(0.5, 1e-2);
+      for (auto& part : parts) part->step(0.5, 1e-2);
+    }
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(whole.params_data()[i], sharded.params_data()[i]) << name << " element " << i;
+    EXPECT_EQ(parts[0]->states().size(), reference->states().size()) << name;
+  }
+}
+
+TEST(Optimizers, BadNamesAndOptionsAreOneClearError) {
+  runtime::ParameterStore s = make_store();
+  auto message = [&](const std::string& name, const std::string& args) {
+    return error_of([&] { optim::make_optimizer(s, {name, 1e-3, 0.0, 0.9, 0.999, 1e-8, optim::parse_optim_args(args)}); });
+  };
+  EXPECT_CONTAINS(message("adamw_8bit_typo", ""), "optim: the engine runs adamw_torch,");
+  EXPECT_CONTAINS(message("adamw_8bit_typo", ""), "found \"adamw_8bit_typo\"");
+  EXPECT_CONTAINS(message("sgd", "momentum=abc"), "optim_args: momentum=abc is not a finite number (optim sgd)");
+  EXPECT_CONTAINS(message("sgd", "betas=0.9"), "optim_args: optim sgd takes momentum, dampening, nesterov, weight_decay, "
+                                              "found betas");
+  EXPECT_CONTAINS(message("lion_32bit", "beta1=0.5"), "optim_args: optim lion_32bit takes no options, found beta1");
+  EXPECT_CONTAINS(error_of([&] { optim::parse_optim_args("momentum=0.9,nesterov"); }),
+                  "optim_args: \"nesterov\" is not key=value");
+  EXPECT_EQ(optim::parse_optim_args(" momentum = 0.9, nesterov=True "),
+            (std::map<std::string, std::string>{{"momentum", "0.9"}, {"nesterov", "True"}}));
+  EXPECT_CONTAINS(message("sgd", "momentum=-1"), "SGD: momentum must be >= 0, found -1");
+}
+
+// transformers.optimization.Adafactor with scale_parameter=False, relative_step=False (what the Trainer makes),
+// transcribed in double: a factored (rank >= 2, here rank 3) and an elementwise (rank 1) second moment.
+TEST(Adafactor, MatchesTransformersFormula) {
+  runtime::ParameterStore s(std::vector<std::pair<std::string, Shape>>{{"m", {2, 5, 7}}, {"v", {9}}});
+  s.set_weight_decay(1, false);
+  std::mt19937 rng(6);
+  std::normal_distribution<float> normal;
+  for (int64_t i = 0; i < s.flat_numel(); ++i) s.params_data()[i] = normal(rng);
+  optim::Adafactor opt(s, {.lr = 0.05, .weight_decay = 0.1});
+  std::vector<double> p(s.params_data(), s.params_data() + s.flat_numel());
+  std::vector<double> row(10), col(14), sq(9);
+  const double eps = 1e-30;
+  const int64_t m0 = s.slots()[0].offset, v0 = s.slots()[1].offset;  // slots start aligned, not back to back
+  for (int t = 1; t <= 6; ++t) {
+    fill_grads(s, rng, t == 3 ? 50.0 : 0.3);  // step 3's update is clipped
+    const double b2 = 1 - std::pow(t, -0.8), lr = 0.05;
+    const float* gm = s.grads_data() + m0;
+    const float* gv = s.grads_data() + v0;
+    std::vector<double> um(70), uv(9);
+    for (int b = 0; b < 2; ++b) {  // "m": (2, 5, 7)
+      for (int r = 0; r < 5; ++r) {
+        double mean = 0;
+        for (int c = 0; c < 7; ++c) mean += double(gm[b * 35 + r * 7 + c]) * gm[b * 35 + r * 7 + c] + eps;
+        row[b * 5 + r] = b2 * row[b * 5 + r] + (1 - b2) * mean / 7;
+      }
+      for (int c = 0; c < 7; ++c) {
+        double mean = 0;
+        for (int r = 0; r < 5; ++r) mean += double(gm[b * 35 + r * 7 + c]) * gm[b * 35 + r * 7 + c] + eps;
+        col[b * 7 + c] = b2 * col[b * 7 + c] + (1 - b2) * mean / 5;
+      }
+      double row_mean = 0;
+      for (int r = 0; r < 5; ++r) row_mean += row[b * 5 + r] / 5;
+      for (int r = 0; r < 5; ++r)
+        for (int c = 0; c < 7; ++c)
+          um[b * 35 + r * 7 + c] = gm[b * 35 + r * 7 + c] / std::sqrt(row[b * 5 + r] / row_mean) / std::sqrt(col[b * 7 + c]);
+    }
+    for (int k = 0; k < 9; ++k) {
+      sq[k] = b2 * sq[k] + (1 - b2) * (double(gv[k]) * gv[k] + eps);
+      uv[k] = gv[k] / std::sqrt(sq[k]);
+    }
+    for (auto [u, at, decays] : {std::tuple{&um, m0, true}, std::tuple{&uv, v0, false}}) {
+      double squares = 0;
+      for (double x : *u) squares += x * x;
+      const double divisor = std::max(std::sqrt(squares / static_cast<double>(u->size())), 1.0);
+      for (size_t k = 0; k < u->size(); ++k) {
+        double& pk = p[static_cast<size_t>(at) + k];
+        if (decays) pk -= 0.1 * lr * pk;
+        pk -= (*u)[k] / divisor * lr;
+      }
+    }
+    opt.step();
+  }
+  double max_err = 0;
+  for (size_t k = 0; k < p.size(); ++k) max_err = std::max(max_err, std::abs(p[k] - s.params_data()[k]));
+  EXPECT_LT(max_err, 1e-5);
+  const std::vector<optim::StateBuffer> states = opt.states();
+  ASSERT_EQ(states.size(), 3u);
+  EXPECT_EQ(states[0].name, "exp_avg_sq_row");
+  EXPECT_EQ(states[0].per_slot[0].second, Shape({2, 5}));
+  EXPECT_EQ(states[1].per_slot[0].second, Shape({2, 7}));
+  EXPECT_EQ(states[2].per_slot[1].second, Shape({9}));
+  EXPECT_EQ(states[2].per_slot[0].first, -1);
+  EXPECT_EQ(opt.state_bytes(), (10 + 14 + 9) * sizeof(float));
+  // Its update needs whole parameters: a ZeRO shard is refused by name.
+  EXPECT_CONTAINS(error_of([&] { optim::Adafactor(s, {}, optim::Shard{{{0, 40}}}); }),
+                  "Adafactor: its update divides each parameter by the RMS of its whole update");
 }
 
 }  // namespace

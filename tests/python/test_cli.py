@@ -77,8 +77,8 @@ def final_loss(output: pathlib.Path) -> float:
 
 @pytest.mark.parametrize("precision", [[], ["--fp16"], ["--optim", "sgd", "--optim-args", "momentum=0.9,nesterov=true"],
                                        ["--optim", "rmsprop", "--optim-args", "centered=true,momentum=0.5"],
-                                       ["--optim", "adagrad"], ["--optim", "lion_32bit"]],
-                         ids=["fp32", "fp16", "sgd-nesterov", "rmsprop-centered", "adagrad", "lion"])
+                                       ["--optim", "adagrad"], ["--optim", "lion_32bit"], ["--optim", "adafactor"]],
+                         ids=["fp32", "fp16", "sgd-nesterov", "rmsprop-centered", "adagrad", "lion", "adafactor"])
 def test_resume_continues_bit_for_bit(tiny_model, data, tmp_path, precision):
     """8 steps straight vs 4 steps, then resume from checkpoint-4 for 4 more (dropout on); in fp16 the
     checkpoint carries the loss scale, with another optimizer its states (optimizer.safetensors)."""

@@ -116,6 +116,34 @@ def test_zero_stages_train_as_ddp(tiny, tmp_path, ranks, batch, extra):
         assert max(sizes) <= total / ranks + 2 * 16
 
 
+@pytest.mark.parametrize("optim", [["--optim", "lion_32bit"], ["--optim", "rmsprop", "--optim-args", "momentum=0.5"]],
+                         ids=["lion", "rmsprop"])
+def test_zero_stages_shard_other_optimizers_as_ddp(tiny, tmp_path, optim):
+    """Any elementwise optimizer's states shard as AdamW's moments do: ZeRO-1 and ZeRO-2 give DDP's losses and
+    weights (Lion's sign update at a learning rate of 1e-4: a weight differs only where an update's sign does)."""
+    data = rows_file(tmp_path, 50)
+    extra = ["--max-steps", "8", "--learning-rate", "1e-4", *optim]
+    ddp_losses, ddp_weights = train(tiny, data, tmp_path / "ddp", 2, 4, *extra)
+    for stage in (1, 2):
+        losses, weights = train(tiny, data, tmp_path / f"zero{stage}", 2, 4, *extra, "--zero-stage", str(stage),
+                                "--ddp-bucket-cap-mb", "1", "--save-strategy", "no")
+        np.testing.assert_allclose(losses, ddp_losses, rtol=1e-5)
+        for name, value in ddp_weights.items():
+            np.testing.assert_allclose(weights[name], value, atol=1e-5, err_msg=f"ZeRO-{stage} {name}")
+
+
+def test_adafactor_under_zero_is_one_clear_error(tiny, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    command = [MPIRUN, "-np", "2", "--oversubscribe", str(CLI), "train", "--model", str(tiny), "--train-file",
+               str(rows_file(tmp_path, 20)), "--max-steps", "1", "--save-strategy", "no", "--disable-tqdm",
+               "--fusetrain-threads", "1", "--output-dir", str(tmp_path / "out"), "--optim", "adafactor",
+               "--zero-stage", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode != 0
+    assert "Adafactor: its update divides each parameter by the RMS of its whole update" in result.stderr
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
 def test_a_zero_checkpoint_resumes_on_other_world_sizes(tiny, tmp_path):
     """A 2-rank ZeRO-1 checkpoint resumed on 1 rank and on 3 ranks (the same global batch of 12) continues the
     2-rank run's loss curve and ends at its weights."""

@@ -10,6 +10,7 @@
 
 #include "fusetrain/core/alloc.h"
 #include "fusetrain/core/dtype.h"
+#include "fusetrain/core/shape.h"
 #include "fusetrain/runtime/parameters.h"
 
 namespace fusetrain::optim {
@@ -48,6 +49,10 @@ struct StateBuffer {
   DType dtype = DType::f32;
   void* data = nullptr;
   int64_t numel = 0;
+  /// Empty: laid out like the shard. Otherwise the state is per parameter and not elementwise (Adafactor's factored
+  /// moments): one entry per slot of the store, where its state starts in the buffer and its shape (offset -1: the
+  /// slot has none of this state).
+  std::vector<std::pair<int64_t, Shape>> per_slot;
 };
 
 /// An optimizer as transformers' TrainingArguments choose it: the `optim` value, the learning rate, the weight decay of
@@ -120,6 +125,8 @@ class Optimizer {
   /// A zeroed f32 state buffer of shard_numel() elements.
   AlignedPtr allocate_state() const;
   int threads() const;
+  /// Whether the update zeroes the store's gradients it reads (set_zero_grads, with no shard gradients).
+  bool zero_grads_on() const { return zero_grads_ && grads_ == nullptr; }
 
   runtime::ParameterStore& params_;
 
@@ -273,6 +280,39 @@ class Lion final : public Optimizer {
   LionConfig config_;
   std::string name_;
   AlignedPtr m_;
+};
+
+/// Hyperparameters of Adafactor as transformers' Trainer makes it (adafactor: scale_parameter and relative_step off,
+/// the learning rate given, no first moment).
+struct AdafactorConfig {
+  double lr = 1e-3;
+  double eps = 1e-30;            ///< added to g² (transformers' eps[0])
+  double clip_threshold = 1.0;   ///< the update's RMS is clipped to this
+  double decay_rate = -0.8;      ///< β2 of step t is 1 − t^decay_rate
+  double weight_decay = 0.0;
+};
+
+/// Adafactor, the same update as transformers.optimization.Adafactor (adafactor): with β2ₜ = 1 − t^decay_rate and
+/// u = g² + ε, a parameter of rank ≥ 2 keeps the row and column means of u's moving average (R = β2ₜ·R + (1−β2ₜ)·
+/// mean_cols(u), C likewise over rows) and is updated by g / √(R/mean(R) ⊗ C), a vector by g / √V with V the moving
+/// average of u; the update is divided by max(1, RMS(update)/clip_threshold), times lr; p -= lr·wd·p (decayed
+/// parameters), p -= update. States exp_avg_sq_row, exp_avg_sq_col and exp_avg_sq, per parameter (StateBuffer::
+/// per_slot). Its per-tensor RMS needs whole parameters: no ZeRO shard.
+class Adafactor final : public Optimizer {
+ public:
+  Adafactor(runtime::ParameterStore& params, AdafactorConfig config, Shard shard = {});
+  std::string name() const override { return "adafactor"; }
+  std::vector<StateBuffer> states() const override;
+
+ protected:
+  void update(double grad_scale, double lr) override;
+
+ private:
+  AdafactorConfig config_;
+  // Per slot: offsets of its row and column means (factored) or of its elementwise average (-1 where none).
+  std::vector<int64_t> row_at_, col_at_, sq_at_;
+  int64_t rows_ = 0, cols_ = 0, squares_ = 0;
+  AlignedPtr row_, col_, sq_;
 };
 
 template <typename Fn>
