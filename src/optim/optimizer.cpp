@@ -12,7 +12,6 @@
 namespace fusetrain::optim {
 namespace {
 
-
 FT_VECTOR_CLONES double squares(const float* __restrict g, int64_t n, int threads) {
   double sum = 0.0;
 #pragma omp parallel for simd num_threads(threads) reduction(+ : sum) schedule(static)

@@ -1,5 +1,5 @@
-"""What the command-line tests share: the built binary, a tiny BERT with MiniLM's tokenizer, a slice of SST-2,
-and helpers that run the CLI and read its one error line."""
+"""What the command-line tests share: the built binary, a tiny BERT with MiniLM's tokenizer, a tiny Llama with a
+tokenizer trained on Tiny Shakespeare, a slice of SST-2, and helpers that run the CLI and read its one error line."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("FUSETRAIN_BUILD_DIR", ROOT / "build"))
 CLI = BUILD / "fusetrain"
+SHAKESPEARE = ROOT.parent / "shared" / "datasets" / "tinyshakespeare" / "input.txt"
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +32,21 @@ def tiny_model(tmp_path_factory) -> pathlib.Path:
     transformers.BertForSequenceClassification(config).save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(source / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> pathlib.Path:
+    """A 2-layer, 64-wide Llama (4 query heads over 2 key/value heads) with a 512-token BPE tokenizer trained on Tiny
+    Shakespeare (examples/make_tiny_llama.py)."""
+    import fusetrain
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pathlib.Path(fusetrain.__file__).parents[1]),
+                                                          os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, str(ROOT / "examples" / "make_tiny_llama.py"), "--text", str(SHAKESPEARE),
+                    "--output", str(out), "--hidden-size", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+                    "--intermediate-size", "96", "--vocab-size", "512"], check=True, capture_output=True, env=env)
     return out
 
 

@@ -9,7 +9,6 @@ sums run in another order than torch's (measured ~1e-7). bf16 base weights: see 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -20,14 +19,15 @@ import torch
 import transformers
 
 import cli_support
+from cli_support import tiny_llama  # noqa: F401  (a fixture)
 import hf_models as hf
 
 peft = pytest.importorskip("peft")
 fusetrain = hf.fusetrain_module()
 from fusetrain.trainer import engine_model  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-SHAKESPEARE = REPO.parent / "shared" / "datasets" / "tinyshakespeare" / "input.txt"
+REPO = cli_support.ROOT
+SHAKESPEARE = cli_support.SHAKESPEARE
 LLAMA = dict(vocab_size=101, hidden_size=72, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2,
              intermediate_size=100, max_position_embeddings=64, pad_token_id=0)
 GPT2 = dict(vocab_size=101, n_embd=48, n_layer=2, n_head=4, n_positions=64, pad_token_id=0)
@@ -256,17 +256,6 @@ def test_trainer_trains_a_peft_model_as_transformers_does(tmp_path):
     # transformers logs each loss rounded to 4 significant digits; 1e-3 relative is that rounding plus f32 noise.
     np.testing.assert_allclose(ours, theirs, rtol=1e-3)
     assert ours[-1] < ours[0]
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny-llama")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pathlib.Path(fusetrain.__file__).parents[1]),
-                                                          os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, str(REPO / "examples" / "make_tiny_llama.py"), "--text", str(SHAKESPEARE),
-                    "--output", str(out), "--hidden-size", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
-                    "--intermediate-size", "96", "--vocab-size", "512"], check=True, capture_output=True, env=env)
-    return out
 
 
 def test_cli_lora_run_writes_adapters_peft_evaluates_alike(tiny_llama, tmp_path):

@@ -14,7 +14,6 @@ each weight row is a whole number of blocks (see model_dir)."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -29,6 +28,7 @@ pytest.importorskip("bitsandbytes")
 peft = pytest.importorskip("peft")
 
 import cli_support  # noqa: E402
+from cli_support import tiny_llama  # noqa: E402,F401  (a fixture)
 import hf_models as hf  # noqa: E402
 
 fusetrain = hf.fusetrain_module()
@@ -215,19 +215,8 @@ def test_unsupported_quantised_bases_are_refused_by_name(model_dir):
         engine.merge_lora()
 
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-SHAKESPEARE = REPO.parent / "shared" / "datasets" / "tinyshakespeare" / "input.txt"
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tiny-llama-cli")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pathlib.Path(fusetrain.__file__).parents[1]),
-                                                          os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, str(REPO / "examples" / "make_tiny_llama.py"), "--text", str(SHAKESPEARE),
-                    "--output", str(out), "--hidden-size", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
-                    "--intermediate-size", "96", "--vocab-size", "512"], check=True, capture_output=True, env=env)
-    return out
+REPO = cli_support.ROOT
+SHAKESPEARE = cli_support.SHAKESPEARE
 
 
 @pytest.mark.parametrize("quant", ["nf4", "int8"])

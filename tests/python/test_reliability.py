@@ -191,7 +191,7 @@ def test_resume_refuses_an_optimizer_step_count_past_the_global_step(tiny_model,
                                 metadata={"step": "40", "optimizer": "AdamW"})
     line = error_line(run(*train_args(tiny_model, data, tmp_path / "out", "--max-steps", "3",
                                       "--resume-from-checkpoint", str(checkpoint))))
-    assert 'the metadata "step" (AdamW\'s update count) should be an integer in [0, 1]' in line, line
+    assert 'the metadata "step" (the optimizer\'s update count) should be an integer in [0, 1]' in line, line
 
 
 # ---- 4. labels --------------------------------------------------------------------------------------------------

@@ -448,9 +448,13 @@ def test_settings_the_engine_does_not_run_train_with_transformers_loop(sst2, tok
     with pytest.warns(UserWarning, match="transformers' own loop.*label_smoothing_factor=0.1"):
         trainer.train()
     assert trainer.state.global_step == 2 and len(losses(trainer)) == 2
-    strict = args(tmp_path, max_steps=2, optim="sgd", fusetrain_require_engine=True)
-    with pytest.raises(ValueError, match="optim='sgd' .the engine runs AdamW"):
+    strict = args(tmp_path, max_steps=2, optim="adamw_torch_4bit", fusetrain_require_engine=True)
+    with pytest.raises(ValueError, match="optim='adamw_torch_4bit' .the engine runs adamw_torch, .*, sgd, rmsprop"):
         Trainer(model=tiny_bert(), args=strict, train_dataset=train, processing_class=tokenizer).train()
+    # An option the engine's optimizer does not take is named as well (transformers' SGD ignores it).
+    options = args(tmp_path, max_steps=2, optim="sgd", optim_args="momentum=0.9,betas=0.5")
+    assert "optim_args: optim sgd takes momentum, dampening, nesterov, weight_decay, found betas" in Trainer(
+        model=tiny_bert(), args=options, train_dataset=train, processing_class=tokenizer).engine_refusal()
     sgd = torch.optim.SGD(tiny_bert().parameters(), lr=0.1)
     assert "an optimizer or scheduler is given" in Trainer(model=tiny_bert(), args=args(tmp_path),
                                                            optimizers=(sgd, None)).engine_refusal()
