@@ -644,16 +644,24 @@ namespace {
 
 double mib(double bytes) { return bytes / (1 << 20); }
 
-// Bytes of the arguments' optimizer's states for every parameter (AdamW: 8 per element, two f32 moments), from the
+// The arguments' optimizer's states for every parameter (AdamW: 8 bytes per element, two f32 moments), from the
 // optimizer itself: its buffers are mapped lazily, so making it costs no memory until a step writes them.
-double optimizer_state_bytes(models::Model& model, const train::TrainingArguments& args) {
-  return static_cast<double>(optim::make_optimizer(model.params(), train::optimizer_spec(args))->state_bytes());
+struct OptimizerMemory {
+  double bytes = 0;
+  bool shards = true;  ///< ZeRO can shard it: every state is laid out like the parameters
+};
+
+OptimizerMemory optimizer_memory(models::Model& model, const train::TrainingArguments& args) {
+  const auto optimizer = optim::make_optimizer(model.params(), train::optimizer_spec(args));
+  OptimizerMemory out{static_cast<double>(optimizer->state_bytes())};
+  for (const optim::StateBuffer& b : optimizer->states()) out.shards = out.shards && b.per_slot.empty();
+  return out;
 }
 
 // The gradient buckets of data-parallel training, where backward finishes each, and every rank's memory for the
 // parameters, gradients and optimizer state at `world` ranks and the arguments' ZeRO stage.
 void print_data_parallel(models::Model& model, const runtime::Plan& plan, int world,
-                         const train::TrainingArguments& args) {
+                         const train::TrainingArguments& args, const OptimizerMemory& state) {
   const runtime::ParameterStore& params = model.params();
   const std::vector<train::Bucket> buckets = train::make_buckets(params, args.ddp_bucket_cap_mb << 20);
   const std::vector<const ir::Node*> nodes = plan.scheduled_nodes();
@@ -687,7 +695,7 @@ void print_data_parallel(models::Model& model, const runtime::Plan& plan, int wo
   // ZeRO keeps the full gradient buffer (backward writes it) plus the received shard, and ZeRO-2 one bucket part.
   const double gradients = full + (zero > 0 ? largest_shard : 0) + (zero == 2 ? largest_part : 0);
   std::printf("  per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB\n", mib(full),
-              mib(gradients), mib(optimizer_state_bytes(model, args) * largest_shard / full));
+              mib(gradients), mib(state.shards ? state.bytes * largest_shard / full : state.bytes));
 }
 
 // Under mpirun: three training steps of the inspected batch on every rank, then rank 0 prints the last step's
@@ -843,10 +851,11 @@ int run_inspect(Options& o) {
   if (log.applied.empty()) std::printf("passes: none changed the graph\n");
   for (const std::string& line : log.applied) std::printf("pass %s\n", line.c_str());
   memory::MemoryReport report = plan.memory_report();
-  report.optimizer_state_bytes = static_cast<size_t>(optimizer_state_bytes(*model, o.args));
+  const OptimizerMemory state = optimizer_memory(*model, o.args);
+  report.optimizer_state_bytes = static_cast<size_t>(state.bytes);
   std::printf("memory:\n%s", report.to_string().c_str());
   std::shared_ptr<comm::Communicator> comm = comm::launched_by_mpi() ? comm::mpi_world() : nullptr;
-  print_data_parallel(*model, plan, comm ? comm->size() : static_cast<int>(o.world_size), o.args);
+  print_data_parallel(*model, plan, comm ? comm->size() : static_cast<int>(o.world_size), o.args, state);
   if (o.profile && comm) {
     profile_data_parallel(*model, batch, *comm, o.args);
     return 0;

@@ -132,10 +132,14 @@ void Optimizer::step(double grad_scale, double lr) {
 }
 
 double Optimizer::clip_and_step(double max_norm, double lr, double grad_scale) {
-  const double norm = std::sqrt(grad_sum_of_squares()) * grad_scale;
+  return clip_and_step_with_norm(std::sqrt(grad_sum_of_squares()), max_norm, lr, grad_scale);
+}
+
+double Optimizer::clip_and_step_with_norm(double unscaled_norm, double max_norm, double lr, double grad_scale) {
+  const double norm = unscaled_norm * grad_scale;  // inf or NaN when any gradient is
   if (!std::isfinite(norm)) return norm;
   double clip = 1.0;
-  if (max_norm > 0) clip = std::min(1.0, max_norm / (norm + 1e-6));
+  if (max_norm > 0) clip = std::min(1.0, max_norm / (norm + 1e-6));  // torch.nn.utils.clip_grad_norm_'s
   step(grad_scale * clip, lr);
   return norm;
 }
@@ -149,7 +153,7 @@ AdamW::AdamW(runtime::ParameterStore& params, AdamWConfig config, Shard shard)
 }
 
 std::vector<StateBuffer> AdamW::states() const {
-  return {{"exp_avg", DType::f32, exp_avg(), shard_numel()}, {"exp_avg_sq", DType::f32, exp_avg_sq(), shard_numel()}};
+  return {elementwise_state("exp_avg", exp_avg()), elementwise_state("exp_avg_sq", exp_avg_sq())};
 }
 
 void AdamW::update(double grad_scale, double lr) {

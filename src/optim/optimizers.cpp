@@ -33,6 +33,23 @@ void check_range(bool ok, const char* optimizer, const char* what, double value,
 
 }  // namespace
 
+// Defined here, beside the updates that use it (their only translation unit).
+template <typename Element>
+void Optimizer::for_each_element(double grad_scale, Element&& element) const {
+  const float scale = static_cast<float>(grad_scale);
+  const int n = threads();
+  for_each_run([&](const Run& r) {
+    float* p = r.p;
+    float* g = r.g;
+    const bool zero = r.zero, decay = r.decay;
+    for_range(r.begin, r.end, n, [&](int64_t i) {
+      const float grad = g[i] * scale;
+      if (zero) g[i] = 0.0f;
+      element(p, i, grad, decay);
+    });
+  });
+}
+
 Sgd::Sgd(runtime::ParameterStore& params, SgdConfig config, Shard shard)
     : Optimizer(params, std::move(shard), config.lr), config_(config) {
   check_range(config.momentum >= 0, "SGD", "momentum", config.momentum, ">= 0");
@@ -44,31 +61,22 @@ Sgd::Sgd(runtime::ParameterStore& params, SgdConfig config, Shard shard)
 
 std::vector<StateBuffer> Sgd::states() const {
   if (!b_) return {};
-  return {{"momentum_buffer", DType::f32, momentum_buffer(), shard_numel()}};
+  return {elementwise_state("momentum_buffer", momentum_buffer())};
 }
 
 void Sgd::update(double grad_scale, double lr) {
   const float lr_f = static_cast<float>(lr), mu = static_cast<float>(config_.momentum);
   const float damp = static_cast<float>(1.0 - config_.dampening), wd = static_cast<float>(config_.weight_decay);
-  const float scale = static_cast<float>(grad_scale);
   const bool first = step_count() == 1, use_momentum = config_.momentum != 0, nesterov = config_.nesterov;
   float* b = momentum_buffer();
-  const int n = threads();
-  for_each_run([&](const Run& r) {
-    const float run_wd = r.decay ? wd : 0.0f;
-    float* p = r.p;
-    float* g = r.g;
-    const bool zero = r.zero;
-    for_range(r.begin, r.end, n, [&](int64_t i) {
-      float grad = g[i] * scale + run_wd * p[i];
-      if (zero) g[i] = 0.0f;
-      if (use_momentum) {
-        const float buf = first ? grad : mu * b[i] + damp * grad;
-        b[i] = buf;
-        grad = nesterov ? grad + mu * buf : buf;
-      }
-      p[i] -= lr_f * grad;
-    });
+  for_each_element(grad_scale, [&](float* p, int64_t i, float grad, bool decay) {
+    grad = grad + (decay ? wd : 0.0f) * p[i];
+    if (use_momentum) {
+      const float buf = first ? grad : mu * b[i] + damp * grad;
+      b[i] = buf;
+      grad = nesterov ? grad + mu * buf : buf;
+    }
+    p[i] -= lr_f * grad;
   });
 }
 
@@ -86,14 +94,14 @@ Rmsprop::Rmsprop(runtime::ParameterStore& params, RmspropConfig config, Shard sh
 std::vector<StateBuffer> Rmsprop::states() const {
   // bitsandbytes' RMSprop keeps its one state as state1.
   const bool bnb = one_of(name_, kBnbRmsprop);
-  std::vector<StateBuffer> out{{bnb ? "state1" : "square_avg", DType::f32, square_avg_.get(), shard_numel()}};
-  if (momentum_) out.push_back({"momentum_buffer", DType::f32, momentum_.get(), shard_numel()});
-  if (grad_avg_) out.push_back({"grad_avg", DType::f32, grad_avg_.get(), shard_numel()});
+  std::vector<StateBuffer> out{elementwise_state(bnb ? "state1" : "square_avg", square_avg_.get())};
+  if (momentum_) out.push_back(elementwise_state("momentum_buffer", momentum_.get()));
+  if (grad_avg_) out.push_back(elementwise_state("grad_avg", grad_avg_.get()));
   return out;
 }
 
 void Rmsprop::update(double grad_scale, double lr) {
-  const float scale = static_cast<float>(grad_scale), wd = static_cast<float>(config_.weight_decay);
+  const float wd = static_cast<float>(config_.weight_decay);
   const float alpha = static_cast<float>(config_.alpha), one_minus_alpha = static_cast<float>(1.0 - config_.alpha);
   const float eps = static_cast<float>(config_.eps), mu = static_cast<float>(config_.momentum);
   const float neg_lr = static_cast<float>(-lr);
@@ -101,35 +109,26 @@ void Rmsprop::update(double grad_scale, double lr) {
   float* buf = static_cast<float*>(momentum_.get());
   float* ga = static_cast<float*>(grad_avg_.get());
   const bool centered = ga != nullptr, momentum = buf != nullptr;
-  const int n = threads();
-  for_each_run([&](const Run& r) {
-    const float run_wd = r.decay ? wd : 0.0f;
-    float* p = r.p;
-    float* g = r.g;
-    const bool zero = r.zero;
-    for_range(r.begin, r.end, n, [&](int64_t i) {
-      float grad = g[i] * scale;
-      if (zero) g[i] = 0.0f;
-      if (run_wd != 0.0f) grad = grad + run_wd * p[i];
-      const float s = sq[i] * alpha + one_minus_alpha * grad * grad;
-      sq[i] = s;
-      float avg;
-      if (centered) {
-        const float m = ga[i] + one_minus_alpha * (grad - ga[i]);  // torch's lerp for a weight below 0.5
-        ga[i] = m;
-        avg = std::sqrt(s + -1.0f * m * m);
-      } else {
-        avg = std::sqrt(s);
-      }
-      avg = avg + eps;
-      if (momentum) {
-        const float bi = buf[i] * mu + grad / avg;
-        buf[i] = bi;
-        p[i] = p[i] + neg_lr * bi;
-      } else {
-        p[i] = p[i] + neg_lr * (grad / avg);
-      }
-    });
+  for_each_element(grad_scale, [&](float* p, int64_t i, float grad, bool decay) {
+    if (decay && wd != 0.0f) grad = grad + wd * p[i];
+    const float s = sq[i] * alpha + one_minus_alpha * grad * grad;
+    sq[i] = s;
+    float avg;
+    if (centered) {
+      const float m = ga[i] + one_minus_alpha * (grad - ga[i]);  // torch's lerp for a weight below 0.5
+      ga[i] = m;
+      avg = std::sqrt(s + -1.0f * m * m);
+    } else {
+      avg = std::sqrt(s);
+    }
+    avg = avg + eps;
+    if (momentum) {
+      const float bi = buf[i] * mu + grad / avg;
+      buf[i] = bi;
+      p[i] = p[i] + neg_lr * bi;
+    } else {
+      p[i] = p[i] + neg_lr * (grad / avg);
+    }
   });
 }
 
@@ -144,27 +143,17 @@ Adagrad::Adagrad(runtime::ParameterStore& params, AdagradConfig config, Shard sh
     std::fill_n(static_cast<float*>(sum_.get()), shard_numel(), static_cast<float>(config.initial_accumulator_value));
 }
 
-std::vector<StateBuffer> Adagrad::states() const { return {{"sum", DType::f32, sum_.get(), shard_numel()}}; }
+std::vector<StateBuffer> Adagrad::states() const { return {elementwise_state("sum", sum_.get())}; }
 
 void Adagrad::update(double grad_scale, double lr) {
-  const float scale = static_cast<float>(grad_scale), wd = static_cast<float>(config_.weight_decay);
-  const float eps = static_cast<float>(config_.eps);
+  const float wd = static_cast<float>(config_.weight_decay), eps = static_cast<float>(config_.eps);
   const float neg_clr = static_cast<float>(-(lr / (1.0 + static_cast<double>(step_count() - 1) * config_.lr_decay)));
   float* sum = static_cast<float*>(sum_.get());
-  const int n = threads();
-  for_each_run([&](const Run& r) {
-    const float run_wd = r.decay ? wd : 0.0f;
-    float* p = r.p;
-    float* g = r.g;
-    const bool zero = r.zero;
-    for_range(r.begin, r.end, n, [&](int64_t i) {
-      float grad = g[i] * scale;
-      if (zero) g[i] = 0.0f;
-      if (run_wd != 0.0f) grad = grad + run_wd * p[i];
-      const float s = sum[i] + grad * grad;
-      sum[i] = s;
-      p[i] = p[i] + neg_clr * (grad / (std::sqrt(s) + eps));
-    });
+  for_each_element(grad_scale, [&](float* p, int64_t i, float grad, bool decay) {
+    if (decay && wd != 0.0f) grad = grad + wd * p[i];
+    const float s = sum[i] + grad * grad;
+    sum[i] = s;
+    p[i] = p[i] + neg_clr * (grad / (std::sqrt(s) + eps));
   });
 }
 
@@ -175,28 +164,19 @@ Lion::Lion(runtime::ParameterStore& params, LionConfig config, Shard shard, std:
   check_range(config.weight_decay >= 0, "Lion", "weight_decay", config.weight_decay, ">= 0");
 }
 
-std::vector<StateBuffer> Lion::states() const { return {{"state1", DType::f32, m_.get(), shard_numel()}}; }
+std::vector<StateBuffer> Lion::states() const { return {elementwise_state("state1", m_.get())}; }
 
 void Lion::update(double grad_scale, double lr) {
-  const float scale = static_cast<float>(grad_scale), decay = static_cast<float>(1.0 - lr * config_.weight_decay);
+  const float decay = static_cast<float>(1.0 - lr * config_.weight_decay);
   const float b1 = static_cast<float>(config_.beta1), one_minus_b1 = static_cast<float>(1.0 - config_.beta1);
   const float b2 = static_cast<float>(config_.beta2), one_minus_b2 = static_cast<float>(1.0 - config_.beta2);
   const float neg_lr = static_cast<float>(-lr);
   const bool decays = config_.weight_decay > 0;
   float* m = static_cast<float*>(m_.get());
-  const int n = threads();
-  for_each_run([&](const Run& r) {
-    const float run_decay = r.decay && decays ? decay : 1.0f;
-    float* p = r.p;
-    float* g = r.g;
-    const bool zero = r.zero;
-    for_range(r.begin, r.end, n, [&](int64_t i) {
-      const float grad = g[i] * scale;
-      if (zero) g[i] = 0.0f;
-      const float u = m[i] * b1 + one_minus_b1 * grad;
-      p[i] = p[i] * run_decay + neg_lr * sign(u);
-      m[i] = m[i] * b2 + one_minus_b2 * grad;
-    });
+  for_each_element(grad_scale, [&](float* p, int64_t i, float grad, bool decayed) {
+    const float u = m[i] * b1 + one_minus_b1 * grad;
+    p[i] = p[i] * (decayed && decays ? decay : 1.0f) + neg_lr * sign(u);
+    m[i] = m[i] * b2 + one_minus_b2 * grad;
   });
 }
 
@@ -242,6 +222,12 @@ Adafactor::Adafactor(runtime::ParameterStore& params, AdafactorConfig config, Sh
       squares_ += slot.numel;
     }
   }
+  for (const runtime::ParamSlot& slot : params.slots())  // the step's scratch, sized once
+    if (slot.shape.rank() >= 2) {
+      const Factored f = factored(slot.shape);
+      factor_rows_.resize(std::max(factor_rows_.size(), static_cast<size_t>(f.batch * f.rows)));
+      col_sums_.resize(std::max(col_sums_.size(), static_cast<size_t>(f.cols)));
+    }
   auto buffer = [](int64_t n) { return aligned_allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float)); };
   row_ = buffer(rows_);
   col_ = buffer(cols_);
@@ -291,7 +277,7 @@ void Adafactor::update(double grad_scale, double lr) {
     // The update before its clipping is u_k = f_k · g_k (f: the inverse root of the second-moment estimate); its sum
     // of squares sets the clipping.
     double u_squares = 0;
-    std::vector<float> factor_rows;  // factored: rsqrt(R / mean(R)) per row
+    std::vector<float>& factor_rows = factor_rows_;  // factored: rsqrt(R / mean(R)) per row
     if (sq_at_[i] >= 0) {
       float* v = squares + sq_at_[i];
 #pragma omp parallel for num_threads(n) reduction(+ : u_squares) schedule(static) if (numel > 65536)
@@ -306,12 +292,12 @@ void Adafactor::update(double grad_scale, double lr) {
       const Factored f = factored(slot.shape);
       float* r = rows + row_at_[i];
       float* c = cols + col_at_[i];
-      factor_rows.resize(static_cast<size_t>(f.batch * f.rows));
       for (int64_t b = 0; b < f.batch; ++b) {
         const float* gb = g + b * f.rows * f.cols;
         float* rb = r + b * f.rows;
         float* cb = c + b * f.cols;
-        std::vector<double> col_sum(static_cast<size_t>(f.cols), 0.0);
+        std::vector<double>& col_sum = col_sums_;
+        std::fill_n(col_sum.begin(), f.cols, 0.0);
         for (int64_t row = 0; row < f.rows; ++row) {
           double sum = 0;
           for (int64_t k = 0; k < f.cols; ++k) {

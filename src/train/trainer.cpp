@@ -24,23 +24,6 @@ namespace fusetrain::train {
 namespace fs = std::filesystem;
 using models::Head;
 
-namespace {
-
-// The non-finite guard and clipping, the same for every optimizer: a gradient norm (before `grad_scale`) that is inf
-// or NaN changes nothing and is returned; otherwise the gradients are scaled by grad_scale and clipped to max_norm
-// (if > 0) as torch.nn.utils.clip_grad_norm_ does, in the update's one pass. Returns the scaled norm.
-double clip_and_step_if_finite(optim::Optimizer& optimizer, double unscaled_norm, double max_norm, double lr,
-                               double grad_scale) {
-  const double norm = unscaled_norm * grad_scale;  // inf or NaN when any gradient is
-  if (!std::isfinite(norm)) return norm;
-  double clip = 1.0;
-  if (max_norm > 0) clip = std::min(1.0, max_norm / (norm + 1e-6));
-  optimizer.step(grad_scale * clip, lr);
-  return norm;
-}
-
-}  // namespace
-
 optim::OptimizerSpec optimizer_spec(const TrainingArguments& args) {
   return {args.optim, args.learning_rate, args.weight_decay, args.adam_beta1, args.adam_beta2, args.adam_epsilon,
           optim::parse_optim_args(args.optim_args)};
@@ -483,13 +466,13 @@ std::map<std::string, double> Trainer::train() {
         const double unscaled_norm = std::sqrt(impl_->sync ? impl_->sync->global_grad_sum_of_squares()
                                                             : impl_->optimizer->grad_sum_of_squares());
         if (a.fp16) {  // unscale in the fused pass; an overflowed step changes nothing but the scale
-          const double norm = clip_and_step_if_finite(*impl_->optimizer, unscaled_norm, a.max_grad_norm, current_lr(),
-                                                      grad_scale / impl_->scaler.scale());
+          const double norm = impl_->optimizer->clip_and_step_with_norm(unscaled_norm, a.max_grad_norm, current_lr(),
+                                                                         grad_scale / impl_->scaler.scale());
           impl_->scaler.update(!std::isfinite(norm));
           last_norm = norm;
         } else {
           const double norm =
-              clip_and_step_if_finite(*impl_->optimizer, unscaled_norm, a.max_grad_norm, current_lr(), grad_scale);
+              impl_->optimizer->clip_and_step_with_norm(unscaled_norm, a.max_grad_norm, current_lr(), grad_scale);
           if (std::isfinite(norm))
             last_norm = norm;
           else

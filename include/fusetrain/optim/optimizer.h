@@ -74,8 +74,8 @@ std::map<std::string, std::string> parse_optim_args(const std::string& text);
 
 /// An optimizer over the flat parameter and gradient buffers of a ParameterStore (or one ZeRO shard of them):
 /// one fused pass per step over each run of slots with the same weight-decay flag (the parameter groups), its states
-/// laid out like the parameters. Clipping and the non-finite guard are the caller's (the Trainer's): step() takes the
-/// factor every gradient is multiplied by as it is read.
+/// laid out like the parameters. step() takes the factor every gradient is multiplied by as it is read; clipping and
+/// the non-finite guard (clip_and_step_with_norm) are the same for every optimizer.
 class Optimizer {
  public:
   Optimizer(runtime::ParameterStore& params, Shard shard, double lr);
@@ -91,6 +91,9 @@ class Optimizer {
   /// Gradients are first multiplied by `grad_scale`. Returns the (scaled) gradient norm before clipping; a norm that
   /// is inf or NaN (an fp16 overflow) changes nothing.
   double clip_and_step(double max_norm, double lr = -1.0, double grad_scale = 1.0);
+  /// clip_and_step with the gradients' norm (before grad_scale) given: the Trainer's, summed over the buckets or the
+  /// ranks' shards under data parallel.
+  double clip_and_step_with_norm(double unscaled_norm, double max_norm, double lr, double grad_scale);
   /// Sum of squares of the gradients this optimizer reads (its shard's), in double.
   double grad_sum_of_squares() const;
   /// The state buffers, by name (empty for a stateless update).
@@ -122,8 +125,17 @@ class Optimizer {
   /// Calls `fn` for every Run of the shard, in order.
   template <typename Fn>
   void for_each_run(Fn&& fn) const;
+  /// The loop of an elementwise update: element(p, i, grad, decay) for every element i of the shard, threaded per
+  /// Run, with grad = g[i]·grad_scale read once (and g[i] zeroed when the update clears the gradients) and `decay`
+  /// the element's weight-decay flag. Defined in optimizers.cpp, where the elementwise updates are.
+  template <typename Element>
+  void for_each_element(double grad_scale, Element&& element) const;
   /// A zeroed f32 state buffer of shard_numel() elements.
   AlignedPtr allocate_state() const;
+  /// The description of such a buffer, laid out like the shard, under `name`.
+  StateBuffer elementwise_state(std::string name, void* data) const {
+    return {std::move(name), DType::f32, data, numel_, {}};
+  }
   int threads() const;
   /// Whether the update zeroes the store's gradients it reads (set_zero_grads, with no shard gradients).
   bool zero_grads_on() const { return zero_grads_ && grads_ == nullptr; }
@@ -313,6 +325,9 @@ class Adafactor final : public Optimizer {
   std::vector<int64_t> row_at_, col_at_, sq_at_;
   int64_t rows_ = 0, cols_ = 0, squares_ = 0;
   AlignedPtr row_, col_, sq_;
+  // The step's scratch: a factored parameter's row factors and column sums (the largest parameter's sizes).
+  mutable std::vector<float> factor_rows_;
+  mutable std::vector<double> col_sums_;
 };
 
 template <typename Fn>
