@@ -478,7 +478,7 @@ def hf_parameter(hf_model: Any, engine_name: str) -> Any:
 
 # The optim values whose optimizer counts steps in an int "step" (bitsandbytes', transformers' Adafactor).
 _INT_STEP_OPTIMIZERS = ("lion_32bit", "paged_lion_32bit", "rmsprop_bnb", "rmsprop_32bit", "paged_rmsprop_32bit",
-                        "adafactor")
+                        "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "adafactor")
 
 
 def _torch_state(optimizer_state: dict, name: str, param: Any) -> dict:
@@ -959,10 +959,10 @@ class Trainer(transformers.Trainer):
                     updates = int(_numpy(held["step"]))
                 elif wanted:  # SGD's momentum keeps no count: it has run since the start
                     updates = step
-            elif wanted:
+            elif wanted:  # the engine's fresh state (zeros; an 8-bit optimizer's code maps) stands
                 missing.append(name)
                 for key in wanted:
-                    states[key][name] = np.zeros(tuple(kept[key][name].shape), np.float32)
+                    states[key][name] = kept[key][name]
         wanted = list(kept)
         if wanted and not found:
             logger.warning(f"{checkpoint} has no optimizer state (optimizer.pt) for {current['optim']}; it starts "

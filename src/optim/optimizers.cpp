@@ -20,6 +20,7 @@ const std::vector<std::string> kAdamW = {"adamw_torch", "adamw_torch_fused", "ad
                                          "adamw_apex_fused"};
 const std::vector<std::string> kLion = {"lion_32bit", "paged_lion_32bit"};
 const std::vector<std::string> kBnbRmsprop = {"rmsprop_bnb", "rmsprop_32bit", "paged_rmsprop_32bit"};
+const std::vector<std::string> kAdamW8bit = {"adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit"};
 
 bool one_of(const std::string& name, const std::vector<std::string>& names) {
   return std::find(names.begin(), names.end(), name) != names.end();
@@ -236,9 +237,9 @@ Adafactor::Adafactor(runtime::ParameterStore& params, AdafactorConfig config, Sh
 
 std::vector<StateBuffer> Adafactor::states() const {
   const std::vector<runtime::ParamSlot>& slots = params_.slots();
-  std::vector<StateBuffer> out{{"exp_avg_sq_row", DType::f32, row_.get(), rows_, {}},
-                               {"exp_avg_sq_col", DType::f32, col_.get(), cols_, {}},
-                               {"exp_avg_sq", DType::f32, sq_.get(), squares_, {}}};
+  std::vector<StateBuffer> out{{"exp_avg_sq_row", DType::f32, row_.get(), rows_, {}, {}},
+                               {"exp_avg_sq_col", DType::f32, col_.get(), cols_, {}, {}},
+                               {"exp_avg_sq", DType::f32, sq_.get(), squares_, {}, {}}};
   for (size_t i = 0; i < slots.size(); ++i) {
     const Shape& shape = slots[i].shape;
     std::vector<int64_t> dims = shape.dims();
@@ -414,6 +415,7 @@ std::vector<std::string> optimizer_names() {
   for (const char* name : {"sgd", "rmsprop", "adagrad", "adafactor"}) names.push_back(name);
   names.insert(names.end(), kLion.begin(), kLion.end());
   names.insert(names.end(), kBnbRmsprop.begin(), kBnbRmsprop.end());
+  names.insert(names.end(), kAdamW8bit.begin(), kAdamW8bit.end());
   return names;
 }
 
@@ -446,6 +448,10 @@ std::unique_ptr<Optimizer> build(runtime::ParameterStore* params, const Optimize
   if (one_of(name, kAdamW)) {
     const AdamWConfig c{spec.lr, spec.beta1, spec.beta2, spec.eps, spec.weight_decay};
     make = [&, c] { return std::make_unique<AdamW>(*params, c, std::move(shard)); };
+  } else if (one_of(name, kAdamW8bit)) {
+    // transformers hands bitsandbytes' AdamW the Adam arguments and optim_bits=8 (paged memory is a CUDA matter).
+    const AdamWConfig c{spec.lr, spec.beta1, spec.beta2, spec.eps, spec.weight_decay};
+    make = [&, c] { return std::make_unique<AdamW8bit>(*params, c, std::move(shard), name); };
   } else if (name == "sgd") {
     SgdConfig c{.lr = spec.lr, .weight_decay = spec.weight_decay};
     c.momentum = options.number("momentum", 0.0);

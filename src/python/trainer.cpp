@@ -27,6 +27,12 @@ using namespace pybind11::literals;
 namespace fusetrain::python {
 namespace {
 
+// numpy's dtype for a state buffer's elements (f32, or u8 codes).
+py::dtype numpy_dtype(DType dtype) {
+  FT_CHECK(dtype == DType::f32 || dtype == DType::u8, "optimizer state: no numpy form for ", dtype_name(dtype));
+  return dtype == DType::u8 ? py::dtype::of<uint8_t>() : py::dtype::of<float>();
+}
+
 // Where slot i's values of `buffer` lie: (offset, shape), offset -1 when the slot has none of this state.
 std::pair<int64_t, Shape> state_place(const optim::StateBuffer& buffer, const runtime::ParamSlot& slot, size_t i) {
   if (buffer.per_slot.empty()) return {slot.offset, slot.shape};
@@ -535,31 +541,35 @@ The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.T
           "optimizer_state",
           [](PyTrainer& self) {
             const runtime::ParameterStore& params = self.model.model->params();
-            std::vector<std::pair<optim::StateBuffer, std::vector<float>>> buffers;
+            std::vector<std::pair<optim::StateBuffer, std::vector<uint8_t>>> buffers;
             std::string name;
             const int64_t step = locked(self.model, [&] {
               optim::Optimizer& opt = self.trainer->optimizer();
               FT_CHECK(opt.shard_numel() == params.flat_numel(),
                        "optimizer_state: this rank's optimizer holds a ZeRO shard, not every parameter's state");
               for (const optim::StateBuffer& b : opt.states()) {
-                const float* data = static_cast<const float*>(b.data);
-                buffers.emplace_back(b, std::vector<float>(data, data + b.numel));
+                const uint8_t* data = static_cast<const uint8_t*>(b.data);
+                buffers.emplace_back(b, std::vector<uint8_t>(data, data + b.numel * dtype_size(b.dtype)));
               }
               name = opt.name();
               return opt.step_count();
             });
             py::dict states;
             for (const auto& [buffer, flat] : buffers) {
-              py::dict by_param;
+              // Two buffers may share a key (bitsandbytes' state1: 8-bit codes or f32), over different parameters.
+              const py::str key(buffer.state_key());
+              if (!states.contains(key)) states[key] = py::dict();
+              py::dict by_param = states[key].cast<py::dict>();
+              const size_t size = dtype_size(buffer.dtype);
               for (size_t i = 0; i < params.slots().size(); ++i) {
                 const runtime::ParamSlot& slot = params.slots()[i];
                 const auto [at, shape] = state_place(buffer, slot, i);
                 if (at < 0) continue;
-                py::array_t<float> a(shape.dims());
-                std::copy_n(flat.data() + at, shape.numel(), a.mutable_data());
+                py::array a(numpy_dtype(buffer.dtype), shape.dims());
+                std::copy_n(flat.data() + at * static_cast<int64_t>(size), shape.numel() * static_cast<int64_t>(size),
+                            static_cast<uint8_t*>(a.mutable_data()));
                 by_param[py::str(slot.name)] = a;
               }
-              states[py::str(buffer.name)] = by_param;
             }
             py::list parameters;
             for (const runtime::ParamSlot& slot : params.slots()) parameters.append(py::str(slot.name));
@@ -574,26 +584,32 @@ The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.T
           [](PyTrainer& self, int64_t step, py::dict states) {
             const runtime::ParameterStore& params = self.model.model->params();
             FT_CHECK(step >= 0, "optimizer state: the update count is ", step, ", expected >= 0");
-            using Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
             const std::vector<optim::StateBuffer> buffers =
                 locked(self.model, [&] { return self.trainer->optimizer().states(); });
-            std::vector<std::vector<std::pair<int64_t, Array>>> arrays;  // [state]: (offset, values) per slot
+            std::vector<std::vector<std::pair<int64_t, py::array>>> arrays;  // [state]: (offset, values) per slot
             for (const optim::StateBuffer& buffer : buffers) {
-              const std::string& state = buffer.name;
+              const std::string& state = buffer.state_key();
               FT_CHECK(states.contains(py::str(state)), "optimizer state: no \"", state, "\" (the optimizer keeps ",
                        buffers.size(), " state", buffers.size() == 1 ? "" : "s", " per parameter)");
               py::dict by_param = states[py::str(state)].cast<py::dict>();
               arrays.emplace_back();
+              const py::dtype want = numpy_dtype(buffer.dtype);
               for (size_t i = 0; i < params.slots().size(); ++i) {
                 const runtime::ParamSlot& slot = params.slots()[i];
                 const auto [at, shape] = state_place(buffer, slot, i);
                 if (at < 0) continue;
                 const py::str name(slot.name);
                 FT_CHECK(by_param.contains(name), "optimizer state: no ", state, " for \"", slot.name, "\"");
-                Array a = Array::ensure(by_param[name]);
-                FT_CHECK(a && a.size() == shape.numel(), "optimizer state: ", state, " of \"", slot.name,
-                         "\" needs ", shape.numel(), " values, found ", a ? a.size() : 0);
-                const int64_t bad = find_nonfinite(a.data(), DType::f32, shape.numel());
+                py::array given = py::array::ensure(by_param[name]);
+                FT_CHECK(given, "optimizer state: ", state, " of \"", slot.name, "\" is not an array");
+                // Codes must come as codes: a float array is never cast to 8-bit codes.
+                FT_CHECK(want.kind() == 'f' || given.dtype().is(want), "optimizer state: ", state, " of \"",
+                         slot.name, "\" holds ", dtype_name(buffer.dtype), " values, found ",
+                         std::string(py::str(given.dtype())));
+                py::array a = py::array::ensure(given.attr("astype")(want), py::array::c_style);
+                FT_CHECK(a.size() == shape.numel(), "optimizer state: ", state, " of \"", slot.name, "\" needs ",
+                         shape.numel(), " values, found ", a.size());
+                const int64_t bad = find_nonfinite(a.data(), buffer.dtype, shape.numel());
                 FT_CHECK(bad < 0, "optimizer state: ", state, " of \"", slot.name, "\" holds a non-finite value at ",
                          "element ", bad, "; the optimizer state of a diverged run cannot be resumed");
                 arrays.back().emplace_back(at, std::move(a));
@@ -602,9 +618,12 @@ The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.T
             locked(self.model, [&] {
               optim::Optimizer& opt = self.trainer->optimizer();
               const std::vector<optim::StateBuffer> now = opt.states();
-              for (size_t k = 0; k < now.size(); ++k)
+              for (size_t k = 0; k < now.size(); ++k) {
+                const int64_t size = static_cast<int64_t>(dtype_size(now[k].dtype));
                 for (const auto& [at, values] : arrays[k])
-                  std::copy_n(values.data(), values.size(), static_cast<float*>(now[k].data) + at);
+                  std::copy_n(static_cast<const uint8_t*>(values.data()), values.size() * size,
+                              static_cast<uint8_t*>(now[k].data) + at * size);
+              }
               opt.set_step_count(step);
             });
           },

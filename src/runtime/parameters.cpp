@@ -1,15 +1,19 @@
 #include "fusetrain/runtime/parameters.h"
 
 #include <cstring>
+#include <set>
 
 namespace fusetrain::runtime {
 
 ParameterStore::ParameterStore(const ir::Graph& graph) {
+  std::set<ir::ValueId> tables;
+  for (const ir::Node& node : graph.nodes())
+    if (node.op == ir::OpKind::Embedding) tables.insert(node.inputs[0]);
   for (ir::ValueId id : graph.params()) {
     const ir::Value& v = graph.value(id);
     FT_CHECK(v.dtype == DType::f32, "parameter \"", v.name, "\" is ", dtype_name(v.dtype),
              "; parameters are stored in f32 (low-precision copies are made by casts)");
-    slots_.push_back({v.name, v.shape, 0, v.shape.numel(), true});
+    slots_.push_back({v.name, v.shape, 0, v.shape.numel(), true, tables.count(id) > 0});
   }
   for (ir::ValueId id : graph.frozen()) {
     const ir::Value& v = graph.value(id);
@@ -21,7 +25,7 @@ ParameterStore::ParameterStore(const ir::Graph& graph) {
 ParameterStore::ParameterStore(const std::vector<std::pair<std::string, Shape>>& params) {
   for (const auto& [name, shape] : params) {
     FT_CHECK(!contains(name), "parameter \"", name, "\" is declared twice");
-    slots_.push_back({name, shape, 0, shape.numel(), true});
+    slots_.push_back({name, shape, 0, shape.numel(), true, false});
   }
   allocate();
 }

@@ -355,7 +355,11 @@ void Trainer::load_checkpoint(const std::string& dir) {
   optim::Optimizer& opt = *impl_->optimizer;
   const std::vector<optim::StateBuffer> buffers = opt.states();
   const int64_t n = model_.params().flat_numel();
-  std::vector<std::vector<float>> loaded(buffers.size(), std::vector<float>(static_cast<size_t>(opt.shard_numel())));
+  // Each state's bytes as loaded: the shard's elements (elementwise states) or the whole buffer (per parameter).
+  std::vector<std::vector<uint8_t>> loaded(buffers.size());
+  for (size_t k = 0; k < buffers.size(); ++k)
+    loaded[k].resize(static_cast<size_t>(buffers[k].per_slot.empty() ? opt.shard_numel() : buffers[k].numel) *
+                     dtype_size(buffers[k].dtype));
   int64_t optimizer_steps = -1;
   std::vector<optim::Segment> all_segments;
   std::string first_file, first_run;  // the run that wrote the first shard: every other shard must name it too
@@ -395,15 +399,18 @@ void Trainer::load_checkpoint(const std::string& dir) {
       const int64_t want = per_slot ? buffers[k].numel : numel;
       FT_CHECK(!(per_slot && sharded), optimizer.path(), ": \"", name, "\" is kept per parameter by ", opt.name(),
                ", which does not run sharded");
-      FT_CHECK(t.dtype() == DType::f32 && t.numel() == want, optimizer.path(), ": \"", name, "\" has ", t.numel(),
-               " ", dtype_name(t.dtype()), " elements, ", sharded ? "its segments" : "the model", " need ", want,
-               " f32");
+      const DType dtype = buffers[k].dtype;
+      FT_CHECK(t.dtype() == dtype && t.numel() == want, optimizer.path(), ": \"", name, "\" has ", t.numel(), " ",
+               dtype_name(t.dtype()), " elements, ", per_slot ? "the optimizer keeps" : sharded ? "its segments need"
+               : "the model needs", " ", want, " ", dtype_name(dtype));
       const int64_t bad = find_nonfinite(t.data(), t.dtype(), t.numel());
       FT_CHECK(bad < 0, optimizer.path(), ": \"", name, "\" holds a non-finite value at element ", bad,
                "; the optimizer state of a diverged run cannot be resumed");
-      std::vector<float>& into = loaded[k];
+      const uint8_t* bytes = static_cast<const uint8_t*>(t.data());
+      const size_t size = dtype_size(dtype);
+      std::vector<uint8_t>& into = loaded[k];
       if (per_slot) {
-        into.assign(t.data_as<float>(), t.data_as<float>() + want);
+        std::copy_n(bytes, into.size(), into.begin());
         continue;
       }
       int64_t from = 0;
@@ -412,8 +419,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
         for (const optim::Segment& mine : opt.segments()) {
           const int64_t lo = std::max(s.begin, mine.begin), hi = std::min(s.end, mine.end);
           if (lo < hi)
-            std::copy(t.data_as<float>() + from + (lo - s.begin), t.data_as<float>() + from + (hi - s.begin),
-                      into.begin() + to + (lo - mine.begin));
+            std::copy(bytes + (from + (lo - s.begin)) * size, bytes + (from + (hi - s.begin)) * size,
+                      into.begin() + (to + (lo - mine.begin)) * size);
           to += mine.end - mine.begin;
         }
         from += s.end - s.begin;
@@ -433,7 +440,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
 
   load_checkpoint_weights(model_, dir);
   for (size_t k = 0; k < buffers.size(); ++k)
-    std::copy(loaded[k].begin(), loaded[k].end(), static_cast<float*>(buffers[k].data));
+    std::copy(loaded[k].begin(), loaded[k].end(), static_cast<uint8_t*>(buffers[k].data));
   opt.set_step_count(optimizer_steps);
   resumed.max_steps = state_.max_steps;
   state_ = std::move(resumed);

@@ -45,7 +45,7 @@ struct Shard {
 /// k-th parameter element), named as the optimizer it reproduces names it in its state dict ("exp_avg",
 /// "momentum_buffer", "square_avg", "sum", bitsandbytes' "state1").
 struct StateBuffer {
-  std::string name;
+  std::string name;  ///< unique among the optimizer's states (the checkpoint's tensor name)
   DType dtype = DType::f32;
   void* data = nullptr;
   int64_t numel = 0;
@@ -53,6 +53,10 @@ struct StateBuffer {
   /// moments): one entry per slot of the store, where its state starts in the buffer and its shape (offset -1: the
   /// slot has none of this state).
   std::vector<std::pair<int64_t, Shape>> per_slot;
+  /// The name in the reproduced optimizer's per-parameter state when two buffers share one (bitsandbytes' "state1"
+  /// is 8-bit for large parameters and 32-bit for the others); empty: `name`.
+  std::string key;
+  const std::string& state_key() const { return key.empty() ? name : key; }
 };
 
 /// An optimizer as transformers' TrainingArguments choose it: the `optim` value, the learning rate, the weight decay of
@@ -134,7 +138,7 @@ class Optimizer {
   AlignedPtr allocate_state() const;
   /// The description of such a buffer, laid out like the shard, under `name`.
   StateBuffer elementwise_state(std::string name, void* data) const {
-    return {std::move(name), DType::f32, data, numel_, {}};
+    return {std::move(name), DType::f32, data, numel_, {}, {}};
   }
   int threads() const;
   /// Whether the update zeroes the store's gradients it reads (set_zero_grads, with no shard gradients).
@@ -328,6 +332,37 @@ class Adafactor final : public Optimizer {
   // The step's scratch: a factored parameter's row factors and column sums (the largest parameter's sizes).
   mutable std::vector<float> factor_rows_;
   mutable std::vector<double> col_sums_;
+};
+
+/// 8-bit AdamW as bitsandbytes' AdamW with optim_bits=8 (adamw_bnb_8bit, adamw_8bit, paged_adamw_8bit): each
+/// parameter of at least `min_8bit_size` elements that is not an embedding table (transformers' Trainer keeps those in
+/// 32 bits) stores its moments as 8-bit codes in blocks of 256 elements, each block scaled by its largest magnitude
+/// (absmax), the codes indexing bitsandbytes' dynamic maps (signed for the first moment, unsigned for the second).
+/// A step dequantizes a block, updates it as bitsandbytes' blockwise update does (m = β1·m + (1−β1)·g;
+/// v = β2·v + (1−β2)·g²; p ·= 1 − lr·wd; p −= lr/(1−β1ᵗ) · m / (√v/√(1−β2ᵗ) + ε)) and requantizes it to the
+/// nearest code; the other parameters take bitsandbytes' 32-bit update (m / (√v + ε·√(1−β2ᵗ)) times
+/// −lr·√(1−β2ᵗ)/(1−β1ᵗ)). States state1/state2 (codes or f32), absmax1/absmax2, qmap1/qmap2, per parameter: no ZeRO
+/// shard.
+class AdamW8bit final : public Optimizer {
+ public:
+  AdamW8bit(runtime::ParameterStore& params, AdamWConfig config, Shard shard = {}, std::string name = "adamw_bnb_8bit",
+            int64_t min_8bit_size = 4096);
+  std::string name() const override { return name_; }
+  std::vector<StateBuffer> states() const override;
+  /// bitsandbytes' create_dynamic_map: 256 sorted codes in [-1, 1] (signed) or [0, 1], dense near zero.
+  static std::vector<float> dynamic_map(bool is_signed);
+  static constexpr int64_t kBlock = 256;
+
+ protected:
+  void update(double grad_scale, double lr) override;
+
+ private:
+  AdamWConfig config_;
+  std::string name_;
+  // Per slot: where its codes and block scales start (8-bit) or its 32-bit moments start (-1 where none).
+  std::vector<int64_t> code_at_, absmax_at_, f32_at_;
+  int64_t codes_ = 0, blocks_ = 0, f32_ = 0;
+  AlignedPtr state1_, state2_, absmax1_, absmax2_, m32_, v32_, qmap1_, qmap2_;
 };
 
 template <typename Fn>

@@ -18,6 +18,9 @@ struct ParamSlot {
   int64_t offset = 0;  ///< elements from the start; a multiple of 16 (64 bytes)
   int64_t numel = 0;
   bool weight_decay = true;  ///< false for biases and LayerNorm weights
+  /// The table of an Embedding op (an nn.Embedding's weight): 8-bit optimizers keep its state in 32 bits, as
+  /// transformers' Trainer has bitsandbytes do.
+  bool embedding_table = false;
 };
 
 /// One frozen parameter (ir::ValueKind::Frozen): a view at `offset` bytes of the frozen buffer, in its own dtype.
@@ -36,7 +39,8 @@ struct FrozenSlot {
 class ParameterStore {
  public:
   ParameterStore() = default;
-  /// Lays out the parameters of `graph` (trainable ones f32; frozen ones in their graph dtype), in declaration order.
+  /// Lays out the parameters of `graph` (trainable ones f32; frozen ones in their graph dtype), in declaration order;
+  /// a parameter read as an Embedding op's table is marked ParamSlot::embedding_table.
   explicit ParameterStore(const ir::Graph& graph);
   /// Lays out the given named shapes.
   explicit ParameterStore(const std::vector<std::pair<std::string, Shape>>& params);
