@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from cli_support import CLI, ROOT, data, error_line, run, tiny_model, train_args  # noqa: F401 (fixtures)
+from cli_support import CLI, ROOT, SHAKESPEARE, data, error_line, run, tiny_llama, tiny_model, train_args  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.skipif(not CLI.exists(), reason=f"{CLI} is not built (bash scripts/build.sh)")
 
@@ -97,6 +97,27 @@ def test_resume_continues_bit_for_bit(tiny_model, data, tmp_path, precision):
     b = (resumed_dir / "model.safetensors").read_bytes()
     assert a == b, "final weights differ"
     assert (half / "checkpoint-4" / "scaler.json").exists() == ("--fp16" in precision)
+
+
+def test_8bit_adamw_resumes_bit_for_bit(tiny_llama, tmp_path):
+    """The 64-wide Llama's projections (4096+ elements) take 8-bit states: 6 steps straight vs a run killed while saving step 6,
+    resumed from checkpoint-3, end with the same weights; the checkpoint holds the codes as u8 tensors."""
+    text = tmp_path / "train.txt"
+    text.write_text("\n".join(SHAKESPEARE.read_text().splitlines()[:400]) + "\n")
+    common = ["--task", "clm", "--max-seq-length", "64", "--save-steps", "3", "--optim", "adamw_8bit",
+              "--weight-decay", "0.1"]
+    straight, half = tmp_path / "straight", tmp_path / "half"
+    assert run(*train_args(tiny_llama, {"train": text}, straight, "--max-steps", "6", *common)).returncode == 0
+    killed = run(*train_args(tiny_llama, {"train": text}, half, "--max-steps", "6", *common),
+                 env={"FUSETRAIN_FAULT_DURING_SAVE": "6"})
+    assert killed.returncode == 86, killed.stderr
+    resumed = run(*train_args(tiny_llama, {"train": text}, half, "--max-steps", "6", *common,
+                              "--resume-from-checkpoint", str(half / "checkpoint-3")))
+    assert resumed.returncode == 0, resumed.stderr
+    assert (straight / "model.safetensors").read_bytes() == (half / "model.safetensors").read_bytes()
+    states = safetensors.numpy.load_file(str(half / "checkpoint-3" / "optimizer.safetensors"))
+    assert states["state1"].dtype == np.uint8 and states["state1"].size >= 8 * 4096
+    assert states["qmap1"].shape == (256,) and states["state1_32bit"].dtype == np.float32
 
 
 def test_resume_with_another_optimizer_is_one_clear_error(tiny_model, data, tmp_path):
