@@ -105,6 +105,22 @@ void Optimizer::set_lr(double lr) {
   lr_ = lr;
 }
 
+std::vector<Optimizer::SlotPart> Optimizer::slot_parts(size_t i) const {
+  const runtime::ParamSlot& slot = params_.slots().at(i);
+  std::vector<SlotPart> out;
+  for (size_t seg = 0; seg < segments_.size(); ++seg) {
+    const Segment& s = segments_[seg];
+    const int64_t lo = std::max(slot.offset, s.begin), hi = std::min(slot.offset + slot.numel, s.end);
+    if (lo >= hi) continue;
+    // Element k of the slot is flat element slot.offset + k: the shard's gradients hold flat element e at
+    // offsets_[seg] + (e - s.begin).
+    float* g = grads_ ? const_cast<float*>(grads_) + offsets_[seg] + (slot.offset - s.begin)
+                      : params_.grads_data() + slot.offset;
+    out.push_back({lo - slot.offset, hi - slot.offset, g});
+  }
+  return out;
+}
+
 int Optimizer::threads() const { return threads_or_default(num_threads_); }
 
 AlignedPtr Optimizer::allocate_state() const {

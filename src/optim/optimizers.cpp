@@ -201,9 +201,6 @@ Factored factored(const Shape& shape) {
 
 Adafactor::Adafactor(runtime::ParameterStore& params, AdafactorConfig config, Shard shard)
     : Optimizer(params, std::move(shard), config.lr), config_(config) {
-  FT_CHECK(shard_numel() == params.flat_numel() && segments().size() == 1,
-           "Adafactor: its update divides each parameter by the RMS of its whole update, so it needs whole parameters; "
-           "ZeRO shards split them (train Adafactor with zero_stage 0)");
   check_range(config.eps >= 0, "Adafactor", "eps", config.eps, ">= 0");
   check_range(config.clip_threshold > 0, "Adafactor", "clip_threshold", config.clip_threshold, "> 0");
   check_range(config.decay_rate < 0, "Adafactor", "decay_rate", config.decay_rate, "< 0");
@@ -223,12 +220,10 @@ Adafactor::Adafactor(runtime::ParameterStore& params, AdafactorConfig config, Sh
       squares_ += slot.numel;
     }
   }
-  for (const runtime::ParamSlot& slot : params.slots())  // the step's scratch, sized once
-    if (slot.shape.rank() >= 2) {
-      const Factored f = factored(slot.shape);
-      factor_rows_.resize(std::max(factor_rows_.size(), static_cast<size_t>(f.batch * f.rows)));
-      col_sums_.resize(std::max(col_sums_.size(), static_cast<size_t>(f.cols)));
-    }
+  // The step's scratch, sized once.
+  stats_.resize(static_cast<size_t>(rows_ + cols_ + squares_));
+  factor_rows_.resize(static_cast<size_t>(rows_));
+  update_squares_.resize(params.slots().size());
   auto buffer = [](int64_t n) { return aligned_allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float)); };
   row_ = buffer(rows_);
   col_ = buffer(cols_);
@@ -258,7 +253,24 @@ std::vector<StateBuffer> Adafactor::states() const {
   return out;
 }
 
+namespace {
+
+// Calls fn(start, stop, br, col0) for each row piece of a factored parameter's elements [begin, end): elements
+// [start, stop) lie in row br (batch × rows index) from column col0 on.
+template <typename Fn>
+void for_each_row_piece(int64_t begin, int64_t end, int64_t cols, Fn&& fn) {
+  for (int64_t start = begin; start < end;) {
+    const int64_t br = start / cols;
+    const int64_t stop = std::min(end, (br + 1) * cols);
+    fn(start, stop, br, start - br * cols);
+    start = stop;
+  }
+}
+
+}  // namespace
+
 void Adafactor::update(double grad_scale, double lr) {
+  FT_CHECK(!sharded() || all_reduce_, "Adafactor over a ZeRO shard needs the ranks' sums (set_all_reduce)");
   const float scale = static_cast<float>(grad_scale), eps = static_cast<float>(config_.eps);
   const double beta2t_d = 1.0 - std::pow(static_cast<double>(step_count()), config_.decay_rate);
   const float beta2t = static_cast<float>(beta2t_d), one_minus = static_cast<float>(1.0 - beta2t_d);
@@ -270,86 +282,129 @@ void Adafactor::update(double grad_scale, double lr) {
   float* squares = static_cast<float*>(sq_.get());
   const int n = threads();
   const bool zero = zero_grads_on();
+  // 1. This optimizer's elements' share of each parameter's statistics (0 elsewhere): a factored parameter's row and
+  // column sums of u = g² + ε, a vector's new moving average of u. Summed over ranks under ZeRO.
+  double* row_sums = stats_.data();
+  double* col_sums = row_sums + rows_;
+  double* new_squares = col_sums + cols_;
+  std::fill(stats_.begin(), stats_.end(), 0.0);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    for (const SlotPart& part : slot_parts(i)) {
+      const float* g = part.g;
+      if (sq_at_[i] >= 0) {
+        const float* v = squares + sq_at_[i];
+        double* out = new_squares + sq_at_[i];
+#pragma omp parallel for num_threads(n) schedule(static) if (part.end - part.begin > 65536)
+        for (int64_t k = part.begin; k < part.end; ++k) {
+          const float grad = g[k] * scale;
+          out[k] = v[k] * beta2t + one_minus * (grad * grad + eps);
+        }
+        continue;
+      }
+      const Factored f = factored(slots[i].shape);
+      double* rs = row_sums + row_at_[i];
+      double* cs = col_sums + col_at_[i];
+      for_each_row_piece(part.begin, part.end, f.cols, [&](int64_t start, int64_t stop, int64_t br, int64_t col0) {
+        double* c = cs + (br / f.rows) * f.cols + col0 - start;
+        double sum = 0;
+        for (int64_t k = start; k < stop; ++k) {
+          const float grad = g[k] * scale;
+          const float u = grad * grad + eps;
+          sum += u;
+          c[k] += u;
+        }
+        rs[br] += sum;
+      });
+    }
+  }
+  if (all_reduce_) all_reduce_(stats_.data(), static_cast<int64_t>(stats_.size()));
+  // 2. The states from the statistics (the same on every rank), and each factored row's factor rsqrt(R / mean(R)).
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (sq_at_[i] >= 0) {
+      float* v = squares + sq_at_[i];
+      const double* from = new_squares + sq_at_[i];
+      for (int64_t k = 0; k < slots[i].numel; ++k) v[k] = static_cast<float>(from[k]);
+      continue;
+    }
+    const Factored f = factored(slots[i].shape);
+    for (int64_t b = 0; b < f.batch; ++b) {
+      float* rb = rows + row_at_[i] + b * f.rows;
+      float* cb = cols + col_at_[i] + b * f.cols;
+      const double* rs = row_sums + row_at_[i] + b * f.rows;
+      const double* cs = col_sums + col_at_[i] + b * f.cols;
+      for (int64_t row = 0; row < f.rows; ++row)
+        rb[row] = rb[row] * beta2t + one_minus * static_cast<float>(rs[row] / static_cast<double>(f.cols));
+      for (int64_t k = 0; k < f.cols; ++k)
+        cb[k] = cb[k] * beta2t + one_minus * static_cast<float>(cs[k] / static_cast<double>(f.rows));
+      double row_total = 0;
+      for (int64_t row = 0; row < f.rows; ++row) row_total += rb[row];
+      const float row_mean = static_cast<float>(row_total / static_cast<double>(f.rows));
+      float* fr = factor_rows_.data() + row_at_[i] + b * f.rows;
+      for (int64_t row = 0; row < f.rows; ++row) fr[row] = 1.0f / std::sqrt(rb[row] / row_mean);
+    }
+  }
+  // 3. The sum of squares of each parameter's update before clipping, u_k = f_k · g_k (f: the inverse root of the
+  // second-moment estimate), over this optimizer's elements; summed over ranks under ZeRO.
+  std::fill(update_squares_.begin(), update_squares_.end(), 0.0);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    double u_squares = 0;
+    for (const SlotPart& part : slot_parts(i)) {
+      const float* g = part.g;
+      if (sq_at_[i] >= 0) {
+        const float* v = squares + sq_at_[i];
+#pragma omp parallel for num_threads(n) reduction(+ : u_squares) schedule(static) if (part.end - part.begin > 65536)
+        for (int64_t k = part.begin; k < part.end; ++k) {
+          const float u = 1.0f / std::sqrt(v[k]) * (g[k] * scale);
+          u_squares += static_cast<double>(u) * u;
+        }
+        continue;
+      }
+      const Factored f = factored(slots[i].shape);
+      const float* c = cols + col_at_[i];
+      const float* fr = factor_rows_.data() + row_at_[i];
+      for_each_row_piece(part.begin, part.end, f.cols, [&](int64_t start, int64_t stop, int64_t br, int64_t col0) {
+        const float* cb = c + (br / f.rows) * f.cols + col0 - start;
+        for (int64_t k = start; k < stop; ++k) {
+          const float u = fr[br] * (1.0f / std::sqrt(cb[k])) * (g[k] * scale);
+          u_squares += static_cast<double>(u) * u;
+        }
+      });
+    }
+    update_squares_[i] = u_squares;
+  }
+  if (all_reduce_) all_reduce_(update_squares_.data(), static_cast<int64_t>(update_squares_.size()));
+  // 4. The clipped update of this optimizer's elements.
   for (size_t i = 0; i < slots.size(); ++i) {
     const runtime::ParamSlot& slot = slots[i];
     float* p = params_.params_data() + slot.offset;
-    float* g = params_.grads_data() + slot.offset;
-    const int64_t numel = slot.numel;
-    // The update before its clipping is u_k = f_k · g_k (f: the inverse root of the second-moment estimate); its sum
-    // of squares sets the clipping.
-    double u_squares = 0;
-    std::vector<float>& factor_rows = factor_rows_;  // factored: rsqrt(R / mean(R)) per row
-    if (sq_at_[i] >= 0) {
-      float* v = squares + sq_at_[i];
-#pragma omp parallel for num_threads(n) reduction(+ : u_squares) schedule(static) if (numel > 65536)
-      for (int64_t k = 0; k < numel; ++k) {
-        const float grad = g[k] * scale;
-        const float vk = v[k] * beta2t + one_minus * (grad * grad + eps);
-        v[k] = vk;
-        const float u = 1.0f / std::sqrt(vk) * grad;
-        u_squares += static_cast<double>(u) * u;
-      }
-    } else {
-      const Factored f = factored(slot.shape);
-      float* r = rows + row_at_[i];
-      float* c = cols + col_at_[i];
-      for (int64_t b = 0; b < f.batch; ++b) {
-        const float* gb = g + b * f.rows * f.cols;
-        float* rb = r + b * f.rows;
-        float* cb = c + b * f.cols;
-        std::vector<double>& col_sum = col_sums_;
-        std::fill_n(col_sum.begin(), f.cols, 0.0);
-        for (int64_t row = 0; row < f.rows; ++row) {
-          double sum = 0;
-          for (int64_t k = 0; k < f.cols; ++k) {
-            const float grad = gb[row * f.cols + k] * scale;
-            const float u = grad * grad + eps;
-            sum += u;
-            col_sum[static_cast<size_t>(k)] += u;
-          }
-          rb[row] = rb[row] * beta2t + one_minus * static_cast<float>(sum / static_cast<double>(f.cols));
-        }
-        for (int64_t k = 0; k < f.cols; ++k)
-          cb[k] = cb[k] * beta2t + one_minus * static_cast<float>(col_sum[static_cast<size_t>(k)] /
-                                                                  static_cast<double>(f.rows));
-        double row_total = 0;
-        for (int64_t row = 0; row < f.rows; ++row) row_total += rb[row];
-        const float row_mean = static_cast<float>(row_total / static_cast<double>(f.rows));
-        for (int64_t row = 0; row < f.rows; ++row)
-          factor_rows[static_cast<size_t>(b * f.rows + row)] = 1.0f / std::sqrt(rb[row] / row_mean);
-        for (int64_t row = 0; row < f.rows; ++row) {
-          const float fr = factor_rows[static_cast<size_t>(b * f.rows + row)];
-          for (int64_t k = 0; k < f.cols; ++k) {
-            const float u = fr * (1.0f / std::sqrt(cb[k])) * (gb[row * f.cols + k] * scale);
-            u_squares += static_cast<double>(u) * u;
-          }
-        }
-      }
-    }
-    const float rms = static_cast<float>(std::sqrt(u_squares) / std::sqrt(static_cast<double>(numel)));
+    const float rms = static_cast<float>(std::sqrt(update_squares_[i]) / std::sqrt(static_cast<double>(slot.numel)));
     const float divisor = std::max(rms / clip, 1.0f);
     const bool decays = slot.weight_decay && config_.weight_decay != 0;
-    // Applies the clipped update: element k's factor recomputed from the states as above.
-    auto apply = [&](int64_t k, float factor) {
-      const float grad = g[k] * scale;
-      if (zero) g[k] = 0.0f;
-      const float u = factor * grad / divisor * lr_f;
-      float pk = p[k];
-      if (decays) pk = pk + decay * pk;
-      p[k] = pk - u;
-    };
-    if (sq_at_[i] >= 0) {
-      const float* v = squares + sq_at_[i];
-#pragma omp parallel for num_threads(n) schedule(static) if (numel > 65536)
-      for (int64_t k = 0; k < numel; ++k) apply(k, 1.0f / std::sqrt(v[k]));
-    } else {
+    for (const SlotPart& part : slot_parts(i)) {
+      float* g = part.g;
+      auto apply = [&](int64_t k, float factor) {
+        const float grad = g[k] * scale;
+        if (zero) g[k] = 0.0f;
+        const float u = factor * grad / divisor * lr_f;
+        float pk = p[k];
+        if (decays) pk = pk + decay * pk;
+        p[k] = pk - u;
+      };
+      if (sq_at_[i] >= 0) {
+        const float* v = squares + sq_at_[i];
+#pragma omp parallel for num_threads(n) schedule(static) if (part.end - part.begin > 65536)
+        for (int64_t k = part.begin; k < part.end; ++k) apply(k, 1.0f / std::sqrt(v[k]));
+        continue;
+      }
       const Factored f = factored(slot.shape);
       const float* c = cols + col_at_[i];
-#pragma omp parallel for num_threads(n) schedule(static) if (f.batch * f.rows > 64)
-      for (int64_t br = 0; br < f.batch * f.rows; ++br) {
-        const float fr = factor_rows[static_cast<size_t>(br)];
-        const float* cb = c + (br / f.rows) * f.cols;
-        for (int64_t k = 0; k < f.cols; ++k) apply(br * f.cols + k, fr * (1.0f / std::sqrt(cb[k])));
+      const float* fr = factor_rows_.data() + row_at_[i];
+      const int64_t first_row = part.begin / f.cols, last_row = (part.end + f.cols - 1) / f.cols;
+#pragma omp parallel for num_threads(n) schedule(static) if (last_row - first_row > 64)
+      for (int64_t br = first_row; br < last_row; ++br) {
+        const int64_t start = std::max(part.begin, br * f.cols), stop = std::min(part.end, (br + 1) * f.cols);
+        const float* cb = c + (br / f.rows) * f.cols - br * f.cols;
+        for (int64_t k = start; k < stop; ++k) apply(k, fr[br] * (1.0f / std::sqrt(cb[k])));
       }
     }
   }

@@ -144,7 +144,8 @@ std::string Trainer::save_checkpoint() {
   if (comm_->rank() != 0) {
     if (impl_->sync && impl_->sync->zero_stage() > 0)  // rank 0 writes this rank's shard of the states
       for (const optim::StateBuffer& b : impl_->optimizer->states())
-        comm_->send(b.data, b.numel * static_cast<int64_t>(dtype_size(b.dtype)), 0);
+        if (b.per_slot.empty())  // a per-parameter state is whole on every rank: rank 0 writes its own
+          comm_->send(b.data, b.numel * static_cast<int64_t>(dtype_size(b.dtype)), 0);
     return (fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step))).string();
   }
   fs::create_directories(args_.output_dir);
@@ -287,6 +288,10 @@ void Trainer::write_optimizer_state(const fs::path& staged) {
     std::vector<std::pair<std::string, Tensor>> tensors;
     for (size_t k = 0; k < states.size(); ++k) {
       void* data = states[k].data;
+      if (!states[k].per_slot.empty()) {  // whole on every rank (Adafactor's factored moments): in shard 0 only
+        if (r == 0) tensors.emplace_back(states[k].name, Tensor::view(data, Shape{states[k].numel}, states[k].dtype));
+        continue;
+      }
       if (r > 0) {
         received[k].resize(static_cast<size_t>(numel) * dtype_size(states[k].dtype));
         comm_->recv(received[k].data(), static_cast<int64_t>(received[k].size()), r);
@@ -392,13 +397,12 @@ void Trainer::load_checkpoint(const std::string& dir) {
     all_segments.insert(all_segments.end(), segments.begin(), segments.end());
     for (size_t k = 0; k < buffers.size(); ++k) {
       const char* name = buffers[k].name.c_str();
+      // A per-parameter state (Adafactor's factored moments) is saved whole, in the first shard under ZeRO.
+      const bool per_slot = !buffers[k].per_slot.empty();
+      if (per_slot && sharded && path.filename().string().rfind("optimizer-shard-0-of-", 0) != 0) continue;
       FT_CHECK(optimizer.contains(name), optimizer.path(), ": no \"", name, "\", which ", opt.name(), " keeps");
       Tensor t = optimizer.tensor(name);
-      // A per-parameter state (Adafactor's factored moments) is saved whole, never by shard.
-      const bool per_slot = !buffers[k].per_slot.empty();
       const int64_t want = per_slot ? buffers[k].numel : numel;
-      FT_CHECK(!(per_slot && sharded), optimizer.path(), ": \"", name, "\" is kept per parameter by ", opt.name(),
-               ", which does not run sharded");
       const DType dtype = buffers[k].dtype;
       FT_CHECK(t.dtype() == dtype && t.numel() == want, optimizer.path(), ": \"", name, "\" has ", t.numel(), " ",
                dtype_name(t.dtype()), " elements, ", per_slot ? "the optimizer keeps" : sharded ? "its segments need"

@@ -186,6 +186,8 @@ void Trainer::make_optimizer(optim::Shard shard) {
   impl_->optimizer = optim::make_optimizer(model_.params(), optimizer_spec(args_), std::move(shard));
   impl_->optimizer->set_num_threads(static_cast<int>(args_.fusetrain_threads));
   impl_->optimizer->set_zero_grads(true);  // the update clears the gradients for the next step's accumulation
+  if (impl_->sync && impl_->sync->zero_stage() > 0)  // a per-parameter statistic sums the ranks' shares
+    impl_->optimizer->set_all_reduce([this](double* data, int64_t n) { comm_->all_reduce_sum(data, n); });
 }
 
 int64_t Trainer::nonfinite_skipped_steps() const { return impl_->nonfinite_skipped_steps; }

@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "fusetrain/fusetrain.h"
 #include "support/test_util.h"
@@ -279,9 +283,83 @@ TEST(Adafactor, MatchesTransformersFormula) {
   EXPECT_EQ(states[2].per_slot[1].second, Shape({9}));
   EXPECT_EQ(states[2].per_slot[0].first, -1);
   EXPECT_EQ(opt.state_bytes(), (10 + 14 + 9) * sizeof(float));
-  // Its update needs whole parameters: a ZeRO shard is refused by name.
-  EXPECT_CONTAINS(error_of([&] { optim::Adafactor(s, {}, optim::Shard{{{0, 40}}}); }),
-                  "Adafactor: its update divides each parameter by the RMS of its whole update");
+}
+
+// Three "ranks" (threads), each updating one ZeRO shard cut mid-row, mid-matrix and mid-vector, their per-parameter
+// statistics summed by a shared reduction: after every step their shards together are the whole optimizer's update
+// (the f64 sums in another order: within 1e-6), and every rank holds the whole optimizer's states.
+TEST(Adafactor, ShardsSumTheirStatisticsToTheWholeUpdate) {
+  const std::vector<std::pair<std::string, Shape>> shapes{{"m", {2, 5, 7}}, {"v", {9}}, {"w", {6, 4}}};
+  runtime::ParameterStore whole(shapes);
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal;
+  for (int64_t i = 0; i < whole.flat_numel(); ++i) whole.params_data()[i] = normal(rng);
+  const int64_t n = whole.flat_numel();
+  const int64_t v0 = whole.slots()[1].offset;
+  const std::vector<std::vector<optim::Segment>> shards{{{0, 23}}, {{23, v0 + 4}}, {{v0 + 4, n}}};
+  constexpr int kRanks = 3;
+  std::vector<std::unique_ptr<runtime::ParameterStore>> stores;
+  std::vector<std::vector<float>> grads(kRanks);
+  std::vector<std::unique_ptr<optim::Adafactor>> ranks;
+  // The reduction: each rank adds its values into a shared sum; the last to arrive wakes the others.
+  std::mutex mutex;
+  std::condition_variable arrived;
+  std::vector<double> sum;
+  int waiting = 0, generation = 0;
+  auto all_reduce = [&](double* data, int64_t count) {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (waiting == 0) sum.assign(static_cast<size_t>(count), 0.0);
+    for (int64_t k = 0; k < count; ++k) sum[static_cast<size_t>(k)] += data[k];
+    const int mine = generation;
+    if (++waiting == kRanks) {
+      waiting = -kRanks;  // now counting the ranks that have read the sum
+      ++generation;
+      arrived.notify_all();
+    } else {
+      arrived.wait(lock, [&] { return generation != mine; });
+    }
+    std::copy(sum.begin(), sum.end(), data);
+    if (++waiting == 0) arrived.notify_all();
+    else arrived.wait(lock, [&] { return waiting >= 0; });
+  };
+  for (int r = 0; r < kRanks; ++r) {
+    stores.push_back(std::make_unique<runtime::ParameterStore>(shapes));
+    std::copy_n(whole.params_data(), n, stores[r]->params_data());
+    grads[r].resize(static_cast<size_t>(shards[r][0].end - shards[r][0].begin));
+    ranks.push_back(std::make_unique<optim::Adafactor>(*stores[r], optim::AdafactorConfig{.lr = 0.05,
+                                                       .weight_decay = 0.1}, optim::Shard{shards[r], grads[r].data()}));
+    ranks[r]->set_all_reduce(all_reduce);
+    ranks[r]->set_num_threads(1);
+  }
+  optim::Adafactor reference(whole, {.lr = 0.05, .weight_decay = 0.1});
+  reference.set_num_threads(1);
+  for (int t = 1; t <= 5; ++t) {
+    fill_grads(whole, rng, t == 2 ? 50.0 : 0.3);  // step 2's update is clipped
+    for (int r = 0; r < kRanks; ++r)
+      std::copy(whole.grads_data() + shards[r][0].begin, whole.grads_data() + shards[r][0].end, grads[r].begin());
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) threads.emplace_back([&, r] { ranks[r]->step(); });
+    for (std::thread& thread : threads) thread.join();
+    reference.step();
+    double max_err = 0;
+    for (int r = 0; r < kRanks; ++r)
+      for (int64_t k = shards[r][0].begin; k < shards[r][0].end; ++k)
+        max_err = std::max(max_err, std::abs(double(stores[r]->params_data()[k]) - whole.params_data()[k]));
+    ASSERT_LT(max_err, 1e-6) << "step " << t;
+    for (int r = 0; r < kRanks; ++r) {  // the gather: every rank gets every shard's parameters
+      std::copy_n(whole.params_data(), n, stores[r]->params_data());
+      const std::vector<optim::StateBuffer> mine = ranks[r]->states(), want = reference.states();
+      for (size_t b = 0; b < want.size(); ++b)
+        for (int64_t k = 0; k < want[b].numel; ++k) {
+          const float x = static_cast<const float*>(mine[b].data)[k], y = static_cast<const float*>(want[b].data)[k];
+          ASSERT_NEAR(x, y, 1e-6 * std::abs(y)) << want[b].name << " element " << k << " rank " << r;
+        }
+    }
+  }
+  // Over a shard and without the ranks' sums, a step is refused by name.
+  runtime::ParameterStore alone(shapes);
+  optim::Adafactor lonely(alone, {}, optim::Shard{{{0, 23}}, nullptr});
+  EXPECT_CONTAINS(error_of([&] { lonely.step(); }), "Adafactor over a ZeRO shard needs the ranks' sums");
 }
 
 }  // namespace

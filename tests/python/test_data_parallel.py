@@ -116,11 +116,13 @@ def test_zero_stages_train_as_ddp(tiny, tmp_path, ranks, batch, extra):
         assert max(sizes) <= total / ranks + 2 * 16
 
 
-@pytest.mark.parametrize("optim", [["--optim", "lion_32bit"], ["--optim", "rmsprop", "--optim-args", "momentum=0.5"]],
-                         ids=["lion", "rmsprop"])
+@pytest.mark.parametrize("optim", [["--optim", "lion_32bit"], ["--optim", "rmsprop", "--optim-args", "momentum=0.5"],
+                                   ["--optim", "adafactor"]], ids=["lion", "rmsprop", "adafactor"])
 def test_zero_stages_shard_other_optimizers_as_ddp(tiny, tmp_path, optim):
-    """Any elementwise optimizer's states shard as AdamW's moments do: ZeRO-1 and ZeRO-2 give DDP's losses and
-    weights (Lion's sign update at a learning rate of 1e-4: a weight differs only where an update's sign does)."""
+    """Any elementwise optimizer's states shard as AdamW's moments do, and Adafactor's per-parameter states (each
+    rank's share of the row and column sums and of each update's RMS summed over the ranks, the word embeddings cut
+    mid-row by the shards) stay whole on every rank: ZeRO-1 and ZeRO-2 give DDP's losses and weights (Lion's sign
+    update at a learning rate of 1e-4: a weight differs only where an update's sign does)."""
     data = rows_file(tmp_path, 50)
     extra = ["--max-steps", "8", "--learning-rate", "1e-4", *optim]
     ddp_losses, ddp_weights = train(tiny, data, tmp_path / "ddp", 2, 4, *extra)
@@ -132,23 +134,24 @@ def test_zero_stages_shard_other_optimizers_as_ddp(tiny, tmp_path, optim):
             np.testing.assert_allclose(weights[name], value, atol=1e-5, err_msg=f"ZeRO-{stage} {name}")
 
 
-def test_adafactor_under_zero_is_one_clear_error(tiny, tmp_path):
+def test_8bit_adamw_under_zero_is_one_clear_error(tiny, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     command = [MPIRUN, "-np", "2", "--oversubscribe", str(CLI), "train", "--model", str(tiny), "--train-file",
                str(rows_file(tmp_path, 20)), "--max-steps", "1", "--save-strategy", "no", "--disable-tqdm",
-               "--fusetrain-threads", "1", "--output-dir", str(tmp_path / "out"), "--optim", "adafactor",
+               "--fusetrain-threads", "1", "--output-dir", str(tmp_path / "out"), "--optim", "adamw_8bit",
                "--zero-stage", "1"]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode != 0
-    assert "Adafactor: its update divides each parameter by the RMS of its whole update" in result.stderr
+    assert "adamw_8bit: its moments are quantised in blocks of each whole parameter" in result.stderr
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
-def test_a_zero_checkpoint_resumes_on_other_world_sizes(tiny, tmp_path):
+@pytest.mark.parametrize("optim", [[], ["--optim", "adafactor"]], ids=["adamw", "adafactor"])
+def test_a_zero_checkpoint_resumes_on_other_world_sizes(tiny, tmp_path, optim):
     """A 2-rank ZeRO-1 checkpoint resumed on 1 rank and on 3 ranks (the same global batch of 12) continues the
-    2-rank run's loss curve and ends at its weights."""
+    2-rank run's loss curve and ends at its weights (Adafactor's per-parameter states in the first shard's file)."""
     data = rows_file(tmp_path, 400)
-    steps = ["--max-steps", "10", "--save-steps", "5"]
+    steps = ["--max-steps", "10", "--save-steps", "5", *optim]
     first_losses, first_weights = train(tiny, data, tmp_path / "two", 2, 6, *steps, "--zero-stage", "1",
                                         "--save-strategy", "steps")
     checkpoint = tmp_path / "two" / "checkpoint-5"
@@ -159,6 +162,10 @@ def test_a_zero_checkpoint_resumes_on_other_world_sizes(tiny, tmp_path):
                                 "--resume-from-checkpoint", str(checkpoint))
         np.testing.assert_allclose(losses, first_losses[5:], rtol=1e-5, err_msg=f"{ranks} ranks")
         for name, value in first_weights.items():
+            if optim and name.endswith("attention.self.key.bias"):
+                # Its gradient is rounding noise alone (softmax ignores a constant added to a row of scores), which
+                # the runs sum in another order; Adafactor's normalised update turns it into full-size steps.
+                continue
             np.testing.assert_allclose(weights[name], value, atol=1e-5, err_msg=f"{ranks} ranks: {name}")
 
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -111,6 +112,9 @@ class Optimizer {
   const std::vector<Segment>& segments() const { return segments_; }
   int64_t shard_numel() const { return numel_; }
   void set_num_threads(int n) { num_threads_ = n; }
+  /// How the ranks sum a per-parameter statistic in place (under ZeRO; the communicator's all_reduce_sum): an
+  /// update whose states are per parameter (Adafactor) needs it over a shard.
+  void set_all_reduce(std::function<void(double*, int64_t)> all_reduce) { all_reduce_ = std::move(all_reduce); }
   /// When on, an update leaves the store's gradients it read at zero (zeroed in the same pass, so a trainer
   /// needs no separate pass before the next step's accumulation). Off by default.
   void set_zero_grads(bool on) { zero_grads_ = on; }
@@ -134,6 +138,15 @@ class Optimizer {
   /// the element's weight-decay flag. Defined in optimizers.cpp, where the elementwise updates are.
   template <typename Element>
   void for_each_element(double grad_scale, Element&& element) const;
+  /// The part of slot i's elements this optimizer updates, [begin, end) counted from the slot's first element, with
+  /// `g` such that g[k] is element k's gradient (the store's, or the shard's under ZeRO). At most one per segment.
+  struct SlotPart {
+    int64_t begin, end;
+    float* g;
+  };
+  std::vector<SlotPart> slot_parts(size_t i) const;
+  /// Whether this optimizer updates a ZeRO shard rather than every element.
+  bool sharded() const { return grads_ != nullptr || numel_ != params_.flat_numel(); }
   /// A zeroed f32 state buffer of shard_numel() elements.
   AlignedPtr allocate_state() const;
   /// The description of such a buffer, laid out like the shard, under `name`.
@@ -145,6 +158,7 @@ class Optimizer {
   bool zero_grads_on() const { return zero_grads_ && grads_ == nullptr; }
 
   runtime::ParameterStore& params_;
+  std::function<void(double*, int64_t)> all_reduce_;
 
  private:
   std::vector<Segment> segments_;
@@ -313,7 +327,9 @@ struct AdafactorConfig {
 /// mean_cols(u), C likewise over rows) and is updated by g / √(R/mean(R) ⊗ C), a vector by g / √V with V the moving
 /// average of u; the update is divided by max(1, RMS(update)/clip_threshold), times lr; p -= lr·wd·p (decayed
 /// parameters), p -= update. States exp_avg_sq_row, exp_avg_sq_col and exp_avg_sq, per parameter (StateBuffer::
-/// per_slot). Its per-tensor RMS needs whole parameters: no ZeRO shard.
+/// per_slot), whole on every rank under ZeRO: each rank adds its shard's share of the row and column sums, of the
+/// vectors' averages and of each update's sum of squares, the ranks sum them (set_all_reduce), and each rank updates
+/// its shard.
 class Adafactor final : public Optimizer {
  public:
   Adafactor(runtime::ParameterStore& params, AdafactorConfig config, Shard shard = {});
@@ -329,9 +345,11 @@ class Adafactor final : public Optimizer {
   std::vector<int64_t> row_at_, col_at_, sq_at_;
   int64_t rows_ = 0, cols_ = 0, squares_ = 0;
   AlignedPtr row_, col_, sq_;
-  // The step's scratch: a factored parameter's row factors and column sums (the largest parameter's sizes).
-  mutable std::vector<float> factor_rows_;
-  mutable std::vector<double> col_sums_;
+  // The step's scratch: this optimizer's share of the row and column sums and of the vectors' new averages (summed
+  // over ranks under ZeRO), every factored row's factor, each parameter's update sum of squares.
+  std::vector<double> stats_;
+  std::vector<float> factor_rows_;
+  std::vector<double> update_squares_;
 };
 
 /// 8-bit AdamW as bitsandbytes' AdamW with optim_bits=8 (adamw_bnb_8bit, adamw_8bit, paged_adamw_8bit): each
