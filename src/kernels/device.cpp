@@ -1,5 +1,6 @@
 // The two CPU devices: the tuned one (kernels/cpu, falling back to kernels/ref) and the
 // reference one (kernels/ref only).
+#include <atomic>
 #include <omp.h>
 
 #include <cstring>
@@ -54,6 +55,12 @@ class CpuDeviceBase : public Device {
     (void)ctx;
     std::memset(data, 0, bytes);
   }
+  void upload(void* device_dest, const void* host_src, size_t bytes) const override {
+    if (bytes) std::memcpy(device_dest, host_src, bytes);
+  }
+  void download(void* host_dest, const void* device_src, size_t bytes) const override {
+    if (bytes) std::memcpy(host_dest, device_src, bytes);
+  }
 
  protected:
   // Construction errors name the call and its dtypes.
@@ -104,5 +111,16 @@ const Device& reference_device() {
 const Device& device_for(Backend backend) {
   return backend == Backend::Reference ? reference_device() : cpu_device();
 }
+
+namespace {
+std::atomic<const Device*> installed_device{nullptr};
+}  // namespace
+
+const Device& default_device() {
+  const Device* device = installed_device.load();
+  return device ? *device : cpu_device();
+}
+
+void set_default_device(const Device* device) { installed_device.store(device); }
 
 }  // namespace fusetrain::kernels

@@ -956,7 +956,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     for (const InputDecl& input : inputs_) {
       if (input.name == InputNames::position_ids) continue;
       const Tensor& t = batch.get(input.name);
-      plan.bind_input(input.name.c_str(), t.data());  // null: the plan's own buffer, holding the default
+      plan.upload_input(input.name.c_str(), t.data());  // null: the plan's buffer keeps the default
     }
     std::vector<int64_t> default_positions;
     const Tensor& given_positions = batch.get(InputNames::position_ids);
@@ -1009,7 +1009,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
           shifted[b * T + T - 1] = -100;
         }
       } else {
-        plan.bind_input(InputNames::labels, labels.data());
+        plan.upload_input(InputNames::labels, labels.data());
       }
       break;
     }
@@ -1017,13 +1017,13 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
       FT_CHECK(labels.dtype() == DType::i64 && labels.shape() == Shape({B}), "labels have shape ",
                labels.shape().to_string(), "; class labels must be int64 of shape (", B, ")");
       check_classes(labels);
-      plan.bind_input(InputNames::labels, labels.data());
+      plan.upload_input(InputNames::labels, labels.data());
       break;
     case LabelKind::Values: {
       Tensor dest = plan.input(InputNames::labels);
       FT_CHECK(labels.numel() == dest.numel(), "float labels have shape ", labels.shape().to_string(),
                ", expected ", dest.shape().to_string());
-      plan.bind_input(InputNames::labels, labels.data());
+      plan.upload_input(InputNames::labels, labels.data());
       break;
     }
     case LabelKind::Spans: {

@@ -1018,7 +1018,7 @@ void OnnxFamily::bind_inputs(runtime::Plan& plan, const Batch& batch, const Batc
     const int v = ids_.at(name);
     const Tensor& given = batch.get(name);
     if (is_float_input(name)) {  // Model::check_inputs checked its dtype and shape
-      if (plan.has_input(name)) plan.bind_input(name, given.data());
+      if (plan.has_input(name)) plan.upload_input(name, given.data());
       continue;
     }
     HostTensor t = dummy_input(name, B, T);
@@ -1046,7 +1046,7 @@ void OnnxFamily::bind_inputs(runtime::Plan& plan, const Batch& batch, const Batc
   for (const HostFeed& f : prog.feeds) {
     if (!plan.has_input(f.input)) continue;
     if (f.constant) {
-      plan.bind_input(f.input, f.as_float ? static_cast<const void*>(f.const_f.data()) : f.const_i.data());
+      plan.upload_input(f.input, f.as_float ? static_cast<const void*>(f.const_f.data()) : f.const_i.data());
       continue;
     }
     plan.bind_input(f.input, nullptr);

@@ -73,8 +73,8 @@ AdamW8bit::AdamW8bit(runtime::ParameterStore& params, AdamWConfig config, Shard 
       f32_ += slot.numel;
     }
   }
-  auto buffer = [](int64_t n, size_t bytes) {
-    return aligned_allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * bytes);  // zeroed
+  auto buffer = [&](int64_t n, size_t bytes) {  // zeroed, the store's device's memory
+    return params.device().allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * bytes);
   };
   state1_ = buffer(codes_, 1);
   state2_ = buffer(codes_, 1);

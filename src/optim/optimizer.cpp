@@ -123,8 +123,8 @@ std::vector<Optimizer::SlotPart> Optimizer::slot_parts(size_t i) const {
 
 int Optimizer::threads() const { return threads_or_default(num_threads_); }
 
-AlignedPtr Optimizer::allocate_state() const {
-  return aligned_allocate(static_cast<size_t>(std::max<int64_t>(numel_, 1)) * sizeof(float));
+kernels::DeviceBuffer Optimizer::allocate_state() const {
+  return params_.device().allocate(static_cast<size_t>(std::max<int64_t>(numel_, 1)) * sizeof(float));
 }
 
 size_t Optimizer::state_bytes() const {

@@ -224,7 +224,9 @@ Adafactor::Adafactor(runtime::ParameterStore& params, AdafactorConfig config, Sh
   stats_.resize(static_cast<size_t>(rows_ + cols_ + squares_));
   factor_rows_.resize(static_cast<size_t>(rows_));
   update_squares_.resize(params.slots().size());
-  auto buffer = [](int64_t n) { return aligned_allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float)); };
+  auto buffer = [&](int64_t n) {
+    return params.device().allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float));
+  };
   row_ = buffer(rows_);
   col_ = buffer(cols_);
   sq_ = buffer(squares_);

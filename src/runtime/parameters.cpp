@@ -5,7 +5,7 @@
 
 namespace fusetrain::runtime {
 
-ParameterStore::ParameterStore(const ir::Graph& graph) {
+ParameterStore::ParameterStore(const ir::Graph& graph, const kernels::Device& device) : device_(&device) {
   std::set<ir::ValueId> tables;
   for (const ir::Node& node : graph.nodes())
     if (node.op == ir::OpKind::Embedding) tables.insert(node.inputs[0]);
@@ -22,7 +22,9 @@ ParameterStore::ParameterStore(const ir::Graph& graph) {
   allocate();
 }
 
-ParameterStore::ParameterStore(const std::vector<std::pair<std::string, Shape>>& params) {
+ParameterStore::ParameterStore(const std::vector<std::pair<std::string, Shape>>& params,
+                               const kernels::Device& device)
+    : device_(&device) {
   for (const auto& [name, shape] : params) {
     FT_CHECK(!contains(name), "parameter \"", name, "\" is declared twice");
     slots_.push_back({name, shape, 0, shape.numel(), true, false});
@@ -37,14 +39,14 @@ void ParameterStore::allocate() {
     offset += static_cast<int64_t>(align_up(static_cast<size_t>(s.numel), kAlignment / sizeof(float)));
   }
   flat_numel_ = offset;
-  params_ = aligned_allocate(static_cast<size_t>(flat_numel_) * sizeof(float));
-  grads_ = aligned_allocate(static_cast<size_t>(flat_numel_) * sizeof(float));
+  params_ = device_->allocate(static_cast<size_t>(flat_numel_) * sizeof(float));
+  grads_ = device_->allocate(static_cast<size_t>(flat_numel_) * sizeof(float));
   size_t bytes = 0;
   for (FrozenSlot& s : frozen_slots_) {
     s.offset = bytes;
     bytes += align_up(static_cast<size_t>(s.numel) * dtype_size(s.dtype));
   }
-  if (bytes) frozen_ = aligned_allocate(bytes);
+  if (bytes) frozen_ = device_->allocate(bytes);
   frozen_bytes_ = bytes;
 }
 

@@ -106,8 +106,8 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
   p.num_threads_ = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   const ir::Graph& g = p.graph_;
   const size_t num_values = g.values().size();
-  p.device_ =
-      &kernels::device_for(options.reference_kernels ? kernels::Backend::Reference : kernels::Backend::Optimized);
+  // The plain-loop kernels when asked for; otherwise the device whose memory holds the parameters.
+  p.device_ = options.reference_kernels ? &kernels::reference_device() : &params.device();
 
   // Schedule: the nodes the outputs depend on, in graph order.
   std::vector<bool> needed(num_values, false);
@@ -173,7 +173,7 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
   // Inputs: one plan-owned buffer each, inside a single allocation.
   size_t input_bytes = 0;
   for (ValueId v : g.inputs()) input_bytes += align_up(g.value(v).shape.numel() * dtype_size(g.value(v).dtype));
-  AlignedPtr input_memory = aligned_allocate(input_bytes);
+  kernels::DeviceBuffer input_memory = p.device_->allocate(input_bytes);
   char* cursor = static_cast<char*>(input_memory.get());
   for (ValueId v : g.inputs()) {
     const ir::Value& val = g.value(v);
@@ -257,6 +257,13 @@ void Plan::bind_input(const std::string& name, const void* data) {
       return;
     }
   input(name);  // throws with the list of inputs
+}
+
+void Plan::upload_input(const std::string& name, const void* host_data) {
+  bind_input(name, nullptr);
+  if (host_data == nullptr) return;
+  const Tensor own = input(name);
+  device_->upload(own.data(), host_data, own.nbytes());
 }
 
 void Plan::run(RunObserver* observer) {

@@ -75,8 +75,8 @@ GradientSync::GradientSync(comm::Communicator& comm, runtime::ParameterStore& pa
     part_offset_.push_back(offset);
   }
   for (const optim::Segment& s : segments_) shard_numel_ += s.end - s.begin;
-  shard_grads_ = aligned_allocate(static_cast<size_t>(std::max<int64_t>(shard_numel_, 1)) * sizeof(float));
-  if (zero_stage == 2) receive_ = aligned_allocate(static_cast<size_t>(largest) * sizeof(float));
+  shard_grads_ = params.device().allocate(static_cast<size_t>(std::max<int64_t>(shard_numel_, 1)) * sizeof(float));
+  if (zero_stage == 2) receive_ = params.device().allocate(static_cast<size_t>(largest) * sizeof(float));
 }
 
 optim::Shard GradientSync::optimizer_shard() const {

@@ -84,8 +84,8 @@ compile::Program compile_training(const HandBuilt& net, runtime::ParameterStore&
 }
 
 double run_step(compile::Program& program, const Data& data, runtime::ParameterStore& params) {
-  program.plan->bind_input("x", data.x.data());
-  program.plan->bind_input("labels", data.labels.data());
+  program.plan->upload_input("x", data.x.data());
+  program.plan->upload_input("labels", data.labels.data());
   params.zero_grads();
   program.plan->run();
   return program.plan->output(program.roles.loss).item();

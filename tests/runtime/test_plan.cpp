@@ -70,7 +70,7 @@ TEST(Plan, BindInputReadsCallerMemory) {
   ValueId x = b.input("x", {4});
   ValueId y = b.scale(x, 2.0);
   g.mark_output(y);
-  runtime::ParameterStore params(g);
+  runtime::ParameterStore params(g, kernels::cpu_device());  // zero copy from host memory: a CPU device's feature
   auto plan = runtime::Plan::compile(g, params);
   float mine[4] = {1, 2, 3, 4};
   plan->bind_input("x", mine);

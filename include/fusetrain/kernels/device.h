@@ -117,6 +117,10 @@ class Device {
   virtual void add_into(float* dest, const float* src, int64_t n, const StepContext& ctx) const = 0;
   /// Sets `bytes` bytes at `data` to zero on ctx.stream.
   virtual void zero(void* data, size_t bytes, const StepContext& ctx) const = 0;
+  /// Copies `bytes` of host memory into device memory from allocate() (a batch's tensors into a plan's inputs).
+  virtual void upload(void* device_dest, const void* host_src, size_t bytes) const = 0;
+  /// Copies `bytes` of device memory from allocate() into host memory (weights for saving, outputs).
+  virtual void download(void* host_dest, const void* device_src, size_t bytes) const = 0;
 };
 
 /// The two CPU backends a plan can bind.
@@ -131,5 +135,10 @@ const Device& cpu_device();
 const Device& reference_device();
 /// The device of `backend`.
 const Device& device_for(Backend backend);
+/// The device parameter stores and plans use unless told otherwise: cpu_device(), or the one set_default_device
+/// installed (a test device that checks every kernel's memory).
+const Device& default_device();
+/// Installs `device` as default_device() (null: cpu_device() again); it must outlive its use.
+void set_default_device(const Device* device);
 
 }  // namespace fusetrain::kernels

@@ -147,8 +147,8 @@ class Optimizer {
   std::vector<SlotPart> slot_parts(size_t i) const;
   /// Whether this optimizer updates a ZeRO shard rather than every element.
   bool sharded() const { return grads_ != nullptr || numel_ != params_.flat_numel(); }
-  /// A zeroed f32 state buffer of shard_numel() elements.
-  AlignedPtr allocate_state() const;
+  /// A zeroed f32 state buffer of shard_numel() elements, the store's device's memory.
+  kernels::DeviceBuffer allocate_state() const;
   /// The description of such a buffer, laid out like the shard, under `name`.
   StateBuffer elementwise_state(std::string name, void* data) const {
     return {std::move(name), DType::f32, data, numel_, {}, {}};
@@ -204,7 +204,7 @@ class AdamW final : public Optimizer {
 
  private:
   AdamWConfig config_;
-  AlignedPtr m_, v_;
+  kernels::DeviceBuffer m_, v_;
 };
 
 /// Hyperparameters of SGD, as torch.optim.SGD.
@@ -230,7 +230,7 @@ class Sgd final : public Optimizer {
 
  private:
   SgdConfig config_;
-  AlignedPtr b_;
+  kernels::DeviceBuffer b_;
 };
 
 /// Hyperparameters of RMSprop, as torch.optim.RMSprop.
@@ -259,7 +259,7 @@ class Rmsprop final : public Optimizer {
  private:
   RmspropConfig config_;
   std::string name_;
-  AlignedPtr square_avg_, momentum_, grad_avg_;
+  kernels::DeviceBuffer square_avg_, momentum_, grad_avg_;
 };
 
 /// Hyperparameters of Adagrad, as torch.optim.Adagrad.
@@ -284,7 +284,7 @@ class Adagrad final : public Optimizer {
 
  private:
   AdagradConfig config_;
-  AlignedPtr sum_;
+  kernels::DeviceBuffer sum_;
 };
 
 /// Hyperparameters of Lion, as bitsandbytes' Lion (what transformers' lion_32bit makes, with the Adam betas).
@@ -309,7 +309,7 @@ class Lion final : public Optimizer {
  private:
   LionConfig config_;
   std::string name_;
-  AlignedPtr m_;
+  kernels::DeviceBuffer m_;
 };
 
 /// Hyperparameters of Adafactor as transformers' Trainer makes it (adafactor: scale_parameter and relative_step off,
@@ -344,7 +344,7 @@ class Adafactor final : public Optimizer {
   // Per slot: offsets of its row and column means (factored) or of its elementwise average (-1 where none).
   std::vector<int64_t> row_at_, col_at_, sq_at_;
   int64_t rows_ = 0, cols_ = 0, squares_ = 0;
-  AlignedPtr row_, col_, sq_;
+  kernels::DeviceBuffer row_, col_, sq_;
   // The step's scratch: this optimizer's share of the row and column sums and of the vectors' new averages (summed
   // over ranks under ZeRO), every factored row's factor, each parameter's update sum of squares.
   std::vector<double> stats_;
@@ -380,7 +380,7 @@ class AdamW8bit final : public Optimizer {
   // Per slot: where its codes and block scales start (8-bit) or its 32-bit moments start (-1 where none).
   std::vector<int64_t> code_at_, absmax_at_, f32_at_;
   int64_t codes_ = 0, blocks_ = 0, f32_ = 0;
-  AlignedPtr state1_, state2_, absmax1_, absmax2_, m32_, v32_, qmap1_, qmap2_;
+  kernels::DeviceBuffer state1_, state2_, absmax1_, absmax2_, m32_, v32_, qmap1_, qmap2_;
 };
 
 template <typename Fn>

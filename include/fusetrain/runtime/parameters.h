@@ -8,6 +8,7 @@
 #include "fusetrain/core/alloc.h"
 #include "fusetrain/core/tensor.h"
 #include "fusetrain/ir/graph.h"
+#include "fusetrain/kernels/device.h"
 
 namespace fusetrain::runtime {
 
@@ -40,10 +41,13 @@ class ParameterStore {
  public:
   ParameterStore() = default;
   /// Lays out the parameters of `graph` (trainable ones f32; frozen ones in their graph dtype), in declaration order;
-  /// a parameter read as an Embedding op's table is marked ParamSlot::embedding_table.
-  explicit ParameterStore(const ir::Graph& graph);
+  /// a parameter read as an Embedding op's table is marked ParamSlot::embedding_table. The buffers are `device`'s.
+  explicit ParameterStore(const ir::Graph& graph, const kernels::Device& device = kernels::default_device());
   /// Lays out the given named shapes.
-  explicit ParameterStore(const std::vector<std::pair<std::string, Shape>>& params);
+  explicit ParameterStore(const std::vector<std::pair<std::string, Shape>>& params,
+                          const kernels::Device& device = kernels::default_device());
+  /// The device whose memory holds the parameters and gradients (plans and optimizers over the store use it).
+  const kernels::Device& device() const { return *device_; }
 
   const std::vector<ParamSlot>& slots() const { return slots_; }
   /// Index of the parameter called `name`; throws Error listing the known names if absent.
@@ -80,9 +84,10 @@ class ParameterStore {
   std::vector<FrozenSlot> frozen_slots_;
   int64_t flat_numel_ = 0;
   size_t frozen_bytes_ = 0;
-  AlignedPtr frozen_;
-  AlignedPtr params_;
-  AlignedPtr grads_;
+  const kernels::Device* device_ = &kernels::default_device();
+  kernels::DeviceBuffer frozen_;
+  kernels::DeviceBuffer params_;
+  kernels::DeviceBuffer grads_;
 };
 
 }  // namespace fusetrain::runtime

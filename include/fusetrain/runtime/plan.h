@@ -42,7 +42,8 @@ struct PlanOptions {
 /// that the graph outputs need, creates every kernel, plans one arena for all
 /// activations and scratch, and binds each kernel to its memory: parameters and
 /// gradients to the ParameterStore (gradients accumulate), inputs to buffers the
-/// plan owns (or to caller memory via bind_input), the rest to the arena.
+/// plan owns (or to caller memory via bind_input), the rest to the arena. The kernels, the arena and the input
+/// buffers are the store's device's (the reference device's kernels with reference_kernels).
 /// After compile, run() performs no heap allocation.
 class Plan {
  public:
@@ -59,8 +60,12 @@ class Plan {
   /// Whether the plan reads an input called `name` (the passes may drop an input nothing uses).
   bool has_input(const std::string& name) const;
   /// Points input `name` at caller memory for the following steps (zero copy);
-  /// `data` must hold the input's shape and dtype and stay alive while used.
+  /// `data` must hold the input's shape and dtype and stay alive while used, and be memory the plan's device reads
+  /// (the device's own, or host memory on a CPU device); null binds the plan's own buffer again.
   void bind_input(const std::string& name, const void* data);
+  /// Binds input `name` to the plan's own buffer and, unless `host_data` is null (the buffer keeps what it holds),
+  /// uploads the input's shape and dtype worth of host memory into it through the device: a batch's tensors.
+  void upload_input(const std::string& name, const void* host_data);
   /// Runs every scheduled node once. Dropout streams advance by one step. `observer`, when given, is called
   /// between the nodes.
   void run(RunObserver* observer = nullptr);
@@ -98,7 +103,7 @@ class Plan {
   std::vector<InputBinding> inputs_;
   std::vector<Tensor> value_tensors_;  // indexed by ValueId: where each value lives
   kernels::DeviceBuffer arena_;  // activations, scratch and gradient temporaries: the device's memory
-  AlignedPtr input_memory_;
+  kernels::DeviceBuffer input_memory_;  // the plan's inputs: the device's memory
   std::vector<memory::BufferRequest> buffers_;
   memory::ArenaPlan arena_plan_;
   memory::MemoryReport report_;

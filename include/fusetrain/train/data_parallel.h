@@ -101,8 +101,8 @@ class GradientSync final : public runtime::RunObserver {
   std::vector<int64_t> part_offset_;       // ZeRO: where this rank's part of bucket b starts in the shard
   std::vector<std::vector<int64_t>> parts_;  // ZeRO: every rank's part length, per bucket
   int64_t shard_numel_ = 0;
-  AlignedPtr shard_grads_;  // ZeRO: this rank's shard of the step's gradient
-  AlignedPtr receive_;      // ZeRO-2: a bucket's part of the shard, before it is added
+  kernels::DeviceBuffer shard_grads_;  // ZeRO: this rank's shard of the step's gradient
+  kernels::DeviceBuffer receive_;      // ZeRO-2: a bucket's part of the shard, before it is added
   // The plan being run: for each bucket, the node after which its gradients are final.
   const runtime::Plan* plan_ = nullptr;
   std::vector<int> ready_node_;

@@ -1,0 +1,106 @@
+#include "support/checking_device.h"
+
+#include <cstring>
+#include <utility>
+
+#include "fusetrain/core/error.h"
+
+namespace fusetrain::testing {
+
+class CheckedKernel final : public kernels::Kernel {
+ public:
+  CheckedKernel(const CheckingDevice& device, std::unique_ptr<kernels::Kernel> inner, std::string label)
+      : device_(device), inner_(std::move(inner)), label_(std::move(label)) {}
+  size_t scratch_bytes(int num_threads) const override { return inner_->scratch_bytes(num_threads); }
+  bool accumulates() const override { return inner_->accumulates(); }
+  void run(const kernels::KernelArgs& args, const kernels::StepContext& ctx) override {
+    for (size_t i = 0; i < args.inputs.size(); ++i)
+      device_.check(args.inputs[i].data(), args.inputs[i].nbytes(), str(label_, " input ", i));
+    for (size_t i = 0; i < args.outputs.size(); ++i)
+      device_.check(args.outputs[i].data(), args.outputs[i].nbytes(), str(label_, " output ", i));
+    const size_t scratch = inner_->scratch_bytes(ctx.num_threads);
+    if (scratch) device_.check(args.scratch, scratch, str(label_, " scratch"));
+    {
+      std::lock_guard<std::mutex> lock(device_.mutex_);
+      ++device_.kernel_runs_;
+    }
+    inner_->run(args, ctx);
+  }
+
+ private:
+  const CheckingDevice& device_;
+  std::unique_ptr<kernels::Kernel> inner_;
+  std::string label_;
+};
+
+std::unique_ptr<kernels::Kernel> CheckingDevice::make_kernel(const kernels::KernelCall& call) const {
+  return std::make_unique<CheckedKernel>(*this, inner_.make_kernel(call), call.label());
+}
+
+kernels::DeviceBuffer CheckingDevice::allocate(size_t bytes) const {
+  void* data = inner_.allocate(bytes).release();
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_[reinterpret_cast<uintptr_t>(data)] = bytes;
+  ++allocations_;
+  return kernels::DeviceBuffer(data, kernels::DeviceFree{this});
+}
+
+void CheckingDevice::deallocate(void* data) const {
+  size_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = live_.find(reinterpret_cast<uintptr_t>(data));
+    FT_CHECK(it != live_.end(), "checking device: freeing memory it did not allocate (or freed twice)");
+    bytes = it->second;
+    live_.erase(it);
+  }
+  std::memset(data, 0xFF, bytes);  // NaN in every float type
+  inner_.deallocate(data);
+}
+
+void CheckingDevice::add_into(float* dest, const float* src, int64_t n, const kernels::StepContext& ctx) const {
+  check(dest, static_cast<size_t>(n) * sizeof(float), "add_into destination");
+  check(src, static_cast<size_t>(n) * sizeof(float), "add_into source");
+  inner_.add_into(dest, src, n, ctx);
+}
+
+void CheckingDevice::zero(void* data, size_t bytes, const kernels::StepContext& ctx) const {
+  check(data, bytes, "zero");
+  inner_.zero(data, bytes, ctx);
+}
+
+void CheckingDevice::upload(void* device_dest, const void* host_src, size_t bytes) const {
+  check(device_dest, bytes, "upload destination");
+  inner_.upload(device_dest, host_src, bytes);
+}
+
+void CheckingDevice::download(void* host_dest, const void* device_src, size_t bytes) const {
+  check(device_src, bytes, "download source");
+  inner_.download(host_dest, device_src, bytes);
+}
+
+void CheckingDevice::check(const void* data, size_t bytes, const std::string& what) const {
+  if (bytes == 0) return;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.upper_bound(at);
+  const bool inside = it != live_.begin() && (--it, at + bytes <= it->first + it->second);
+  FT_CHECK(inside, "checking device: ", what, " (", bytes, " bytes) is not memory the device allocated");
+}
+
+int64_t CheckingDevice::allocations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return allocations_;
+}
+
+int64_t CheckingDevice::live_allocations() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(live_.size());
+}
+
+int64_t CheckingDevice::kernel_runs() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return kernel_runs_;
+}
+
+}  // namespace fusetrain::testing

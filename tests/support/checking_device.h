@@ -1,0 +1,52 @@
+// A test device that proves every kernel runs on memory the Device handed out.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "fusetrain/kernels/device.h"
+
+namespace fusetrain::testing {
+
+/// Wraps another device (the tuned CPU one by default): it counts every allocation, fills memory with NaN (0xFF
+/// bytes) as it is freed, so a kernel reading memory the device took back computes NaN, and before every kernel run,
+/// add_into and zero it checks that each tensor, and the kernel's scratch, lies inside memory it allocated and has not
+/// freed: anything else throws Error naming the call and the tensor.
+class CheckingDevice final : public kernels::Device {
+ public:
+  explicit CheckingDevice(const kernels::Device& inner = kernels::cpu_device()) : inner_(inner) {}
+  const char* name() const override { return "checking"; }
+  std::unique_ptr<kernels::Kernel> make_kernel(const kernels::KernelCall& call) const override;
+  kernels::DeviceBuffer allocate(size_t bytes) const override;
+  void deallocate(void* data) const override;
+  void add_into(float* dest, const float* src, int64_t n, const kernels::StepContext& ctx) const override;
+  void zero(void* data, size_t bytes, const kernels::StepContext& ctx) const override;
+  void upload(void* device_dest, const void* host_src, size_t bytes) const override;
+  void download(void* host_dest, const void* device_src, size_t bytes) const override;
+
+  /// Throws Error unless [data, data + bytes) lies inside one live allocation; `what` names the memory.
+  void check(const void* data, size_t bytes, const std::string& what) const;
+  /// Allocations made, and those not yet freed.
+  int64_t allocations() const;
+  int64_t live_allocations() const;
+  /// Kernel runs checked so far.
+  int64_t kernel_runs() const;
+
+ private:
+  const kernels::Device& inner_;
+  mutable std::mutex mutex_;
+  mutable std::map<uintptr_t, size_t> live_;  // start -> bytes
+  mutable int64_t allocations_ = 0;
+  mutable int64_t kernel_runs_ = 0;
+  friend class CheckedKernel;
+};
+
+/// The process's checking device when FUSETRAIN_TEST_DEVICE=checking installed it as the default device (tests/
+/// runtime/test_checking_device.cpp), else null.
+const CheckingDevice* installed_checking_device();
+
+}  // namespace fusetrain::testing
