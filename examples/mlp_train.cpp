@@ -122,16 +122,19 @@ int main(int argc, char** argv) {
     init_params(params, rng);
     ft::runtime::PlanOptions options;
     options.num_threads = threads;
-    auto train = ft::runtime::Plan::compile(train_graph, params, options);
-    auto eval = ft::runtime::Plan::compile(eval_graph, params, options);
+    auto train = ft::compile::compile_plan(train_graph, params, options);
+    auto eval = ft::compile::compile_plan(eval_graph, params, options);
     ft::optim::AdamW optimizer(params, {.lr = 1e-2, .weight_decay = 0.01});
     train->set_optimizer_state_bytes(optimizer.state_bytes());
 
-    float* x = train->input("x").data_as<float>();
-    int64_t* labels = train->input("labels").data_as<int64_t>();
+    // Each batch is made in host memory and uploaded into the plan's inputs (the Device's memory).
+    std::vector<float> x(static_cast<size_t>(train->input("x").numel()));
+    std::vector<int64_t> labels(static_cast<size_t>(train->input("labels").numel()));
     double loss_value = 0;
     for (int step = 0; step < steps; ++step) {
-      task.sample(rng, x, labels);
+      task.sample(rng, x.data(), labels.data());
+      train->upload_input("x", x.data());
+      train->upload_input("labels", labels.data());
       double lr = 1e-2 * 0.5 * (1.0 + std::cos(M_PI * step / steps));  // cosine decay
       params.zero_grads();
       train->run();
@@ -143,10 +146,12 @@ int main(int argc, char** argv) {
     // Held-out accuracy on fresh samples.
     std::mt19937 test_rng(2024);
     int64_t correct = 0, total = 0;
-    float* ex = eval->input("x").data_as<float>();
-    int64_t* elabels = eval->input("labels").data_as<int64_t>();
+    std::vector<float> ex(x.size());
+    std::vector<int64_t> elabels(labels.size());
     for (int batch = 0; batch < 16; ++batch) {
-      task.sample(test_rng, ex, elabels);
+      task.sample(test_rng, ex.data(), elabels.data());
+      eval->upload_input("x", ex.data());
+      eval->upload_input("labels", elabels.data());
       eval->run();
       const float* out = eval->output(eval_logits).data_as<float>();
       for (int64_t b = 0; b < kBatch; ++b) {

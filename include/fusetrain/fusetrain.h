@@ -4,12 +4,13 @@
 //   auto loss = ...;                                             //    ending in a scalar loss
 //   auto grads = ft::autodiff::build_backward(graph, loss, graph.params());  // 2. append backward
 //   ft::runtime::ParameterStore params(graph);                   // 3. flat parameter/gradient buffers
-//   auto plan = ft::runtime::Plan::compile(graph, params);       // 4. schedule, arena, kernels
+//   auto plan = ft::compile::compile_plan(graph, params);        // 4. schedule, kernels, arena
 //   ft::optim::AdamW opt(params, {.lr = 1e-3});
-//   for (...) { write inputs into plan->input("x"); params.zero_grads(); plan->run(); opt.clip_and_step(1.0); }
+//   for (...) { plan->upload_input("x", host); params.zero_grads(); plan->run(); opt.clip_and_step(1.0); }
 #pragma once
 
 #include "fusetrain/autodiff/backward.h"
+#include "fusetrain/compile/lower.h"
 #include "fusetrain/core/cpu.h"
 #include "fusetrain/core/dtype.h"
 #include "fusetrain/core/error.h"

@@ -2,6 +2,7 @@
 #include "fusetrain/compile/compiler.h"
 
 #include "fusetrain/autodiff/backward.h"
+#include "fusetrain/compile/lower.h"
 #include "fusetrain/core/error.h"
 
 namespace fusetrain::compile {
@@ -53,7 +54,7 @@ Program compile(ir::Graph graph, GraphRoles roles, runtime::ParameterStore& para
   }
   run_stage(Stage::Final, graph, state, program.log);
   program.log.ops_after = op_counts(graph);
-  program.plan = runtime::Plan::compile(graph, params, options.plan);
+  program.plan = compile_plan(graph, params, options.plan);
   program.roles = std::move(roles);
   return program;
 }

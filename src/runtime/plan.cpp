@@ -7,7 +7,6 @@
 #include <map>
 
 #include "fusetrain/core/error.h"
-#include "fusetrain/compile/lower.h"
 #include "fusetrain/kernels/device.h"
 #include "fusetrain/memory/storage.h"
 
@@ -40,90 +39,18 @@ struct Plan::InputBinding {
 
 Plan::~Plan() = default;
 
-namespace {
-
-// Moves each node that only writes parameter gradients, and is the only node writing them, to right after the
-// nodes that produce its inputs. Graph order can leave such a node (the copy of a head's gradient into its
-// buffer) at the very end of backward, which would hold back data-parallel communication of its gradients until
-// backward is over. Accumulations into one gradient keep their order, so the arithmetic is unchanged.
-std::vector<NodeId> hoist_gradient_writers(const ir::Graph& g, std::vector<NodeId> schedule) {
-  std::map<ValueId, int> writers;  // parameter -> scheduled nodes writing its gradient
-  for (NodeId id : schedule)
-    for (ValueId v : g.node(id).outputs)
-      if (memory::is_bound_gradient(g, v)) ++writers[g.value(v).gradient_of];
-  auto hoistable = [&](const ir::Node& n) {
-    for (ValueId v : n.outputs)
-      if (!memory::is_bound_gradient(g, v) || writers[g.value(v).gradient_of] != 1) return false;
-    return !n.outputs.empty();
-  };
-  std::vector<NodeId> rest;
-  std::vector<NodeId> moved;
-  for (NodeId id : schedule) (hoistable(g.node(id)) ? moved : rest).push_back(id);
-  if (moved.empty()) return schedule;
-  // Each moved node goes right after the last of its inputs is produced (a moved node may read another's output).
-  std::vector<bool> produced(g.values().size(), true);
-  for (NodeId id : schedule)
-    for (ValueId v : g.node(id).outputs) produced[static_cast<size_t>(v)] = false;
-  std::vector<NodeId> out;
-  std::vector<NodeId> pending = moved;
-  auto emit = [&](NodeId id) {
-    out.push_back(id);
-    for (ValueId v : g.node(id).outputs) produced[static_cast<size_t>(v)] = true;
-  };
-  auto emit_ready = [&] {
-    for (bool again = true; again;) {
-      again = false;
-      for (size_t i = 0; i < pending.size(); ++i) {
-        bool ready = true;
-        for (ValueId v : g.node(pending[i]).inputs) ready = ready && produced[static_cast<size_t>(v)];
-        if (!ready) continue;
-        emit(pending[i]);
-        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-        again = true;
-        break;
-      }
-    }
-  };
-  emit_ready();
-  for (NodeId id : rest) {
-    emit(id);
-    emit_ready();
-  }
-  FT_CHECK(pending.empty(), "scheduling: ", pending.size(), " gradient nodes have inputs no node produces");
-  return out;
-}
-
-}  // namespace
-
 size_t Plan::num_scheduled_nodes() const { return steps_.size(); }
 
-std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& params, const PlanOptions& options) {
+std::unique_ptr<Plan> Plan::bind(LoweredProgram program, ParameterStore& params) {
   std::unique_ptr<Plan> plan(new Plan());
   Plan& p = *plan;
-  p.graph_ = graph;
-  p.graph_.verify();
-  FT_CHECK(!p.graph_.outputs().empty(), "cannot compile a plan for a graph without outputs");
-  p.num_threads_ = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
+  p.graph_ = std::move(program.graph);
+  p.num_threads_ = program.num_threads;
+  p.device_ = program.device;
+  p.schedule_ = std::move(program.schedule);
   const ir::Graph& g = p.graph_;
   const size_t num_values = g.values().size();
-  // The plain-loop kernels when asked for; otherwise the device whose memory holds the parameters.
-  p.device_ = options.reference_kernels ? &kernels::reference_device() : &params.device();
-
-  // Schedule: the nodes the outputs depend on, in graph order.
-  std::vector<bool> needed(num_values, false);
-  for (ValueId v : g.outputs()) needed[static_cast<size_t>(v)] = true;
-  std::vector<NodeId> schedule;
-  for (NodeId id = static_cast<NodeId>(g.nodes().size()) - 1; id >= 0; --id) {
-    const ir::Node& n = g.node(id);
-    bool live = false;
-    for (ValueId v : n.outputs) live = live || needed[static_cast<size_t>(v)];
-    if (!live) continue;
-    schedule.push_back(id);
-    for (ValueId v : n.inputs) needed[static_cast<size_t>(v)] = true;
-  }
-  std::reverse(schedule.begin(), schedule.end());
-  schedule = hoist_gradient_writers(g, std::move(schedule));
-  const int num_steps = static_cast<int>(schedule.size());
+  const int num_steps = static_cast<int>(p.schedule_.size());
 
   // Parameters and gradients: views into the store.
   p.value_tensors_.assign(num_values, Tensor());
@@ -147,19 +74,15 @@ std::unique_ptr<Plan> Plan::compile(const ir::Graph& graph, ParameterStore& para
     }
   }
 
-  // Kernels, created before planning because they tell how much scratch they need.
-  p.steps_.resize(schedule.size());
-  for (size_t i = 0; i < schedule.size(); ++i) {
-    p.steps_[i].node = &g.node(schedule[i]);
-    p.steps_[i].kernel = p.device_->make_kernel(compile::lower(g, *p.steps_[i].node));
+  // Kernels, from the device, in execution order.
+  p.steps_.resize(p.schedule_.size());
+  for (size_t i = 0; i < p.schedule_.size(); ++i) {
+    p.steps_[i].node = &g.node(p.schedule_[i]);
+    p.steps_[i].kernel = std::move(program.kernels[i]);
   }
 
-  // Storage: one arena for activations, scratch and gradient temporaries (memory/storage.h).
-  std::vector<memory::ScheduledNode> scheduled(p.steps_.size());
-  for (size_t i = 0; i < p.steps_.size(); ++i)
-    scheduled[i] = {p.steps_[i].node, p.steps_[i].kernel->scratch_bytes(p.num_threads_),
-                    p.steps_[i].kernel->accumulates()};
-  memory::StoragePlan storage = memory::plan_storage(g, scheduled, /*in_place=*/!options.reference_kernels);
+  // Storage: one arena for activations, scratch and gradient temporaries, as the compiler planned it.
+  memory::StoragePlan& storage = program.storage;
   p.buffers_ = std::move(storage.buffers);
   p.arena_plan_ = std::move(storage.arena);
   p.arena_ = p.device_->allocate(p.arena_plan_.arena_bytes);

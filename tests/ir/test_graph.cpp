@@ -136,10 +136,10 @@ TEST(Plan, BadInputNamesAndParameterMismatch) {
   auto y = b.relu(b.param("x", {4}));
   g.mark_output(y);
   runtime::ParameterStore params(g);
-  auto plan = runtime::Plan::compile(g, params);
+  auto plan = compile::compile_plan(g, params);
   EXPECT_NE(error_of([&] { plan->input("nope"); }).find("no input named \"nope\""), std::string::npos);
   runtime::ParameterStore other(std::vector<std::pair<std::string, Shape>>{{"x", {5}}});
-  EXPECT_NE(error_of([&] { runtime::Plan::compile(g, other); }).find("parameter \"x\""), std::string::npos);
+  EXPECT_NE(error_of([&] { compile::compile_plan(g, other); }).find("parameter \"x\""), std::string::npos);
 }
 
 }  // namespace

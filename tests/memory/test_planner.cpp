@@ -47,7 +47,7 @@ void expect_sound_and_smaller(ir::Graph& graph, ir::ValueId loss) {
   graph.mark_output(loss);
   autodiff::build_backward(graph, loss, graph.params());
   runtime::ParameterStore params(graph);
-  auto plan = runtime::Plan::compile(graph, params);
+  auto plan = compile::compile_plan(graph, params);
   memory::check_arena(plan->buffers(), plan->arena_plan());
   const memory::MemoryReport& report = plan->memory_report();
   EXPECT_LT(report.activation_peak_bytes, report.activation_naive_bytes) << report.to_string();
@@ -89,7 +89,7 @@ TEST(PlanMemory, CrossEntropyGradientOverwritesDeadLogits) {
       float* p = params.param(i).data_as<float>();
       for (int64_t k = 0; k < params.slots()[i].numel; ++k) p[k] = 0.1f * std::sin(0.37f * static_cast<float>(k + i));
     }
-    auto plan = runtime::Plan::compile(graph, params);
+    auto plan = compile::compile_plan(graph, params);
     int64_t* t = plan->input("targets").data_as<int64_t>();
     for (int64_t r = 0; r < N; ++r) t[r] = r % 7 == 0 ? -100 : (r * 37) % V;
     params.zero_grads();

@@ -39,7 +39,7 @@ GraphRun run_graph(ir::Graph& g, ValueId loss, float amplitude, float frequency,
     for (int64_t k = 0; k < params.slots()[i].numel; ++k)
       p[k] = amplitude * std::sin(frequency * static_cast<float>(k + 13 * static_cast<int64_t>(i)));
   }
-  auto plan = runtime::Plan::compile(g, params, options);
+  auto plan = compile::compile_plan(g, params, options);
   if (feed) feed(*plan);
   params.zero_grads();
   plan->set_step(step);
@@ -123,7 +123,7 @@ TEST(FoldAttentionTransposes, SameLossAndGradients) {
         for (int64_t k = 0; k < params.slots()[i].numel; ++k)
           p[k] = 0.3f * std::sin(0.7f * static_cast<float>(k + 5 * i));
       }
-      auto plan = runtime::Plan::compile(a->g, params, {});
+      auto plan = compile::compile_plan(a->g, params, {});
       Tensor x = plan->input("x");
       for (int64_t i = 0; i < x.numel(); ++i) x.set_item(i, std::cos(0.13 * static_cast<double>(i)));
       params.zero_grads();
@@ -713,7 +713,7 @@ TEST(FuseLinearCrossEntropy, TokenStatisticsComeFromTheFusedHead) {
         }
         runtime::PlanOptions options;
         options.num_threads = threads;
-        auto plan = runtime::Plan::compile(g, params, options);
+        auto plan = compile::compile_plan(g, params, options);
         int64_t* t = plan->input("targets").data_as<int64_t>();
         if (!fuse) {
           // Targets: every fifth row ignored; then, from the logits of a first run, rows on their first maximum

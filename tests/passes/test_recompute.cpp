@@ -58,7 +58,7 @@ void run_stack(Stack& s, const std::vector<float>& x, float scale, std::vector<s
     float* p = params.param(i).data_as<float>();
     for (int64_t k = 0; k < params.slots()[i].numel; ++k) p[k] = scale * std::cos(0.11f * static_cast<float>(k + i));
   }
-  auto plan = runtime::Plan::compile(s.g, params, {});
+  auto plan = compile::compile_plan(s.g, params, {});
   std::memcpy(plan->input("x").data(), x.data(), x.size() * sizeof(float));
   params.zero_grads();
   plan->run();

@@ -51,7 +51,7 @@ TEST(CheckingDevice, RefusesAKernelOnMemoryItDidNotAllocate) {
   const ir::ValueId x = b.input("x", Shape{4});
   const ir::ValueId w = b.param("w", Shape{4});
   g.mark_output(b.add(x, w));
-  auto plan = runtime::Plan::compile(g, params);
+  auto plan = compile::compile_plan(g, params);
   EXPECT_NO_THROW(plan->run());  // the plan's own input buffer, the store's parameters: the device's memory
   std::vector<float> host(4, 1.0f);
   plan->bind_input("x", host.data());  // memory the device never handed out

@@ -96,7 +96,7 @@ TEST(NoAllocation, SteadyStateTrainingStep) {
     params.params_data()[i] = 0.02f * static_cast<float>((i * 7919) % 101 - 50) / 50.0f;
   runtime::PlanOptions options;
   options.num_threads = 2;
-  auto plan = runtime::Plan::compile(graph, params, options);
+  auto plan = compile::compile_plan(graph, params, options);
   int64_t* ids = plan->input("input_ids").data_as<int64_t>();
   int64_t* labels = plan->input("labels").data_as<int64_t>();
   for (int64_t i = 0; i < cfg.batch * cfg.seq; ++i) {

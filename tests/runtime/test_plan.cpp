@@ -34,7 +34,7 @@ TEST(Plan, DropoutMasksFollowTheStepCounter) {
   DropoutNet net;
   runtime::ParameterStore params(net.graph);
   for (int64_t i = 0; i < params.flat_numel(); ++i) params.params_data()[i] = 1.0f + 0.01f * (i % 7);
-  auto plan = runtime::Plan::compile(net.graph, params);
+  auto plan = compile::compile_plan(net.graph, params);
   plan->run();  // step 0
   std::vector<float> first = snapshot(plan->output(net.out));
   plan->run();  // step 1: a different mask
@@ -53,7 +53,7 @@ TEST(Plan, GradientsAccumulateAcrossRuns) {
   DropoutNet net;
   runtime::ParameterStore params(net.graph);
   for (int64_t i = 0; i < params.flat_numel(); ++i) params.params_data()[i] = 0.5f;
-  auto plan = runtime::Plan::compile(net.graph, params);
+  auto plan = compile::compile_plan(net.graph, params);
   params.zero_grads();
   plan->set_step(3);
   plan->run();
@@ -71,7 +71,7 @@ TEST(Plan, BindInputReadsCallerMemory) {
   ValueId y = b.scale(x, 2.0);
   g.mark_output(y);
   runtime::ParameterStore params(g, kernels::cpu_device());  // zero copy from host memory: a CPU device's feature
-  auto plan = runtime::Plan::compile(g, params);
+  auto plan = compile::compile_plan(g, params);
   float mine[4] = {1, 2, 3, 4};
   plan->bind_input("x", mine);
   plan->run();
@@ -93,7 +93,7 @@ TEST(Plan, ReferenceAndTunedKernelsAgreeOnATrainingStep) {
       params.params_data()[i] = 0.1f * static_cast<float>(i % 13) - 0.6f;
     runtime::PlanOptions options;
     options.reference_kernels = reference;
-    auto plan = runtime::Plan::compile(net.graph, params, options);
+    auto plan = compile::compile_plan(net.graph, params, options);
     plan->run();
     grads.push_back(snapshot(params.grad(0)));
   }

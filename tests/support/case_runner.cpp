@@ -1,5 +1,7 @@
 #include "support/case_runner.h"
 
+#include "fusetrain/compile/lower.h"
+
 #include <cmath>
 
 namespace fusetrain::testing {
@@ -30,7 +32,7 @@ std::unique_ptr<CaseRun> prepare_case(const OpCase& c, int64_t n, bool reference
   runtime::PlanOptions options;
   options.reference_kernels = reference_kernels;
   options.num_threads = num_threads;
-  run->plan = runtime::Plan::compile(run->graph, *run->store, options);
+  run->plan = compile::compile_plan(run->graph, *run->store, options);
 
   std::map<std::string, Fill> fills = c.fills;
   for (size_t i = 0; i < run->outputs.size(); ++i) fills["loss_weight_" + std::to_string(i)] = Fill{-1, 1};

@@ -11,6 +11,7 @@
 #include "fusetrain/ir/graph.h"
 #include "fusetrain/kernels/device.h"
 #include "fusetrain/memory/planner.h"
+#include "fusetrain/memory/storage.h"
 #include "fusetrain/runtime/parameters.h"
 
 namespace fusetrain::runtime {
@@ -38,7 +39,19 @@ struct PlanOptions {
   int num_threads = 0;
 };
 
-/// A graph compiled once for fixed input shapes. Compilation schedules the nodes
+/// What the compiler hands the runtime (compile::lower_program): the graph (names and shapes of its values), the
+/// nodes in execution order with the kernel the device built for each, and the storage plan of the one arena. The
+/// runtime binds it to memory and runs it; it calls no compiler.
+struct LoweredProgram {
+  ir::Graph graph;
+  const kernels::Device* device = nullptr;  ///< built the kernels; allocates the arena and the inputs
+  std::vector<ir::NodeId> schedule;
+  std::vector<std::unique_ptr<kernels::Kernel>> kernels;  ///< one per scheduled node
+  memory::StoragePlan storage;
+  int num_threads = 1;
+};
+
+/// A graph compiled once for fixed input shapes (compile::compile_plan). Compilation schedules the nodes
 /// that the graph outputs need, creates every kernel, plans one arena for all
 /// activations and scratch, and binds each kernel to its memory: parameters and
 /// gradients to the ParameterStore (gradients accumulate), inputs to buffers the
@@ -47,10 +60,10 @@ struct PlanOptions {
 /// After compile, run() performs no heap allocation.
 class Plan {
  public:
-  /// Compiles `graph` against `params` (which must outlive the plan).
-  /// A graph output that is a parameter's gradient (Value::gradient_of, set by autodiff) is bound
-  /// to that parameter's gradient buffer.
-  static std::unique_ptr<Plan> compile(const ir::Graph& graph, ParameterStore& params, const PlanOptions& options = {});
+  /// Binds a lowered program to memory: parameters, frozen parameters and gradients to `params` (which must outlive
+  /// the plan; a graph output that is a parameter's gradient, Value::gradient_of, to that parameter's gradient
+  /// buffer), inputs to buffers the plan owns, the rest to one arena the program's device allocates.
+  static std::unique_ptr<Plan> bind(LoweredProgram program, ParameterStore& params);
   ~Plan();
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -105,6 +118,7 @@ class Plan {
   kernels::DeviceBuffer arena_;  // activations, scratch and gradient temporaries: the device's memory
   kernels::DeviceBuffer input_memory_;  // the plan's inputs: the device's memory
   std::vector<memory::BufferRequest> buffers_;
+  std::vector<ir::NodeId> schedule_;
   memory::ArenaPlan arena_plan_;
   memory::MemoryReport report_;
   std::vector<int> gradient_final_node_;
