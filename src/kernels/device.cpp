@@ -1,10 +1,13 @@
 // The two CPU devices: the tuned one (kernels/cpu, falling back to kernels/ref) and the
 // reference one (kernels/ref only).
-#include <atomic>
 #include <omp.h>
 
+#include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cstring>
 
+#include "core/clones.h"
 #include "fusetrain/core/alloc.h"
 #include "fusetrain/core/error.h"
 #include "kernels/factories.h"
@@ -31,6 +34,13 @@ void DeviceFree::operator()(void* data) const {
 
 namespace {
 
+FT_VECTOR_CLONES double squares(const float* __restrict g, int64_t n, int threads) {
+  double sum = 0.0;
+#pragma omp parallel for simd num_threads(threads) reduction(+ : sum) schedule(static)
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(g[i]) * g[i];
+  return sum;
+}
+
 // The host memory and host-side helpers both CPU devices share.
 class CpuDeviceBase : public Device {
  public:
@@ -55,6 +65,46 @@ class CpuDeviceBase : public Device {
     (void)ctx;
     std::memset(data, 0, bytes);
   }
+  void scale(float* data, float factor, int64_t n, const StepContext& ctx) const override {
+    const int num_threads = ctx.num_threads;
+    if (n <= 32768 || num_threads <= 1) {
+      for (int64_t i = 0; i < n; ++i) data[i] *= factor;
+      return;
+    }
+#pragma omp parallel for simd num_threads(num_threads) schedule(static)
+    for (int64_t i = 0; i < n; ++i) data[i] *= factor;
+  }
+
+  double sum_of_squares(const float* data, int64_t n, const StepContext& ctx) const override {
+    return n > 0 ? squares(data, n, std::max(ctx.num_threads, 1)) : 0.0;
+  }
+
+  void mark_nonzero_rows(const float* table, int64_t rows, int64_t width, float* flags,
+                         const StepContext& ctx) const override {
+    (void)ctx;
+    // Most rows are zero and must be read whole: OR of the value bits (sign dropped, so -0.0 counts as zero) is a
+    // reduction the compiler vectorises, where a compare with an early exit is not.
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = table + r * width;
+      uint32_t any = 0;
+#pragma omp simd reduction(| : any)
+      for (int64_t c = 0; c < width; ++c) any |= std::bit_cast<uint32_t>(row[c]) & 0x7fffffffu;
+      if (any != 0) flags[r] = 1.0f;
+    }
+  }
+
+  void gather_rows(const float* table, int64_t width, const int64_t* rows, int64_t count, float* packed,
+                   const StepContext& ctx) const override {
+    (void)ctx;
+    for (int64_t i = 0; i < count; ++i) std::copy_n(table + rows[i] * width, width, packed + i * width);
+  }
+
+  void scatter_rows(const float* packed, int64_t width, const int64_t* rows, int64_t count, float* table,
+                    const StepContext& ctx) const override {
+    (void)ctx;
+    for (int64_t i = 0; i < count; ++i) std::copy_n(packed + i * width, width, table + rows[i] * width);
+  }
+
   void upload(void* device_dest, const void* host_src, size_t bytes) const override {
     if (bytes) std::memcpy(device_dest, host_src, bytes);
   }

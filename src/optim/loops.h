@@ -24,11 +24,5 @@ void for_range(int64_t begin, int64_t end, int threads, Fn&& fn) {
 
 }  // namespace fusetrain::optim
 
-// The element loops are compiled for AVX-512, AVX2 and baseline x86-64 and chosen at load time by CPU
-// (target_clones); the library itself is built for baseline x86-64. ThreadSanitizer builds keep one plain copy:
-// g++ and clang both instrument the clones' load-time resolver, which then runs before TSan is up and crashes.
-#ifdef FUSETRAIN_NO_TARGET_CLONES
-#define FT_VECTOR_CLONES
-#else
-#define FT_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
+// The element loops are compiled for AVX-512, AVX2 and baseline x86-64 and chosen at load time by CPU.
+#include "core/clones.h"

@@ -12,13 +12,6 @@
 namespace fusetrain::optim {
 namespace {
 
-FT_VECTOR_CLONES double squares(const float* __restrict g, int64_t n, int threads) {
-  double sum = 0.0;
-#pragma omp parallel for simd num_threads(threads) reduction(+ : sum) schedule(static)
-  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(g[i]) * g[i];
-  return sum;
-}
-
 // The AdamW constants of one step; `decay` is 1 for parameters without weight decay.
 struct AdamWStep {
   float scale, decay, b1, b2, one_minus_b1, one_minus_b2, step_size, bias2_sqrt, eps;
@@ -66,25 +59,26 @@ FT_VECTOR_CLONES void adamw_range(float* __restrict p, float* __restrict g, floa
 
 }  // namespace
 
-double sum_of_squares(const float* data, int64_t n, int num_threads) {
-  return n > 0 ? squares(data, n, threads_or_default(num_threads)) : 0.0;
+namespace {
+
+kernels::StepContext with_threads(int num_threads) {
+  kernels::StepContext ctx;
+  ctx.num_threads = threads_or_default(num_threads);
+  return ctx;
 }
+
+}  // namespace
 
 double grad_norm(const runtime::ParameterStore& params, int num_threads) {
   // padding between slots is always zero
-  return std::sqrt(squares(params.grads_data(), params.flat_numel(), threads_or_default(num_threads)));
+  return std::sqrt(params.device().sum_of_squares(params.grads_data(), params.flat_numel(), with_threads(num_threads)));
 }
 
 double clip_grad_norm(runtime::ParameterStore& params, double max_norm, int num_threads) {
   double norm = grad_norm(params, num_threads);
   double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    float* g = params.grads_data();
-    const int64_t n = params.flat_numel();
-    const float c = static_cast<float>(coef);
-#pragma omp parallel for simd num_threads(threads_or_default(num_threads)) schedule(static)
-    for (int64_t i = 0; i < n; ++i) g[i] *= c;
-  }
+  if (coef < 1.0)
+    params.device().scale(params.grads_data(), static_cast<float>(coef), params.flat_numel(), with_threads(num_threads));
   return norm;
 }
 
@@ -134,11 +128,11 @@ size_t Optimizer::state_bytes() const {
 }
 
 double Optimizer::grad_sum_of_squares() const {
-  const int n = threads();
-  if (grads_) return numel_ > 0 ? squares(grads_, numel_, n) : 0.0;
+  const kernels::StepContext ctx = with_threads(num_threads_);
+  const kernels::Device& device = params_.device();
+  if (grads_) return device.sum_of_squares(grads_, numel_, ctx);
   double sum = 0;
-  for (const Segment& s : segments_)
-    if (s.end > s.begin) sum += squares(params_.grads_data() + s.begin, s.end - s.begin, n);
+  for (const Segment& s : segments_) sum += device.sum_of_squares(params_.grads_data() + s.begin, s.end - s.begin, ctx);
   return sum;
 }
 

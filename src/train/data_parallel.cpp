@@ -2,9 +2,7 @@
 #include "fusetrain/train/data_parallel.h"
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
-#include <cstring>
 
 #include "fusetrain/core/error.h"
 
@@ -105,10 +103,7 @@ void GradientSync::start_micro_batch(int64_t index, int64_t count, double weight
   if (pending_scale_ != weight && pending_scale_ != 0) {
     // The buffer holds (weighted sum so far) / pending_scale_; rescale it so that this micro-batch's gradient adds
     // with factor 1 and the whole is (weighted sum) / weight.
-    float* g = params_.grads_data();
-    const auto ratio = static_cast<float>(pending_scale_ / weight);
-    const int64_t n = params_.flat_numel();
-    for (int64_t i = 0; i < n; ++i) g[i] *= ratio;
+    device().scale(params_.grads_data(), static_cast<float>(pending_scale_ / weight), params_.flat_numel(), serial());
   }
   pending_scale_ = weight;
 }
@@ -163,10 +158,7 @@ void GradientSync::communicate_bucket(size_t index) {
   const Bucket& b = buckets_[index];
   float* g = params_.grads_data() + b.begin;
   const int64_t n = b.end - b.begin;
-  if (pending_scale_ != 1.0) {
-    const auto scale = static_cast<float>(pending_scale_);
-    for (int64_t i = 0; i < n; ++i) g[i] *= scale;
-  }
+  if (pending_scale_ != 1.0) device().scale(g, static_cast<float>(pending_scale_), n, serial());
   if (zero_stage_ == 0) {
     if (all_reduce_rows(b)) return;
     // The bucket goes out in pieces that fit in L2, each squared for the norm right after its all-reduce leaves it
@@ -174,7 +166,7 @@ void GradientSync::communicate_bucket(size_t index) {
     for (int64_t i = 0; i < n; i += kPieceElements) {
       const int64_t m = std::min(kPieceElements, n - i);
       comm_.all_reduce_sum(g + i, m);
-      if (last_micro_batch_) sum_of_squares_ += optim::sum_of_squares(g + i, m, 1);
+      if (last_micro_batch_) sum_of_squares_ += device().sum_of_squares(g + i, m, serial());
     }
     return;
   }
@@ -187,11 +179,11 @@ void GradientSync::communicate_bucket(size_t index) {
   } else {
     float* received = static_cast<float*>(receive_.get());
     comm_.reduce_scatter_sum(g, received, parts);
-    for (int64_t i = 0; i < mine; ++i) shard[i] += received[i];
+    device().add_into(shard, received, mine, serial());
   }
-  if (last_micro_batch_) sum_of_squares_ += optim::sum_of_squares(shard, mine, 1);
+  if (last_micro_batch_) sum_of_squares_ += device().sum_of_squares(shard, mine, serial());
   // The full buffer's bucket is spent: zero it now, while in cache, for the next accumulation.
-  std::memset(g, 0, static_cast<size_t>(n) * sizeof(float));
+  device().zero(g, static_cast<size_t>(n) * sizeof(float), serial());
 }
 
 bool GradientSync::all_reduce_rows(const Bucket& b) {
@@ -202,30 +194,33 @@ bool GradientSync::all_reduce_rows(const Bucket& b) {
   if (b.first_slot != b.last_slot || slot.shape.rank() != 2 || slot.shape[0] < kMinSparseRows) return false;
   const int64_t rows = slot.shape[0], width = slot.shape[1];
   float* table = params_.grads_data() + slot.offset;
-  row_flags_.assign(static_cast<size_t>(rows), 0.0f);
-  // Most rows are zero and must be read whole: OR of the value bits (sign dropped, so -0.0 counts as zero) is a
-  // reduction the compiler vectorises, where a compare with an early exit is not.
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = table + r * width;
-    uint32_t any = 0;
-#pragma omp simd reduction(| : any)
-    for (int64_t c = 0; c < width; ++c) any |= std::bit_cast<uint32_t>(row[c]) & 0x7fffffffu;
-    if (any != 0) row_flags_[static_cast<size_t>(r)] = 1.0f;
+  // The Device's buffers: the row flags (one table's rows) and the packed rows (as many as the largest union seen).
+  if (flag_rows_ < rows) {
+    row_flags_ = device().allocate(static_cast<size_t>(rows) * sizeof(float));
+    flag_rows_ = rows;
   }
-  comm_.all_reduce_sum(row_flags_.data(), rows);
+  float* flags = static_cast<float*>(row_flags_.get());
+  device().zero(flags, static_cast<size_t>(rows) * sizeof(float), serial());
+  device().mark_nonzero_rows(table, rows, width, flags, serial());
+  comm_.all_reduce_sum(flags, rows);
+  host_flags_.resize(static_cast<size_t>(rows));
+  device().download(host_flags_.data(), flags, static_cast<size_t>(rows) * sizeof(float));
   rows_.clear();
   for (int64_t r = 0; r < rows; ++r)
-    if (row_flags_[static_cast<size_t>(r)] != 0.0f) rows_.push_back(r);
+    if (host_flags_[static_cast<size_t>(r)] != 0.0f) rows_.push_back(r);
   if (static_cast<int64_t>(rows_.size()) * 2 > rows) return false;  // dense enough: the whole bucket is cheaper
-  packed_.resize(rows_.size() * static_cast<size_t>(width));  // grows to the largest union seen, then stays
-  for (size_t i = 0; i < rows_.size(); ++i)
-    std::copy_n(table + rows_[i] * width, width, packed_.data() + i * static_cast<size_t>(width));
-  const auto packed = static_cast<int64_t>(packed_.size());
-  comm_.all_reduce_sum(packed_.data(), packed);
+  const auto count = static_cast<int64_t>(rows_.size());
+  const int64_t packed = count * width;
+  if (packed_capacity_ < packed) {
+    packed_ = device().allocate(static_cast<size_t>(packed) * sizeof(float));
+    packed_capacity_ = packed;
+  }
+  float* rows_packed = static_cast<float*>(packed_.get());
+  device().gather_rows(table, width, rows_.data(), count, rows_packed, serial());
+  comm_.all_reduce_sum(rows_packed, packed);
   // Every row outside the union is zero, so the packed rows carry the whole table's sum of squares.
-  if (last_micro_batch_) sum_of_squares_ += optim::sum_of_squares(packed_.data(), packed, 1);
-  for (size_t i = 0; i < rows_.size(); ++i)
-    std::copy_n(packed_.data() + i * static_cast<size_t>(width), width, table + rows_[i] * width);
+  if (last_micro_batch_) sum_of_squares_ += device().sum_of_squares(rows_packed, packed, serial());
+  device().scatter_rows(rows_packed, width, rows_.data(), count, table, serial());
   return true;
 }
 

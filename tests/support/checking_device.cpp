@@ -69,6 +69,39 @@ void CheckingDevice::zero(void* data, size_t bytes, const kernels::StepContext& 
   inner_.zero(data, bytes, ctx);
 }
 
+void CheckingDevice::scale(float* data, float factor, int64_t n, const kernels::StepContext& ctx) const {
+  check(data, static_cast<size_t>(n) * sizeof(float), "scale");
+  inner_.scale(data, factor, n, ctx);
+}
+
+double CheckingDevice::sum_of_squares(const float* data, int64_t n, const kernels::StepContext& ctx) const {
+  check(data, static_cast<size_t>(n) * sizeof(float), "sum_of_squares");
+  return inner_.sum_of_squares(data, n, ctx);
+}
+
+void CheckingDevice::mark_nonzero_rows(const float* table, int64_t rows, int64_t width, float* flags,
+                                       const kernels::StepContext& ctx) const {
+  check(table, static_cast<size_t>(rows * width) * sizeof(float), "mark_nonzero_rows table");
+  check(flags, static_cast<size_t>(rows) * sizeof(float), "mark_nonzero_rows flags");
+  inner_.mark_nonzero_rows(table, rows, width, flags, ctx);
+}
+
+void CheckingDevice::gather_rows(const float* table, int64_t width, const int64_t* rows, int64_t count,
+                                 float* packed, const kernels::StepContext& ctx) const {
+  check(packed, static_cast<size_t>(count * width) * sizeof(float), "gather_rows destination");
+  for (int64_t i = 0; i < count; ++i)
+    check(table + rows[i] * width, static_cast<size_t>(width) * sizeof(float), "gather_rows row");
+  inner_.gather_rows(table, width, rows, count, packed, ctx);
+}
+
+void CheckingDevice::scatter_rows(const float* packed, int64_t width, const int64_t* rows, int64_t count,
+                                  float* table, const kernels::StepContext& ctx) const {
+  check(packed, static_cast<size_t>(count * width) * sizeof(float), "scatter_rows source");
+  for (int64_t i = 0; i < count; ++i)
+    check(table + rows[i] * width, static_cast<size_t>(width) * sizeof(float), "scatter_rows row");
+  inner_.scatter_rows(packed, width, rows, count, table, ctx);
+}
+
 void CheckingDevice::upload(void* device_dest, const void* host_src, size_t bytes) const {
   check(device_dest, bytes, "upload destination");
   inner_.upload(device_dest, host_src, bytes);

@@ -25,6 +25,14 @@ class CheckingDevice final : public kernels::Device {
   void deallocate(void* data) const override;
   void add_into(float* dest, const float* src, int64_t n, const kernels::StepContext& ctx) const override;
   void zero(void* data, size_t bytes, const kernels::StepContext& ctx) const override;
+  void scale(float* data, float factor, int64_t n, const kernels::StepContext& ctx) const override;
+  double sum_of_squares(const float* data, int64_t n, const kernels::StepContext& ctx) const override;
+  void mark_nonzero_rows(const float* table, int64_t rows, int64_t width, float* flags,
+                         const kernels::StepContext& ctx) const override;
+  void gather_rows(const float* table, int64_t width, const int64_t* rows, int64_t count, float* packed,
+                   const kernels::StepContext& ctx) const override;
+  void scatter_rows(const float* packed, int64_t width, const int64_t* rows, int64_t count, float* table,
+                    const kernels::StepContext& ctx) const override;
   void upload(void* device_dest, const void* host_src, size_t bytes) const override;
   void download(void* host_dest, const void* device_src, size_t bytes) const override;
 

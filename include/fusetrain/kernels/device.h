@@ -117,6 +117,20 @@ class Device {
   virtual void add_into(float* dest, const float* src, int64_t n, const StepContext& ctx) const = 0;
   /// Sets `bytes` bytes at `data` to zero on ctx.stream.
   virtual void zero(void* data, size_t bytes, const StepContext& ctx) const = 0;
+  /// data[i] *= factor for i < n, f32, on ctx.stream (a gradient bucket's weight in the step's mean).
+  virtual void scale(float* data, float factor, int64_t n, const StepContext& ctx) const = 0;
+  /// The sum of data[i]² for i < n, accumulated in double with ctx.num_threads threads (gradient norms).
+  virtual double sum_of_squares(const float* data, int64_t n, const StepContext& ctx) const = 0;
+  /// Sets flags[r] = 1 for each row r of the (rows, width) f32 table holding a value other than ±0, leaving the
+  /// other flags as they are (an embedding gradient's touched rows).
+  virtual void mark_nonzero_rows(const float* table, int64_t rows, int64_t width, float* flags,
+                                 const StepContext& ctx) const = 0;
+  /// Copies row rows[i] of the width-wide f32 table to row i of `packed`, for i < count (`rows`: host memory).
+  virtual void gather_rows(const float* table, int64_t width, const int64_t* rows, int64_t count, float* packed,
+                           const StepContext& ctx) const = 0;
+  /// Copies row i of `packed` back to row rows[i] of the table, for i < count (`rows`: host memory).
+  virtual void scatter_rows(const float* packed, int64_t width, const int64_t* rows, int64_t count, float* table,
+                            const StepContext& ctx) const = 0;
   /// Copies `bytes` of host memory into device memory from allocate() (a batch's tensors into a plan's inputs).
   virtual void upload(void* device_dest, const void* host_src, size_t bytes) const = 0;
   /// Copies `bytes` of device memory from allocate() into host memory (weights for saving, outputs).

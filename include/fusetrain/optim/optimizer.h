@@ -16,9 +16,6 @@
 
 namespace fusetrain::optim {
 
-/// Sum of squares of n floats, in double (threaded).
-double sum_of_squares(const float* data, int64_t n, int num_threads = 0);
-
 /// Global L2 norm of all gradients (computed in double, threaded).
 double grad_norm(const runtime::ParameterStore& params, int num_threads = 0);
 

@@ -91,8 +91,15 @@ class GradientSync final : public runtime::RunObserver {
   // that follows each piece reads it from cache: on W3 this took 2 ranks x 1 thread from 0.906x to 0.943x of
   // 1 process x 2 threads (bench/RESULTS.md).
   static constexpr int64_t kPieceElements = 1 << 18;
-  std::vector<float> row_flags_, packed_;
+  // The sparse embedding all-reduce: row flags and packed rows in the Device's memory (grown, never shrunk), the
+  // summed flags read back and the union's row indices in host memory.
+  kernels::DeviceBuffer row_flags_, packed_;
+  int64_t flag_rows_ = 0, packed_capacity_ = 0;
+  std::vector<float> host_flags_;
   std::vector<int64_t> rows_;
+  /// The device that owns the gradients, and the context of the serial operations communication interleaves with.
+  const kernels::Device& device() const { return params_.device(); }
+  static kernels::StepContext serial() { return kernels::StepContext{}; }
   comm::Communicator& comm_;
   runtime::ParameterStore& params_;
   int zero_stage_ = 0;
