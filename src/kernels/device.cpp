@@ -44,6 +44,7 @@ FT_VECTOR_CLONES double squares(const float* __restrict g, int64_t n, int thread
 // The host memory and host-side helpers both CPU devices share.
 class CpuDeviceBase : public Device {
  public:
+  bool host_visible() const override { return true; }
   DeviceBuffer allocate(size_t bytes) const override {
     return DeviceBuffer(aligned_allocate(bytes).release(), DeviceFree{this});
   }

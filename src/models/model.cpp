@@ -53,32 +53,62 @@ void copy_converted(float* dst, const Tensor& src, const std::string& where) {
   }
 }
 
-// Copies `src` into the parameter `dest` (f32, or bf16 for a frozen base weight kept in bf16).
-void copy_into(const Tensor& dest, const Tensor& src, const std::string& where) {
-  if (dest.dtype() == DType::f32) return copy_converted(dest.data_as<float>(), src, where);
-  if (dest.dtype() == DType::u8) {  // a quantised weight's packed codes, taken as they are
+// Uploads `src` (host memory, any float dtype, checked finite) into the parameter `dest` (the device's memory: f32,
+// or bf16 for a frozen base weight kept in bf16, or a quantised weight's u8 codes taken as they are), converted on
+// the host a slice at a time: no host copy of a whole weight (an 8B model's embedding is 2 GB of f32).
+void copy_into(const kernels::Device& device, const Tensor& dest, const Tensor& src, const std::string& where) {
+  if (dest.dtype() == DType::u8) {
     FT_CHECK(src.dtype() == DType::u8, where, ": a quantised weight's codes are uint8; found ", dtype_name(src.dtype()));
-    std::memcpy(dest.data(), src.data(), static_cast<size_t>(src.nbytes()));
+    device.upload(dest.data(), src.data(), static_cast<size_t>(src.nbytes()));
     return;
   }
-  FT_CHECK(dest.dtype() == DType::bf16, where, ": cannot store into a ", dtype_name(dest.dtype()), " parameter");
-  check_finite(src, where);
-  if (src.dtype() == DType::bf16) {
-    std::memcpy(dest.data(), src.data(), static_cast<size_t>(src.nbytes()));
+  FT_CHECK(dest.dtype() == DType::f32 || dest.dtype() == DType::bf16, where, ": cannot store into a ",
+           dtype_name(dest.dtype()), " parameter");
+  if (dest.dtype() == src.dtype()) {  // f32 into f32, bf16 into bf16: as it is
+    check_finite(src, where);
+    device.upload(dest.data(), src.data(), static_cast<size_t>(src.nbytes()));
     return;
   }
-  // Through f32 a slice at a time: no f32 copy of a whole weight (an 8B model's embedding is 2 GB of it).
   constexpr int64_t kSlice = int64_t{1} << 20;
   const int64_t n = src.numel();
   const size_t item = dtype_size(src.dtype());
   std::vector<float> tmp(static_cast<size_t>(std::min(n, kSlice)));
+  std::vector<uint16_t> narrow(dest.dtype() == DType::bf16 ? tmp.size() : 0);
   for (int64_t begin = 0; begin < n; begin += kSlice) {
     const int64_t count = std::min(kSlice, n - begin);
     const Tensor slice = Tensor::view(const_cast<char*>(static_cast<const char*>(src.data())) + size_t(begin) * item,
                                       Shape{count}, src.dtype());
     copy_converted(tmp.data(), slice, where);
-    float_to_bf16(static_cast<uint16_t*>(dest.data()) + begin, tmp.data(), static_cast<size_t>(count));
+    if (dest.dtype() == DType::f32) {
+      device.upload(dest.data_as<float>() + begin, tmp.data(), static_cast<size_t>(count) * sizeof(float));
+    } else {
+      float_to_bf16(narrow.data(), tmp.data(), static_cast<size_t>(count));
+      device.upload(static_cast<uint16_t*>(dest.data()) + begin, narrow.data(), static_cast<size_t>(count) * 2);
+    }
   }
+}
+
+// The store's trained parameters, named `prefix` + name, for writing to a file: views of the device's memory where
+// the host reads it in place, else copies downloaded into `copies`.
+std::vector<std::pair<std::string, Tensor>> host_tensors(const runtime::ParameterStore& store, const std::string& prefix,
+                                                         std::vector<std::vector<uint8_t>>& copies) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  const bool in_place = store.device().host_visible();
+  for (size_t i = 0; i < store.slots().size(); ++i) {
+    Tensor t = store.param(i);
+    if (!in_place) {
+      copies.emplace_back(t.nbytes());
+      store.device().download(copies.back().data(), t.data(), t.nbytes());
+      t = Tensor::view(copies.back().data(), t.shape(), t.dtype());
+    }
+    out.emplace_back(prefix + store.slots()[i].name, t);
+  }
+  return out;
+}
+
+// Uploads host f32 values into the f32 parameter `dest`.
+void upload_values(const kernels::Device& device, const Tensor& dest, const std::vector<float>& values) {
+  device.upload(dest.data(), values.data(), values.size() * sizeof(float));
 }
 
 }  // namespace
@@ -93,7 +123,8 @@ void initialise(runtime::ParameterStore& params, const Family& family, uint64_t 
   std::mt19937_64 rng(seed);
   for (size_t i = 0; i < params.slots().size(); ++i) {
     const runtime::ParamSlot& slot = params.slots()[i];
-    float* p = params.param(i).data_as<float>();
+    std::vector<float> values(static_cast<size_t>(slot.numel));  // drawn on the host, then uploaded
+    float* p = values.data();
     ParamInit init = family.init(slot.name);
     switch (init.kind) {
       case Init::Zeros:
@@ -114,6 +145,7 @@ void initialise(runtime::ParameterStore& params, const Family& family, uint64_t 
         break;
       }
     }
+    upload_values(params.device(), params.param(i), values);
   }
 }
 
@@ -165,7 +197,7 @@ std::unique_ptr<Model> Model::from_family(std::unique_ptr<Family> family, const 
   m->inputs_ = m->family_->inputs();
   m->params_ = layout_parameters(*m->family_);
   for (const auto& [name, value] : m->family_->initial_values())
-    std::memcpy(m->params_->param(name).data(), value.data(), size_t(value.nbytes()));
+    m->params_->device().upload(m->params_->param(name).data(), value.data(), size_t(value.nbytes()));
   m->family_->release_initial_values();  // the parameters hold them now
   return m;
 }
@@ -277,7 +309,7 @@ std::unique_ptr<Model> Model::load_pretrained(const io::HfModelDir& hf, const st
   }
   initialise(params, *family, init_seed);
   for (const auto& [target, source] : sources)
-    copy_converted(params.param(target).data_as<float>(), source, source_names.at(target));
+    copy_into(params.device(), params.param(target), source, source_names.at(target));
   if (lora) m->enable_lora(*config_lora);
   return m;
 }
@@ -386,7 +418,7 @@ void Model::load_state_dict(const std::map<std::string, Tensor>& tensors, bool s
     Tensor dest = parameter(name);
     FT_CHECK(tensor.shape() == dest.shape(), "load_state_dict: \"", name, "\" has shape ", tensor.shape().to_string(),
              " but the model expects ", dest.shape().to_string());
-    copy_into(dest, tensor, str("tensor \"", name, "\""));
+    copy_into(params_->device(), dest, tensor, str("tensor \"", name, "\""));
     seen.insert(aliases_.count(name) ? aliases_.at(name) : name);
   }
   for (const runtime::ParamSlot& slot : params_->slots())
@@ -420,9 +452,8 @@ void Model::save_pretrained(const std::string& dir) const {
       return;
     }
   }
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (size_t i = 0; i < params_->slots().size(); ++i)
-    tensors.emplace_back(params_->slots()[i].name, params_->param(i));
+  std::vector<std::vector<uint8_t>> copies;
+  const std::vector<std::pair<std::string, Tensor>> tensors = host_tensors(*params_, "", copies);
   nlohmann::json config = config_;
   config["architectures"] = nlohmann::json::array({architecture_});
   if (!config.contains("torch_dtype")) config["torch_dtype"] = "float32";
@@ -453,14 +484,21 @@ void quantize_into(runtime::ParameterStore& store, const std::string& name, cons
   std::vector<float> values(static_cast<size_t>(source.numel()));
   copy_converted(values.data(), source, where);  // refuses inf and NaN
   const Tensor codes = store.frozen(name), absmax = store.frozen(name + ".absmax");
+  // Quantised on the host, then uploaded.
+  std::vector<uint8_t> host_codes(codes.nbytes());
+  std::vector<float> host_absmax(static_cast<size_t>(absmax.numel()));
+  const kernels::Device& device = store.device();
   if (config.quant_type == "int8") {
-    quant::quantize_int8_rows(values.data(), rows, cols, static_cast<int8_t*>(codes.data()), absmax.data_as<float>());
-    return;
+    quant::quantize_int8_rows(values.data(), rows, cols, reinterpret_cast<int8_t*>(host_codes.data()),
+                              host_absmax.data());
+  } else {
+    const float* code = quant::code_4bit(config.quant_type);
+    quant::quantize_4bit(values.data(), rows * cols, quant::block_shift(config.quant_blocksize), code,
+                         host_codes.data(), host_absmax.data());
+    device.upload(store.frozen(name + ".quant_map").data(), code, 16 * sizeof(float));
   }
-  const float* code = quant::code_4bit(config.quant_type);
-  quant::quantize_4bit(values.data(), rows * cols, quant::block_shift(config.quant_blocksize), code,
-                       static_cast<uint8_t*>(codes.data()), absmax.data_as<float>());
-  std::memcpy(store.frozen(name + ".quant_map").data(), code, 16 * sizeof(float));
+  device.upload(codes.data(), host_codes.data(), host_codes.size());
+  device.upload(absmax.data(), host_absmax.data(), host_absmax.size() * sizeof(float));
 }
 
 }  // namespace
@@ -534,7 +572,7 @@ void Model::enable_lora(const LoraConfig& config, const std::map<std::string, Te
     if (dest.dtype() == DType::u8)
       quantize_into(*next, name, source, config, name);
     else
-      copy_into(dest, source, name);
+      copy_into(next->device(), dest, source, name);
     release(name);
   }
   std::mt19937_64 rng(config.seed);
@@ -542,17 +580,15 @@ void Model::enable_lora(const LoraConfig& config, const std::map<std::string, Te
     const std::string& name = next->slots()[i].name;
     Tensor dest = next->param(i);
     if (std::optional<Tensor> source = source_of(name)) {
-      copy_converted(dest.data_as<float>(), *source, name);
+      copy_into(next->device(), dest, *source, name);
       continue;
     }
-    float* p = dest.data_as<float>();
-    if (ends_with(name, ".lora_B.weight")) {
-      std::fill(p, p + dest.numel(), 0.0f);
-    } else {
-      const float bound = 1.0f / std::sqrt(static_cast<float>(dest.shape()[1]));
-      std::uniform_real_distribution<float> uniform(-bound, bound);
-      for (int64_t k = 0; k < dest.numel(); ++k) p[k] = uniform(rng);
-    }
+    if (ends_with(name, ".lora_B.weight")) continue;  // zero: the fresh buffer is
+    std::vector<float> values(static_cast<size_t>(dest.numel()));  // A drawn on the host, then uploaded
+    const float bound = 1.0f / std::sqrt(static_cast<float>(dest.shape()[1]));
+    std::uniform_real_distribution<float> uniform(-bound, bound);
+    for (float& v : values) v = uniform(rng);
+    upload_values(next->device(), dest, values);
   }
   for (size_t i = 0; i < next->slots().size(); ++i) next->set_weight_decay(i, decays(next->slots()[i].name));
   params_ = std::move(next);
@@ -584,12 +620,22 @@ void Model::merge_lora() {
   for (size_t i = 0; i < plain->slots().size(); ++i) {
     const std::string& name = plain->slots()[i].name;
     const Tensor source = params_->contains(name) ? params_->param(name) : params_->frozen(name);
-    copy_into(plain->param(i), source, name);
+    copy_into(plain->device(), plain->param(i), source, name);
   }
+  const kernels::Device& device = plain->device();
+  auto download = [&](const Tensor& t) {
+    std::vector<float> host(static_cast<size_t>(t.numel()));
+    device.download(host.data(), t.data(), host.size() * sizeof(float));
+    return host;
+  };
   for (const LoraAdapter& ad : lora_adapters_) {
-    const float* a = params_->param(lora::a_name(ad.module)).data_as<float>();  // (r, in)
-    const float* b = params_->param(lora::b_name(ad.module)).data_as<float>();  // (out, r)
-    float* w = plain->param(ad.weight).data_as<float>();
+    const std::vector<float> a_host = download(params_->param(lora::a_name(ad.module)));  // (r, in)
+    const std::vector<float> b_host = download(params_->param(lora::b_name(ad.module)));  // (out, r)
+    const Tensor w_dest = plain->param(ad.weight);
+    std::vector<float> w_host = download(w_dest);
+    const float* a = a_host.data();
+    const float* b = b_host.data();
+    float* w = w_host.data();
     const int64_t r = config->r;
     for (int64_t o = 0; o < ad.out; ++o)
       for (int64_t i = 0; i < ad.in; ++i) {
@@ -598,6 +644,7 @@ void Model::merge_lora() {
         float& target = ad.in_out ? w[i * ad.out + o] : w[o * ad.in + i];
         target += static_cast<float>(s * acc);
       }
+    upload_values(device, w_dest, w_host);
   }
   for (size_t i = 0; i < plain->slots().size(); ++i) plain->set_weight_decay(i, decays(plain->slots()[i].name));
   params_ = std::move(plain);
@@ -625,9 +672,8 @@ std::string peft_task_type(Head head) {
 
 void Model::save_adapter(const std::string& dir, const std::string& base_model) const {
   FT_CHECK(lora_, "save_adapter: ", architecture_, " has no LoRA adapters");
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (size_t i = 0; i < params_->slots().size(); ++i)
-    tensors.emplace_back(kPeftPrefix + params_->slots()[i].name, params_->param(i));
+  std::vector<std::vector<uint8_t>> copies;
+  const std::vector<std::pair<std::string, Tensor>> tensors = host_tensors(*params_, kPeftPrefix, copies);
   const std::string text = lora_->to_peft_json(peft_task_type(family_->head()), base_model).dump(2) + "\n";
   std::error_code error;
   if (std::filesystem::exists(dir, error)) {
@@ -679,7 +725,7 @@ void Model::load_adapter(const std::string& dir) {
     Tensor dest = params_->param(name);
     FT_CHECK(t.shape() == dest.shape(), weights_file.string(), ": \"", name, "\" has shape ", t.shape().to_string(),
              " but the adapter config gives ", dest.shape().to_string());
-    copy_converted(dest.data_as<float>(), t, str(weights_file.string(), ": tensor \"", name, "\""));
+    copy_into(params_->device(), dest, t, str(weights_file.string(), ": tensor \"", name, "\""));
   }
 }
 

@@ -170,6 +170,8 @@ bool Plan::has_input(const std::string& name) const {
 }
 
 void Plan::bind_input(const std::string& name, const void* data) {
+  FT_CHECK(data == nullptr || device_->host_visible(), "bind_input(\"", name, "\"): the plan runs on ",
+           device_->name(), ", whose memory the host does not read in place; upload_input copies the data there");
   for (InputBinding& b : inputs_)
     if (b.name == name) {
       void* target = data ? const_cast<void*>(data) : b.owned;

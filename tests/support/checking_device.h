@@ -20,6 +20,7 @@ class CheckingDevice final : public kernels::Device {
  public:
   explicit CheckingDevice(const kernels::Device& inner = kernels::cpu_device()) : inner_(inner) {}
   const char* name() const override { return "checking"; }
+  bool host_visible() const override { return inner_.host_visible(); }
   std::unique_ptr<kernels::Kernel> make_kernel(const kernels::KernelCall& call) const override;
   kernels::DeviceBuffer allocate(size_t bytes) const override;
   void deallocate(void* data) const override;

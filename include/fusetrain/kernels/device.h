@@ -108,6 +108,10 @@ class Device {
   /// The kernel that computes `call`. Throws Error naming the op and its dtypes when this
   /// device does not implement the combination.
   virtual std::unique_ptr<Kernel> make_kernel(const KernelCall& call) const = 0;
+  /// Whether the host may read and write this device's memory in place (CPU devices): then weights are saved from
+  /// views of it and a plan may read caller memory (Plan::bind_input); otherwise everything goes through
+  /// upload/download.
+  virtual bool host_visible() const = 0;
   /// `bytes` of device memory (64-byte aligned on CPU, zero-filled); throws Error on failure.
   virtual DeviceBuffer allocate(size_t bytes) const = 0;
   /// Frees memory from allocate(); called by DeviceBuffer's deleter.
