@@ -202,356 +202,430 @@ void Trainer::start_at(int64_t global_step, int64_t dropout_step, int64_t nonfin
   impl_->resume_nonfinite_skipped = nonfinite_skipped_steps;
 }
 
-std::map<std::string, double> Trainer::train() {
-  FT_CHECK(train_ != nullptr && train_->size() > 0, "train() needs a non-empty training dataset");
-  FT_CHECK(task_ != Head::QuestionAnswering || collate_ || dynamic_cast<const data::QuestionAnsweringDataset*>(train_),
+// One call of train(): the loader, the step's running totals and the parts of the loop, named.
+class Trainer::Run {
+ public:
+  explicit Run(Trainer& trainer);
+  /// Epochs of micro-batches, a step after every gradient_accumulation_steps of them; the run's metrics.
+  std::map<std::string, double> go();
+
+ private:
+  // What one step adds up over its micro-batches (over ranks, after reduce_over_ranks).
+  struct StepTotals {
+    double loss = 0, nonfinite_loss = 0, loss_sum = 0, entropy = 0, accuracy = 0;
+    int64_t tokens = 0, samples = 0, predicted = 0, labelled = 0, counted = 0;
+    std::vector<models::PreferenceStats> preference;
+    std::vector<double> terms;  // data parallel: each micro-batch's share of the step's loss, summed over ranks
+  };
+
+  /// Forward and backward of micro-batch `micro` of the epoch (data parallel: its share of the global
+  /// micro-batch, the gradients communicated as backward finishes them); its counts added to the step's.
+  void micro_batch(const data::Batch& batch, int64_t micro);
+  /// The step's end after micro-batch `micro` of `epoch`: the means, the guarded optimizer step, the state, the
+  /// callbacks, and logging, evaluation and saving as they ask.
+  void finish_step(int64_t epoch, int64_t micro);
+  /// Data parallel: one reduction of the step's scalars (each micro-batch's global mean loss, then the global
+  /// batch's samples, tokens and label counts).
+  void reduce_over_ranks(int64_t in_step);
+  /// Clips and applies the step unless its loss or gradient norm is not finite; the reason it did not, if so.
+  std::string optimizer_step(double grad_scale);
+  /// The non-finite guard: counts a skipped step, and stops the run after too many in a row.
+  void skip_nonfinite_step(const std::string& reason);
+  /// Evaluates and tracks the best metric (early stopping); whether it improved.
+  bool evaluate_and_track();
+  /// Logs, evaluates and saves as control_ asks, then clears the requests: transformers' _maybe_log_save_evaluate.
+  void log_evaluate_save();
+  /// The positions a micro-batch's mean loss is over (a causal LM predicts positions 1..T-1) and its labels that are
+  /// not ignored (every position): what transformers' num_items_in_batch counts, shifted or not.
+  std::pair<int64_t, int64_t> label_counts(const data::Batch& b) const;
+  /// The learning rate of the schedule's current step. As in transformers, the schedule advances only after an
+  /// optimizer step that ran: fp16 steps skipped for overflow and steps the non-finite guard skipped hold it.
+  double current_lr() const;
+
+  Trainer& t_;
+  const TrainingArguments& a_;
+  comm::Communicator& comm_;
+  const int64_t world_, rank_, accum_;
+  std::unique_ptr<data::DataLoader> loader_;
+  std::unique_ptr<Progress> progress_;
+  std::chrono::steady_clock::time_point started_;
+  StepTotals step_;
+  double loss_since_log_ = 0, total_loss_ = 0, last_norm_ = 0, step_lr_ = 0;
+  int64_t steps_since_log_ = 0, steps_this_run_ = 0, steps_in_loss_ = 0, samples_this_run_ = 0;
+  // The non-finite guard's streak.
+  int64_t nonfinite_in_a_row_ = 0, first_nonfinite_step_ = 0;
+  std::string checkpoint_before_streak_;
+};
+
+std::map<std::string, double> Trainer::train() { return Run(*this).go(); }
+
+Trainer::Run::Run(Trainer& trainer)
+    : t_(trainer),
+      a_(trainer.args_),
+      comm_(*trainer.comm_),
+      world_(trainer.comm_->size()),
+      rank_(trainer.comm_->rank()),
+      accum_(trainer.args_.gradient_accumulation_steps) {
+  Trainer& t = t_;
+  const TrainingArguments& a = a_;
+  FT_CHECK(t.train_ != nullptr && t.train_->size() > 0, "train() needs a non-empty training dataset");
+  FT_CHECK(t.task_ != Head::QuestionAnswering || t.collate_ ||
+               dynamic_cast<const data::QuestionAnsweringDataset*>(t.train_),
            "question answering trains on a QuestionAnsweringDataset, or with a collator that gives start and end "
            "positions");
-  const TrainingArguments& a = args_;
-  const int64_t accum = a.gradient_accumulation_steps;
   // Data parallel: the loader walks global batches of per_device x world examples, in the order one process with
   // that batch size would, and each rank collates its slice (empty on some ranks in a short last batch).
-  comm::Communicator& comm = *comm_;
-  const int64_t world = comm.size(), rank = comm.rank();
   data::LoaderOptions loader_options;
-  loader_options.batch_size = a.per_device_train_batch_size * world;
+  loader_options.batch_size = a.per_device_train_batch_size * world_;
   loader_options.shuffle = a.train_sampling_strategy != "sequential";
   loader_options.seed = static_cast<uint64_t>(a.seed);
   loader_options.drop_last = a.dataloader_drop_last;
-  data::CollateFn collate = collate_for(*train_, a.seed, /*training=*/true);
-  if (world > 1)
-    collate = [collate, rank, per = a.per_device_train_batch_size](std::span<const int64_t> indices, uint64_t number) {
+  data::CollateFn collate = t.collate_for(*t.train_, a.seed, /*training=*/true);
+  if (world_ > 1)
+    collate = [collate, rank = rank_, per = a.per_device_train_batch_size](std::span<const int64_t> indices,
+                                                                          uint64_t number) {
       const size_t begin = std::min(indices.size(), static_cast<size_t>(rank * per));
       const size_t end = std::min(indices.size(), begin + static_cast<size_t>(per));
       return begin == end ? data::Batch{} : collate(indices.subspan(begin, end - begin), number);
     };
-  data::DataLoader loader(train_->size(), loader_options, collate);
-  impl_->batches_per_epoch = loader.batches_per_epoch();
-  FT_CHECK(impl_->batches_per_epoch > 0, "the training dataset (", train_->size(), " examples) gives no batch of ",
+  loader_ = std::make_unique<data::DataLoader>(t.train_->size(), loader_options, collate);
+  Impl& impl = *t.impl_;
+  impl.batches_per_epoch = loader_->batches_per_epoch();
+  FT_CHECK(impl.batches_per_epoch > 0, "the training dataset (", t.train_->size(), " examples) gives no batch of ",
            a.per_device_train_batch_size, " with dataloader_drop_last");
   // The last micro-batches of an epoch make a step of their own when the epoch does not divide by accum, as in
   // transformers.
-  impl_->updates_per_epoch = std::max<int64_t>((impl_->batches_per_epoch + accum - 1) / accum, 1);
-  state_ = TrainerState{};
-  state_.max_steps =
+  impl.updates_per_epoch = std::max<int64_t>((impl.batches_per_epoch + accum_ - 1) / accum_, 1);
+  t.state_ = TrainerState{};
+  t.state_.max_steps =
       a.max_steps > 0
           ? a.max_steps
-          : static_cast<int64_t>(std::ceil(a.num_train_epochs * static_cast<double>(impl_->updates_per_epoch)));
-  impl_->warmup = warmup_steps_for(a.warmup_steps, a.warmup_ratio, state_.max_steps);
-  impl_->nonfinite_skipped_steps = 0;
-  impl_->last_checkpoint.clear();
-  if (rank == 0) remove_unfinished_saves(args_.output_dir);
-  runtime::ParameterStore& store = model_.params();
-  if (world > 1) {
-    check_same_configuration();
-    impl_->sync = std::make_unique<GradientSync>(comm, store, a.ddp_bucket_cap_mb << 20, static_cast<int>(a.zero_stage));
-    if (a.zero_stage > 0) make_optimizer(impl_->sync->optimizer_shard());  // the moments of its shard only
+          : static_cast<int64_t>(std::ceil(a.num_train_epochs * static_cast<double>(impl.updates_per_epoch)));
+  impl.warmup = warmup_steps_for(a.warmup_steps, a.warmup_ratio, t.state_.max_steps);
+  impl.nonfinite_skipped_steps = 0;
+  impl.last_checkpoint.clear();
+  if (rank_ == 0) remove_unfinished_saves(a.output_dir);
+  runtime::ParameterStore& store = t.model_.params();
+  if (world_ > 1) {
+    t.check_same_configuration();
+    impl.sync = std::make_unique<GradientSync>(comm_, store, a.ddp_bucket_cap_mb << 20, static_cast<int>(a.zero_stage));
+    if (a.zero_stage > 0) t.make_optimizer(impl.sync->optimizer_shard());  // the moments of its shard only
   }
-  const bool sharded = world > 1 && a.zero_stage > 0;
-  if (!impl_->optimizer || (!sharded && impl_->optimizer->shard_numel() != store.flat_numel())) make_optimizer({});
-  if (a.resume_from_checkpoint) load_checkpoint(*a.resume_from_checkpoint);
-  if (start_step_) {
-    FT_CHECK(*start_step_ <= state_.max_steps, "the run resumes at step ", *start_step_, " but ends at step ",
-             state_.max_steps);
-    state_.global_step = *start_step_;
-    state_.epoch = static_cast<double>(*start_step_) / static_cast<double>(impl_->updates_per_epoch);
-    model_.set_rng_step(static_cast<uint64_t>(impl_->resume_dropout_step));
-    impl_->nonfinite_skipped_steps = impl_->resume_nonfinite_skipped;
-    start_step_.reset();
+  const bool sharded = world_ > 1 && a.zero_stage > 0;
+  if (!impl.optimizer || (!sharded && impl.optimizer->shard_numel() != store.flat_numel())) t.make_optimizer({});
+  if (a.resume_from_checkpoint) t.load_checkpoint(*a.resume_from_checkpoint);
+  if (t.start_step_) {
+    FT_CHECK(*t.start_step_ <= t.state_.max_steps, "the run resumes at step ", *t.start_step_, " but ends at step ",
+             t.state_.max_steps);
+    t.state_.global_step = *t.start_step_;
+    t.state_.epoch = static_cast<double>(*t.start_step_) / static_cast<double>(impl.updates_per_epoch);
+    t.model_.set_rng_step(static_cast<uint64_t>(impl.resume_dropout_step));
+    impl.nonfinite_skipped_steps = impl.resume_nonfinite_skipped;
+    t.start_step_.reset();
   }
-  model_.params().zero_grads();
-  if (world > 1)  // every rank starts from rank 0's weights
-    comm.broadcast(store.params_data(), store.flat_numel() * static_cast<int64_t>(sizeof(float)), 0);
+  t.model_.params().zero_grads();
+  if (world_ > 1)  // every rank starts from rank 0's weights
+    comm_.broadcast(store.params_data(), store.flat_numel() * static_cast<int64_t>(sizeof(float)), 0);
+}
 
-  const int64_t start_epoch = state_.global_step / impl_->updates_per_epoch;
-  const int64_t skip_batches = (state_.global_step % impl_->updates_per_epoch) * accum;
-  control_ = TrainerControl{};
-  for (const auto& c : callbacks_) c->on_train_begin(state_, control_);
-  Progress progress(state_.max_steps, !a.disable_tqdm && rank == 0);
-  progress.update(state_.global_step, {});
-  auto started = std::chrono::steady_clock::now();
-  double loss_since_log = 0, total_loss = 0, step_loss = 0, nonfinite_loss = 0;
-  int64_t steps_since_log = 0, steps_this_run = 0, steps_in_loss = 0, samples_this_run = 0;
-  double last_norm = 0, step_lr = 0;
-  // The positions a micro-batch's mean loss is over (a causal LM predicts positions 1..T-1) and its labels that are
-  // not ignored (every position): what transformers' num_items_in_batch counts, shifted or not.
-  auto label_counts = [this](const data::Batch& b) -> std::pair<int64_t, int64_t> {
-    const int64_t B = b.batch_size, T = b.seq_len;
-    if (static_cast<int64_t>(b.labels.size()) != B * T || task_ == Head::SequenceClassification) return {B, B};
-    int64_t predicted = 0, labelled = 0;
-    // Packed rows (position ids without a mask): the first token of each example is not predicted either.
-    const bool packed = b.attention_mask.empty() && static_cast<int64_t>(b.position_ids.size()) == B * T;
-    for (int64_t i = 0; i < B * T; ++i) {
-      if (b.labels[static_cast<size_t>(i)] == data::kIgnoreIndex) continue;
-      ++labelled;
-      const bool starts = i % T == 0 || (packed && b.position_ids[size_t(i)] != b.position_ids[size_t(i - 1)] + 1);
-      predicted += task_ != Head::CausalLM || !starts;
+std::map<std::string, double> Trainer::Run::go() {
+  Trainer& t = t_;
+  TrainerState& state = t.state_;
+  Impl& impl = *t.impl_;
+  const int64_t start_epoch = state.global_step / impl.updates_per_epoch;
+  const int64_t skip_batches = (state.global_step % impl.updates_per_epoch) * accum_;
+  t.control_ = TrainerControl{};
+  for (const auto& c : t.callbacks_) c->on_train_begin(state, t.control_);
+  progress_ = std::make_unique<Progress>(state.max_steps, !a_.disable_tqdm && rank_ == 0);
+  progress_->update(state.global_step, {});
+  started_ = std::chrono::steady_clock::now();
+  for (int64_t epoch = start_epoch; state.global_step < state.max_steps && !t.control_.should_training_stop; ++epoch) {
+    loader_->start_epoch(epoch);
+    int64_t micro = 0;
+    if (epoch == start_epoch && skip_batches > 0) {
+      loader_->skip(skip_batches);
+      micro = skip_batches;
     }
-    return {predicted, labelled};
-  };
-  int64_t step_tokens = 0, step_samples = 0, step_predicted = 0, step_labelled = 0, step_counted = 0;
-  double step_entropy = 0, step_accuracy = 0;  // summed per-micro-batch means (token statistics)
-  std::vector<models::PreferenceStats> step_preference;
-  double step_loss_sum = 0;
-  std::vector<double> step_terms;  // data parallel: each micro-batch's share of the step's loss, summed over ranks
-  auto lr_at = [&](int64_t step) {
-    return a.learning_rate * lr_lambda(impl_->schedule, step, impl_->warmup, state_.max_steps, a.learning_rate);
-  };
-  // The learning rate of the schedule's current step. As in transformers, the schedule advances only
-  // after an optimizer step that ran: fp16 steps skipped for overflow and steps the non-finite guard skipped hold it.
-  auto current_lr = [&] {
-    return lr_at(state_.global_step - (a.fp16 ? impl_->scaler.skipped_steps() : 0) - impl_->nonfinite_skipped_steps);
-  };
+    t.control_.should_epoch_stop = false;
+    for (const auto& c : t.callbacks_) c->on_epoch_begin(state, t.control_);
+    while (std::optional<data::Batch> batch = loader_->next()) {
+      if (micro % accum_ == 0)
+        for (const auto& c : t.callbacks_) c->on_step_begin(state, t.control_);
+      micro_batch(*batch, micro);
+      ++micro;
+      const bool last_in_epoch = micro == impl.batches_per_epoch;
+      if (micro % accum_ != 0 && !last_in_epoch) continue;
+      finish_step(epoch, micro);
+      if (t.control_.should_training_stop || t.control_.should_epoch_stop) break;
+    }
+    t.control_.should_evaluate = a_.eval_strategy == "epoch";
+    t.control_.should_save = a_.save_strategy == "epoch";
+    for (const auto& c : t.callbacks_) c->on_epoch_end(state, t.control_);
+    log_evaluate_save();
+  }
+  progress_->finish();
+  total_loss_ += loss_since_log_;
+  double runtime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  if (a_.load_best_model_at_end && state.best_model_checkpoint)
+    load_checkpoint_weights(t.model_, *state.best_model_checkpoint);
+  std::map<std::string, double> metrics{
+      {"train_runtime", runtime},
+      {"train_samples_per_second", static_cast<double>(samples_this_run_) / std::max(runtime, 1e-9)},
+      {"train_steps_per_second", static_cast<double>(steps_this_run_) / std::max(runtime, 1e-9)},
+      {"train_loss", steps_in_loss_ ? total_loss_ / static_cast<double>(steps_in_loss_) : 0.0},
+      {"epoch", state.epoch}};
+  // Data parallel: the seconds this rank spent in the gradient collectives (waiting for the others included).
+  if (impl.sync) metrics["train_communication_seconds"] = impl.sync->communication_seconds();
+  if (!t.delegated_) {
+    nlohmann::json entry = nlohmann::json::object();
+    for (const auto& [k, v] : metrics) entry[k] = v;
+    t.log(entry);
+  }
+  for (const auto& c : t.callbacks_) c->on_train_end(state, t.control_);
+  return metrics;
+}
+
+std::pair<int64_t, int64_t> Trainer::Run::label_counts(const data::Batch& b) const {
+  const int64_t B = b.batch_size, T = b.seq_len;
+  if (static_cast<int64_t>(b.labels.size()) != B * T || t_.task_ == Head::SequenceClassification) return {B, B};
+  int64_t predicted = 0, labelled = 0;
+  // Packed rows (position ids without a mask): the first token of each example is not predicted either.
+  const bool packed = b.attention_mask.empty() && static_cast<int64_t>(b.position_ids.size()) == B * T;
+  for (int64_t i = 0; i < B * T; ++i) {
+    if (b.labels[static_cast<size_t>(i)] == data::kIgnoreIndex) continue;
+    ++labelled;
+    const bool starts = i % T == 0 || (packed && b.position_ids[size_t(i)] != b.position_ids[size_t(i - 1)] + 1);
+    predicted += t_.task_ != Head::CausalLM || !starts;
+  }
+  return {predicted, labelled};
+}
+
+double Trainer::Run::current_lr() const {
+  const Impl& impl = *t_.impl_;
+  const int64_t step = t_.state_.global_step - (a_.fp16 ? impl.scaler.skipped_steps() : 0) -
+                       impl.nonfinite_skipped_steps;
+  return a_.learning_rate * lr_lambda(impl.schedule, step, impl.warmup, t_.state_.max_steps, a_.learning_rate);
+}
+
+void Trainer::Run::micro_batch(const data::Batch& batch, int64_t micro) {
+  Trainer& t = t_;
+  Impl& impl = *t.impl_;
+  if (a_.fp16) t.model_.set_loss_scale(impl.scaler.scale());
+  double loss;
+  if (world_ == 1) {
+    loss = t.model_.accumulate_grads(t.view_of(batch), /*training=*/true);
+  } else {
+    // This micro-batch's share of the step, over all ranks: its mean over the global micro-batch (this rank's
+    // mean weighted by its labelled positions over the global count), weighted 1 / (micro-batches in the step)
+    // as one process weights its micro-batches. The gradient sync applies the weight to each bucket as backward
+    // finishes it and communicates the buckets; the micro-batch's global mean loss is summed over ranks at the
+    // step's end.
+    const int64_t first_of_step = micro - micro % accum_;
+    const int64_t in_this_step = std::min(accum_, impl.batches_per_epoch - first_of_step);
+    const int64_t mine = batch.batch_size > 0 ? label_counts(batch).first : 0;
+    const double global = comm_.sum(static_cast<double>(mine));
+    FT_CHECK(global > 0, "a micro-batch of step ", t.state_.global_step + 1, " has no labelled position on any rank");
+    // The weight relative to an even split, mine / global x world: exactly 1 when every rank has the same count
+    // (the gradients then need no scaling pass; the optimizer applies 1 / (world x micro-batches)).
+    impl.sync->start_micro_batch(micro % accum_, in_this_step,
+                                 static_cast<double>(mine) * static_cast<double>(world_) / global);
+    double local_loss = 0;
+    if (mine > 0)
+      local_loss = t.model_.accumulate_grads(t.view_of(batch), /*training=*/true, impl.sync.get());
+    else
+      impl.sync->skip_backward();
+    // Summed over ranks at the step's end: the global micro-batch mean, times in_this_step so that the step's
+    // division gives the same mean of means.
+    step_.terms.push_back(local_loss * static_cast<double>(mine) / global);
+    loss = 0;
+  }
+  if (!std::isfinite(loss) && std::isfinite(step_.loss)) step_.nonfinite_loss = loss;
+  step_.loss += loss;
+  samples_this_run_ += batch.batch_size;
+  step_.samples += batch.batch_size;
+  step_.tokens += batch.batch_size * batch.seq_len;
+  step_.counted += std::max<int64_t>(batch.counted_tokens, 0);
+  if (const std::optional<models::TokenStats>& stats = t.model_.last_token_stats(); stats && stats->counted > 0) {
+    step_.entropy += stats->entropy_sum / stats->counted;
+    step_.accuracy += stats->top1 / stats->counted;
+  }
+  if (t.model_.preference() && t.model_.last_preference_stats())
+    step_.preference.push_back(*t.model_.last_preference_stats());
+  const auto [predicted, labelled] = label_counts(batch);
+  step_.predicted += predicted;
+  step_.labelled += labelled;
+  step_.loss_sum += loss * static_cast<double>(predicted);
+}
+
+void Trainer::Run::reduce_over_ranks(int64_t in_step) {
+  std::vector<double>& terms = step_.terms;
+  const size_t k = terms.size();
+  terms.insert(terms.end(), {static_cast<double>(step_.samples), static_cast<double>(step_.tokens),
+                             static_cast<double>(step_.predicted), static_cast<double>(step_.labelled),
+                             static_cast<double>(step_.counted)});
+  comm_.all_reduce_sum(terms.data(), static_cast<int64_t>(terms.size()));
+  step_.loss = 0;
+  step_.loss_sum = 0;
+  for (size_t j = 0; j < k; ++j) {
+    if (!std::isfinite(terms[j]) && std::isfinite(step_.loss)) step_.nonfinite_loss = terms[j];
+    step_.loss += terms[j];
+  }
+  samples_this_run_ += static_cast<int64_t>(terms[k]) - step_.samples;
+  step_.samples = static_cast<int64_t>(terms[k]);
+  step_.tokens = static_cast<int64_t>(terms[k + 1]);
+  step_.predicted = static_cast<int64_t>(terms[k + 2]);
+  step_.labelled = static_cast<int64_t>(terms[k + 3]);
+  step_.counted = static_cast<int64_t>(terms[k + 4]);
+  // The step's summed token losses over its predicted positions, as one process reports them.
+  step_.loss_sum = step_.loss / static_cast<double>(in_step) * static_cast<double>(step_.predicted);
+  terms.clear();
+}
+
+std::string Trainer::Run::optimizer_step(double grad_scale) {
+  Impl& impl = *t_.impl_;
+  auto nonfinite_name = [](double v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; };
   // The non-finite guard: a step whose loss (any micro-batch's) or gradient norm is inf or NaN is not applied; the
   // norm is the one the clip pass computes anyway, so the guard costs no pass over the gradients. (An fp16 step
   // whose loss is finite but whose scaled gradients overflowed is the loss scaler's to skip, as before.)
-  int64_t nonfinite_in_a_row = 0, first_nonfinite_step = 0;
-  std::string checkpoint_before_streak;
-  auto skip_nonfinite_step = [&](const std::string& reason) {
-    ++impl_->nonfinite_skipped_steps;
-    if (nonfinite_in_a_row++ == 0) {
-      first_nonfinite_step = state_.global_step;
-      checkpoint_before_streak = impl_->last_checkpoint;
-    }
-    log({{"skipped_step", reason}, {"epoch", state_.epoch}});
-    if (nonfinite_in_a_row < a.fusetrain_max_nonfinite_steps) return;
-    throw Error(str("training stopped at step ", state_.global_step, ": ", nonfinite_in_a_row,
-                    " steps in a row (", first_nonfinite_step, " to ", state_.global_step,
-                    ") had a non-finite loss or gradient norm and were skipped (the last: ", reason, "); ",
-                    checkpoint_before_streak.empty() ? "no checkpoint was saved before them"
-                                                     : "the last good checkpoint is " + checkpoint_before_streak,
-                    ". Try a lower learning_rate (it is ", a.learning_rate, "), max_grad_norm or warmup"));
-  };
-
-  auto evaluate_and_track = [&] {
-    std::map<std::string, double> metrics = evaluate();
-    const std::string key = a.effective_metric();
-    auto it = metrics.find(key);
-    FT_CHECK(it != metrics.end(), "metric_for_best_model \"", key, "\" is not among the evaluation metrics");
-    bool greater = a.effective_greater_is_better();
-    bool improved = !state_.best_metric || (greater ? it->second > *state_.best_metric + a.early_stopping_threshold
-                                                    : it->second < *state_.best_metric - a.early_stopping_threshold);
-    if (improved) {
-      state_.best_metric = it->second;
-      impl_->evaluations_without_improvement = 0;
-    } else if (a.early_stopping_patience > 0 && ++impl_->evaluations_without_improvement >= a.early_stopping_patience) {
-      control_.should_training_stop = true;
-    }
-    return improved;
-  };
-  // Logs, evaluates and saves as control_ asks (the arguments' schedule as callbacks left it), then clears the
-  // requests: transformers' _maybe_log_save_evaluate.
-  auto log_evaluate_save = [&] {
-    if (delegated_) {
-      control_.should_log = control_.should_evaluate = control_.should_save = false;
-      return;
-    }
-    if (control_.should_log && steps_since_log > 0) {
-      double mean = loss_since_log / static_cast<double>(steps_since_log);
-      total_loss += loss_since_log;
-      loss_since_log = 0;
-      steps_since_log = 0;
-      log({{"loss", mean}, {"grad_norm", last_norm}, {"learning_rate", step_lr}, {"epoch", state_.epoch}});
-    }
-    bool improved = false;
-    if (control_.should_evaluate && eval_ != nullptr) improved = evaluate_and_track();
-    if (control_.should_save || (a.save_strategy == "best" && improved)) {
-      std::string dir = save_checkpoint();
-      impl_->last_checkpoint = dir;
-      if (improved) state_.best_model_checkpoint = dir;
-      rotate_checkpoints();
-    }
-    control_.should_log = control_.should_evaluate = control_.should_save = false;
-  };
-
-  for (int64_t epoch = start_epoch; state_.global_step < state_.max_steps && !control_.should_training_stop; ++epoch) {
-    loader.start_epoch(epoch);
-    int64_t micro = 0;
-    if (epoch == start_epoch && skip_batches > 0) {
-      loader.skip(skip_batches);
-      micro = skip_batches;
-    }
-    control_.should_epoch_stop = false;
-    for (const auto& c : callbacks_) c->on_epoch_begin(state_, control_);
-    while (std::optional<data::Batch> batch = loader.next()) {
-      if (micro % accum == 0)
-        for (const auto& c : callbacks_) c->on_step_begin(state_, control_);
-      if (a.fp16) model_.set_loss_scale(impl_->scaler.scale());
-      double loss;
-      if (world == 1) {
-        loss = model_.accumulate_grads(view_of(*batch), /*training=*/true);
-      } else {
-        // This micro-batch's share of the step, over all ranks: its mean over the global micro-batch (this rank's
-        // mean weighted by its labelled positions over the global count), weighted 1 / (micro-batches in the step)
-        // as one process weights its micro-batches. The gradient sync applies the weight to each bucket as backward
-        // finishes it and communicates the buckets; the micro-batch's global mean loss is summed over ranks at the
-        // step's end.
-        const int64_t first_of_step = micro - micro % accum;
-        const int64_t in_this_step = std::min(accum, impl_->batches_per_epoch - first_of_step);
-        const int64_t mine = batch->batch_size > 0 ? label_counts(*batch).first : 0;
-        const double global = comm.sum(static_cast<double>(mine));
-        FT_CHECK(global > 0, "a micro-batch of step ", state_.global_step + 1, " has no labelled position on any rank");
-        // The weight relative to an even split, mine / global x world: exactly 1 when every rank has the same count
-        // (the gradients then need no scaling pass; the optimizer applies 1 / (world x micro-batches)).
-        impl_->sync->start_micro_batch(micro % accum, in_this_step,
-                                       static_cast<double>(mine) * static_cast<double>(world) / global);
-        double local_loss = 0;
-        if (mine > 0)
-          local_loss = model_.accumulate_grads(view_of(*batch), /*training=*/true, impl_->sync.get());
-        else
-          impl_->sync->skip_backward();
-        // Summed over ranks at the step's end: the global micro-batch mean, times in_this_step so that the step's
-        // division gives the same mean of means.
-        step_terms.push_back(local_loss * static_cast<double>(mine) / global);
-        loss = 0;
-      }
-      if (!std::isfinite(loss) && std::isfinite(step_loss)) nonfinite_loss = loss;
-      step_loss += loss;
-      samples_this_run += batch->batch_size;
-      step_samples += batch->batch_size;
-      step_tokens += batch->batch_size * batch->seq_len;
-      step_counted += std::max<int64_t>(batch->counted_tokens, 0);
-      if (const std::optional<models::TokenStats>& stats = model_.last_token_stats(); stats && stats->counted > 0) {
-        step_entropy += stats->entropy_sum / stats->counted;
-        step_accuracy += stats->top1 / stats->counted;
-      }
-      if (model_.preference() && model_.last_preference_stats())
-        step_preference.push_back(*model_.last_preference_stats());
-      const auto [predicted, labelled] = label_counts(*batch);
-      step_predicted += predicted;
-      step_labelled += labelled;
-      step_loss_sum += loss * static_cast<double>(predicted);
-      ++micro;
-      const bool last_in_epoch = micro == impl_->batches_per_epoch;
-      if (micro % accum != 0 && !last_in_epoch) continue;
-      // The step's loss and gradients are means over its micro-batches (fewer than accum at an epoch's end).
-      const int64_t in_step = micro % accum == 0 ? accum : micro % accum;
-      double grad_scale = 1.0 / static_cast<double>(in_step);
-      if (world > 1) {
-        // The gradient buckets were summed over ranks during backward. One reduction of the step's scalars: each
-        // micro-batch's global mean loss, then the samples, tokens and label counts of the global batch.
-        grad_scale = 1.0 / static_cast<double>(world * in_step);
-        const size_t k = step_terms.size();
-        step_terms.insert(step_terms.end(), {static_cast<double>(step_samples), static_cast<double>(step_tokens),
-                                             static_cast<double>(step_predicted), static_cast<double>(step_labelled),
-                                             static_cast<double>(step_counted)});
-        comm.all_reduce_sum(step_terms.data(), static_cast<int64_t>(step_terms.size()));
-        step_loss = 0;
-        step_loss_sum = 0;
-        for (size_t j = 0; j < k; ++j) {
-          if (!std::isfinite(step_terms[j]) && std::isfinite(step_loss)) nonfinite_loss = step_terms[j];
-          step_loss += step_terms[j];
-        }
-        samples_this_run += static_cast<int64_t>(step_terms[k]) - step_samples;
-        step_samples = static_cast<int64_t>(step_terms[k]);
-        step_tokens = static_cast<int64_t>(step_terms[k + 1]);
-        step_predicted = static_cast<int64_t>(step_terms[k + 2]);
-        step_labelled = static_cast<int64_t>(step_terms[k + 3]);
-        step_counted = static_cast<int64_t>(step_terms[k + 4]);
-        // The step's summed token losses over its predicted positions, as one process reports them.
-        step_loss_sum = step_loss / static_cast<double>(in_step) * static_cast<double>(step_predicted);
-        step_loss /= static_cast<double>(in_step);
-        step_terms.clear();
-      } else {
-        step_loss /= static_cast<double>(in_step);
-      }
-
-      std::string skipped;
-      bool updated = false;
-      step_lr = current_lr();  // logged with the step, as transformers logs the rate its optimizer step used
-      auto nonfinite_name = [](double v) { return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"; };
-      if (!std::isfinite(step_loss)) {
-        skipped = str("the loss is ", nonfinite_name(nonfinite_loss));
-      } else {
-        // The global norm: data parallel summed it bucket by bucket during communication (under ZeRO over the
-        // ranks' shards).
-        const double unscaled_norm = std::sqrt(impl_->sync ? impl_->sync->global_grad_sum_of_squares()
-                                                            : impl_->optimizer->grad_sum_of_squares());
-        if (a.fp16) {  // unscale in the fused pass; an overflowed step changes nothing but the scale
-          const double norm = impl_->optimizer->clip_and_step_with_norm(unscaled_norm, a.max_grad_norm, current_lr(),
-                                                                         grad_scale / impl_->scaler.scale());
-          impl_->scaler.update(!std::isfinite(norm));
-          last_norm = norm;
-        } else {
-          const double norm =
-              impl_->optimizer->clip_and_step_with_norm(unscaled_norm, a.max_grad_norm, current_lr(), grad_scale);
-          if (std::isfinite(norm))
-            last_norm = norm;
-          else
-            skipped = str("the gradient norm is ", nonfinite_name(norm));
-        }
-        updated = std::isfinite(last_norm) && skipped.empty();
-        if (impl_->sync && updated) impl_->sync->gather_parameters();
-      }
-      // The update zeroed the gradients it read (ZeRO: the sync zeroed each bucket once sent); a step that did not
-      // run leaves them to clear.
-      if (!updated) model_.params().zero_grads();
-      ++state_.global_step;
-      ++steps_this_run;
-      state_.epoch =
-          static_cast<double>(epoch) + static_cast<double>(micro) / static_cast<double>(impl_->batches_per_epoch);
-      state_.last_step = StepReport{step_loss,
-                                    last_norm,
-                                    step_lr,
-                                    step_tokens,
-                                    step_samples,
-                                    step_loss_sum,
-                                    step_predicted,
-                                    step_labelled,
-                                    in_step,
-                                    !skipped.empty() || (a.fp16 && !std::isfinite(last_norm)),
-                                    step_counted,
-                                    step_entropy / static_cast<double>(in_step),
-                                    step_accuracy / static_cast<double>(in_step),
-                                    std::move(step_preference)};
-      step_preference.clear();
-      step_tokens = step_samples = step_predicted = step_labelled = step_counted = 0;
-      step_entropy = step_accuracy = 0;
-      step_loss_sum = 0;
-      if (!skipped.empty()) {
-        skip_nonfinite_step(skipped);
-      } else {
-        nonfinite_in_a_row = 0;
-        loss_since_log += step_loss;
-        ++steps_since_log;
-        ++steps_in_loss;
-      }
-      step_loss = 0;
-      const double mean_loss = loss_since_log / static_cast<double>(std::max<int64_t>(steps_since_log, 1));
-      progress.update(state_.global_step, {{"loss", mean_loss}, {"lr", current_lr()}});
-      control_.should_log = state_.global_step % a.logging_steps == 0;
-      control_.should_evaluate = a.eval_strategy == "steps" && state_.global_step % a.effective_eval_steps() == 0;
-      control_.should_save = a.save_strategy == "steps" && state_.global_step % a.save_steps == 0;
-      if (state_.global_step >= state_.max_steps) control_.should_training_stop = true;
-      for (const auto& c : callbacks_) c->on_step_end(state_, control_);
-      log_evaluate_save();
-      if (control_.should_training_stop || control_.should_epoch_stop) break;
-    }
-    control_.should_evaluate = a.eval_strategy == "epoch";
-    control_.should_save = a.save_strategy == "epoch";
-    for (const auto& c : callbacks_) c->on_epoch_end(state_, control_);
-    log_evaluate_save();
+  if (!std::isfinite(step_.loss)) return str("the loss is ", nonfinite_name(step_.nonfinite_loss));
+  std::string skipped;
+  // The global norm: data parallel summed it bucket by bucket during communication (under ZeRO over the ranks'
+  // shards).
+  const double unscaled_norm = std::sqrt(impl.sync ? impl.sync->global_grad_sum_of_squares()
+                                                   : impl.optimizer->grad_sum_of_squares());
+  if (a_.fp16) {  // unscale in the fused pass; an overflowed step changes nothing but the scale
+    const double norm = impl.optimizer->clip_and_step_with_norm(unscaled_norm, a_.max_grad_norm, current_lr(),
+                                                               grad_scale / impl.scaler.scale());
+    impl.scaler.update(!std::isfinite(norm));
+    last_norm_ = norm;
+  } else {
+    const double norm =
+        impl.optimizer->clip_and_step_with_norm(unscaled_norm, a_.max_grad_norm, current_lr(), grad_scale);
+    if (std::isfinite(norm))
+      last_norm_ = norm;
+    else
+      skipped = str("the gradient norm is ", nonfinite_name(norm));
   }
-  progress.finish();
-  total_loss += loss_since_log;
-  double runtime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  if (a.load_best_model_at_end && state_.best_model_checkpoint)
-    load_checkpoint_weights(model_, *state_.best_model_checkpoint);
-  std::map<std::string, double> metrics{
-      {"train_runtime", runtime},
-      {"train_samples_per_second", static_cast<double>(samples_this_run) / std::max(runtime, 1e-9)},
-      {"train_steps_per_second", static_cast<double>(steps_this_run) / std::max(runtime, 1e-9)},
-      {"train_loss", steps_in_loss ? total_loss / static_cast<double>(steps_in_loss) : 0.0},
-      {"epoch", state_.epoch}};
-  // Data parallel: the seconds this rank spent in the gradient collectives (waiting for the others included).
-  if (impl_->sync) metrics["train_communication_seconds"] = impl_->sync->communication_seconds();
-  if (!delegated_) {
-    nlohmann::json entry = nlohmann::json::object();
-    for (const auto& [k, v] : metrics) entry[k] = v;
-    log(entry);
+  if (impl.sync && std::isfinite(last_norm_) && skipped.empty()) impl.sync->gather_parameters();
+  return skipped;
+}
+
+void Trainer::Run::finish_step(int64_t epoch, int64_t micro) {
+  Trainer& t = t_;
+  TrainerState& state = t.state_;
+  Impl& impl = *t.impl_;
+  // The step's loss and gradients are means over its micro-batches (fewer than accum at an epoch's end).
+  const int64_t in_step = micro % accum_ == 0 ? accum_ : micro % accum_;
+  double grad_scale = 1.0 / static_cast<double>(in_step);
+  if (world_ > 1) {
+    // The gradient buckets were summed over ranks during backward.
+    grad_scale = 1.0 / static_cast<double>(world_ * in_step);
+    reduce_over_ranks(in_step);
   }
-  for (const auto& c : callbacks_) c->on_train_end(state_, control_);
-  return metrics;
+  step_.loss /= static_cast<double>(in_step);
+  step_lr_ = current_lr();  // logged with the step, as transformers logs the rate its optimizer step used
+  const std::string skipped = optimizer_step(grad_scale);
+  const bool updated = std::isfinite(step_.loss) && std::isfinite(last_norm_) && skipped.empty();
+  // The update zeroed the gradients it read (ZeRO: the sync zeroed each bucket once sent); a step that did not
+  // run leaves them to clear.
+  if (!updated) t.model_.params().zero_grads();
+  ++state.global_step;
+  ++steps_this_run_;
+  state.epoch = static_cast<double>(epoch) + static_cast<double>(micro) / static_cast<double>(impl.batches_per_epoch);
+  state.last_step = StepReport{step_.loss,
+                               last_norm_,
+                               step_lr_,
+                               step_.tokens,
+                               step_.samples,
+                               step_.loss_sum,
+                               step_.predicted,
+                               step_.labelled,
+                               in_step,
+                               !skipped.empty() || (a_.fp16 && !std::isfinite(last_norm_)),
+                               step_.counted,
+                               step_.entropy / static_cast<double>(in_step),
+                               step_.accuracy / static_cast<double>(in_step),
+                               std::move(step_.preference)};
+  const double step_loss = step_.loss;
+  step_ = StepTotals{};
+  if (!skipped.empty()) {
+    skip_nonfinite_step(skipped);
+  } else {
+    nonfinite_in_a_row_ = 0;
+    loss_since_log_ += step_loss;
+    ++steps_since_log_;
+    ++steps_in_loss_;
+  }
+  const double mean_loss = loss_since_log_ / static_cast<double>(std::max<int64_t>(steps_since_log_, 1));
+  progress_->update(state.global_step, {{"loss", mean_loss}, {"lr", current_lr()}});
+  t.control_.should_log = state.global_step % a_.logging_steps == 0;
+  t.control_.should_evaluate = a_.eval_strategy == "steps" && state.global_step % a_.effective_eval_steps() == 0;
+  t.control_.should_save = a_.save_strategy == "steps" && state.global_step % a_.save_steps == 0;
+  if (state.global_step >= state.max_steps) t.control_.should_training_stop = true;
+  for (const auto& c : t.callbacks_) c->on_step_end(state, t.control_);
+  log_evaluate_save();
+}
+
+void Trainer::Run::skip_nonfinite_step(const std::string& reason) {
+  Trainer& t = t_;
+  ++t.impl_->nonfinite_skipped_steps;
+  if (nonfinite_in_a_row_++ == 0) {
+    first_nonfinite_step_ = t.state_.global_step;
+    checkpoint_before_streak_ = t.impl_->last_checkpoint;
+  }
+  t.log({{"skipped_step", reason}, {"epoch", t.state_.epoch}});
+  if (nonfinite_in_a_row_ < a_.fusetrain_max_nonfinite_steps) return;
+  throw Error(str("training stopped at step ", t.state_.global_step, ": ", nonfinite_in_a_row_,
+                  " steps in a row (", first_nonfinite_step_, " to ", t.state_.global_step,
+                  ") had a non-finite loss or gradient norm and were skipped (the last: ", reason, "); ",
+                  checkpoint_before_streak_.empty() ? "no checkpoint was saved before them"
+                                                    : "the last good checkpoint is " + checkpoint_before_streak_,
+                  ". Try a lower learning_rate (it is ", a_.learning_rate, "), max_grad_norm or warmup"));
+}
+
+bool Trainer::Run::evaluate_and_track() {
+  Trainer& t = t_;
+  std::map<std::string, double> metrics = t.evaluate();
+  const std::string key = a_.effective_metric();
+  auto it = metrics.find(key);
+  FT_CHECK(it != metrics.end(), "metric_for_best_model \"", key, "\" is not among the evaluation metrics");
+  const bool greater = a_.effective_greater_is_better();
+  const std::optional<double>& best = t.state_.best_metric;
+  const bool improved = !best || (greater ? it->second > *best + a_.early_stopping_threshold
+                                          : it->second < *best - a_.early_stopping_threshold);
+  if (improved) {
+    t.state_.best_metric = it->second;
+    t.impl_->evaluations_without_improvement = 0;
+  } else if (a_.early_stopping_patience > 0 &&
+             ++t.impl_->evaluations_without_improvement >= a_.early_stopping_patience) {
+    t.control_.should_training_stop = true;
+  }
+  return improved;
+}
+
+void Trainer::Run::log_evaluate_save() {
+  Trainer& t = t_;
+  TrainerControl& control = t.control_;
+  if (t.delegated_) {
+    control.should_log = control.should_evaluate = control.should_save = false;
+    return;
+  }
+  if (control.should_log && steps_since_log_ > 0) {
+    double mean = loss_since_log_ / static_cast<double>(steps_since_log_);
+    total_loss_ += loss_since_log_;
+    loss_since_log_ = 0;
+    steps_since_log_ = 0;
+    t.log({{"loss", mean}, {"grad_norm", last_norm_}, {"learning_rate", step_lr_}, {"epoch", t.state_.epoch}});
+  }
+  bool improved = false;
+  if (control.should_evaluate && t.eval_ != nullptr) improved = evaluate_and_track();
+  if (control.should_save || (a_.save_strategy == "best" && improved)) {
+    std::string dir = t.save_checkpoint();
+    t.impl_->last_checkpoint = dir;
+    if (improved) t.state_.best_model_checkpoint = dir;
+    t.rotate_checkpoints();
+  }
+  control.should_log = control.should_evaluate = control.should_save = false;
 }
 
 std::map<std::string, double> Trainer::evaluate(const data::TokenizedDataset* dataset) {

@@ -176,6 +176,7 @@ class Trainer {
 
  private:
   struct Impl;
+  class Run;  // one call of train(): its loop's state and parts (trainer.cpp)
   std::unique_ptr<Impl> impl_;
   models::Model& model_;
   TrainingArguments args_;
