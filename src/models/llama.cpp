@@ -142,8 +142,8 @@ class LlamaFamily final : public Family {
     int64_t longest = 0;
     for (int64_t i = 0; i < B * T; ++i) longest = std::max(longest, positions[i] + 1);
     const std::vector<double> inv = inverse_frequencies(longest);
-    float* cos = plan.input(kCos).data_as<float>();
-    float* sin = plan.input(kSin).data_as<float>();
+    float* cos = plan.staging(kCos).data_as<float>();  // built on the host, uploaded below
+    float* sin = plan.staging(kSin).data_as<float>();
     const int64_t half = D_ / 2;
     for (int64_t r = 0; r < B * T; ++r)
       for (int64_t j = 0; j < half; ++j) {
@@ -154,6 +154,8 @@ class LlamaFamily final : public Family {
         cos[r * D_ + j] = cos[r * D_ + j + half] = c;
         sin[r * D_ + j] = sin[r * D_ + j + half] = s;
       }
+    plan.upload_staging(kCos);
+    plan.upload_staging(kSin);
   }
 
   ParamInit init(const std::string& name) const override {

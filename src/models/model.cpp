@@ -239,8 +239,9 @@ compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
       programs_.insert(key, compile::compile(std::move(built.graph), std::move(roles), *params_, options));
   // Defaults for inputs the caller may leave out: all-ones mask, zero token types.
   if (program.plan->has_input(InputNames::attention_mask)) {
-    Tensor mask = program.plan->input(InputNames::attention_mask);
+    Tensor mask = program.plan->staging(InputNames::attention_mask);
     std::fill(mask.data_as<int64_t>(), mask.data_as<int64_t>() + mask.numel(), int64_t{1});
+    program.plan->upload_staging(InputNames::attention_mask);
   }
   return program;
 }
@@ -257,7 +258,7 @@ PreferenceStats preference_stats(runtime::Plan& plan, const std::vector<ir::Valu
   const Tensor logps = plan.output(metrics[0]);
   const int64_t* labels = shifted.data_as<int64_t>();
   const float* rows = metrics.size() > 1 ? plan.output(metrics[1]).data_as<float>() : nullptr;
-  const float* ref = spec.reference ? nullptr : plan.input(InputNames::ref_logps).data_as<float>();
+  const float* ref = spec.reference ? nullptr : plan.staging(InputNames::ref_logps).data_as<float>();
   for (int64_t b = 0; b < B; ++b) {
     s.logps.push_back(logps.item(b));
     if (ref) s.ref_logps.push_back(ref[b]);
@@ -323,15 +324,19 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
       positions = default_positions.data();
     }
     if (plan.has_input(InputNames::position_ids)) {
-      plan.bind_input(InputNames::position_ids, nullptr);
-      std::copy(positions, positions + B * T, plan.input(InputNames::position_ids).data_as<int64_t>());
+      std::copy(positions, positions + B * T, plan.staging(InputNames::position_ids).data_as<int64_t>());
+      plan.upload_staging(InputNames::position_ids);
     }
-    if (spec.packed) example_starts(positions, B, T, plan.input(InputNames::key_begin).data_as<int64_t>());
+    if (spec.packed) {
+      example_starts(positions, B, T, plan.staging(InputNames::key_begin).data_as<int64_t>());
+      plan.upload_staging(InputNames::key_begin);
+    }
     family->bind_extra_inputs(plan, positions, B, T);
   }
   if (family->reads_pool_index()) {
-    int64_t* rows = plan.input(InputNames::pool_index).data_as<int64_t>();
+    int64_t* rows = plan.staging(InputNames::pool_index).data_as<int64_t>();
     for (int64_t b = 0; b < B; ++b) rows[b] = b * T + family->pool_position(id_data + b * T, T);
+    plan.upload_staging(InputNames::pool_index);
   }
 
   const Tensor& labels = batch.get(InputNames::labels);
@@ -356,14 +361,15 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
       if (family->head() == Head::CausalLM) {
         // Shift left: position t predicts token t + 1; the last position is ignored, and in packed rows the last
         // of each example (it would predict the next example's first token).
-        int64_t* shifted = plan.input(InputNames::labels).data_as<int64_t>();
+        int64_t* shifted = plan.staging(InputNames::labels).data_as<int64_t>();
         const int64_t* given = labels.data_as<int64_t>();
-        const int64_t* starts = spec.packed ? plan.input(InputNames::key_begin).data_as<int64_t>() : nullptr;
+        const int64_t* starts = spec.packed ? plan.staging(InputNames::key_begin).data_as<int64_t>() : nullptr;
         for (int64_t b = 0; b < B; ++b) {
           for (int64_t t = 0; t + 1 < T; ++t)
             shifted[b * T + t] = starts && starts[b * T + t + 1] == t + 1 ? -100 : given[b * T + t + 1];
           shifted[b * T + T - 1] = -100;
         }
+        plan.upload_staging(InputNames::labels);
       } else {
         plan.upload_input(InputNames::labels, labels.data());
       }
@@ -388,8 +394,9 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
       for (auto [name, t] : {std::pair{InputNames::start_positions, &batch.get(InputNames::start_positions)},
                              std::pair{InputNames::end_positions, &batch.get(InputNames::end_positions)}}) {
         FT_CHECK(t->dtype() == DType::i64 && t->shape() == Shape({B}), name, " must be int64 of shape (", B, ")");
-        int64_t* dest = plan.input(name).data_as<int64_t>();
+        int64_t* dest = plan.staging(name).data_as<int64_t>();
         for (int64_t b = 0; b < B; ++b) dest[b] = std::clamp<int64_t>(t->data_as<int64_t>()[b], 0, T);
+        plan.upload_staging(name);
       }
       break;
     }
@@ -398,10 +405,11 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
   if (spec.preference && !spec.reference) {
     // Completion lengths (TRL counts the completion mask, before the shift) and the reference log-probabilities.
     const int64_t* given = labels.data_as<int64_t>();
-    float* lengths = plan.input(InputNames::completion_lengths).data_as<float>();
+    float* lengths = plan.staging(InputNames::completion_lengths).data_as<float>();
     for (int64_t b = 0; b < B; ++b)
       lengths[b] = static_cast<float>(std::count_if(given + b * T, given + (b + 1) * T, [](int64_t l) { return l != -100; }));
-    float* ref = plan.input(InputNames::ref_logps).data_as<float>();
+    plan.upload_staging(InputNames::completion_lengths);
+    float* ref = plan.staging(InputNames::ref_logps).data_as<float>();
     const Tensor& given_ref = batch.get(InputNames::ref_logps);
     if (given_ref.data() != nullptr) {
       FT_CHECK(given_ref.dtype() == DType::f32 && given_ref.numel() == B, "ref_logps must be float32 of shape (", B,
@@ -414,9 +422,12 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     } else {
       reference_log_probs(batch, ref);
     }
+    plan.upload_staging(InputNames::ref_logps);
   }
-  if (spec.fp16 && with_backward)
-    *plan.input(compile::kLossScaleInput).data_as<float>() = static_cast<float>(loss_scale_);
+  if (spec.fp16 && with_backward) {
+    *plan.staging(compile::kLossScaleInput).data_as<float>() = static_cast<float>(loss_scale_);
+    plan.upload_staging(compile::kLossScaleInput);
+  }
   if (zero_grads) params_->zero_grads();
   if (training) plan.set_step((dropout_seed_ << 32) + rng_step_++);
   plan.run(observer);
@@ -429,7 +440,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
   }
   if (program.roles.loss != ir::kNone) out.loss = plan.output(program.roles.loss).item();
   if (spec.preference) {
-    out.preference = preference_stats(plan, program.roles.metrics, spec, plan.input(InputNames::labels));
+    out.preference = preference_stats(plan, program.roles.metrics, spec, plan.staging(InputNames::labels));
     if (!reference) last_preference_stats_ = out.preference;
     last_token_stats_.reset();
     return out;

@@ -1056,12 +1056,14 @@ void OnnxFamily::bind_inputs(runtime::Plan& plan, const Batch& batch, const Batc
         FT_CHECK(ptr[size_t(value)] != nullptr, "host value \"", names_[size_t(value)], "\" was not computed");
         terms.push_back(ptr[size_t(value)]);
       }
-      fill_head_key_bias(f, terms, plan.input(f.input).data_as<float>());
+      fill_head_key_bias(f, terms, plan.staging(f.input).data_as<float>());
+      plan.upload_staging(f.input);
       continue;
     }
     const HostTensor* v = ptr[size_t(f.value)];
     FT_CHECK(v != nullptr, "host value \"", names_[size_t(f.value)], "\" was not computed");
-    fill_feed(f, *v, plan.input(f.input).data());
+    fill_feed(f, *v, plan.staging(f.input).data());
+    plan.upload_staging(f.input);
   }
 }
 

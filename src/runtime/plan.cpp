@@ -34,6 +34,7 @@ struct Plan::InputBinding {
   std::string name;
   ValueId value = kNone;
   void* owned = nullptr;                           // the plan's own buffer for this input
+  std::vector<uint8_t> mirror;                     // staging memory where the device is not host-visible
   std::vector<std::pair<size_t, size_t>> readers;  // (step index, input slot)
 };
 
@@ -189,6 +190,24 @@ void Plan::upload_input(const std::string& name, const void* host_data) {
   if (host_data == nullptr) return;
   const Tensor own = input(name);
   device_->upload(own.data(), host_data, own.nbytes());
+}
+
+Tensor Plan::staging(const std::string& name) {
+  const Tensor own = input(name);  // throws with the list of inputs
+  if (device_->host_visible()) return own;
+  for (InputBinding& b : inputs_)
+    if (b.name == name) {
+      b.mirror.resize(own.nbytes());
+      return Tensor::view(b.mirror.data(), own.shape(), own.dtype());
+    }
+  return own;
+}
+
+void Plan::upload_staging(const std::string& name) {
+  bind_input(name, nullptr);
+  if (device_->host_visible()) return;
+  for (InputBinding& b : inputs_)
+    if (b.name == name && !b.mirror.empty()) device_->upload(b.owned, b.mirror.data(), b.mirror.size());
 }
 
 void Plan::run(RunObserver* observer) {

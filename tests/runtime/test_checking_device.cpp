@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -23,8 +24,13 @@ class CheckingDeviceEnvironment final : public ::testing::Environment {
  public:
   void SetUp() override {
     const char* device = std::getenv("FUSETRAIN_TEST_DEVICE");
-    if (device == nullptr || std::strcmp(device, "checking") != 0) return;
-    checking = new CheckingDevice();
+    if (device == nullptr) return;
+    const bool host_visible = std::strcmp(device, "checking") == 0;
+    if (!host_visible && std::strcmp(device, "checking-not-host-visible") != 0) {
+      std::fprintf(stderr, "FUSETRAIN_TEST_DEVICE must be checking or checking-not-host-visible, found %s\n", device);
+      std::exit(2);
+    }
+    checking = new CheckingDevice(kernels::cpu_device(), host_visible);
     kernels::set_default_device(checking);
   }
   void TearDown() override {

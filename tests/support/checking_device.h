@@ -15,12 +15,15 @@ namespace fusetrain::testing {
 /// Wraps another device (the tuned CPU one by default): it counts every allocation, fills memory with NaN (0xFF
 /// bytes) as it is freed, so a kernel reading memory the device took back computes NaN, and before every kernel run,
 /// add_into and zero it checks that each tensor, and the kernel's scratch, lies inside memory it allocated and has not
-/// freed: anything else throws Error naming the call and the tensor.
+/// freed: anything else throws Error naming the call and the tensor. With `host_visible` false it also says the host
+/// cannot read its memory in place, as a GPU's, so every input goes through staging and upload and every save
+/// through download (the memory is still the CPU's, so host code that reads it anyway is not caught).
 class CheckingDevice final : public kernels::Device {
  public:
-  explicit CheckingDevice(const kernels::Device& inner = kernels::cpu_device()) : inner_(inner) {}
+  explicit CheckingDevice(const kernels::Device& inner = kernels::cpu_device(), bool host_visible = true)
+      : inner_(inner), host_visible_(host_visible) {}
   const char* name() const override { return "checking"; }
-  bool host_visible() const override { return inner_.host_visible(); }
+  bool host_visible() const override { return host_visible_ && inner_.host_visible(); }
   std::unique_ptr<kernels::Kernel> make_kernel(const kernels::KernelCall& call) const override;
   kernels::DeviceBuffer allocate(size_t bytes) const override;
   void deallocate(void* data) const override;
@@ -47,6 +50,7 @@ class CheckingDevice final : public kernels::Device {
 
  private:
   const kernels::Device& inner_;
+  const bool host_visible_;
   mutable std::mutex mutex_;
   mutable std::map<uintptr_t, size_t> live_;  // start -> bytes
   mutable int64_t allocations_ = 0;
@@ -54,8 +58,8 @@ class CheckingDevice final : public kernels::Device {
   friend class CheckedKernel;
 };
 
-/// The process's checking device when FUSETRAIN_TEST_DEVICE=checking installed it as the default device (tests/
-/// runtime/test_checking_device.cpp), else null.
+/// The process's checking device when FUSETRAIN_TEST_DEVICE=checking (or checking-not-host-visible) installed it as
+/// the default device (tests/runtime/test_checking_device.cpp), else null.
 const CheckingDevice* installed_checking_device();
 
 }  // namespace fusetrain::testing

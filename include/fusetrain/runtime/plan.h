@@ -79,6 +79,13 @@ class Plan {
   /// Binds input `name` to the plan's own buffer and, unless `host_data` is null (the buffer keeps what it holds),
   /// uploads the input's shape and dtype worth of host memory into it through the device: a batch's tensors.
   void upload_input(const std::string& name, const void* host_data);
+  /// Host memory in which to build input `name` (derived inputs: positions, shifted labels, rotary tables): the
+  /// plan's own buffer where the device is host-visible (no copy), else a host mirror the plan keeps. Its contents
+  /// stay until the next write, so what was staged can be read back.
+  Tensor staging(const std::string& name);
+  /// Binds input `name` to the plan's own buffer and uploads its staging memory into it (nothing to copy where the
+  /// device is host-visible).
+  void upload_staging(const std::string& name);
   /// Runs every scheduled node once. Dropout streams advance by one step. `observer`, when given, is called
   /// between the nodes.
   void run(RunObserver* observer = nullptr);
