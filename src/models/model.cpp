@@ -100,6 +100,15 @@ Tensor Model::parameter(const std::string& hf_name) const {
   return params_->param(name);
 }
 
+Tensor Model::host_parameter(const std::string& hf_name) const {
+  const Tensor view = parameter(hf_name);
+  const kernels::Device& device = params_->device();
+  if (device.host_visible()) return view;
+  Tensor copy = Tensor::zeros(view.shape(), view.dtype());
+  device.download(copy.data(), view.data(), view.nbytes());
+  return copy;
+}
+
 Tensor Model::gradient(const std::string& hf_name) const {
   auto alias = aliases_.find(hf_name);
   const std::string& name = alias == aliases_.end() ? hf_name : alias->second;

@@ -765,7 +765,7 @@ ExportReport export_onnx(const models::Model& model, const std::string& path, co
   report.nodes = proto.graph().node_size();
   report.initializers = static_cast<int64_t>(params.size());
   for (ValueId v : params) {  // before any file is opened: a non-finite weight is never written
-    const Tensor t = model.parameter(g.value(v).name);
+    const Tensor t = model.host_parameter(g.value(v).name);
     FT_CHECK(t.dtype() == DType::f32, "ONNX export: parameter ", g.value(v).name, " is not f32");
     const float* x = t.data_as<float>();
     for (int64_t i = 0; i < t.numel(); ++i)
@@ -778,9 +778,11 @@ ExportReport export_onnx(const models::Model& model, const std::string& path, co
   const std::string data_name = file.filename().string() + "_data";
   std::vector<io::ByteSpan> data;  // the external data file's pieces, one per initializer
   int64_t offset = 0;
+  std::vector<Tensor> held;  // downloaded copies the external data file's pieces point into (a device not host-visible)
+  held.reserve(params.size());
   for (ValueId v : params) {
     const ir::Value& value = g.value(v);
-    const Tensor t = model.parameter(value.name);
+    const Tensor& t = held.emplace_back(model.host_parameter(value.name));
     pb::TensorProto* init = proto.mutable_graph()->add_initializer();
     init->set_name(value.name);
     init->set_data_type(pb::TensorProto::FLOAT);

@@ -1092,11 +1092,10 @@ void save_onnx(const models::Model& model, const std::string& path) {
   FT_CHECK(family != nullptr, model.architecture(), " was not imported from ONNX (use fusetrain export to write its "
                                                   "graph)");
   onnx::ModelProto proto = family->proto();
-  const runtime::ParameterStore& params = model.params();
   int64_t bytes = 0;
   for (onnx::TensorProto& t : *proto.mutable_graph()->mutable_initializer()) {
     if (!family->is_param(t.name())) continue;
-    Tensor p = params.param(family->param_name(t.name()));
+    Tensor p = model.host_parameter(family->param_name(t.name()));
     std::vector<float> transposed;
     if (family->tied_transposed(t.name()) || family->out_in(t.name())) {
       const int64_t rows = p.shape()[0], cols = p.shape()[1];

@@ -395,7 +395,7 @@ py::dict state_dict(PyModel& self) {
   std::vector<Tensor> values;
   locked(self, [&] {
     names = self.model->state_dict_names();
-    for (const auto& name : names) values.push_back(f32_copy(self.model->parameter(name)));
+    for (const auto& name : names) values.push_back(f32_copy(self.model->host_parameter(name)));
   });
   return named_copies(names, values);
 }

@@ -217,6 +217,9 @@ class Model {
   /// The parameter under a Hugging Face name (a view into the flat buffer; a frozen base weight: into the frozen
   /// buffer, in bf16 when the LoRA config keeps it so).
   Tensor parameter(const std::string& hf_name) const;
+  /// parameter() in host memory: the view itself where the device is host-visible, else an owning copy downloaded
+  /// from the device (for reading weights: exports, the Python layer).
+  Tensor host_parameter(const std::string& hf_name) const;
   /// The gradient of that parameter (a view into the flat gradient buffer); Error for a frozen weight.
   Tensor gradient(const std::string& hf_name) const;
 
