@@ -106,6 +106,11 @@ class CpuDeviceBase : public Device {
     for (int64_t i = 0; i < count; ++i) std::copy_n(packed + i * width, width, table + rows[i] * width);
   }
 
+  void optimizer_update(const OptimizerUpdate& update, const OptimizerSpan& span,
+                        const StepContext& ctx) const override {
+    cpu_optimizer_update(update, span, ctx);
+  }
+
   void upload(void* device_dest, const void* host_src, size_t bytes) const override {
     if (bytes) std::memcpy(device_dest, host_src, bytes);
   }

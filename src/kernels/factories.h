@@ -14,6 +14,9 @@ std::unique_ptr<Kernel> make_ref_kernel(const KernelCall& call);
 /// movement, reductions and the loss (kernels/cpu). Null if `call` is not one of them.
 std::unique_ptr<Kernel> make_cpu_basic_kernel(const KernelCall& call);
 
+// The elementwise optimizer updates both CPU devices run (kernels/cpu/optimizer_update.cpp).
+void cpu_optimizer_update(const OptimizerUpdate& update, const OptimizerSpan& span, const StepContext& ctx);
+
 /// Tuned CPU kernels for MatMul, Linear, Attention and AttentionBackward
 /// (kernels/cpu/matmul.cpp, kernels/cpu/attention.cpp). Null for other ops.
 std::unique_ptr<Kernel> make_cpu_dense_kernel(const KernelCall& call);

@@ -6,7 +6,7 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/optim/optimizer.h"
-#include "optim/loops.h"
+#include "core/loops.h"
 
 namespace fusetrain::optim {
 namespace {

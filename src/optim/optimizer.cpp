@@ -1,64 +1,15 @@
-// Fused optimizers. Each runs one threaded loop over contiguous ranges of the
-// flat buffers (the CPU form of multi-tensor apply); the per-parameter weight
-// decay flag splits the buffer into ranges, not into per-tensor passes.
+// The optimizer interface and AdamW. An elementwise update is one Device operation per run of same-decay slots
+// (Device::optimizer_update: on the CPU one threaded loop over contiguous ranges of the flat buffers, the CPU form of
+// multi-tensor apply); the per-parameter weight decay flag splits the buffer into ranges, not per-tensor passes.
 #include <algorithm>
 #include <cmath>
 #include <utility>
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/optim/optimizer.h"
-#include "optim/loops.h"
+#include "core/loops.h"
 
 namespace fusetrain::optim {
-namespace {
-
-// The AdamW constants of one step; `decay` is 1 for parameters without weight decay.
-struct AdamWStep {
-  float scale, decay, b1, b2, one_minus_b1, one_minus_b2, step_size, bias2_sqrt, eps;
-};
-
-// One element's AdamW update, in torch's single-tensor order of operations.
-__attribute__((always_inline)) inline void adamw_element(float* __restrict p, const float* __restrict g,
-                                                         float* __restrict m, float* __restrict v, int64_t i,
-                                                         const AdamWStep& c) {
-  const float grad = g[i] * c.scale;
-  const float mi = m[i] * c.b1 + c.one_minus_b1 * grad;
-  const float vi = v[i] * c.b2 + c.one_minus_b2 * grad * grad;
-  m[i] = mi;
-  v[i] = vi;
-  p[i] = p[i] * c.decay - c.step_size * (mi / (std::sqrt(vi) / c.bias2_sqrt + c.eps));
-}
-
-// AdamW over elements [begin, end) of the flat buffers: serially for small ranges, else with the whole team. With
-// `zero`, each gradient is set to 0 once read: the next step's accumulation starts from zero without a pass of its
-// own over the buffer.
-FT_VECTOR_CLONES void adamw_range(float* __restrict p, float* __restrict g, float* __restrict m, float* __restrict v,
-                                  int64_t begin, int64_t end, const AdamWStep& k, int threads, bool zero) {
-  const AdamWStep c = k;
-  const bool serial = end - begin <= 65536 || threads <= 1;
-  if (serial && zero) {
-#pragma omp simd
-    for (int64_t i = begin; i < end; ++i) {
-      adamw_element(p, g, m, v, i, c);
-      g[i] = 0.0f;
-    }
-  } else if (serial) {
-#pragma omp simd
-    for (int64_t i = begin; i < end; ++i) adamw_element(p, g, m, v, i, c);
-  } else if (zero) {
-#pragma omp parallel for simd num_threads(threads) schedule(static)
-    for (int64_t i = begin; i < end; ++i) {
-      adamw_element(p, g, m, v, i, c);
-      g[i] = 0.0f;
-    }
-  } else {
-#pragma omp parallel for simd num_threads(threads) schedule(static)
-    for (int64_t i = begin; i < end; ++i) adamw_element(p, g, m, v, i, c);
-  }
-}
-
-}  // namespace
-
 namespace {
 
 kernels::StepContext with_threads(int num_threads) {
@@ -113,6 +64,21 @@ std::vector<Optimizer::SlotPart> Optimizer::slot_parts(size_t i) const {
     out.push_back({lo - slot.offset, hi - slot.offset, g});
   }
   return out;
+}
+
+kernels::OptimizerUpdate Optimizer::step_update(kernels::OptimizerUpdate::Kind kind, double grad_scale,
+                                                double lr) const {
+  kernels::OptimizerUpdate u;
+  u.kind = kind;
+  u.grad_scale = static_cast<float>(grad_scale);
+  u.lr = static_cast<float>(lr);
+  return u;
+}
+
+void Optimizer::run_update(const kernels::OptimizerUpdate& update) const {
+  const kernels::StepContext ctx = with_threads(num_threads_);
+  const kernels::Device& device = params_.device();
+  for_each_run([&](const Run& r) { device.optimizer_update(update, {r.p, r.g, r.begin, r.end, r.decay, r.zero}, ctx); });
 }
 
 int Optimizer::threads() const { return threads_or_default(num_threads_); }
@@ -171,21 +137,18 @@ void AdamW::update(double grad_scale, double lr) {
   const double bias1 = 1.0 - std::pow(config_.beta1, t);
   const double bias2 = 1.0 - std::pow(config_.beta2, t);
   // Same order of operations as torch's single-tensor AdamW, in f32.
-  AdamWStep k{};
-  k.b1 = static_cast<float>(config_.beta1);
-  k.b2 = static_cast<float>(config_.beta2);
-  k.one_minus_b1 = static_cast<float>(1.0 - config_.beta1);
-  k.one_minus_b2 = static_cast<float>(1.0 - config_.beta2);
-  k.eps = static_cast<float>(config_.eps);
-  k.scale = static_cast<float>(grad_scale);
-  k.step_size = static_cast<float>(lr / bias1);
-  k.bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-  const float decay = static_cast<float>(1.0 - lr * config_.weight_decay);
-  const int n = threads();
-  for_each_run([&](const Run& r) {
-    k.decay = r.decay ? decay : 1.0f;
-    adamw_range(r.p, r.g, exp_avg(), exp_avg_sq(), r.begin, r.end, k, n, r.zero);
-  });
+  kernels::OptimizerUpdate u = step_update(kernels::OptimizerUpdate::Kind::AdamW, grad_scale, lr);
+  u.beta1 = static_cast<float>(config_.beta1);
+  u.beta2 = static_cast<float>(config_.beta2);
+  u.one_minus_beta1 = static_cast<float>(1.0 - config_.beta1);
+  u.one_minus_beta2 = static_cast<float>(1.0 - config_.beta2);
+  u.eps = static_cast<float>(config_.eps);
+  u.step_size = static_cast<float>(lr / bias1);
+  u.bias2_sqrt = static_cast<float>(std::sqrt(bias2));
+  u.decay_factor = static_cast<float>(1.0 - lr * config_.weight_decay);
+  u.state[0] = exp_avg();
+  u.state[1] = exp_avg_sq();
+  run_update(u);
 }
 
 }  // namespace fusetrain::optim

@@ -11,7 +11,7 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/optim/optimizer.h"
-#include "optim/loops.h"
+#include "core/loops.h"
 
 namespace fusetrain::optim {
 namespace {
@@ -26,30 +26,11 @@ bool one_of(const std::string& name, const std::vector<std::string>& names) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-float sign(float u) { return static_cast<float>((u > 0.0f) - (u < 0.0f)); }
-
 void check_range(bool ok, const char* optimizer, const char* what, double value, const char* range) {
   FT_CHECK(ok, optimizer, ": ", what, " must be ", range, ", found ", value);
 }
 
 }  // namespace
-
-// Defined here, beside the updates that use it (their only translation unit).
-template <typename Element>
-void Optimizer::for_each_element(double grad_scale, Element&& element) const {
-  const float scale = static_cast<float>(grad_scale);
-  const int n = threads();
-  for_each_run([&](const Run& r) {
-    float* p = r.p;
-    float* g = r.g;
-    const bool zero = r.zero, decay = r.decay;
-    for_range(r.begin, r.end, n, [&](int64_t i) {
-      const float grad = g[i] * scale;
-      if (zero) g[i] = 0.0f;
-      element(p, i, grad, decay);
-    });
-  });
-}
 
 Sgd::Sgd(runtime::ParameterStore& params, SgdConfig config, Shard shard)
     : Optimizer(params, std::move(shard), config.lr), config_(config) {
@@ -66,19 +47,14 @@ std::vector<StateBuffer> Sgd::states() const {
 }
 
 void Sgd::update(double grad_scale, double lr) {
-  const float lr_f = static_cast<float>(lr), mu = static_cast<float>(config_.momentum);
-  const float damp = static_cast<float>(1.0 - config_.dampening), wd = static_cast<float>(config_.weight_decay);
-  const bool first = step_count() == 1, use_momentum = config_.momentum != 0, nesterov = config_.nesterov;
-  float* b = momentum_buffer();
-  for_each_element(grad_scale, [&](float* p, int64_t i, float grad, bool decay) {
-    grad = grad + (decay ? wd : 0.0f) * p[i];
-    if (use_momentum) {
-      const float buf = first ? grad : mu * b[i] + damp * grad;
-      b[i] = buf;
-      grad = nesterov ? grad + mu * buf : buf;
-    }
-    p[i] -= lr_f * grad;
-  });
+  kernels::OptimizerUpdate u = step_update(kernels::OptimizerUpdate::Kind::Sgd, grad_scale, lr);
+  u.momentum = static_cast<float>(config_.momentum);
+  u.one_minus_dampening = static_cast<float>(1.0 - config_.dampening);
+  u.weight_decay = static_cast<float>(config_.weight_decay);
+  u.first_step = step_count() == 1;
+  u.nesterov = config_.nesterov;
+  u.state[0] = momentum_buffer();  // null without momentum
+  run_update(u);
 }
 
 Rmsprop::Rmsprop(runtime::ParameterStore& params, RmspropConfig config, Shard shard, std::string name)
@@ -102,35 +78,16 @@ std::vector<StateBuffer> Rmsprop::states() const {
 }
 
 void Rmsprop::update(double grad_scale, double lr) {
-  const float wd = static_cast<float>(config_.weight_decay);
-  const float alpha = static_cast<float>(config_.alpha), one_minus_alpha = static_cast<float>(1.0 - config_.alpha);
-  const float eps = static_cast<float>(config_.eps), mu = static_cast<float>(config_.momentum);
-  const float neg_lr = static_cast<float>(-lr);
-  float* sq = static_cast<float*>(square_avg_.get());
-  float* buf = static_cast<float*>(momentum_.get());
-  float* ga = static_cast<float*>(grad_avg_.get());
-  const bool centered = ga != nullptr, momentum = buf != nullptr;
-  for_each_element(grad_scale, [&](float* p, int64_t i, float grad, bool decay) {
-    if (decay && wd != 0.0f) grad = grad + wd * p[i];
-    const float s = sq[i] * alpha + one_minus_alpha * grad * grad;
-    sq[i] = s;
-    float avg;
-    if (centered) {
-      const float m = ga[i] + one_minus_alpha * (grad - ga[i]);  // torch's lerp for a weight below 0.5
-      ga[i] = m;
-      avg = std::sqrt(s + -1.0f * m * m);
-    } else {
-      avg = std::sqrt(s);
-    }
-    avg = avg + eps;
-    if (momentum) {
-      const float bi = buf[i] * mu + grad / avg;
-      buf[i] = bi;
-      p[i] = p[i] + neg_lr * bi;
-    } else {
-      p[i] = p[i] + neg_lr * (grad / avg);
-    }
-  });
+  kernels::OptimizerUpdate u = step_update(kernels::OptimizerUpdate::Kind::Rmsprop, grad_scale, lr);
+  u.weight_decay = static_cast<float>(config_.weight_decay);
+  u.beta2 = static_cast<float>(config_.alpha);
+  u.one_minus_beta2 = static_cast<float>(1.0 - config_.alpha);
+  u.eps = static_cast<float>(config_.eps);
+  u.momentum = static_cast<float>(config_.momentum);
+  u.state[0] = static_cast<float*>(square_avg_.get());
+  u.state[1] = static_cast<float*>(momentum_.get());  // null without momentum
+  u.state[2] = static_cast<float*>(grad_avg_.get());  // null unless centered
+  run_update(u);
 }
 
 Adagrad::Adagrad(runtime::ParameterStore& params, AdagradConfig config, Shard shard)
@@ -147,15 +104,12 @@ Adagrad::Adagrad(runtime::ParameterStore& params, AdagradConfig config, Shard sh
 std::vector<StateBuffer> Adagrad::states() const { return {elementwise_state("sum", sum_.get())}; }
 
 void Adagrad::update(double grad_scale, double lr) {
-  const float wd = static_cast<float>(config_.weight_decay), eps = static_cast<float>(config_.eps);
-  const float neg_clr = static_cast<float>(-(lr / (1.0 + static_cast<double>(step_count() - 1) * config_.lr_decay)));
-  float* sum = static_cast<float*>(sum_.get());
-  for_each_element(grad_scale, [&](float* p, int64_t i, float grad, bool decay) {
-    if (decay && wd != 0.0f) grad = grad + wd * p[i];
-    const float s = sum[i] + grad * grad;
-    sum[i] = s;
-    p[i] = p[i] + neg_clr * (grad / (std::sqrt(s) + eps));
-  });
+  const double clr = lr / (1.0 + static_cast<double>(step_count() - 1) * config_.lr_decay);
+  kernels::OptimizerUpdate u = step_update(kernels::OptimizerUpdate::Kind::Adagrad, grad_scale, clr);
+  u.weight_decay = static_cast<float>(config_.weight_decay);
+  u.eps = static_cast<float>(config_.eps);
+  u.state[0] = static_cast<float*>(sum_.get());
+  run_update(u);
 }
 
 Lion::Lion(runtime::ParameterStore& params, LionConfig config, Shard shard, std::string name)
@@ -168,17 +122,14 @@ Lion::Lion(runtime::ParameterStore& params, LionConfig config, Shard shard, std:
 std::vector<StateBuffer> Lion::states() const { return {elementwise_state("state1", m_.get())}; }
 
 void Lion::update(double grad_scale, double lr) {
-  const float decay = static_cast<float>(1.0 - lr * config_.weight_decay);
-  const float b1 = static_cast<float>(config_.beta1), one_minus_b1 = static_cast<float>(1.0 - config_.beta1);
-  const float b2 = static_cast<float>(config_.beta2), one_minus_b2 = static_cast<float>(1.0 - config_.beta2);
-  const float neg_lr = static_cast<float>(-lr);
-  const bool decays = config_.weight_decay > 0;
-  float* m = static_cast<float*>(m_.get());
-  for_each_element(grad_scale, [&](float* p, int64_t i, float grad, bool decayed) {
-    const float u = m[i] * b1 + one_minus_b1 * grad;
-    p[i] = p[i] * (decayed && decays ? decay : 1.0f) + neg_lr * sign(u);
-    m[i] = m[i] * b2 + one_minus_b2 * grad;
-  });
+  kernels::OptimizerUpdate u = step_update(kernels::OptimizerUpdate::Kind::Lion, grad_scale, lr);
+  u.decay_factor = config_.weight_decay > 0 ? static_cast<float>(1.0 - lr * config_.weight_decay) : 1.0f;
+  u.beta1 = static_cast<float>(config_.beta1);
+  u.one_minus_beta1 = static_cast<float>(1.0 - config_.beta1);
+  u.beta2 = static_cast<float>(config_.beta2);
+  u.one_minus_beta2 = static_cast<float>(1.0 - config_.beta2);
+  u.state[0] = static_cast<float*>(m_.get());
+  run_update(u);
 }
 
 namespace {

@@ -178,20 +178,22 @@ TEST(Optimizers, ShardsUpdateTheirSegmentsAsTheWholeUpdateDoes) {
     auto reference = optim::make_optimizer(whole, spec);
     const int64_t n = whole.flat_numel(), cut = 40;  // inside "w" (51 elements), then the rest
     std::vector<optim::Segment> halves[2] = {{{0, cut}, {n / 2, n / 2 + 7}}, {{cut, n / 2}, {n / 2 + 7, n}}};
-    std::vector<std::vector<float>> shard_grads(2);
+    std::vector<kernels::DeviceBuffer> shard_grads;  // the shards' gradients: the store's device's memory
     std::vector<std::unique_ptr<optim::Optimizer>> parts;
     for (int r = 0; r < 2; ++r) {
       int64_t numel = 0;
       for (const optim::Segment& seg : halves[r]) numel += seg.end - seg.begin;
-      shard_grads[r].resize(static_cast<size_t>(numel));
-      parts.push_back(optim::make_optimizer(sharded, spec, optim::Shard{halves[r], shard_grads[r].data()}));
+      shard_grads.push_back(sharded.device().allocate(static_cast<size_t>(numel) * sizeof(float)));
+      parts.push_back(optim::make_optimizer(sharded, spec,
+                                            optim::Shard{halves[r], static_cast<float*>(shard_grads[r].get())}));
     }
     for (int t = 1; t <= 4; ++t) {
       fill_grads(whole, rng, 0.5);
       for (int r = 0; r < 2; ++r) {
         int64_t at = 0;
+        float* g = static_cast<float*>(shard_grads[static_cast<size_t>(r)].get());
         for (const optim::Segment& seg : halves[r])
-          for (int64_t k = seg.begin; k < seg.end; ++k) shard_grads[r][static_cast<size_t>(at++)] = whole.grads_data()[k];
+          for (int64_t k = seg.begin; k < seg.end; ++k) g[at++] = whole.grads_data()[k];
       }
       reference->step(0.5, 1e-2);
       for (auto& part : parts) part->step(0.5, 1e-2);

@@ -102,6 +102,20 @@ void CheckingDevice::scatter_rows(const float* packed, int64_t width, const int6
   inner_.scatter_rows(packed, width, rows, count, table, ctx);
 }
 
+void CheckingDevice::optimizer_update(const kernels::OptimizerUpdate& update, const kernels::OptimizerSpan& span,
+                                      const kernels::StepContext& ctx) const {
+  const size_t bytes = static_cast<size_t>(span.end - span.begin) * sizeof(float);
+  check(span.p + span.begin, bytes, "optimizer_update parameters");
+  check(span.g + span.begin, bytes, "optimizer_update gradients");
+  for (float* state : update.state)
+    if (state) check(state + span.begin, bytes, "optimizer_update state");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++kernel_runs_;
+  }
+  inner_.optimizer_update(update, span, ctx);
+}
+
 void CheckingDevice::upload(void* device_dest, const void* host_src, size_t bytes) const {
   check(device_dest, bytes, "upload destination");
   inner_.upload(device_dest, host_src, bytes);

@@ -71,6 +71,41 @@ struct KernelArgs {
   void* scratch = nullptr;
 };
 
+/// One step of an elementwise optimizer update, as optim::Optimizer's subclasses hand it to the Device: which update,
+/// its constants for this step (each computed once in double and rounded to f32, in the order of operations of the
+/// implementation the update reproduces) and its state buffers, indexed like the elements. Fields an update does not
+/// read are ignored.
+struct OptimizerUpdate {
+  enum class Kind : uint8_t {
+    AdamW,    ///< torch.optim.AdamW: states exp_avg, exp_avg_sq
+    Sgd,      ///< torch.optim.SGD: state momentum_buffer (with momentum)
+    Rmsprop,  ///< torch.optim.RMSprop: states square_avg, momentum_buffer (momentum > 0), grad_avg (centered)
+    Adagrad,  ///< torch.optim.Adagrad: state sum
+    Lion,     ///< bitsandbytes' 32-bit Lion: state state1
+  };
+  Kind kind = Kind::AdamW;
+  float grad_scale = 1;        ///< every gradient is read times this
+  float lr = 0;                ///< the step's learning rate (Adagrad: after its lr_decay)
+  float weight_decay = 0;      ///< coupled decay, g += wd·p (SGD, RMSprop, Adagrad)
+  float decay_factor = 1;      ///< decoupled decay, p ·= factor (AdamW, Lion), on decayed elements
+  float beta1 = 0, one_minus_beta1 = 0, beta2 = 0, one_minus_beta2 = 0;  ///< AdamW, Lion; RMSprop's alpha is beta2
+  float eps = 0;
+  float step_size = 0, bias2_sqrt = 1;  ///< AdamW: lr / (1 − β1ᵗ), √(1 − β2ᵗ)
+  float momentum = 0, one_minus_dampening = 1;  ///< SGD, RMSprop
+  bool first_step = false, nesterov = false;    ///< SGD
+  float* state[3] = {nullptr, nullptr, nullptr};
+};
+
+/// The elements [begin, end) an optimizer update walks: p[i] and g[i] are element i's parameter and gradient (the
+/// pointers shifted so that the states share the index), with weight decay or not, each gradient zeroed once read
+/// when asked (the next step's accumulation then needs no pass of its own).
+struct OptimizerSpan {
+  float* p = nullptr;
+  float* g = nullptr;
+  int64_t begin = 0, end = 0;
+  bool decay = true, zero_grads = false;
+};
+
 /// A kernel for one KernelCall. The constructor reads the call's parameters and shapes;
 /// run() does the arithmetic and must not allocate.
 class Kernel {
@@ -135,6 +170,9 @@ class Device {
   /// Copies row i of `packed` back to row rows[i] of the table, for i < count (`rows`: host memory).
   virtual void scatter_rows(const float* packed, int64_t width, const int64_t* rows, int64_t count, float* table,
                             const StepContext& ctx) const = 0;
+  /// One elementwise optimizer update of the span's elements, fused into one pass, with ctx.num_threads threads.
+  virtual void optimizer_update(const OptimizerUpdate& update, const OptimizerSpan& span,
+                                const StepContext& ctx) const = 0;
   /// Copies `bytes` of host memory into device memory from allocate() (a batch's tensors into a plan's inputs).
   virtual void upload(void* device_dest, const void* host_src, size_t bytes) const = 0;
   /// Copies `bytes` of device memory from allocate() into host memory (weights for saving, outputs).

@@ -130,11 +130,11 @@ class Optimizer {
   /// Calls `fn` for every Run of the shard, in order.
   template <typename Fn>
   void for_each_run(Fn&& fn) const;
-  /// The loop of an elementwise update: element(p, i, grad, decay) for every element i of the shard, threaded per
-  /// Run, with grad = g[i]·grad_scale read once (and g[i] zeroed when the update clears the gradients) and `decay`
-  /// the element's weight-decay flag. Defined in optimizers.cpp, where the elementwise updates are.
-  template <typename Element>
-  void for_each_element(double grad_scale, Element&& element) const;
+  /// An elementwise update of this step: `kind`, the gradients read times `grad_scale`, learning rate `lr`; the
+  /// subclass adds its constants and states.
+  kernels::OptimizerUpdate step_update(kernels::OptimizerUpdate::Kind kind, double grad_scale, double lr) const;
+  /// Has the store's Device run `update` over every Run of the shard (Device::optimizer_update).
+  void run_update(const kernels::OptimizerUpdate& update) const;
   /// The part of slot i's elements this optimizer updates, [begin, end) counted from the slot's first element, with
   /// `g` such that g[k] is element k's gradient (the store's, or the shard's under ZeRO). At most one per segment.
   struct SlotPart {

@@ -1,11 +1,12 @@
-// The element loops of the optimizers: how they are threaded and which CPU each copy is compiled for.
+// Element loops over flat buffers (the optimizers' updates, on the CPU devices): how they are threaded and which CPU
+// each copy is compiled for.
 #pragma once
 
 #include <omp.h>
 
 #include <cstdint>
 
-namespace fusetrain::optim {
+namespace fusetrain {
 
 inline int threads_or_default(int n) { return n > 0 ? n : omp_get_max_threads(); }
 
@@ -22,7 +23,7 @@ void for_range(int64_t begin, int64_t end, int threads, Fn&& fn) {
   for (int64_t i = begin; i < end; ++i) fn(i);
 }
 
-}  // namespace fusetrain::optim
+}  // namespace fusetrain
 
 // The element loops are compiled for AVX-512, AVX2 and baseline x86-64 and chosen at load time by CPU.
 #include "core/clones.h"
