@@ -64,7 +64,7 @@ void copy_into(const kernels::Device& device, const Tensor& dest, const Tensor& 
     device.upload(dest.data(), src.data(), static_cast<size_t>(src.nbytes()));
     return;
   }
-  constexpr int64_t kSlice = int64_t{1} << 20;
+  constexpr int64_t kSlice = int64_t{1} << 16;  // 256 KiB of f32: a host buffer glibc hands back
   const int64_t n = src.numel();
   const size_t item = dtype_size(src.dtype());
   std::vector<float> tmp(static_cast<size_t>(std::min(n, kSlice)));
@@ -107,34 +107,33 @@ void upload_values(const kernels::Device& device, const Tensor& dest, const std:
 }
 
 
-// Fills every parameter as the architecture initialises it, from one seeded stream.
+// Fills every parameter as the architecture initialises it, from one seeded stream: each drawn on the host a slice at
+// a time (one small buffer for the whole model, so loading keeps no weight-sized host copy) and uploaded.
 void initialise(runtime::ParameterStore& params, const Family& family, uint64_t seed) {
+  constexpr int64_t kSlice = int64_t{1} << 16;
   std::mt19937_64 rng(seed);
+  std::vector<float> slice(static_cast<size_t>(kSlice));
+  const kernels::Device& device = params.device();
   for (size_t i = 0; i < params.slots().size(); ++i) {
     const runtime::ParamSlot& slot = params.slots()[i];
-    std::vector<float> values(static_cast<size_t>(slot.numel));  // drawn on the host, then uploaded
-    float* p = values.data();
-    ParamInit init = family.init(slot.name);
-    switch (init.kind) {
-      case Init::Zeros:
-        std::fill(p, p + slot.numel, 0.0f);
-        break;
-      case Init::Ones:
-        std::fill(p, p + slot.numel, 1.0f);
-        break;
-      case Init::Normal: {
-        if (init.stddev <= 0.0) {  // normal(0, 0), as torch draws it: zeros
-          std::fill(p, p + slot.numel, 0.0f);
-          break;
-        }
-        std::normal_distribution<float> normal(0.0f, static_cast<float>(init.stddev));
-        for (int64_t k = 0; k < slot.numel; ++k) p[k] = normal(rng);
-        if (init.zero_row >= 0 && slot.shape.rank() == 2 && init.zero_row < slot.shape[0])
-          std::fill(p + init.zero_row * slot.shape[1], p + (init.zero_row + 1) * slot.shape[1], 0.0f);
-        break;
+    const ParamInit init = family.init(slot.name);
+    float* dest = params.param(i).data_as<float>();  // device memory, written only by upload
+    const bool draws = init.kind == Init::Normal && init.stddev > 0.0;  // normal(0, 0), as torch draws it: zeros
+    const float fill = init.kind == Init::Ones ? 1.0f : 0.0f;
+    std::normal_distribution<float> normal(0.0f, static_cast<float>(draws ? init.stddev : 1.0));
+    // A padding row (the embedding's pad_token_id) is zero.
+    const bool zero_row = draws && init.zero_row >= 0 && slot.shape.rank() == 2 && init.zero_row < slot.shape[0];
+    const int64_t row_begin = zero_row ? init.zero_row * slot.shape[1] : 0;
+    const int64_t row_end = zero_row ? row_begin + slot.shape[1] : 0;
+    for (int64_t begin = 0; begin < slot.numel; begin += kSlice) {
+      const int64_t count = std::min(kSlice, slot.numel - begin);
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t e = begin + k;
+        slice[static_cast<size_t>(k)] = draws ? normal(rng) : fill;
+        if (e >= row_begin && e < row_end) slice[static_cast<size_t>(k)] = 0.0f;
       }
+      device.upload(dest + begin, slice.data(), static_cast<size_t>(count) * sizeof(float));
     }
-    upload_values(params.device(), params.param(i), values);
   }
 }
 
