@@ -547,9 +547,10 @@ The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.T
               optim::Optimizer& opt = self.trainer->optimizer();
               FT_CHECK(opt.shard_numel() == params.flat_numel(),
                        "optimizer_state: this rank's optimizer holds a ZeRO shard, not every parameter's state");
-              for (const optim::StateBuffer& b : opt.states()) {
-                const uint8_t* data = static_cast<const uint8_t*>(b.data);
-                buffers.emplace_back(b, std::vector<uint8_t>(data, data + b.numel * dtype_size(b.dtype)));
+              for (const optim::StateBuffer& b : opt.states()) {  // downloaded from the Device
+                std::vector<uint8_t> host(static_cast<size_t>(b.numel) * dtype_size(b.dtype));
+                params.device().download(host.data(), b.data, host.size());
+                buffers.emplace_back(b, std::move(host));
               }
               name = opt.name();
               return opt.step_count();
@@ -620,9 +621,9 @@ The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.T
               const std::vector<optim::StateBuffer> now = opt.states();
               for (size_t k = 0; k < now.size(); ++k) {
                 const int64_t size = static_cast<int64_t>(dtype_size(now[k].dtype));
-                for (const auto& [at, values] : arrays[k])
-                  std::copy_n(static_cast<const uint8_t*>(values.data()), values.size() * size,
-                              static_cast<uint8_t*>(now[k].data) + at * size);
+                for (const auto& [at, values] : arrays[k])  // uploaded to the Device
+                  params.device().upload(static_cast<uint8_t*>(now[k].data) + at * size, values.data(),
+                                         static_cast<size_t>(values.size() * size));
               }
               opt.set_step_count(step);
             });

@@ -268,9 +268,18 @@ void Trainer::write_optimizer_state(const fs::path& staged) {
                                                     {"optimizer", opt.name()},
                                                     {"run", impl_->run_id}};
   const std::vector<optim::StateBuffer> states = opt.states();
+  // This rank's states in host memory: views on a host-visible device, downloaded copies elsewhere.
+  const kernels::Device& device = model_.params().device();
+  std::vector<std::vector<uint8_t>> copies;
+  auto host_data = [&](const optim::StateBuffer& b) -> void* {
+    if (device.host_visible()) return b.data;
+    copies.emplace_back(static_cast<size_t>(b.numel) * dtype_size(b.dtype));
+    device.download(copies.back().data(), b.data, copies.back().size());
+    return copies.back().data();
+  };
   if (!impl_->sync || impl_->sync->zero_stage() == 0) {
     std::vector<std::pair<std::string, Tensor>> tensors;
-    for (const optim::StateBuffer& b : states) tensors.emplace_back(b.name, Tensor::view(b.data, Shape{b.numel}, b.dtype));
+    for (const optim::StateBuffer& b : states) tensors.emplace_back(b.name, Tensor::view(host_data(b), Shape{b.numel}, b.dtype));
     io::save_safetensors((staged / "optimizer.safetensors").string(), tensors, metadata);
     return;
   }
@@ -287,7 +296,7 @@ void Trainer::write_optimizer_state(const fs::path& staged) {
     }
     std::vector<std::pair<std::string, Tensor>> tensors;
     for (size_t k = 0; k < states.size(); ++k) {
-      void* data = states[k].data;
+      void* data = r == 0 ? host_data(states[k]) : nullptr;
       if (!states[k].per_slot.empty()) {  // whole on every rank (Adafactor's factored moments): in shard 0 only
         if (r == 0) tensors.emplace_back(states[k].name, Tensor::view(data, Shape{states[k].numel}, states[k].dtype));
         continue;
@@ -443,8 +452,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
            n, " parameter elements");
 
   load_checkpoint_weights(model_, dir);
-  for (size_t k = 0; k < buffers.size(); ++k)
-    std::copy(loaded[k].begin(), loaded[k].end(), static_cast<uint8_t*>(buffers[k].data));
+  for (size_t k = 0; k < buffers.size(); ++k)  // into the Device's memory
+    model_.params().device().upload(buffers[k].data, loaded[k].data(), loaded[k].size());
   opt.set_step_count(optimizer_steps);
   resumed.max_steps = state_.max_steps;
   state_ = std::move(resumed);
