@@ -33,7 +33,8 @@ void copy_into(const kernels::Device& device, const Tensor& dest, const Tensor& 
 void upload_values(const kernels::Device& device, const Tensor& dest, const std::vector<float>& values);
 /// The store's trained parameters, named `prefix` + name, for writing to a file: views of the device's memory where
 /// the host reads it in place, else copies downloaded into `copies`.
-std::vector<std::pair<std::string, Tensor>> host_tensors(const runtime::ParameterStore& store, const std::string& prefix,
+std::vector<std::pair<std::string, Tensor>> host_tensors(const runtime::ParameterStore& store,
+                                                         const std::string& prefix,
                                                          std::vector<std::vector<uint8_t>>& copies);
 /// Fills every parameter as the architecture initialises it, from one seeded stream (drawn on the host, uploaded).
 void initialise(runtime::ParameterStore& params, const Family& family, uint64_t seed);

@@ -85,7 +85,8 @@ void copy_into(const kernels::Device& device, const Tensor& dest, const Tensor& 
 
 // The store's trained parameters, named `prefix` + name, for writing to a file: views of the device's memory where
 // the host reads it in place, else copies downloaded into `copies`.
-std::vector<std::pair<std::string, Tensor>> host_tensors(const runtime::ParameterStore& store, const std::string& prefix,
+std::vector<std::pair<std::string, Tensor>> host_tensors(const runtime::ParameterStore& store,
+                                                         const std::string& prefix,
                                                          std::vector<std::vector<uint8_t>>& copies) {
   std::vector<std::pair<std::string, Tensor>> out;
   const bool in_place = store.device().host_visible();

@@ -29,7 +29,8 @@ double clip_grad_norm(runtime::ParameterStore& params, double max_norm, int num_
   double norm = grad_norm(params, num_threads);
   double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0)
-    params.device().scale(params.grads_data(), static_cast<float>(coef), params.flat_numel(), with_threads(num_threads));
+    params.device().scale(params.grads_data(), static_cast<float>(coef), params.flat_numel(),
+                          with_threads(num_threads));
   return norm;
 }
 
@@ -78,7 +79,9 @@ kernels::OptimizerUpdate Optimizer::step_update(kernels::OptimizerUpdate::Kind k
 void Optimizer::run_update(const kernels::OptimizerUpdate& update) const {
   const kernels::StepContext ctx = with_threads(num_threads_);
   const kernels::Device& device = params_.device();
-  for_each_run([&](const Run& r) { device.optimizer_update(update, {r.p, r.g, r.begin, r.end, r.decay, r.zero}, ctx); });
+  for_each_run([&](const Run& r) {
+    device.optimizer_update(update, {r.p, r.g, r.begin, r.end, r.decay, r.zero}, ctx);
+  });
 }
 
 int Optimizer::threads() const { return threads_or_default(num_threads_); }

@@ -279,7 +279,8 @@ void Trainer::write_optimizer_state(const fs::path& staged) {
   };
   if (!impl_->sync || impl_->sync->zero_stage() == 0) {
     std::vector<std::pair<std::string, Tensor>> tensors;
-    for (const optim::StateBuffer& b : states) tensors.emplace_back(b.name, Tensor::view(host_data(b), Shape{b.numel}, b.dtype));
+    for (const optim::StateBuffer& b : states)
+      tensors.emplace_back(b.name, Tensor::view(host_data(b), Shape{b.numel}, b.dtype));
     io::save_safetensors((staged / "optimizer.safetensors").string(), tensors, metadata);
     return;
   }
