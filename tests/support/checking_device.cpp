@@ -86,19 +86,22 @@ void CheckingDevice::mark_nonzero_rows(const float* table, int64_t rows, int64_t
   inner_.mark_nonzero_rows(table, rows, width, flags, ctx);
 }
 
+void CheckingDevice::check_rows(const float* table, int64_t width, const int64_t* rows, int64_t count,
+                                const float* packed, const std::string& what) const {
+  check(packed, static_cast<size_t>(count * width) * sizeof(float), what + " packed rows");
+  for (int64_t i = 0; i < count; ++i)
+    check(table + rows[i] * width, static_cast<size_t>(width) * sizeof(float), what + " row");
+}
+
 void CheckingDevice::gather_rows(const float* table, int64_t width, const int64_t* rows, int64_t count,
                                  float* packed, const kernels::StepContext& ctx) const {
-  check(packed, static_cast<size_t>(count * width) * sizeof(float), "gather_rows destination");
-  for (int64_t i = 0; i < count; ++i)
-    check(table + rows[i] * width, static_cast<size_t>(width) * sizeof(float), "gather_rows row");
+  check_rows(table, width, rows, count, packed, "gather_rows");
   inner_.gather_rows(table, width, rows, count, packed, ctx);
 }
 
 void CheckingDevice::scatter_rows(const float* packed, int64_t width, const int64_t* rows, int64_t count,
                                   float* table, const kernels::StepContext& ctx) const {
-  check(packed, static_cast<size_t>(count * width) * sizeof(float), "scatter_rows source");
-  for (int64_t i = 0; i < count; ++i)
-    check(table + rows[i] * width, static_cast<size_t>(width) * sizeof(float), "scatter_rows row");
+  check_rows(table, width, rows, count, packed, "scatter_rows");
   inner_.scatter_rows(packed, width, rows, count, table, ctx);
 }
 

@@ -44,6 +44,9 @@ class CheckingDevice final : public kernels::Device {
 
   /// Throws Error unless [data, data + bytes) lies inside one live allocation; `what` names the memory.
   void check(const void* data, size_t bytes, const std::string& what) const;
+  /// check() of a width-wide table's rows rows[0..count) and of `count` packed rows.
+  void check_rows(const float* table, int64_t width, const int64_t* rows, int64_t count, const float* packed,
+                  const std::string& what) const;
   /// Allocations made, and those not yet freed.
   int64_t allocations() const;
   int64_t live_allocations() const;
