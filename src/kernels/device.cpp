@@ -111,6 +111,11 @@ class CpuDeviceBase : public Device {
     cpu_optimizer_update(update, span, ctx);
   }
 
+  void adafactor_update(const AdafactorUpdate& update, const OptimizerSpan& span,
+                        const StepContext& ctx) const override {
+    cpu_adafactor_update(update, span, ctx);
+  }
+
   void upload(void* device_dest, const void* host_src, size_t bytes) const override {
     if (bytes) std::memcpy(device_dest, host_src, bytes);
   }

@@ -16,6 +16,7 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const KernelCall& call);
 
 // The elementwise optimizer updates both CPU devices run (kernels/cpu/optimizer_update.cpp).
 void cpu_optimizer_update(const OptimizerUpdate& update, const OptimizerSpan& span, const StepContext& ctx);
+void cpu_adafactor_update(const AdafactorUpdate& update, const OptimizerSpan& span, const StepContext& ctx);
 
 /// Tuned CPU kernels for MatMul, Linear, Attention and AttentionBackward
 /// (kernels/cpu/matmul.cpp, kernels/cpu/attention.cpp). Null for other ops.

@@ -100,13 +100,24 @@ Tensor Model::parameter(const std::string& hf_name) const {
   return params_->param(name);
 }
 
-Tensor Model::host_parameter(const std::string& hf_name) const {
-  const Tensor view = parameter(hf_name);
-  const kernels::Device& device = params_->device();
+namespace {
+
+// `view` (the device's memory) for the host to read: itself where the device is host-visible, else a downloaded copy.
+Tensor host_readable(const Tensor& view, const kernels::Device& device) {
   if (device.host_visible()) return view;
   Tensor copy = Tensor::zeros(view.shape(), view.dtype());
   device.download(copy.data(), view.data(), view.nbytes());
   return copy;
+}
+
+}  // namespace
+
+Tensor Model::host_parameter(const std::string& hf_name) const {
+  return host_readable(parameter(hf_name), params_->device());
+}
+
+Tensor Model::host_gradient(const std::string& hf_name) const {
+  return host_readable(gradient(hf_name), params_->device());
 }
 
 Tensor Model::gradient(const std::string& hf_name) const {
@@ -264,9 +275,9 @@ PreferenceStats preference_stats(runtime::Plan& plan, const std::vector<ir::Valu
                                  const Tensor& shifted) {
   const int64_t B = spec.batch, T = spec.seq;
   PreferenceStats s;
-  const Tensor logps = plan.output(metrics[0]);
+  const Tensor logps = plan.read_output(metrics[0]);
   const int64_t* labels = shifted.data_as<int64_t>();
-  const float* rows = metrics.size() > 1 ? plan.output(metrics[1]).data_as<float>() : nullptr;
+  const float* rows = metrics.size() > 1 ? plan.read_output(metrics[1]).data_as<float>() : nullptr;
   const float* ref = spec.reference ? nullptr : plan.staging(InputNames::ref_logps).data_as<float>();
   for (int64_t b = 0; b < B; ++b) {
     s.logps.push_back(logps.item(b));
@@ -444,10 +455,10 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
   last_pass_log_ = &program.log;
   ModelOutput out;
   if (!with_backward && logits != ir::kNone) {
-    out.logits = plan.output(logits);
-    if (program.roles.outputs.size() > 1) out.end_logits = plan.output(program.roles.outputs[1]);
+    out.logits = plan.read_output(logits);
+    if (program.roles.outputs.size() > 1) out.end_logits = plan.read_output(program.roles.outputs[1]);
   }
-  if (program.roles.loss != ir::kNone) out.loss = plan.output(program.roles.loss).item();
+  if (program.roles.loss != ir::kNone) out.loss = plan.read_output(program.roles.loss).item();
   if (spec.preference) {
     out.preference = preference_stats(plan, program.roles.metrics, spec, plan.staging(InputNames::labels));
     if (!reference) last_preference_stats_ = out.preference;
@@ -455,7 +466,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     return out;
   }
   if (!program.roles.metrics.empty()) {
-    const Tensor stats = plan.output(program.roles.metrics[0]);
+    const Tensor stats = plan.read_output(program.roles.metrics[0]);
     out.token_stats = TokenStats{stats.item(0), stats.item(1), stats.item(2)};
   }
   last_token_stats_ = out.token_stats;

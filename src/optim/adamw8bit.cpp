@@ -1,31 +1,13 @@
-// 8-bit AdamW: bitsandbytes' blockwise-quantised moments, one fused pass per block (dequantize, update, requantize).
+// 8-bit AdamW: bitsandbytes' blockwise-quantised moments, laid out per parameter; the Device runs the update, one
+// fused pass per block (dequantize, update, requantize).
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <utility>
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/optim/optimizer.h"
-#include "core/loops.h"
 
 namespace fusetrain::optim {
-namespace {
-
-// The decision boundaries of a sorted code map: bounds[i] is the midpoint of codes i and i + 1, bounds[255] +inf.
-void code_bounds(const float* code, float* bounds) {
-  for (int i = 0; i + 1 < 256; ++i) bounds[i] = (code[i] + code[i + 1]) / 2.0f;
-  bounds[255] = std::numeric_limits<float>::infinity();
-}
-
-// The index of the code nearest x (the lower one on a tie): how many boundaries lie below x, by a branchless
-// binary search over the 256 sorted boundaries.
-inline uint8_t nearest_code(const float* __restrict bounds, float x) {
-  int i = 0;
-  for (int step = 128; step >= 1; step >>= 1) i += bounds[i + step - 1] < x ? step : 0;
-  return static_cast<uint8_t>(i);
-}
-
-}  // namespace
 
 std::vector<float> AdamW8bit::dynamic_map(bool is_signed) {
   // bitsandbytes' create_dynamic_map(signed, max_exponent_bits=7, total_bits=8): for exponent i = 0..6 the midpoints
@@ -85,8 +67,8 @@ AdamW8bit::AdamW8bit(runtime::ParameterStore& params, AdamWConfig config, Shard 
   qmap1_ = buffer(256, sizeof(float));
   qmap2_ = buffer(256, sizeof(float));
   const std::vector<float> map1 = dynamic_map(true), map2 = dynamic_map(false);
-  std::copy(map1.begin(), map1.end(), static_cast<float*>(qmap1_.get()));
-  std::copy(map2.begin(), map2.end(), static_cast<float*>(qmap2_.get()));
+  params.device().upload(qmap1_.get(), map1.data(), map1.size() * sizeof(float));
+  params.device().upload(qmap2_.get(), map2.data(), map2.size() * sizeof(float));
 }
 
 std::vector<StateBuffer> AdamW8bit::states() const {
@@ -120,78 +102,44 @@ void AdamW8bit::update(double grad_scale, double lr) {
   const double t = static_cast<double>(step_count());
   const double correction1 = 1.0 - std::pow(config_.beta1, t);
   const double correction2 = std::sqrt(1.0 - std::pow(config_.beta2, t));
-  const float scale = static_cast<float>(grad_scale);
-  const float b1 = static_cast<float>(config_.beta1), b2 = static_cast<float>(config_.beta2);
-  const float one_minus_b1 = static_cast<float>(1.0 - config_.beta1);
-  const float one_minus_b2 = static_cast<float>(1.0 - config_.beta2);
-  const float eps = static_cast<float>(config_.eps), c2 = static_cast<float>(correction2);
-  const float decay = static_cast<float>(1.0 - lr * config_.weight_decay);
-  const float step_8bit = static_cast<float>(-lr / correction1);                   // the blockwise update's
-  const float step_32bit = static_cast<float>(-lr * correction2 / correction1);    // the 32-bit update's
-  const float eps_32bit = static_cast<float>(config_.eps * correction2);
-  const float* map1 = static_cast<const float*>(qmap1_.get());
-  const float* map2 = static_cast<const float*>(qmap2_.get());
-  float bounds1[256], bounds2[256];
-  code_bounds(map1, bounds1);
-  code_bounds(map2, bounds2);
-  const int n = threads();
+  kernels::OptimizerUpdate u;
+  u.grad_scale = static_cast<float>(grad_scale);
+  u.beta1 = static_cast<float>(config_.beta1);
+  u.beta2 = static_cast<float>(config_.beta2);
+  u.one_minus_beta1 = static_cast<float>(1.0 - config_.beta1);
+  u.one_minus_beta2 = static_cast<float>(1.0 - config_.beta2);
+  u.decay_factor = static_cast<float>(1.0 - lr * config_.weight_decay);
+  // The blockwise update's constants, and the 32-bit update's (its own order of operations).
+  kernels::OptimizerUpdate eight = u, full = u;
+  eight.kind = kernels::OptimizerUpdate::Kind::AdamW8bit;
+  eight.step_size = static_cast<float>(lr / correction1);
+  eight.bias2_sqrt = static_cast<float>(correction2);
+  eight.eps = static_cast<float>(config_.eps);
+  eight.code_map[0] = static_cast<const float*>(qmap1_.get());
+  eight.code_map[1] = static_cast<const float*>(qmap2_.get());
+  full.kind = kernels::OptimizerUpdate::Kind::AdamWBnb;
+  full.step_size = static_cast<float>(lr * correction2 / correction1);
+  full.eps = static_cast<float>(config_.eps * correction2);
+  kernels::StepContext ctx;
+  ctx.num_threads = threads();
+  const kernels::Device& device = params_.device();
   const bool zero = zero_grads_on();
   const std::vector<runtime::ParamSlot>& slots = params_.slots();
   for (size_t i = 0; i < slots.size(); ++i) {
     const runtime::ParamSlot& slot = slots[i];
-    float* p = params_.params_data() + slot.offset;
-    float* g = params_.grads_data() + slot.offset;
-    const int64_t numel = slot.numel;
-    const bool decays = slot.weight_decay && config_.weight_decay > 0;
+    const kernels::OptimizerSpan span{params_.params_data() + slot.offset, params_.grads_data() + slot.offset, 0,
+                                      slot.numel, slot.weight_decay && config_.weight_decay > 0, zero};
     if (code_at_[i] < 0) {
-      float* m = static_cast<float*>(m32_.get()) + f32_at_[i];
-      float* v = static_cast<float*>(v32_.get()) + f32_at_[i];
-      for_range(0, numel, n, [&](int64_t k) {
-        const float grad = g[k] * scale;
-        if (zero) g[k] = 0.0f;
-        const float mk = m[k] * b1 + one_minus_b1 * grad;
-        const float vk = v[k] * b2 + one_minus_b2 * grad * grad;
-        m[k] = mk;
-        v[k] = vk;
-        const float pk = decays ? p[k] * decay : p[k];
-        p[k] = pk + step_32bit * (mk / (std::sqrt(vk) + eps_32bit));
-      });
+      full.state[0] = static_cast<float*>(m32_.get()) + f32_at_[i];
+      full.state[1] = static_cast<float*>(v32_.get()) + f32_at_[i];
+      device.optimizer_update(full, span, ctx);
       continue;
     }
-    uint8_t* s1 = static_cast<uint8_t*>(state1_.get()) + code_at_[i];
-    uint8_t* s2 = static_cast<uint8_t*>(state2_.get()) + code_at_[i];
-    float* a1 = static_cast<float*>(absmax1_.get()) + absmax_at_[i];
-    float* a2 = static_cast<float*>(absmax2_.get()) + absmax_at_[i];
-    const int64_t blocks = (numel + kBlock - 1) / kBlock;
-#pragma omp parallel for num_threads(n) schedule(static) if (blocks > 64)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t lo = b * kBlock, len = std::min(kBlock, numel - lo);
-      float m[kBlock], v[kBlock];
-      const float scale1 = a1[b], scale2 = a2[b];
-      float max1 = 0.0f, max2 = 0.0f;
-      for (int64_t k = 0; k < len; ++k) {
-        const int64_t e = lo + k;
-        const float grad = g[e] * scale;
-        if (zero) g[e] = 0.0f;
-        const float mk = map1[s1[e]] * scale1 * b1 + one_minus_b1 * grad;
-        const float vk = map2[s2[e]] * scale2 * b2 + one_minus_b2 * grad * grad;
-        const float pk = decays ? p[e] * decay : p[e];
-        p[e] = pk + step_8bit * (mk / (std::sqrt(vk) / c2 + eps));
-        m[k] = mk;
-        v[k] = vk;
-        max1 = std::max(max1, std::fabs(mk));
-        max2 = std::max(max2, std::fabs(vk));
-      }
-      a1[b] = max1;
-      a2[b] = max2;
-      // A block of zeros keeps scale 0 (every code then reads 0); bitsandbytes divides by the scale.
-      const float d1 = std::max(max1, std::numeric_limits<float>::min());
-      const float d2 = std::max(max2, std::numeric_limits<float>::min());
-      for (int64_t k = 0; k < len; ++k) {
-        s1[lo + k] = nearest_code(bounds1, m[k] / d1);
-        s2[lo + k] = nearest_code(bounds2, v[k] / d2);
-      }
-    }
+    eight.codes[0] = static_cast<uint8_t*>(state1_.get()) + code_at_[i];
+    eight.codes[1] = static_cast<uint8_t*>(state2_.get()) + code_at_[i];
+    eight.absmax[0] = static_cast<float*>(absmax1_.get()) + absmax_at_[i];
+    eight.absmax[1] = static_cast<float*>(absmax2_.get()) + absmax_at_[i];
+    device.optimizer_update(eight, span, ctx);
   }
 }
 

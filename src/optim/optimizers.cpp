@@ -171,16 +171,16 @@ Adafactor::Adafactor(runtime::ParameterStore& params, AdafactorConfig config, Sh
       squares_ += slot.numel;
     }
   }
-  // The step's scratch, sized once.
-  stats_.resize(static_cast<size_t>(rows_ + cols_ + squares_));
-  factor_rows_.resize(static_cast<size_t>(rows_));
-  update_squares_.resize(params.slots().size());
-  auto buffer = [&](int64_t n) {
-    return params.device().allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float));
+  auto buffer = [&](int64_t n, size_t bytes) {  // zeroed, the store's device's memory
+    return params.device().allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * bytes);
   };
-  row_ = buffer(rows_);
-  col_ = buffer(cols_);
-  sq_ = buffer(squares_);
+  row_ = buffer(rows_, sizeof(float));
+  col_ = buffer(cols_, sizeof(float));
+  sq_ = buffer(squares_, sizeof(float));
+  // The step's scratch, sized once.
+  stats_ = buffer(rows_ + cols_ + squares_, sizeof(double));
+  factor_rows_ = buffer(rows_, sizeof(float));
+  update_squares_ = buffer(static_cast<int64_t>(params.slots().size()), sizeof(double));
 }
 
 std::vector<StateBuffer> Adafactor::states() const {
@@ -206,161 +206,75 @@ std::vector<StateBuffer> Adafactor::states() const {
   return out;
 }
 
-namespace {
-
-// Calls fn(start, stop, br, col0) for each row piece of a factored parameter's elements [begin, end): elements
-// [start, stop) lie in row br (batch × rows index) from column col0 on.
-template <typename Fn>
-void for_each_row_piece(int64_t begin, int64_t end, int64_t cols, Fn&& fn) {
-  for (int64_t start = begin; start < end;) {
-    const int64_t br = start / cols;
-    const int64_t stop = std::min(end, (br + 1) * cols);
-    fn(start, stop, br, start - br * cols);
-    start = stop;
+kernels::AdafactorUpdate Adafactor::slot_update(size_t i, double grad_scale, double lr) const {
+  const double beta2t = 1.0 - std::pow(static_cast<double>(step_count()), config_.decay_rate);
+  kernels::AdafactorUpdate u;
+  u.grad_scale = static_cast<float>(grad_scale);
+  u.eps = static_cast<float>(config_.eps);
+  u.beta2t = static_cast<float>(beta2t);
+  u.one_minus_beta2t = static_cast<float>(1.0 - beta2t);
+  u.lr = static_cast<float>(lr);
+  u.decay = static_cast<float>(-config_.weight_decay * lr);
+  u.clip_threshold = static_cast<float>(config_.clip_threshold);
+  const runtime::ParamSlot& slot = params_.slots()[i];
+  u.numel = slot.numel;
+  double* stats = static_cast<double*>(stats_.get());
+  u.update_squares = static_cast<double*>(update_squares_.get()) + i;
+  if (sq_at_[i] >= 0) {
+    u.square = static_cast<float*>(sq_.get()) + sq_at_[i];
+    u.new_square = stats + rows_ + cols_ + sq_at_[i];
+    return u;
   }
+  const Factored f = factored(slot.shape);
+  u.batch = f.batch;
+  u.rows = f.rows;
+  u.cols = f.cols;
+  u.row = static_cast<float*>(row_.get()) + row_at_[i];
+  u.col = static_cast<float*>(col_.get()) + col_at_[i];
+  u.row_sums = stats + row_at_[i];
+  u.col_sums = stats + rows_ + col_at_[i];
+  u.row_factor = static_cast<float*>(factor_rows_.get()) + row_at_[i];
+  return u;
 }
-
-}  // namespace
 
 void Adafactor::update(double grad_scale, double lr) {
   FT_CHECK(!sharded() || all_reduce_, "Adafactor over a ZeRO shard needs the ranks' sums (set_all_reduce)");
-  const float scale = static_cast<float>(grad_scale), eps = static_cast<float>(config_.eps);
-  const double beta2t_d = 1.0 - std::pow(static_cast<double>(step_count()), config_.decay_rate);
-  const float beta2t = static_cast<float>(beta2t_d), one_minus = static_cast<float>(1.0 - beta2t_d);
-  const float lr_f = static_cast<float>(lr), decay = static_cast<float>(-config_.weight_decay * lr);
-  const float clip = static_cast<float>(config_.clip_threshold);
+  using Phase = kernels::AdafactorUpdate::Phase;
+  const kernels::Device& device = params_.device();
+  kernels::StepContext ctx;
+  ctx.num_threads = threads();
   const std::vector<runtime::ParamSlot>& slots = params_.slots();
-  float* rows = static_cast<float*>(row_.get());
-  float* cols = static_cast<float*>(col_.get());
-  float* squares = static_cast<float*>(sq_.get());
-  const int n = threads();
   const bool zero = zero_grads_on();
-  // 1. This optimizer's elements' share of each parameter's statistics (0 elsewhere): a factored parameter's row and
-  // column sums of u = g² + ε, a vector's new moving average of u. Summed over ranks under ZeRO.
-  double* row_sums = stats_.data();
-  double* col_sums = row_sums + rows_;
-  double* new_squares = col_sums + cols_;
-  std::fill(stats_.begin(), stats_.end(), 0.0);
-  for (size_t i = 0; i < slots.size(); ++i) {
-    for (const SlotPart& part : slot_parts(i)) {
-      const float* g = part.g;
-      if (sq_at_[i] >= 0) {
-        const float* v = squares + sq_at_[i];
-        double* out = new_squares + sq_at_[i];
-#pragma omp parallel for num_threads(n) schedule(static) if (part.end - part.begin > 65536)
-        for (int64_t k = part.begin; k < part.end; ++k) {
-          const float grad = g[k] * scale;
-          out[k] = v[k] * beta2t + one_minus * (grad * grad + eps);
-        }
+  // Runs `phase` over each part of every parameter this optimizer updates (once per parameter for States).
+  auto run = [&](Phase phase) {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      kernels::AdafactorUpdate u = slot_update(i, grad_scale, lr);
+      u.phase = phase;
+      float* p = params_.params_data() + slots[i].offset;
+      if (phase == Phase::States) {
+        device.adafactor_update(u, {p, nullptr, 0, 0, slots[i].weight_decay, false}, ctx);
         continue;
       }
-      const Factored f = factored(slots[i].shape);
-      double* rs = row_sums + row_at_[i];
-      double* cs = col_sums + col_at_[i];
-      for_each_row_piece(part.begin, part.end, f.cols, [&](int64_t start, int64_t stop, int64_t br, int64_t col0) {
-        double* c = cs + (br / f.rows) * f.cols + col0 - start;
-        double sum = 0;
-        for (int64_t k = start; k < stop; ++k) {
-          const float grad = g[k] * scale;
-          const float u = grad * grad + eps;
-          sum += u;
-          c[k] += u;
-        }
-        rs[br] += sum;
-      });
+      for (const SlotPart& part : slot_parts(i))
+        device.adafactor_update(u, {p, part.g, part.begin, part.end, slots[i].weight_decay, zero}, ctx);
     }
-  }
-  if (all_reduce_) all_reduce_(stats_.data(), static_cast<int64_t>(stats_.size()));
-  // 2. The states from the statistics (the same on every rank), and each factored row's factor rsqrt(R / mean(R)).
-  for (size_t i = 0; i < slots.size(); ++i) {
-    if (sq_at_[i] >= 0) {
-      float* v = squares + sq_at_[i];
-      const double* from = new_squares + sq_at_[i];
-      for (int64_t k = 0; k < slots[i].numel; ++k) v[k] = static_cast<float>(from[k]);
-      continue;
-    }
-    const Factored f = factored(slots[i].shape);
-    for (int64_t b = 0; b < f.batch; ++b) {
-      float* rb = rows + row_at_[i] + b * f.rows;
-      float* cb = cols + col_at_[i] + b * f.cols;
-      const double* rs = row_sums + row_at_[i] + b * f.rows;
-      const double* cs = col_sums + col_at_[i] + b * f.cols;
-      for (int64_t row = 0; row < f.rows; ++row)
-        rb[row] = rb[row] * beta2t + one_minus * static_cast<float>(rs[row] / static_cast<double>(f.cols));
-      for (int64_t k = 0; k < f.cols; ++k)
-        cb[k] = cb[k] * beta2t + one_minus * static_cast<float>(cs[k] / static_cast<double>(f.rows));
-      double row_total = 0;
-      for (int64_t row = 0; row < f.rows; ++row) row_total += rb[row];
-      const float row_mean = static_cast<float>(row_total / static_cast<double>(f.rows));
-      float* fr = factor_rows_.data() + row_at_[i] + b * f.rows;
-      for (int64_t row = 0; row < f.rows; ++row) fr[row] = 1.0f / std::sqrt(rb[row] / row_mean);
-    }
-  }
-  // 3. The sum of squares of each parameter's update before clipping, u_k = f_k · g_k (f: the inverse root of the
-  // second-moment estimate), over this optimizer's elements; summed over ranks under ZeRO.
-  std::fill(update_squares_.begin(), update_squares_.end(), 0.0);
-  for (size_t i = 0; i < slots.size(); ++i) {
-    double u_squares = 0;
-    for (const SlotPart& part : slot_parts(i)) {
-      const float* g = part.g;
-      if (sq_at_[i] >= 0) {
-        const float* v = squares + sq_at_[i];
-#pragma omp parallel for num_threads(n) reduction(+ : u_squares) schedule(static) if (part.end - part.begin > 65536)
-        for (int64_t k = part.begin; k < part.end; ++k) {
-          const float u = 1.0f / std::sqrt(v[k]) * (g[k] * scale);
-          u_squares += static_cast<double>(u) * u;
-        }
-        continue;
-      }
-      const Factored f = factored(slots[i].shape);
-      const float* c = cols + col_at_[i];
-      const float* fr = factor_rows_.data() + row_at_[i];
-      for_each_row_piece(part.begin, part.end, f.cols, [&](int64_t start, int64_t stop, int64_t br, int64_t col0) {
-        const float* cb = c + (br / f.rows) * f.cols + col0 - start;
-        for (int64_t k = start; k < stop; ++k) {
-          const float u = fr[br] * (1.0f / std::sqrt(cb[k])) * (g[k] * scale);
-          u_squares += static_cast<double>(u) * u;
-        }
-      });
-    }
-    update_squares_[i] = u_squares;
-  }
-  if (all_reduce_) all_reduce_(update_squares_.data(), static_cast<int64_t>(update_squares_.size()));
+  };
+  // 1. This optimizer's elements' share of each parameter's statistics (0 elsewhere), summed over ranks under ZeRO.
+  const size_t stat_count = static_cast<size_t>(rows_ + cols_ + squares_);
+  double* stats = static_cast<double*>(stats_.get());
+  double* update_squares = static_cast<double*>(update_squares_.get());
+  device.zero(stats, stat_count * sizeof(double), ctx);
+  run(Phase::Statistics);
+  if (all_reduce_) all_reduce_(stats, static_cast<int64_t>(stat_count));
+  // 2. The states from the statistics (the same on every rank), and each factored row's factor.
+  run(Phase::States);
+  // 3. The sum of squares of each parameter's update before clipping over this optimizer's elements; summed over
+  // ranks under ZeRO.
+  device.zero(update_squares, slots.size() * sizeof(double), ctx);
+  run(Phase::UpdateSquares);
+  if (all_reduce_) all_reduce_(update_squares, static_cast<int64_t>(slots.size()));
   // 4. The clipped update of this optimizer's elements.
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const runtime::ParamSlot& slot = slots[i];
-    float* p = params_.params_data() + slot.offset;
-    const float rms = static_cast<float>(std::sqrt(update_squares_[i]) / std::sqrt(static_cast<double>(slot.numel)));
-    const float divisor = std::max(rms / clip, 1.0f);
-    const bool decays = slot.weight_decay && config_.weight_decay != 0;
-    for (const SlotPart& part : slot_parts(i)) {
-      float* g = part.g;
-      auto apply = [&](int64_t k, float factor) {
-        const float grad = g[k] * scale;
-        if (zero) g[k] = 0.0f;
-        const float u = factor * grad / divisor * lr_f;
-        float pk = p[k];
-        if (decays) pk = pk + decay * pk;
-        p[k] = pk - u;
-      };
-      if (sq_at_[i] >= 0) {
-        const float* v = squares + sq_at_[i];
-#pragma omp parallel for num_threads(n) schedule(static) if (part.end - part.begin > 65536)
-        for (int64_t k = part.begin; k < part.end; ++k) apply(k, 1.0f / std::sqrt(v[k]));
-        continue;
-      }
-      const Factored f = factored(slot.shape);
-      const float* c = cols + col_at_[i];
-      const float* fr = factor_rows_.data() + row_at_[i];
-      const int64_t first_row = part.begin / f.cols, last_row = (part.end + f.cols - 1) / f.cols;
-#pragma omp parallel for num_threads(n) schedule(static) if (last_row - first_row > 64)
-      for (int64_t br = first_row; br < last_row; ++br) {
-        const int64_t start = std::max(part.begin, br * f.cols), stop = std::min(part.end, (br + 1) * f.cols);
-        const float* cb = c + (br / f.rows) * f.cols - br * f.cols;
-        for (int64_t k = start; k < stop; ++k) apply(k, fr[br] * (1.0f / std::sqrt(cb[k])));
-      }
-    }
-  }
+  run(Phase::Apply);
 }
 
 // ------------------------------------------------------------------ choosing one by transformers' name

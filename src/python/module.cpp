@@ -379,7 +379,7 @@ py::tuple loss_and_grads(PyModel& self, const PreparedBatch& prepared) {
   double loss = locked(self, [&] {
     double value = self.model->loss_and_grads(prepared.batch, self.training);
     names = self.model->trainable_names();
-    for (const auto& name : names) grads.push_back(self.model->gradient(name).clone());
+    for (const auto& name : names) grads.push_back(self.model->host_gradient(name).clone());
     return value;
   });
   return py::make_tuple(loss, named_copies(names, grads));

@@ -256,4 +256,13 @@ Tensor Plan::output(ValueId value) const {
   return value_tensors_[static_cast<size_t>(value)];
 }
 
+Tensor Plan::read_output(ValueId value) {
+  const Tensor out = output(value);
+  if (device_->host_visible()) return out;
+  std::vector<std::byte>& mirror = output_mirrors_[value];
+  mirror.resize(out.nbytes());
+  device_->download(mirror.data(), out.data(), out.nbytes());
+  return Tensor::view(mirror.data(), out.shape(), out.dtype());
+}
+
 }  // namespace fusetrain::runtime

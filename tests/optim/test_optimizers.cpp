@@ -301,7 +301,7 @@ TEST(Adafactor, ShardsSumTheirStatisticsToTheWholeUpdate) {
   const std::vector<std::vector<optim::Segment>> shards{{{0, 23}}, {{23, v0 + 4}}, {{v0 + 4, n}}};
   constexpr int kRanks = 3;
   std::vector<std::unique_ptr<runtime::ParameterStore>> stores;
-  std::vector<std::vector<float>> grads(kRanks);
+  std::vector<kernels::DeviceBuffer> grads;  // the shards' gradients: the store's device's memory
   std::vector<std::unique_ptr<optim::Adafactor>> ranks;
   // The reduction: each rank adds its values into a shared sum; the last to arrive wakes the others.
   std::mutex mutex;
@@ -327,9 +327,11 @@ TEST(Adafactor, ShardsSumTheirStatisticsToTheWholeUpdate) {
   for (int r = 0; r < kRanks; ++r) {
     stores.push_back(std::make_unique<runtime::ParameterStore>(shapes));
     std::copy_n(whole.params_data(), n, stores[r]->params_data());
-    grads[r].resize(static_cast<size_t>(shards[r][0].end - shards[r][0].begin));
-    ranks.push_back(std::make_unique<optim::Adafactor>(*stores[r], optim::AdafactorConfig{.lr = 0.05,
-                                                       .weight_decay = 0.1}, optim::Shard{shards[r], grads[r].data()}));
+    grads.push_back(stores[r]->device().allocate(
+        static_cast<size_t>(shards[r][0].end - shards[r][0].begin) * sizeof(float)));
+    ranks.push_back(std::make_unique<optim::Adafactor>(
+        *stores[r], optim::AdafactorConfig{.lr = 0.05, .weight_decay = 0.1},
+        optim::Shard{shards[r], static_cast<float*>(grads[static_cast<size_t>(r)].get())}));
     ranks[r]->set_all_reduce(all_reduce);
     ranks[r]->set_num_threads(1);
   }
@@ -338,7 +340,8 @@ TEST(Adafactor, ShardsSumTheirStatisticsToTheWholeUpdate) {
   for (int t = 1; t <= 5; ++t) {
     fill_grads(whole, rng, t == 2 ? 50.0 : 0.3);  // step 2's update is clipped
     for (int r = 0; r < kRanks; ++r)
-      std::copy(whole.grads_data() + shards[r][0].begin, whole.grads_data() + shards[r][0].end, grads[r].begin());
+      std::copy(whole.grads_data() + shards[r][0].begin, whole.grads_data() + shards[r][0].end,
+                static_cast<float*>(grads[static_cast<size_t>(r)].get()));
     std::vector<std::thread> threads;
     for (int r = 0; r < kRanks; ++r) threads.emplace_back([&, r] { ranks[r]->step(); });
     for (std::thread& thread : threads) thread.join();

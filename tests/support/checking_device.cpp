@@ -112,11 +112,49 @@ void CheckingDevice::optimizer_update(const kernels::OptimizerUpdate& update, co
   check(span.g + span.begin, bytes, "optimizer_update gradients");
   for (float* state : update.state)
     if (state) check(state + span.begin, bytes, "optimizer_update state");
+  if (update.kind == kernels::OptimizerUpdate::Kind::AdamW8bit) {
+    const int64_t block = kernels::OptimizerUpdate::kQuantBlock;
+    const int64_t first = span.begin / block, blocks = (span.end + block - 1) / block - first;
+    for (int m = 0; m < 2; ++m) {
+      check(update.codes[m] + span.begin, static_cast<size_t>(span.end - span.begin), "optimizer_update codes");
+      check(update.absmax[m] + first, static_cast<size_t>(blocks) * sizeof(float), "optimizer_update absmax");
+      check(update.code_map[m], 256 * sizeof(float), "optimizer_update code map");
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++kernel_runs_;
   }
   inner_.optimizer_update(update, span, ctx);
+}
+
+void CheckingDevice::adafactor_update(const kernels::AdafactorUpdate& update, const kernels::OptimizerSpan& span,
+                                      const kernels::StepContext& ctx) const {
+  using Phase = kernels::AdafactorUpdate::Phase;
+  const auto floats = [](int64_t n) { return static_cast<size_t>(n) * sizeof(float); };
+  const auto doubles = [](int64_t n) { return static_cast<size_t>(n) * sizeof(double); };
+  if (update.phase != Phase::States) {
+    check(span.g + span.begin, floats(span.end - span.begin), "adafactor_update gradients");
+    if (update.phase == Phase::Apply)
+      check(span.p + span.begin, floats(span.end - span.begin), "adafactor_update parameters");
+  }
+  if (update.rows == 0) {
+    check(update.square, floats(update.numel), "adafactor_update state");
+    check(update.new_square, doubles(update.numel), "adafactor_update statistics");
+  } else {
+    const int64_t rows = update.batch * update.rows, cols = update.batch * update.cols;
+    check(update.row, floats(rows), "adafactor_update row state");
+    check(update.col, floats(cols), "adafactor_update column state");
+    check(update.row_sums, doubles(rows), "adafactor_update row sums");
+    check(update.col_sums, doubles(cols), "adafactor_update column sums");
+    check(update.row_factor, floats(rows), "adafactor_update row factors");
+  }
+  check(update.update_squares, sizeof(double), "adafactor_update update sum");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++kernel_runs_;
+  }
+  inner_.adafactor_update(update, span, ctx);
 }
 
 void CheckingDevice::upload(void* device_dest, const void* host_src, size_t bytes) const {

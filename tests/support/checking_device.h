@@ -39,6 +39,8 @@ class CheckingDevice final : public kernels::Device {
                     const kernels::StepContext& ctx) const override;
   void optimizer_update(const kernels::OptimizerUpdate& update, const kernels::OptimizerSpan& span,
                         const kernels::StepContext& ctx) const override;
+  void adafactor_update(const kernels::AdafactorUpdate& update, const kernels::OptimizerSpan& span,
+                        const kernels::StepContext& ctx) const override;
   void upload(void* device_dest, const void* host_src, size_t bytes) const override;
   void download(void* host_dest, const void* device_src, size_t bytes) const override;
 

@@ -82,7 +82,11 @@ struct OptimizerUpdate {
     Rmsprop,  ///< torch.optim.RMSprop: states square_avg, momentum_buffer (momentum > 0), grad_avg (centered)
     Adagrad,  ///< torch.optim.Adagrad: state sum
     Lion,     ///< bitsandbytes' 32-bit Lion: state state1
+    AdamW8bit,  ///< bitsandbytes' blockwise 8-bit AdamW: codes, absmax and code_map (the span starts a block)
+    AdamWBnb,   ///< bitsandbytes' 32-bit AdamW (its order of operations, ε·√(1 − β2ᵗ)): states state1, state2
   };
+  /// The elements one 8-bit block holds, each block scaled by its largest magnitude (bitsandbytes' blocksize).
+  static constexpr int64_t kQuantBlock = 256;
   Kind kind = Kind::AdamW;
   float grad_scale = 1;        ///< every gradient is read times this
   float lr = 0;                ///< the step's learning rate (Adagrad: after its lr_decay)
@@ -90,10 +94,44 @@ struct OptimizerUpdate {
   float decay_factor = 1;      ///< decoupled decay, p ·= factor (AdamW, Lion), on decayed elements
   float beta1 = 0, one_minus_beta1 = 0, beta2 = 0, one_minus_beta2 = 0;  ///< AdamW, Lion; RMSprop's alpha is beta2
   float eps = 0;
-  float step_size = 0, bias2_sqrt = 1;  ///< AdamW: lr / (1 − β1ᵗ), √(1 − β2ᵗ)
+  float step_size = 0, bias2_sqrt = 1;  ///< AdamW, AdamW8bit: lr / (1 − β1ᵗ), √(1 − β2ᵗ); AdamWBnb: lr·√(1 − β2ᵗ) /
+                                        ///< (1 − β1ᵗ), with eps ε·√(1 − β2ᵗ)
   float momentum = 0, one_minus_dampening = 1;  ///< SGD, RMSprop
   bool first_step = false, nesterov = false;    ///< SGD
   float* state[3] = {nullptr, nullptr, nullptr};
+  uint8_t* codes[2] = {nullptr, nullptr};          ///< AdamW8bit: both moments' 8-bit codes, indexed like the elements
+  float* absmax[2] = {nullptr, nullptr};           ///< AdamW8bit: each block's scale, element i's at i / kQuantBlock
+  const float* code_map[2] = {nullptr, nullptr};   ///< AdamW8bit: the 256 sorted values the codes index (signed m,
+                                                   ///< unsigned v); requantizing takes the nearest
+};
+
+/// One phase of Adafactor's update (transformers' Adafactor) of one parameter, or of the part a ZeRO shard holds (an
+/// OptimizerSpan whose elements are counted from the parameter's first). Each phase runs over every parameter before
+/// the next starts; under ZeRO the ranks sum the statistics after Statistics and the update sums after UpdateSquares.
+/// The statistics, row factors and update sums are device memory the optimizer allocates; nothing is read back.
+struct AdafactorUpdate {
+  enum class Phase : uint8_t {
+    Statistics,     ///< adds the span's share of the row and column sums of u = g² + ε (factored) into row_sums and
+                    ///< col_sums, or writes a vector's new moving average of u into new_square (in double)
+    States,         ///< the whole parameter's states from the statistics, and each row's factor (no span)
+    UpdateSquares,  ///< adds the sum of squares of the span's update before clipping to *update_squares
+    Apply,          ///< the span's clipped update (divided by max(1, RMS(update) / clip_threshold)) and weight decay
+  };
+  Phase phase = Phase::Statistics;
+  float grad_scale = 1, eps = 0;           ///< gradients are read times grad_scale; ε is added to g²
+  float beta2t = 0, one_minus_beta2t = 1;  ///< β2ₜ = 1 − t^decay_rate
+  float lr = 0, decay = 0;                 ///< the learning rate; decay = −wd·lr, on the span's decayed parameters
+  float clip_threshold = 1;
+  int64_t numel = 0;                       ///< the whole parameter's elements
+  int64_t batch = 1, rows = 0, cols = 0;   ///< factored: the parameter as batch × rows × cols; rows = 0: a vector
+  float* row = nullptr;                    ///< factored: batch·rows moving averages of u's row means
+  float* col = nullptr;                    ///< factored: batch·cols moving averages of u's column means
+  float* square = nullptr;                 ///< vector: numel moving averages of u
+  double* row_sums = nullptr;              ///< factored: batch·rows sums of u (Statistics adds, States reads)
+  double* col_sums = nullptr;              ///< factored: batch·cols sums of u
+  double* new_square = nullptr;            ///< vector: numel new moving averages (Statistics writes, States reads)
+  float* row_factor = nullptr;             ///< factored: batch·rows values 1/√(R/mean(R)) (States writes)
+  double* update_squares = nullptr;        ///< one: the parameter's update sum of squares (UpdateSquares adds)
 };
 
 /// The elements [begin, end) an optimizer update walks: p[i] and g[i] are element i's parameter and gradient (the
@@ -172,6 +210,9 @@ class Device {
                             const StepContext& ctx) const = 0;
   /// One elementwise optimizer update of the span's elements, fused into one pass, with ctx.num_threads threads.
   virtual void optimizer_update(const OptimizerUpdate& update, const OptimizerSpan& span,
+                                const StepContext& ctx) const = 0;
+  /// One phase of Adafactor's update of the span's parameter, with ctx.num_threads threads.
+  virtual void adafactor_update(const AdafactorUpdate& update, const OptimizerSpan& span,
                                 const StepContext& ctx) const = 0;
   /// Copies `bytes` of host memory into device memory from allocate() (a batch's tensors into a plan's inputs).
   virtual void upload(void* device_dest, const void* host_src, size_t bytes) const = 0;

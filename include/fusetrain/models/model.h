@@ -222,6 +222,8 @@ class Model {
   Tensor host_parameter(const std::string& hf_name) const;
   /// The gradient of that parameter (a view into the flat gradient buffer); Error for a frozen weight.
   Tensor gradient(const std::string& hf_name) const;
+  /// gradient() in host memory, as host_parameter() reads a weight.
+  Tensor host_gradient(const std::string& hf_name) const;
 
   /// Turns the model into a LoRA model (PEFT's get_peft_model): an adapter beside every projection
   /// `config.target_modules` names, A drawn as PEFT draws it (kaiming-uniform) and B zero, every other weight frozen

@@ -342,11 +342,11 @@ class Adafactor final : public Optimizer {
   std::vector<int64_t> row_at_, col_at_, sq_at_;
   int64_t rows_ = 0, cols_ = 0, squares_ = 0;
   kernels::DeviceBuffer row_, col_, sq_;
-  // The step's scratch: this optimizer's share of the row and column sums and of the vectors' new averages (summed
-  // over ranks under ZeRO), every factored row's factor, each parameter's update sum of squares.
-  std::vector<double> stats_;
-  std::vector<float> factor_rows_;
-  std::vector<double> update_squares_;
+  // The step's scratch, the device's memory: this optimizer's share of the row and column sums and of the vectors'
+  // new averages (summed over ranks under ZeRO), every factored row's factor, each parameter's update sum of squares.
+  kernels::DeviceBuffer stats_, factor_rows_, update_squares_;
+  // One phase's update of slot i (its constants, states and scratch; the phase to be set).
+  kernels::AdafactorUpdate slot_update(size_t i, double grad_scale, double lr) const;
 };
 
 /// 8-bit AdamW as bitsandbytes' AdamW with optim_bits=8 (adamw_bnb_8bit, adamw_8bit, paged_adamw_8bit): each
@@ -366,7 +366,7 @@ class AdamW8bit final : public Optimizer {
   std::vector<StateBuffer> states() const override;
   /// bitsandbytes' create_dynamic_map: 256 sorted codes in [-1, 1] (signed) or [0, 1], dense near zero.
   static std::vector<float> dynamic_map(bool is_signed);
-  static constexpr int64_t kBlock = 256;
+  static constexpr int64_t kBlock = kernels::OptimizerUpdate::kQuantBlock;
 
  protected:
   void update(double grad_scale, double lr) override;

@@ -1,7 +1,9 @@
 // A compiled plan: scheduled nodes, one activation arena, kernels bound to memory.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -93,8 +95,12 @@ class Plan {
   void run_profiled(std::vector<double>& seconds);
   /// The scheduled nodes, in execution order (for profiles and reports).
   std::vector<const ir::Node*> scheduled_nodes() const;
-  /// A graph output (loss, logits, ...), readable until the next run().
+  /// A graph output (loss, logits, ...) where it lives: the device's memory, until the next run().
   Tensor output(ir::ValueId value) const;
+  /// A graph output for the host to read: output() itself where the device is host-visible (no copy), else a host
+  /// mirror the plan keeps per output, downloaded now (sized on the first read, reused after). Valid until the next
+  /// run() or read_output() of the same value.
+  Tensor read_output(ir::ValueId value);
   /// Number of run() calls so far; dropout masks depend on it.
   uint64_t step() const { return step_; }
   /// Sets the step counter (when resuming), so dropout masks continue exactly.
@@ -122,6 +128,7 @@ class Plan {
   std::vector<Step> steps_;
   std::vector<InputBinding> inputs_;
   std::vector<Tensor> value_tensors_;  // indexed by ValueId: where each value lives
+  std::map<ir::ValueId, std::vector<std::byte>> output_mirrors_;  // read_output's host copies (not host-visible)
   kernels::DeviceBuffer arena_;  // activations, scratch and gradient temporaries: the device's memory
   kernels::DeviceBuffer input_memory_;  // the plan's inputs: the device's memory
   std::vector<memory::BufferRequest> buffers_;

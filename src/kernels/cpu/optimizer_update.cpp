@@ -1,7 +1,9 @@
 // The elementwise optimizer updates of the CPU devices: one fused pass over a span of the flat buffers, each in the
 // order of operations of the implementation it reproduces (torch.optim's single-tensor loops, bitsandbytes' CPU
 // kernels), in f32.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/clones.h"
 #include "core/loops.h"
@@ -139,6 +141,89 @@ void lion(const OptimizerUpdate& u, const OptimizerSpan& s, int threads) {
   });
 }
 
+// bitsandbytes' 32-bit AdamW: p ·= 1 − lr·wd; p += −step_size · m / (√v + eps), the constants folding √(1 − β2ᵗ).
+void adamw_bnb(const OptimizerUpdate& u, const OptimizerSpan& s, int threads) {
+  const float b1 = u.beta1, b2 = u.beta2, one_minus_b1 = u.one_minus_beta1, one_minus_b2 = u.one_minus_beta2;
+  const float decay = u.decay_factor, neg_step = -u.step_size, eps = u.eps;
+  float* m = u.state[0];
+  float* v = u.state[1];
+  for_each_element(u, s, threads, [&](float* p, int64_t i, float grad, bool decayed) {
+    const float mi = m[i] * b1 + one_minus_b1 * grad;
+    const float vi = v[i] * b2 + one_minus_b2 * grad * grad;
+    m[i] = mi;
+    v[i] = vi;
+    const float pi = decayed ? p[i] * decay : p[i];
+    p[i] = pi + neg_step * (mi / (std::sqrt(vi) + eps));
+  });
+}
+
+// The decision boundaries of a sorted code map: bounds[i] is the midpoint of codes i and i + 1, bounds[255] +inf.
+void code_bounds(const float* code, float* bounds) {
+  for (int i = 0; i + 1 < 256; ++i) bounds[i] = (code[i] + code[i + 1]) / 2.0f;
+  bounds[255] = std::numeric_limits<float>::infinity();
+}
+
+// The index of the code nearest x (the lower one on a tie): how many boundaries lie below x, by a branchless
+// binary search over the 256 sorted boundaries.
+inline uint8_t nearest_code(const float* __restrict bounds, float x) {
+  int i = 0;
+  for (int step = 128; step >= 1; step >>= 1) i += bounds[i + step - 1] < x ? step : 0;
+  return static_cast<uint8_t>(i);
+}
+
+// bitsandbytes' blockwise 8-bit AdamW, one pass per block: dequantize both moments (code × the block's absmax),
+// update them and the parameters, and requantize each moment to the nearest code of its block's new absmax.
+void adamw_8bit(const OptimizerUpdate& u, const OptimizerSpan& s, int threads) {
+  constexpr int64_t kBlock = OptimizerUpdate::kQuantBlock;
+  FT_CHECK(s.begin % kBlock == 0, "optimizer_update: an 8-bit span starts a block of ", kBlock,
+           " elements; found element ", s.begin);
+  const float scale = u.grad_scale, b1 = u.beta1, b2 = u.beta2;
+  const float one_minus_b1 = u.one_minus_beta1, one_minus_b2 = u.one_minus_beta2;
+  const float eps = u.eps, c2 = u.bias2_sqrt, neg_step = -u.step_size, decay = u.decay_factor;
+  const bool decays = s.decay, zero = s.zero_grads;
+  const float* map1 = u.code_map[0];
+  const float* map2 = u.code_map[1];
+  float bounds1[256], bounds2[256];
+  code_bounds(map1, bounds1);
+  code_bounds(map2, bounds2);
+  float* p = s.p;
+  float* g = s.g;
+  uint8_t* s1 = u.codes[0];
+  uint8_t* s2 = u.codes[1];
+  float* a1 = u.absmax[0];
+  float* a2 = u.absmax[1];
+  const int64_t first = s.begin / kBlock, last = (s.end + kBlock - 1) / kBlock;
+#pragma omp parallel for num_threads(threads) schedule(static) if (last - first > 64)
+  for (int64_t b = first; b < last; ++b) {
+    const int64_t lo = b * kBlock, len = std::min(kBlock, s.end - lo);
+    float m[kBlock], v[kBlock];
+    const float scale1 = a1[b], scale2 = a2[b];
+    float max1 = 0.0f, max2 = 0.0f;
+    for (int64_t k = 0; k < len; ++k) {
+      const int64_t e = lo + k;
+      const float grad = g[e] * scale;
+      if (zero) g[e] = 0.0f;
+      const float mk = map1[s1[e]] * scale1 * b1 + one_minus_b1 * grad;
+      const float vk = map2[s2[e]] * scale2 * b2 + one_minus_b2 * grad * grad;
+      const float pk = decays ? p[e] * decay : p[e];
+      p[e] = pk + neg_step * (mk / (std::sqrt(vk) / c2 + eps));
+      m[k] = mk;
+      v[k] = vk;
+      max1 = std::max(max1, std::fabs(mk));
+      max2 = std::max(max2, std::fabs(vk));
+    }
+    a1[b] = max1;
+    a2[b] = max2;
+    // A block of zeros keeps scale 0 (every code then reads 0); bitsandbytes divides by the scale.
+    const float d1 = std::max(max1, std::numeric_limits<float>::min());
+    const float d2 = std::max(max2, std::numeric_limits<float>::min());
+    for (int64_t k = 0; k < len; ++k) {
+      s1[lo + k] = nearest_code(bounds1, m[k] / d1);
+      s2[lo + k] = nearest_code(bounds2, v[k] / d2);
+    }
+  }
+}
+
 }  // namespace
 
 void cpu_optimizer_update(const OptimizerUpdate& u, const OptimizerSpan& s, const StepContext& ctx) {
@@ -158,6 +243,10 @@ void cpu_optimizer_update(const OptimizerUpdate& u, const OptimizerSpan& s, cons
       return adagrad(u, s, threads);
     case OptimizerUpdate::Kind::Lion:
       return lion(u, s, threads);
+    case OptimizerUpdate::Kind::AdamW8bit:
+      return adamw_8bit(u, s, threads);
+    case OptimizerUpdate::Kind::AdamWBnb:
+      return adamw_bnb(u, s, threads);
   }
   throw Error("optimizer_update: unknown update kind");
 }
