@@ -102,7 +102,8 @@ int64_t ParameterStore::num_parameters() const {
 }
 
 void ParameterStore::zero_grads() {
-  if (flat_numel_) std::memset(grads_.get(), 0, static_cast<size_t>(flat_numel_) * sizeof(float));
+  kernels::StepContext ctx;
+  if (flat_numel_) device_->zero(grads_.get(), static_cast<size_t>(flat_numel_) * sizeof(float), ctx);
 }
 
 }  // namespace fusetrain::runtime

@@ -1,5 +1,12 @@
 #include "support/checking_device.h"
 
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -24,6 +31,7 @@ class CheckedKernel final : public kernels::Kernel {
       std::lock_guard<std::mutex> lock(device_.mutex_);
       ++device_.kernel_runs_;
     }
+    const CheckingDevice::Unsealed unsealed(device_);
     inner_->run(args, ctx);
   }
 
@@ -37,11 +45,66 @@ std::unique_ptr<kernels::Kernel> CheckingDevice::make_kernel(const kernels::Kern
   return std::make_unique<CheckedKernel>(*this, inner_.make_kernel(call), call.label());
 }
 
+namespace {
+
+// The sealed device whose faults the handler explains (one at a time: the test that makes one).
+std::atomic<const CheckingDevice*> sealed_device{nullptr};
+struct sigaction previous_handler;
+
+size_t page_size() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+size_t mapped_bytes(size_t bytes) {
+  return (std::max<size_t>(bytes, 1) + page_size() - 1) / page_size() * page_size();
+}
+
+// A fault inside a sealed allocation: the host touched device memory outside the device's operations. Says so, then
+// returns to the previous handler (the default one kills the process with SIGSEGV).
+void on_fault(int signal, siginfo_t* info, void* context) {
+  (void)context;
+  const CheckingDevice* device = sealed_device.load();
+  const uintptr_t address = reinterpret_cast<uintptr_t>(info->si_addr);
+  const auto [start, bytes] = device ? device->allocation_at(address) : std::pair<uintptr_t, size_t>{0, 0};
+  if (bytes) {
+    char message[256];
+    const int n = std::snprintf(message, sizeof message,
+                                "checking device: the host touched device memory outside a device operation, byte %zu "
+                                "of an allocation of %zu bytes\n",
+                                static_cast<size_t>(address - start), bytes);
+    if (n > 0) (void)!write(2, message, static_cast<size_t>(n));
+  }
+  sigaction(signal, &previous_handler, nullptr);  // the faulting access repeats under it
+}
+
+}  // namespace
+
+CheckingDevice::CheckingDevice(const kernels::Device& inner, HostAccess access) : inner_(inner), access_(access) {
+  if (access_ != HostAccess::Sealed) return;
+  const CheckingDevice* none = nullptr;
+  FT_CHECK(sealed_device.compare_exchange_strong(none, this), "checking device: one sealed device at a time");
+  struct sigaction action{};
+  action.sa_sigaction = on_fault;
+  action.sa_flags = SA_SIGINFO;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGSEGV, &action, &previous_handler);
+}
+
+CheckingDevice::~CheckingDevice() {
+  if (access_ != HostAccess::Sealed) return;
+  sigaction(SIGSEGV, &previous_handler, nullptr);
+  sealed_device.store(nullptr);
+}
+
 kernels::DeviceBuffer CheckingDevice::allocate(size_t bytes) const {
-  void* data = inner_.allocate(bytes).release();
+  void* data = nullptr;
+  if (access_ == HostAccess::Sealed) {  // whole pages, so each can be sealed on its own
+    data = mmap(nullptr, mapped_bytes(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    FT_CHECK(data != MAP_FAILED, "checking device: mmap of ", bytes, " bytes failed");
+  } else {
+    data = inner_.allocate(bytes).release();
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   live_[reinterpret_cast<uintptr_t>(data)] = bytes;
   ++allocations_;
+  if (access_ == HostAccess::Sealed && unsealed_ == 0) mprotect(data, mapped_bytes(bytes), PROT_NONE);
   return kernels::DeviceBuffer(data, kernels::DeviceFree{this});
 }
 
@@ -54,28 +117,62 @@ void CheckingDevice::deallocate(void* data) const {
     bytes = it->second;
     live_.erase(it);
   }
+  if (access_ == HostAccess::Sealed) {  // unmapped: any later touch faults
+    munmap(data, mapped_bytes(bytes));
+    return;
+  }
   std::memset(data, 0xFF, bytes);  // NaN in every float type
   inner_.deallocate(data);
+}
+
+CheckingDevice::Unsealed::Unsealed(const CheckingDevice& device) : device_(device) {
+  if (device_.access_ != HostAccess::Sealed) return;
+  std::lock_guard<std::mutex> lock(device_.mutex_);
+  if (device_.unsealed_++ == 0) device_.protect_all(PROT_READ | PROT_WRITE);
+}
+
+CheckingDevice::Unsealed::~Unsealed() {
+  if (device_.access_ != HostAccess::Sealed) return;
+  std::lock_guard<std::mutex> lock(device_.mutex_);
+  if (--device_.unsealed_ == 0) device_.protect_all(PROT_NONE);
+}
+
+void CheckingDevice::protect_all(int protection) const {
+  for (const auto& [start, bytes] : live_) mprotect(reinterpret_cast<void*>(start), mapped_bytes(bytes), protection);
+}
+
+std::pair<uintptr_t, size_t> CheckingDevice::allocation_at(uintptr_t address) const {
+  // Read without the lock: the handler runs on the faulting thread, which may hold it (it never does while touching
+  // sealed memory, and a torn read only loses the message).
+  auto it = live_.upper_bound(address);
+  if (it == live_.begin()) return {0, 0};
+  --it;
+  if (address >= it->first + mapped_bytes(it->second)) return {0, 0};
+  return {it->first, it->second};
 }
 
 void CheckingDevice::add_into(float* dest, const float* src, int64_t n, const kernels::StepContext& ctx) const {
   check(dest, static_cast<size_t>(n) * sizeof(float), "add_into destination");
   check(src, static_cast<size_t>(n) * sizeof(float), "add_into source");
+  const Unsealed unsealed(*this);
   inner_.add_into(dest, src, n, ctx);
 }
 
 void CheckingDevice::zero(void* data, size_t bytes, const kernels::StepContext& ctx) const {
   check(data, bytes, "zero");
+  const Unsealed unsealed(*this);
   inner_.zero(data, bytes, ctx);
 }
 
 void CheckingDevice::scale(float* data, float factor, int64_t n, const kernels::StepContext& ctx) const {
   check(data, static_cast<size_t>(n) * sizeof(float), "scale");
+  const Unsealed unsealed(*this);
   inner_.scale(data, factor, n, ctx);
 }
 
 double CheckingDevice::sum_of_squares(const float* data, int64_t n, const kernels::StepContext& ctx) const {
   check(data, static_cast<size_t>(n) * sizeof(float), "sum_of_squares");
+  const Unsealed unsealed(*this);
   return inner_.sum_of_squares(data, n, ctx);
 }
 
@@ -83,6 +180,7 @@ void CheckingDevice::mark_nonzero_rows(const float* table, int64_t rows, int64_t
                                        const kernels::StepContext& ctx) const {
   check(table, static_cast<size_t>(rows * width) * sizeof(float), "mark_nonzero_rows table");
   check(flags, static_cast<size_t>(rows) * sizeof(float), "mark_nonzero_rows flags");
+  const Unsealed unsealed(*this);
   inner_.mark_nonzero_rows(table, rows, width, flags, ctx);
 }
 
@@ -96,12 +194,14 @@ void CheckingDevice::check_rows(const float* table, int64_t width, const int64_t
 void CheckingDevice::gather_rows(const float* table, int64_t width, const int64_t* rows, int64_t count,
                                  float* packed, const kernels::StepContext& ctx) const {
   check_rows(table, width, rows, count, packed, "gather_rows");
+  const Unsealed unsealed(*this);
   inner_.gather_rows(table, width, rows, count, packed, ctx);
 }
 
 void CheckingDevice::scatter_rows(const float* packed, int64_t width, const int64_t* rows, int64_t count,
                                   float* table, const kernels::StepContext& ctx) const {
   check_rows(table, width, rows, count, packed, "scatter_rows");
+  const Unsealed unsealed(*this);
   inner_.scatter_rows(packed, width, rows, count, table, ctx);
 }
 
@@ -125,6 +225,7 @@ void CheckingDevice::optimizer_update(const kernels::OptimizerUpdate& update, co
     std::lock_guard<std::mutex> lock(mutex_);
     ++kernel_runs_;
   }
+  const Unsealed unsealed(*this);
   inner_.optimizer_update(update, span, ctx);
 }
 
@@ -154,16 +255,19 @@ void CheckingDevice::adafactor_update(const kernels::AdafactorUpdate& update, co
     std::lock_guard<std::mutex> lock(mutex_);
     ++kernel_runs_;
   }
+  const Unsealed unsealed(*this);
   inner_.adafactor_update(update, span, ctx);
 }
 
 void CheckingDevice::upload(void* device_dest, const void* host_src, size_t bytes) const {
   check(device_dest, bytes, "upload destination");
+  const Unsealed unsealed(*this);
   inner_.upload(device_dest, host_src, bytes);
 }
 
 void CheckingDevice::download(void* host_dest, const void* device_src, size_t bytes) const {
   check(device_src, bytes, "download source");
+  const Unsealed unsealed(*this);
   inner_.download(host_dest, device_src, bytes);
 }
 

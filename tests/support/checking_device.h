@@ -12,18 +12,27 @@
 
 namespace fusetrain::testing {
 
+/// How much of a device's memory the host may touch.
+enum class HostAccess {
+  Visible,     ///< in place, as a CPU device's
+  Hidden,      ///< only through upload and download (host_visible() false), as a GPU's; the memory is still the
+               ///< CPU's, so host code that reads it anyway is not caught
+  Sealed,      ///< Hidden, and the memory is mapped inaccessible (PROT_NONE) except while one of the device's own
+               ///< operations runs: any other host read or write faults, and the fault names the allocation (one
+               ///< sealed device at a time; what it frees is unmapped)
+};
+
 /// Wraps another device (the tuned CPU one by default): it counts every allocation, fills memory with NaN (0xFF
-/// bytes) as it is freed, so a kernel reading memory the device took back computes NaN, and before every kernel run,
-/// add_into and zero it checks that each tensor, and the kernel's scratch, lies inside memory it allocated and has not
-/// freed: anything else throws Error naming the call and the tensor. With `host_visible` false it also says the host
-/// cannot read its memory in place, as a GPU's, so every input goes through staging and upload and every save
-/// through download (the memory is still the CPU's, so host code that reads it anyway is not caught).
+/// bytes) as it is freed, so a kernel reading memory the device took back computes NaN, and before every kernel run
+/// and every other operation it checks that each tensor, and the kernel's scratch, lies inside memory it allocated
+/// and has not freed: anything else throws Error naming the call and the tensor. `access` says whether the host may
+/// read its memory in place (HostAccess).
 class CheckingDevice final : public kernels::Device {
  public:
-  explicit CheckingDevice(const kernels::Device& inner = kernels::cpu_device(), bool host_visible = true)
-      : inner_(inner), host_visible_(host_visible) {}
+  explicit CheckingDevice(const kernels::Device& inner = kernels::cpu_device(), HostAccess access = HostAccess::Visible);
+  ~CheckingDevice() override;
   const char* name() const override { return "checking"; }
-  bool host_visible() const override { return host_visible_ && inner_.host_visible(); }
+  bool host_visible() const override { return access_ == HostAccess::Visible && inner_.host_visible(); }
   std::unique_ptr<kernels::Kernel> make_kernel(const kernels::KernelCall& call) const override;
   kernels::DeviceBuffer allocate(size_t bytes) const override;
   void deallocate(void* data) const override;
@@ -54,14 +63,31 @@ class CheckingDevice final : public kernels::Device {
   int64_t live_allocations() const;
   /// Kernel runs checked so far.
   int64_t kernel_runs() const;
+  /// Sealed: the live allocation holding `address` and its size, for the fault handler's message ({0, 0}: none).
+  std::pair<uintptr_t, size_t> allocation_at(uintptr_t address) const;
 
  private:
+  // While one lives, a sealed device's memory is accessible (the device's operations hold one); the last to end
+  // seals it again.
+  class Unsealed {
+   public:
+    explicit Unsealed(const CheckingDevice& device);
+    ~Unsealed();
+    Unsealed(const Unsealed&) = delete;
+    Unsealed& operator=(const Unsealed&) = delete;
+
+   private:
+    const CheckingDevice& device_;
+  };
+  void protect_all(int protection) const;  // with mutex_ held
+
   const kernels::Device& inner_;
-  const bool host_visible_;
+  const HostAccess access_;
   mutable std::mutex mutex_;
   mutable std::map<uintptr_t, size_t> live_;  // start -> bytes
   mutable int64_t allocations_ = 0;
   mutable int64_t kernel_runs_ = 0;
+  mutable int unsealed_ = 0;  // operations running (Sealed)
   friend class CheckedKernel;
 };
 
