@@ -459,6 +459,19 @@ struct PySgd {
   optim::Sgd optimizer;
 };
 
+/// Any engine optimizer (optim::make_optimizer, by transformers' `optim` name) over a model's flat buffers, its
+/// decay groups the model's (Model::decays), as the Trainer sets them.
+struct PyOptimizer {
+  PyOptimizer(PyModel& m, const optim::OptimizerSpec& spec) : model(m) {
+    runtime::ParameterStore& params = m.model->params();
+    for (size_t i = 0; i < params.slots().size(); ++i)
+      params.set_weight_decay(i, m.model->decays(params.slots()[i].name));
+    optimizer = optim::make_optimizer(params, spec);
+  }
+  PyModel& model;
+  std::unique_ptr<optim::Optimizer> optimizer;
+};
+
 void check_hyperparameters(double lr, double weight_decay) {
   FT_CHECK(lr >= 0 && std::isfinite(lr), "lr must be a non-negative number; got ", lr);
   FT_CHECK(weight_decay >= 0, "weight_decay must be non-negative; got ", weight_decay);
@@ -482,6 +495,13 @@ double adamw_clip_and_step(PyAdamW& self, double max_norm) {
     self.optimizer.set_num_threads(self.model.num_threads);
     return self.optimizer.clip_and_step(max_norm, -1.0,
                                         self.model.model->fp16() ? 1.0 / self.model.model->loss_scale() : 1.0);
+  });
+}
+
+void optimizer_step(PyOptimizer& self) {
+  locked(self.model, [&] {
+    self.optimizer->set_num_threads(self.model.num_threads);
+    self.optimizer->step();
   });
 }
 
@@ -1111,6 +1131,41 @@ in the model (from loss_and_grads or accumulate_grads).
           "Steps taken so far (drives bias correction).");
 
   bind_trainer(m);
+
+  py::class_<PyOptimizer>(m, "Optimizer", R"doc(
+Any optimizer the engine runs, chosen as transformers' TrainingArguments choose it: optim
+("adamw_torch", "sgd", "adafactor", "rmsprop", "adagrad", "lion_32bit", "adamw_8bit", ...),
+the learning rate, the weight decay of the decayed parameters (the model's decay groups,
+Model.decays: transformers' Trainer's, or what set_decayed chose), the Adam betas and eps, and
+optim_args ("momentum=0.9,...").
+step() uses the gradients currently in the model, in one fused pass over the flat buffers.
+)doc")
+      .def(py::init([](PyModel& model, const std::string& optim, double lr, double weight_decay,
+                       std::pair<double, double> betas, double eps, const std::string& optim_args) {
+             check_hyperparameters(lr, weight_decay);
+             const optim::OptimizerSpec spec{optim, lr, weight_decay, betas.first, betas.second, eps,
+                                             optim::parse_optim_args(optim_args)};
+             return std::make_unique<PyOptimizer>(model, spec);
+           }),
+           "model"_a, "optim"_a, "lr"_a = 1e-3, "weight_decay"_a = 0.0, "betas"_a = std::make_pair(0.9, 0.999),
+           "eps"_a = 1e-8, "optim_args"_a = "", py::keep_alive<1, 2>())
+      .def("step", &optimizer_step, "One update of every parameter with the current gradients.")
+      .def(
+          "zero_grad", [](PyOptimizer& self) { zero_grads(self.model); }, "Sets the model's gradients to zero.")
+      .def_property(
+          "lr", [](const PyOptimizer& self) { return self.optimizer->lr(); },
+          [](PyOptimizer& self, double lr) {
+            check_hyperparameters(lr, 0);
+            self.optimizer->set_lr(lr);
+          },
+          "The learning rate of the next step (settable, for schedules).")
+      .def_property_readonly(
+          "name", [](const PyOptimizer& self) { return self.optimizer->name(); }, "The optim value it runs.")
+      .def_property_readonly(
+          "state_bytes", [](const PyOptimizer& self) { return self.optimizer->state_bytes(); },
+          "Bytes of optimizer state it keeps.")
+      .def_property_readonly(
+          "step_count", [](const PyOptimizer& self) { return self.optimizer->step_count(); }, "Steps taken so far.");
 
   py::class_<PySgd>(m, "SGD", R"doc(
 SGD with momentum over all of a model's parameters, the same update as torch.optim.SGD, fused

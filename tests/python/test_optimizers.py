@@ -199,6 +199,46 @@ def test_every_optimizer_trains_as_transformers_trainer_does(case, model_kind, t
     assert errors[worst] <= tolerance, f"{case}: {worst} {errors[worst]:.2e} relative"
 
 
+@pytest.mark.parametrize("model_kind", sorted(MODELS))
+@pytest.mark.parametrize("case", sorted(OPTIMIZERS))
+def test_every_optimizer_updates_as_its_reference_given_the_same_gradients(case, model_kind, tmp_path):
+    """The update alone: fusetrain.Optimizer and the optimizer transformers' Trainer creates (create_optimizer, its
+    decay groups, weight decay 0.1) start from the same weights and take 20 steps on the same gradients (the engine's,
+    of each step's batch at the engine's weights, copied into the torch parameters' .grad): every weight within 1e-5
+    relative, norm-wise per tensor, for every optimizer (measured at most 3.6e-7, centered RMSprop with momentum; Lion
+    bit-identical). The end-to-end comparison above meets the same 1e-5 for AdamW and SGD; there, the per-element-
+    normalised updates see each trainer's own f32 gradients, whose rounding noise they amplify, and agree within 1e-3."""
+    if case in _BNB:
+        pytest.importorskip("bitsandbytes")
+    optim, optim_args, lr = OPTIMIZERS[case]
+    build, rows = MODELS[model_kind]
+    torch.manual_seed(0)
+    theirs = build()
+    hf.perturb_(theirs, 0, scale=0.02)
+    theirs.save_pretrained(tmp_path / "model")
+    engine = fusetrain.Model.from_pretrained(str(tmp_path / "model"))
+    engine.train()
+    ours = fusetrain.Optimizer(engine, optim, lr=lr, weight_decay=0.1, optim_args=optim_args or "")
+    args = T.TrainingArguments(output_dir=str(tmp_path / "out"), learning_rate=lr, weight_decay=0.1, optim=optim,
+                               optim_args=optim_args, report_to=[], use_cpu=True)
+    reference = T.Trainer(model=theirs, args=args).create_optimizer()
+    params = dict(theirs.named_parameters())
+    batch = {k: np.stack([r[k] for r in rows()]) for k in rows()[0]}
+    start = {name: np.array(w) for name, w in engine.state_dict().items()}
+    for _ in range(20):
+        _, grads = engine.loss_and_grads(**batch)
+        for name, p in params.items():
+            p.grad = torch.from_numpy(np.array(grads[name], dtype=np.float32))
+        ours.step()
+        reference.step()
+    state = engine.state_dict()
+    errors = {name: float(np.linalg.norm(state[name] - p.detach().numpy()) /
+                          max(np.linalg.norm(p.detach().numpy()), 1e-30)) for name, p in params.items()}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= 1e-5, f"{case}: {worst} {errors[worst]:.2e} relative"
+    assert max(float(np.abs(state[name] - start[name]).max()) for name in params) > 0, "no weight moved"
+
+
 @pytest.mark.parametrize("case", sorted(OPTIMIZERS))
 def test_every_optimizer_resumes_bit_identically(case, tmp_path):
     """fusetrain.Trainer saves the engine's optimizer state into transformers' optimizer.pt (each optimizer's own
