@@ -239,6 +239,19 @@ def test_every_optimizer_updates_as_its_reference_given_the_same_gradients(case,
     assert max(float(np.abs(state[name] - start[name]).max()) for name in params) > 0, "no weight moved"
 
 
+def test_optimizer_refuses_an_unknown_name_or_option_clearly(tmp_path):
+    T.LlamaForCausalLM(NATIVE["LlamaForCausalLM"]()).save_pretrained(tmp_path)
+    engine = fusetrain.Model.from_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="optim: the engine runs adamw_torch,"):
+        fusetrain.Optimizer(engine, "adamw_typo")
+    with pytest.raises(ValueError, match="momentum"):
+        fusetrain.Optimizer(engine, "adagrad", optim_args="momentum=0.9")
+    with pytest.raises(ValueError, match="lr must be a non-negative number"):
+        fusetrain.Optimizer(engine, "sgd", lr=-1.0)
+    optimizer = fusetrain.Optimizer(engine, "adafactor", lr=1e-2)
+    assert (optimizer.name, optimizer.step_count) == ("adafactor", 0) and optimizer.state_bytes > 0
+
+
 @pytest.mark.parametrize("case", sorted(OPTIMIZERS))
 def test_every_optimizer_resumes_bit_identically(case, tmp_path):
     """fusetrain.Trainer saves the engine's optimizer state into transformers' optimizer.pt (each optimizer's own
