@@ -11,3 +11,8 @@ bash scripts/build.sh
 bash scripts/sanitize.sh asan
 # libFuzzer under ASan + UBSan, FUZZ_SECONDS per target over its seed corpus (clang build in build-fuzz/).
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-5}"
+# The wheel installed and run in a bare Debian root (scripts/clean_room.sh): minutes, root, Debian's and PyPI's
+# servers; on when FUSETRAIN_CLEAN_ROOM=1.
+if [[ ${FUSETRAIN_CLEAN_ROOM:-0} == 1 ]]; then
+  bash scripts/clean_room.sh
+fi
