@@ -1,30 +1,62 @@
-// The communicator over Open MPI (MPI_COMM_WORLD). MPI is initialised with MPI_THREAD_FUNNELED on first use:
-// only the thread that created the communicator calls MPI.
-#include <memory>
-#include <string>
-
-#include "fusetrain/comm/communicator.h"
-#include "fusetrain/core/error.h"
-
-#ifdef FUSETRAIN_HAVE_MPI
-#include <mpi.h>
+// The communicator over Open MPI (MPI_COMM_WORLD), through the plugin libfusetrain_mpi.so (mpi_api.h), which this
+// engine loads on first use from its own directory: the engine links no MPI library, so an installation without
+// Open MPI runs one process and refuses a multi-process launch with one error naming what to install. Only the thread
+// that created the communicator calls MPI (MPI_THREAD_FUNNELED).
+#include <dlfcn.h>
 
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
 #include <vector>
-#endif
+
+#include "comm/mpi_api.h"
+#include "fusetrain/comm/communicator.h"
+#include "fusetrain/core/error.h"
 
 namespace fusetrain::comm {
-
-#ifdef FUSETRAIN_HAVE_MPI
 namespace {
 
+namespace fs = std::filesystem;
+
+// The directory of the program or shared library this engine is part of (the fusetrain command, fusetrain._core).
+fs::path engine_directory() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&engine_directory), &info) != 0 && info.dli_fname != nullptr) {
+    const fs::path file(info.dli_fname);
+    if (file.extension() == ".so" || file.string().find(".so.") != std::string::npos) return file.parent_path();
+  }
+  std::error_code error;
+  const fs::path program = fs::read_symlink("/proc/self/exe", error);
+  return error ? fs::path(".") : program.parent_path();
+}
+
+// The plugin's table, loaded once: $FUSETRAIN_MPI_PLUGIN, else libfusetrain_mpi.so beside the engine.
+const FusetrainMpiApi& api() {
+  static const FusetrainMpiApi* table = [] {
+    const char* given = std::getenv("FUSETRAIN_MPI_PLUGIN");
+    const std::string path = given ? given : (engine_directory() / "libfusetrain_mpi.so").string();
+    FT_CHECK(fs::exists(path), "a multi-process job needs fusetrain's Open MPI plugin, expected at ", path,
+             ", which this installation lacks (it was built without Open MPI: install libopenmpi-dev and rebuild)");
+    // Global: Open MPI's own components, which libmpi loads, resolve its symbols.
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (handle == nullptr)
+      throw Error(str("a multi-process job needs Open MPI's runtime, which did not load: ", dlerror(),
+                      " (install Open MPI 4: Debian and Ubuntu `apt-get install openmpi-bin`, RHEL and Fedora `dnf "
+                      "install openmpi`)"));
+    void* entry = dlsym(handle, "fusetrain_mpi_api_v1");
+    FT_CHECK(entry != nullptr, path, " is not fusetrain's Open MPI plugin (no fusetrain_mpi_api_v1)");
+    return reinterpret_cast<const FusetrainMpiApi* (*)()>(entry)();
+  }();
+  return *table;
+}
+
 void check(int status, const char* what) {
-  if (status == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(status, text, &length);
-  throw Error(str(what, " failed: ", std::string(text, static_cast<size_t>(length))));
+  if (status == 0) return;
+  char text[512];
+  api().error_string(status, text, sizeof text);
+  throw Error(str(what, " failed: ", text));
 }
 
 int count_of(int64_t n) {
@@ -32,85 +64,67 @@ int count_of(int64_t n) {
   return static_cast<int>(n);
 }
 
-void initialise() {
-  int initialised = 0;
-  MPI_Initialized(&initialised);
-  if (initialised) return;
-  int provided = 0;
-  check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
-  std::atexit([] {
-    int finalised = 0;
-    MPI_Finalized(&finalised);
-    if (!finalised) MPI_Finalize();
-  });
-}
-
 class MpiRequest final : public Request {
  public:
-  MPI_Request request = MPI_REQUEST_NULL;
-  void wait() override { check(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait"); }
+  void* request = nullptr;
+  void wait() override {
+    void* pending = request;
+    request = nullptr;
+    if (pending) check(api().wait(pending), "MPI_Wait");
+  }
   ~MpiRequest() override {
-    if (request != MPI_REQUEST_NULL) MPI_Wait(&request, MPI_STATUS_IGNORE);
+    if (request) api().wait(request);
   }
 };
 
 class Mpi final : public Communicator {
  public:
-  Mpi() {
-    initialise();
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
-    MPI_Comm local;
-    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
-          "MPI_Comm_split_type");
-    MPI_Comm_rank(local, &local_rank_);
-    MPI_Comm_free(&local);
-    char version[MPI_MAX_LIBRARY_VERSION_STRING];
-    int length = 0;
-    MPI_Get_library_version(version, &length);
-    std::string text(version, static_cast<size_t>(length));
-    backend_ = text.substr(0, text.find(','));
+  Mpi() : mpi_(api()) {
+    check(mpi_.init(), "MPI_Init_thread");
+    check(mpi_.rank(&rank_), "MPI_Comm_rank");
+    check(mpi_.size(&size_), "MPI_Comm_size");
+    check(mpi_.local_rank(&local_rank_), "MPI_Comm_split_type");
+    char version[256];
+    check(mpi_.library_version(version, sizeof version), "MPI_Get_library_version");
+    backend_ = version;
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   int local_rank() const override { return local_rank_; }
   std::string backend() const override { return backend_; }
   void all_reduce_sum(float* data, int64_t n) override {
-    check(MPI_Allreduce(MPI_IN_PLACE, data, count_of(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+    check(mpi_.all_reduce_f32(data, count_of(n)), "MPI_Allreduce");
   }
   std::unique_ptr<Request> start_all_reduce_sum(float* data, int64_t n) override {
     auto request = std::make_unique<MpiRequest>();
-    check(MPI_Iallreduce(MPI_IN_PLACE, data, count_of(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &request->request),
-          "MPI_Iallreduce");
+    check(mpi_.start_all_reduce_f32(data, count_of(n), &request->request), "MPI_Iallreduce");
     return request;
   }
   void all_reduce_sum(double* data, int64_t n) override {
-    check(MPI_Allreduce(MPI_IN_PLACE, data, count_of(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+    check(mpi_.all_reduce_f64(data, count_of(n)), "MPI_Allreduce");
   }
   void reduce_scatter_sum(const float* in, float* out, std::span<const int64_t> counts) override {
     set_counts(counts);
-    check(MPI_Reduce_scatter(in, out, counts_.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Reduce_scatter");
+    check(mpi_.reduce_scatter_f32(in, out, counts_.data()), "MPI_Reduce_scatter");
   }
   void all_gather_in_place(float* data, std::span<const int64_t> counts) override {
     set_counts(counts);
-    check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts_.data(), displacements_.data(), MPI_FLOAT,
-                         MPI_COMM_WORLD),
-          "MPI_Allgatherv");
+    check(mpi_.all_gather_f32(data, counts_.data(), displacements_.data()), "MPI_Allgatherv");
   }
   void send(const void* data, int64_t bytes, int dest) override {
-    check(MPI_Send(data, count_of(bytes), MPI_BYTE, dest, 0, MPI_COMM_WORLD), "MPI_Send");
+    check(mpi_.send(data, count_of(bytes), dest), "MPI_Send");
   }
   void recv(void* data, int64_t bytes, int source) override {
-    check(MPI_Recv(data, count_of(bytes), MPI_BYTE, source, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
+    check(mpi_.recv(data, count_of(bytes), source), "MPI_Recv");
   }
   void broadcast(void* data, int64_t bytes, int root) override {
-    check(MPI_Bcast(data, count_of(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+    check(mpi_.broadcast(data, count_of(bytes), root), "MPI_Bcast");
   }
   double sum(double value) override {
-    check(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+    check(mpi_.all_reduce_f64(&value, 1), "MPI_Allreduce");
     return value;
   }
-  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  void barrier() override { check(mpi_.barrier(), "MPI_Barrier"); }
 
  private:
   // MPI's int counts and displacements of a v-collective, kept to avoid allocating per call.
@@ -126,6 +140,7 @@ class Mpi final : public Communicator {
       offset += counts[r];
     }
   }
+  const FusetrainMpiApi& mpi_;
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   std::string backend_;
   std::vector<int> counts_, displacements_;
@@ -134,14 +149,5 @@ class Mpi final : public Communicator {
 }  // namespace
 
 std::unique_ptr<Communicator> mpi_world() { return std::make_unique<Mpi>(); }
-
-#else
-
-std::unique_ptr<Communicator> mpi_world() {
-  throw Error("this fusetrain was built without MPI (install libopenmpi-dev and rebuild) and cannot run as one rank "
-              "of a multi-process job");
-}
-
-#endif
 
 }  // namespace fusetrain::comm
