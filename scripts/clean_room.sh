@@ -4,7 +4,8 @@
 # wheel into a virtual environment there with its Python dependencies from PyPI, and runs the installed command:
 # `import fusetrain` (torch absent), `fusetrain --help`, `fusetrain info`, the default job (`fusetrain train` with no
 # arguments: all-MiniLM-L6-v2 on the wheel's SST-2 slice, printing dev accuracy), `evaluate` and `export` of the model
-# it trained. Needs root (debootstrap, chroot). Takes minutes; scripts/test.sh runs it when FUSETRAIN_CLEAN_ROOM=1.
+# it trained, and a multi-process launch, which without Open MPI is one clear error. Needs root (debootstrap, chroot).
+# Takes minutes; scripts/test.sh runs it when FUSETRAIN_CLEAN_ROOM=1.
 #   bash scripts/clean_room.sh [WHEEL]     (no WHEEL: scripts/wheel.sh builds one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,5 +41,9 @@ DATA=$(venv/bin/python -c "import fusetrain, os; print(os.path.join(os.path.dirn
 venv/bin/fusetrain evaluate --model fusetrain-output/sst2-minilm --task seq-cls --eval-file "$DATA/dev.tsv" --max-seq-length 64
 venv/bin/fusetrain export --model fusetrain-output/sst2-minilm --output exported
 ls -l exported/model.onnx
+# No Open MPI here: a job launched as one rank of several is one clear error naming what to install.
+if OMPI_COMM_WORLD_SIZE=2 venv/bin/fusetrain train 2>mpi.err; then echo "a multi-process job ran without Open MPI"; exit 1; fi
+cat mpi.err
+grep -q "needs Open MPI" mpi.err
 echo "clean room: passed"
 '
