@@ -8,6 +8,7 @@
 //   fusetrain export --model DIR --output DIR [--task seq-cls] [--opset 17]
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "cli/commands.h"
 #include "fusetrain/core/cpu.h"
 #include "fusetrain/core/error.h"
+#include "fusetrain/kernels/device.h"
 
 
 namespace fusetrain::cli {
@@ -63,6 +65,10 @@ int main(int argc, char** argv) {
                 cpu_features().to_string().c_str(),
                 cpu_features().avx512_bf16 ? "bf16 dot products (AVX512-BF16)"
                                            : "bf16 operands widened to f32 in the GEMM (no AVX512-BF16: f32 speed)");
+    const char* cap = std::getenv("FUSETRAIN_KERNELS");
+    const std::string why = cap && *cap ? str("FUSETRAIN_KERNELS=", cap)
+                                        : "the widest this CPU has; FUSETRAIN_KERNELS=avx2 or portable caps it";
+    std::printf("kernels: %s (%s)\n", kernels::cpu_kernel_path(), why.c_str());
     if (!info->parsed()) std::printf("\n%s", app.help().c_str());
     return 0;
   } catch (const std::exception& e) {

@@ -441,3 +441,17 @@ def test_cli_tasks_and_model_types_are_the_registry_s(tiny_model, data, tmp_path
     causal = [row["model_type"] for row in rows if row["task"] == "clm"]
     listed = causal[0] if len(causal) == 1 else ", ".join(causal[:-1]) + " and " + causal[-1]
     assert f'--task clm (causal language modelling) supports {listed} models, found model_type "bert"' in line, line
+
+
+def test_info_names_the_kernel_path_and_refuses_an_unknown_cap():
+    """`fusetrain info` says which instruction set the kernels take (the widest the CPU has, or the FUSETRAIN_KERNELS
+    cap), so an installed wheel shows the path it runs; a cap it does not know is one error."""
+    plain = run("info", env={"FUSETRAIN_KERNELS": ""})
+    assert plain.returncode == 0
+    widest = "avx512" if "avx512f" in plain.stdout else "avx2" if "avx2" in plain.stdout else "portable"
+    assert f"kernels: {widest} (the widest this CPU has;" in plain.stdout
+    for cap in ("avx2", "portable"):
+        capped = run("info", env={"FUSETRAIN_KERNELS": cap})
+        assert capped.returncode == 0 and f"kernels: {cap} (FUSETRAIN_KERNELS={cap})" in capped.stdout
+    line = error_line(run("info", env={"FUSETRAIN_KERNELS": "sse9"}))
+    assert line == 'fusetrain: error: FUSETRAIN_KERNELS should be "portable" or "avx2" (or unset), found "sse9"'

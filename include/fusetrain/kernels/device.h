@@ -230,6 +230,9 @@ enum class Backend {
 const Device& cpu_device();
 /// The plain-loop reference CPU device (kernels/ref).
 const Device& reference_device();
+/// The instruction set the tuned CPU kernels built now take: "avx512", "avx2" or "portable" — the widest this CPU has,
+/// capped by FUSETRAIN_KERNELS=avx2 or portable (Error naming any other value).
+const char* cpu_kernel_path();
 /// The device of `backend`.
 const Device& device_for(Backend backend);
 /// The device parameter stores and plans use unless told otherwise: cpu_device(), or the one set_default_device

@@ -53,6 +53,12 @@ void force_portable_path(bool portable) { cap_cpu_path(portable ? CpuPath::porta
 
 void cap_cpu_path(CpuPath cap) { path_cap().store(cap, std::memory_order_relaxed); }
 
+}  // namespace cpu_basic
+
+const char* cpu_kernel_path() { return cpu_basic::pick_path("portable", "avx2", "avx512"); }
+
+namespace cpu_basic {
+
 bool broadcast_space(const Shape& out, const Shape& a, const Shape* b, StridedSpace* space) {
   const int64_t rank = out.rank();
   // Per output axis: extent and element strides of a and b (0 where broadcast).
