@@ -92,7 +92,8 @@ TEST(CheckingDevice, CountsAllocationsAndPoisonsWhatItFrees) {
 // A sealed device's memory faults when the host touches it outside the device's operations, and the fault names
 // the allocation: the check below can fail.
 TEST(CheckingDeviceDeathTest, SealedMemoryFaultsWhenTheHostReadsIt) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string style = GTEST_FLAG_GET(death_test_style);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child re-runs the binary: no forked OpenMP state
   EXPECT_DEATH(
       {
         CheckingDevice device(kernels::cpu_device(), HostAccess::Sealed);
@@ -100,6 +101,7 @@ TEST(CheckingDeviceDeathTest, SealedMemoryFaultsWhenTheHostReadsIt) {
         std::printf("%f\n", static_cast<const volatile float*>(buffer.get())[3]);
       },
       "the host touched device memory outside a device operation, byte 12 of an allocation of 64 bytes");
+  GTEST_FLAG_SET(death_test_style, style);
 }
 
 // Installs `device` as the default device for a scope (the previous one after).
