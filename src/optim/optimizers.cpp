@@ -206,16 +206,8 @@ std::vector<StateBuffer> Adafactor::states() const {
   return out;
 }
 
-kernels::AdafactorUpdate Adafactor::slot_update(size_t i, double grad_scale, double lr) const {
-  const double beta2t = 1.0 - std::pow(static_cast<double>(step_count()), config_.decay_rate);
-  kernels::AdafactorUpdate u;
-  u.grad_scale = static_cast<float>(grad_scale);
-  u.eps = static_cast<float>(config_.eps);
-  u.beta2t = static_cast<float>(beta2t);
-  u.one_minus_beta2t = static_cast<float>(1.0 - beta2t);
-  u.lr = static_cast<float>(lr);
-  u.decay = static_cast<float>(-config_.weight_decay * lr);
-  u.clip_threshold = static_cast<float>(config_.clip_threshold);
+kernels::AdafactorUpdate Adafactor::slot_update(size_t i, const kernels::AdafactorUpdate& step) const {
+  kernels::AdafactorUpdate u = step;
   const runtime::ParamSlot& slot = params_.slots()[i];
   u.numel = slot.numel;
   double* stats = static_cast<double*>(stats_.get());
@@ -245,10 +237,20 @@ void Adafactor::update(double grad_scale, double lr) {
   ctx.num_threads = threads();
   const std::vector<runtime::ParamSlot>& slots = params_.slots();
   const bool zero = zero_grads_on();
+  // The step's constants, the same for every parameter and phase.
+  const double beta2t = 1.0 - std::pow(static_cast<double>(step_count()), config_.decay_rate);
+  kernels::AdafactorUpdate step;
+  step.grad_scale = static_cast<float>(grad_scale);
+  step.eps = static_cast<float>(config_.eps);
+  step.beta2t = static_cast<float>(beta2t);
+  step.one_minus_beta2t = static_cast<float>(1.0 - beta2t);
+  step.lr = static_cast<float>(lr);
+  step.decay = static_cast<float>(-config_.weight_decay * lr);
+  step.clip_threshold = static_cast<float>(config_.clip_threshold);
   // Runs `phase` over each part of every parameter this optimizer updates (once per parameter for States).
   auto run = [&](Phase phase) {
     for (size_t i = 0; i < slots.size(); ++i) {
-      kernels::AdafactorUpdate u = slot_update(i, grad_scale, lr);
+      kernels::AdafactorUpdate u = slot_update(i, step);
       u.phase = phase;
       float* p = params_.params_data() + slots[i].offset;
       if (phase == Phase::States) {

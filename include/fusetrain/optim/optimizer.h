@@ -345,8 +345,8 @@ class Adafactor final : public Optimizer {
   // The step's scratch, the device's memory: this optimizer's share of the row and column sums and of the vectors'
   // new averages (summed over ranks under ZeRO), every factored row's factor, each parameter's update sum of squares.
   kernels::DeviceBuffer stats_, factor_rows_, update_squares_;
-  // One phase's update of slot i (its constants, states and scratch; the phase to be set).
-  kernels::AdafactorUpdate slot_update(size_t i, double grad_scale, double lr) const;
+  // `step` (the step's constants) with slot i's shape, states and scratch; the phase to be set.
+  kernels::AdafactorUpdate slot_update(size_t i, const kernels::AdafactorUpdate& step) const;
 };
 
 /// 8-bit AdamW as bitsandbytes' AdamW with optim_bits=8 (adamw_bnb_8bit, adamw_8bit, paged_adamw_8bit): each
