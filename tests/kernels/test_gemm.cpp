@@ -13,6 +13,7 @@
 #include "fusetrain/core/half.h"
 #include "fusetrain/kernels/benchmark.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/thread_balance.h"
 #include "kernels/ref/gemm_ref.h"
 
 namespace fusetrain::kernels {
@@ -386,11 +387,77 @@ TEST_P(GemmPath, Batched) {
   run_batched<uint16_t>(accumulate, 4, true, false);
 }
 
+// Fixes the parallel GEMMs' split for the lifetime of the object.
+class ScopedSplit {
+ public:
+  explicit ScopedSplit(GemmSplit split) { set_gemm_split(split); }
+  ~ScopedSplit() { set_gemm_split(GemmSplit::adaptive); }
+};
+
+// A loaded machine's split (blocks from a shared counter) computes every element of C as one equal block per
+// thread does: bit for bit, with the epilogue still visiting each finished element once.
+TEST_P(GemmPath, SharedBlocksGiveTheEqualSplitsResultBitForBit) {
+  ScopedPath path(GetParam());
+  const int64_t shapes[][3] = {{255, 1030, 300}, {300, 1030, 33}, {33, 17, 801}, {2, 1100, 70}, {1000, 64, 257}};
+  for (bool bf16 : {false, true})
+    for (auto& sh : shapes)
+      for (int threads : {2, 3}) {
+        Case c{sh[0], sh[1], sh[2], false, true, 3, 1.0f, 0.0f, false, threads};
+        SCOPED_TRACE(describe(c) + (bf16 ? " bf16" : " f32"));
+        EpilogueCall call(c, bf16, 11);
+        const GemmShape& s = call.s;
+        std::vector<float> want(size_t(c.M * s.ldc), 0.0f), equal = want, shared = want, seen = want;
+        std::vector<int> visits(want.size(), 0), ignored(want.size(), 0);
+        EpilogueProbe probe{&seen, &visits, s.ldc}, unused{&want, &ignored, s.ldc};
+        GemmEpilogue counted{&EpilogueProbe::apply, &probe}, plain{&EpilogueProbe::apply, &unused};
+        {
+          ScopedSplit split(GemmSplit::equal);
+          call.run(equal.data(), &plain);
+        }
+        {
+          ScopedSplit split(GemmSplit::shared);
+          call.run(shared.data(), &counted);
+        }
+        ASSERT_EQ(std::memcmp(equal.data(), shared.data(), equal.size() * sizeof(float)), 0);
+        for (int64_t i = 0; i < c.M; ++i)
+          for (int64_t j = 0; j < s.ldc; ++j) {
+            const size_t at = size_t(i * s.ldc + j);
+            ASSERT_EQ(visits[at], j < c.N ? 1 : 0) << "(" << i << ", " << j << ")";
+            ASSERT_EQ(seen[at], shared[at]) << "(" << i << ", " << j << ")";
+          }
+        call.reference(want.data());
+        expect_close(shared.data(), want.data(), s, bf16 ? 2e-5 : 1e-5);
+        if (HasFailure()) return;
+      }
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, GemmPath, ::testing::Values("default", "avx512", "avx2", "portable"),
                          [](const auto& info) { return info.param; });
 
 // The forced path must really change the code taken: vdpbf16ps adds each k pair before
 // accumulating, the portable path adds products one k at a time, so some element differs.
+TEST(ThreadBalance, TurnsContendedWhenRatesStayApartAndBalancedWhenTheyMeet) {
+  ThreadBalance balance;
+  const double seconds[3] = {1.0, 1.0, 1.0};
+  const double even[3] = {100.0, 97.0, 0.0}, apart[3] = {100.0, 45.0, 0.0};  // thread 2 did no work: left out
+  for (int i = 0; i < 20; ++i) balance.record(even, seconds, 3);
+  EXPECT_FALSE(balance.contended());
+  EXPECT_NEAR(balance.average_spread(), 0.03, 0.005);
+  balance.record(apart, seconds, 2);  // one slow product does not flip it
+  EXPECT_FALSE(balance.contended());
+  for (int i = 0; i < 10; ++i) balance.record(apart, seconds, 2);
+  EXPECT_TRUE(balance.contended());
+  EXPECT_NEAR(balance.average_spread(), 0.55, 0.05);
+  balance.record(even, seconds, 2);  // nor does one even product flip it back
+  EXPECT_TRUE(balance.contended());
+  for (int i = 0; i < 20; ++i) balance.record(even, seconds, 2);
+  EXPECT_FALSE(balance.contended());
+  const double none[2] = {0.0, 0.0}, stalled[2] = {100.0, 100.0}, zero_time[2] = {1.0, 0.0};
+  balance.record(none, seconds, 2);  // nothing measured: nothing recorded
+  balance.record(stalled, zero_time, 2);
+  EXPECT_NEAR(balance.average_spread(), 0.03, 0.01);
+}
+
 TEST(GemmDispatch, PortableOverrideTakesEffect) {
   if (!__builtin_cpu_supports("avx512bf16")) GTEST_SKIP() << "needs AVX512_BF16 to compare against";
   GemmShape s{64, 64, 300, false, false, 300, 64, 64};

@@ -9,6 +9,7 @@
 // Threads each own a rectangle of C (split along M and/or N), so they share
 // nothing and never synchronise; each packs its own panels in its scratch slice.
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/thread_balance.h"
 
 #include "fusetrain/core/half.h"
 #include "fusetrain/core/quant.h"
@@ -23,6 +24,8 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+
+#include <atomic>
 #endif
 
 #define FT_TARGET_AVX2 __attribute__((target("avx2,fma")))
@@ -514,6 +517,19 @@ void split_range(int64_t total, int64_t unit, int parts, int index, int64_t* beg
   *end = std::min(total, units * (index + 1) / parts * unit);
 }
 
+// The process's parallel GEMMs share one measure of their threads' balance, and the split a test may fix.
+ThreadBalance& thread_balance() {
+  static ThreadBalance balance;
+  return balance;
+}
+std::atomic<GemmSplit> forced_split{GemmSplit::adaptive};
+
+// Blocks of C per thread when the threads are not balanced. Each block packs its own panels of A and B, so more
+// blocks pack more; on W3 with one competing process, 2 per thread gave a median step of 1.79-1.89 s, 4 per thread
+// 1.94 s (2-core Zen 2).
+constexpr int kBlocksPerThread = 2;
+constexpr int kMaxMeasuredThreads = 64;  // a larger team always runs in equal blocks
+
 template <class Kernel, typename T, typename BOperand>
 void gemm_threads_on(const GemmShape& s, float alpha, Operand<T> a, BOperand b, float beta, float* C, void* scratch,
                      int threads, const GemmEpilogue* epilogue) {
@@ -522,19 +538,40 @@ void gemm_threads_on(const GemmShape& s, float alpha, Operand<T> a, BOperand b, 
     gemm_serial<Kernel>(s.M, s.N, s.K, alpha, a, b, beta, C, s.ldc, thread_scratch(scratch, slice, 0), epilogue);
     return;
   }
+  ThreadBalance& balance = thread_balance();
+  const bool measured = threads <= kMaxMeasuredThreads;
+  const GemmSplit split = forced_split.load(std::memory_order_relaxed);
+  const bool shared = split == GemmSplit::shared || (split == GemmSplit::adaptive && measured && balance.contended());
+  const int parts = threads * (shared ? kBlocksPerThread : 1);
+  int tm = 1, tn = 1;
+  choose_grid(s.M, s.N, Kernel::MR, Kernel::NR, parts, &tm, &tn);
+  double work[kMaxMeasuredThreads] = {}, seconds[kMaxMeasuredThreads] = {};
+  std::atomic<int> next{0};
+  int team = 1;
 #pragma omp parallel num_threads(threads)
   {
-    int t = thread_id(), tm = 1, tn = 1;
-    choose_grid(s.M, s.N, Kernel::MR, Kernel::NR, thread_count(), &tm, &tn);
-    int64_t m0, m1, n0, n1;
-    split_range(s.M, Kernel::MR, tm, t / tn, &m0, &m1);
-    split_range(s.N, Kernel::NR, tn, t % tn, &n0, &n1);
-    if (m0 < m1 && n0 < n1) {
+    const int t = thread_id(), nt = thread_count();
+    if (t == 0) team = nt;
+    char* work_t = thread_scratch(scratch, slice, t);
+    const double start = measured ? omp_get_wtime() : 0.0;
+    double done = 0.0;
+    // Equal blocks go to their own thread (each thread keeps the rows it wrote last time in its cache); shared
+    // blocks to whichever thread asks next.
+    auto first = [&] { return shared ? next.fetch_add(1, std::memory_order_relaxed) : t; };
+    auto after = [&](int c) { return shared ? next.fetch_add(1, std::memory_order_relaxed) : c + nt; };
+    for (int c = first(); c < parts; c = after(c)) {
+      int64_t m0, m1, n0, n1;
+      split_range(s.M, Kernel::MR, tm, c / tn, &m0, &m1);
+      split_range(s.N, Kernel::NR, tn, c % tn, &n0, &n1);
+      if (m0 >= m1 || n0 >= n1) continue;
       Operand<T> a_t{a.at(m0, 0), a.xs, a.ks};
       gemm_serial<Kernel>(m1 - m0, n1 - n0, s.K, alpha, a_t, b_at(b, n0), beta, C ? C + m0 * s.ldc + n0 : nullptr,
-                          s.ldc, thread_scratch(scratch, slice, t), epilogue, m0, n0);
+                          s.ldc, work_t, epilogue, m0, n0);
+      done += double(m1 - m0) * double(n1 - n0);
     }
+    if (measured) work[t] = done, seconds[t] = omp_get_wtime() - start;
   }
+  if (measured) balance.record(work, seconds, team);
 }
 
 template <class Kernel, typename T>
@@ -665,6 +702,9 @@ void gemm_quant4_bf16(const GemmShape& shape, const uint16_t* A, const quant::Qu
                       int num_threads, const GemmEpilogue* epilogue) {
   gemm_quant4(shape, A, W, C, scratch, num_threads, epilogue);
 }
+
+void set_gemm_split(GemmSplit split) { forced_split.store(split, std::memory_order_relaxed); }
+bool gemm_threads_contended() { return thread_balance().contended(); }
 
 size_t gemm_f32_scratch_bytes(const GemmShape& shape, int num_threads) {
   return size_t(std::max(num_threads, 1)) * thread_scratch_bytes(shape) + 64;

@@ -38,6 +38,15 @@ struct GemmEpilogue {
 // outputs (a rounded, activated copy) the f32 product never reaches memory.
 int64_t gemm_strip_max_k(bool bf16_operands);
 
+// How a parallel GEMM splits C among its threads. `adaptive` (the default): one equal block per thread while the
+// threads run at the same measured rate, and blocks taken in turn from a shared counter (several per thread, so a
+// thread slowed by another process on its core takes fewer) while they do not (kernels/cpu/thread_balance.h).
+// `equal` and `shared` fix one split, for tests and benchmarks. Every split gives bit-identical results.
+enum class GemmSplit { adaptive, equal, shared };
+void set_gemm_split(GemmSplit split);
+// Whether the adaptive split currently judges the threads unbalanced (their rates apart).
+bool gemm_threads_contended();
+
 // Bytes of scratch for one call with num_threads threads (covers all of them).
 size_t gemm_f32_scratch_bytes(const GemmShape& shape, int num_threads);
 void gemm_f32(const GemmShape& shape, float alpha, const float* A, const float* B, float beta, float* C, void* scratch,
