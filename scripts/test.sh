@@ -18,3 +18,8 @@ bash scripts/fuzz.sh "${FUZZ_SECONDS:-5}"
 if [[ ${FUSETRAIN_CLEAN_ROOM:-0} == 1 ]]; then
   bash scripts/clean_room.sh
 fi
+# The drop-in and example-script tests under other transformers / torch versions (scripts/version_matrix.sh): about
+# ten minutes a cell and PyPI's servers; on when FUSETRAIN_VERSION_MATRIX=1.
+if [[ ${FUSETRAIN_VERSION_MATRIX:-0} == 1 ]]; then
+  bash scripts/version_matrix.sh
+fi

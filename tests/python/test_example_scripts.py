@@ -62,7 +62,13 @@ def _state(out: pathlib.Path) -> dict:
     return json.loads((out / "trainer_state.json").read_text())
 
 
-@pytest.mark.parametrize("script", list(TOLERANCES))
+# CI runs the text classifier (run_glue, the drop-in's first client) and the decoder (run_clm); the question
+# answering, token classification and MLM scripts (96, 75 and 62 s on a 2-core Zen 2) run with FUSETRAIN_RUN_SLOW=1.
+CI_SCRIPTS = ("run_glue", "run_clm")
+
+
+@pytest.mark.parametrize("script", [s if s in CI_SCRIPTS else pytest.param(s, marks=pytest.mark.slow)
+                                    for s in TOLERANCES])
 def test_script_trains_with_the_import_line_changed(script, work, data_files):
     ours, ours_run = _run(script, [], work, data_files, f"{script}-fusetrain", fusetrain=True)
     theirs, _ = _run(script, [], work, data_files, f"{script}-transformers", fusetrain=False)
