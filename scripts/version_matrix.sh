@@ -10,8 +10,9 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 declare -A CELLS=(
-  # The oldest transformers the drop-ins support (pyproject.toml), with the newest PEFT and TRL that install beside it.
-  [transformers-4.57]="transformers==4.57.6"
+  # The oldest transformers the drop-ins support (pyproject.toml), with the newest PEFT and TRL that install beside it
+  # (datasets 5 needs huggingface_hub 1.x, which transformers 4.57 refuses).
+  [transformers-4.57]="transformers==4.57.6 datasets<5"
   # The newest transformers, torch, PEFT and TRL: what scripts/setup.sh installs.
   [newest]=""
   # The newest torch this machine's package index holds (a CUDA build; its CUDA libraries are not used on a CPU).
