@@ -44,7 +44,12 @@ from typing import Any
 import transformers
 
 from fusetrain import _core
+from fusetrain._versions import check_transformers
 from fusetrain.distributed import RENDEZVOUS_TIMEOUT_VARIABLE, join_process_group
+
+# fusetrain.Trainer and fusetrain.trl import this module: with a transformers older than the engine loop needs,
+# they are one clear ImportError.
+check_transformers()
 
 _SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
 
