@@ -14,8 +14,9 @@ declare -A CELLS=(
   # tests/python/test_versions.py, which checks that refusal (datasets 5 needs huggingface_hub 1.x, which
   # transformers 4.57 refuses).
   [transformers-4.57]="transformers==4.57.6 datasets<5"
-  # The oldest transformers the drop-ins support (pyproject.toml), with the newest torch, PEFT and TRL.
-  [transformers-5.3]="transformers==5.3.0"
+  # The oldest transformers the drop-ins support (pyproject.toml), with the newest torch, PEFT and TRL, and the
+  # kernels package in the range transformers 5.3 declares (the newer one beside transformers 5.x fails its import).
+  [transformers-5.3]="transformers==5.3.0 kernels>=0.10.2,<0.11"
   # The newest transformers, torch, PEFT and TRL: what scripts/setup.sh installs.
   [newest]=""
   # The newest torch this machine's package index holds (a CUDA build; its CUDA libraries are not used on a CPU).

@@ -34,3 +34,11 @@ def check_transformers(version: str | None = None) -> None:
             f"fusetrain.Trainer needs transformers >= {needed} (the engine's loop runs its Trainer's training-loop "
             f"helpers, which transformers {needed} introduced), found transformers {version}: "
             f"pip install -U 'transformers>={needed}'")
+
+
+def counts_unshifted_labels(trainer) -> bool:
+    """Whether transformers' Trainer counts a causal LM's `num_items_in_batch` over every label, the first of each
+    row too, rather than over the shifted labels the loss reads. transformers 5.3-5.10 always counted every label;
+    5.11 added `Trainer._loss_shifts_labels` and counts shifted labels when it is true. The engine divides its
+    summed token losses by the same count, so that the logged loss is the one transformers logs."""
+    return not getattr(trainer, "_loss_shifts_labels", False)

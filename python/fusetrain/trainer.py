@@ -45,6 +45,7 @@ from transformers.trainer_pt_utils import get_model_param_count
 from transformers.trainer_utils import TrainOutput
 
 from fusetrain import _core, capture, data
+from fusetrain._versions import counts_unshifted_labels
 from fusetrain.distributed import engine_communicator
 from fusetrain._core import Model
 from fusetrain.training_args import TrainingArguments, check_arguments, engine_dict, engine_refusals
@@ -821,7 +822,7 @@ class Trainer(transformers.Trainer):
         counted = bool(self.model_accepts_loss_kwargs) and task != "qa"  # transformers counts num_items_in_batch
         self._loss_by_item_count = counted and _loss_divides_by_item_count(self.model)
         self._loss_sums_micro_batches = counted and not self._loss_by_item_count
-        self._count_unshifted_labels = task == "clm" and not getattr(self, "_loss_shifts_labels", True)
+        self._count_unshifted_labels = task == "clm" and counts_unshifted_labels(self)
         self._last_grad_norm = None
         self._step_context = (trial, ignore_keys_for_eval, start_time)
         engine.set_callbacks(self._engine_event)
@@ -862,7 +863,7 @@ class Trainer(transformers.Trainer):
             if self._loss_by_item_count and step["predicted"]:
                 # transformers divides the step's summed token losses by num_items_in_batch, the labels of all its
                 # micro-batches (for a causal LM it counts every position's label unless it knows the loss shifts
-                # them, as transformers 5 does not for GPT-2 before its first forward).
+                # them: not before transformers 5.11, nor for GPT-2 before its first forward).
                 loss = step["loss_sum"] / (step["labelled"] if self._count_unshifted_labels else step["predicted"])
             elif self._loss_sums_micro_batches:
                 # transformers does not divide by the accumulation steps a loss to which it passed num_items_in_batch;

@@ -9,7 +9,7 @@ from importlib import metadata
 
 import pytest
 
-from fusetrain._versions import TRANSFORMERS_MIN, check_transformers, release
+from fusetrain._versions import TRANSFORMERS_MIN, check_transformers, counts_unshifted_labels, release
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NEEDED = ".".join(map(str, TRANSFORMERS_MIN))
@@ -57,3 +57,21 @@ def test_the_installed_transformers_trains_or_is_refused_at_import():
         assert result.returncode != 0
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith("ImportError: fusetrain.Trainer needs transformers >= ") and installed in last, last
+
+
+def test_causal_lm_item_counts_follow_the_transformers_that_computes_them():
+    """transformers 5.3-5.10 count a causal LM's num_items_in_batch over every label (their Trainer has no
+    `_loss_shifts_labels`); 5.11 and later over the shifted labels when that attribute is true. The matrix's 5.3
+    cell checks the logged losses against TRL's under 5.3 (test_trl.py's padded case)."""
+    class Before511:
+        pass
+
+    class ShiftingLoss:
+        _loss_shifts_labels = True
+
+    class LossNotYetKnownToShift:  # GPT-2 before its first forward, in 5.11 and later
+        _loss_shifts_labels = False
+
+    assert counts_unshifted_labels(Before511())
+    assert not counts_unshifted_labels(ShiftingLoss())
+    assert counts_unshifted_labels(LossNotYetKnownToShift())
