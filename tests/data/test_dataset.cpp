@@ -194,7 +194,7 @@ TEST(DataReaders, Utf8IsValidatedOnRead) {
 }
 
 TEST(DataReaders, ReadsSst2Dev) {
-  fs::path path = fs::path(__FILE__).parent_path() / "../../../shared/datasets/sst2/dev.tsv";
+  fs::path path = fs::path(FUSETRAIN_SOURCE_DIR) / "../shared/datasets/sst2/dev.tsv";
   if (!fs::exists(path)) {
     if (std::getenv("CI")) FAIL() << "no SST-2 at " << path << " (CI must have ../shared beside the clone)";
     GTEST_SKIP() << "no SST-2 at " << path;

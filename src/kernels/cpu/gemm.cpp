@@ -8,6 +8,8 @@
 //                      for jr (NR):  microkernel, B panels streamed from L2/L3
 // Threads each own a rectangle of C (split along M and/or N), so they share
 // nothing and never synchronise; each packs its own panels in its scratch slice.
+// When the threads run at different speeds (another process on a core), C is cut
+// into more rectangles, taken from a shared counter (kernels/cpu/thread_balance.h).
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/thread_balance.h"
 
@@ -17,6 +19,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -24,8 +28,6 @@
 
 #ifdef _OPENMP
 #include <omp.h>
-
-#include <atomic>
 #endif
 
 #define FT_TARGET_AVX2 __attribute__((target("avx2,fma")))
@@ -553,7 +555,7 @@ void gemm_threads_on(const GemmShape& s, float alpha, Operand<T> a, BOperand b, 
     const int t = thread_id(), nt = thread_count();
     if (t == 0) team = nt;
     char* work_t = thread_scratch(scratch, slice, t);
-    const double start = measured ? omp_get_wtime() : 0.0;
+    const auto start = std::chrono::steady_clock::now();
     double done = 0.0;
     // Equal blocks go to their own thread (each thread keeps the rows it wrote last time in its cache); shared
     // blocks to whichever thread asks next.
@@ -569,7 +571,10 @@ void gemm_threads_on(const GemmShape& s, float alpha, Operand<T> a, BOperand b, 
                           s.ldc, work_t, epilogue, m0, n0);
       done += double(m1 - m0) * double(n1 - n0);
     }
-    if (measured) work[t] = done, seconds[t] = omp_get_wtime() - start;
+    if (measured) {
+      work[t] = done;
+      seconds[t] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
   }
   if (measured) balance.record(work, seconds, team);
 }
@@ -704,7 +709,6 @@ void gemm_quant4_bf16(const GemmShape& shape, const uint16_t* A, const quant::Qu
 }
 
 void set_gemm_split(GemmSplit split) { forced_split.store(split, std::memory_order_relaxed); }
-bool gemm_threads_contended() { return thread_balance().contended(); }
 
 size_t gemm_f32_scratch_bytes(const GemmShape& shape, int num_threads) {
   return size_t(std::max(num_threads, 1)) * thread_scratch_bytes(shape) + 64;

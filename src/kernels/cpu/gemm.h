@@ -44,8 +44,6 @@ int64_t gemm_strip_max_k(bool bf16_operands);
 // `equal` and `shared` fix one split, for tests and benchmarks. Every split gives bit-identical results.
 enum class GemmSplit { adaptive, equal, shared };
 void set_gemm_split(GemmSplit split);
-// Whether the adaptive split currently judges the threads unbalanced (their rates apart).
-bool gemm_threads_contended();
 
 // Bytes of scratch for one call with num_threads threads (covers all of them).
 size_t gemm_f32_scratch_bytes(const GemmShape& shape, int num_threads);
