@@ -35,15 +35,21 @@ def tiny_model(tmp_path_factory) -> pathlib.Path:
     return out
 
 
+def env_finding_fusetrain() -> dict[str, str]:
+    """This process's environment with the imported fusetrain's directory on PYTHONPATH, so a child Python imports
+    the same build (ctest finds it through FUSETRAIN_PYTHON_PATH and conftest, which a child does not run)."""
+    import fusetrain
+
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(pathlib.Path(fusetrain.__file__).parents[1]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+
+
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory) -> pathlib.Path:
     """A 2-layer, 64-wide Llama (4 query heads over 2 key/value heads) with a 512-token BPE tokenizer trained on Tiny
     Shakespeare (examples/make_tiny_llama.py)."""
-    import fusetrain
-
     out = tmp_path_factory.mktemp("tiny-llama")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pathlib.Path(fusetrain.__file__).parents[1]),
-                                                          os.environ.get("PYTHONPATH", "")])}
+    env = env_finding_fusetrain()
     subprocess.run([sys.executable, str(ROOT / "examples" / "make_tiny_llama.py"), "--text", str(SHAKESPEARE),
                     "--output", str(out), "--hidden-size", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
                     "--intermediate-size", "96", "--vocab-size", "512"], check=True, capture_output=True, env=env)

@@ -9,6 +9,7 @@ from importlib import metadata
 
 import pytest
 
+from cli_support import env_finding_fusetrain
 from fusetrain._versions import TRANSFORMERS_MIN, check_transformers, counts_unshifted_labels, release
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -50,7 +51,8 @@ def test_the_installed_transformers_trains_or_is_refused_at_import():
     code = ("import fusetrain, transformers; "
             "assert issubclass(fusetrain.Trainer, transformers.Trainer); "
             "from fusetrain.trl import SFTTrainer; print('imported')")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env=env_finding_fusetrain())
     if release(installed) >= TRANSFORMERS_MIN:
         assert result.returncode == 0 and "imported" in result.stdout, result.stderr[-2000:]
     else:
