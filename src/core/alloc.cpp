@@ -1,6 +1,11 @@
 #include "fusetrain/core/alloc.h"
 
+#if __has_include(<sanitizer/asan_interface.h>)
 #include <sanitizer/asan_interface.h>  // ASAN_(UN)POISON_MEMORY_REGION, no-ops outside AddressSanitizer builds
+#else  // a toolchain without the sanitizer headers (the wheel's zig cc) builds no AddressSanitizer build either
+#define ASAN_POISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
+#define ASAN_UNPOISON_MEMORY_REGION(addr, size) ((void)(addr), (void)(size))
+#endif
 #include <sys/mman.h>
 #include <unistd.h>
 

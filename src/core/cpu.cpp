@@ -40,6 +40,7 @@ CpuFeatures detect() {
   f.avx512f = zmm_state && (ebx & (1u << 16));
   f.avx512bw = f.avx512f && (ebx & (1u << 30));
   f.avx512vl = f.avx512f && (ebx & (1u << 31));
+  f.avx512dq = f.avx512f && (ebx & (1u << 17));
   bool amx_bf16 = edx & (1u << 22);
   bool amx_tile = edx & (1u << 24);
   unsigned eax1, ebx1, ecx1, edx1;
@@ -66,6 +67,7 @@ std::string CpuFeatures::to_string() const {
   add(avx512f, "avx512f");
   add(avx512bw, "avx512bw");
   add(avx512vl, "avx512vl");
+  add(avx512dq, "avx512dq");
   add(avx512_bf16, "avx512_bf16");
   add(amx_tile, "amx_tile");
   add(amx_bf16, "amx_bf16");

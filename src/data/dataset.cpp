@@ -416,7 +416,7 @@ TokenClassificationDataset::TokenClassificationDataset(const Table& table, const
   // Each word after a space (" EU rejects ..."): byte-level BPE then sees every word with its leading space, as
   // transformers' is_split_into_words encodes words for RoBERTa; BERT's pre-tokenizer drops the spaces.
   // word_ends[row][w] is where word w ends in that text.
-  Table joined{table.source, {"text"}, {}, table.row_lines};
+  Table joined{table.source, {"text"}, {}, table.row_lines, {}};  // the joined text is a string in every row
   std::vector<std::vector<int64_t>> word_ends(table.num_rows()), tags(table.num_rows());
   for (size_t row = 0; row < table.num_rows(); ++row) {
     std::string text;

@@ -108,7 +108,7 @@ QuestionAnsweringDataset::QuestionAnsweringDataset(const Table& table, const QaC
   const size_t answers_column = labelled ? table.column(columns.answers) : 0;
 
   // The first answer of each row as a byte span of its context ({-1, -1}: none); questions lose leading spaces.
-  Table pairs{table.source, {"question", "context"}, {}, table.row_lines};
+  Table pairs{table.source, {"question", "context"}, {}, table.row_lines, {}};
   std::vector<std::pair<int64_t, int64_t>> answer_bytes(table.num_rows(), {-1, -1});
   for (size_t row = 0; row < table.num_rows(); ++row) {
     table.require_text(row, question_column);

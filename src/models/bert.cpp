@@ -64,7 +64,9 @@ class BertFamily final : public Family {
     ValueId word = b.param(p("embeddings.word_embeddings.weight"), {V_, C});
     ValueId position = b.param(p("embeddings.position_embeddings.weight"), {P_, C});
     ValueId token_type = b.param(p("embeddings.token_type_embeddings.weight"), {TV_, C});
-    ValueId x = b.add(b.embedding(word, ids, pad_), b.embedding(token_type, token_types));
+    // The token-type rows are gathered first (graph node order must not follow the compiler's argument order).
+    ValueId type_rows = b.embedding(token_type, token_types);
+    ValueId x = b.add(b.embedding(word, ids, pad_), type_rows);
     x = b.add(x, b.embedding(position, positions, roberta_ ? pad_ : -1));
     x = layer_norm(b, x, p("embeddings.LayerNorm"));
     x = maybe_dropout(b, x, hidden_dropout_, train);

@@ -53,7 +53,8 @@ class DistilBertFamily final : public Family {
 
     ValueId word = b.param(p("embeddings.word_embeddings.weight"), {V_, C});
     ValueId position = b.param(p("embeddings.position_embeddings.weight"), {P_, C});
-    ValueId x = b.add(b.embedding(word, ids, pad_), b.embedding(position, positions));
+    ValueId position_rows = b.embedding(position, positions);  // first: node order is not left to argument order
+    ValueId x = b.add(b.embedding(word, ids, pad_), position_rows);
     x = maybe_dropout(b, layer_norm(b, x, p("embeddings.LayerNorm")), dropout_, train);
     out.layer_boundaries.push_back(x);
 

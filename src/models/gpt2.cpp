@@ -54,7 +54,8 @@ class Gpt2Family final : public Family {
 
     ValueId wte = b.param(p("wte.weight"), {V_, C});
     ValueId wpe = b.param(p("wpe.weight"), {P_, C});
-    ValueId x = maybe_dropout(b, b.add(b.embedding(wte, ids), b.embedding(wpe, positions)), embd_dropout_, train);
+    ValueId position_rows = b.embedding(wpe, positions);  // first: node order is not left to argument order
+    ValueId x = maybe_dropout(b, b.add(b.embedding(wte, ids), position_rows), embd_dropout_, train);
     out.layer_boundaries.push_back(x);
 
     for (int64_t l = 0; l < layers_; ++l) {
@@ -66,10 +67,11 @@ class Gpt2Family final : public Family {
       std::vector<ValueId> qkv = b.split(io == DType::f32 ? projected : b.cast(projected, io), -1, {C, C, C});
       double scale = scale_attn_ ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
       if (scale_by_layer_) scale /= static_cast<double>(l + 1);
-      ValueId context =
-          b.attention(split_heads(b, qkv[0], B, T, H_, D), split_heads(b, qkv[1], B, T, H_, D),
-                      split_heads(b, qkv[2], B, T, H_, D), mask_add, scale, true, train ? attn_dropout_ : 0.0, io, 0,
-                      0.0, key_begin);
+      // v, k, q in turn, one statement each: node order is not left to the compiler's argument order.
+      ValueId v = split_heads(b, qkv[2], B, T, H_, D);
+      ValueId k = split_heads(b, qkv[1], B, T, H_, D);
+      ValueId q = split_heads(b, qkv[0], B, T, H_, D);
+      ValueId context = b.attention(q, k, v, mask_add, scale, true, train ? attn_dropout_ : 0.0, io, 0, 0.0, key_begin);
       ValueId attn = conv1d(b, merge_heads(b, context, B, T, H_, D), block + "attn.c_proj", C, C);
       x = b.add(x, maybe_dropout(b, attn, resid_dropout_, train));
       ValueId h = activation(b, conv1d(b, layer_norm(b, x, block + "ln_2"), block + "mlp.c_fc", C, F_), act_, matmul_dtype_);

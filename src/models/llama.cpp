@@ -100,8 +100,11 @@ class LlamaFamily final : public Family {
         k = b.cast(k, io);
         v = b.cast(v, io);
       }
-      ValueId context = b.attention(b.transpose(q, {0, 2, 1, 3}), b.transpose(k, {0, 2, 1, 3}),
-                                    b.transpose(v, {0, 2, 1, 3}), mask_add, 1.0 / std::sqrt(double(D)), true,
+      // v, k, q in turn, one statement each: node order is not left to the compiler's argument order.
+      ValueId v_heads = b.transpose(v, {0, 2, 1, 3});
+      ValueId k_heads = b.transpose(k, {0, 2, 1, 3});
+      ValueId q_heads = b.transpose(q, {0, 2, 1, 3});
+      ValueId context = b.attention(q_heads, k_heads, v_heads, mask_add, 1.0 / std::sqrt(double(D)), true,
                                     train ? attn_dropout_ : 0.0, io, window_of(l, T, spec.every_window), 0.0,
                                     key_begin);
       ValueId merged = b.reshape(b.transpose(context, {0, 2, 1, 3}), {B, T, H * D});

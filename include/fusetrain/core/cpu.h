@@ -14,6 +14,7 @@ struct CpuFeatures {
   bool avx512f = false;
   bool avx512bw = false;
   bool avx512vl = false;
+  bool avx512dq = false;
   bool avx512_bf16 = false;
   bool amx_tile = false;
   bool amx_bf16 = false;

@@ -57,9 +57,13 @@ void linear_grads(GradContext& ctx, ValueId dy) {
     ValueId dx2 = ctx.b.matmul(ctx.b.reshape(dy_gemm, {rows, sw[0]}), w, false, false);
     ctx.set_grad_input(0, ctx.b.reshape(dx2, sx.dims()));
   }
-  if (ctx.needs_grad(1))
-    ctx.set_grad_input(
-        1, ctx.b.matmul(ctx.b.reshape(dy_gemm, {rows, sw[0]}), ctx.b.reshape(x, {rows, sx[-1]}), true, false));
+  if (ctx.needs_grad(1)) {
+    // One statement each, x's reshape first: a call's arguments are evaluated in an order the compiler chooses, and
+    // the node order (which the schedule, and so the order of sums, follows) must not depend on the compiler.
+    ValueId x2 = ctx.b.reshape(x, {rows, sx[-1]});
+    ValueId dy2 = ctx.b.reshape(dy_gemm, {rows, sw[0]});
+    ctx.set_grad_input(1, ctx.b.matmul(dy2, x2, true, false));
+  }
   if (ctx.num_inputs() == 3 && ctx.needs_grad(2))
     ctx.set_grad_input(2, ctx.b.reduce_sum(ctx.b.reshape(dy, {rows, sw[0]}), {0}));
 }

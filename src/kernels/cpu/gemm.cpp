@@ -13,6 +13,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/thread_balance.h"
 
+#include "fusetrain/core/cpu.h"
 #include "fusetrain/core/half.h"
 #include "fusetrain/core/quant.h"
 
@@ -593,12 +594,13 @@ void gemm_threads(const GemmShape& s, float alpha, const T* A, const T* B, float
 
 enum class Isa { portable, avx2, avx512, avx512_bf16 };
 
+// From the engine's own CPUID reading (cpu_features), as every kernel's path: the compiler runtime's
+// __builtin_cpu_supports is not filled in by every toolchain (zig's, which builds the wheel, reports nothing).
 Isa detect_isa() {
-  __builtin_cpu_init();
-  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  if (avx512 && __builtin_cpu_supports("avx512bf16")) return Isa::avx512_bf16;
+  const CpuFeatures& f = cpu_features();
+  bool avx2 = f.avx2 && f.fma;
+  bool avx512 = avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+  if (avx512 && f.avx512_bf16) return Isa::avx512_bf16;
   if (avx512) return Isa::avx512;
   return avx2 ? Isa::avx2 : Isa::portable;
 }

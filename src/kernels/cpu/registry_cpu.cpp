@@ -35,7 +35,7 @@ std::atomic<CpuPath>& path_cap() {
 bool cpu_has_avx512() {
   static const bool has = [] {
     const CpuFeatures& f = cpu_features();
-    return f.avx512f && f.avx512bw && f.avx512vl && f.fma && __builtin_cpu_supports("avx512dq");
+    return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.fma;
   }();
   return has;
 }
