@@ -39,7 +39,10 @@ const FusetrainMpiApi& api() {
     const std::string path = given ? given : (engine_directory() / "libfusetrain_mpi.so").string();
     FT_CHECK(fs::exists(path), "a multi-process job needs fusetrain's Open MPI plugin, expected at ", path,
              ", which this installation lacks (it was built without Open MPI: install libopenmpi-dev and rebuild)");
-    // Global: Open MPI's own components, which libmpi loads, resolve its symbols.
+    // Open MPI's library first, global: the wheel's plugin names no MPI library (so that the wheel's platform tag
+    // does not follow the build machine's Open MPI) and finds MPI's symbols here; Open MPI's own components, which
+    // libmpi loads, resolve its symbols too. A plugin that links libmpi itself (a source build) loads either way.
+    dlopen("libmpi.so.40", RTLD_NOW | RTLD_GLOBAL);  // Open MPI 3, 4 and 5's soname
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
     if (handle == nullptr)
       throw Error(str("a multi-process job needs Open MPI's runtime, which did not load: ", dlerror(),
