@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libopenmpi-dev openmpi-bin  # the collectives of multi-process training (src/comm/mpi.cpp)
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev libomp-14-dev llvm-14  # fuzz.sh, sanitize.sh: sanitizer runtimes, libomp + Archer, symbolizer
+  curl                   # wheel.sh: its pinned sources (the clean-room run, FUSETRAIN_CLEAN_ROOM=1)
 )
 apt_install "${APT_PACKAGES[@]}"
 

@@ -19,6 +19,7 @@ pytest.importorskip("onnxscript")  # the dynamo exporter
 
 import fusetrain  # noqa: E402
 import hf_models as hf  # noqa: E402
+from cli_support import env_finding_fusetrain  # noqa: E402
 from fusetrain import capture  # noqa: E402
 
 T = transformers
@@ -292,7 +293,6 @@ def test_a_class_that_is_no_head_is_refused_naming_the_heads(tmp_path):
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
     """A 512-entry byte-level BPE tokenizer trained on Tiny Shakespeare (examples/make_tiny_llama.py)."""
-    import os
     import pathlib
     import subprocess
     import sys
@@ -300,8 +300,7 @@ def tokenizer_dir(tmp_path_factory):
     root = pathlib.Path(__file__).resolve().parents[2]
     text = root.parent / "shared" / "datasets" / "tinyshakespeare" / "input.txt"
     out = tmp_path_factory.mktemp("tiny-llama")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pathlib.Path(fusetrain.__file__).parents[1]),
-                                                          os.environ.get("PYTHONPATH", "")])}
+    env = env_finding_fusetrain()
     subprocess.run([sys.executable, str(root / "examples" / "make_tiny_llama.py"), "--text", str(text), "--output",
                     str(out), "--hidden-size", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1",
                     "--intermediate-size", "48", "--vocab-size", "512"], check=True, capture_output=True, env=env)
@@ -312,14 +311,10 @@ def tokenizer_dir(tmp_path_factory):
 
 def cli(*args, cache, module="fusetrain"):
     """`python -m <module> args` with the capture cache at `cache`."""
-    import os
-    import pathlib
     import subprocess
     import sys
 
-    env = {**os.environ, "FUSETRAIN_CACHE": str(cache),
-           "PYTHONPATH": os.pathsep.join([str(pathlib.Path(fusetrain.__file__).parents[1]),
-                                          os.environ.get("PYTHONPATH", "")])}
+    env = {**env_finding_fusetrain(), "FUSETRAIN_CACHE": str(cache)}
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env,
                           timeout=600)
 
