@@ -48,7 +48,7 @@ from fusetrain import _core, capture, data
 from fusetrain._versions import counts_unshifted_labels
 from fusetrain.distributed import engine_communicator
 from fusetrain._core import Model
-from fusetrain.training_args import TrainingArguments, check_arguments, engine_dict, engine_refusals
+from fusetrain.training_args import TrainingArguments, _value, check_arguments, engine_dict, engine_refusals
 
 # transformers collators whose batches equal the engine's own up to padding.
 _PADDING_COLLATORS = ("PaddingCollator", "DataCollatorWithPadding", "DataCollatorForTokenClassification", "default_data_collator",
@@ -698,6 +698,20 @@ class Trainer(transformers.Trainer):
                 problem_type=config.get("problem_type"), name="train_dataset", with_labels=with_labels))
         return self._engine_datasets[key][1]
 
+    def _length_column(self, args: Any) -> list[int] | None:
+        """The training examples' lengths from the dataset's length_column_name column, which
+        train_sampling_strategy="group_by_length" groups by as transformers' does: where the column reaches the
+        sampler, a datasets.Dataset's with remove_unused_columns off. None when it groups by the token counts (or
+        does not group)."""
+        if _value(getattr(args, "train_sampling_strategy", "random")) != "group_by_length":
+            return None
+        if args.remove_unused_columns or not hasattr(self.train_dataset, "column_names"):
+            return None  # transformers removes the column before its sampler reads it, or has no columns to read
+        name = args.length_column_name
+        if name not in data.column_names(self.train_dataset):
+            return None
+        return [int(length) for length in self.train_dataset[name]]
+
     # ------------------------------------------------------------ collation
 
     def _pad_id(self) -> int:
@@ -793,6 +807,9 @@ class Trainer(transformers.Trainer):
         engine.set_communicator(engine_communicator(args.world_size))
         if self._uses_python_collator():
             engine.set_collate(self._collate_hook())
+        lengths = self._length_column(args)
+        if lengths is not None:
+            engine.set_train_lengths(lengths)
         self._scheduler_steps = 0
         if resume_from_checkpoint is not None:
             self._resume_engine(engine, resume_from_checkpoint)

@@ -253,8 +253,9 @@ def engine_refusals(args: transformers.TrainingArguments) -> list[str]:
         refuse("use_liger_kernel", "the engine has its own kernels")
     if args.auto_find_batch_size:
         refuse("auto_find_batch_size", "the engine plans its memory for one batch size")
-    if _value(getattr(args, "train_sampling_strategy", "random")) not in ("random", "sequential"):
-        refuse("train_sampling_strategy", "the engine reads examples shuffled (random) or in order (sequential)")
+    if _value(getattr(args, "train_sampling_strategy", "random")) not in ("random", "sequential", "group_by_length"):
+        refuse("train_sampling_strategy",
+               "the engine reads examples shuffled (random), in order (sequential) or grouped by length")
     if args.world_size > 1 and not _data_parallel_ready(args):
         out.append(f"world_size={args.world_size} in parallel mode {args.parallel_mode.value} (the engine trains "
                    "data-parallel over torch.distributed or an MPI launcher's ranks)")

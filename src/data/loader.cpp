@@ -27,6 +27,25 @@ uint64_t bounded(std::mt19937_64& rng, uint64_t bound) {
 
 }  // namespace
 
+std::vector<int64_t> length_grouped_order(std::vector<int64_t> order, std::span<const int64_t> lengths,
+                                          int64_t batch_size) {
+  FT_CHECK(batch_size > 0, "length_grouped_order: batch_size must be positive, got ", batch_size);
+  for (int64_t index : order)
+    FT_CHECK(index >= 0 && static_cast<size_t>(index) < lengths.size(), "length_grouped_order: example ", index,
+             " has no length (", lengths.size(), " lengths given)");
+  const int64_t n = static_cast<int64_t>(order.size());
+  const int64_t megabatch = batch_size * std::max<int64_t>(std::min<int64_t>(n / (batch_size * 4), 50), 1);
+  auto longer = [&](int64_t a, int64_t b) { return lengths[static_cast<size_t>(a)] > lengths[static_cast<size_t>(b)]; };
+  size_t longest_group = 0;  // the megabatch whose first (longest) example is the longest of all; the first such
+  for (int64_t begin = 0; begin < n; begin += megabatch) {
+    auto first = order.begin() + begin, last = order.begin() + std::min(n, begin + megabatch);
+    std::stable_sort(first, last, longer);
+    if (longer(*first, order[longest_group])) longest_group = static_cast<size_t>(begin);
+  }
+  if (n > 0) std::swap(order[0], order[longest_group]);
+  return order;
+}
+
 CollateFn padded_collate(const TokenizedDataset& dataset, const CollateOptions& options) {
   return [&dataset, options](std::span<const int64_t> indices, uint64_t batch_number) {
     Batch batch = collate_padded(dataset, indices, options.pad_to_multiple_of, options.pad_id);
@@ -40,6 +59,11 @@ DataLoader::DataLoader(int64_t dataset_size, const LoaderOptions& options, Colla
   FT_CHECK(options.batch_size > 0, "DataLoader: batch_size must be positive, got ", options.batch_size);
   FT_CHECK(options.prefetch > 0, "DataLoader: prefetch must be at least 1, got ", options.prefetch);
   FT_CHECK(dataset_size >= 0, "DataLoader: dataset_size must not be negative, got ", dataset_size);
+  FT_CHECK(options.lengths.empty() || static_cast<int64_t>(options.lengths.size()) == dataset_size,
+           "DataLoader: grouping by length needs one length per example: ", options.lengths.size(), " lengths for ",
+           dataset_size, " examples");
+  FT_CHECK(options.group_batch_size >= 0, "DataLoader: group_batch_size must not be negative, got ",
+           options.group_batch_size);
   FT_CHECK(static_cast<bool>(collate_), "DataLoader: no collate function given");
   batches_per_epoch_ = options.drop_last ? dataset_size / options.batch_size
                                          : (dataset_size + options.batch_size - 1) / options.batch_size;
@@ -53,7 +77,9 @@ std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
   if (!options_.shuffle) return order;
   std::mt19937_64 rng(options_.seed + static_cast<uint64_t>(epoch));
   for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[bounded(rng, i)]);
-  return order;
+  if (options_.lengths.empty()) return order;
+  return length_grouped_order(std::move(order), options_.lengths,
+                              options_.group_batch_size > 0 ? options_.group_batch_size : options_.batch_size);
 }
 
 void DataLoader::start_epoch(int64_t epoch) {

@@ -18,6 +18,7 @@
 
 #include "fusetrain/comm/communicator.h"
 #include "fusetrain/core/error.h"
+#include "fusetrain/data/loader.h"
 #include "fusetrain/models/registry.h"
 #include "fusetrain/train/trainer.h"
 #include "python/binding.h"
@@ -425,6 +426,30 @@ datasets, lists of dicts or map-style datasets). Example i is ids[offsets[i]:off
       [](py::dict args) { train::TrainingArguments::from_json(to_json(args, "args")).validate(); }, "args"_a,
       "Raises ValueError naming the first field the engine rejects (unknown, wrong type or out of range).");
 
+  m.def(
+      "_epoch_order",
+      [](int64_t size, int64_t batch_size, uint64_t seed, int64_t epoch, std::vector<int64_t> lengths,
+         int64_t group_batch_size) {
+        data::LoaderOptions options;
+        options.batch_size = batch_size;
+        options.shuffle = true;
+        options.seed = seed;
+        options.lengths = std::move(lengths);
+        options.group_batch_size = group_batch_size;
+        return data::DataLoader(size, options, [](std::span<const int64_t>, uint64_t) { return data::Batch{}; })
+            .epoch_order(epoch);
+      },
+      "size"_a, "batch_size"_a, "seed"_a, "epoch"_a, "lengths"_a = std::vector<int64_t>{}, "group_batch_size"_a = 0,
+      "The order in which the engine's training loop visits `size` examples in epoch `epoch` (shuffled; grouped by "
+      "`lengths` when given, as train_sampling_strategy=\"group_by_length\" does).");
+  m.def(
+      "_length_grouped_order",
+      [](std::vector<int64_t> order, const std::vector<int64_t>& lengths, int64_t batch_size) {
+        return data::length_grouped_order(std::move(order), lengths, batch_size);
+      },
+      "order"_a, "lengths"_a, "batch_size"_a,
+        "`order` regrouped by `lengths` as transformers' LengthGroupedSampler groups a permutation.");
+
   py::class_<PyTrainer>(m, "_Trainer", R"doc(
 The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.Trainer drives it.
 )doc")
@@ -460,6 +485,10 @@ The engine's Trainer (the loop the CLI runs) over a fusetrain.Model. fusetrain.T
             });
           },
           "collate"_a, "collate(indices: int64 array, training: bool) -> mapping of arrays, called per batch.")
+      .def(
+          "set_train_lengths",
+          [](PyTrainer& self, std::vector<int64_t> lengths) { self.trainer->set_train_lengths(std::move(lengths)); },
+          "lengths"_a, "The lengths train_sampling_strategy=\"group_by_length\" groups the training examples by.")
       .def(
           "set_compute_metrics",
           [](PyTrainer& self, py::function metrics) {

@@ -280,6 +280,18 @@ Trainer::Run::Run(Trainer& trainer)
   loader_options.shuffle = a.train_sampling_strategy != "sequential";
   loader_options.seed = static_cast<uint64_t>(a.seed);
   loader_options.drop_last = a.dataloader_drop_last;
+  if (a.train_sampling_strategy == "group_by_length") {
+    // Grouped in megabatches of whole steps (batch x accumulation), as transformers' LengthGroupedSampler is.
+    loader_options.group_batch_size = loader_options.batch_size * accum_;
+    if (t.train_lengths_.empty()) {
+      loader_options.lengths.reserve(static_cast<size_t>(t.train_->size()));
+      for (int64_t i = 0; i < t.train_->size(); ++i) loader_options.lengths.push_back(t.train_->length(i));
+    } else {
+      FT_CHECK(static_cast<int64_t>(t.train_lengths_.size()) == t.train_->size(), "set_train_lengths gave ",
+               t.train_lengths_.size(), " lengths for a training dataset of ", t.train_->size(), " examples");
+      loader_options.lengths = t.train_lengths_;
+    }
+  }
   data::CollateFn collate = t.collate_for(*t.train_, a.seed, /*training=*/true);
   if (world_ > 1)
     collate = [collate, rank = rank_, per = a.per_device_train_batch_size](std::span<const int64_t> indices,

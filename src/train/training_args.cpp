@@ -81,8 +81,10 @@ void TrainingArguments::validate() const {
   FT_CHECK(warmup_ratio >= 0 && warmup_ratio <= 1, "TrainingArguments.warmup_ratio must be in [0, 1], found ",
            warmup_ratio);
   parse_lr_schedule(lr_scheduler_type);
-  FT_CHECK(train_sampling_strategy == "random" || train_sampling_strategy == "sequential",
-           "train_sampling_strategy must be \"random\" or \"sequential\", got \"", train_sampling_strategy, "\"");
+  FT_CHECK(train_sampling_strategy == "random" || train_sampling_strategy == "sequential" ||
+               train_sampling_strategy == "group_by_length",
+           "train_sampling_strategy must be \"random\", \"sequential\" or \"group_by_length\", got \"",
+           train_sampling_strategy, "\"");
   FT_CHECK(eval_strategy == "no" || eval_strategy == "steps" || eval_strategy == "epoch",
            "TrainingArguments.eval_strategy must be no, steps or epoch, found \"", eval_strategy, "\"");
   FT_CHECK(save_strategy == "no" || save_strategy == "steps" || save_strategy == "epoch" || save_strategy == "best",

@@ -73,6 +73,13 @@ TEST(TrainingArguments, ValidationNamesTheField) {
   a = {};
   a.eval_strategy = "sometimes";
   EXPECT_NE(message(a).find("eval_strategy must be no, steps or epoch"), std::string::npos);
+  a = {};
+  a.train_sampling_strategy = "group_by_length";  // transformers 5's LengthGroupedSampler
+  EXPECT_EQ(message(a), "");
+  a.train_sampling_strategy = "batch_rebalance";
+  EXPECT_EQ(message(a),
+            "train_sampling_strategy must be \"random\", \"sequential\" or \"group_by_length\", got "
+            "\"batch_rebalance\"");
 }
 
 TEST(TrainingArguments, JsonRoundTripAndUnknownFields) {

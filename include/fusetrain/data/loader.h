@@ -54,7 +54,21 @@ struct LoaderOptions {
   bool drop_last = false;
   /// Batches collated ahead of the consumer (the bound of the queue), at least 1.
   int64_t prefetch = 4;
+  /// Group by length (transformers' train_sampling_strategy="group_by_length") when not empty: one length per
+  /// example. Each epoch's shuffled order is then regrouped by length_grouped_order with group_batch_size, so the
+  /// examples of a batch have similar lengths and dynamic padding pads little.
+  std::vector<int64_t> lengths;
+  /// The batch whose multiple makes a group (0: batch_size); a step's examples (batch x accumulation) in training.
+  int64_t group_batch_size = 0;
 };
+
+/// Regroups a shuffled `order` by `lengths` (indexed by example) as transformers' LengthGroupedSampler does: cut
+/// into megabatches of batch_size x min(order.size() / (4 x batch_size), 50) examples (at least one batch), each
+/// sorted by descending length (stably), then the longest example of all swapped to the first position (so a batch
+/// that does not fit in memory fails at once). Throws Error if batch_size is not positive or an example has no
+/// length.
+std::vector<int64_t> length_grouped_order(std::vector<int64_t> order, std::span<const int64_t> lengths,
+                                          int64_t batch_size);
 
 /// Yields the batches of an epoch in a deterministic order while a background thread collates up to `prefetch`
 /// batches ahead in a bounded queue. Used from one thread. An exception thrown by the collate function is rethrown
@@ -77,7 +91,7 @@ class DataLoader {
   std::optional<Batch> next();
   /// The order in which epoch `epoch` visits the examples (a permutation of [0, dataset_size)): a Fisher-Yates
   /// shuffle drawing from std::mt19937_64(seed + epoch) with an exact bounded-integer method, so it is the same
-  /// with every standard library.
+  /// with every standard library; then grouped by length when options.lengths is set.
   std::vector<int64_t> epoch_order(int64_t epoch) const;
   /// The epoch in progress (-1 before the first).
   int64_t epoch() const { return epoch_; }

@@ -154,6 +154,9 @@ class Trainer {
   void set_log_sink(std::function<void(const nlohmann::json&)> sink) { log_sink_ = std::move(sink); }
   /// Collates batches with `collate` instead of the built-in padded collator.
   void set_collate(CollateOverride collate) { collate_ = std::move(collate); }
+  /// The lengths train_sampling_strategy="group_by_length" groups by, one per training example (transformers'
+  /// length_column_name); by default each example's token count.
+  void set_train_lengths(std::vector<int64_t> lengths) { train_lengths_ = std::move(lengths); }
   /// Computes evaluation and prediction metrics with `metrics` instead of the task's built-in ones.
   void set_compute_metrics(MetricsFn metrics) { compute_metrics_ = std::move(metrics); }
   /// Delegated mode (fusetrain.Trainer over transformers' Trainer): the loop runs the steps and the step and epoch
@@ -189,6 +192,7 @@ class Trainer {
   std::function<void(const nlohmann::json&)> log_sink_;
   std::vector<std::string> checkpoint_files_;
   CollateOverride collate_;
+  std::vector<int64_t> train_lengths_;
   MetricsFn compute_metrics_;
   TrainerControl control_;
   bool delegated_ = false;

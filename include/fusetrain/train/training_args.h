@@ -31,7 +31,9 @@ struct TrainingArguments {
   double warmup_steps = 0;  ///< steps when >= 1; a ratio of the total steps when in (0, 1), as in transformers 5
   double warmup_ratio = 0.0;
   int64_t logging_steps = 500;
-  std::string train_sampling_strategy = "random";  ///< "random" (shuffled each epoch) or "sequential"
+  /// "random" (shuffled each epoch), "sequential", or "group_by_length" (shuffled, then examples of similar length
+  /// batched together, as transformers' LengthGroupedSampler: data::length_grouped_order)
+  std::string train_sampling_strategy = "random";
   std::string eval_strategy = "no";     ///< "no", "steps", "epoch"
   std::optional<int64_t> eval_steps;    ///< defaults to logging_steps
   std::string save_strategy = "steps";  ///< "no", "steps", "epoch", "best"
@@ -107,7 +109,8 @@ void for_each_field(Args& a, Visit&& visit) {
   visit("warmup_ratio", a.warmup_ratio, "warmup as a fraction of the total steps");
   visit("logging_steps", a.logging_steps, "log every N optimizer steps");
   visit("train_sampling_strategy", a.train_sampling_strategy,
-        "order of the training examples: random (shuffled each epoch) or sequential");
+        "order of the training examples: random (shuffled each epoch), sequential, or group_by_length (shuffled, "
+        "then batched with examples of similar length: less padding)");
   visit("eval_strategy", a.eval_strategy, "when to evaluate: no, steps or epoch");
   visit("eval_steps", a.eval_steps, "evaluate every N steps (default: logging_steps)");
   visit("save_strategy", a.save_strategy, "when to save checkpoints: no, steps, epoch or best");
