@@ -10,9 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "fusetrain/core/cpu.h"
 #include "fusetrain/core/error.h"
 #include "fusetrain/kernels/device.h"
 #include "kernels/cpu/basic_kernels.h"
+#include "kernels/cpu/philox_avx2.h"
 #include "kernels/cpu/philox_avx512.h"
 #include "kernels/rng.h"
 #include "support/test_util.h"
@@ -95,43 +97,73 @@ TEST(Device, AddIntoAddsSeriallyAndInParallel) {
   }
 }
 
-// 16 lanes of the vector Philox, each lane's four words, against the scalar philox4x32.
-FT_AVX512 void vector_philox(const uint32_t lo[16], const uint32_t hi[16], uint64_t offset, uint64_t seed,
-                             uint32_t words[4][16], uint32_t ordered[64]) {
+// The vector Philox of `Lanes` counters: each lane's four words, the words in stream order, and their uniforms.
+template <int Lanes>
+using VectorPhilox = void (*)(const uint32_t lo[Lanes], const uint32_t hi[Lanes], uint64_t offset, uint64_t seed,
+                              uint32_t words[4][Lanes], uint32_t ordered[4 * Lanes], float uniforms[4 * Lanes]);
+
+FT_AVX512 void philox16(const uint32_t lo[16], const uint32_t hi[16], uint64_t offset, uint64_t seed,
+                        uint32_t words[4][16], uint32_t ordered[64], float uniforms[64]) {
   const cpu_basic::Philox16 r = cpu_basic::philox4x32_16(_mm512_loadu_si512(lo), _mm512_loadu_si512(hi), offset, seed);
   for (int w = 0; w < 4; ++w) _mm512_storeu_si512(words[w], r.w[w]);
   __m512i order[4];
   cpu_basic::philox_element_order(r, order);
-  for (int q = 0; q < 4; ++q) _mm512_storeu_si512(ordered + 16 * q, order[q]);
+  for (int q = 0; q < 4; ++q) {
+    _mm512_storeu_si512(ordered + 16 * q, order[q]);
+    _mm512_storeu_ps(uniforms + 16 * q, cpu_basic::to_uniform16(order[q]));
+  }
 }
 
-TEST(Philox, VectorEqualsScalarBitForBit) {
-  if (!cpu_basic::use_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+FT_AVX2 void philox8(const uint32_t lo[8], const uint32_t hi[8], uint64_t offset, uint64_t seed, uint32_t words[4][8],
+                     uint32_t ordered[32], float uniforms[32]) {
+  const cpu_basic::Philox8 r = cpu_basic::philox4x32_8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo)),
+                                                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi)),
+                                                       offset, seed);
+  for (int w = 0; w < 4; ++w) _mm256_storeu_si256(reinterpret_cast<__m256i*>(words[w]), r.w[w]);
+  __m256i order[4];
+  cpu_basic::philox_element_order(r, order);
+  for (int q = 0; q < 4; ++q) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ordered + 8 * q), order[q]);
+    _mm256_storeu_ps(uniforms + 8 * q, cpu_basic::to_uniform8(order[q]));
+  }
+}
+
+// `Lanes` consecutive counters through the vector Philox against the scalar philox4x32 and uniform_at.
+template <int Lanes>
+void expect_vector_philox_is_scalar(VectorPhilox<Lanes> vector_philox) {
   std::mt19937_64 rng(11);
   for (int trial = 0; trial < 2000; ++trial) {
     const uint64_t seed = trial % 3 == 0 ? static_cast<uint64_t>(trial) : rng();
     const uint64_t offset = trial % 5 == 0 ? 0 : rng();
     // Consecutive blocks from a random start, some crossing a 2^32 boundary of the low word.
     const uint64_t first = trial % 7 == 0 ? 0xFFFFFFF8ull + rng() % 16 : rng() >> 3;  // 4·first fits in 64 bits
-    uint32_t lo[16], hi[16], words[4][16], ordered[64];
-    for (int l = 0; l < 16; ++l) {
+    uint32_t lo[Lanes], hi[Lanes], words[4][Lanes], ordered[4 * Lanes];
+    float uniforms[4 * Lanes];
+    for (int l = 0; l < Lanes; ++l) {
       lo[l] = static_cast<uint32_t>(first + l);
       hi[l] = static_cast<uint32_t>((first + l) >> 32);
     }
-    vector_philox(lo, hi, offset, seed, words, ordered);
-    for (int l = 0; l < 16; ++l) {
+    vector_philox(lo, hi, offset, seed, words, ordered, uniforms);
+    for (int l = 0; l < Lanes; ++l) {
       const Philox4 s = philox4x32(lo[l], hi[l], static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32),
                                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
       for (int w = 0; w < 4; ++w) {
         ASSERT_EQ(words[w][l], s.v[w]) << "trial " << trial << " lane " << l << " word " << w;
         ASSERT_EQ(ordered[4 * l + w], s.v[w]) << "trial " << trial << " element " << 4 * l + w;
-      }
-      for (int w = 0; w < 4; ++w) {
-        const float u = static_cast<float>(s.v[w] >> 8) * (1.0f / 16777216.0f);
-        ASSERT_EQ(u, uniform_at(seed, offset, 4 * (first + l) + w));
+        ASSERT_EQ(uniforms[4 * l + w], uniform_at(seed, offset, 4 * (first + l) + w)) << "trial " << trial;
       }
     }
   }
+}
+
+TEST(Philox, VectorEqualsScalarBitForBit) {
+  if (!cpu_basic::use_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  expect_vector_philox_is_scalar<16>(philox16);
+}
+
+TEST(Philox, Avx2VectorEqualsScalarBitForBit) {
+  if (!cpu_features().avx2 || !cpu_features().fma) GTEST_SKIP() << "no AVX2 + FMA on this CPU";
+  expect_vector_philox_is_scalar<8>(philox8);
 }
 
 }  // namespace

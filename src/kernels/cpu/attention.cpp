@@ -56,6 +56,7 @@
 #include "fusetrain/core/half.h"
 #include "kernels/cpu/basic_kernels.h"
 #include "kernels/cpu/dense_kernels.h"
+#include "kernels/cpu/philox_avx2.h"
 #include "kernels/cpu/philox_avx512.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/rng.h"
@@ -397,7 +398,7 @@ constexpr TileOps kAvx512Ops{matmul_avx512,         forward_softmax_avx512, scal
                              soft_cap_avx512};
 
 // ---------------------------------------------------------------------------
-// AVX2 tile ops (CPUs without AVX-512): the AVX-512 ops' arithmetic on 8 lanes; dropout stays portable
+// AVX2 tile ops (CPUs without AVX-512): the AVX-512 ops' arithmetic on 8 lanes
 // ---------------------------------------------------------------------------
 
 using cpu_basic::exp8;
@@ -547,8 +548,34 @@ FT_AVX2 void soft_cap_avx2(float* x, int64_t ld, int64_t rows, int64_t n, float 
   }
 }
 
+// Dropout multipliers (0 or 1 / (1 - p)) of stream elements first .. first + n - 1, 32 at a time.
+FT_AVX2 void dropout_row_avx2(uint64_t seed, uint64_t offset, uint64_t first, int64_t n, float p, float* out) {
+  const __m256 keep_scale = _mm256_set1_ps(1.0f / (1.0f - p));
+  const __m256 threshold = _mm256_set1_ps(p);
+  const uint64_t end = first + static_cast<uint64_t>(n);
+  for (uint64_t block0 = first >> 2; block0 * 4 < end; block0 += 8) {
+    alignas(32) uint32_t lo[8], hi[8];
+    for (int lane = 0; lane < 8; ++lane) {
+      lo[lane] = static_cast<uint32_t>(block0 + lane);
+      hi[lane] = static_cast<uint32_t>((block0 + lane) >> 32);
+    }
+    __m256i bits[4];
+    cpu_basic::philox_element_order(
+        cpu_basic::philox4x32_8(_mm256_load_si256(reinterpret_cast<const __m256i*>(lo)),
+                                _mm256_load_si256(reinterpret_cast<const __m256i*>(hi)), offset, seed),
+        bits);
+    alignas(32) float ordered[32];
+    for (int q = 0; q < 4; ++q) {
+      const __m256 u = cpu_basic::to_uniform8(bits[q]);
+      _mm256_store_ps(ordered + 8 * q, _mm256_and_ps(_mm256_cmp_ps(u, threshold, _CMP_GE_OQ), keep_scale));
+    }
+    const uint64_t lo_e = std::max(block0 * 4, first), hi_e = std::min(block0 * 4 + 32, end);
+    std::memcpy(out + (lo_e - first), ordered + (lo_e - block0 * 4), (hi_e - lo_e) * sizeof(float));
+  }
+}
+
 constexpr TileOps kAvx2Ops{matmul_avx2,         forward_softmax_avx2, scale_rows_avx2,
-                           backward_probs_avx2, backward_ds_row_avx2, dropout_row_portable,
+                           backward_probs_avx2, backward_ds_row_avx2, dropout_row_avx2,
                            soft_cap_avx2};
 
 const TileOps& select_ops() {

@@ -4,9 +4,10 @@
 //
 // Shape legend: any shape, seen as n contiguous elements; y may alias x.
 // Philox4x32-10 yields four uniforms per counter (block = i / 4). The AVX-512
-// path runs 16 counters per vector (64 elements), then interleaves the four
-// result vectors into element order.
+// path runs 16 counters per vector (64 elements), the AVX2 path 8 (32 elements),
+// then interleaves the four result vectors into element order.
 #include "kernels/cpu/basic_kernels.h"
+#include "kernels/cpu/philox_avx2.h"
 #include "kernels/cpu/philox_avx512.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/rng.h"
@@ -69,6 +70,40 @@ FT_AVX512 void dropout_avx512(float* y, const float* x, const float* residual, i
   if (i < end) dropout_portable_from(y, x, residual, i, end, first, seed, offset, p, scale);
 }
 
+FT_AVX2 void dropout_avx2(float* y, const float* x, const float* residual, int64_t n, uint64_t first, uint64_t seed,
+                          uint64_t offset, float p, float scale) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 vp = _mm256_set1_ps(p), vscale = _mm256_set1_ps(scale);
+
+  const int64_t end = n;
+  int64_t i = 0;
+  // Head up to a stream index that is a multiple of 4 (whole Philox blocks from there on).
+  if (first & 3) {
+    const int64_t head_end = std::min(end, static_cast<int64_t>(4 - (first & 3)));
+    dropout_portable_from(y, x, residual, 0, head_end, first, seed, offset, p, scale);
+    i = head_end;
+  }
+  for (; i + 32 <= end; i += 32) {
+    const uint64_t block = (first + static_cast<uint64_t>(i)) >> 2;
+    if (static_cast<uint32_t>(block) > 0xFFFFFFFFu - 7u) {  // low counter word would carry
+      dropout_portable_from(y, x, residual, i, i + 32, first, seed, offset, p, scale);
+      continue;
+    }
+    const __m256i c0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(block))), lane);
+    const __m256i c1 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(block >> 32)));
+    __m256i ordered[4];
+    philox_element_order(philox4x32_8(c0, c1, offset, seed), ordered);
+    for (int q = 0; q < 4; ++q) {
+      // x * scale where kept, +0 where dropped: the portable path's values, bit for bit.
+      const __m256 keep = _mm256_cmp_ps(to_uniform8(ordered[q]), vp, _CMP_GE_OQ);
+      __m256 dropped = _mm256_and_ps(keep, _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * q), vscale));
+      if (residual) dropped = _mm256_add_ps(dropped, _mm256_loadu_ps(residual + i + 8 * q));
+      _mm256_storeu_ps(y + i + 8 * q, dropped);
+    }
+  }
+  if (i < end) dropout_portable_from(y, x, residual, i, end, first, seed, offset, p, scale);
+}
+
 class DropoutKernel final : public Kernel {
  public:
   DropoutKernel(int64_t numel, double p, uint64_t seed, StreamIndexMap map, bool residual)
@@ -107,7 +142,7 @@ class DropoutKernel final : public Kernel {
 
 }  // namespace
 
-DropoutRangeFn dropout_range_fn() { return use_avx512() ? dropout_avx512 : dropout_portable; }
+DropoutRangeFn dropout_range_fn() { return pick_path(dropout_portable, dropout_avx2, dropout_avx512); }
 
 std::unique_ptr<Kernel> make_dropout_kernel(const KernelCall& call) {
   if (input_dtype(call, 0) != DType::f32) return nullptr;
