@@ -93,6 +93,12 @@ struct QuantOperand {
 template <int R, typename T>
 void pack_panel(float* __restrict dst, const T* __restrict src, int64_t xs, int64_t ks, int w, int64_t kc) {
   if (xs == 1) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (w == R) {  // whole panels: a fixed-size copy a row, inlined (GCC makes the loop a memmove call)
+        for (int64_t k = 0; k < kc; k++) std::memcpy(dst + k * R, src + k * ks, R * sizeof(float));
+        return;
+      }
+    }
     for (int64_t k = 0; k < kc; k++) {
       const T* s = src + k * ks;
       float* d = dst + k * R;
