@@ -54,8 +54,10 @@ from fusetrain.training_args import TrainingArguments, _value, check_arguments, 
 _PADDING_COLLATORS = ("PaddingCollator", "DataCollatorWithPadding", "DataCollatorForTokenClassification", "default_data_collator",
                       "DefaultDataCollator")
 _ENGINE_STATE_FILE = "fusetrain_state.json"
-# The Trainer methods whose override by a subclass changes a training step: the engine cannot run those.
-_STEP_METHODS = ("training_step", "compute_loss", "create_optimizer", "create_scheduler", "get_train_dataloader")
+# The Trainer methods whose override by a subclass changes a training step or the order of the examples: the engine
+# cannot run those.
+_STEP_METHODS = ("training_step", "compute_loss", "create_optimizer", "create_scheduler", "get_train_dataloader",
+                 "_get_train_sampler")
 
 
 def _trainable(row: dict) -> bool:

@@ -459,6 +459,13 @@ def test_settings_the_engine_does_not_run_train_with_transformers_loop(sst2, tok
     assert "an optimizer or scheduler is given" in Trainer(model=tiny_bert(), args=args(tmp_path),
                                                            optimizers=(sgd, None)).engine_refusal()
 
+    class OwnSampler(Trainer):  # an order of its own, which the engine's loader would not follow
+        def _get_train_sampler(self, train_dataset=None):
+            return torch.utils.data.SequentialSampler(train_dataset or self.train_dataset)
+
+    assert "OwnSampler overrides _get_train_sampler" in OwnSampler(
+        model=tiny_bert(), args=args(tmp_path), train_dataset=train, processing_class=tokenizer).engine_refusal()
+
 
 # ---------------------------------------------------------------- bad input
 
