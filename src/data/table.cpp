@@ -7,6 +7,7 @@
 #include <set>
 
 #include "fusetrain/core/error.h"
+#include "fusetrain/io/json_fields.h"
 #include "fusetrain/data/dataset.h"
 
 namespace fusetrain::data {
@@ -167,10 +168,7 @@ void parse_json_lines(Table& table, std::string_view content) {
     try {
       object = nlohmann::ordered_json::parse(lines[i]);
     } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers too large for a double (406)
-      std::string what = e.what();
-      size_t bracket = what.find("] ");  // drop nlohmann's "[json.exception.parse_error.101] " prefix
-      throw Error(str(table.source, ":", line,
-                      ": invalid JSON: ", bracket == std::string::npos ? what : what.substr(bracket + 2)));
+      throw Error(str(table.source, ":", line, ": invalid JSON: ", io::json_error_text(e)));
     }
     FT_CHECK(object.is_object(), table.source, ":", line, ": expected a JSON object, found ", object.type_name());
     if (table.columns.empty()) {

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "fusetrain/core/error.h"
+#include "fusetrain/io/json_fields.h"
 
 namespace fusetrain::io {
 
@@ -16,16 +17,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-// The parser's explanation ("parse error at line 3, column 7: ...") without nlohmann's "[json.exception...] " tag.
-std::string json_error_text(const json::exception& e) {
-  std::string s = e.what();
-  if (!s.empty() && s[0] == '[') {
-    size_t close = s.find("] ");
-    if (close != std::string::npos) s = s.substr(close + 2);
-  }
-  return s;
-}
 
 // "; did you mean \"x\"?" for a stored name that differs from `name` only by a prefix (the usual "bert." /
 // "model." mismatch) or a suffix, else "".

@@ -6,6 +6,15 @@
 
 namespace fusetrain::io {
 
+std::string json_error_text(const nlohmann::json::exception& e) {
+  std::string s = e.what();
+  if (!s.empty() && s[0] == '[') {
+    size_t close = s.find("] ");
+    if (close != std::string::npos) s = s.substr(close + 2);
+  }
+  return s;
+}
+
 JsonFields::JsonFields(const nlohmann::json& json, std::string file) : json_(json), file_(std::move(file)) {
   FT_CHECK(json_.is_object(), file_, ": expected a JSON object, found a JSON ", json_.type_name());
 }

@@ -18,6 +18,7 @@
 #include <set>
 
 #include "fusetrain/core/error.h"
+#include "fusetrain/io/json_fields.h"
 
 namespace fusetrain::io {
 
@@ -56,16 +57,6 @@ std::string describe(const json& value) {
   if (!value.is_primitive()) return str("a JSON ", value.type_name());
   std::string s = value.dump(-1, ' ', false, json::error_handler_t::replace);
   return s.size() > 60 ? s.substr(0, 57) + "..." : s;
-}
-
-// The parser's explanation without nlohmann's "[json.exception.parse_error.101] " tag.
-std::string json_error_text(const json::exception& e) {
-  std::string s = e.what();
-  if (!s.empty() && s[0] == '[') {
-    size_t close = s.find("] ");
-    if (close != std::string::npos) s = s.substr(close + 2);
-  }
-  return s;
 }
 
 // Levenshtein distance, for "did you mean" hints.

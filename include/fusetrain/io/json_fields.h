@@ -10,6 +10,10 @@
 
 namespace fusetrain::io {
 
+/// The parser's explanation ("parse error at line 3, column 7: ...") without nlohmann's "[json.exception...] " tag,
+/// for errors that name the file themselves.
+std::string json_error_text(const nlohmann::json::exception& e);
+
 /// The fields of one JSON object, with the name of the file it came from for errors. Holds a reference: `json`
 /// must outlive it.
 class JsonFields {
