@@ -707,10 +707,9 @@ class Trainer(transformers.Trainer):
         does not group)."""
         if _value(getattr(args, "train_sampling_strategy", "random")) != "group_by_length":
             return None
-        if args.remove_unused_columns or not hasattr(self.train_dataset, "column_names"):
-            return None  # transformers removes the column before its sampler reads it, or has no columns to read
+        # transformers removes the column before its sampler reads it, or reads a datasets.Dataset's columns only
         name = args.length_column_name
-        if name not in data.column_names(self.train_dataset):
+        if args.remove_unused_columns or name not in (getattr(self.train_dataset, "column_names", None) or ()):
             return None
         return [int(length) for length in self.train_dataset[name]]
 
