@@ -108,7 +108,7 @@ runtime::LoweredProgram lower_program(const ir::Graph& graph, const runtime::Par
 
 std::unique_ptr<runtime::Plan> compile_plan(const ir::Graph& graph, runtime::ParameterStore& params,
                                             const runtime::PlanOptions& options) {
-  return runtime::Plan::bind(lower_program(graph, params, options), params);
+  return runtime::Plan::bind(lower_program(graph, params, options), params, options.shared_arena);
 }
 
 }  // namespace fusetrain::compile

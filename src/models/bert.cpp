@@ -59,6 +59,7 @@ class BertFamily final : public Family {
     auto [ids, mask, positions] = sequence_inputs(b, B, T);
     ValueId token_types = b.input(InputNames::token_type_ids, {B, T}, DType::i64);
     ValueId mask_add = additive_mask(b, mask, B, T);  // before the layers' segments (recompute)
+    const TokenRows rows = token_rows(b, spec);
 
     // Embeddings.
     ValueId word = b.param(p("embeddings.word_embeddings.weight"), {V_, C});
@@ -68,7 +69,7 @@ class BertFamily final : public Family {
     ValueId type_rows = b.embedding(token_type, token_types);
     ValueId x = b.add(b.embedding(word, ids, pad_), type_rows);
     x = b.add(x, b.embedding(position, positions, roberta_ ? pad_ : -1));
-    x = layer_norm(b, x, p("embeddings.LayerNorm"));
+    x = layer_norm(b, unpad(b, x, rows, C), p("embeddings.LayerNorm"));
     x = maybe_dropout(b, x, hidden_dropout_, train);
     out.layer_boundaries.push_back(x);
 
@@ -77,7 +78,7 @@ class BertFamily final : public Family {
       std::string layer = p("encoder.layer." + std::to_string(l) + ".");
       ValueId attn = self_attention(b, x, mask_add, layer + "attention.self.query", layer + "attention.self.key",
                                     layer + "attention.self.value", layer + "attention.output.dense", B, T, C, H_,
-                                    train ? attention_dropout_ : 0.0);
+                                    train ? attention_dropout_ : 0.0, rows);
       attn = maybe_dropout(b, attn, hidden_dropout_, train);
       x = layer_norm(b, b.add(attn, x), layer + "attention.output.LayerNorm");
       ValueId h = activation(b, dense(b, x, layer + "intermediate.dense", I_, C), act_, matmul_dtype_);
@@ -98,12 +99,12 @@ class BertFamily final : public Family {
       case Head::SequenceClassification:
         if (roberta_) {
           // RobertaClassificationHead: dropout, dense, tanh, dropout, out_proj on the <s> token.
-          ValueId h = maybe_dropout(b, first_token(b, x, B, T, C), classifier_dropout_, train);
+          ValueId h = maybe_dropout(b, first_token(b, x, B, T, C, rows), classifier_dropout_, train);
           h = b.tanh(dense(b, h, "classifier.dense", C, C));
           h = maybe_dropout(b, h, classifier_dropout_, train);
           logits = dense(b, h, "classifier.out_proj", num_labels_, C);
         } else {
-          ValueId pooled = maybe_dropout(b, pooler(b, x, B, T), classifier_dropout_, train);
+          ValueId pooled = maybe_dropout(b, pooler(b, x, B, T, rows), classifier_dropout_, train);
           logits = dense(b, pooled, "classifier", num_labels_, C);
         }
         break;
@@ -140,6 +141,8 @@ class BertFamily final : public Family {
     return {"cls.", "lm_head.", "classifier.", "qa_outputs.", "pooler.", base_prefix() + ".pooler."};
   }
   int64_t max_positions() const override { return roberta_ ? P_ - pad_ - 1 : P_; }
+  // Sequence classification reads only each row's first token: every other output row is the layers' own.
+  bool unpads() const override { return head_ == Head::SequenceClassification; }
 
   DerivedInputs derived_inputs() const override {
     DerivedInputs d;
@@ -167,8 +170,8 @@ class BertFamily final : public Family {
   ValueId layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {
     return named_layer_norm(b, x, name, C_, eps_);
   }
-  ValueId pooler(ir::GraphBuilder& b, ValueId x, int64_t B, int64_t T) const {
-    return b.tanh(dense(b, first_token(b, x, B, T, C_), p("pooler.dense"), C_, C_));
+  ValueId pooler(ir::GraphBuilder& b, ValueId x, int64_t B, int64_t T, const TokenRows& rows = {}) const {
+    return b.tanh(dense(b, first_token(b, x, B, T, C_, rows), p("pooler.dense"), C_, C_));
   }
   // BERT: transform (dense, act, LayerNorm), decoder tied to the word embeddings + bias.
   // RoBERTa: dense, gelu, layer_norm, decoder + bias.

@@ -17,18 +17,18 @@ ValueId Family::dense(ir::GraphBuilder& b, ValueId x, const std::string& name, i
 
 ValueId Family::self_attention(ir::GraphBuilder& b, ValueId x, ValueId mask_add, const std::string& q,
                                const std::string& k, const std::string& v, const std::string& out, int64_t B, int64_t T,
-                               int64_t C, int64_t H, double dropout_p) const {
+                               int64_t C, int64_t H, double dropout_p, const TokenRows& rows) const {
   const int64_t D = C / H;
   // bf16: q, k, v and the context are kept in bf16, as autocast's bf16 projections and attention produce them.
   const DType io = attention_dtype(matmul_dtype_);
   auto heads = [&](const std::string& name) {
-    ValueId y = dense(b, x, name, C, C);
+    ValueId y = pad(b, dense(b, x, name, C, C), rows, B, T, C);
     return split_heads(b, io == DType::f32 ? y : b.cast(y, io), B, T, H, D);
   };
   ValueId qh = heads(q), kh = heads(k), vh = heads(v);
   ValueId context =
       b.attention(qh, kh, vh, mask_add, 1.0 / std::sqrt(static_cast<double>(D)), false, dropout_p, io);
-  return dense(b, merge_heads(b, context, B, T, H, D), out, C, C);
+  return dense(b, unpad(b, merge_heads(b, context, B, T, H, D), rows, C), out, C, C);
 }
 
 ValueId Family::named_layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name, int64_t channels,
@@ -163,6 +163,28 @@ SequenceInputs sequence_inputs(ir::GraphBuilder& b, int64_t B, int64_t T) {
   return in;
 }
 
+TokenRows token_rows(ir::GraphBuilder& b, const BatchSpec& spec) {
+  TokenRows rows;
+  if (spec.tokens == 0) return rows;
+  rows.count = spec.tokens;
+  rows.tokens = b.input(InputNames::token_rows, {spec.tokens}, DType::i64);
+  rows.padded = b.input(InputNames::padded_rows, {spec.batch * spec.seq}, DType::i64);
+  return rows;
+}
+
+// Both directions are row gathers (Embedding on an activation table); each one's backward scatters the gradient
+// rows back, and a row read by no kept position (padding, the rounding's spare rows) gets exactly zero.
+ValueId unpad(ir::GraphBuilder& b, ValueId x, const TokenRows& rows, int64_t C) {
+  if (!rows.unpadded()) return x;
+  const Shape& shape = b.graph().value(x).shape;
+  return b.embedding(b.reshape(x, {shape.numel() / C, C}), rows.tokens);
+}
+
+ValueId pad(ir::GraphBuilder& b, ValueId x, const TokenRows& rows, int64_t B, int64_t T, int64_t C) {
+  if (!rows.unpadded()) return x;
+  return b.reshape(b.embedding(x, rows.padded), {B, T, C});
+}
+
 ValueId packed_key_begin(ir::GraphBuilder& b, const BatchSpec& spec) {
   return spec.packed ? b.input(InputNames::key_begin, {spec.batch, spec.seq}, DType::i64) : ir::kNone;
 }
@@ -206,8 +228,9 @@ ValueId merge_heads(ir::GraphBuilder& b, ValueId x, int64_t B, int64_t T, int64_
   return b.reshape(b.transpose(x, {0, 2, 1, 3}), {B, T, H * D});
 }
 
-ValueId first_token(ir::GraphBuilder& b, ValueId x, int64_t B, int64_t T, int64_t C) {
+ValueId first_token(ir::GraphBuilder& b, ValueId x, int64_t B, int64_t T, int64_t C, const TokenRows& rows) {
   (void)T;
+  if (rows.unpadded()) return b.slice(x, 0, 0, B);
   return b.reshape(b.slice(x, 1, 0, 1), {B, C});
 }
 

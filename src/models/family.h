@@ -38,10 +38,24 @@ struct InputNames {
   static constexpr const char* rope_sin = "rope_sin";
   /// (B, T) i64 of packed rows: the first position of the example holding each token (BatchSpec::packed)
   static constexpr const char* key_begin = "key_begin";
+  /// (N) i64 of an unpadded batch (BatchSpec::tokens): the padded row b·T + t each token row holds, every
+  /// batch element's first token first (row b holds (b, 0)); the rows past the kept tokens repeat row 0
+  static constexpr const char* token_rows = "token_rows";
+  /// (B·T) i64 of an unpadded batch: the token row each padded position reads in attention (0 for padding, which
+  /// attention's key mask hides and whose outputs nothing reads)
+  static constexpr const char* padded_rows = "padded_rows";
   /// (B) f32 of a preference batch: the reference model's summed log-probability of each sequence
   static constexpr const char* ref_logps = "ref_logps";
   /// (B) f32 of a preference batch: each sequence's completion tokens (labels not -100), for loss_type ipo
   static constexpr const char* completion_lengths = "completion_lengths";
+};
+
+/// An unpadded spec's row maps (BatchSpec::tokens); both kNone for the padded layout.
+struct TokenRows {
+  ir::ValueId tokens = ir::kNone;  ///< InputNames::token_rows (N)
+  ir::ValueId padded = ir::kNone;  ///< InputNames::padded_rows (B·T)
+  int64_t count = 0;               ///< N
+  bool unpadded() const { return tokens != ir::kNone; }
 };
 
 /// An architecture family (BERT, RoBERTa, DistilBERT, GPT-2) with one head.
@@ -81,6 +95,8 @@ class Family {
   virtual bool binds_inputs() const { return false; }
   /// Whether build() honours BatchSpec::packed (its causal attention reads InputNames::key_begin).
   virtual bool packs_sequences() const { return false; }
+  /// Whether build() honours BatchSpec::tokens (unpadded batches).
+  virtual bool unpads() const { return false; }
   /// Fills every input of `plan` but the labels from `batch`, whose shapes `spec` holds (only when
   /// binds_inputs()).
   virtual void bind_inputs(runtime::Plan& plan, const Batch& batch, const BatchSpec& spec) const {
@@ -125,9 +141,11 @@ class Family {
   /// Bidirectional multi-head self-attention over x (B, T, C): projections `q`, `k`,
   /// `v` (C → C), scaled dot-product with the additive key mask and dropout on the
   /// probabilities, heads merged and projected by `out`.
+  /// Unpadded (rows.unpadded()): x is (N, C) token rows; q, k and v are gathered into the padded layout for
+  /// attention and its output back into token rows, which the output projection reads.
   ir::ValueId self_attention(ir::GraphBuilder& b, ir::ValueId x, ir::ValueId mask_add, const std::string& q,
                              const std::string& k, const std::string& v, const std::string& out, int64_t B, int64_t T,
-                             int64_t C, int64_t H, double dropout_p) const;
+                             int64_t C, int64_t H, double dropout_p, const TokenRows& rows = {}) const;
   /// A LayerNorm with "<name>.weight" and "<name>.bias" of size `channels`.
   ir::ValueId named_layer_norm(ir::GraphBuilder& b, ir::ValueId x, const std::string& name, int64_t channels,
                                double eps) const;
@@ -197,6 +215,12 @@ struct SequenceInputs {
 };
 /// Declares input_ids, attention_mask and position_ids.
 SequenceInputs sequence_inputs(ir::GraphBuilder& b, int64_t B, int64_t T);
+/// Declares the row maps of an unpadded spec; empty for a padded one.
+TokenRows token_rows(ir::GraphBuilder& b, const BatchSpec& spec);
+/// x (B, T, C) -> (N, C) token rows of an unpadded spec; x itself otherwise.
+ir::ValueId unpad(ir::GraphBuilder& b, ir::ValueId x, const TokenRows& rows, int64_t C);
+/// x (N, C) token rows -> (B, T, C) padded; x itself for a padded spec.
+ir::ValueId pad(ir::GraphBuilder& b, ir::ValueId x, const TokenRows& rows, int64_t B, int64_t T, int64_t C);
 /// Declares InputNames::key_begin (B, T) for a packed spec (BatchSpec::packed); kNone otherwise.
 ir::ValueId packed_key_begin(ir::GraphBuilder& b, const BatchSpec& spec);
 /// Dropout only while training and only for p > 0.
@@ -213,8 +237,9 @@ ir::ValueId additive_mask(ir::GraphBuilder& b, ir::ValueId mask, int64_t B, int6
 ir::ValueId split_heads(ir::GraphBuilder& b, ir::ValueId x, int64_t B, int64_t T, int64_t H, int64_t D);
 /// (B, H, T, D) -> (B, T, C)
 ir::ValueId merge_heads(ir::GraphBuilder& b, ir::ValueId x, int64_t B, int64_t T, int64_t H, int64_t D);
-/// x (B, T, C) -> x[:, 0] (B, C)
-ir::ValueId first_token(ir::GraphBuilder& b, ir::ValueId x, int64_t B, int64_t T, int64_t C);
+/// x (B, T, C) -> x[:, 0] (B, C); unpadded, x (N, C) -> its first B rows (token_rows puts each first token there).
+ir::ValueId first_token(ir::GraphBuilder& b, ir::ValueId x, int64_t B, int64_t T, int64_t C,
+                        const TokenRows& rows = {});
 /// What a head's layers compute, before its loss: `logits` as the head kind has them, and for question answering
 /// given as two outputs, the end logits beside the start logits.
 struct HeadLogits {

@@ -4,6 +4,7 @@
 #include "fusetrain/models/model.h"
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <cstring>
 #include <filesystem>
@@ -167,6 +168,53 @@ void example_starts(const int64_t* positions, int64_t B, int64_t T, int64_t* out
   }
 }
 
+// The token rows an unpadded run of this batch computes (BatchSpec::tokens), or 0 when it runs padded. Kept are the
+// tokens the attention_mask keeps, and every row's first token, which sequence classification pools whatever the
+// mask says; their count is rounded up to a step that keeps the distinct program shapes few (8 to 64 rows, about a
+// sixteenth of the padded positions). Unpadding pays for its gathers only when it drops a quarter of the positions,
+// and a row the mask hides entirely (attention spreads evenly over its padding, whose keys unpadding does not keep)
+// or a mask of other values than 0 and 1 runs padded.
+int64_t unpadded_tokens(const Batch& batch, int64_t B, int64_t T) {
+  const Tensor& mask = batch.get(InputNames::attention_mask);
+  if (mask.data() == nullptr || mask.dtype() != DType::i64 || mask.shape() != Shape({B, T})) return 0;
+  const int64_t* m = mask.data_as<int64_t>();
+  int64_t kept = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t row = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t v = m[b * T + t];
+      if (v != 0 && v != 1) return 0;
+      row += v;
+    }
+    if (row == 0) return 0;
+    kept += row + (m[b * T] == 0);
+  }
+  const int64_t step = std::clamp<int64_t>(static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(B * T / 16))),
+                                           8, 64);
+  const int64_t tokens = (kept + step - 1) / step * step;
+  return 4 * tokens <= 3 * B * T ? tokens : 0;
+}
+
+// An unpadded run's row maps (InputNames::token_rows, padded_rows): the first token of every row first, then the
+// other kept tokens row by row; the rounding's spare rows and every padded position read row 0.
+void fill_token_rows(const int64_t* mask, int64_t B, int64_t T, int64_t tokens, int64_t* token_rows,
+                     int64_t* padded_rows) {
+  std::fill(padded_rows, padded_rows + B * T, int64_t{0});
+  int64_t n = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    token_rows[n] = b * T;
+    padded_rows[b * T] = n++;
+  }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 1; t < T; ++t)
+      if (mask[b * T + t] != 0) {
+        token_rows[n] = b * T + t;
+        padded_rows[b * T + t] = n++;
+      }
+  FT_CHECK(n <= tokens, "unpadded batch: ", n, " kept tokens exceed the ", tokens, " token rows planned");
+  std::fill(token_rows + n, token_rows + tokens, int64_t{0});
+}
+
 }  // namespace
 
 BatchSpec Model::spec_for(const Batch& batch, bool training, bool with_backward) const {
@@ -183,6 +231,8 @@ BatchSpec Model::spec_for(const Batch& batch, bool training, bool with_backward)
   FT_CHECK(!spec.packed || family_->packs_sequences(), architecture_, ": position_ids restart inside a row and no ",
            "attention_mask is given, so the rows pack several examples; this model cannot keep them apart (the ",
            "GPT-2, Llama, Mistral and Qwen2 families can). Give an attention_mask, or one example per row");
+  if (unpad_ && family_->unpads() && !spec.packed && !preference_)
+    spec.tokens = unpadded_tokens(batch, spec.batch, spec.seq);
   spec.training = training;
   spec.bf16 = bf16_;
   spec.fp16 = fp16_;
@@ -227,7 +277,7 @@ compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
   for (int64_t setting : {int64_t{spec.training}, int64_t{spec.bf16}, int64_t{spec.fp16}, int64_t{spec.recompute},
                           int64_t{spec.fusions}, static_cast<int64_t>(spec.labels), int64_t{with_backward},
                           int64_t{count_unfused_ops_}, int64_t{spec.packed}, int64_t{spec.token_stats},
-                          int64_t{spec.preference.has_value()}, int64_t{spec.reference}})
+                          int64_t{spec.preference.has_value()}, int64_t{spec.reference}, spec.tokens})
     key.push_back(setting);
   if (spec.preference) {
     key.push_back(static_cast<int64_t>(std::hash<std::string>{}(spec.preference->loss_type)));
@@ -255,6 +305,7 @@ compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
   options.recompute = spec.recompute;
   options.count_unfused_ops = count_unfused_ops_;
   options.plan.num_threads = num_threads_;
+  options.plan.shared_arena = arena_;
   compile::Program& program =
       programs_.insert(key, compile::compile(std::move(built.graph), std::move(roles), *params_, options));
   // Defaults for inputs the caller may leave out: all-ones mask, zero token types.
@@ -352,6 +403,13 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
       plan.upload_staging(InputNames::key_begin);
     }
     family->bind_extra_inputs(plan, positions, B, T);
+  }
+  if (spec.tokens > 0) {
+    fill_token_rows(batch.get(InputNames::attention_mask).data_as<int64_t>(), B, T, spec.tokens,
+                    plan.staging(InputNames::token_rows).data_as<int64_t>(),
+                    plan.staging(InputNames::padded_rows).data_as<int64_t>());
+    plan.upload_staging(InputNames::token_rows);
+    plan.upload_staging(InputNames::padded_rows);
   }
   if (family->reads_pool_index()) {
     int64_t* rows = plan.staging(InputNames::pool_index).data_as<int64_t>();

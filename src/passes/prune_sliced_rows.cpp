@@ -74,6 +74,10 @@ std::optional<Rewrite> plan_rewrite(const ir::Graph& g, const ir::Node& node, si
       if (last_axis) return std::nullopt;
       w.inputs[0] = r;
       return w;
+    case OpKind::Embedding:  // out = ids.shape + (C,): rows of the ids; the table whole
+      if (r.axis >= g.value(node.inputs[1]).shape.rank()) return std::nullopt;
+      w.inputs[1] = r;
+      return w;
     case OpKind::Transpose:
       w.inputs[0] = RowRange{node.attrs.get_ints("perm")[static_cast<size_t>(r.axis)], r.start, r.end};
       return w;

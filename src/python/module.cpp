@@ -948,6 +948,13 @@ bytes (default 2 GiB, protobuf's limit) go to "<file>_data" beside it. Returns t
           "keeping them from forward (a smaller activation peak for one extra forward; same gradients). Off by "
           "default.")
       .def_property(
+          "unpad", [](const PyModel& self) { return self.model->unpad(); },
+          [](PyModel& self, bool on) { locked(self, [&] { self.model->set_unpad(on); }); },
+          "Runs padded batches unpadded where the model can (BERT and RoBERTa sequence classification): the "
+          "layers outside attention compute only the tokens attention_mask keeps, when that drops at least a "
+          "quarter of the positions. The same math as padded; float rounding and dropout masks differ. On by "
+          "default.")
+      .def_property(
           "token_stats", [](const PyModel& self) { return self.model->token_stats(); },
           [](PyModel& self, bool on) { locked(self, [&] { self.model->set_token_stats(on); }); },
           "Causal and masked LMs with token labels: each run also sums the softmax entropy and the top-1 hits over "

@@ -26,8 +26,11 @@ struct Plan::Step {
     float* temp;
     float* dest;
     int64_t numel;
+    int64_t temp_offset;  // temp's offset in the arena
   };
   std::vector<Accumulation> accumulations;
+  std::vector<int64_t> output_offsets;  // each output's offset in the arena, -1 outside it
+  int64_t scratch_offset = -1;
 };
 
 struct Plan::InputBinding {
@@ -42,7 +45,36 @@ Plan::~Plan() = default;
 
 size_t Plan::num_scheduled_nodes() const { return steps_.size(); }
 
-std::unique_ptr<Plan> Plan::bind(LoweredProgram program, ParameterStore& params) {
+char* SharedArena::reserve(const kernels::Device& device, size_t bytes) {
+  if (bytes > bytes_ || !buffer_) {
+    buffer_.reset();  // the old buffer goes before the larger one is allocated: no moment holds both
+    buffer_ = device.allocate(bytes);
+    bytes_ = bytes;
+  }
+  return base();
+}
+
+void Plan::rebase_arena(char* base) {
+  // By the offsets bind() recorded, not by address: memory outside the arena (an input bound to caller memory) may
+  // sit where an earlier arena was.
+  auto at = [&](int64_t offset, const Tensor& t) { return Tensor::view(base + offset, t.shape(), t.dtype()); };
+  for (size_t v = 0; v < value_tensors_.size(); ++v)
+    if (value_offsets_[v] >= 0) value_tensors_[v] = at(value_offsets_[v], value_tensors_[v]);
+  for (Step& step : steps_) {
+    for (size_t k = 0; k < step.node->inputs.size(); ++k) {
+      const int64_t offset = value_offsets_[static_cast<size_t>(step.node->inputs[k])];
+      if (offset >= 0) step.args.inputs[k] = at(offset, step.args.inputs[k]);
+    }
+    for (size_t k = 0; k < step.output_offsets.size(); ++k)
+      if (step.output_offsets[k] >= 0) step.args.outputs[k] = at(step.output_offsets[k], step.args.outputs[k]);
+    if (step.scratch_offset >= 0) step.args.scratch = base + step.scratch_offset;
+    for (Step::Accumulation& a : step.accumulations) a.temp = reinterpret_cast<float*>(base + a.temp_offset);
+  }
+  arena_base_ = base;
+}
+
+std::unique_ptr<Plan> Plan::bind(LoweredProgram program, ParameterStore& params,
+                                 std::shared_ptr<SharedArena> shared_arena) {
   std::unique_ptr<Plan> plan(new Plan());
   Plan& p = *plan;
   p.graph_ = std::move(program.graph);
@@ -86,13 +118,24 @@ std::unique_ptr<Plan> Plan::bind(LoweredProgram program, ParameterStore& params)
   memory::StoragePlan& storage = program.storage;
   p.buffers_ = std::move(storage.buffers);
   p.arena_plan_ = std::move(storage.arena);
-  p.arena_ = p.device_->allocate(p.arena_plan_.arena_bytes);
-  char* arena = static_cast<char*>(p.arena_.get());
-  auto storage_ptr = [&](int s) { return arena + p.arena_plan_.offsets[static_cast<size_t>(s)]; };
+  char* arena = nullptr;
+  if (shared_arena) {
+    p.shared_arena_ = std::move(shared_arena);
+    arena = p.shared_arena_->reserve(*p.device_, p.arena_plan_.arena_bytes);
+  } else {
+    p.arena_ = p.device_->allocate(p.arena_plan_.arena_bytes);
+    arena = static_cast<char*>(p.arena_.get());
+  }
+  p.arena_base_ = arena;
+  auto storage_offset = [&](int s) { return static_cast<int64_t>(p.arena_plan_.offsets[static_cast<size_t>(s)]); };
+  auto storage_ptr = [&](int s) { return arena + storage_offset(s); };
+  p.value_offsets_.assign(num_values, -1);
   for (const ir::Value& v : g.values())
-    if (storage.buffer_of[static_cast<size_t>(v.id)] >= 0)
+    if (storage.buffer_of[static_cast<size_t>(v.id)] >= 0) {
+      p.value_offsets_[static_cast<size_t>(v.id)] = storage_offset(storage.buffer_of[static_cast<size_t>(v.id)]);
       p.value_tensors_[static_cast<size_t>(v.id)] =
           Tensor::view(storage_ptr(storage.buffer_of[static_cast<size_t>(v.id)]), v.shape, v.dtype);
+    }
 
   // Inputs: one plan-owned buffer each, inside a single allocation.
   size_t input_bytes = 0;
@@ -123,23 +166,28 @@ std::unique_ptr<Plan> Plan::bind(LoweredProgram program, ParameterStore& params)
     size_t temp_index = 0;
     for (ValueId v : n.outputs) {
       Tensor out = p.value_tensors_[static_cast<size_t>(v)];
+      int64_t out_offset = p.value_offsets_[static_cast<size_t>(v)];
       uint8_t accumulate = 0;
       if (memory::is_bound_gradient(g, v)) {
         p.gradient_final_node_[params.index(g.value(g.value(v).gradient_of).name)] = i;
         int temp = storage.temporaries_of[static_cast<size_t>(i)][temp_index++];
         if (temp >= 0) {
           Tensor t = Tensor::view(storage_ptr(temp), out.shape(), out.dtype());
-          step.accumulations.push_back({t.data_as<float>(), out.data_as<float>(), out.numel()});
+          step.accumulations.push_back({t.data_as<float>(), out.data_as<float>(), out.numel(), storage_offset(temp)});
           out = t;
+          out_offset = storage_offset(temp);
         } else {
           accumulate = 1;
         }
       }
       step.args.outputs.push_back(out);
+      step.output_offsets.push_back(out_offset);
       step.args.accumulate.push_back(accumulate);
     }
-    if (storage.scratch_of[static_cast<size_t>(i)] >= 0)
+    if (storage.scratch_of[static_cast<size_t>(i)] >= 0) {
+      step.scratch_offset = storage_offset(storage.scratch_of[static_cast<size_t>(i)]);
       step.args.scratch = storage_ptr(storage.scratch_of[static_cast<size_t>(i)]);
+    }
   }
   p.report_.input_bytes = input_bytes;
   p.report_.parameter_bytes = static_cast<size_t>(params.flat_numel()) * sizeof(float);
@@ -211,6 +259,7 @@ void Plan::upload_staging(const std::string& name) {
 }
 
 void Plan::run(RunObserver* observer) {
+  if (shared_arena_ && shared_arena_->base() != arena_base_) rebase_arena(shared_arena_->base());
   kernels::StepContext ctx;
   ctx.rng_offset = step_;
   ctx.num_threads = num_threads_;
@@ -232,6 +281,7 @@ void Plan::run(RunObserver* observer) {
 }
 
 void Plan::run_profiled(std::vector<double>& seconds) {
+  if (shared_arena_ && shared_arena_->base() != arena_base_) rebase_arena(shared_arena_->base());
   seconds.resize(steps_.size(), 0.0);
   kernels::StepContext ctx;
   ctx.rng_offset = step_;

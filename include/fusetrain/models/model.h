@@ -56,6 +56,11 @@ struct BatchSpec {
   /// transformers follows). Causal attention then stays within each example (InputNames::key_begin) and the
   /// causal-LM loss skips the prediction across each boundary.
   bool packed = false;
+  /// > 0: the batch runs unpadded (Model::set_unpad). Its kept tokens (attention_mask 1, and every row's first
+  /// token), rounded up to this count, are the rows every token-wise op computes: the embeddings, projections,
+  /// norms and feed-forward layers run on (tokens, C) rather than (batch, seq, C), and only attention reads them
+  /// back in the padded (batch, seq) layout (InputNames::token_rows, padded_rows). 0: the padded layout throughout.
+  int64_t tokens = 0;
   /// A causal or masked LM with token labels also computes the token statistics (ir TokenStats: summed entropy,
   /// top-1 hits, counted positions), which TRL's trainers log as entropy and mean_token_accuracy.
   bool token_stats = false;
@@ -73,7 +78,7 @@ struct BuiltGraph {
   ir::Graph graph;
   ir::ValueId logits = ir::kNone;         ///< (B, T, V), (B, L), (B, T, L); for QA start logits (B, T)
   ir::ValueId end_logits = ir::kNone;     ///< QA only: (B, T)
-  ir::ValueId hidden_states = ir::kNone;  ///< last hidden states (B, T, C)
+  ir::ValueId hidden_states = ir::kNone;  ///< last hidden states (B, T, C); (N, C) unpadded
   ir::ValueId loss = ir::kNone;           ///< scalar when labels are given
   ir::ValueId token_stats = ir::kNone;    ///< (3) with BatchSpec::token_stats
   ir::ValueId sequence_logps = ir::kNone;  ///< (B) with BatchSpec::preference: Σ_t log p(label) per sequence
@@ -307,6 +312,12 @@ class Model {
   /// forward, a much smaller activation peak; gradients bit-identical).
   void set_recompute(bool on) { recompute_ = on; }
   bool recompute() const { return recompute_; }
+  /// Runs padded batches unpadded where the family can (on by default; BatchSpec::tokens): a batch whose
+  /// attention_mask leaves at most three quarters of its (batch, seq) positions after rounding computes only those
+  /// tokens outside attention. The same math as the padded layout (masked keys weigh exactly 0 either way); the
+  /// rounding of float sums differs, and dropout draws other masks.
+  void set_unpad(bool on) { unpad_ = on; }
+  bool unpad() const { return unpad_; }
   /// The fusion passes (on by default); off compiles the graph as built, to measure
   /// or test what they change.
   void set_fusions(bool on) { fusions_ = on; }
@@ -369,6 +380,8 @@ class Model {
   std::set<std::string> lora_bf16_;  // frozen weights kept in bf16
   std::vector<std::string> missing_keys_;
   compile::ProgramCache programs_;
+  // One arena for every program: they run one at a time, so the model holds the largest arena, not their sum.
+  std::shared_ptr<runtime::SharedArena> arena_ = std::make_shared<runtime::SharedArena>();
   const runtime::Plan* last_plan_ = nullptr;
   const PassLog* last_pass_log_ = nullptr;
   int num_threads_ = 0;
@@ -376,6 +389,7 @@ class Model {
   uint64_t dropout_seed_ = 0;
   bool bf16_ = false;
   bool recompute_ = false;
+  bool unpad_ = true;
   bool count_unfused_ops_ = false;
   bool fusions_ = true;
   bool token_stats_ = false;

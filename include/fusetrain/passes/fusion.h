@@ -59,8 +59,8 @@ FusionReport fuse_linear_log_probs(ir::Graph& graph, bool input_grad, int64_t ch
 
 /// Rows a Slice keeps, computed alone: a Slice along a row axis moves above the op that produced
 /// its input (Linear, LayerNorm, Softmax on another axis, elementwise ops, Dropout, Reshape and
-/// Transpose that keep the axis, and Attention, whose query rows it slices while every key and value
-/// stays) as long as nothing else reads that op's rows in full. A classifier that reads the first
+/// Transpose that keep the axis, Embedding, whose ids it slices (an unpadded batch's gather of token rows), and
+/// Attention, whose query rows it slices while every key and value stays) as long as nothing else reads that op's rows in full. A classifier that reads the first
 /// token then runs its last layer's query, output projection, MLP and norms on one row per sequence;
 /// only the keys and values still see every position. Dropout keeps the masks of the full tensor
 /// (stream index attributes), so losses and gradients are those of the unpruned graph.

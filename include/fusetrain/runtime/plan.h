@@ -33,12 +33,31 @@ class RunObserver {
   virtual void end() = 0;
 };
 
+/// Device memory that several plans take turns in: one model's programs, of which one runs at a time, share one
+/// arena sized to the largest any of them planned, rather than each holding its own. A plan whose arena another plan
+/// has since grown (a new, larger buffer) rebinds its kernels to the new buffer before its next run.
+class SharedArena {
+ public:
+  /// At least `bytes` of `device`'s memory: the current buffer, or a larger one that replaces it (every plan on the
+  /// old one rebinds before its next run).
+  char* reserve(const kernels::Device& device, size_t bytes);
+  char* base() const { return static_cast<char*>(buffer_.get()); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  kernels::DeviceBuffer buffer_;
+  size_t bytes_ = 0;
+};
+
 /// How a graph is compiled into a plan.
 struct PlanOptions {
   /// Run the plain-loop reference kernels instead of the tuned ones (tests).
   bool reference_kernels = false;
   /// OpenMP threads for the kernels; 0 means omp_get_max_threads().
   int num_threads = 0;
+  /// The arena to share with other plans (null: the plan allocates its own). Outputs the plan returns are then
+  /// valid until the next run of any plan sharing it.
+  std::shared_ptr<SharedArena> shared_arena;
 };
 
 /// What the compiler hands the runtime (compile::lower_program): the graph (names and shapes of its values), the
@@ -65,7 +84,9 @@ class Plan {
   /// Binds a lowered program to memory: parameters, frozen parameters and gradients to `params` (which must outlive
   /// the plan; a graph output that is a parameter's gradient, Value::gradient_of, to that parameter's gradient
   /// buffer), inputs to buffers the plan owns, the rest to one arena the program's device allocates.
-  static std::unique_ptr<Plan> bind(LoweredProgram program, ParameterStore& params);
+  /// `shared_arena`, when given, holds the arena instead (PlanOptions::shared_arena).
+  static std::unique_ptr<Plan> bind(LoweredProgram program, ParameterStore& params,
+                                    std::shared_ptr<SharedArena> shared_arena = nullptr);
   ~Plan();
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
@@ -95,7 +116,8 @@ class Plan {
   void run_profiled(std::vector<double>& seconds);
   /// The scheduled nodes, in execution order (for profiles and reports).
   std::vector<const ir::Node*> scheduled_nodes() const;
-  /// A graph output (loss, logits, ...) where it lives: the device's memory, until the next run().
+  /// A graph output (loss, logits, ...) where it lives: the device's memory, until the next run() (of any plan
+  /// sharing its arena).
   Tensor output(ir::ValueId value) const;
   /// A graph output for the host to read: output() itself where the device is host-visible (no copy), else a host
   /// mirror the plan keeps per output, downloaded now (sized on the first read, reused after). Valid until the next
@@ -128,8 +150,14 @@ class Plan {
   std::vector<Step> steps_;
   std::vector<InputBinding> inputs_;
   std::vector<Tensor> value_tensors_;  // indexed by ValueId: where each value lives
+  std::vector<int64_t> value_offsets_;  // indexed by ValueId: its offset in the arena, -1 outside it
   std::map<ir::ValueId, std::vector<std::byte>> output_mirrors_;  // read_output's host copies (not host-visible)
-  kernels::DeviceBuffer arena_;  // activations, scratch and gradient temporaries: the device's memory
+  // Points every arena address the plan holds (values, kernel arguments, scratch, accumulation temporaries) at
+  // `base` instead of arena_base_.
+  void rebase_arena(char* base);
+  kernels::DeviceBuffer arena_;  // activations, scratch and gradient temporaries: the device's memory (own arena)
+  std::shared_ptr<SharedArena> shared_arena_;  // or the arena shared with other plans
+  char* arena_base_ = nullptr;                 // where the plan's arena addresses point now
   kernels::DeviceBuffer input_memory_;  // the plan's inputs: the device's memory
   std::vector<memory::BufferRequest> buffers_;
   std::vector<ir::NodeId> schedule_;
