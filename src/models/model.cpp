@@ -372,6 +372,7 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     spec.token_stats = false;
   }
   const int64_t B = spec.batch, T = spec.seq;
+  last_token_rows_ = spec.tokens > 0 ? spec.tokens : B * T;
   compile::Program& program = plan_for(spec, with_backward);
   runtime::Plan& plan = *program.plan;
   const ir::ValueId logits = program.roles.outputs.empty() ? ir::kNone : program.roles.outputs[0];

@@ -954,6 +954,10 @@ bytes (default 2 GiB, protobuf's limit) go to "<file>_data" beside it. Returns t
           "layers outside attention compute only the tokens attention_mask keeps, when that drops at least a "
           "quarter of the positions. The same math as padded; float rounding and dropout masks differ. On by "
           "default.")
+      .def_property_readonly(
+          "last_token_rows", [](const PyModel& self) { return self.model->last_token_rows(); },
+          "The rows the token-wise layers computed in the most recent run: the kept tokens rounded up when it ran "
+          "unpadded, else batch x sequence; 0 before the first run.")
       .def_property(
           "token_stats", [](const PyModel& self) { return self.model->token_stats(); },
           [](PyModel& self, bool on) { locked(self, [&] { self.model->set_token_stats(on); }); },

@@ -395,6 +395,71 @@ TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
     }
 }
 
+// Sequence classification over a padded batch runs unpadded (the token-wise layers on the kept tokens only) and
+// computes what the padded layout computes: the same logits and loss and, but for the rounding of the weight
+// gradients' sums over fewer rows, the same gradients. Left padding (a hidden first token, which the classifier
+// still pools) included; a row the mask hides entirely keeps the padded layout.
+TEST(Models, UnpaddedSequenceClassificationMatchesPadded) {
+  for (const std::string type : {"bert", "roberta"})
+    for (bool bf16 : {false, true}) {
+      const std::string arch = type == "bert" ? "BertForSequenceClassification" : "RobertaForSequenceClassification";
+      auto model = Model::from_config(tiny_config(type), 7, arch);
+      model->set_bf16(bf16);
+      const int64_t B = 4, T = 16;
+      Data d = make_batch(*model, B, T, 5);
+      // Rows of 16, 5 and 7 tokens, right padded, and one of 4 tokens after 3 of left padding: 32 kept of 64.
+      const int64_t pad = tiny_config(type)["pad_token_id"];
+      for (int64_t t = 0; t < T; ++t) {
+        d.mask[1 * T + t] = t < 5;
+        d.mask[2 * T + t] = t < 7;
+        d.mask[3 * T + t] = t >= 3 && t < 7;
+      }
+      for (int64_t i = 0; i < B * T; ++i)
+        if (d.mask[i] == 0) d.ids[i] = pad;
+      std::vector<Tensor> logits;
+      std::vector<double> losses;
+      std::vector<std::vector<float>> grads;
+      for (bool unpad : {false, true}) {
+        model->set_unpad(unpad);
+        models::ModelOutput out = model->forward(d.batch);
+        EXPECT_EQ(model->last_plan()->has_input("token_rows"), unpad) << arch;
+        logits.push_back(out.logits.clone());
+        losses.push_back(model->loss_and_grads(d.batch));
+        grads.push_back(gradients_of(*model));
+      }
+      // Each kept row's projections are the same dot products in either layout; only the row count changes.
+      const double tol = bf16 ? 1e-3 : 1e-5;
+      for (int64_t i = 0; i < logits[0].numel(); ++i)
+        EXPECT_NEAR(logits[1].item(i), logits[0].item(i), tol) << arch << " logit " << i;
+      EXPECT_NEAR(losses[1], losses[0], tol * std::abs(losses[0])) << arch;
+      EXPECT_LT(relative_l2(grads[1], grads[0]), bf16 ? 1e-2 : 1e-5) << arch;
+
+      // A row with no kept token: attention spreads evenly over its padding, which only the padded layout holds.
+      std::fill(d.mask.begin() + 2 * T, d.mask.begin() + 3 * T, int64_t{0});
+      model->forward(d.batch);
+      EXPECT_FALSE(model->last_plan()->has_input("token_rows")) << arch;
+    }
+}
+
+// A model's programs share one arena: a program whose memory a larger program has since replaced (the arena grew)
+// rebinds to it and computes what a fresh model computes, bit for bit.
+TEST(Models, ProgramsShareOneArenaAndRebindWhenItGrows) {
+  auto model = Model::from_config(tiny_config("bert"), 3, "BertForMaskedLM");
+  auto fresh = Model::from_config(tiny_config("bert"), 3, "BertForMaskedLM");
+  Data small = make_batch(*model, 2, 6, 1), large = make_batch(*model, 3, 30, 2);
+  const double first = model->loss_and_grads(small.batch);
+  const size_t small_peak = model->last_plan()->memory_report().activation_peak_bytes;
+  model->loss_and_grads(large.batch);  // a larger arena replaces the one the small program was bound to
+  EXPECT_GT(model->last_plan()->memory_report().activation_peak_bytes, small_peak);
+  const double again = model->loss_and_grads(small.batch);
+  EXPECT_EQ(again, first);
+  EXPECT_EQ(again, fresh->loss_and_grads(small.batch));
+  EXPECT_EQ(gradients_of(*model), gradients_of(*fresh));
+  Tensor logits = model->forward(small.batch).logits.clone();
+  Tensor want = fresh->forward(small.batch).logits;
+  for (int64_t i = 0; i < want.numel(); ++i) ASSERT_EQ(logits.item(i), want.item(i)) << i;
+}
+
 // The training seed reaches dropout and fresh heads: the same seed repeats a run, another
 // seed draws other masks and other head weights.
 TEST(Models, DropoutSeedAndHeadInitSeedTakeEffect) {

@@ -318,6 +318,9 @@ class Model {
   /// rounding of float sums differs, and dropout draws other masks.
   void set_unpad(bool on) { unpad_ = on; }
   bool unpad() const { return unpad_; }
+  /// The rows the token-wise layers computed in the most recent run: its unpadded token rows (BatchSpec::tokens),
+  /// else batch × sequence; 0 before the first run.
+  int64_t last_token_rows() const { return last_token_rows_; }
   /// The fusion passes (on by default); off compiles the graph as built, to measure
   /// or test what they change.
   void set_fusions(bool on) { fusions_ = on; }
@@ -390,6 +393,7 @@ class Model {
   bool bf16_ = false;
   bool recompute_ = false;
   bool unpad_ = true;
+  int64_t last_token_rows_ = 0;
   bool count_unfused_ops_ = false;
   bool fusions_ = true;
   bool token_stats_ = false;

@@ -69,6 +69,12 @@ FT_AVX512 void add_row_avx512(float* dst, const float* src, int64_t n) {
   }
 }
 
+FT_AVX2 void add_row_avx2(float* dst, const float* src, int64_t n) {
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8) _mm256_storeu_ps(dst + c, _mm256_add_ps(_mm256_loadu_ps(dst + c), _mm256_loadu_ps(src + c)));
+  for (; c < n; ++c) dst[c] += src[c];
+}
+
 // dweight (V, C) (+)= scatter of dy (N, C) rows at ids (N).
 class EmbeddingBackwardKernel final : public Kernel {
  public:
@@ -79,7 +85,7 @@ class EmbeddingBackwardKernel final : public Kernel {
         C_(C),
         ids_i64_(ids_i64),
         name_(std::move(name)),
-        add_row_(use_avx512() ? add_row_avx512 : add_row_portable) {}
+        add_row_(pick_path(add_row_portable, add_row_avx2, add_row_avx512)) {}
   bool accumulates() const override { return true; }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
