@@ -50,19 +50,20 @@ class DistilBertFamily final : public Family {
     const bool train = spec.training;
     auto [ids, mask, positions] = sequence_inputs(b, B, T);
     ValueId mask_add = additive_mask(b, mask, B, T);  // before the layers' segments (recompute)
+    const TokenRows rows = token_rows(b, spec);
 
     ValueId word = b.param(p("embeddings.word_embeddings.weight"), {V_, C});
     ValueId position = b.param(p("embeddings.position_embeddings.weight"), {P_, C});
     ValueId position_rows = b.embedding(position, positions);  // first: node order is not left to argument order
     ValueId x = b.add(b.embedding(word, ids, pad_), position_rows);
-    x = maybe_dropout(b, layer_norm(b, x, p("embeddings.LayerNorm")), dropout_, train);
+    x = maybe_dropout(b, layer_norm(b, unpad(b, x, rows, C), p("embeddings.LayerNorm")), dropout_, train);
     out.layer_boundaries.push_back(x);
 
     for (int64_t l = 0; l < layers_; ++l) {
       std::string layer = p("transformer.layer." + std::to_string(l) + ".");
       ValueId attn = self_attention(b, x, mask_add, layer + "attention.q_lin", layer + "attention.k_lin",
                                     layer + "attention.v_lin", layer + "attention.out_lin", B, T, C, H_,
-                                    train ? attention_dropout_ : 0.0);
+                                    train ? attention_dropout_ : 0.0, rows);
       x = layer_norm(b, b.add(attn, x), layer + "sa_layer_norm");
       ValueId h = activation(b, dense(b, x, layer + "ffn.lin1", F_, C), act_, matmul_dtype_);
       h = maybe_dropout(b, dense(b, h, layer + "ffn.lin2", C, F_), dropout_, train);
@@ -83,7 +84,7 @@ class DistilBertFamily final : public Family {
         break;
       }
       case Head::SequenceClassification: {
-        ValueId pooled = b.relu(dense(b, first_token(b, x, B, T, C), "pre_classifier", C, C));
+        ValueId pooled = b.relu(dense(b, first_token(b, x, B, T, C, rows), "pre_classifier", C, C));
         pooled = maybe_dropout(b, pooled, classifier_dropout_, train);
         logits = dense(b, pooled, "classifier", num_labels_, C);
         break;
@@ -113,6 +114,8 @@ class DistilBertFamily final : public Family {
   }
   bool uses_token_type_ids() const override { return false; }
   int64_t max_positions() const override { return P_; }
+  // Sequence classification reads only each row's first token: every other output row is the layers' own.
+  bool unpads() const override { return head_ == Head::SequenceClassification; }
 
  private:
   ValueId layer_norm(ir::GraphBuilder& b, ValueId x, const std::string& name) const {

@@ -400,15 +400,17 @@ TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
 // gradients' sums over fewer rows, the same gradients. Left padding (a hidden first token, which the classifier
 // still pools) included; a row the mask hides entirely keeps the padded layout.
 TEST(Models, UnpaddedSequenceClassificationMatchesPadded) {
-  for (const std::string type : {"bert", "roberta"})
+  for (const std::string type : {"bert", "roberta", "distilbert"})
     for (bool bf16 : {false, true}) {
-      const std::string arch = type == "bert" ? "BertForSequenceClassification" : "RobertaForSequenceClassification";
+      const std::string arch = type == "bert"      ? "BertForSequenceClassification"
+                               : type == "roberta" ? "RobertaForSequenceClassification"
+                                                   : "DistilBertForSequenceClassification";
       auto model = Model::from_config(tiny_config(type), 7, arch);
       model->set_bf16(bf16);
       const int64_t B = 4, T = 16;
       Data d = make_batch(*model, B, T, 5);
       // Rows of 16, 5 and 7 tokens, right padded, and one of 4 tokens after 3 of left padding: 32 kept of 64.
-      const int64_t pad = tiny_config(type)["pad_token_id"];
+      const int64_t pad = tiny_config(type).value("pad_token_id", 0);
       for (int64_t t = 0; t < T; ++t) {
         d.mask[1 * T + t] = t < 5;
         d.mask[2 * T + t] = t < 7;

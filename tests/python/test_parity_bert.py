@@ -36,7 +36,8 @@ def test_int32_inputs():
     hf.assert_logits_match(case, hf.ft_from_reference(case).forward(**batch32), hf_out)
 
 
-@pytest.mark.parametrize("architecture", ["BertForSequenceClassification", "RobertaForSequenceClassification"])
+@pytest.mark.parametrize("architecture", ["BertForSequenceClassification", "RobertaForSequenceClassification",
+                                          "DistilBertForSequenceClassification"])
 def test_mostly_padding_runs_unpadded_with_the_same_results(architecture):
     """A batch that is mostly padding runs unpadded (Model.unpad, on by default): the token-wise layers compute the
     kept tokens only, in a smaller arena, and logits, loss and every gradient still match transformers."""
