@@ -166,7 +166,6 @@ SequenceInputs sequence_inputs(ir::GraphBuilder& b, int64_t B, int64_t T) {
 TokenRows token_rows(ir::GraphBuilder& b, const BatchSpec& spec) {
   TokenRows rows;
   if (spec.tokens == 0) return rows;
-  rows.count = spec.tokens;
   rows.tokens = b.input(InputNames::token_rows, {spec.tokens}, DType::i64);
   rows.padded = b.input(InputNames::padded_rows, {spec.batch * spec.seq}, DType::i64);
   return rows;

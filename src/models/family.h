@@ -54,7 +54,6 @@ struct InputNames {
 struct TokenRows {
   ir::ValueId tokens = ir::kNone;  ///< InputNames::token_rows (N)
   ir::ValueId padded = ir::kNone;  ///< InputNames::padded_rows (B·T)
-  int64_t count = 0;               ///< N
   bool unpadded() const { return tokens != ir::kNone; }
 };
 
