@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import pathlib
 import sys
 
@@ -39,8 +40,12 @@ def cpu_has(feature: str) -> bool:
 
 
 def stored_path() -> pathlib.Path | None:
-    """The fingerprints of the kernels this CPU runs (None: none are stored for them)."""
-    if cpu_has("avx512f"):
+    """The fingerprints of the kernels this run takes: this CPU's widest, or those FUSETRAIN_KERNELS caps it to
+    (None: none are stored for them, as for the portable kernels)."""
+    cap = os.environ.get("FUSETRAIN_KERNELS", "")
+    if cap == "portable":
+        return None
+    if cpu_has("avx512f") and cap != "avx2":
         return STORED
     return STORED_AVX2 if cpu_has("avx2") and cpu_has("fma") else None
 

@@ -7,6 +7,8 @@ the engine, the CLI applies the same rules (Model.decays).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -131,6 +133,10 @@ OPTIMIZERS = {
     "rmsprop_bnb": ("rmsprop_bnb", None, 1e-3),
 }
 _BNB = {"lion_32bit", "rmsprop_bnb"}
+# FUSETRAIN_KERNELS=portable: the plain-loop kernels sum the f32 gradients in another order than the vector ones,
+# farther from torch's blocked sums (measured: 1.55e-5 relative on a BERT intermediate bias after 20 AdamW steps, one
+# 32-bit second-moment element of 64 at 4.4e-5, 1.1e-9 absolute). Their bounds are 3e-5 and 1e-4 relative there.
+_PORTABLE = os.environ.get("FUSETRAIN_KERNELS", "") == "portable"
 
 
 def _bert_rows(rows: int = 4, length: int = 10) -> list[dict[str, np.ndarray]]:
@@ -194,7 +200,7 @@ def test_every_optimizer_trains_as_transformers_trainer_does(case, model_kind, t
     np.testing.assert_allclose(ours_losses, theirs_losses, rtol=1e-5)
     assert ours_losses[-1] < ours_losses[0], "the optimizer did not train"
     errors = {k: v for k, v in _weight_errors(ours, theirs).items() if not k.endswith("attention.self.key.bias")}
-    tolerance = 1e-5 if optim in ("adamw_torch", "sgd") else 1e-3
+    tolerance = (3e-5 if _PORTABLE else 1e-5) if optim in ("adamw_torch", "sgd") else 1e-3
     worst = max(errors, key=errors.get)
     assert errors[worst] <= tolerance, f"{case}: {worst} {errors[worst]:.2e} relative"
 
@@ -293,7 +299,7 @@ def test_checkpoints_of_every_optimizer_resume_across_the_two_trainers(case, dir
                         resume=str(tmp_path / "a" / "checkpoint-5"), **common, **second[2])
     errors = _weight_errors(resumed, whole)
     worst = max(errors, key=errors.get)
-    tolerance = 1e-5 if optim in ("adamw_torch", "sgd") else 1e-3
+    tolerance = (3e-5 if _PORTABLE else 1e-5) if optim in ("adamw_torch", "sgd") else 1e-3
     assert errors[worst] <= tolerance, f"{case} {direction}: {worst} {errors[worst]:.2e} relative"
 
 
@@ -380,7 +386,8 @@ def test_8bit_adamw_states_are_bitsandbytes_codes(model_kind, nearest_code_bnb, 
             if name.endswith("attention.self.key.bias"):  # its gradient is rounding noise alone (see above)
                 continue
             for key in ("state1", "state2"):
-                np.testing.assert_allclose(a[key].numpy(), b[key].numpy(), rtol=1e-5, atol=1e-5 * float(
+                np.testing.assert_allclose(a[key].numpy(), b[key].numpy(), rtol=1e-4 if _PORTABLE else 1e-5,
+                                           atol=1e-5 * float(
                     b[key].abs().max()), err_msg=f"{name} {key}")
             continue
         eight_bit += 1
