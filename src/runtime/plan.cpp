@@ -73,6 +73,10 @@ void Plan::rebase_arena(char* base) {
   arena_base_ = base;
 }
 
+void Plan::follow_shared_arena() {
+  if (shared_arena_ && shared_arena_->base() != arena_base_) rebase_arena(shared_arena_->base());
+}
+
 std::unique_ptr<Plan> Plan::bind(LoweredProgram program, ParameterStore& params,
                                  std::shared_ptr<SharedArena> shared_arena) {
   std::unique_ptr<Plan> plan(new Plan());
@@ -259,7 +263,7 @@ void Plan::upload_staging(const std::string& name) {
 }
 
 void Plan::run(RunObserver* observer) {
-  if (shared_arena_ && shared_arena_->base() != arena_base_) rebase_arena(shared_arena_->base());
+  follow_shared_arena();
   kernels::StepContext ctx;
   ctx.rng_offset = step_;
   ctx.num_threads = num_threads_;
@@ -281,7 +285,7 @@ void Plan::run(RunObserver* observer) {
 }
 
 void Plan::run_profiled(std::vector<double>& seconds) {
-  if (shared_arena_ && shared_arena_->base() != arena_base_) rebase_arena(shared_arena_->base());
+  follow_shared_arena();
   seconds.resize(steps_.size(), 0.0);
   kernels::StepContext ctx;
   ctx.rng_offset = step_;

@@ -155,6 +155,8 @@ class Plan {
   // Points every arena address the plan holds (values, kernel arguments, scratch, accumulation temporaries) at
   // `base` instead of arena_base_.
   void rebase_arena(char* base);
+  // Before a run: rebases onto the shared arena when another plan has replaced it.
+  void follow_shared_arena();
   kernels::DeviceBuffer arena_;  // activations, scratch and gradient temporaries: the device's memory (own arena)
   std::shared_ptr<SharedArena> shared_arena_;  // or the arena shared with other plans
   char* arena_base_ = nullptr;                 // where the plan's arena addresses point now
