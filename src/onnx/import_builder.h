@@ -300,6 +300,11 @@ class Builder {
     const DType want = spec_.fp16 ? DType::f16 : spec_.bf16 ? DType::bf16 : DType::f32;
     return want == DType::f32 || graph_.value(v).dtype == want ? v : b_.cast(v, want);
   }
+  /// q, k or v of a fused attention in the dtype mixed precision runs attention in: bf16 under bf16, as autocast
+  /// hands scaled_dot_product_attention bf16 operands (the output stays f32, as the graph's later ops read it; the
+  /// projection that reads it rounds it to bf16 as autocast's bf16 output is); f32 otherwise (fp16 included: the
+  /// kernel takes f32 or bf16). The cast goes before a heads transpose, so fold_attention_transposes still folds it.
+  ValueId attention_operand(ValueId v);
   ValueId unrepeated_heads(ValueId x) const;
   ValueId where(const NodeProto& n, int64_t index);
 

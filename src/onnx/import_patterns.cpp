@@ -135,6 +135,18 @@ ValueId Builder::unrepeated_heads(ValueId x) const {
 //   is a key-padding mask, or causal plus one. It becomes one Attention op (the kernel the built models use),
 //   reading the mask as (B, S) additive (the host checks, each batch, that it has that form). The decomposed
 //   ops it replaces are left unread and never run. kNone when the pattern does not hold.
+ValueId Builder::attention_operand(ValueId v) {
+  const ir::Value& value = graph_.value(v);
+  if (!spec_.bf16 || spec_.fp16 || value.dtype != DType::f32) return v;
+  if (value.producer != ir::kNone) {
+    const ir::Node& t = graph_.node(value.producer);
+    const std::vector<int64_t> heads{0, 2, 1, 3};
+    if (t.op == ops::OpKind::Transpose && t.attrs.get_ints("perm") == heads)
+      return b_.transpose(b_.cast(t.inputs[0], DType::bf16), heads);
+  }
+  return b_.cast(v, DType::bf16);
+}
+
 ValueId Builder::attention(const NodeProto& n) {
   if (!f_.fuse_attention()) return ir::kNone;
   const int p = in_id(n, 0), v = in_id(n, 1);
@@ -244,7 +256,8 @@ ValueId Builder::attention(const NodeProto& n) {
     const ValueId q4 = flat ? b_.reshape(ir_of(q), {B, H, T, D}) : ir_of(q);
     const ValueId k4 = transposed(flat ? b_.reshape(ir_of(kt), {B, H, D, S}) : ir_of(kt), {0, 1, 3, 2});
     const ValueId v4 = flat ? b_.reshape(ir_of(v), {B, H, S, D}) : ir_of(v);
-    const ValueId y = b_.attention(q4, k4, v4, bias->first, scale, bias->second, 0.0, DType::f32, 0, softcap);
+    const ValueId y = b_.attention(attention_operand(q4), attention_operand(k4), attention_operand(v4), bias->first,
+                                   scale, bias->second, 0.0, DType::f32, 0, softcap);
     return flat ? b_.reshape(y, {B * H, T, D}) : y;
   }
   const int mask = biases.empty() ? -1 : biases[0].first;
@@ -279,8 +292,8 @@ ValueId Builder::attention(const NodeProto& n) {
     k = grouped_k;
     vv = grouped_v;
   }
-  const ValueId y = b_.attention(ir_of(q), k, vv, key_mask, scale, causal, 0.0, DType::f32, window, softcap);
-  return y;
+  return b_.attention(attention_operand(ir_of(q)), attention_operand(k), attention_operand(vv), key_mask, scale,
+                      causal, 0.0, DType::f32, window, softcap);
 }
 
 // The (B, H, S) key bias of attention biases summed to (B, H, T, S) (ALiBi's slope·position per head, plus a padding

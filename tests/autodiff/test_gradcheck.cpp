@@ -29,7 +29,7 @@ TEST_P(GradCheck, MatchesFiniteDifferences) {
   const OpCase& c = op_cases()[GetParam()];
   for (int64_t n : {int64_t{1}, int64_t{3}}) {
     if (n > c.max_gradcheck_n) continue;
-    auto run = prepare_case(c, n, /*reference_kernels=*/false, /*with_backward=*/true);
+    auto run = prepare_case(c, n, /*reference_kernels=*/c.gradcheck_reference_kernels, /*with_backward=*/true);
     run->run();
     std::vector<std::vector<double>> analytic_grads;
     for (size_t p = 0; p < run->params.size(); ++p) analytic_grads.push_back(run->grad(p));

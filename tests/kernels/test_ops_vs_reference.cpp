@@ -12,6 +12,9 @@ class OpsVsReference : public ::testing::TestWithParam<size_t> {};
 TEST_P(OpsVsReference, ForwardAndBackwardMatch) {
   const OpCase& c = op_cases()[GetParam()];
   double tolerance = c.name.find("bf16") != std::string::npos ? 1e-3 : 1e-5;
+  // With AVX512-BF16 the attention tiles round the probabilities to bf16 (2^-9 relative; measured 1.6e-3 on the
+  // output at n = 129), which the reference keeps in double.
+  if (c.name.rfind("attention_bf16", 0) == 0) tolerance = 5e-3;
   for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{17}, int64_t{129}}) {
     auto ref = prepare_case(c, n, /*reference_kernels=*/true, /*with_backward=*/true);
     ref->run();

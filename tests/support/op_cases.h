@@ -32,6 +32,9 @@ struct OpCase {
   double eps = 1e-3;                  ///< finite-difference step
   double tolerance = 2e-2;            ///< norm-wise relative error allowed by the gradient check
   int64_t max_gradcheck_n = 3;        ///< largest n used by the (slow) gradient check
+  /// The gradient check runs the reference kernels: the tuned ones round inside the op (bf16 attention tiles round
+  /// each probability to bf16), noise central differences cannot resolve; tests/kernels compare the two.
+  bool gradcheck_reference_kernels = false;
   /// Where the op's gradient intentionally differs from the derivative (an
   /// embedding's padding row gets none), edits the numeric gradient of parameter i.
   std::function<void(size_t param, std::vector<double>& numeric)> expected_from_numeric;

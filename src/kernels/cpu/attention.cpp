@@ -53,6 +53,7 @@
 #include <omp.h>
 #endif
 
+#include "fusetrain/core/cpu.h"
 #include "fusetrain/core/half.h"
 #include "kernels/cpu/basic_kernels.h"
 #include "kernels/cpu/dense_kernels.h"
@@ -583,6 +584,149 @@ const TileOps& select_ops() {
 }
 
 // ---------------------------------------------------------------------------
+// bf16 tile products (AVX512-BF16)
+// ---------------------------------------------------------------------------
+//
+// Under mixed precision (bf16 q, k, v) on a CPU with AVX512-BF16 the tiles' products multiply bf16 pairs
+// (vdpbf16ps) and accumulate in f32, as PyTorch's bf16 attention hands its products to the GEMM: q, k, v, already
+// bf16, pass exactly; the probabilities P, dS and an f32 dO are rounded to nearest even on the way in. Each product
+// repacks its operands into `pack` (bf16_pack_words() words): A as 32-bit words holding the pair
+// (A[i, 2p], A[i, 2p + 1]), B as rows p of words holding (B[2p, j], B[2p + 1, j]); an odd k pads a zero.
+
+#define FT_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+
+// Words of one product's packed operands for head size D: A (m × ceil(k / 2) words, m ≤ 64) and B (ceil(k / 2) × n
+// rounded up to 16 columns), k and n each at most max(D, 64); matmul_bf16 lays them out.
+int64_t bf16_pack_words(int64_t D) {
+  const int64_t e = std::max<int64_t>(D, 64);
+  return line_floats(32 * (e + 1) + 32) + line_floats((e + 1) / 2 * ((e + 15) / 16 * 16));
+}
+
+// x (n ≤ 16 floats) and y rounded to bf16 and interleaved: word j = (x[j], y[j]), x in the low half.
+FT_AVX512_BF16 inline __m512i interleave_bf16(__m512 x, __m512 y) {
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(y, x));
+}
+
+// dst (ceil(rows / 2), ld words): word (p, j) = (src[2p][j], src[2p + 1][j]) for j < cols; rows src_ld apart.
+FT_AVX512_BF16 void pack_row_pairs(uint32_t* dst, int64_t ld, const float* src, int64_t src_ld, int64_t rows,
+                                   int64_t cols) {
+  for (int64_t r = 0; r < rows; r += 2) {
+    const float* x = src + r * src_ld;
+    const float* y = r + 1 < rows ? x + src_ld : nullptr;
+    uint32_t* out = dst + (r / 2) * ld;
+    for (int64_t j = 0; j < cols; j += 16) {
+      const __mmask16 lanes = tail_mask(cols - j);
+      const __m512 xv = _mm512_maskz_loadu_ps(lanes, x + j);
+      const __m512 yv = y ? _mm512_maskz_loadu_ps(lanes, y + j) : _mm512_setzero_ps();
+      _mm512_mask_storeu_epi32(out + j, lanes, interleave_bf16(xv, yv));
+    }
+  }
+}
+
+// dst (rows, ld words): row i holds src row i (cols floats) rounded to bf16, pairs of columns per word.
+FT_AVX512_BF16 void pack_rows(uint32_t* dst, int64_t ld, const float* src, int64_t src_ld, int64_t rows,
+                              int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* x = src + i * src_ld;
+    uint16_t* out = reinterpret_cast<uint16_t*>(dst + i * ld);
+    for (int64_t j = 0; j < cols; j += 32) {
+      const __mmask16 lo = tail_mask(cols - j), hi = tail_mask(std::max<int64_t>(cols - j - 16, 0));
+      const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + j + 16),
+                                                     _mm512_maskz_loadu_ps(lo, x + j));
+      const int64_t n = std::min<int64_t>(32, (cols - j + 1) / 2 * 2);  // an odd tail takes its zero pad
+      _mm512_mask_storeu_epi16(out + j, n >= 32 ? ~__mmask32(0) : (__mmask32(1) << n) - 1, v);
+    }
+  }
+}
+
+// x (n floats) rounded to the nearest bf16 in place (to nearest even), still as floats.
+FT_AVX512_BF16 void round_to_bf16_values(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 lanes = tail_mask(n - i);
+    const __m256i half = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(lanes, x + i));
+    _mm512_mask_storeu_ps(x + i, lanes, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16)));
+  }
+}
+
+// R rows × NV vectors of 16 columns of C from kp pair-words: A word (r, p) at a[r·a_rs + p·a_cs], B word (p, j) at
+// b[p·ldb + j].
+template <int R, int NV>
+FT_AVX512_BF16 void matmul_bf16_block(int64_t kp, float alpha, const uint32_t* a, int64_t a_rs, int64_t a_cs,
+                                      const uint32_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+                                      __mmask16 last) {
+  __m512 acc[R][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kp; ++p) {
+    const uint32_t* brow = b + p * ldb;
+    __m512i bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v)
+      bv[v] = v == NV - 1 ? _mm512_maskz_loadu_epi32(last, brow + 16 * v) : _mm512_loadu_si512(brow + 16 * v);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512i av = _mm512_set1_epi32(static_cast<int>(a[r * a_rs + p * a_cs]));
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)av, (__m512bh)bv[v]);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(alpha);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    float* crow = c + r * ldc;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 lanes = v == NV - 1 ? last : __mmask16(0xFFFF);
+      __m512 x = _mm512_mul_ps(acc[r][v], scale);
+      if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(lanes, crow + 16 * v));
+      _mm512_mask_storeu_ps(crow + 16 * v, lanes, x);
+    }
+  }
+}
+
+using MatmulBf16Block = void (*)(int64_t, float, const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t, float*,
+                                 int64_t, bool, __mmask16);
+template <int R>
+constexpr MatmulBf16Block kBf16BlocksOfRows[4] = {matmul_bf16_block<R, 1>, matmul_bf16_block<R, 2>,
+                                                  matmul_bf16_block<R, 3>, matmul_bf16_block<R, 4>};
+constexpr const MatmulBf16Block* kMatmulBf16Blocks[4] = {kBf16BlocksOfRows<1>, kBf16BlocksOfRows<2>,
+                                                         kBf16BlocksOfRows<3>, kBf16BlocksOfRows<4>};
+
+// TileOps::matmul's product with both operands rounded to bf16 and multiplied in pairs. A is either row-major
+// (a_cs = 1) or read transposed (a_rs = 1), as every call of the tiles reads it.
+FT_AVX512_BF16 void matmul_bf16(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs,
+                                int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+                                uint32_t* pack) {
+  const int64_t kp = (k + 1) / 2;
+  uint32_t* ap = pack;
+  uint32_t* bp = pack + line_floats(32 * std::max<int64_t>(64, k + 1) + 32);
+  int64_t pa_rs, pa_cs;
+  if (a_cs == 1) {  // rows of k: pairs of neighbours
+    pack_rows(ap, kp, a, a_rs, m, k);
+    pa_rs = kp, pa_cs = 1;
+  } else {  // A(i, p) = a[i + p·a_cs]: pairs of stored rows
+    pack_row_pairs(ap, m, a, a_cs, k, m);
+    pa_rs = 1, pa_cs = m;
+  }
+  const int64_t ldbp = (n + 15) / 16 * 16;
+  pack_row_pairs(bp, ldbp, b, ldb, k, n);
+  for (int64_t j0 = 0; j0 < n; j0 += 64) {
+    const int64_t nj = std::min<int64_t>(64, n - j0);
+    const int64_t vectors = (nj + 15) / 16;
+    const __mmask16 last = tail_mask(nj - 16 * (vectors - 1));
+    for (int64_t i0 = 0; i0 < m; i0 += 4) {
+      const int64_t rows = std::min<int64_t>(4, m - i0);
+      kMatmulBf16Blocks[rows - 1][vectors - 1](kp, alpha, ap + i0 * pa_rs, pa_rs, pa_cs, bp + j0, ldbp,
+                                               c + i0 * ldc + j0, ldc, accumulate, last);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Kernels
 // Sliding window on a forward tile St (nk, mq), row j = key, column i = query: key j is hidden from
 // query i when i + offset − j >= window (offset: the tile's causal offset). Before forward_softmax.
@@ -630,6 +774,7 @@ struct AttentionPlan {
   int key_begin_at = -1;   // the input index of key_begin (B, T) i64 (packed sequences), or -1
   int64_t mask_heads = 1;  // 1: a (B, S) mask every head reads; H: a (B, H, S) one (a key bias per head: ALiBi)
   bool grouped = false;  // through packed f32 copies: seq-major layout, bf16 q, k, v or out, or K < H
+  bool bf16_tiles = false;  // bf16 q, k, v on a CPU with AVX512-BF16: the tiles' products multiply bf16 pairs
   float dropout_p = 0.0f;
   uint64_t seed = 0;
   int64_t rng_rows = 0, rng_row_start = 0;  // the query rows whose dropout stream these T rows draw
@@ -659,6 +804,17 @@ struct AttentionPlan {
     if (has_mask && call.inputs[mask_at].shape.rank() == 3) mask_heads = call.inputs[mask_at].shape[1];
     grouped = seq_major || call.inputs[q_at].dtype != DType::f32 || params.out_dtype != DType::f32 || K != H;
     ops = &select_ops();
+    bf16_tiles = call.inputs[q_at].dtype == DType::bf16 && ops == &kAvx512Ops && cpu_features().avx512_bf16;
+  }
+  // Scratch floats a thread's tile products need beyond the f32 tiles: the bf16 packs, or none.
+  int64_t pack_floats() const { return bf16_tiles ? bf16_pack_words(D) : 0; }
+  // C (m, n) = alpha·A·B (+ C): ops->matmul, or with bf16_tiles its bf16 form packing into `pack` (pack_floats()).
+  void product(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
+               const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate, float* pack) const {
+    if (bf16_tiles)
+      matmul_bf16(m, n, k, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate, reinterpret_cast<uint32_t*>(pack));
+    else
+      ops->matmul(m, n, k, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
   }
   // Elements between consecutive rows, and between consecutive heads, of one batch element's
   // (len, heads, D) seq-major or (heads, len, D) block.
@@ -819,10 +975,10 @@ class AttentionForwardKernel final : public Kernel {
   }
 
  private:
-  // Per thread: Qt (D, BQ), St (BK, BQ), m, l, corr (BQ), keep (BK).
+  // Per thread: Qt (D, BQ), St (BK, BQ), m, l, corr (BQ), keep (BK), the bf16 packs.
   int64_t tile_floats() const {
     return line_floats(plan_.D * kBlockQ) + line_floats(kBlockK * kBlockQ) + 3 * line_floats(kBlockQ) +
-           line_floats(kBlockK);
+           line_floats(kBlockK) + plan_.pack_floats();
   }
   // Packed copies of one head (seq-major): q and out (T, D), k and v (S, D).
   int64_t head_floats() const { return 2 * plan_.T * plan_.D + 2 * plan_.S * plan_.D; }
@@ -885,6 +1041,7 @@ class AttentionForwardKernel final : public Kernel {
     float* l = m + line_floats(kBlockQ);             // (BQ)
     float* corr = l + line_floats(kBlockQ);          // (BQ)
     float* keep = corr + line_floats(kBlockQ);       // (BK)
+    float* pack = keep + line_floats(kBlockK);       // the bf16 products' packs
 
     transpose_block(qt, kBlockQ, q, D, mq, D);
     std::fill(m, m + mq, kNegInf);
@@ -898,7 +1055,7 @@ class AttentionForwardKernel final : public Kernel {
     for (int64_t kb = key_begin; kb < key_end; kb += kBlockK) {
       const int64_t nk = std::min(kBlockK, key_end - kb);
       const int64_t offset = p.causal_offset(t0, kb);
-      ops.matmul(nk, mq, D, p.scale, k + kb * D, D, 1, qt, kBlockQ, st, kBlockQ, false);
+      p.product(nk, mq, D, p.scale, k + kb * D, D, 1, qt, kBlockQ, st, kBlockQ, false, pack);
       if (p.softcap > 0.0f) ops.soft_cap(st, kBlockQ, nk, mq, p.softcap, nullptr);
       if (p.window_cuts(offset, mq)) hide_old_keys_forward(st, kBlockQ, nk, mq, offset, p.window);
       if (block_key_begin && block_key_begin[mq - 1] > kb)
@@ -911,7 +1068,7 @@ class AttentionForwardKernel final : public Kernel {
           for (int64_t j = 0; j < nk; ++j) st[j * kBlockQ + i] *= keep[j];
         }
       }
-      ops.matmul(mq, D, nk, 1.0f, st, 1, kBlockQ, v + kb * D, D, out, D, true);  // out += Stᵀ·V_blk
+      p.product(mq, D, nk, 1.0f, st, 1, kBlockQ, v + kb * D, D, out, D, true, pack);  // out += Stᵀ·V_blk
     }
     for (int64_t i = 0; i < mq; ++i) {
       const bool seen = l[i] > 0.0f;
@@ -1052,6 +1209,9 @@ class AttentionBackwardKernel final : public Kernel {
     float* dk = v + tk;
     float* dv = dk + tk;
     gather_operand(dout, args.inputs[0], p, T, H, b, h0, hg);
+    // bf16 products read dO rounded to bf16 (as autocast's bf16 output's gradient is); so does Di = rowsum(dO ⊙ out),
+    // or dS = P ⊙ (dP − Di) would not vanish where it should (a single visible key).
+    if (p.bf16_tiles && args.inputs[0].dtype() != DType::bf16) round_to_bf16_values(dout, tq);
     gather_operand(q, args.inputs[1], p, T, H, b, h0, hg);
     gather_operand(k, args.inputs[2], p, S, p.K, b, k0, kg);
     gather_operand(v, args.inputs[3], p, S, p.K, b, k0, kg);
@@ -1085,10 +1245,11 @@ class AttentionBackwardKernel final : public Kernel {
     return std::max<int64_t>(1, std::min<int64_t>(key_blocks, (threads + BH - 1) / BH));
   }
 
-  // Per thread: Kt, Vt (D, BK), P, dP (BQ, BK), Di (T), keep (BK), and with a softcap its derivative (BQ, BK).
+  // Per thread: Kt, Vt (D, BK), P, dP (BQ, BK), Di (T), keep (BK), with a softcap its derivative (BQ, BK), and the
+  // bf16 packs.
   int64_t tile_floats() const {
     return 2 * line_floats(plan_.D * kBlockK) + (plan_.softcap > 0.0f ? 3 : 2) * line_floats(kBlockQ * kBlockK) +
-           line_floats(plan_.T) + line_floats(kBlockK);
+           line_floats(plan_.T) + line_floats(kBlockK) + plan_.pack_floats();
   }
   // Packed copies of one head (seq-major): dout, q, out, dq (T, D); k, v, dk, dv (S, D).
   int64_t head_floats() const { return 4 * plan_.T * plan_.D + 4 * plan_.S * plan_.D; }
@@ -1114,6 +1275,7 @@ class AttentionBackwardKernel final : public Kernel {
     float* di = dp + line_floats(kBlockQ * kBlockK);  // (T)
     float* keep = di + line_floats(T);                // (BK)
     float* cap_grad = keep + line_floats(kBlockK);    // 1 − tanh² of the capped scores: (BQ, BK)
+    float* pack = cap_grad + (p.softcap > 0.0f ? line_floats(kBlockQ * kBlockK) : 0);  // the bf16 products' packs
 
     std::fill(dq, dq + T * D, 0.0f);
     for (int64_t t = 0; t < T; ++t) {
@@ -1143,13 +1305,13 @@ class AttentionBackwardKernel final : public Kernel {
         const int64_t offset = p.causal_offset(t0, kb);
         const float* q_blk = q + t0 * D;        // (mq, D)
         const float* dout_blk = dout + t0 * D;  // (mq, D)
-        ops.matmul(mq, nk, D, p.scale, q_blk, D, 1, kt, kBlockK, pt, kBlockK, false);
+        p.product(mq, nk, D, p.scale, q_blk, D, 1, kt, kBlockK, pt, kBlockK, false, pack);
         if (p.softcap > 0.0f) ops.soft_cap(pt, kBlockK, mq, nk, p.softcap, cap_grad);
         ops.backward_probs(pt, kBlockK, mq, nk, mask ? mask + kb : nullptr, offset, lse + t0);
         if (p.window_cuts(offset, mq)) hide_old_keys_backward(pt, kBlockK, mq, nk, offset, p.window);
         if (head.key_begin && head.key_begin[t0 + mq - 1] > kb)
           hide_other_examples_backward(pt, kBlockK, mq, nk, kb, head.key_begin + t0);
-        ops.matmul(mq, nk, D, 1.0f, dout_blk, D, 1, vt, kBlockK, dp, kBlockK, false);
+        p.product(mq, nk, D, 1.0f, dout_blk, D, 1, vt, kBlockK, dp, kBlockK, false, pack);
         for (int64_t i = 0; i < mq; ++i) {
           const float* row_keep = nullptr;
           if (p.dropout_p > 0.0f) {
@@ -1160,9 +1322,10 @@ class AttentionBackwardKernel final : public Kernel {
           if (p.softcap > 0.0f)  // dS through the cap: · (1 − tanh²)
             for (int64_t j = 0; j < nk; ++j) dp[i * kBlockK + j] *= cap_grad[i * kBlockK + j];
         }
-        ops.matmul(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, D, dv_blk, D, true);            // dV += Pᵀ·dO
-        ops.matmul(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, D, dk_blk, D, true);            // dK += scale·dSᵀ·Q
-        ops.matmul(mq, D, nk, p.scale, dp, kBlockK, 1, k + kb * D, D, dq + t0 * D, D, true);  // dQ += scale·dS·K
+        p.product(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, D, dv_blk, D, true, pack);  // dV += Pᵀ·dO
+        p.product(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, D, dk_blk, D, true, pack);  // dK += scale·dSᵀ·Q
+        // dQ += scale·dS·K
+        p.product(mq, D, nk, p.scale, dp, kBlockK, 1, k + kb * D, D, dq + t0 * D, D, true, pack);
       }
     }
   }
