@@ -696,34 +696,60 @@ constexpr MatmulBf16Block kBf16BlocksOfRows[4] = {matmul_bf16_block<R, 1>, matmu
 constexpr const MatmulBf16Block* kMatmulBf16Blocks[4] = {kBf16BlocksOfRows<1>, kBf16BlocksOfRows<2>,
                                                          kBf16BlocksOfRows<3>, kBf16BlocksOfRows<4>};
 
-// TileOps::matmul's product with both operands rounded to bf16 and multiplied in pairs. A is either row-major
-// (a_cs = 1) or read transposed (a_rs = 1), as every call of the tiles reads it.
-FT_AVX512_BF16 void matmul_bf16(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs,
-                                int64_t a_cs, const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
-                                uint32_t* pack) {
+// A product's operands in pair layout: A word (i, pair p) at p[i·rs + p·cs]; B word (pair p, j) at p[p·ld + j].
+struct PackedA {
+  const uint32_t* p;
+  int64_t rs, cs;
+};
+struct PackedB {
+  const uint32_t* p;
+  int64_t ld;
+};
+
+// A (m, k), element (i, p) at a[i·a_rs + p·a_cs], packed into dst: row-major A (a_cs = 1) pairs neighbours, A read
+// transposed (a_rs = 1) pairs stored rows; m · ((k + 1) / 2) words either way.
+FT_AVX512_BF16 PackedA pack_a(int64_t m, int64_t k, const float* a, int64_t a_rs, int64_t a_cs, uint32_t* dst) {
   const int64_t kp = (k + 1) / 2;
-  uint32_t* ap = pack;
-  uint32_t* bp = pack + line_floats(32 * std::max<int64_t>(64, k + 1) + 32);
-  int64_t pa_rs, pa_cs;
-  if (a_cs == 1) {  // rows of k: pairs of neighbours
-    pack_rows(ap, kp, a, a_rs, m, k);
-    pa_rs = kp, pa_cs = 1;
-  } else {  // A(i, p) = a[i + p·a_cs]: pairs of stored rows
-    pack_row_pairs(ap, m, a, a_cs, k, m);
-    pa_rs = 1, pa_cs = m;
+  if (a_cs == 1) {
+    pack_rows(dst, kp, a, a_rs, m, k);
+    return {dst, kp, 1};
   }
-  const int64_t ldbp = (n + 15) / 16 * 16;
-  pack_row_pairs(bp, ldbp, b, ldb, k, n);
+  pack_row_pairs(dst, m, a, a_cs, k, m);
+  return {dst, 1, m};
+}
+
+// B (k, n), rows ldb apart, packed into dst: (k + 1) / 2 rows of n words rounded up to 16.
+FT_AVX512_BF16 PackedB pack_b(int64_t k, int64_t n, const float* b, int64_t ldb, uint32_t* dst) {
+  const int64_t ld = (n + 15) / 16 * 16;
+  pack_row_pairs(dst, ld, b, ldb, k, n);
+  return {dst, ld};
+}
+
+// C (m, n) = alpha·A·B (+ C) over k, both operands packed.
+FT_AVX512_BF16 void matmul_packed(int64_t m, int64_t n, int64_t k, float alpha, PackedA a, PackedB b, float* c,
+                                  int64_t ldc, bool accumulate) {
+  const int64_t kp = (k + 1) / 2;
   for (int64_t j0 = 0; j0 < n; j0 += 64) {
     const int64_t nj = std::min<int64_t>(64, n - j0);
     const int64_t vectors = (nj + 15) / 16;
     const __mmask16 last = tail_mask(nj - 16 * (vectors - 1));
     for (int64_t i0 = 0; i0 < m; i0 += 4) {
       const int64_t rows = std::min<int64_t>(4, m - i0);
-      kMatmulBf16Blocks[rows - 1][vectors - 1](kp, alpha, ap + i0 * pa_rs, pa_rs, pa_cs, bp + j0, ldbp,
+      kMatmulBf16Blocks[rows - 1][vectors - 1](kp, alpha, a.p + i0 * a.rs, a.rs, a.cs, b.p + j0, b.ld,
                                                c + i0 * ldc + j0, ldc, accumulate, last);
     }
   }
+}
+
+// TileOps::matmul's product with both operands rounded to bf16 and multiplied in pairs; an operand already packed
+// (pa, pb) is used as it is, the others are packed into `pack` (bf16_pack_words()). A is either row-major
+// (a_cs = 1) or read transposed (a_rs = 1), as every call of the tiles reads it.
+FT_AVX512_BF16 void matmul_bf16(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs,
+                                int64_t a_cs, const PackedA* pa, const float* b, int64_t ldb, const PackedB* pb,
+                                float* c, int64_t ldc, bool accumulate, uint32_t* pack) {
+  const PackedA ap = pa ? *pa : pack_a(m, k, a, a_rs, a_cs, pack);
+  const PackedB bp = pb ? *pb : pack_b(k, n, b, ldb, pack + line_floats(32 * std::max<int64_t>(64, k + 1) + 32));
+  matmul_packed(m, n, k, alpha, ap, bp, c, ldc, accumulate);
 }
 
 // ---------------------------------------------------------------------------
@@ -806,16 +832,26 @@ struct AttentionPlan {
     ops = &select_ops();
     bf16_tiles = call.inputs[q_at].dtype == DType::bf16 && ops == &kAvx512Ops && cpu_features().avx512_bf16;
   }
-  // Scratch floats a thread's tile products need beyond the f32 tiles: the bf16 packs, or none.
-  int64_t pack_floats() const { return bf16_tiles ? bf16_pack_words(D) : 0; }
-  // C (m, n) = alpha·A·B (+ C): ops->matmul, or with bf16_tiles its bf16 form packing into `pack` (pack_floats()).
+  // Scratch floats a thread's tile products need beyond the f32 tiles: with bf16_tiles one product's packs and two
+  // packed blocks (block_words()), else none.
+  int64_t pack_floats() const { return bf16_tiles ? bf16_pack_words(D) + 2 * block_words() : 0; }
+  // C (m, n) = alpha·A·B (+ C): ops->matmul, or with bf16_tiles its bf16 form, which takes an operand already
+  // packed where pa or pb is given and packs the others into `pack` (pack_floats()).
   void product(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
-               const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate, float* pack) const {
+               const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate, float* pack,
+               const PackedA* pa = nullptr, const PackedB* pb = nullptr) const {
     if (bf16_tiles)
-      matmul_bf16(m, n, k, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate, reinterpret_cast<uint32_t*>(pack));
+      matmul_bf16(m, n, k, alpha, a, a_rs, a_cs, pa, b, ldb, pb, c, ldc, accumulate,
+                  reinterpret_cast<uint32_t*>(pack));
     else
       ops->matmul(m, n, k, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
   }
+  // Words of a packed (len, D) block as A rows (len × (D + 1) / 2) and as B pairs of rows ((len + 1) / 2 × D rounded
+  // up to 16), each rounded up to whole lines.
+  int64_t rows_words(int64_t len) const { return line_floats(len * ((D + 1) / 2)); }
+  int64_t pairs_words(int64_t len) const { return line_floats((len + 1) / 2 * ((D + 15) / 16 * 16)); }
+  // A key block's Kᵀ or Vᵀ (D, BK), or a query block's Qᵀ (D, BQ), as a packed B operand.
+  int64_t block_words() const { return line_floats((D + 1) / 2 * std::max(kBlockQ, kBlockK)); }
   // Elements between consecutive rows, and between consecutive heads, of one batch element's
   // (len, heads, D) seq-major or (heads, len, D) block.
   int64_t row_stride(int64_t heads) const { return seq_major ? heads * D : D; }
@@ -940,7 +976,7 @@ class AttentionForwardKernel final : public Kernel {
   size_t scratch_bytes(int num_threads) const override {
     const int threads = std::max(num_threads, 1);
     int64_t floats = tile_floats();
-    if (plan_.grouped) floats += group_heads(threads) * head_floats();
+    if (plan_.grouped) floats += group_heads(threads) * head_floats() + head_pack_floats();
     return static_cast<size_t>(threads * floats) * sizeof(float);
   }
 
@@ -955,7 +991,7 @@ class AttentionForwardKernel final : public Kernel {
     if (tasks == 0 || p.T == 0) return;
     p.check_key_begin(args);
     float* scratch = static_cast<float*>(args.scratch);
-    const int64_t per_thread = tile_floats() + (p.grouped ? hg * head_floats() : 0);
+    const int64_t per_thread = tile_floats() + (p.grouped ? hg * head_floats() + head_pack_floats() : 0);
     auto task_body = [&](int64_t task, float* work) {
       if (p.grouped)
         forward_group(args, ctx, task / groups, (task % groups) * hg, hg, work);
@@ -982,9 +1018,20 @@ class AttentionForwardKernel final : public Kernel {
   }
   // Packed copies of one head (seq-major): q and out (T, D), k and v (S, D).
   int64_t head_floats() const { return 2 * plan_.T * plan_.D + 2 * plan_.S * plan_.D; }
+  // With bf16_tiles, one key/value head's k as A rows and v as B pairs (HeadPacks).
+  int64_t head_pack_floats() const {
+    return plan_.bf16_tiles ? plan_.rows_words(plan_.S) + plan_.pairs_words(plan_.S) : 0;
+  }
   int64_t group_heads(int threads) const {
     return heads_per_group(plan_.B, plan_.H, head_floats(), threads, plan_.group);
   }
+
+  // A key/value head packed once for the bf16 products of all its query blocks: k (S, D) as A rows, v as B pairs of
+  // key rows (used where a key block starts at an even key).
+  struct HeadPacks {
+    const uint32_t* k_rows;
+    const uint32_t* v_pairs;
+  };
 
   // (B, H, T, D) layout: one query block of head bh, read and written in place.
   void forward_direct(const KernelArgs& args, const StepContext& ctx, int64_t bh, int64_t t0, float* work) const {
@@ -1003,6 +1050,7 @@ class AttentionForwardKernel final : public Kernel {
                      float* work) const {
     const AttentionPlan& p = plan_;
     const int64_t T = p.T, S = p.S, D = p.D, H = p.H;
+    uint32_t* head_pack = reinterpret_cast<uint32_t*>(work + tile_floats() + hg * head_floats());
     hg = std::min(hg, H - h0);
     const int64_t kg = hg / p.group;  // key/value heads [h0 / group, h0 / group + kg)
     float* q = work + tile_floats();  // (hg, T, D)
@@ -1012,21 +1060,27 @@ class AttentionForwardKernel final : public Kernel {
     gather_operand(q, args.inputs[0], p, T, H, b, h0, hg);
     gather_operand(k, args.inputs[1], p, S, p.K, b, h0 / p.group, kg);
     gather_operand(v, args.inputs[2], p, S, p.K, b, h0 / p.group, kg);
+    HeadPacks packs{head_pack, head_pack + p.rows_words(S)};
     for (int64_t h = 0; h < hg; ++h) {
       const int64_t bh = b * H + h0 + h, kv = h / p.group;
       const float* mask = p.has_mask ? p.mask_row(args.inputs[p.mask_at], bh) : nullptr;
+      if (p.bf16_tiles && h % p.group == 0) {
+        pack_a(S, D, k + kv * S * D, D, 1, head_pack);
+        pack_b(S, D, v + kv * S * D, D, head_pack + p.rows_words(S));
+      }
       for (int64_t t0 = 0; t0 < T; t0 += kBlockQ)
         forward_block(q + h * T * D, k + kv * S * D, v + kv * S * D, mask, out + h * T * D,
                       static_cast<float*>(args.outputs[1].data()) + bh * T, p.key_begin_row(args, b), ctx, bh, t0,
-                      work);
+                      work, p.bf16_tiles ? &packs : nullptr);
     }
     scatter_operand(args.outputs[0], out, p, T, H, b, h0, hg);
   }
 
   // One query block [t0, t0 + BQ) of head bh: q, out (T, D) and k, v (S, D), rows D apart;
-  // mask (S) or null; lse (T); key_begin (T) or null.
+  // mask (S) or null; lse (T); key_begin (T) or null; with bf16_tiles, the head's packs or null.
   void forward_block(const float* q, const float* k, const float* v, const float* mask, float* out, float* lse,
-                     const int64_t* key_begin_row, const StepContext& ctx, int64_t bh, int64_t t0, float* work) const {
+                     const int64_t* key_begin_row, const StepContext& ctx, int64_t bh, int64_t t0, float* work,
+                     const HeadPacks* packs = nullptr) const {
     const AttentionPlan& p = plan_;
     const TileOps& ops = *p.ops;
     const int64_t D = p.D, S = p.S, T = p.T;
@@ -1041,9 +1095,12 @@ class AttentionForwardKernel final : public Kernel {
     float* l = m + line_floats(kBlockQ);             // (BQ)
     float* corr = l + line_floats(kBlockQ);          // (BQ)
     float* keep = corr + line_floats(kBlockQ);       // (BK)
-    float* pack = keep + line_floats(kBlockK);       // the bf16 products' packs
+    float* pack = keep + line_floats(kBlockK);       // the bf16 products' packs, then Qt packed
 
     transpose_block(qt, kBlockQ, q, D, mq, D);
+    PackedB qt_packed{};
+    if (packs) qt_packed = pack_b(D, mq, qt, kBlockQ, reinterpret_cast<uint32_t*>(pack + bf16_pack_words(D)));
+    const int64_t kp = (D + 1) / 2, ld = (D + 15) / 16 * 16;
     std::fill(m, m + mq, kNegInf);
     std::fill(l, l + mq, 0.0f);
     std::fill(out, out + mq * D, 0.0f);
@@ -1055,7 +1112,9 @@ class AttentionForwardKernel final : public Kernel {
     for (int64_t kb = key_begin; kb < key_end; kb += kBlockK) {
       const int64_t nk = std::min(kBlockK, key_end - kb);
       const int64_t offset = p.causal_offset(t0, kb);
-      p.product(nk, mq, D, p.scale, k + kb * D, D, 1, qt, kBlockQ, st, kBlockQ, false, pack);
+      const PackedA k_blk{packs ? packs->k_rows + kb * kp : nullptr, kp, 1};
+      p.product(nk, mq, D, p.scale, k + kb * D, D, 1, qt, kBlockQ, st, kBlockQ, false, pack, packs ? &k_blk : nullptr,
+                packs ? &qt_packed : nullptr);
       if (p.softcap > 0.0f) ops.soft_cap(st, kBlockQ, nk, mq, p.softcap, nullptr);
       if (p.window_cuts(offset, mq)) hide_old_keys_forward(st, kBlockQ, nk, mq, offset, p.window);
       if (block_key_begin && block_key_begin[mq - 1] > kb)
@@ -1068,7 +1127,9 @@ class AttentionForwardKernel final : public Kernel {
           for (int64_t j = 0; j < nk; ++j) st[j * kBlockQ + i] *= keep[j];
         }
       }
-      p.product(mq, D, nk, 1.0f, st, 1, kBlockQ, v + kb * D, D, out, D, true, pack);  // out += Stᵀ·V_blk
+      const PackedB v_blk{packs ? packs->v_pairs + kb / 2 * ld : nullptr, ld};
+      p.product(mq, D, nk, 1.0f, st, 1, kBlockQ, v + kb * D, D, out, D, true, pack, nullptr,  // out += Stᵀ·V_blk
+                packs && kb % 2 == 0 ? &v_blk : nullptr);
     }
     for (int64_t i = 0; i < mq; ++i) {
       const bool seen = l[i] > 0.0f;
@@ -1089,7 +1150,7 @@ class AttentionBackwardKernel final : public Kernel {
     const int threads = std::max(num_threads, 1);
     int64_t floats = threads * tile_floats();
     if (plan_.grouped) {
-      floats += threads * group_heads(threads) * head_floats();
+      floats += threads * (group_heads(threads) * head_floats() + head_pack_floats());
     } else {
       const int64_t chunks = key_chunks(threads);
       if (chunks > 1) floats += chunks * plan_.B * plan_.H * plan_.T * plan_.D;  // private dq partials
@@ -1176,7 +1237,7 @@ class AttentionBackwardKernel final : public Kernel {
     const int64_t hg = group_heads(threads);
     const int64_t groups = (p.H + hg - 1) / hg;
     const int64_t tasks = p.B * groups;
-    const int64_t per_thread = tile_floats() + hg * head_floats();
+    const int64_t per_thread = tile_floats() + hg * head_floats() + head_pack_floats();
     float* scratch = static_cast<float*>(args.scratch);
     auto task_body = [&](int64_t task, float* work) {
       backward_group(args, ctx, task / groups, (task % groups) * hg, hg, work);
@@ -1197,6 +1258,7 @@ class AttentionBackwardKernel final : public Kernel {
                       float* work) const {
     const AttentionPlan& p = plan_;
     const int64_t T = p.T, S = p.S, D = p.D, H = p.H;
+    uint32_t* head_pack = reinterpret_cast<uint32_t*>(work + tile_floats() + hg * head_floats());
     hg = std::min(hg, H - h0);
     const int64_t kg = hg / p.group, k0 = h0 / p.group;  // key/value heads [k0, k0 + kg)
     const int64_t tq = hg * T * D, tk = kg * S * D;
@@ -1216,8 +1278,18 @@ class AttentionBackwardKernel final : public Kernel {
     gather_operand(k, args.inputs[2], p, S, p.K, b, k0, kg);
     gather_operand(v, args.inputs[3], p, S, p.K, b, k0, kg);
     gather_operand(out, args.inputs[4], p, T, H, b, h0, hg);
+    const HeadPacks packs{head_pack, head_pack + p.rows_words(T), head_pack + 2 * p.rows_words(T),
+                          head_pack + 2 * p.rows_words(T) + p.pairs_words(T),
+                          head_pack + 2 * p.rows_words(T) + 2 * p.pairs_words(T)};
     for (int64_t h = 0; h < hg; ++h) {
       const int64_t bh = b * H + h0 + h, kv = h / p.group;
+      if (p.bf16_tiles) {
+        pack_a(T, D, q + h * T * D, D, 1, head_pack);
+        pack_a(T, D, dout + h * T * D, D, 1, head_pack + p.rows_words(T));
+        pack_b(T, D, q + h * T * D, D, head_pack + 2 * p.rows_words(T));
+        pack_b(T, D, dout + h * T * D, D, head_pack + 2 * p.rows_words(T) + p.pairs_words(T));
+        if (h % p.group == 0) pack_b(S, D, k + kv * S * D, D, head_pack + 2 * p.rows_words(T) + 2 * p.pairs_words(T));
+      }
       Head head{dout + h * T * D,
                 q + h * T * D,
                 k + kv * S * D,
@@ -1230,7 +1302,7 @@ class AttentionBackwardKernel final : public Kernel {
                 dv + kv * S * D,
                 p.key_begin_row(args, b)};
       // The first query head of a key/value head starts its dk, dv; the others add to them.
-      backward_chunk(head, ctx, bh, 0, 1, work, h % p.group == 0);
+      backward_chunk(head, ctx, bh, 0, 1, work, h % p.group == 0, p.bf16_tiles ? &packs : nullptr);
     }
     scatter_operand(args.outputs[0], dq, p, T, H, b, h0, hg);
     scatter_operand(args.outputs[1], dk, p, S, p.K, b, k0, kg);
@@ -1253,14 +1325,25 @@ class AttentionBackwardKernel final : public Kernel {
   }
   // Packed copies of one head (seq-major): dout, q, out, dq (T, D); k, v, dk, dv (S, D).
   int64_t head_floats() const { return 4 * plan_.T * plan_.D + 4 * plan_.S * plan_.D; }
+  // With bf16_tiles, one query head's q and dO as A rows and as B pairs of query rows, and its key/value head's k as
+  // B pairs of key rows (HeadPacks).
+  int64_t head_pack_floats() const {
+    const AttentionPlan& p = plan_;
+    return p.bf16_tiles ? 2 * p.rows_words(p.T) + 2 * p.pairs_words(p.T) + p.pairs_words(p.S) : 0;
+  }
+  // A head packed once for the bf16 products of all its key blocks.
+  struct HeadPacks {
+    const uint32_t *q_rows, *dout_rows, *q_pairs, *dout_pairs, *k_pairs;
+  };
   int64_t group_heads(int threads) const {
     return heads_per_group(plan_.B, plan_.H, head_floats(), threads, plan_.group);
   }
 
   // Key blocks [chunk·per_chunk, (chunk + 1)·per_chunk) of one head: writes their dk, dv rows (adds to
   // them unless `fresh_kv`) and all of head.dq (this chunk's share of it).
+  // With bf16_tiles, `packs` (or null) are the head's operands packed once.
   void backward_chunk(const Head& head, const StepContext& ctx, int64_t bh, int64_t chunk, int64_t chunks,
-                      float* work, bool fresh_kv = true) const {
+                      float* work, bool fresh_kv = true, const HeadPacks* packs = nullptr) const {
     const AttentionPlan& p = plan_;
     const TileOps& ops = *p.ops;
     const int64_t D = p.D, S = p.S, T = p.T;
@@ -1276,6 +1359,9 @@ class AttentionBackwardKernel final : public Kernel {
     float* keep = di + line_floats(T);                // (BK)
     float* cap_grad = keep + line_floats(kBlockK);    // 1 − tanh² of the capped scores: (BQ, BK)
     float* pack = cap_grad + (p.softcap > 0.0f ? line_floats(kBlockQ * kBlockK) : 0);  // the bf16 products' packs
+    uint32_t* kt_pack = reinterpret_cast<uint32_t*>(pack + bf16_pack_words(D));  // then Kᵀ, Vᵀ packed
+    uint32_t* vt_pack = kt_pack + p.block_words();
+    const int64_t kp = (D + 1) / 2, ld = (D + 15) / 16 * 16;
 
     std::fill(dq, dq + T * D, 0.0f);
     for (int64_t t = 0; t < T; ++t) {
@@ -1296,6 +1382,12 @@ class AttentionBackwardKernel final : public Kernel {
       }
       transpose_block(kt, kBlockK, k + kb * D, D, nk, D);
       transpose_block(vt, kBlockK, v + kb * D, D, nk, D);
+      PackedB kt_blk{}, vt_blk{};
+      if (packs) {
+        kt_blk = pack_b(D, nk, kt, kBlockK, kt_pack);
+        vt_blk = pack_b(D, nk, vt, kBlockK, vt_pack);
+      }
+      const PackedB k_blk{packs ? packs->k_pairs + kb / 2 * ld : nullptr, ld};  // kb is a whole block: even
       // Queries before t_begin cannot see any key of this block, nor (sliding window, packed sequences) those
       // from t_end on.
       const int64_t t_begin = p.causal ? std::max<int64_t>(0, kb - (S - T)) : 0;
@@ -1305,13 +1397,21 @@ class AttentionBackwardKernel final : public Kernel {
         const int64_t offset = p.causal_offset(t0, kb);
         const float* q_blk = q + t0 * D;        // (mq, D)
         const float* dout_blk = dout + t0 * D;  // (mq, D)
-        p.product(mq, nk, D, p.scale, q_blk, D, 1, kt, kBlockK, pt, kBlockK, false, pack);
+        // Operands packed per head: A rows from query t0, B pairs of query rows where t0 is even.
+        const PackedA q_rows{packs ? packs->q_rows + t0 * kp : nullptr, kp, 1};
+        const PackedA dout_rows{packs ? packs->dout_rows + t0 * kp : nullptr, kp, 1};
+        const bool paired = packs && t0 % 2 == 0;
+        const PackedB q_pairs{paired ? packs->q_pairs + t0 / 2 * ld : nullptr, ld};
+        const PackedB dout_pairs{paired ? packs->dout_pairs + t0 / 2 * ld : nullptr, ld};
+        p.product(mq, nk, D, p.scale, q_blk, D, 1, kt, kBlockK, pt, kBlockK, false, pack, packs ? &q_rows : nullptr,
+                  packs ? &kt_blk : nullptr);
         if (p.softcap > 0.0f) ops.soft_cap(pt, kBlockK, mq, nk, p.softcap, cap_grad);
         ops.backward_probs(pt, kBlockK, mq, nk, mask ? mask + kb : nullptr, offset, lse + t0);
         if (p.window_cuts(offset, mq)) hide_old_keys_backward(pt, kBlockK, mq, nk, offset, p.window);
         if (head.key_begin && head.key_begin[t0 + mq - 1] > kb)
           hide_other_examples_backward(pt, kBlockK, mq, nk, kb, head.key_begin + t0);
-        p.product(mq, nk, D, 1.0f, dout_blk, D, 1, vt, kBlockK, dp, kBlockK, false, pack);
+        p.product(mq, nk, D, 1.0f, dout_blk, D, 1, vt, kBlockK, dp, kBlockK, false, pack,
+                  packs ? &dout_rows : nullptr, packs ? &vt_blk : nullptr);
         for (int64_t i = 0; i < mq; ++i) {
           const float* row_keep = nullptr;
           if (p.dropout_p > 0.0f) {
@@ -1322,10 +1422,12 @@ class AttentionBackwardKernel final : public Kernel {
           if (p.softcap > 0.0f)  // dS through the cap: · (1 − tanh²)
             for (int64_t j = 0; j < nk; ++j) dp[i * kBlockK + j] *= cap_grad[i * kBlockK + j];
         }
-        p.product(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, D, dv_blk, D, true, pack);  // dV += Pᵀ·dO
-        p.product(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, D, dk_blk, D, true, pack);  // dK += scale·dSᵀ·Q
-        // dQ += scale·dS·K
-        p.product(mq, D, nk, p.scale, dp, kBlockK, 1, k + kb * D, D, dq + t0 * D, D, true, pack);
+        p.product(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, D, dv_blk, D, true, pack, nullptr,  // dV += Pᵀ·dO
+                  paired ? &dout_pairs : nullptr);
+        p.product(nk, D, mq, p.scale, dp, 1, kBlockK, q_blk, D, dk_blk, D, true, pack, nullptr,  // dK += scale·dSᵀ·Q
+                  paired ? &q_pairs : nullptr);
+        p.product(mq, D, nk, p.scale, dp, kBlockK, 1, k + kb * D, D, dq + t0 * D, D, true, pack, nullptr,  // dQ
+                  packs ? &k_blk : nullptr);
       }
     }
   }
