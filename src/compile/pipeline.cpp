@@ -42,6 +42,11 @@ std::string fuse_decomposed_swiglu(ir::Graph& g, PassState&) {
   return report(passes::fuse_decomposed_swiglu(g).fused, " written-out SwiGLUs (silu(gate) · up)");
 }
 
+std::string round_activation_inputs(ir::Graph& g, PassState&) {
+  return report(passes::round_activation_inputs(g).fused,
+                 " GELUs read bf16 projections' results rounded to bf16 (kept in bf16 for backward)");
+}
+
 std::string fuse_erf_gelu(ir::Graph& g, PassState&) {
   return report(passes::fuse_erf_gelu(g).fused, " written-out GELUs (erf or tanh form)");
 }
@@ -118,6 +123,7 @@ const std::vector<Pass>& pipeline() {
       {"fuse_decomposed_rmsnorm", Stage::Forward, with_fusions, fuse_decomposed_rmsnorm},
       {"fuse_erf_gelu", Stage::Forward, with_fusions, fuse_erf_gelu},
       {"fuse_decomposed_swiglu", Stage::Forward, with_fusions, fuse_decomposed_swiglu},
+      {"round_activation_inputs", Stage::Forward, with_fusions, round_activation_inputs},
       {"prune_sliced_rows", Stage::Forward, with_fusions, prune_sliced_rows},
       {"fuse_dropout_add", Stage::Forward, with_fusions, fuse_dropout_add},
       {"fuse_add_layernorm", Stage::Forward, with_fusions, fuse_add_layernorm},

@@ -892,5 +892,45 @@ TEST(PruneSlicedRows, StopsWhereRowsAreReadInFullOrDependOnOtherRows) {
   EXPECT_EQ(passes::prune_sliced_rows(g).fused, 0);
 }
 
+// A two-projection MLP on x (4, 6, 8), GELU(x·w1ᵀ + b1)·w2ᵀ, every projection's operands cast to bf16 as bf16
+// mixed precision builds them; with `rounded`, the GELU's input cast to bf16 too (as the built families write it),
+// else left f32 (as an imported graph holds it).
+ValueId bf16_mlp(ir::Graph& g, bool rounded) {
+  ir::GraphBuilder b(g, 5);
+  auto bf16 = [&](ValueId v) { return b.cast(v, DType::bf16); };
+  const ValueId x = bf16(b.input("x", {4, 6, 8}));
+  const ValueId z = b.linear(x, bf16(b.param("w1", {12, 8})), b.param("b1", {12}));
+  const ValueId y = b.linear(bf16(b.gelu(rounded ? bf16(z) : z)), bf16(b.param("w2", {8, 12})));
+  const ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1, 2});
+  g.mark_output(loss);
+  return loss;
+}
+
+TEST(RoundActivationInputs, GeluReadsABf16ProjectionRoundedAsTheBuiltFamiliesDo) {
+  ir::Graph rewritten;
+  bf16_mlp(rewritten, false);
+  EXPECT_EQ(passes::round_activation_inputs(rewritten).fused, 1);
+  for (const ir::Node& n : rewritten.nodes())
+    if (n.op == OpKind::Gelu) EXPECT_EQ(rewritten.value(n.inputs[0]).dtype, DType::bf16);
+
+  // Rewritten, the graph as imported trains as the one written with the cast, bit for bit (without the pass the
+  // two differ: the GELU's input is rounded in one only).
+  ir::Graph imported, built;
+  const ValueId imported_loss = bf16_mlp(imported, false), built_loss = bf16_mlp(built, true);
+  passes::round_activation_inputs(imported);
+  auto feed = [](runtime::Plan& plan) {
+    float* x = plan.input("x").data_as<float>();
+    for (int64_t i = 0; i < 4 * 6 * 8; ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
+  };
+  expect_bit_identical(run_graph(imported, imported_loss, 0.4f, 0.7f, 1, {}, feed),
+                       run_graph(built, built_loss, 0.4f, 0.7f, 1, {}, feed), "gelu");
+
+  // In f32 (projections without bf16 operands) nothing changes.
+  ir::Graph f32;
+  ir::GraphBuilder b(f32, 5);
+  b.gelu(b.linear(b.input("x", {4, 8}), b.param("w", {12, 8})));
+  EXPECT_EQ(passes::round_activation_inputs(f32).fused, 0);
+}
+
 }  // namespace
 }  // namespace fusetrain::testing

@@ -92,6 +92,14 @@ FusionReport fuse_decomposed_rope(ir::Graph& graph);
 /// and up and the fused backward instead of seven element-wise ops, each of whose outputs backward kept.
 FusionReport fuse_decomposed_swiglu(ir::Graph& graph);
 
+/// Under bf16 mixed precision, a Gelu whose input is the f32 result of a bf16 projection (a Linear or MatMul with
+/// bf16 operands) reads it rounded to bf16 through a Cast, as autocast's bf16 projection hands it over:
+/// fuse_linear_gelu then keeps the Linear's z in bf16 for backward (half the bytes) and fold_output_casts lets the
+/// GELU write bf16 where the next projection reads it so. Graphs whose builders round it already (the built
+/// families) have nothing for it to do. (SwiGLU is left f32: autocast also rounds silu(gate) before the product,
+/// which the SwiGLU kernel does not.)
+FusionReport round_activation_inputs(ir::Graph& graph);
+
 /// Erf-based GELU written out: 0.5 · x · (1 + Erf(x / √2)) (or x · 1/√2 inside, and the three
 /// factors multiplied in any order), with every intermediate read only inside the pattern,
 /// becomes Gelu(x) in its erf form, which fuse_linear_gelu can then fold into a Linear. The tanh form

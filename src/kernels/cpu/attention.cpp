@@ -589,18 +589,13 @@ const TileOps& select_ops() {
 //
 // Under mixed precision (bf16 q, k, v) on a CPU with AVX512-BF16 the tiles' products multiply bf16 pairs
 // (vdpbf16ps) and accumulate in f32, as PyTorch's bf16 attention hands its products to the GEMM: q, k, v, already
-// bf16, pass exactly; the probabilities P, dS and an f32 dO are rounded to nearest even on the way in. Each product
-// repacks its operands into `pack` (bf16_pack_words() words): A as 32-bit words holding the pair
-// (A[i, 2p], A[i, 2p + 1]), B as rows p of words holding (B[2p, j], B[2p + 1, j]); an odd k pads a zero.
+// bf16, pass exactly; the probabilities P, dS and an f32 dO are rounded to nearest even on the way in. The operands
+// are packed as A: 32-bit words holding the pair (A[i, 2p], A[i, 2p + 1]), B: rows p of words holding
+// (B[2p, j], B[2p + 1, j]); an odd k pads a zero. Each head's q, k, v and dO are packed once (the kernels' HeadPacks),
+// each block's Qᵀ, Kᵀ, Vᵀ once, and P and dS per product.
 
 #define FT_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
 
-// Words of one product's packed operands for head size D: A (m × ceil(k / 2) words, m ≤ 64) and B (ceil(k / 2) × n
-// rounded up to 16 columns), k and n each at most max(D, 64); matmul_bf16 lays them out.
-int64_t bf16_pack_words(int64_t D) {
-  const int64_t e = std::max<int64_t>(D, 64);
-  return line_floats(32 * (e + 1) + 32) + line_floats((e + 1) / 2 * ((e + 15) / 16 * 16));
-}
 
 // x (n ≤ 16 floats) and y rounded to bf16 and interleaved: word j = (x[j], y[j]), x in the low half.
 FT_AVX512_BF16 inline __m512i interleave_bf16(__m512 x, __m512 y) {
@@ -742,13 +737,13 @@ FT_AVX512_BF16 void matmul_packed(int64_t m, int64_t n, int64_t k, float alpha, 
 }
 
 // TileOps::matmul's product with both operands rounded to bf16 and multiplied in pairs; an operand already packed
-// (pa, pb) is used as it is, the others are packed into `pack` (bf16_pack_words()). A is either row-major
-// (a_cs = 1) or read transposed (a_rs = 1), as every call of the tiles reads it.
+// (pa, pb) is used as it is, the others are packed into a_pack and b_pack. A is either row-major (a_cs = 1) or read
+// transposed (a_rs = 1), as every call of the tiles reads it.
 FT_AVX512_BF16 void matmul_bf16(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs,
                                 int64_t a_cs, const PackedA* pa, const float* b, int64_t ldb, const PackedB* pb,
-                                float* c, int64_t ldc, bool accumulate, uint32_t* pack) {
-  const PackedA ap = pa ? *pa : pack_a(m, k, a, a_rs, a_cs, pack);
-  const PackedB bp = pb ? *pb : pack_b(k, n, b, ldb, pack + line_floats(32 * std::max<int64_t>(64, k + 1) + 32));
+                                float* c, int64_t ldc, bool accumulate, uint32_t* a_pack, uint32_t* b_pack) {
+  const PackedA ap = pa ? *pa : pack_a(m, k, a, a_rs, a_cs, a_pack);
+  const PackedB bp = pb ? *pb : pack_b(k, n, b, ldb, b_pack);
   matmul_packed(m, n, k, alpha, ap, bp, c, ldc, accumulate);
 }
 
@@ -832,17 +827,26 @@ struct AttentionPlan {
     ops = &select_ops();
     bf16_tiles = call.inputs[q_at].dtype == DType::bf16 && ops == &kAvx512Ops && cpu_features().avx512_bf16;
   }
-  // Scratch floats a thread's tile products need beyond the f32 tiles: with bf16_tiles one product's packs and two
-  // packed blocks (block_words()), else none.
-  int64_t pack_floats() const { return bf16_tiles ? bf16_pack_words(D) + 2 * block_words() : 0; }
+  // Rows of any tile (m ≤ this), and the largest k or n of a tile product.
+  int64_t tile_rows() const { return std::min<int64_t>(std::max(kBlockQ, kBlockK), std::max(T, S)); }
+  int64_t tile_extent() const { return std::max(D, tile_rows()); }
+  // Words of one product's A and B packed (m × ceil(k / 2) and ceil(k / 2) × n rounded up to 16).
+  int64_t a_pack_words() const { return line_floats(tile_rows() * ((tile_extent() + 1) / 2)); }
+  int64_t b_pack_words() const { return line_floats((tile_extent() + 1) / 2 * ((tile_extent() + 15) / 16 * 16)); }
+  // A key block's Kᵀ or Vᵀ (D, BK), or a query block's Qᵀ (D, BQ), as a packed B operand.
+  int64_t block_words() const { return line_floats((D + 1) / 2 * ((tile_rows() + 15) / 16 * 16)); }
+  // Scratch floats a thread's tile products need beyond the f32 tiles: with bf16_tiles one product's A and B and two
+  // packed blocks, else none; the blocks start at block_pack(pack).
+  int64_t pack_floats() const { return bf16_tiles ? a_pack_words() + b_pack_words() + 2 * block_words() : 0; }
+  uint32_t* block_pack(float* pack) const { return reinterpret_cast<uint32_t*>(pack + a_pack_words() + b_pack_words()); }
   // C (m, n) = alpha·A·B (+ C): ops->matmul, or with bf16_tiles its bf16 form, which takes an operand already
   // packed where pa or pb is given and packs the others into `pack` (pack_floats()).
   void product(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
                const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate, float* pack,
                const PackedA* pa = nullptr, const PackedB* pb = nullptr) const {
     if (bf16_tiles)
-      matmul_bf16(m, n, k, alpha, a, a_rs, a_cs, pa, b, ldb, pb, c, ldc, accumulate,
-                  reinterpret_cast<uint32_t*>(pack));
+      matmul_bf16(m, n, k, alpha, a, a_rs, a_cs, pa, b, ldb, pb, c, ldc, accumulate, reinterpret_cast<uint32_t*>(pack),
+                  reinterpret_cast<uint32_t*>(pack + a_pack_words()));
     else
       ops->matmul(m, n, k, alpha, a, a_rs, a_cs, b, ldb, c, ldc, accumulate);
   }
@@ -850,8 +854,6 @@ struct AttentionPlan {
   // up to 16), each rounded up to whole lines.
   int64_t rows_words(int64_t len) const { return line_floats(len * ((D + 1) / 2)); }
   int64_t pairs_words(int64_t len) const { return line_floats((len + 1) / 2 * ((D + 15) / 16 * 16)); }
-  // A key block's Kᵀ or Vᵀ (D, BK), or a query block's Qᵀ (D, BQ), as a packed B operand.
-  int64_t block_words() const { return line_floats((D + 1) / 2 * std::max(kBlockQ, kBlockK)); }
   // Elements between consecutive rows, and between consecutive heads, of one batch element's
   // (len, heads, D) seq-major or (heads, len, D) block.
   int64_t row_stride(int64_t heads) const { return seq_major ? heads * D : D; }
@@ -1099,7 +1101,7 @@ class AttentionForwardKernel final : public Kernel {
 
     transpose_block(qt, kBlockQ, q, D, mq, D);
     PackedB qt_packed{};
-    if (packs) qt_packed = pack_b(D, mq, qt, kBlockQ, reinterpret_cast<uint32_t*>(pack + bf16_pack_words(D)));
+    if (packs) qt_packed = pack_b(D, mq, qt, kBlockQ, p.block_pack(pack));
     const int64_t kp = (D + 1) / 2, ld = (D + 15) / 16 * 16;
     std::fill(m, m + mq, kNegInf);
     std::fill(l, l + mq, 0.0f);
@@ -1359,7 +1361,7 @@ class AttentionBackwardKernel final : public Kernel {
     float* keep = di + line_floats(T);                // (BK)
     float* cap_grad = keep + line_floats(kBlockK);    // 1 − tanh² of the capped scores: (BQ, BK)
     float* pack = cap_grad + (p.softcap > 0.0f ? line_floats(kBlockQ * kBlockK) : 0);  // the bf16 products' packs
-    uint32_t* kt_pack = reinterpret_cast<uint32_t*>(pack + bf16_pack_words(D));  // then Kᵀ, Vᵀ packed
+    uint32_t* kt_pack = p.block_pack(pack);  // then Kᵀ, Vᵀ packed
     uint32_t* vt_pack = kt_pack + p.block_words();
     const int64_t kp = (D + 1) / 2, ld = (D + 15) / 16 * 16;
 
