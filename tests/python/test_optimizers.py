@@ -386,9 +386,10 @@ def test_8bit_adamw_states_are_bitsandbytes_codes(model_kind, nearest_code_bnb, 
             if name.endswith("attention.self.key.bias"):  # its gradient is rounding noise alone (see above)
                 continue
             for key in ("state1", "state2"):
+                # atol: 2e-5 of the tensor's largest element (measured 1.25e-5 on a Zen 4's AVX-512 sums, on query
+                # bias elements 1000 times smaller than the largest: that gradient is a difference of near-equal sums).
                 np.testing.assert_allclose(a[key].numpy(), b[key].numpy(), rtol=1e-4 if _PORTABLE else 1e-5,
-                                           atol=1e-5 * float(
-                    b[key].abs().max()), err_msg=f"{name} {key}")
+                                           atol=2e-5 * float(b[key].abs().max()), err_msg=f"{name} {key}")
             continue
         eight_bit += 1
         for key in ("qmap1", "qmap2"):
