@@ -128,13 +128,6 @@ ValueId Builder::unrepeated_heads(ValueId x) const {
   return x;
 }
 
-// Scaled dot-product attention as exporters decompose it, recognised at its last MatMul:
-//   MatMul(Softmax(Add(s·MatMul(s_q·q, s_k·kᵀ), mask)), v), the scores optionally soft-capped (c·Tanh(x / c),
-//   Gemma 2) before the mask, Softmax's output optionally through
-//   Where(IsNaN(p), 0, p), with q (B, H, T, D), kᵀ (B, H, D, S), v (B, H, S, D) and a mask from the batch that
-//   is a key-padding mask, or causal plus one. It becomes one Attention op (the kernel the built models use),
-//   reading the mask as (B, S) additive (the host checks, each batch, that it has that form). The decomposed
-//   ops it replaces are left unread and never run. kNone when the pattern does not hold.
 ValueId Builder::attention_operand(ValueId v) {
   const ir::Value& value = graph_.value(v);
   if (!spec_.bf16 || spec_.fp16 || value.dtype != DType::f32) return v;
@@ -147,6 +140,13 @@ ValueId Builder::attention_operand(ValueId v) {
   return b_.cast(v, DType::bf16);
 }
 
+// Scaled dot-product attention as exporters decompose it, recognised at its last MatMul:
+//   MatMul(Softmax(Add(s·MatMul(s_q·q, s_k·kᵀ), mask)), v), the scores optionally soft-capped (c·Tanh(x / c),
+//   Gemma 2) before the mask, Softmax's output optionally through
+//   Where(IsNaN(p), 0, p), with q (B, H, T, D), kᵀ (B, H, D, S), v (B, H, S, D) and a mask from the batch that
+//   is a key-padding mask, or causal plus one. It becomes one Attention op (the kernel the built models use),
+//   reading the mask as (B, S) additive (the host checks, each batch, that it has that form). The decomposed
+//   ops it replaces are left unread and never run. kNone when the pattern does not hold.
 ValueId Builder::attention(const NodeProto& n) {
   if (!f_.fuse_attention()) return ir::kNone;
   const int p = in_id(n, 0), v = in_id(n, 1);
