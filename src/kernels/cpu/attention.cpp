@@ -217,6 +217,37 @@ constexpr TileOps kPortableOps{matmul_portable,         forward_softmax_portable
 using cpu_basic::exp16;
 using cpu_basic::tail_mask;
 
+// C's block (R rows × NV vectors of 16 columns, the last masked by `last`) = alpha·acc, plus C's old contents if
+// `accumulate`: the f32 and bf16 blocks' common store.
+template <int R, int NV>
+FT_AVX512_INLINE void store_block(const __m512 (&acc)[R][NV], float alpha, float* c, int64_t ldc, bool accumulate,
+                                  __mmask16 last) {
+  const __m512 scale = _mm512_set1_ps(alpha);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    float* crow = c + r * ldc;
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 lanes = v == NV - 1 ? last : __mmask16(0xFFFF);
+      __m512 x = _mm512_mul_ps(acc[r][v], scale);
+      if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(lanes, crow + 16 * v));
+      _mm512_mask_storeu_ps(crow + 16 * v, lanes, x);
+    }
+  }
+}
+
+// C (m, n) walked in blocks of up to 4 rows × 64 columns: block(i0, rows, j0, vectors, last) for each, `vectors`
+// vectors of 16 columns, the last masked by `last`. The f32 and bf16 products' common walk.
+template <typename Block>
+FT_AVX512_INLINE void for_each_block(int64_t m, int64_t n, Block&& block) {
+  for (int64_t j0 = 0; j0 < n; j0 += 64) {
+    const int64_t nj = std::min<int64_t>(64, n - j0);
+    const int64_t vectors = (nj + 15) / 16;
+    const __mmask16 last = tail_mask(nj - 16 * (vectors - 1));
+    for (int64_t i0 = 0; i0 < m; i0 += 4) block(i0, std::min<int64_t>(4, m - i0), j0, vectors, last);
+  }
+}
+
 // R rows × NV vectors of 16 columns of C; the last vector is masked by `last`.
 template <int R, int NV>
 FT_AVX512 void matmul_block_avx512(int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
@@ -240,18 +271,7 @@ FT_AVX512 void matmul_block_avx512(int64_t k, float alpha, const float* a, int64
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
     }
   }
-  const __m512 scale = _mm512_set1_ps(alpha);
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    float* crow = c + r * ldc;
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 lanes = v == NV - 1 ? last : __mmask16(0xFFFF);
-      __m512 x = _mm512_mul_ps(acc[r][v], scale);
-      if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(lanes, crow + 16 * v));
-      _mm512_mask_storeu_ps(crow + 16 * v, lanes, x);
-    }
-  }
+  store_block<R, NV>(acc, alpha, c, ldc, accumulate, last);
 }
 
 using MatmulBlock = void (*)(int64_t, float, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t,
@@ -265,16 +285,10 @@ constexpr const MatmulBlock* kMatmulBlocks[4] = {kBlocksOfRows<1>, kBlocksOfRows
 
 FT_AVX512 void matmul_avx512(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t a_rs, int64_t a_cs,
                              const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  for (int64_t j0 = 0; j0 < n; j0 += 64) {
-    const int64_t nj = std::min<int64_t>(64, n - j0);
-    const int64_t vectors = (nj + 15) / 16;
-    const __mmask16 last = tail_mask(nj - 16 * (vectors - 1));
-    for (int64_t i0 = 0; i0 < m; i0 += 4) {
-      const int64_t rows = std::min<int64_t>(4, m - i0);
-      kMatmulBlocks[rows - 1][vectors - 1](k, alpha, a + i0 * a_rs, a_rs, a_cs, b + j0, ldb, c + i0 * ldc + j0, ldc,
-                                           accumulate, last);
-    }
-  }
+  for_each_block(m, n, [&](int64_t i0, int64_t rows, int64_t j0, int64_t vectors, __mmask16 last) {
+    kMatmulBlocks[rows - 1][vectors - 1](k, alpha, a + i0 * a_rs, a_rs, a_cs, b + j0, ldb, c + i0 * ldc + j0, ldc,
+                                         accumulate, last);
+  });
 }
 
 FT_AVX512 void forward_softmax_avx512(float* st, int64_t ld, int64_t nk, int64_t mq, const float* mask,
@@ -669,18 +683,7 @@ FT_AVX512_BF16 void matmul_bf16_block(int64_t kp, float alpha, const uint32_t* a
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)av, (__m512bh)bv[v]);
     }
   }
-  const __m512 scale = _mm512_set1_ps(alpha);
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) {
-    float* crow = c + r * ldc;
-#pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) {
-      const __mmask16 lanes = v == NV - 1 ? last : __mmask16(0xFFFF);
-      __m512 x = _mm512_mul_ps(acc[r][v], scale);
-      if (accumulate) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(lanes, crow + 16 * v));
-      _mm512_mask_storeu_ps(crow + 16 * v, lanes, x);
-    }
-  }
+  store_block<R, NV>(acc, alpha, c, ldc, accumulate, last);
 }
 
 using MatmulBf16Block = void (*)(int64_t, float, const uint32_t*, int64_t, int64_t, const uint32_t*, int64_t, float*,
@@ -724,16 +727,10 @@ FT_AVX512_BF16 PackedB pack_b(int64_t k, int64_t n, const float* b, int64_t ldb,
 FT_AVX512_BF16 void matmul_packed(int64_t m, int64_t n, int64_t k, float alpha, PackedA a, PackedB b, float* c,
                                   int64_t ldc, bool accumulate) {
   const int64_t kp = (k + 1) / 2;
-  for (int64_t j0 = 0; j0 < n; j0 += 64) {
-    const int64_t nj = std::min<int64_t>(64, n - j0);
-    const int64_t vectors = (nj + 15) / 16;
-    const __mmask16 last = tail_mask(nj - 16 * (vectors - 1));
-    for (int64_t i0 = 0; i0 < m; i0 += 4) {
-      const int64_t rows = std::min<int64_t>(4, m - i0);
-      kMatmulBf16Blocks[rows - 1][vectors - 1](kp, alpha, a.p + i0 * a.rs, a.rs, a.cs, b.p + j0, b.ld,
-                                               c + i0 * ldc + j0, ldc, accumulate, last);
-    }
-  }
+  for_each_block(m, n, [&](int64_t i0, int64_t rows, int64_t j0, int64_t vectors, __mmask16 last) {
+    kMatmulBf16Blocks[rows - 1][vectors - 1](kp, alpha, a.p + i0 * a.rs, a.rs, a.cs, b.p + j0, b.ld,
+                                             c + i0 * ldc + j0, ldc, accumulate, last);
+  });
 }
 
 // TileOps::matmul's product with both operands rounded to bf16 and multiplied in pairs; an operand already packed
