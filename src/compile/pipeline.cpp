@@ -44,7 +44,7 @@ std::string fuse_decomposed_swiglu(ir::Graph& g, PassState&) {
 
 std::string round_activation_inputs(ir::Graph& g, PassState&) {
   return report(passes::round_activation_inputs(g).fused,
-                 " GELUs read bf16 projections' results rounded to bf16 (kept in bf16 for backward)");
+                 " GELUs and SwiGLUs read bf16 projections' results rounded to bf16 (kept in bf16 for backward)");
 }
 
 std::string fuse_erf_gelu(ir::Graph& g, PassState&) {

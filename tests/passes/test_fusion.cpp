@@ -932,5 +932,64 @@ TEST(RoundActivationInputs, GeluReadsABf16ProjectionRoundedAsTheBuiltFamiliesDo)
   EXPECT_EQ(passes::round_activation_inputs(f32).fused, 0);
 }
 
+// Llama's MLP under bf16 as imported (SwiGLU on the f32 results, its result cast for down_proj and also read in f32
+// by the loss) or as written with the roundings autocast makes (gate and up rounded, SwiGLU writing bf16).
+ValueId bf16_swiglu_mlp(ir::Graph& g, bool rounded) {
+  ir::GraphBuilder b(g, 5);
+  auto bf16 = [&](ValueId v) { return b.cast(v, DType::bf16); };
+  const ValueId x = bf16(b.input("x", {4, 6, 8}));
+  const ValueId gate = b.linear(x, bf16(b.param("wg", {12, 8}))), up = b.linear(x, bf16(b.param("wu", {12, 8})));
+  const ValueId h = rounded ? b.swiglu(bf16(gate), bf16(up)) : b.swiglu(gate, up);
+  const ValueId y = b.linear(rounded ? h : bf16(h), bf16(b.param("wd", {8, 12})));
+  const ValueId h32 = rounded ? b.cast(h, DType::f32) : h;
+  const ValueId loss = b.add(b.reduce_sum(b.mul(y, y), {0, 1, 2}), b.reduce_sum(b.mul(h32, h32), {0, 1, 2}));
+  g.mark_output(loss);
+  return loss;
+}
+
+TEST(RoundActivationInputs, SwiGLUReadsAndWritesBf16AsAutocastDoes) {
+  ir::Graph rewritten;
+  bf16_swiglu_mlp(rewritten, false);
+  EXPECT_EQ(passes::round_activation_inputs(rewritten).fused, 1);
+  const std::vector<std::vector<ir::NodeId>> consumers = rewritten.consumers();
+  int widened = 0;
+  for (const ir::Node& n : rewritten.nodes()) {
+    if (n.op != OpKind::SwiGLU) continue;
+    EXPECT_EQ(rewritten.value(n.inputs[0]).dtype, DType::bf16);
+    EXPECT_EQ(rewritten.value(n.inputs[1]).dtype, DType::bf16);
+    EXPECT_EQ(rewritten.value(n.outputs[0]).dtype, DType::bf16);
+    for (const ir::NodeId r : consumers[static_cast<size_t>(n.outputs[0])]) {
+      const ir::Node& reader = rewritten.node(r);
+      // down_proj reads it directly; the loss through one Cast to f32; no Cast to bf16 is left.
+      if (reader.op == OpKind::Cast) {
+        EXPECT_EQ(rewritten.value(reader.outputs[0]).dtype, DType::f32);
+        widened += 1;
+      } else {
+        EXPECT_EQ(reader.op, OpKind::Linear);
+      }
+    }
+  }
+  EXPECT_EQ(widened, 1);
+
+  // Rewritten, the graph as imported trains as the one written with the casts, bit for bit.
+  ir::Graph imported, built;
+  const ValueId imported_loss = bf16_swiglu_mlp(imported, false), built_loss = bf16_swiglu_mlp(built, true);
+  passes::round_activation_inputs(imported);
+  auto feed = [](runtime::Plan& plan) {
+    float* x = plan.input("x").data_as<float>();
+    for (int64_t i = 0; i < 4 * 6 * 8; ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
+  };
+  expect_bit_identical(run_graph(imported, imported_loss, 0.4f, 0.7f, 1, {}, feed),
+                       run_graph(built, built_loss, 0.4f, 0.7f, 1, {}, feed), "swiglu");
+
+  // One input from an f32 product: left alone.
+  ir::Graph mixed;
+  ir::GraphBuilder b(mixed, 5);
+  const ValueId x = b.input("x", {4, 8});
+  b.swiglu(b.linear(b.cast(x, DType::bf16), b.cast(b.param("wg", {12, 8}), DType::bf16)),
+           b.linear(x, b.param("wu", {12, 8})));
+  EXPECT_EQ(passes::round_activation_inputs(mixed).fused, 0);
+}
+
 }  // namespace
 }  // namespace fusetrain::testing

@@ -96,8 +96,11 @@ FusionReport fuse_decomposed_swiglu(ir::Graph& graph);
 /// bf16 operands) reads it rounded to bf16 through a Cast, as autocast's bf16 projection hands it over:
 /// fuse_linear_gelu then keeps the Linear's z in bf16 for backward (half the bytes) and fold_output_casts lets the
 /// GELU write bf16 where the next projection reads it so. Graphs whose builders round it already (the built
-/// families) have nothing for it to do. (SwiGLU is left f32: autocast also rounds silu(gate) before the product,
-/// which the SwiGLU kernel does not.)
+/// families) have nothing for it to do. A SwiGLU whose gate and up are both such results reads both rounded and
+/// writes bf16 (its kernel rounds silu(gate) to bf16 before the product, as autocast's silu does), so backward keeps
+/// half the bytes and the next projection's Cast to bf16 goes; a reader that wants f32 gets a widening Cast. An
+/// Attention with bf16 q, k, v writes bf16 (out_dtype), as autocast's scaled_dot_product_attention does, carried
+/// through the heads merge (Reshape, Transpose) to the output projection: backward keeps the output in bf16.
 FusionReport round_activation_inputs(ir::Graph& graph);
 
 /// Erf-based GELU written out: 0.5 · x · (1 + Erf(x / √2)) (or x · 1/√2 inside, and the three

@@ -334,7 +334,8 @@ class RoPEKernel final : public Kernel {
 
 // ---- SwiGLU ---------------------------------------------------------------------------------------
 // A block of up to 16 elements at a time; bf16 operands are widened exactly and a bf16 result is rounded
-// to nearest even, as the Cast kernel rounds.
+// to nearest even, as the Cast kernel rounds. With bf16 operands silu(gate) is rounded to bf16 before the
+// product, as PyTorch's bf16 silu hands its result to the multiply; backward's dup reads that rounded silu.
 
 template <typename T>
 float load_one(const T* p, int64_t i) {
@@ -361,7 +362,9 @@ template <typename T>
 void swiglu_portable(void* out, const T* gate, const T* up, int64_t begin, int64_t end, bool acc) {
   for (int64_t i = begin; i < end; ++i) {
     const float g = load_one(gate, i);
-    const float v = g / (1.0f + std::exp(-g)) * load_one(up, i);
+    float silu = g / (1.0f + std::exp(-g));
+    if constexpr (!std::is_same_v<T, float>) silu = bf16_to_float(float_to_bf16(silu));
+    const float v = silu * load_one(up, i);
     if constexpr (std::is_same_v<T, float>) {
       float* o = static_cast<float*>(out);
       o[i] = acc ? o[i] + v : v;
@@ -377,7 +380,9 @@ FT_AVX512 void swiglu_avx512(void* out, const T* gate, const T* up, int64_t begi
   for (int64_t i = begin; i < end; i += 16) {
     const __mmask16 m = tail_mask(end - i);
     const __m512 g = load16(gate, i, m);
-    __m512 v = _mm512_mul_ps(_mm512_mul_ps(g, sigmoid16(g)), load16(up, i, m));
+    __m512 silu = _mm512_mul_ps(g, sigmoid16(g));
+    if constexpr (!std::is_same_v<T, float>) silu = round_bf16_16(silu);
+    __m512 v = _mm512_mul_ps(silu, load16(up, i, m));
     if constexpr (std::is_same_v<T, float>) {
       float* o = static_cast<float*>(out);
       if (acc) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, o + i));
@@ -408,7 +413,9 @@ FT_AVX2 void swiglu_avx2(void* out, const T* gate, const T* up, int64_t begin, i
   for (int64_t i = begin; i < end; i += 8) {
     const int64_t n = end - i;
     const __m256 g = load8_any(gate + i, n);
-    __m256 v = _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(g)), load8_any(up + i, n));
+    __m256 silu = _mm256_mul_ps(g, sigmoid8(g));
+    if constexpr (!std::is_same_v<T, float>) silu = round_bf16_8(silu);
+    __m256 v = _mm256_mul_ps(silu, load8_any(up + i, n));
     if constexpr (std::is_same_v<T, float>) {
       float* o = static_cast<float*>(out);
       if (acc) v = _mm256_add_ps(v, load8(o + i, n));
@@ -428,7 +435,8 @@ void swiglu_backward_portable(float* dgate, float* dup, const float* dy, const T
     const float g = load_one(gate, i), u = load_one(up, i);
     const float s = 1.0f / (1.0f + std::exp(-g));
     const float dg = dy[i] * u * s * (1.0f + g * (1.0f - s));
-    const float du = dy[i] * g * s;
+    float du = dy[i] * g * s;
+    if constexpr (!std::is_same_v<T, float>) du = dy[i] * bf16_to_float(float_to_bf16(g * s));
     dgate[i] = acc_gate ? dgate[i] + dg : dg;
     dup[i] = acc_up ? dup[i] + du : du;
   }
@@ -444,7 +452,9 @@ FT_AVX512 void swiglu_backward_avx512(float* dgate, float* dup, const float* dy,
     const __m512 s = sigmoid16(g);
     // dg = dy·u·s·(1 + g·(1 − s)), du = dy·g·s
     __m512 dg = _mm512_mul_ps(_mm512_mul_ps(d, u), _mm512_mul_ps(s, _mm512_fmadd_ps(g, _mm512_sub_ps(one, s), one)));
-    __m512 du = _mm512_mul_ps(d, _mm512_mul_ps(g, s));
+    __m512 silu = _mm512_mul_ps(g, s);
+    if constexpr (!std::is_same_v<T, float>) silu = round_bf16_16(silu);
+    __m512 du = _mm512_mul_ps(d, silu);
     if (acc_gate) dg = _mm512_add_ps(dg, _mm512_maskz_loadu_ps(m, dgate + i));
     if (acc_up) du = _mm512_add_ps(du, _mm512_maskz_loadu_ps(m, dup + i));
     _mm512_mask_storeu_ps(dgate + i, m, dg);
@@ -461,7 +471,9 @@ FT_AVX2 void swiglu_backward_avx2(float* dgate, float* dup, const float* dy, con
     const __m256 g = load8_any(gate + i, n), u = load8_any(up + i, n), d = load8(dy + i, n);
     const __m256 s = sigmoid8(g);
     __m256 dg = _mm256_mul_ps(_mm256_mul_ps(d, u), _mm256_mul_ps(s, _mm256_fmadd_ps(g, _mm256_sub_ps(one, s), one)));
-    __m256 du = _mm256_mul_ps(d, _mm256_mul_ps(g, s));
+    __m256 silu = _mm256_mul_ps(g, s);
+    if constexpr (!std::is_same_v<T, float>) silu = round_bf16_8(silu);
+    __m256 du = _mm256_mul_ps(d, silu);
     if (acc_gate) dg = _mm256_add_ps(dg, load8(dgate + i, n));
     if (acc_up) du = _mm256_add_ps(du, load8(dup + i, n));
     store8(dgate + i, n, dg);

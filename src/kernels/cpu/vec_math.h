@@ -115,6 +115,9 @@ FT_AVX512_INLINE __m256i f32_to_bf16_16(__m512 x) {
   return _mm512_cvtepi32_epi16(rounded);
 }
 
+/// x rounded to the nearest bf16 (ties to even) and widened back: the value a bf16 tensor would hold.
+FT_AVX512_INLINE __m512 round_bf16_16(__m512 x) { return bf16_to_f32_16(f32_to_bf16_16(x)); }
+
 // ---- AVX2 + FMA ----------------------------------------------------------------------
 
 #define FT_AVX2 __attribute__((target("avx2,fma")))
@@ -258,6 +261,9 @@ FT_AVX2_INLINE __m128i f32_to_bf16_8(__m256 x) {
   const __m256i v = _mm256_blendv_epi8(rounded, quiet, nan);  // each lane < 2^16: packus keeps it
   return _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
 }
+
+/// x rounded to the nearest bf16 (ties to even) and widened back, as round_bf16_16.
+FT_AVX2_INLINE __m256 round_bf16_8(__m256 x) { return bf16_to_f32_8(f32_to_bf16_8(x)); }
 
 /// Stores the first min(n, 8) lanes of v, rounded to bf16, at p.
 FT_AVX2_INLINE void store8_bf16(uint16_t* p, int64_t n, __m256 v) {

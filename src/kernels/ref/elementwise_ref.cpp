@@ -351,7 +351,8 @@ std::unique_ptr<Kernel> make_relu_backward_ref(const KernelCall& call) {
 }
 
 // SwiGLU: out = silu(gate)·up with silu(g) = g·σ(g); backward dgate = dy·up·σ(g)·(1 + g·(1 − σ(g))),
-// dup = dy·silu(g). gate and up share a dtype (f32 or bf16); out has it, dgate and dup are f32.
+// dup = dy·silu(g). gate and up share a dtype (f32 or bf16); out has it, dgate and dup are f32. With bf16
+// operands silu(g) is rounded to bf16 before the product (and in dup), as PyTorch's bf16 silu is.
 class SwiGLURef final : public RefKernel {
  public:
   SwiGLURef(const KernelCall& call)
@@ -367,14 +368,16 @@ class SwiGLURef final : public RefKernel {
     for (int64_t i = 0; i < numel_; ++i) {
       const double g = load(gate, dtype_, i), u = load(up, dtype_, i);
       const double sigmoid = 1.0 / (1.0 + std::exp(-g));
+      double silu = g * sigmoid;
+      if (dtype_ == DType::bf16) silu = bf16_to_float(float_to_bf16(static_cast<float>(silu)));
       if (!backward_) {
-        store(args.outputs[0].data(), out_dtype_, i, g * sigmoid * u, accumulate_flag(args, 0));
+        store(args.outputs[0].data(), out_dtype_, i, silu * u, accumulate_flag(args, 0));
         continue;
       }
       const double dy = load(args.inputs[0].data(), DType::f32, i);
       store(args.outputs[0].data(), DType::f32, i, dy * u * sigmoid * (1.0 + g * (1.0 - sigmoid)),
             accumulate_flag(args, 0));
-      store(args.outputs[1].data(), DType::f32, i, dy * g * sigmoid, accumulate_flag(args, 1));
+      store(args.outputs[1].data(), DType::f32, i, dy * silu, accumulate_flag(args, 1));
     }
   }
 
