@@ -101,10 +101,8 @@ cmake_install json "$TOOLS/src/json" -DJSON_BuildTests=OFF
 # The wheel. Its own build folder; every header and library from the prefix, none from /usr/include, whose glibc
 # headers are 2.36's.
 rm -rf dist/raw
-# -ffp-contract=fast: GCC's C++ default, under which the source build's AVX2 and AVX-512 functions fuse a·b + c into
-# FMAs; clang's default fuses less, and its numbers would stray further from the source build's.
 CC=$TOOLS/bin/zcc CXX=$TOOLS/bin/zc++ CMAKE_ARGS="-DCMAKE_AR=$TOOLS/bin/zar -DCMAKE_RANLIB=$TOOLS/bin/zranlib \
--DCMAKE_PREFIX_PATH=$PREFIX -DCMAKE_CXX_FLAGS=-ffp-contract=fast\ -isystem\ $PREFIX/include -DOpenMP_CXX_FLAGS=-fopenmp \
+-DCMAKE_PREFIX_PATH=$PREFIX -DCMAKE_CXX_FLAGS=-isystem\ $PREFIX/include -DOpenMP_CXX_FLAGS=-fopenmp \
 -DOpenMP_CXX_LIB_NAMES=omp -DOpenMP_omp_LIBRARY=$PREFIX/lib/libomp.so \
 -DCMAKE_MODULE_LINKER_FLAGS=$PREFIX/lib/cpu_model.o\ $PREFIX/lib/glibc_math.o \
 -DFUSETRAIN_MPI_PLUGIN_LINKS_MPI=OFF" \
