@@ -384,7 +384,7 @@ TEST(Models, FusionPassesKeepLossAndGradientsBitForBit) {
       if (!first_token) {
         EXPECT_EQ(losses[0], losses[1]) << arch;
         for (size_t i = 0; i < grads[0].size(); ++i)
-          ASSERT_EQ(grads[0][i], grads[1][i]) << arch << " gradient " << i;
+          ASSERT_EQ(grads[0][i], grads[1][i]) << arch << (bf16 ? " bf16" : " f32") << " gradient " << i;
         continue;
       }
       EXPECT_NEAR(losses[0], losses[1], 1e-6 * std::abs(losses[0])) << arch;

@@ -180,7 +180,7 @@ def test_every_optimizer_trains_as_transformers_trainer_does(case, model_kind, t
     weight decay 0.1 on a linear schedule: every logged loss within 1e-5 relative, and the weights after.
 
     The two sum the same f32 gradients in different orders (~1e-7 relative). The weights agree within 1e-5 relative
-    (norm-wise per tensor) but for two measured exceptions, both from updates that divide by a per-element gradient
+    (norm-wise per tensor; AdamW 3e-5, for the near-zero gradients of (2) below) but for two measured exceptions, both from updates that divide by a per-element gradient
     statistic (RMSprop, Adagrad, Adafactor) or take its sign (Lion): such an update turns a gradient at f32 noise level into a
     full-size step of either sign. (1) BERT's attention key biases, whose gradient vanishes mathematically (a constant
     added to a row of scores, which softmax ignores): both trainers move them by rounding noise alone, so they are
@@ -200,7 +200,10 @@ def test_every_optimizer_trains_as_transformers_trainer_does(case, model_kind, t
     np.testing.assert_allclose(ours_losses, theirs_losses, rtol=1e-5)
     assert ours_losses[-1] < ours_losses[0], "the optimizer did not train"
     errors = {k: v for k, v in _weight_errors(ours, theirs).items() if not k.endswith("attention.self.key.bias")}
-    tolerance = (3e-5 if _PORTABLE else 1e-5) if optim in ("adamw_torch", "sgd") else 1e-3
+    # AdamW divides each element's step by its own gradient statistic too, so a BERT intermediate-bias element whose
+    # gradient is near zero carries the f32 gradient noise into its weight: measured 1.22e-5 on the AVX-512 kernels,
+    # 1.62e-5 capped to AVX2 and 1.55e-5 on the portable ones (against torch on the same Zen 4). SGD: 1.1e-6.
+    tolerance = 3e-5 if optim == "adamw_torch" else (3e-5 if _PORTABLE else 1e-5) if optim == "sgd" else 1e-3
     worst = max(errors, key=errors.get)
     assert errors[worst] <= tolerance, f"{case}: {worst} {errors[worst]:.2e} relative"
 
