@@ -249,7 +249,8 @@ def worker(framework: str, directory: pathlib.Path, warmup: int, steps: int, thr
     import numpy as np
 
     data = np.load(directory / "batches.npz")
-    batches = [{k: data[k][i] for k in data.files} for i in range(warmup + steps)]
+    arrays = {k: data[k] for k in data.files}  # each read once: NpzFile reads an array again on every access
+    batches = [{k: v[i] for k, v in arrays.items()} for i in range(warmup + steps)]
     if framework.startswith(("fusetrain", "captured")):
         step = fusetrain_step(framework, directory, threads)
     elif framework == "ort":

@@ -826,6 +826,10 @@ void OnnxFamily::release_initial_values() {
   }
   for (onnx::TensorProto& t : *proto_.mutable_graph()->mutable_initializer()) {
     if (!is_param(t.name())) continue;
+    // Swapped with empty ones, not cleared: clear() keeps a string's and a repeated field's capacity, which held
+    // every weight's bytes as long as the model lived (a ViT-Base's 344 MB).
+    std::string().swap(*t.mutable_raw_data());
+    google::protobuf::RepeatedField<float>().Swap(t.mutable_float_data());
     t.clear_raw_data();
     t.clear_float_data();
     t.clear_external_data();
