@@ -991,5 +991,50 @@ TEST(RoundActivationInputs, SwiGLUReadsAndWritesBf16AsAutocastDoes) {
   EXPECT_EQ(passes::round_activation_inputs(mixed).fused, 0);
 }
 
+// Attention on bf16 q, k, v as imported (f32 output, the heads merged, then cast for the output projection, and also
+// read in f32 by the loss) or as written with autocast's bf16 output.
+ValueId bf16_attention_block(ir::Graph& g, bool written_bf16) {
+  ir::GraphBuilder b(g, 5);
+  auto bf16 = [&](ValueId v) { return b.cast(v, DType::bf16); };
+  const ValueId x = b.input("x", {2, 5, 3, 4});  // (B, H, T, D)
+  const ValueId q = bf16(b.mul(x, b.param("wq", {4}))), k = bf16(b.mul(x, b.param("wk", {4})));
+  const ValueId v = bf16(b.mul(x, b.param("wv", {4})));
+  const ValueId y = b.attention(q, k, v, ir::kNone, 0.5, false, 0.0, written_bf16 ? DType::bf16 : DType::f32);
+  const ValueId merged = b.reshape(b.transpose(y, {0, 2, 1, 3}), {2, 3, 20});
+  const ValueId out = b.linear(written_bf16 ? merged : bf16(merged), bf16(b.param("wo", {6, 20})));
+  const ValueId merged32 = written_bf16 ? b.cast(merged, DType::f32) : merged;
+  const ValueId loss =
+      b.add(b.reduce_sum(b.mul(out, out), {0, 1, 2}), b.reduce_sum(b.mul(merged32, merged32), {0, 1, 2}));
+  g.mark_output(loss);
+  return loss;
+}
+
+TEST(RoundActivationInputs, AttentionOnBf16OperandsWritesBf16ThroughTheHeadsMerge) {
+  ir::Graph rewritten;
+  bf16_attention_block(rewritten, false);
+  EXPECT_EQ(passes::round_activation_inputs(rewritten).fused, 1);
+  int bf16_casts = 0, widening = 0;
+  for (const ir::Node& n : rewritten.nodes()) {
+    if (n.op == OpKind::Attention) EXPECT_EQ(rewritten.value(n.outputs[0]).dtype, DType::bf16);
+    if (n.op == OpKind::Reshape || n.op == OpKind::Transpose)
+      EXPECT_EQ(rewritten.value(n.outputs[0]).dtype, DType::bf16) << ir::op_name(n.op);
+    if (n.op == OpKind::Cast && rewritten.value(n.inputs[0]).producer != ir::kNone &&
+        rewritten.node(rewritten.value(n.inputs[0]).producer).op == OpKind::Reshape)
+      (rewritten.value(n.outputs[0]).dtype == DType::bf16 ? bf16_casts : widening) += 1;
+  }
+  EXPECT_EQ(bf16_casts, 0);  // the output projection's Cast went
+  EXPECT_EQ(widening, 1);    // the f32 reader reads through one
+  ir::Graph imported, written;
+  const ValueId imported_loss = bf16_attention_block(imported, false);
+  const ValueId written_loss = bf16_attention_block(written, true);
+  passes::round_activation_inputs(imported);
+  auto feed = [](runtime::Plan& plan) {
+    float* x = plan.input("x").data_as<float>();
+    for (int64_t i = 0; i < 2 * 5 * 3 * 4; ++i) x[i] = std::sin(0.41f * static_cast<float>(i));
+  };
+  expect_bit_identical(run_graph(imported, imported_loss, 0.4f, 0.7f, 1, {}, feed),
+                       run_graph(written, written_loss, 0.4f, 0.7f, 1, {}, feed), "attention");
+}
+
 }  // namespace
 }  // namespace fusetrain::testing
