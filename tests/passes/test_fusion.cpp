@@ -892,6 +892,20 @@ TEST(PruneSlicedRows, StopsWhereRowsAreReadInFullOrDependOnOtherRows) {
   EXPECT_EQ(passes::prune_sliced_rows(g).fused, 0);
 }
 
+// After round_activation_inputs, the graph as imported trains as the one written with autocast's roundings, bit for
+// bit: one step on x filled with sin(step·i).
+void expect_rounded_as_written(ir::Graph& imported, ValueId imported_loss, ir::Graph& written, ValueId written_loss,
+                               float step, const char* what) {
+  passes::round_activation_inputs(imported);
+  auto feed = [step](runtime::Plan& plan) {
+    Tensor x = plan.input("x");
+    float* data = x.data_as<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) data[i] = std::sin(step * static_cast<float>(i));
+  };
+  expect_bit_identical(run_graph(imported, imported_loss, 0.4f, 0.7f, 1, {}, feed),
+                       run_graph(written, written_loss, 0.4f, 0.7f, 1, {}, feed), what);
+}
+
 // A two-projection MLP on x (4, 6, 8), GELU(x·w1ᵀ + b1)·w2ᵀ, every projection's operands cast to bf16 as bf16
 // mixed precision builds them; with `rounded`, the GELU's input cast to bf16 too (as the built families write it),
 // else left f32 (as an imported graph holds it).
@@ -917,13 +931,7 @@ TEST(RoundActivationInputs, GeluReadsABf16ProjectionRoundedAsTheBuiltFamiliesDo)
   // two differ: the GELU's input is rounded in one only).
   ir::Graph imported, built;
   const ValueId imported_loss = bf16_mlp(imported, false), built_loss = bf16_mlp(built, true);
-  passes::round_activation_inputs(imported);
-  auto feed = [](runtime::Plan& plan) {
-    float* x = plan.input("x").data_as<float>();
-    for (int64_t i = 0; i < 4 * 6 * 8; ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
-  };
-  expect_bit_identical(run_graph(imported, imported_loss, 0.4f, 0.7f, 1, {}, feed),
-                       run_graph(built, built_loss, 0.4f, 0.7f, 1, {}, feed), "gelu");
+  expect_rounded_as_written(imported, imported_loss, built, built_loss, 0.37f, "gelu");
 
   // In f32 (projections without bf16 operands) nothing changes.
   ir::Graph f32;
@@ -974,13 +982,7 @@ TEST(RoundActivationInputs, SwiGLUReadsAndWritesBf16AsAutocastDoes) {
   // Rewritten, the graph as imported trains as the one written with the casts, bit for bit.
   ir::Graph imported, built;
   const ValueId imported_loss = bf16_swiglu_mlp(imported, false), built_loss = bf16_swiglu_mlp(built, true);
-  passes::round_activation_inputs(imported);
-  auto feed = [](runtime::Plan& plan) {
-    float* x = plan.input("x").data_as<float>();
-    for (int64_t i = 0; i < 4 * 6 * 8; ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
-  };
-  expect_bit_identical(run_graph(imported, imported_loss, 0.4f, 0.7f, 1, {}, feed),
-                       run_graph(built, built_loss, 0.4f, 0.7f, 1, {}, feed), "swiglu");
+  expect_rounded_as_written(imported, imported_loss, built, built_loss, 0.37f, "swiglu");
 
   // One input from an f32 product: left alone.
   ir::Graph mixed;
@@ -1027,13 +1029,7 @@ TEST(RoundActivationInputs, AttentionOnBf16OperandsWritesBf16ThroughTheHeadsMerg
   ir::Graph imported, written;
   const ValueId imported_loss = bf16_attention_block(imported, false);
   const ValueId written_loss = bf16_attention_block(written, true);
-  passes::round_activation_inputs(imported);
-  auto feed = [](runtime::Plan& plan) {
-    float* x = plan.input("x").data_as<float>();
-    for (int64_t i = 0; i < 2 * 5 * 3 * 4; ++i) x[i] = std::sin(0.41f * static_cast<float>(i));
-  };
-  expect_bit_identical(run_graph(imported, imported_loss, 0.4f, 0.7f, 1, {}, feed),
-                       run_graph(written, written_loss, 0.4f, 0.7f, 1, {}, feed), "attention");
+  expect_rounded_as_written(imported, imported_loss, written, written_loss, 0.41f, "attention");
 }
 
 }  // namespace

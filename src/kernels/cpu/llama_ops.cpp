@@ -435,8 +435,7 @@ void swiglu_backward_portable(float* dgate, float* dup, const float* dy, const T
     const float g = load_one(gate, i), u = load_one(up, i);
     const float s = 1.0f / (1.0f + std::exp(-g));
     const float dg = dy[i] * u * s * (1.0f + g * (1.0f - s));
-    float du = dy[i] * g * s;
-    if constexpr (!std::is_same_v<T, float>) du = dy[i] * bf16_to_float(float_to_bf16(g * s));
+    const float du = std::is_same_v<T, float> ? dy[i] * g * s : dy[i] * bf16_to_float(float_to_bf16(g * s));
     dgate[i] = acc_gate ? dgate[i] + dg : dg;
     dup[i] = acc_up ? dup[i] + du : du;
   }
