@@ -877,6 +877,16 @@ int run_inspect(Options& o) {
     std::sort(sorted.rbegin(), sorted.rend());
     std::printf("profile (mean of %d steps, forward + backward %.1f ms):\n", kSteps, total * 1e3);
     for (const auto& [s, op] : sorted) std::printf("  %-28s %8.2f ms  %5.1f%%\n", op.c_str(), s * 1e3, 100 * s / total);
+    if (std::getenv("FT_NODES")) {
+      const ir::Graph& g = p.graph();
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        std::string d = ir::op_name(nodes[i]->op);
+        for (ir::ValueId v : nodes[i]->inputs) { d += " "; d += dtype_name(g.value(v).dtype); d += g.value(v).shape.to_string(); }
+        d += " ->";
+        for (ir::ValueId v : nodes[i]->outputs) { d += " "; d += dtype_name(g.value(v).dtype); d += g.value(v).shape.to_string(); }
+        std::printf("N %zu %.3f %s\n", i, seconds[i] / kSteps * 1e3, d.c_str());
+      }
+    }
   }
   return 0;
 }

@@ -111,6 +111,10 @@ std::string fold_output_casts(ir::Graph& g, PassState&) {
   return report(r.casts, str(" GELUs write bf16 themselves (", mib(r.bytes_saved), " MiB of f32 results not written)"));
 }
 
+std::string fuse_cast_column_sum(ir::Graph& g, PassState&) {
+  return report(passes::fuse_cast_column_sum(g).fused, " gradient casts and bias-gradient sums read their input once");
+}
+
 }  // namespace
 
 const std::vector<Pass>& pipeline() {
@@ -137,6 +141,7 @@ const std::vector<Pass>& pipeline() {
       {"recast_weights_for_backward", Stage::Joint, with_fusions, recast_weights_for_backward},
       // After the passes that clone GELUs into backward, so recomputed GELUs fold too.
       {"fold_output_casts", Stage::Final, with_fusions, fold_output_casts},
+      {"fuse_cast_column_sum", Stage::Final, with_fusions, fuse_cast_column_sum},
   };
   return kPipeline;
 }

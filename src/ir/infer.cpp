@@ -433,6 +433,14 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
     }
     case OpKind::Cast:
       return {{c.shape(0), std::get<CastParams>(params).dtype}};
+    case OpKind::CastColumnSum: {
+      // x (..., N) f32 -> Cast(x) and the column sums (N) f32
+      c.require_f32(0, "x");
+      c.require(c.shape(0).rank() >= 1, "x must have at least one axis, found a scalar");
+      const DType to = std::get<CastParams>(params).dtype;
+      c.require(to == DType::bf16 || to == DType::f16, "dtype must be bf16 or f16, found ", dtype_name(to));
+      return {{c.shape(0), to}, {Shape{c.shape(0)[-1]}, DType::f32}};
+    }
     case OpKind::SoftmaxCrossEntropy:
     case OpKind::TokenStats: {
       // logits (..., V) f32, targets (...) -> loss () and lse (...); TokenStats: (3) Σ entropy, top-1 hits, counted

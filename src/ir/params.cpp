@@ -283,8 +283,10 @@ OpParams decode(OpKind op, AttrReader& r) {
       p.keepdims = r.flag("keepdims", p.keepdims);
       return r.finish(p);
     }
-    case OpKind::Cast: {
+    case OpKind::Cast:
+    case OpKind::CastColumnSum: {
       ParamsOf<OpKind::Cast> p;
+      static_assert(std::is_same_v<ParamsOf<OpKind::Cast>, ParamsOf<OpKind::CastColumnSum>>);
       p.dtype = r.dtype("dtype");
       return r.finish(p);
     }

@@ -675,6 +675,45 @@ TEST(CpuBasicKernels, ReduceSumTo) {
   }
 }
 
+// CastColumnSum against the reference, and against the Cast and ReduceSum kernels it replaces: the same bits on
+// every path and thread count (fuse_cast_column_sum keeps a model's gradients bit for bit). Shapes: rows not a
+// multiple of the row runs or the threads, widths not a multiple of 16 or 64, a wide output (over 64K columns,
+// whose sums ReduceSum splits by columns), and f16.
+TEST(CpuBasicKernels, CastColumnSum) {
+  PathGuard guard;
+  std::mt19937 rng(16);
+  const std::vector<std::pair<Shape, DType>> cases = {
+      {Shape{3, 17, 129}, DType::bf16}, {Shape{129, 257}, DType::bf16},    {Shape{2, 3, 37, 768}, DType::bf16},
+      {Shape{2, 65537}, DType::bf16},   {Shape{33, 3072}, DType::f16},     {Shape{2, 2}, DType::bf16}};
+  for (const auto& [shape, to] : cases) {
+    Graph g;
+    const ir::Node& n = one_node(g, OpKind::CastColumnSum, {{shape, DType::f32}}, {{"dtype", dtype_name(to)}});
+    const std::vector<Tensor> in = random_inputs(g, n, rng);
+    check_node(g, n, in, {1e-5, 0, true});
+
+    Graph gc, gs;
+    const ir::Node& cast = one_node(gc, OpKind::Cast, {{shape, DType::f32}}, {{"dtype", dtype_name(to)}});
+    std::vector<int64_t> leading;
+    for (int64_t a = 0; a + 1 < shape.rank(); ++a) leading.push_back(a);
+    const ir::Node& sum = one_node(gs, OpKind::ReduceSum, {{shape, DType::f32}}, {{"axes", leading}});
+    for (const Path& path : paths()) {
+      cpu_basic::cap_cpu_path(path.cap);
+      std::unique_ptr<Kernel> fused = make_cpu_basic_kernel(compile::lower(g, n));
+      std::unique_ptr<Kernel> cast_k = make_cpu_basic_kernel(compile::lower(gc, cast));
+      std::unique_ptr<Kernel> sum_k = make_cpu_basic_kernel(compile::lower(gs, sum));
+      ASSERT_TRUE(fused && cast_k && sum_k);
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(str("path=", path.name, " threads=", threads, " x ", shape.to_string()));
+        const std::vector<Tensor> got = run_node(*fused, g, n, in, nullptr, threads, 0);
+        const Tensor want_cast = run_node(*cast_k, gc, cast, in, nullptr, threads, 0)[0];
+        const Tensor want_sum = run_node(*sum_k, gs, sum, in, nullptr, threads, 0)[0];
+        EXPECT_EQ(std::memcmp(got[0].data(), want_cast.data(), want_cast.nbytes()), 0) << "the cast";
+        EXPECT_EQ(std::memcmp(got[1].data(), want_sum.data(), want_sum.nbytes()), 0) << "the sums";
+      }
+    }
+  }
+}
+
 // ---- loss ---------------------------------------------------------------------------------------
 
 TEST(CpuBasicKernels, SoftmaxCrossEntropy) {

@@ -30,9 +30,12 @@ struct GraphRun {
   std::vector<float> grads;
 };
 
+// `joint` (optional) rewrites the graph once autodiff has added backward, as the joint passes do.
 GraphRun run_graph(ir::Graph& g, ValueId loss, float amplitude, float frequency, int64_t step,
-                   runtime::PlanOptions options = {}, const std::function<void(runtime::Plan&)>& feed = {}) {
+                   runtime::PlanOptions options = {}, const std::function<void(runtime::Plan&)>& feed = {},
+                   const std::function<void(ir::Graph&)>& joint = {}) {
   autodiff::build_backward(g, loss, g.params());
+  if (joint) joint(g);
   runtime::ParameterStore params(g);
   for (size_t i = 0; i < params.slots().size(); ++i) {
     float* p = params.param(i).data_as<float>();
@@ -227,6 +230,53 @@ TEST(FuseLinearGelu, KeepsZInBf16WhenGeluReadsItsBf16Cast) {
       }
       EXPECT_LE(std::sqrt(diff), 1e-2 * std::sqrt(norm)) << label;
     }
+}
+
+// An MLP whose Linears have biases and `precision` operands, trained: autodiff casts each Linear's output gradient
+// for its two GEMMs and sums it for the bias gradient; with `fuse`, fuse_cast_column_sum then makes each pair one
+// CastColumnSum.
+GraphRun run_bias_mlp(bool fuse, DType precision) {
+  ir::Graph g;
+  ir::GraphBuilder b(g, 5);
+  ValueId x = b.param("x", {3, 7, 24});
+  ValueId w1 = b.param("w1", {40, 24}), b1 = b.param("b1", {40});
+  ValueId w2 = b.param("w2", {24, 40}), b2 = b.param("b2", {24});
+  auto operand = [&](ValueId v) { return precision == DType::f32 ? v : b.cast(v, precision); };
+  ValueId h = g.add(OpKind::Gelu, {b.linear(operand(x), operand(w1), b1)}, {{"approximate", std::string("none")}});
+  ValueId y = b.linear(operand(h), operand(w2), b2);
+  ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1, 2});
+  g.mark_output(loss);
+  return run_graph(g, loss, 0.4f, 0.37f, 0, {}, {}, [&](ir::Graph& joint) {
+    if (!fuse) return;
+    const int casts = count(joint, OpKind::Cast), sums = count(joint, OpKind::ReduceSum);
+    const int pairs = precision == DType::f32 ? 0 : 2;  // f32 operands: no gradient is cast
+    EXPECT_EQ(passes::fuse_cast_column_sum(joint).fused, pairs);
+    EXPECT_EQ(count(joint, OpKind::CastColumnSum), pairs);
+    EXPECT_EQ(count(joint, OpKind::Cast), casts - pairs);
+    EXPECT_EQ(count(joint, OpKind::ReduceSum), sums - pairs);
+  });
+}
+
+TEST(FuseCastColumnSum, CastsAndBiasSumsOfGradientsReadTheirInputOnceWithTheSameBits) {
+  for (DType precision : {DType::bf16, DType::f16, DType::f32})
+    expect_bit_identical(run_bias_mlp(false, precision), run_bias_mlp(true, precision), dtype_name(precision));
+}
+
+TEST(FuseCastColumnSum, LeavesOtherSumsAndCastsAlone) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  ValueId x = b.input("x", {4, 6, 8});
+  ValueId half = b.cast(x, DType::bf16);
+  ValueId kept = b.reduce_sum(x, {0, 1}, true);   // keeps the summed axes
+  ValueId rows = b.reduce_sum(x, {1, 2});         // sums the last axis
+  ValueId inner = b.reduce_sum(x, {1});           // leaves a leading axis
+  ValueId narrow = b.reduce_sum(b.reshape(x, {24, 2, 4}), {0, 1});  // through a Reshape that changes the last axis
+  ValueId w = b.input("w", {1, 8});  // one row: the kernels' views need two
+  ValueId wide = b.cast(w, DType::bf16);
+  ValueId wide_sum = b.reduce_sum(w, {0});
+  for (ValueId v : {half, kept, rows, inner, narrow, wide, wide_sum}) g.mark_output(v);
+  EXPECT_EQ(passes::fuse_cast_column_sum(g).fused, 0);
+  EXPECT_EQ(count(g, OpKind::CastColumnSum), 0);
 }
 
 TEST(FuseLinearGelu, LeavesLinearsWhoseOutputIsReadElsewhereAlone) {

@@ -42,6 +42,13 @@ FusionReport fuse_add_layernorm(ir::Graph& graph);
 /// that, and applies GELU to the rounded values.
 FusionReport fuse_linear_gelu(ir::Graph& graph);
 
+/// A gradient's cast and its column sums: Cast(x, bf16 or f16) and ReduceSum(x) over every axis but the last
+/// (read directly or through Reshapes that keep the last axis), x f32, become CastColumnSum(x) with outputs (the
+/// cast, the sums). Under mixed precision each Linear's output gradient is cast for its two GEMMs and summed for its
+/// bias gradient: one pass over x instead of two. The sums are ReduceSum's bits. Unlike the passes above it runs
+/// on the joint graph, after autodiff has written the backward it rewrites.
+FusionReport fuse_cast_column_sum(ir::Graph& graph);
+
 /// Language-model head + loss: SoftmaxCrossEntropy(Linear(x, w, bias), targets) with f32 or bf16
 /// operands, where the logits feed nothing else, becomes LinearCrossEntropy(x, w, targets, bias)
 /// with outputs (loss, dx, dw, dbias). It works through the rows whose target counts in chunks

@@ -210,8 +210,9 @@ std::unique_ptr<Kernel> make_concat_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_slice_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_slice_backward_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_expand_to_kernel(const KernelCall& call);
-// reduce.cpp: ReduceSum ReduceMean ReduceSumTo
+// reduce.cpp: ReduceSum ReduceMean ReduceSumTo, CastColumnSum
 std::unique_ptr<Kernel> make_reduce_kernel(const KernelCall& call);
+std::unique_ptr<Kernel> make_cast_column_sum_kernel(const KernelCall& call);
 // loss.cpp
 std::unique_ptr<Kernel> make_cross_entropy_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_cross_entropy_backward_kernel(const KernelCall& call);

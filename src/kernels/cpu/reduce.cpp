@@ -13,9 +13,14 @@
 //           after a barrier; a large one gives each thread whole column blocks.
 // Results are deterministic for a given thread count. All kernels honour
 // accumulate (out += sum).
+//
+// CastColumnSum (x viewed as (R, N)) casts x and forms ReduceSum's column sums of it in one pass over
+// x, adding in ReduceSum's order (each thread's rows in order into its partial, the partials in
+// thread order), so both results are the separate ops' bits.
 #include <cstring>
 
 #include "fusetrain/core/alloc.h"
+#include "fusetrain/core/half.h"
 #include "kernels/cpu/basic_kernels.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -187,6 +192,96 @@ class ReduceKernel final : public Kernel {
   void (*add_rows_)(float*, const float*, int64_t, int64_t, int64_t);
 };
 
+// CastColumnSum on x (R, N), R and N above 1: out 0 = x cast to bf16 (Cast's rounding) or f16, out 1 (N) = the
+// column sums of ReduceKernel (1, R, N), bit for bit. Where that kernel splits the rows among threads (a small
+// output), each thread casts its rows kCastRows at a time and adds each run into its partial while the run is
+// still in cache, so x is read from memory once; where it does not (one thread, or a large output, whose
+// columns it splits), the cast and the sums run one after the other.
+class CastColumnSumKernel final : public Kernel {
+ public:
+  CastColumnSumKernel(int64_t R, int64_t N, DType to)
+      : R_(R), N_(N), to_(to), sums_(1, R, N, 1.0f), round_(round_to_bf16_fn()),
+        add_rows_(use_avx512() ? add_rows_avx512 : add_rows_portable) {}
+  bool accumulates() const override { return true; }
+  size_t scratch_bytes(int num_threads) const override { return sums_.scratch_bytes(num_threads); }
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    const float* x = static_cast<const float*>(args.inputs[0].data());
+    void* y = args.outputs[0].data();
+    const bool add_cast = accumulate_flag(args, 0);  // never a parameter's gradient: kept simple
+    const int threads = threads_for(R_ * N_, ctx.num_threads);
+    if (threads == 1 || N_ > kSmallOutput || add_cast) {
+      parallel_for(
+          R_ * N_, threads,
+          [&](int64_t begin, int64_t end, int) {
+            if (add_cast)
+              add_cast_into(static_cast<uint16_t*>(y), x, begin, end);
+            else
+              cast(y, x, begin, end - begin);
+          },
+          16);
+      KernelArgs sum_args;
+      sum_args.inputs = {args.inputs[0]};
+      sum_args.outputs = {args.outputs[1]};
+      sum_args.accumulate = {static_cast<uint8_t>(accumulate_flag(args, 1))};
+      sum_args.scratch = args.scratch;
+      sums_.run(sum_args, ctx);
+      return;
+    }
+    float* out = static_cast<float*>(args.outputs[1].data());
+    const bool acc = accumulate_flag(args, 1);
+    float* partials = static_cast<float*>(args.scratch);
+    const size_t stride = align_up(static_cast<size_t>(N_) * sizeof(float)) / sizeof(float);
+    rows_then_columns(
+        threads,
+        [&](int t, int nt) {
+          float* part = partials + static_cast<size_t>(t) * stride;
+          std::memset(part, 0, static_cast<size_t>(N_) * sizeof(float));
+          const int64_t r1 = R_ * (t + 1) / nt;
+          for (int64_t r = R_ * t / nt; r < r1; r += kCastRows) {
+            const int64_t rows = std::min(kCastRows, r1 - r);
+            cast(y, x, r * N_, rows * N_);
+            add_rows_(part, x + r * N_, N_, rows, N_);
+          }
+        },
+        [&](int t, int nt) {
+          const int64_t begin = N_ * t / nt, end = N_ * (t + 1) / nt;
+          for (int64_t i = begin; i < end; ++i) {
+            float sum = 0.0f;
+            for (int p = 0; p < nt; ++p) sum += partials[static_cast<size_t>(p) * stride + static_cast<size_t>(i)];
+            out[i] = acc ? out[i] + sum : sum;
+          }
+        });
+  }
+
+ private:
+  static constexpr int64_t kCastRows = 16;
+
+  // y[first, first + n) = x[first, first + n) cast.
+  void cast(void* y, const float* x, int64_t first, int64_t n) const {
+    uint16_t* to = static_cast<uint16_t*>(y) + first;
+    if (to_ == DType::bf16)
+      round_(to, x + first, n);
+    else
+      float_to_f16(to, x + first, static_cast<size_t>(n));
+  }
+
+  // y[i] = y[i] + x[i] for i in [begin, end), the sum rounded to y's dtype once.
+  void add_cast_into(uint16_t* y, const float* x, int64_t begin, int64_t end) const {
+    for (int64_t i = begin; i < end; ++i) {
+      const double old = to_ == DType::bf16 ? bf16_to_float(y[i]) : f16_to_float(y[i]);
+      const float sum = static_cast<float>(old + static_cast<double>(x[i]));
+      y[i] = to_ == DType::bf16 ? float_to_bf16(sum) : float_to_f16(sum);
+    }
+  }
+
+  int64_t R_, N_;
+  DType to_;
+  ReduceKernel sums_;
+  RoundBf16Fn round_;
+  void (*add_rows_)(float*, const float*, int64_t, int64_t, int64_t);
+};
+
 // Any pattern: kept groups (output order) and reduced groups, each with its
 // input stride. out[k] = sum over the reduced index space of x[base(k) + ...].
 struct GroupLayout {
@@ -302,6 +397,15 @@ std::unique_ptr<Kernel> make_reduce_kernel(const KernelCall& call) {
     if (!is_reduced) outputs *= extent;
   }
   return std::make_unique<GenericReduceKernel>(kept, summed, outputs, count, scale);
+}
+
+std::unique_ptr<Kernel> make_cast_column_sum_kernel(const KernelCall& call) {
+  const Shape& x = input_shape(call, 0);
+  const int64_t N = x.rank() > 0 ? x[-1] : 1, R = N > 0 ? x.numel() / N : 0;
+  const DType to = output_dtype(call, 0);
+  // R or N of 1 makes ReduceSum's view another one (row sums, or no sum); the pass never forms those.
+  if (input_dtype(call, 0) != DType::f32 || R < 2 || N < 2 || (to != DType::bf16 && to != DType::f16)) return nullptr;
+  return std::make_unique<CastColumnSumKernel>(R, N, to);
 }
 
 }  // namespace fusetrain::kernels::cpu_basic

@@ -211,6 +211,8 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const KernelCall& call) {
     case OpKind::ReduceMean:
     case OpKind::ReduceSumTo:
       return make_reduce_kernel(call);
+    case OpKind::CastColumnSum:
+      return make_cast_column_sum_kernel(call);
     case OpKind::SoftmaxCrossEntropy:
       return make_cross_entropy_kernel(call);
     case OpKind::SoftmaxCrossEntropyBackward:

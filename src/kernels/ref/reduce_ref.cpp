@@ -1,5 +1,6 @@
-// Reference reductions: ReduceSum, ReduceMean (over `axes`, optional keepdims)
-// and ReduceSumTo (sum over the axes along which `shape` broadcasts to x).
+// Reference reductions: ReduceSum, ReduceMean (over `axes`, optional keepdims),
+// ReduceSumTo (sum over the axes along which `shape` broadcasts to x) and
+// CastColumnSum (x cast, and its sums over every axis but the last).
 // Every output element is a double accumulator in scratch, rounded once.
 //
 // Shape letters: any rank; each element of x adds into the output element its
@@ -43,7 +44,43 @@ class ReduceRef final : public RefKernel {
   double divisor_ = 1.0;
 };
 
+// CastColumnSum: out 0 = x stored in its dtype (store rounds as Cast does), out 1 (N) = Σ x over the leading axes.
+class CastColumnSumRef final : public RefKernel {
+ public:
+  CastColumnSumRef(const KernelCall& call)
+      : to_(output_dtype(call, 0)),
+        n_in_(input_shape(call, 0).numel()),
+        n_out_(output_shape(call, 1).numel()),
+        index_(broadcast_index(column_shape(input_shape(call, 0)), input_shape(call, 0))) {}
+
+  size_t scratch_bytes(int) const override { return static_cast<size_t>(n_out_) * sizeof(double); }
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    const void* x = args.inputs[0].data();
+    const bool add_cast = accumulate_flag(args, 0);
+    for (int64_t i = 0; i < n_in_; ++i) store(args.outputs[0].data(), to_, i, load(x, DType::f32, i), add_cast);
+    reduce_forward(args.outputs[1].data(), DType::f32, x, DType::f32, index_, n_in_, n_out_, 1.0,
+                   accumulate_flag(args, 1), static_cast<double*>(args.scratch));
+  }
+
+ private:
+  // (1, ..., 1, N): the shape the sums keep.
+  static Shape column_shape(const Shape& x) {
+    Shape kept = x;
+    for (int64_t a = 0; a + 1 < x.rank(); ++a) kept[a] = 1;
+    return kept;
+  }
+
+  DType to_;
+  int64_t n_in_, n_out_;
+  StridedIndex index_;
+};
+
 }  // namespace
+
+std::unique_ptr<Kernel> make_cast_column_sum_ref(const KernelCall& call) {
+  return std::make_unique<CastColumnSumRef>(call);
+}
 
 std::unique_ptr<Kernel> make_reduce_ref(const KernelCall& call) {
   // The output with keepdims=1 (reduced axes kept as extent 1) has the same

@@ -258,6 +258,7 @@ std::unique_ptr<Kernel> make_embedding_backward_ref(const KernelCall& call);
 // reduce_ref.cpp
 std::unique_ptr<Kernel> make_reduce_ref(const KernelCall& call);  // ReduceSum ReduceMean
 std::unique_ptr<Kernel> make_reduce_sum_to_ref(const KernelCall& call);
+std::unique_ptr<Kernel> make_cast_column_sum_ref(const KernelCall& call);
 
 // loss_ref.cpp
 std::unique_ptr<Kernel> make_cross_entropy_ref(const KernelCall& call);
