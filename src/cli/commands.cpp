@@ -481,6 +481,9 @@ void add_options(CLI::App& app, Options& o) {
                "token-cls: give every sub-token its word's tag, not just the first");
   app.add_flag("--profile", o.profile,
                "inspect: time every op over a few steps (under mpirun: with the gradient buckets' communication)");
+  app.add_flag("--profile-nodes", o.profile_nodes,
+               "inspect --profile: also list every node in schedule order with its mean time and its inputs' and "
+               "outputs' dtypes and shapes");
   app.add_option("--world-size", o.world_size,
                  "inspect: data-parallel ranks to show the gradient buckets, ZeRO shards and per-rank memory for")
       ->check(CLI::PositiveNumber);
@@ -877,15 +880,17 @@ int run_inspect(Options& o) {
     std::sort(sorted.rbegin(), sorted.rend());
     std::printf("profile (mean of %d steps, forward + backward %.1f ms):\n", kSteps, total * 1e3);
     for (const auto& [s, op] : sorted) std::printf("  %-28s %8.2f ms  %5.1f%%\n", op.c_str(), s * 1e3, 100 * s / total);
-    if (std::getenv("FT_NODES")) {
+    if (o.profile_nodes) {
       const ir::Graph& g = p.graph();
-      for (size_t i = 0; i < nodes.size(); ++i) {
-        std::string d = ir::op_name(nodes[i]->op);
-        for (ir::ValueId v : nodes[i]->inputs) { d += " "; d += dtype_name(g.value(v).dtype); d += g.value(v).shape.to_string(); }
-        d += " ->";
-        for (ir::ValueId v : nodes[i]->outputs) { d += " "; d += dtype_name(g.value(v).dtype); d += g.value(v).shape.to_string(); }
-        std::printf("N %zu %.3f %s\n", i, seconds[i] / kSteps * 1e3, d.c_str());
-      }
+      auto operands = [&](const std::vector<ir::ValueId>& values) {
+        std::string s;
+        for (ir::ValueId v : values) s += str(" ", dtype_name(g.value(v).dtype), g.value(v).shape.to_string());
+        return s;
+      };
+      std::printf("nodes (schedule order, mean ms):\n");
+      for (size_t i = 0; i < nodes.size(); ++i)
+        std::printf("  %5zu %9.3f  %s%s ->%s\n", i, seconds[i] / kSteps * 1e3, ir::op_name(nodes[i]->op),
+                    operands(nodes[i]->inputs).c_str(), operands(nodes[i]->outputs).c_str());
     }
   }
   return 0;

@@ -26,6 +26,7 @@ struct Options {
   bool line_by_line = false;
   bool label_all_tokens = false;
   bool profile = false;
+  bool profile_nodes = false;  // inspect --profile: also every node, in schedule order
   /// inspect: the number of data-parallel ranks to lay out buckets and ZeRO shards for (under mpirun: the job's).
   int64_t world_size = 1;
   /// export: the ONNX opset (17 to 20); the task's head comes from --task when given, else from config.json.

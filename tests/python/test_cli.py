@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shutil
 
 import numpy as np
@@ -180,6 +181,18 @@ def test_inspect_prints_memory_plan(tiny_model):
     result = run("inspect", "--model", str(tiny_model), "--max-seq-length", "32", "--profile")
     assert result.returncode == 0, result.stderr
     assert "activation peak" in result.stdout and "profile" in result.stdout
+    assert "nodes (schedule order" not in result.stdout
+
+
+def test_inspect_profile_nodes_lists_every_scheduled_node(tiny_model):
+    result = run("inspect", "--model", str(tiny_model), "--max-seq-length", "32", "--profile", "--profile-nodes")
+    assert result.returncode == 0, result.stderr
+    scheduled = int(re.search(r"(\d+) nodes scheduled", result.stdout).group(1))
+    listing = result.stdout.split("nodes (schedule order, mean ms):\n")[1].splitlines()
+    rows = [line.split() for line in listing[:scheduled]]
+    assert [int(r[0]) for r in rows] == list(range(scheduled))
+    assert all(float(r[1]) >= 0.0 and "->" in r for r in rows)
+    assert "Embedding" in [r[2] for r in rows]
 
 
 def test_fp16_tracks_fp32(tiny_model, data, tmp_path):
