@@ -666,6 +666,41 @@ TEST(CpuDenseKernels, AttentionBf16Operands) {
     EXPECT_LE(largest, 1e-5);
 }
 
+// A bf16 out (out_dtype) is the f32 out rounded to nearest even, bit for bit, and lse is unchanged: both layouts,
+// head sizes that are and are not whole vectors (the copies in and out of the heads' scratch take different routes),
+// one and two threads.
+TEST(CpuDenseKernels, AttentionBf16OutputIsTheF32OutputRounded) {
+  std::mt19937 rng(24);
+  for (int threads : {1, 2})
+    for (int64_t D : {24, 64})
+      for (bool seq_major : {false, true}) {
+        AttentionCase c;
+        c.dtype = DType::bf16, c.B = 2, c.H = 3, c.T = 37, c.S = 37, c.D = D, c.mask = true, c.causal = true;
+        c.seq_major = seq_major, c.threads = threads;
+        SCOPED_TRACE(c.label());
+        const std::vector<Tensor> inputs = attention_inputs(c, rng);
+        std::vector<Tensor> results[2];
+        for (DType out : {DType::f32, DType::bf16}) {
+          ir::Graph g;
+          ir::GraphBuilder builder(g);
+          const ValueId q = builder.input("q", c.q_shape(), c.dtype), k = builder.input("k", c.kv_shape(), c.dtype),
+                        v = builder.input("v", c.kv_shape(), c.dtype), mask = builder.input("mask", c.mask_shape());
+          ir::Attrs attrs = c.attrs();
+          attrs.set("out_dtype", std::string(dtype_name(out)));
+          g.add_node(OpKind::Attention, {q, k, v, mask}, attrs);
+          const ir::Node& node = g.nodes().back();
+          std::unique_ptr<Kernel> tuned = make_cpu_dense_kernel(compile::lower(g, node));
+          ASSERT_TRUE(tuned != nullptr);
+          results[out == DType::bf16] = run_kernel(*tuned, g, node, inputs, threads, 7);
+        }
+        const Tensor& wide = results[0][0];
+        const uint16_t* rounded = static_cast<const uint16_t*>(results[1][0].data());
+        for (int64_t i = 0; i < wide.numel(); ++i)
+          ASSERT_EQ(rounded[i], float_to_bf16(wide.data_as<float>()[i])) << "element " << i;
+        EXPECT_EQ(std::memcmp(results[0][1].data(), results[1][1].data(), results[0][1].nbytes()), 0) << "lse";
+      }
+}
+
 // (B, H, T, D) <-> (B, T, H, D).
 Tensor swap_axes_1_2(const Tensor& x) {
   const Shape& s = x.shape();
