@@ -108,7 +108,8 @@ std::string recast_weights_for_backward(ir::Graph& g, PassState&) {
 
 std::string fold_output_casts(ir::Graph& g, PassState&) {
   passes::OutputCastsReport r = passes::fold_output_casts(g);
-  return report(r.casts, str(" GELUs write bf16 themselves (", mib(r.bytes_saved), " MiB of f32 results not written)"));
+  return report(r.casts, str(" GELUs and bf16 projections write bf16 themselves (", mib(r.bytes_saved),
+                             " MiB of f32 results not written)"));
 }
 
 std::string fuse_cast_column_sum(ir::Graph& g, PassState&) {

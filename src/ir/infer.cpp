@@ -150,7 +150,7 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       }
       std::vector<int64_t> out = x.dims();
       out.back() = w[0];
-      if (c.op == OpKind::Linear) return {{Shape(out), DType::f32}};
+      if (c.op == OpKind::Linear) return {{Shape(out), std::get<LinearParams>(params).out_dtype}};
       // gelu(z) in out_dtype (rounded from f32), z in z_dtype
       const auto& p = std::get<LinearGeluParams>(params);
       return {{Shape(out), p.out_dtype}, {Shape(out), p.z_dtype}};

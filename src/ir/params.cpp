@@ -136,7 +136,6 @@ void read_dropout(AttrReader& r, DropoutParams& p, bool required) {
 
 OpParams decode(OpKind op, AttrReader& r) {
   switch (op) {
-    case OpKind::Linear:
     case OpKind::Add:
     case OpKind::Sub:
     case OpKind::Mul:
@@ -170,6 +169,11 @@ OpParams decode(OpKind op, AttrReader& r) {
       p.trans_a = r.flag("trans_a", p.trans_a);
       p.trans_b = r.flag("trans_b", p.trans_b);
       p.out_dtype = r.dtype("out_dtype", p.out_dtype);
+      return r.finish(p);
+    }
+    case OpKind::Linear: {
+      ParamsOf<OpKind::Linear> p;
+      p.out_dtype = r.f32_or_bf16("out_dtype");
       return r.finish(p);
     }
     case OpKind::LinearGelu: {

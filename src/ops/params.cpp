@@ -12,10 +12,12 @@ constexpr std::array<const char*, std::variant_size_v<OpParams>> kParamsNames = 
     "LayerNormParams",    "DropoutParams",     "AddLayerNormParams",    "EmbeddingParams",
     "EmbeddingBackwardParams", "ShapeParams",  "TransposeParams",       "SplitParams",
     "ConcatParams",       "SliceParams",       "SliceBackwardParams",   "ReduceParams",
-    "CastParams",         "CrossEntropyParams", "LinearCrossEntropyParams", "AttentionParams",
-    "RoPEParams"};
+    "CastParams",         "CrossEntropyParams", "LinearCrossEntropyParams", "LogProbsParams",
+    "PreferenceParams",   "QuantizedParams",   "AttentionParams",       "RoPEParams",
+    "LinearParams"};
 
-static_assert(params_index_of<RoPEParams>() == kParamsNames.size() - 1);
+static_assert(params_index_of<LinearParams>() == kParamsNames.size() - 1);
+static_assert(params_index_of<LogProbsParams>() == 23 && params_index_of<AttentionParams>() == 26);
 static_assert(params_index_of<MatMulParams>() == 2 && params_index_of<ShapeParams>() == 13);
 
 }  // namespace

@@ -1,5 +1,5 @@
-// Identical casts in forward merged into one, and casts of GELU results folded into the GELU
-// (see recompute.h).
+// Identical casts in forward merged into one, and casts of GELU and bf16 projection results folded into their
+// producer (see recompute.h).
 #include <map>
 #include <utility>
 
@@ -33,17 +33,31 @@ OutputCastsReport fold_output_casts(ir::Graph& graph) {
     if (cast.op != ir::OpKind::Cast || graph.value(cast.outputs[0]).dtype != DType::bf16 ||
         graph.is_output(cast.outputs[0]))
       continue;
-    const ValueId y = cast.inputs[0];
+    // The cast reads the result itself, or through Reshapes (a projection's heads split) that nothing else reads.
+    auto sole_reader = [&](ValueId v) {
+      return !graph.is_output(v) && consumers[static_cast<size_t>(v)].size() == 1 && graph.value(v).dtype == DType::f32;
+    };
+    std::vector<ValueId> chain;  // the cast's input, then each Reshape's input back to the result
+    ValueId y = cast.inputs[0];
+    if (!sole_reader(y)) continue;
+    chain.push_back(y);
+    while (graph.value(y).producer != ir::kNone && graph.node(graph.value(y).producer).op == ir::OpKind::Reshape &&
+           sole_reader(graph.node(graph.value(y).producer).inputs[0])) {
+      y = graph.node(graph.value(y).producer).inputs[0];
+      chain.push_back(y);
+    }
     const ir::Value& value = graph.value(y);
-    if (value.producer == ir::kNone || value.dtype != DType::f32 || graph.is_output(y) ||
-        consumers[static_cast<size_t>(y)].size() != 1)
-      continue;
+    if (value.producer == ir::kNone) continue;
     ir::Node& producer = graph.node(value.producer);
     const bool gelu = producer.op == ir::OpKind::Gelu || (producer.op == ir::OpKind::LinearGelu && value.output_index == 0);
-    if (!gelu) continue;
+    // A bf16 projection's result, not a parameter's gradient (those stay f32 and may accumulate).
+    const bool projection = producer.op == ir::OpKind::Linear && graph.value(producer.inputs[0]).dtype == DType::bf16 &&
+                            value.gradient_of == kNone;
+    if (!gelu && !projection) continue;
+    if (gelu && chain.size() > 1) continue;  // a GELU's result is cast where it is
     producer.attrs.set("out_dtype", std::string("bf16"));
-    graph.value(y).dtype = DType::bf16;
-    graph.replace_all_uses(cast.outputs[0], y);
+    for (ValueId v : chain) graph.value(v).dtype = DType::bf16;
+    graph.replace_all_uses(cast.outputs[0], chain.front());
     graph.remove_node(cast.id);
     report.casts += 1;
     report.bytes_saved += static_cast<size_t>(value.shape.numel()) * dtype_size(DType::f32);

@@ -18,6 +18,7 @@
 #include "fusetrain/core/half.h"
 #include "fusetrain/ir/builder.h"
 #include "kernels/cpu/basic_kernels.h"
+#include "kernels/cpu/gemm.h"
 #include "fusetrain/compile/lower.h"
 #include "kernels/factories.h"
 
@@ -238,6 +239,38 @@ TEST(CpuDenseKernels, Linear) {
   // Large enough for the parallel bias pass.
   check_linear({300, 64}, 257, true, DType::f32, 2, false, rng);
   check_linear({300, 64}, 257, true, DType::f32, 2, true, rng);
+}
+
+// A Linear writing bf16 (out_dtype, as fold_output_casts makes it) writes its f32 result rounded to nearest even, bit
+// for bit: with and without bias, K within one pass of the GEMM (each strip rounded from the GEMM's own buffer) and
+// beyond it (the product in scratch first), one and two threads.
+TEST(CpuDenseKernels, LinearBf16OutputIsTheF32OutputRounded) {
+  std::mt19937 rng(25);
+  for (int threads : {1, 2})
+    for (bool bias : {false, true})
+      for (int64_t K : {int64_t{129}, gemm_strip_max_k(true) + 70}) {
+        SCOPED_TRACE(str("threads=", threads, " bias=", bias, " K=", K));
+        std::vector<Tensor> results[2];
+        std::vector<Tensor> inputs = {random_tensor(Shape{3, 37, K}, DType::bf16, rng),
+                                      random_tensor(Shape{70, K}, DType::bf16, rng)};
+        if (bias) inputs.push_back(random_tensor(Shape{70}, DType::f32, rng));
+        for (DType out : {DType::f32, DType::bf16}) {
+          ir::Graph g;
+          ir::GraphBuilder builder(g);
+          std::vector<ValueId> in = {builder.input("x", inputs[0].shape(), DType::bf16),
+                                     builder.input("w", inputs[1].shape(), DType::bf16)};
+          if (bias) in.push_back(builder.input("b", Shape{70}));
+          g.add_node(OpKind::Linear, in, {{"out_dtype", std::string(dtype_name(out))}});
+          const ir::Node& node = g.nodes().back();
+          std::unique_ptr<Kernel> tuned = make_cpu_dense_kernel(compile::lower(g, node));
+          ASSERT_TRUE(tuned != nullptr);
+          EXPECT_EQ(tuned->accumulates(), out == DType::f32);
+          results[out == DType::bf16] = run_kernel(*tuned, g, node, inputs, threads);
+        }
+        const float* wide = results[0][0].data_as<float>();
+        const uint16_t* rounded = static_cast<const uint16_t*>(results[1][0].data());
+        for (int64_t i = 0; i < results[0][0].numel(); ++i) ASSERT_EQ(rounded[i], float_to_bf16(wide[i])) << i;
+      }
 }
 
 // ---------------------------------------------------------------------------

@@ -280,8 +280,9 @@ int count_op(const ir::Graph& g, OpKind op) {
 }
 
 // After recompute_gelu_outputs, the bf16 MLPs cast four GELU results (two in forward, two
-// recomputed in backward): each GELU then writes bf16 itself, with bit-identical gradients.
-TEST(FoldOutputCasts, GelusWriteBf16ThemselvesAndGradientsAreUnchanged) {
+// recomputed in backward) and the second layer's projection z for its GELU: each GELU and that
+// Linear then write bf16 themselves, with bit-identical gradients.
+TEST(FoldOutputCasts, GelusAndProjectionsWriteBf16ThemselvesAndGradientsAreUnchanged) {
   const int64_t R = 48, C = 16;
   const std::vector<float> x = sine_input(R * C, 0.29);
   std::vector<std::vector<float>> grads;
@@ -292,14 +293,17 @@ TEST(FoldOutputCasts, GelusWriteBf16ThemselvesAndGradientsAreUnchanged) {
     const int casts = count_op(s->g, OpKind::Cast);
     if (fold) {
       passes::OutputCastsReport report = passes::fold_output_casts(s->g);
-      EXPECT_EQ(report.casts, 4);
-      EXPECT_EQ(report.bytes_saved, size_t(4 * R * 4 * C * 4));
-      EXPECT_EQ(count_op(s->g, OpKind::Cast), casts - 4);
-      int bf16_results = 0;
-      for (const ir::Node& n : s->g.nodes())
-        if (n.op == OpKind::Gelu || n.op == OpKind::LinearGelu)
-          bf16_results += s->g.value(n.outputs[0]).dtype == DType::bf16;
-      EXPECT_EQ(bf16_results, 4);
+      EXPECT_EQ(report.casts, 5);
+      EXPECT_EQ(report.bytes_saved, size_t(5 * R * 4 * C * 4));  // each an (R, 4C) f32 result
+      EXPECT_EQ(count_op(s->g, OpKind::Cast), casts - 5);
+      int bf16_gelus = 0, bf16_projections = 0;
+      for (const ir::Node& n : s->g.nodes()) {
+        const bool bf16 = s->g.value(n.outputs[0]).dtype == DType::bf16;
+        if (n.op == OpKind::Gelu || n.op == OpKind::LinearGelu) bf16_gelus += bf16;
+        if (n.op == OpKind::Linear) bf16_projections += bf16;
+      }
+      EXPECT_EQ(bf16_gelus, 4);
+      EXPECT_EQ(bf16_projections, 1);
     }
     run_stack(*s, x, 0.2f, grads, peaks);
   }
@@ -307,18 +311,49 @@ TEST(FoldOutputCasts, GelusWriteBf16ThemselvesAndGradientsAreUnchanged) {
   EXPECT_LE(peaks[1], peaks[0]);  // never more memory (here the peak lies elsewhere)
 }
 
+// A projection whose heads are split before the cast (Linear -> Reshape -> Cast, as imported attention projections
+// read): the Linear writes bf16 and the Reshape carries it; a second Reshape read elsewhere too stops the fold.
+TEST(FoldOutputCasts, ProjectionsCastAfterTheirHeadsSplitWriteBf16) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  ValueId x = b.cast(b.input("x", {2, 5, 8}), DType::bf16);
+  ValueId w = b.cast(b.param("w", {8, 8}), DType::bf16);
+  ValueId y = b.linear(x, w, b.param("bias", {8}));
+  ValueId heads = b.reshape(y, {2, 5, 2, 4});
+  auto read_bf16 = [&](ValueId v) { g.mark_output(b.cast(b.cast(v, DType::bf16), DType::f32)); };  // a bf16 reader
+  read_bf16(heads);
+  ValueId z = b.linear(x, w, ir::kNone);
+  ValueId z_heads = b.reshape(z, {2, 5, 2, 4});
+  read_bf16(b.reshape(z_heads, {10, 8}));
+  g.mark_output(b.reduce_sum(z_heads, {0, 1, 2, 3}));  // z's heads are read in f32 too
+  EXPECT_EQ(passes::fold_output_casts(g).casts, 1);
+  EXPECT_EQ(g.value(y).dtype, DType::bf16);
+  EXPECT_EQ(g.value(heads).dtype, DType::bf16);
+  EXPECT_EQ(g.value(z).dtype, DType::f32);
+  EXPECT_EQ(g.node(g.value(y).producer).attrs.get_string("out_dtype"), "bf16");
+}
+
 TEST(FoldOutputCasts, LeavesResultsReadElsewhereAndOtherOpsAlone) {
   ir::Graph g;
   ir::GraphBuilder b(g);
   ValueId x = b.input("x", {4, 8});
+  auto read_bf16 = [&](ValueId v) { g.mark_output(b.cast(b.cast(v, DType::bf16), DType::f32)); };  // a bf16 reader
   ValueId read_twice = b.gelu(x, "none");  // cast, and read in f32 too
   g.mark_output(b.reduce_sum(b.cast(read_twice, DType::bf16), {0, 1}));
   g.mark_output(b.reduce_sum(read_twice, {0, 1}));
-  g.mark_output(b.cast(b.tanh(x), DType::bf16));  // not a GELU
+  read_bf16(b.tanh(x));  // not a GELU
   ValueId kept = b.gelu(b.scale(x, 2.0), "tanh");  // the f32 result leaves the graph
   g.mark_output(kept);
-  g.mark_output(b.cast(kept, DType::bf16));
-  EXPECT_EQ(passes::fold_output_casts(g).casts, 0);
+  read_bf16(kept);
+  ValueId w = b.param("w", {8, 8});
+  read_bf16(b.linear(x, w, ir::kNone));  // an f32 projection: its result stays f32
+  ValueId twice = b.linear(b.cast(x, DType::bf16), b.cast(w, DType::bf16), ir::kNone);  // read in f32 too
+  read_bf16(twice);
+  g.mark_output(b.reduce_sum(twice, {0, 1}));
+  ValueId lone = b.linear(b.cast(x, DType::bf16), b.cast(w, DType::bf16), ir::kNone);  // the control: folds
+  read_bf16(lone);
+  EXPECT_EQ(passes::fold_output_casts(g).casts, 1);
+  EXPECT_EQ(g.value(lone).dtype, DType::bf16);
 }
 
 }  // namespace

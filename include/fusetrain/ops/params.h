@@ -51,6 +51,11 @@ struct GeluBackwardParams {
   GeluApproximation approximate = GeluApproximation::None;  ///< "approximate"
 };
 
+/// Linear: y = x·wᵀ + bias.
+struct LinearParams {
+  DType out_dtype = DType::f32;  ///< "out_dtype" of y: f32, or bf16 (the f32 result rounded to nearest even)
+};
+
 /// LinearGelu: y = gelu(z), z = x·wᵀ + bias.
 struct LinearGeluParams {
   GeluApproximation approximate = GeluApproximation::None;  ///< "approximate"
@@ -258,7 +263,7 @@ using OpParams =
                  PowParams, LayerNormParams, DropoutParams, AddLayerNormParams, EmbeddingParams,
                  EmbeddingBackwardParams, ShapeParams, TransposeParams, SplitParams, ConcatParams, SliceParams,
                  SliceBackwardParams, ReduceParams, CastParams, CrossEntropyParams, LinearCrossEntropyParams,
-                 LogProbsParams, PreferenceParams, QuantizedParams, AttentionParams, RoPEParams>;
+                 LogProbsParams, PreferenceParams, QuantizedParams, AttentionParams, RoPEParams, LinearParams>;
 
 namespace detail {
 template <OpKind K>

@@ -76,11 +76,12 @@ struct OutputCastsReport {
   size_t bytes_saved = 0;  ///< the f32 results no longer written
 };
 
-/// A bf16 model casts GELU's result to bf16 for the product after it. Where a Gelu's (or a
-/// LinearGelu's) f32 output is read only by a Cast to bf16, the op rounds its result to bf16
-/// itself (out_dtype) and the Cast goes: no f32 copy is written and read back. The rounding is
-/// the Cast kernel's, so results are bit-identical. Runs on the whole graph after autodiff and
-/// the passes that clone GELUs into backward, so recomputed GELUs fold too.
+/// A bf16 model casts GELU's result to bf16 for the product after it, and a bf16 projection's result for the
+/// attention or product that reads it. Where a Gelu's, a LinearGelu's or a bf16 Linear's f32 output is read only
+/// by a Cast to bf16 (a Linear's directly or through Reshapes, as its heads are split), the op rounds its result to
+/// bf16 itself (out_dtype; the Linear in its GEMM epilogue, the Reshapes then carrying bf16) and the Cast goes: no
+/// f32 copy is written and read back. The rounding is the Cast kernel's, so results are bit-identical. Runs on the
+/// whole graph after autodiff and the passes that clone GELUs into backward, so recomputed GELUs fold too.
 OutputCastsReport fold_output_casts(ir::Graph& graph);
 
 }  // namespace fusetrain::passes

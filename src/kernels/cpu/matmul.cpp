@@ -112,8 +112,8 @@ void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t n, int thr
 
 // What the Linear epilogue adds to a finished strip of the product: the bias, then, for
 // LinearGelu, y = gelu(z) into the second buffer (same layout as z). With a bf16 z, each row is
-// rounded to bf16 into z (the Cast kernel's rounding) and widened back in place, and GELU is
-// applied to that. A bf16 y (out_dtype) is GELU's f32 result rounded the same way.
+// rounded to bf16 into z (the Cast kernel's rounding) and, for GELU, widened back in place, and GELU is
+// applied to that. A bf16 y (out_dtype) is GELU's f32 result rounded the same way. A Linear's bf16 y is its z.
 struct LinearEpilogue {
   int64_t ld = 0;               // row stride of the outputs (N)
   const float* bias = nullptr;  // (N) or null
@@ -132,7 +132,7 @@ struct LinearEpilogue {
         for (int64_t j = 0; j < cols; ++j) z[j] += e.bias[col + j];
       if (e.z_bf16) {
         e.round(e.z_bf16 + at, z, cols);
-        bf16_to_float(z, e.z_bf16 + at, static_cast<size_t>(cols));
+        if (e.gelu) bf16_to_float(z, e.z_bf16 + at, static_cast<size_t>(cols));
       }
       if (e.y_bf16) {
         // GELU into a block of f32, then rounded: z (f32) stays intact when it is an output.
@@ -150,9 +150,10 @@ struct LinearEpilogue {
 };
 
 // Linear: y (R, N) = x (R, K) · w (N, K)ᵀ + bias (N). LinearGelu: z = the same, output 1, and
-// y = gelu(z), output 0. x and w f32, bf16 or f16; y and z f32, or (LinearGelu) bf16. The bias and the GELU are the
-// GEMM's epilogue, applied to each strip of rows as it is finished, while it is in cache; only
-// an accumulating Linear (y += ..., never LinearGelu) adds its bias in a pass of its own.
+// y = gelu(z), output 0. x and w f32, bf16 or f16; y and z f32 or bf16 (rounded by the epilogue, so the f32
+// product never reaches memory). The bias, the GELU and the rounding are the GEMM's epilogue, applied to each strip
+// of rows as it is finished, while it is in cache; only an accumulating Linear (y += ..., f32, never LinearGelu)
+// adds its bias in a pass of its own.
 class LinearKernel final : public Kernel {
  public:
   LinearKernel(const KernelCall& call) {
@@ -164,8 +165,10 @@ class LinearKernel final : public Kernel {
       gelu_ = cpu_basic::gelu_fn(call.params<ops::LinearGeluParams>().approximate == ops::GeluApproximation::Tanh);
       z_bf16_ = call.outputs[1].dtype == DType::bf16;
       y_bf16_ = call.outputs[0].dtype == DType::bf16;
-      if (z_bf16_ || y_bf16_) round_ = cpu_basic::round_to_bf16_fn();
+    } else {
+      z_bf16_ = y_bf16_ = call.outputs[0].dtype == DType::bf16;  // a Linear's y is its z
     }
+    if (z_bf16_ || y_bf16_) round_ = cpu_basic::round_to_bf16_fn();
     int64_t k = x[-1];
     int64_t n = w[0];
     int64_t rows = x.numel(0, x.rank() - 1);
@@ -175,8 +178,11 @@ class LinearKernel final : public Kernel {
   // With z and y both bf16 the f32 product has no output buffer to live in: the GEMM hands each
   // strip to the epilogue from a buffer of its own when K fits one pass (gemm_strip_max_k), else
   // the product goes to scratch.
+  bool product_in_scratch() const {
+    return z_bf16_ && y_bf16_ && (shape_.K == 0 || shape_.K > gemm_strip_max_k(dtype_ == DType::bf16));
+  }
   size_t product_bytes() const {
-    return z_bf16_ && y_bf16_ ? (static_cast<size_t>(shape_.M * shape_.N) * sizeof(float) + 63) / 64 * 64 : 0;
+    return product_in_scratch() ? (static_cast<size_t>(shape_.M * shape_.N) * sizeof(float) + 63) / 64 * 64 : 0;
   }
 
   size_t scratch_bytes(int num_threads) const override {
@@ -186,37 +192,40 @@ class LinearKernel final : public Kernel {
     return product_bytes() + gemm;
   }
 
-  bool accumulates() const override { return gelu_ == nullptr; }
+  bool accumulates() const override { return gelu_ == nullptr && !y_bf16_; }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
-    const bool accumulate = !gelu_ && !args.accumulate.empty() && args.accumulate[0];
-    // The product: y for Linear; for LinearGelu z when z is f32, else y's buffer when y is f32, else scratch.
+    const bool accumulate = accumulates() && !args.accumulate.empty() && args.accumulate[0];
+    // The product: an f32 y (Linear) or z (LinearGelu), else y's buffer when y is f32, else scratch when K takes more
+    // than one pass, else none (each strip in the GEMM's own buffer).
     char* scratch = static_cast<char*>(args.scratch);
     float* c = nullptr;
-    if (!gelu_ || (!z_bf16_ && !y_bf16_))
+    if (!z_bf16_ && !y_bf16_)
       c = static_cast<float*>(args.outputs[gelu_ ? 1 : 0].data());
     else if (!z_bf16_)
       c = static_cast<float*>(args.outputs[1].data());
     else if (!y_bf16_)
       c = static_cast<float*>(args.outputs[0].data());
-    else if (shape_.K == 0 || shape_.K > gemm_strip_max_k(dtype_ == DType::bf16))
+    else if (product_in_scratch())
       c = reinterpret_cast<float*>(scratch);  // 64-byte aligned, product_bytes() long
     void* gemm_scratch = scratch + product_bytes();
     const float* bias = has_bias_ ? static_cast<const float*>(args.inputs[2].data()) : nullptr;  // bias: (N)
     LinearEpilogue fused;
     fused.ld = shape_.N;
     fused.bias = accumulate ? nullptr : bias;
+    fused.round = round_;
     if (gelu_) {
       fused.gelu = gelu_;
-      fused.round = round_;
       if (y_bf16_)
         fused.y_bf16 = static_cast<uint16_t*>(args.outputs[0].data());
       else
         fused.y = static_cast<float*>(args.outputs[0].data());
       if (z_bf16_) fused.z_bf16 = static_cast<uint16_t*>(args.outputs[1].data());
+    } else if (y_bf16_) {
+      fused.z_bf16 = static_cast<uint16_t*>(args.outputs[0].data());
     }
     const GemmEpilogue epilogue{&LinearEpilogue::apply, &fused};
-    const GemmEpilogue* ep = fused.bias || gelu_ ? &epilogue : nullptr;
+    const GemmEpilogue* ep = fused.bias || gelu_ || fused.z_bf16 ? &epilogue : nullptr;
     const float beta = accumulate ? 1.0f : 0.0f;
     const int threads = ctx.num_threads;
     if (dtype_ == DType::f16)
@@ -238,7 +247,7 @@ class LinearKernel final : public Kernel {
   DType dtype_ = DType::f32;  // of x and w
   bool has_bias_ = false;
   cpu_basic::GeluFn gelu_ = nullptr;         // LinearGelu's activation; null for Linear
-  bool z_bf16_ = false, y_bf16_ = false;     // LinearGelu's z and y dtypes
+  bool z_bf16_ = false, y_bf16_ = false;     // LinearGelu's z and y dtypes (a Linear's y, which is its z: both)
   cpu_basic::RoundBf16Fn round_ = nullptr;  // when either is bf16
   GemmShape shape_{};
 };

@@ -73,7 +73,8 @@ class MatMulRef final : public RefKernel {
 };
 
 // Linear, and LinearGelu: z = Linear into output 1, then output 0 = gelu(z). A bf16 z is rounded
-// from the f32 product and GELU applied to the rounded value; a bf16 y is GELU's result rounded.
+// from the f32 product and GELU applied to the rounded value; a bf16 y is GELU's result rounded, a Linear's the
+// f32 product rounded.
 class LinearRef final : public RefKernel {
  public:
   LinearRef(const KernelCall& call)
@@ -82,18 +83,27 @@ class LinearRef final : public RefKernel {
         gelu_(call.op == OpKind::LinearGelu),
         tanh_(ops::gelu_approximation(call.op_params) == ops::GeluApproximation::Tanh),
         bf16_z_(gelu_ && output_dtype(call, 1) == DType::bf16),
-        bf16_y_(gelu_ && output_dtype(call, 0) == DType::bf16) {
+        bf16_y_(output_dtype(call, 0) == DType::bf16) {
     const Shape& x = input_shape(call, 0);
     K_ = x[-1];
     R_ = x.numel(0, x.rank() - 1);
     N_ = input_shape(call, 1)[0];
   }
 
-  bool accumulates() const override { return !gelu_; }
-  size_t scratch_bytes(int) const override { return gelu_ ? static_cast<size_t>(R_ * N_) * sizeof(float) : 0; }
+  bool accumulates() const override { return !gelu_ && !bf16_y_; }
+  size_t scratch_bytes(int) const override {
+    return gelu_ || bf16_y_ ? static_cast<size_t>(R_ * N_) * sizeof(float) : 0;
+  }
 
   void run(const KernelArgs& args, const StepContext&) override {
     const void* bias = has_bias_ ? args.inputs[2].data() : nullptr;
+    if (!gelu_ && bf16_y_) {
+      float* product = static_cast<float*>(args.scratch);
+      linear_forward(product, args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_, K_, false);
+      uint16_t* y = static_cast<uint16_t*>(args.outputs[0].data());
+      for (int64_t i = 0; i < R_ * N_; ++i) y[i] = float_to_bf16(product[i]);
+      return;
+    }
     if (!gelu_) {
       linear_forward(args.outputs[0].data(), args.inputs[0].data(), args.inputs[1].data(), bias, xw_dtype_, R_, N_, K_,
                      accumulate_flag(args, 0));
