@@ -26,6 +26,10 @@ std::string fold_attention_transposes(ir::Graph& g, PassState&) {
                              " transposes removed (and their gradients' transposes)"));
 }
 
+std::string fold_transpose_pairs(ir::Graph& g, PassState&) {
+  return report(passes::fold_transpose_pairs(g).fused, " transpose pairs that move nothing became reshapes");
+}
+
 std::string fuse_decomposed_layernorm(ir::Graph& g, PassState&) {
   return report(passes::fuse_decomposed_layernorm(g).fused, " written-out LayerNorms");
 }
@@ -123,6 +127,7 @@ const std::vector<Pass>& pipeline() {
       // Before the transposes fold: it moves a heads transpose from before the rotation to after it.
       {"fuse_decomposed_rope", Stage::Forward, with_fusions, fuse_decomposed_rope},
       {"fold_attention_transposes", Stage::Forward, with_fusions, fold_attention_transposes},
+      {"fold_transpose_pairs", Stage::Forward, with_fusions, fold_transpose_pairs},
       // Decomposed LayerNorm, RMSNorm, GELU and SwiGLU first, so the passes after them see the fused ops.
       {"fuse_decomposed_layernorm", Stage::Forward, with_fusions, fuse_decomposed_layernorm},
       {"fuse_decomposed_rmsnorm", Stage::Forward, with_fusions, fuse_decomposed_rmsnorm},

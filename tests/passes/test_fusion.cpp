@@ -140,6 +140,45 @@ TEST(FoldAttentionTransposes, SameLossAndGradients) {
   }
 }
 
+// ViT's patch embedding after its convolution: (B, h, w, C) written channels-first, flattened and transposed back to
+// tokens, then a projection, trained: one Reshape instead, the same loss and gradients bit for bit.
+GraphRun run_patch_tokens(bool fold) {
+  ir::Graph g;
+  ir::GraphBuilder b(g, 3);
+  const ValueId x = b.param("x", {2, 3, 4, 8});  // (B, h, w, C)
+  const ValueId channels_first = b.transpose(b.tanh(x), {0, 3, 1, 2});
+  const ValueId tokens = b.transpose(b.reshape(channels_first, {2, 8, 12}), {0, 2, 1});
+  const ValueId y = b.linear(tokens, b.param("w", {5, 8}), ir::kNone);
+  const ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1, 2});
+  g.mark_output(loss);
+  if (fold) {
+    EXPECT_EQ(passes::fold_transpose_pairs(g).fused, 1);
+    EXPECT_EQ(count(g, OpKind::Transpose), 0);
+    EXPECT_EQ(g.value(tokens).shape, (Shape{2, 12, 8}));
+  }
+  return run_graph(g, loss, 0.5f, 0.41f, 0);
+}
+
+TEST(FoldTransposePairs, ChannelsFirstAndBackIsAReshapeWithTheSameResults) {
+  expect_bit_identical(run_patch_tokens(false), run_patch_tokens(true), "patch tokens");
+}
+
+TEST(FoldTransposePairs, LeavesTransposesThatMoveElementsAlone) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  const ValueId x = b.input("x", {2, 3, 4, 8});
+  // Back to tokens but in (w, h) order: the two spatial axes swap.
+  g.mark_output(b.transpose(b.reshape(b.transpose(x, {0, 3, 2, 1}), {2, 8, 12}), {0, 2, 1}));
+  // The Reshape splits an axis.
+  g.mark_output(b.transpose(b.reshape(b.transpose(x, {0, 3, 1, 2}), {2, 4, 2, 12}), {0, 3, 1, 2}));
+  // The middle value is read elsewhere too.
+  const ValueId shared = b.reshape(b.transpose(x, {0, 3, 1, 2}), {2, 8, 12});
+  g.mark_output(b.transpose(shared, {0, 2, 1}));
+  g.mark_output(shared);
+  EXPECT_EQ(passes::fold_transpose_pairs(g).fused, 0);
+  EXPECT_EQ(count(g, OpKind::Transpose), 6);
+}
+
 TEST(FuseDropoutAdd, EitherOrderFusesAndKeepsResultsBitForBit) {
   std::vector<GraphRun> runs;
   for (bool fuse : {false, true}) {

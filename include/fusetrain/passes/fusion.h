@@ -22,6 +22,13 @@ struct FusionReport {
 /// writes that layout too, so the transposes of the gradients go as well.
 FusionReport fold_attention_transposes(ir::Graph& graph);
 
+/// Transpose -> Reshape -> Transpose that leaves every element where it was: Transpose(Reshape(Transpose(x))),
+/// each intermediate read by nothing else, the Reshape only merging neighbouring axes, and the axes of x back in
+/// their order, becomes Reshape(x): no data moves. A convolution's output written channels-first and flattened back
+/// to tokens (ViT's patch embedding: (B, h, w, C) -> (B, C, h, w) -> (B, C, h·w) -> (B, h·w, C)) is one. Its
+/// gradient's two transposes go with it.
+FusionReport fold_transpose_pairs(ir::Graph& graph);
+
 /// Dropout + residual add: Add(Dropout(x), residual) (either order), where the
 /// dropout's output feeds nothing else, becomes DropoutAdd(x, residual): one pass
 /// over memory instead of two, and no dropped copy of x is stored.
