@@ -479,11 +479,13 @@ void add_options(CLI::App& app, Options& o) {
       ->capture_default_str();
   app.add_flag("--label-all-tokens", o.label_all_tokens,
                "token-cls: give every sub-token its word's tag, not just the first");
-  app.add_flag("--profile", o.profile,
-               "inspect: time every op over a few steps (under mpirun: with the gradient buckets' communication)");
+  CLI::Option* profile = app.add_flag(
+      "--profile", o.profile,
+      "inspect: time every op over a few steps (under mpirun: with the gradient buckets' communication)");
   app.add_flag("--profile-nodes", o.profile_nodes,
-               "inspect --profile: also list every node in schedule order with its mean time and its inputs' and "
-               "outputs' dtypes and shapes");
+               "inspect --profile (one process): also list every node in schedule order with its mean time and its "
+               "inputs' and outputs' dtypes and shapes")
+      ->needs(profile);
   app.add_option("--world-size", o.world_size,
                  "inspect: data-parallel ranks to show the gradient buckets, ZeRO shards and per-rank memory for")
       ->check(CLI::PositiveNumber);
@@ -858,6 +860,8 @@ int run_inspect(Options& o) {
   report.optimizer_state_bytes = static_cast<size_t>(state.bytes);
   std::printf("memory:\n%s", report.to_string().c_str());
   std::shared_ptr<comm::Communicator> comm = comm::launched_by_mpi() ? comm::mpi_world() : nullptr;
+  if (o.profile_nodes && comm)
+    throw Error("--profile-nodes times one process's nodes; under mpirun use --profile (each step's timeline)");
   print_data_parallel(*model, plan, comm ? comm->size() : static_cast<int>(o.world_size), o.args, state);
   if (o.profile && comm) {
     profile_data_parallel(*model, batch, *comm, o.args);

@@ -22,7 +22,8 @@ bool sums_leading_axes(const ir::Graph& g, const ir::Node& sum) {
 }
 
 // A ReduceSum of x (read directly or through Reshapes that keep its last axis) over every other axis, not yet
-// fused; kNone if there is none. `through` receives the Reshapes between them that nothing else reads.
+// fused; kNone if there is none. `through` receives the Reshapes between them that nothing reads once the sum is
+// gone: a Reshape whose result something else reads stays, and so does every Reshape before it on the way.
 NodeId column_sum_of(const ir::Graph& g, const std::vector<std::vector<NodeId>>& consumers, ValueId x,
                      const std::vector<bool>& taken, std::vector<NodeId>& through) {
   const int64_t n = g.value(x).shape[-1];
@@ -30,14 +31,16 @@ NodeId column_sum_of(const ir::Graph& g, const std::vector<std::vector<NodeId>>&
     const ir::Node& reader = g.node(id);
     const ValueId out = reader.outputs.empty() ? kNone : reader.outputs[0];
     if (reader.op == OpKind::ReduceSum && !taken[static_cast<size_t>(id)] && sums_leading_axes(g, reader)) return id;
-    if (reader.op == OpKind::Reshape && g.value(out).shape.rank() >= 1 && g.value(out).shape[-1] == n &&
-        !g.is_output(out)) {
-      const size_t mark = through.size();
-      through.push_back(id);
-      const NodeId found = column_sum_of(g, consumers, out, taken, through);
-      if (found != kNone && consumers[static_cast<size_t>(out)].size() == 1) return found;
-      through.resize(mark);
-      if (found != kNone) return found;  // the Reshape stays for its other readers
+    if (reader.op == OpKind::Reshape && g.value(out).shape.rank() >= 1 && g.value(out).shape[-1] == n) {
+      std::vector<NodeId> inner;
+      const NodeId found = column_sum_of(g, consumers, out, taken, inner);
+      if (found == kNone) continue;
+      // This Reshape goes if its one reader is the sum, or the next Reshape on the way, which goes too.
+      const std::vector<NodeId>& readers = consumers[static_cast<size_t>(out)];
+      if (!g.is_output(out) && readers.size() == 1 && readers[0] == (inner.empty() ? found : inner.front()))
+        through.push_back(id);
+      through.insert(through.end(), inner.begin(), inner.end());
+      return found;
     }
   }
   return kNone;

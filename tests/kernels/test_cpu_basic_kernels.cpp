@@ -709,6 +709,21 @@ TEST(CpuBasicKernels, CastColumnSum) {
         const Tensor want_sum = run_node(*sum_k, gs, sum, in, nullptr, threads, 0)[0];
         EXPECT_EQ(std::memcmp(got[0].data(), want_cast.data(), want_cast.nbytes()), 0) << "the cast";
         EXPECT_EQ(std::memcmp(got[1].data(), want_sum.data(), want_sum.nbytes()), 0) << "the sums";
+        // As training runs it: the cast written, the sums added into a bias's gradient buffer.
+        const Tensor start = random_tensor(Shape{shape[-1]}, DType::f32, rng);
+        const std::vector<Tensor> sum_start = {start};
+        const Tensor want_added = run_node(*sum_k, gs, sum, in, &sum_start, threads, 0)[0];
+        KernelArgs args;
+        args.inputs = in;
+        args.outputs = {Tensor::zeros(shape, to), start.clone()};
+        args.accumulate = {0, 1};
+        AlignedPtr scratch = aligned_allocate(fused->scratch_bytes(threads) + kAlignment);
+        args.scratch = scratch.get();
+        StepContext ctx;
+        ctx.num_threads = threads;
+        fused->run(args, ctx);
+        EXPECT_EQ(std::memcmp(args.outputs[0].data(), want_cast.data(), want_cast.nbytes()), 0) << "the cast, sums added";
+        EXPECT_EQ(std::memcmp(args.outputs[1].data(), want_added.data(), want_added.nbytes()), 0) << "the sums added";
       }
     }
   }

@@ -273,6 +273,36 @@ TEST(CpuDenseKernels, LinearBf16OutputIsTheF32OutputRounded) {
       }
 }
 
+// LinearGelu with a bf16 z and y (no f32 output to hold the product): y is the f32-y run's result rounded and z the
+// same, bit for bit, whether each strip comes from the GEMM's own buffer (K within one pass) or the product goes to
+// scratch first (K beyond it).
+TEST(CpuDenseKernels, LinearGeluBf16OutputsAreTheF32OutputRounded) {
+  std::mt19937 rng(26);
+  for (int threads : {1, 2})
+    for (int64_t K : {int64_t{129}, gemm_strip_max_k(true) + 70}) {
+      SCOPED_TRACE(str("threads=", threads, " K=", K));
+      const std::vector<Tensor> inputs = {random_tensor(Shape{2, 37, K}, DType::bf16, rng),
+                                          random_tensor(Shape{70, K}, DType::bf16, rng),
+                                          random_tensor(Shape{70}, DType::f32, rng)};
+      std::vector<Tensor> results[2];
+      for (DType out : {DType::f32, DType::bf16}) {
+        ir::Graph g;
+        ir::GraphBuilder builder(g);
+        const std::vector<ValueId> in = {builder.input("x", inputs[0].shape(), DType::bf16),
+                                         builder.input("w", inputs[1].shape(), DType::bf16), builder.input("b", {70})};
+        g.add_node(OpKind::LinearGelu, in, {{"z_dtype", std::string("bf16")}, {"out_dtype", std::string(dtype_name(out))}});
+        const ir::Node& node = g.nodes().back();
+        std::unique_ptr<Kernel> tuned = make_cpu_dense_kernel(compile::lower(g, node));
+        ASSERT_TRUE(tuned != nullptr);
+        results[out == DType::bf16] = run_kernel(*tuned, g, node, inputs, threads);
+      }
+      EXPECT_EQ(std::memcmp(results[0][1].data(), results[1][1].data(), results[0][1].nbytes()), 0) << "z";
+      const float* wide = results[0][0].data_as<float>();
+      const uint16_t* rounded = static_cast<const uint16_t*>(results[1][0].data());
+      for (int64_t i = 0; i < results[0][0].numel(); ++i) ASSERT_EQ(rounded[i], float_to_bf16(wide[i])) << i;
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Attention
 // ---------------------------------------------------------------------------

@@ -271,21 +271,24 @@ TEST(FuseLinearGelu, KeepsZInBf16WhenGeluReadsItsBf16Cast) {
     }
 }
 
-// An MLP whose Linears have biases and `precision` operands, trained: autodiff casts each Linear's output gradient
-// for its two GEMMs and sums it for the bias gradient; with `fuse`, fuse_cast_column_sum then makes each pair one
-// CastColumnSum.
+// An MLP whose Linears have biases and `precision` operands, trained on two threads: autodiff casts each Linear's
+// output gradient for its two GEMMs and sums it for the bias gradient; with `fuse`, fuse_cast_column_sum then makes
+// each pair one CastColumnSum. The gradients (256 rows of 128 and of 96) are large enough for two threads, so the
+// kernel takes its fused path (rows split, each thread's partial sums) rather than the cast and ReduceSum in turn.
 GraphRun run_bias_mlp(bool fuse, DType precision) {
   ir::Graph g;
   ir::GraphBuilder b(g, 5);
-  ValueId x = b.param("x", {3, 7, 24});
-  ValueId w1 = b.param("w1", {40, 24}), b1 = b.param("b1", {40});
-  ValueId w2 = b.param("w2", {24, 40}), b2 = b.param("b2", {24});
+  ValueId x = b.param("x", {4, 64, 96});
+  ValueId w1 = b.param("w1", {128, 96}), b1 = b.param("b1", {128});
+  ValueId w2 = b.param("w2", {96, 128}), b2 = b.param("b2", {96});
   auto operand = [&](ValueId v) { return precision == DType::f32 ? v : b.cast(v, precision); };
   ValueId h = g.add(OpKind::Gelu, {b.linear(operand(x), operand(w1), b1)}, {{"approximate", std::string("none")}});
   ValueId y = b.linear(operand(h), operand(w2), b2);
   ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1, 2});
   g.mark_output(loss);
-  return run_graph(g, loss, 0.4f, 0.37f, 0, {}, {}, [&](ir::Graph& joint) {
+  runtime::PlanOptions options;
+  options.num_threads = 2;
+  return run_graph(g, loss, 0.4f, 0.37f, 0, options, {}, [&](ir::Graph& joint) {
     if (!fuse) return;
     const int casts = count(joint, OpKind::Cast), sums = count(joint, OpKind::ReduceSum);
     const int pairs = precision == DType::f32 ? 0 : 2;  // f32 operands: no gradient is cast
@@ -299,6 +302,25 @@ GraphRun run_bias_mlp(bool fuse, DType precision) {
 TEST(FuseCastColumnSum, CastsAndBiasSumsOfGradientsReadTheirInputOnceWithTheSameBits) {
   for (DType precision : {DType::bf16, DType::f16, DType::f32})
     expect_bit_identical(run_bias_mlp(false, precision), run_bias_mlp(true, precision), dtype_name(precision));
+}
+
+// x -> Reshape -> Reshape -> ReduceSum, the second Reshape's result read elsewhere too: the sum fuses with the cast,
+// and both Reshapes stay (the second has another reader, so the first still feeds it). The same chain read by
+// nothing else goes with its sum.
+TEST(FuseCastColumnSum, KeepsReshapesThatAreReadElsewhere) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  ValueId x = b.input("x", {4, 6, 8});
+  g.mark_output(b.cast(b.cast(x, DType::bf16), DType::f32));
+  ValueId rows = b.reshape(b.reshape(x, {24, 8}), {2, 12, 8});
+  g.mark_output(b.reduce_sum(rows, {0, 1}));
+  g.mark_output(b.reduce_sum(rows, {2}));  // another reader of the second Reshape
+  ValueId doubled = b.scale(x, 2.0);
+  g.mark_output(b.cast(b.cast(doubled, DType::bf16), DType::f32));
+  g.mark_output(b.reduce_sum(b.reshape(b.reshape(doubled, {24, 8}), {2, 12, 8}), {0, 1}));
+  EXPECT_EQ(passes::fuse_cast_column_sum(g).fused, 2);  // commits only if every kept Reshape's input is still made
+  EXPECT_EQ(count(g, OpKind::CastColumnSum), 2);
+  EXPECT_EQ(count(g, OpKind::Reshape), 2);
 }
 
 TEST(FuseCastColumnSum, LeavesOtherSumsAndCastsAlone) {

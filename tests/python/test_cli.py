@@ -193,6 +193,8 @@ def test_inspect_profile_nodes_lists_every_scheduled_node(tiny_model):
     assert [int(r[0]) for r in rows] == list(range(scheduled))
     assert all(float(r[1]) >= 0.0 and "->" in r for r in rows)
     assert "Embedding" in [r[2] for r in rows]
+    alone = run("inspect", "--model", str(tiny_model), "--max-seq-length", "32", "--profile-nodes")
+    assert alone.returncode != 0 and "--profile" in alone.stderr
 
 
 def test_fp16_tracks_fp32(tiny_model, data, tmp_path):

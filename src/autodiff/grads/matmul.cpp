@@ -72,7 +72,9 @@ void linear_grads(GradContext& ctx, ValueId dy) {
 
 template <>
 void grad_rule<OpKind::Linear>(GradContext& ctx) {
-  linear_grads(ctx, ctx.grad_output(0));
+  ValueId dy = ctx.grad_output(0);
+  if (ctx.g.value(dy).dtype != DType::f32) dy = ctx.b.cast(dy, DType::f32);  // bf16 y (out_dtype)
+  linear_grads(ctx, dy);
 }
 
 // Outputs y = gelu(z) and z = x·wᵀ + bias:  dz = gelu'(z)·dy (+ z's own gradient), then Linear's rule.

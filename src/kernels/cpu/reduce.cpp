@@ -206,8 +206,8 @@ class CastColumnSumKernel final : public Kernel {
   size_t scratch_bytes(int num_threads) const override { return sums_.scratch_bytes(num_threads); }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
-    const float* x = static_cast<const float*>(args.inputs[0].data());
-    void* y = args.outputs[0].data();
+    const float* x = static_cast<const float*>(args.inputs[0].data());  // (R, N)
+    void* y = args.outputs[0].data();                                     // (R, N) bf16 or f16
     const bool add_cast = accumulate_flag(args, 0);  // never a parameter's gradient: kept simple
     const int threads = threads_for(R_ * N_, ctx.num_threads);
     if (threads == 1 || N_ > kSmallOutput || add_cast) {
@@ -228,9 +228,9 @@ class CastColumnSumKernel final : public Kernel {
       sums_.run(sum_args, ctx);
       return;
     }
-    float* out = static_cast<float*>(args.outputs[1].data());
+    float* out = static_cast<float*>(args.outputs[1].data());  // (N)
     const bool acc = accumulate_flag(args, 1);
-    float* partials = static_cast<float*>(args.scratch);
+    float* partials = static_cast<float*>(args.scratch);  // (threads, N), rows `stride` floats apart
     const size_t stride = align_up(static_cast<size_t>(N_) * sizeof(float)) / sizeof(float);
     rows_then_columns(
         threads,

@@ -39,7 +39,7 @@ std::optional<AxisGroups> merge(const AxisGroups& groups, const Shape& from, con
   return out;
 }
 
-// The node producing v when it is `op` and v is read by nothing but `reader`; null otherwise.
+// The node producing v when it is `op` and v has one reader (and is no graph output); null otherwise.
 const ir::Node* sole_producer(const ir::Graph& g, const std::vector<std::vector<NodeId>>& consumers, ValueId v,
                               OpKind op) {
   const ir::Value& value = g.value(v);
