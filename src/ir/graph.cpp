@@ -140,6 +140,28 @@ void Graph::set_op(NodeId id, OpKind op, std::vector<ValueId> inputs, Attrs attr
   for (size_t k = n.outputs.size(); k < outs.size(); ++k) add_node_output(id, outs[k].shape, outs[k].dtype);
 }
 
+void Graph::fuse_into(NodeId id, OpKind op, std::vector<ValueId> inputs, Attrs attrs, std::vector<ValueId> outputs) {
+  Node& n = node(id);
+  std::vector<TypedShape> outs = infer_outputs(*this, op, inputs, attrs, n.name);
+  FT_CHECK(outs.size() == outputs.size(), "fuse_into: ", op_name(op), " gives ", outs.size(), " outputs, not ",
+           outputs.size());
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const Value& v = value(outputs[k]);
+    FT_CHECK(v.shape == outs[k].shape && v.dtype == outs[k].dtype, "fuse_into: node ", n.name, " as ", op_name(op),
+             " would turn output ", describe(outputs[k]), " into ", dtype_name(outs[k].dtype),
+             outs[k].shape.to_string());
+  }
+  n.op = op;
+  n.inputs = std::move(inputs);
+  n.attrs = std::move(attrs);
+  n.outputs = std::move(outputs);
+  for (size_t k = 0; k < n.outputs.size(); ++k) {
+    Value& v = values_[static_cast<size_t>(n.outputs[k])];
+    v.producer = id;
+    v.output_index = static_cast<int>(k);
+  }
+}
+
 void Graph::remove_node(NodeId id) {
   node(id);  // checks the id
   if (removed_.size() < nodes_.size()) removed_.resize(nodes_.size(), false);

@@ -29,12 +29,10 @@ FusionReport fuse_add_layernorm(ir::Graph& g) {
       const ir::Attrs dropout = ir::dropout_attrs(add.attrs);
       for (const auto& [name, value] : dropout.items()) attrs.set(name, value);
     }
-    ln.op = OpKind::AddLayerNorm;
-    ln.inputs = {add.inputs[0], add.inputs[1], ln.inputs[1], ln.inputs[2]};
-    ln.attrs = attrs;
-    ln.outputs.insert(ln.outputs.begin(), sum);  // output 0, so it may take over x's memory
-    g.value(sum).producer = ln.id;
-    for (size_t k = 0; k < ln.outputs.size(); ++k) g.value(ln.outputs[k]).output_index = static_cast<int>(k);
+    std::vector<ValueId> outputs = ln.outputs;
+    outputs.insert(outputs.begin(), sum);  // output 0, so it may take over x's memory
+    g.fuse_into(id, OpKind::AddLayerNorm, {add.inputs[0], add.inputs[1], ln.inputs[1], ln.inputs[2]}, attrs,
+                outputs);
     g.remove_node(add.id);
     report.fused += 1;
   }

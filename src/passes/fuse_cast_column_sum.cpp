@@ -68,16 +68,7 @@ FusionReport fuse_cast_column_sum(ir::Graph& g) {
     // The fused node takes the place of whichever of the two runs first: x is ready there, y's readers follow
     // the cast and s's readers follow the sum.
     const NodeId at = std::min(id, sum_id), other = std::max(id, sum_id);
-    const ir::Attrs attrs{{"dtype", cast.attrs.get_string("dtype")}};
-    ir::Node& fused = g.node(at);
-    fused.op = OpKind::CastColumnSum;
-    fused.inputs = {x};
-    fused.attrs = attrs;
-    fused.outputs = {y, s};
-    for (size_t k = 0; k < fused.outputs.size(); ++k) {
-      g.value(fused.outputs[k]).producer = at;
-      g.value(fused.outputs[k]).output_index = static_cast<int>(k);
-    }
+    g.fuse_into(at, OpKind::CastColumnSum, {x}, {{"dtype", cast.attrs.get_string("dtype")}}, {y, s});
     g.remove_node(other);
     for (NodeId reshape : through) g.remove_node(reshape);
     taken[static_cast<size_t>(sum_id)] = true;

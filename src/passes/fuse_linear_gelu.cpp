@@ -26,16 +26,12 @@ FusionReport fuse_linear_gelu(ir::Graph& g) {
     if (!linear || linear->op != OpKind::Linear) continue;
     // The Gelu node becomes the fused node: it keeps its output (y = gelu(z)) and now also
     // produces z (or z rounded to bf16), which only it read.
-    gelu.op = OpKind::LinearGelu;
-    gelu.inputs = linear->inputs;
-    gelu.attrs = {{"approximate", gelu.attrs.get_string("approximate", "none")}};
+    ir::Attrs attrs{{"approximate", gelu.attrs.get_string("approximate", "none")}};
     if (cast) {
-      gelu.attrs.set("z_dtype", std::string("bf16"));
+      attrs.set("z_dtype", std::string("bf16"));
       g.remove_node(cast->id);
     }
-    gelu.outputs.push_back(z);
-    g.value(z).producer = gelu.id;
-    g.value(z).output_index = 1;
+    g.fuse_into(gelu.id, OpKind::LinearGelu, linear->inputs, attrs, {gelu.outputs[0], z});
     g.remove_node(linear->id);
     report.fused += 1;
   }

@@ -241,6 +241,13 @@ TEST(CpuDenseKernels, Linear) {
   check_linear({300, 64}, 257, true, DType::f32, 2, true, rng);
 }
 
+// Every element of `rounded` (bf16) is the same element of `wide` (f32) rounded to nearest even.
+void expect_rounded_to_bf16(const Tensor& wide, const Tensor& rounded) {
+  ASSERT_EQ(wide.numel(), rounded.numel());
+  const uint16_t* r = static_cast<const uint16_t*>(rounded.data());
+  for (int64_t i = 0; i < wide.numel(); ++i) ASSERT_EQ(r[i], float_to_bf16(wide.data_as<float>()[i])) << "element " << i;
+}
+
 // A Linear writing bf16 (out_dtype, as fold_output_casts makes it) writes its f32 result rounded to nearest even, bit
 // for bit: with and without bias, K within one pass of the GEMM (each strip rounded from the GEMM's own buffer) and
 // beyond it (the product in scratch first), one and two threads.
@@ -267,9 +274,7 @@ TEST(CpuDenseKernels, LinearBf16OutputIsTheF32OutputRounded) {
           EXPECT_EQ(tuned->accumulates(), out == DType::f32);
           results[out == DType::bf16] = run_kernel(*tuned, g, node, inputs, threads);
         }
-        const float* wide = results[0][0].data_as<float>();
-        const uint16_t* rounded = static_cast<const uint16_t*>(results[1][0].data());
-        for (int64_t i = 0; i < results[0][0].numel(); ++i) ASSERT_EQ(rounded[i], float_to_bf16(wide[i])) << i;
+        expect_rounded_to_bf16(results[0][0], results[1][0]);
       }
 }
 
@@ -297,9 +302,7 @@ TEST(CpuDenseKernels, LinearGeluBf16OutputsAreTheF32OutputRounded) {
         results[out == DType::bf16] = run_kernel(*tuned, g, node, inputs, threads);
       }
       EXPECT_EQ(std::memcmp(results[0][1].data(), results[1][1].data(), results[0][1].nbytes()), 0) << "z";
-      const float* wide = results[0][0].data_as<float>();
-      const uint16_t* rounded = static_cast<const uint16_t*>(results[1][0].data());
-      for (int64_t i = 0; i < results[0][0].numel(); ++i) ASSERT_EQ(rounded[i], float_to_bf16(wide[i])) << i;
+      expect_rounded_to_bf16(results[0][0], results[1][0]);
     }
 }
 
@@ -756,10 +759,7 @@ TEST(CpuDenseKernels, AttentionBf16OutputIsTheF32OutputRounded) {
           ASSERT_TRUE(tuned != nullptr);
           results[out == DType::bf16] = run_kernel(*tuned, g, node, inputs, threads, 7);
         }
-        const Tensor& wide = results[0][0];
-        const uint16_t* rounded = static_cast<const uint16_t*>(results[1][0].data());
-        for (int64_t i = 0; i < wide.numel(); ++i)
-          ASSERT_EQ(rounded[i], float_to_bf16(wide.data_as<float>()[i])) << "element " << i;
+        expect_rounded_to_bf16(results[0][0], results[1][0]);
         EXPECT_EQ(std::memcmp(results[0][1].data(), results[1][1].data(), results[0][1].nbytes()), 0) << "lse";
       }
 }

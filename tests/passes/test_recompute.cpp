@@ -311,6 +311,12 @@ TEST(FoldOutputCasts, GelusAndProjectionsWriteBf16ThemselvesAndGradientsAreUncha
   EXPECT_LE(peaks[1], peaks[0]);  // never more memory (here the peak lies elsewhere)
 }
 
+// Gives v one reader that wants it in bf16: a Cast to bf16, itself read through a Cast to f32 (a graph output's own
+// cast is never folded, so the bf16 cast must not be the output).
+void read_in_bf16(ir::Graph& g, ir::GraphBuilder& b, ValueId v) {
+  g.mark_output(b.cast(b.cast(v, DType::bf16), DType::f32));
+}
+
 // A projection whose heads are split before the cast (Linear -> Reshape -> Cast, as imported attention projections
 // read): the Linear writes bf16 and the Reshape carries it; a second Reshape read elsewhere too stops the fold.
 TEST(FoldOutputCasts, ProjectionsCastAfterTheirHeadsSplitWriteBf16) {
@@ -320,7 +326,7 @@ TEST(FoldOutputCasts, ProjectionsCastAfterTheirHeadsSplitWriteBf16) {
   ValueId w = b.cast(b.param("w", {8, 8}), DType::bf16);
   ValueId y = b.linear(x, w, b.param("bias", {8}));
   ValueId heads = b.reshape(y, {2, 5, 2, 4});
-  auto read_bf16 = [&](ValueId v) { g.mark_output(b.cast(b.cast(v, DType::bf16), DType::f32)); };  // a bf16 reader
+  auto read_bf16 = [&](ValueId v) { read_in_bf16(g, b, v); };
   read_bf16(heads);
   ValueId z = b.linear(x, w, ir::kNone);
   ValueId z_heads = b.reshape(z, {2, 5, 2, 4});
@@ -337,7 +343,7 @@ TEST(FoldOutputCasts, LeavesResultsReadElsewhereAndOtherOpsAlone) {
   ir::Graph g;
   ir::GraphBuilder b(g);
   ValueId x = b.input("x", {4, 8});
-  auto read_bf16 = [&](ValueId v) { g.mark_output(b.cast(b.cast(v, DType::bf16), DType::f32)); };  // a bf16 reader
+  auto read_bf16 = [&](ValueId v) { read_in_bf16(g, b, v); };
   ValueId read_twice = b.gelu(x, "none");  // cast, and read in f32 too
   g.mark_output(b.reduce_sum(b.cast(read_twice, DType::bf16), {0, 1}));
   g.mark_output(b.reduce_sum(read_twice, {0, 1}));

@@ -105,6 +105,11 @@ class Graph {
   /// new op must infer the same shapes and dtypes for them. An op with more outputs gets new values for
   /// the extra ones.
   void set_op(NodeId id, OpKind op, std::vector<ValueId> inputs, Attrs attrs);
+  /// Turns node `id` into `op` on `inputs` whose outputs are the existing values `outputs`, in order (the op must
+  /// infer their shapes and dtypes), taken over from the nodes that made them: a fusion keeps every value its
+  /// readers know. The nodes that made them go at the next commit() (the caller removes them), and an output of
+  /// `id` left out of `outputs` must be read by nothing by then.
+  void fuse_into(NodeId id, OpKind op, std::vector<ValueId> inputs, Attrs attrs, std::vector<ValueId> outputs);
   /// Marks node `id` for removal at the next commit(); nothing may read its outputs by then.
   void remove_node(NodeId id);
   bool is_removed(NodeId id) const {
