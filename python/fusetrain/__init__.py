@@ -19,9 +19,9 @@ Parameters keep their Hugging Face names, so `model.state_dict()` and
 torch tensors), and `save_pretrained` writes a directory transformers can load.
 Engine errors (bad config, wrong shapes, unknown architecture) raise ValueError.
 
-`fusetrain.Trainer` and `fusetrain.TrainingArguments` subclass transformers' classes of the
-same names: change the import line of a transformers training script and its training steps
-run on the engine.
+`fusetrain.Trainer` and `fusetrain.TrainingArguments` (and `Seq2SeqTrainer`,
+`Seq2SeqTrainingArguments`) subclass transformers' classes of the same names: change the import
+line of a transformers training script and its training steps run on the engine.
 """
 
 from typing import Any
@@ -41,6 +41,8 @@ from fusetrain._core import (
 __all__ = [
     "Trainer",
     "TrainingArguments",
+    "Seq2SeqTrainer",
+    "Seq2SeqTrainingArguments",
     "Model",
     "AdamW",
     "SGD",
@@ -98,4 +100,8 @@ def __getattr__(name: str) -> Any:
         from fusetrain.training_args import TrainingArguments
 
         return TrainingArguments
+    if name in ("Seq2SeqTrainer", "Seq2SeqTrainingArguments"):
+        from fusetrain import seq2seq
+
+        return getattr(seq2seq, name)
     raise AttributeError(f"module 'fusetrain' has no attribute {name!r}")

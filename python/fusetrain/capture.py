@@ -39,11 +39,16 @@ _TASK_OF_SUFFIX = (
     ("ForMaskedLM", "mlm"),
     ("ForCausalLM", "clm"),
     ("ForImageClassification", "image-cls"),
+    ("ForConditionalGeneration", "seq2seq"),  # an encoder-decoder (T5, BART); other such classes are refused
+    ("MTModel", "seq2seq"),  # Marian
 )
 # The inputs fusetrain feeds a graph, in the order the exported forward takes them: token sequences, or images.
 _FED_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 _IMAGE_INPUTS = ("pixel_values",)
-_FORMAT = 3  # bumped when what a cached capture holds changes
+# An encoder-decoder's decoder inputs: the labels shifted right (the collator's, else the model's own
+# prepare_decoder_input_ids_from_labels), and their mask.
+_DECODER_INPUTS = ("decoder_input_ids", "decoder_attention_mask")
+_FORMAT = 4  # bumped when what a cached capture holds changes
 
 
 class CaptureError(ValueError):
@@ -79,7 +84,15 @@ def _fed_inputs(model: Any) -> list[str]:
                            "captures models whose inputs are token sequences or images")
     if "token_type_ids" in names and int(getattr(model.config, "type_vocab_size", 0) or 0) < 2:
         names.remove("token_type_ids")
+    if is_encoder_decoder(model):
+        names += [name for name in _DECODER_INPUTS if name in parameters]
     return names
+
+
+def is_encoder_decoder(model: Any) -> bool:
+    """Whether a transformers model is an encoder-decoder that takes token sequences (T5, BART, Marian, ...)."""
+    parameters = inspect.signature(model.forward).parameters
+    return bool(getattr(model.config, "is_encoder_decoder", False)) and "decoder_input_ids" in parameters
 
 
 def _output_names(task: str) -> list[str]:
@@ -113,12 +126,15 @@ class _Forward:
             def __init__(self) -> None:
                 super().__init__()
                 object.__setattr__(self, "inner", model)  # not a submodule: its names would gain an "inner." prefix
-                self._modules = model._modules
+                # the model's own submodules, parameters and buffers (BART's final_logits_bias), under their names
+                self._modules, self._parameters, self._buffers = model._modules, model._parameters, model._buffers
 
             def forward(self, input_ids: Any = None, attention_mask: Any = None, token_type_ids: Any = None,
-                        pixel_values: Any = None) -> tuple:
+                        pixel_values: Any = None, decoder_input_ids: Any = None,
+                        decoder_attention_mask: Any = None) -> tuple:
                 given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
-                         "pixel_values": pixel_values}
+                         "pixel_values": pixel_values, "decoder_input_ids": decoder_input_ids,
+                         "decoder_attention_mask": decoder_attention_mask}
                 out = self.inner(**{name: given[name] for name in inputs}, return_dict=True)
                 return tuple(getattr(out, name) for name in outputs)
 
@@ -143,9 +159,13 @@ def _export(model: Any, task: str, path: pathlib.Path) -> None:
         max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
         example = {"input_ids": torch.randint(min(3, vocab - 1), vocab, (2, 8), generator=generator),
                    "attention_mask": torch.ones(2, 8, dtype=torch.long),
-                   "token_type_ids": torch.zeros(2, 8, dtype=torch.long)}
+                   "token_type_ids": torch.zeros(2, 8, dtype=torch.long),
+                   # another length than the source's, so that the two sequence axes stay apart
+                   "decoder_input_ids": torch.randint(min(3, vocab - 1), vocab, (2, 5), generator=generator),
+                   "decoder_attention_mask": torch.ones(2, 5, dtype=torch.long)}
         sequence = torch.export.Dim("sequence_length", min=2, max=max(max_positions, 8))
-        dims = {name: {0: batch, 1: sequence} for name in inputs}
+        target = torch.export.Dim("decoder_sequence_length", min=2, max=max(max_positions, 8))
+        dims = {name: {0: batch, 1: target if name in _DECODER_INPUTS else sequence} for name in inputs}
     was_training = model.training
     model.train()  # dropout in the graph, as transformers' Trainer trains
     try:
@@ -296,9 +316,14 @@ def capture(model: Any, task: str | None = None) -> Any:
     if task is None:
         raise CaptureError(f"{architecture} is not a head fusetrain trains (a class ending in "
                            + ", ".join(suffix for suffix, _ in _TASK_OF_SUFFIX) + ")")
+    if task == "seq2seq" and not is_encoder_decoder(model):
+        raise CaptureError(f"{architecture} is not an encoder-decoder of token sequences (config.is_encoder_decoder "
+                           "and a forward taking decoder_input_ids); fusetrain captures those as seq2seq")
     graph = captured_path(model, task)
+    fixed = _fixed_values(model, graph)
     try:
-        engine = _core.Model.from_onnx(graph, engine_task(task), tie_identical=False)
+        engine = _core.Model.from_onnx(graph, engine_task(task), frozen=sorted(fixed), values=fixed,
+                                       padding_rows=_padding_rows(model), tie_identical=False)
     except ValueError as error:
         raise CaptureError(f"fusetrain cannot import the captured graph of {architecture}: {error}") from error
     state = model.state_dict()
@@ -309,6 +334,31 @@ def capture(model: Any, task: str | None = None) -> Any:
                            f"parameters ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})")
     engine.load_state_dict({name: state[name].detach() for name in names}, strict=True)
     return engine
+
+
+def _padding_rows(model: Any) -> dict[str, int]:
+    """Every embedding table's padding_idx (-1: none) under each name its weight has (a table tied to an LM head may
+    appear in the graph under the head's name): the row its lookups give no gradient, as nn.Embedding does."""
+    import torch
+
+    rows = {id(m.weight): -1 if m.padding_idx is None else int(m.padding_idx)
+            for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    return {name: rows[id(p)] for name, p in model.named_parameters(remove_duplicate=False) if id(p) in rows}
+
+
+def _fixed_values(model: Any, graph: pathlib.Path) -> dict[str, Any]:
+    """The graph's initializers that do not train, with the model's values: its parameters without requires_grad
+    (Marian's sinusoidal positions, or what the user froze) and its float buffers (BART's final_logits_bias, rotary
+    frequencies). The engine keeps them fixed, as transformers' optimizer does, at this model's values (the cached
+    graph holds those of the model it was first captured from)."""
+    import onnx
+
+    fixed = {name: p for name, p in model.named_parameters() if not p.requires_grad}
+    fixed.update((name, b) for name, b in model.named_buffers() if b.is_floating_point())
+    if not fixed:
+        return {}
+    held = {t.name for t in onnx.load(str(graph), load_external_data=False).graph.initializer}
+    return {name: value.detach().float().numpy() for name, value in fixed.items() if name in held}
 
 
 def from_directory(path: str | os.PathLike, architecture: str | None = None, **config_overrides: Any) -> Any:

@@ -23,7 +23,9 @@ LABEL_KINDS = ("class", "regression", "token_classes", "tokens")
 # Columns a batch may carry into the model; others (text, ids of rows) are dropped
 # before a collator sees them, as transformers' remove_unused_columns does.
 MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask", "start_positions",
-                 "end_positions", "pixel_values") + LABEL_COLUMNS
+                 "end_positions", "pixel_values", "decoder_input_ids", "decoder_attention_mask") + LABEL_COLUMNS
+# An encoder-decoder's target-side columns, padded to the target length (labels with -100).
+TARGET_COLUMNS = ("decoder_input_ids", "decoder_attention_mask")
 TEXT_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question", "context"), ("text",),
                 ("sentence",), ("content",))
 
@@ -250,9 +252,13 @@ def model_rows(dataset: Any) -> Callable[[np.ndarray], list[dict[str, Any]]]:
     return rows
 
 
-def pad_batch(batch: Mapping[str, Any], pad_id: int, multiple: int = 8) -> dict[str, np.ndarray]:
+def pad_batch(batch: Mapping[str, Any], pad_id: int, multiple: int = 8,
+              decoder_pad_id: int | None = None) -> dict[str, np.ndarray]:
     """A collator's batch as int64 / float32 numpy arrays, right-padded to a multiple of `multiple` tokens so the
-    engine compiles few plans (padding changes no result: masked positions and -100 labels are ignored)."""
+    engine compiles few plans (padding changes no result: masked positions and -100 labels are ignored). An
+    encoder-decoder's batch (one with decoder_input_ids) pads its source columns to the source length and its
+    decoder inputs and labels to the target length, the decoder inputs with `decoder_pad_id` (default `pad_id`):
+    a causal decoder's positions never read the positions after them."""
     out = {}
     for key, value in batch.items():
         array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
@@ -260,15 +266,21 @@ def pad_batch(batch: Mapping[str, Any], pad_id: int, multiple: int = 8) -> dict[
     ids = out.get("input_ids")
     if ids is None or ids.ndim != 2:
         return out
-    length = ids.shape[1]
-    extra = -length % multiple
-    if extra:
-        fill = {"input_ids": pad_id, "attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1,
-                "position_ids": 0}
-        for key, array in out.items():
+    fill = {"input_ids": pad_id, "attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1,
+            "position_ids": 0, "decoder_input_ids": pad_id if decoder_pad_id is None else decoder_pad_id,
+            "decoder_attention_mask": 0}
+    target = [key for key in ("labels", *TARGET_COLUMNS) if key in out] if "decoder_input_ids" in out else []
+    groups = [([key for key in out if key not in target], ids.shape[1])]
+    if target:
+        groups.append((target, out["decoder_input_ids"].shape[1]))
+    for keys, length in groups:
+        extra = -length % multiple
+        if not extra:
+            continue
+        for key in keys:
+            array = out[key]
             if array.ndim == 2 and array.shape[1] == length:
-                value = fill.get(key, -100)
-                out[key] = np.pad(array, ((0, 0), (0, extra)), constant_values=value)
+                out[key] = np.pad(array, ((0, 0), (0, extra)), constant_values=fill.get(key, -100))
     return out
 
 
@@ -297,7 +309,8 @@ class PaddingCollator:
                 batch["labels"] = batch.pop("label")
             return batch
         longest = max(len(f["input_ids"]) for f in features)
-        fill = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1}
+        fill = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1,
+                "decoder_input_ids": self.pad_id, "decoder_attention_mask": 0}
         batch: dict[str, Any] = {}
         for key in features[0]:
             values = [np.asarray(f[key]) for f in features]
@@ -307,7 +320,8 @@ class PaddingCollator:
                 values = [v.astype(np.int64) for v in values]
             if values[0].ndim == 1:
                 value = fill.get(key, -100)
-                padded = np.full((len(values), longest), value, dtype=values[0].dtype)
+                # each column to its own longest: an encoder-decoder's labels are as long as its targets
+                padded = np.full((len(values), max(len(v) for v in values)), value, dtype=values[0].dtype)
                 for i, v in enumerate(values):
                     padded[i, :len(v)] = v
                 batch[key] = torch.from_numpy(padded)

@@ -89,7 +89,8 @@ def _task_of(architecture: str) -> str:
     raise TypeError(
         f"fusetrain cannot train a {architecture}: it builds " + ", ".join(supported_trainer_classes())
         + " and captures other transformers head classes (...ForSequenceClassification, ...ForTokenClassification, "
-        "...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM, ...ForImageClassification)"
+        "...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM, ...ForImageClassification, encoder-decoders' "
+        "...ForConditionalGeneration)"
     )
 
 
@@ -521,6 +522,16 @@ def _transformers_model(model: Any) -> Any:
     return model
 
 
+def decoder_inputs(model: Any, batch: dict[str, Any]) -> dict[str, Any]:
+    """An encoder-decoder's batch with decoder_input_ids: the collator's (DataCollatorForSeq2Seq given the model),
+    else the labels shifted right by the model's own prepare_decoder_input_ids_from_labels, as its forward would."""
+    if "decoder_input_ids" in batch or batch.get("labels") is None:
+        return batch
+    labels = batch["labels"]
+    labels = labels if torch.is_tensor(labels) else torch.as_tensor(np.asarray(labels))
+    return {**batch, "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels=labels)}
+
+
 def _loss_divides_by_item_count(model: Any) -> bool:
     """Whether the model's loss is transformers' loss_function, which divides by the num_items_in_batch the Trainer
     passes (a token-weighted mean over all micro-batches of a step), rather than a mean per micro-batch."""
@@ -624,7 +635,8 @@ class Trainer(transformers.Trainer):
             return
         self._data_refusal = None
         self._engine_ready_model()
-        self._engine_dataset(self.train_dataset, task, with_labels=task != "qa")  # bad data raises, naming it
+        # bad data raises, naming it; start and end positions, and an encoder-decoder's targets, are the collator's
+        self._engine_dataset(self.train_dataset, task, with_labels=task not in ("qa", "seq2seq"))
 
     # ------------------------------------------------------------ engine or transformers
 
@@ -635,7 +647,8 @@ class Trainer(transformers.Trainer):
             if capture.task_of_class(architecture) is None:
                 return (f"fusetrain does not build {architecture} (it builds {', '.join(supported_trainer_classes())})"
                         " and captures only head classes (...ForSequenceClassification, ...ForTokenClassification, "
-                        "...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM, ...ForImageClassification)")
+                        "...ForQuestionAnswering, ...ForMaskedLM, ...ForCausalLM, ...ForImageClassification, "
+                        "encoder-decoders' ...ForConditionalGeneration)")
             failure = self._capture_failure()
             if failure is not None:
                 return failure
@@ -738,8 +751,8 @@ class Trainer(transformers.Trainer):
     def _uses_python_collator(self) -> bool:
         """Whether training batches come from calling the collator (else the engine collates in C++)."""
         task = _task_of(architecture_of(self.model))
-        if task in ("qa", "image-cls"):
-            return True  # start and end positions, or the images, are the collator's
+        if task in ("qa", "image-cls", "seq2seq"):
+            return True  # start and end positions, the images, or an encoder-decoder's targets are the collator's
         collator = self.data_collator
         if collator is None:
             return False
@@ -754,9 +767,13 @@ class Trainer(transformers.Trainer):
 
     def _collate_hook(self) -> Callable[[np.ndarray, bool], dict]:
         rows, collator, pad_id = data.model_rows(self.train_dataset), self.data_collator, self._pad_id()
+        if not capture.is_encoder_decoder(_base_model(self.model)):
+            return lambda indices, training: data.pad_batch(collator(rows(indices)), pad_id)
+        model = _base_model(self.model)
+        decoder_pad = int(getattr(model.config, "pad_token_id", None) or 0)
 
         def collate(indices: np.ndarray, training: bool) -> dict:
-            return data.pad_batch(collator(rows(indices)), pad_id)
+            return data.pad_batch(decoder_inputs(model, collator(rows(indices))), pad_id, decoder_pad_id=decoder_pad)
 
         return collate
 
@@ -1030,6 +1047,8 @@ class Trainer(transformers.Trainer):
             if self.engine_refusal() is not None:
                 return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
             engine = self._engine_ready_model()
+        if capture.is_encoder_decoder(_base_model(self.model)):
+            inputs = decoder_inputs(_base_model(self.model), inputs)
         has_labels = bool(self.label_names) and all(inputs.get(k) is not None for k in self.label_names)
         batch = {row["name"]: _numpy(inputs[row["name"]]) for row in engine.inputs
                  if inputs.get(row["name"]) is not None}

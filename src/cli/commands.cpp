@@ -323,6 +323,8 @@ std::unique_ptr<models::Model> load_for_training(const Options& o, const io::HfM
 Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   Job job;
   job.task = models::head_for_task(o.task);
+  FT_CHECK(job.task != models::Head::Seq2SeqLM, "--task seq2seq trains from Python (fusetrain.Seq2SeqTrainer); the ",
+           "command line reads no source/target data yet");
   default_columns(o, job.task);
   FT_CHECK(!o.model.empty(), "--model DIR is required (a Hugging Face model directory with its tokenizer files)");
   // --model may name an ONNX graph; its tokenizer and config.json are the directory's around it.

@@ -116,6 +116,8 @@ class BertFamily final : public Family {
         break;
       case Head::CausalLM:
         throw Error("BERT/RoBERTa have no causal-LM head in fusetrain");
+      case Head::Seq2SeqLM:
+        throw Error("BERT/RoBERTa are not encoder-decoders: they have no sequence-to-sequence head");
     }
     head_outputs(b, head_, {logits}, spec, ConfigReader(config_), out);
     return out;

@@ -308,6 +308,21 @@ void head_outputs(ir::GraphBuilder& b, Head head, HeadLogits logits, const Batch
       out.loss = b.scale(b.add(start_loss, end_loss), 0.5);
       return;
     }
+    case Head::Seq2SeqLM: {
+      // The decoder's logits against unshifted labels (the decoder inputs are the labels shifted right).
+      const int64_t target = spec.target_length();
+      FT_CHECK(shape.rank() == 3 && shape[0] == B && shape[1] == target, "a sequence-to-sequence head needs logits of ",
+               "shape (batch, target sequence, vocabulary) = (", B, ", ", target, ", V), the model returns ",
+               shape.to_string());
+      out.logits = logits.logits;
+      if (!labelled) return;
+      FT_CHECK(spec.labels == LabelKind::TokenIds, "a sequence-to-sequence head needs integer token labels of shape (",
+               B, ", ", target, ")");
+      const ValueId labels = b.input(InputNames::labels, {B, target}, DType::i64);
+      out.loss = b.softmax_cross_entropy(out.logits, labels);
+      if (spec.token_stats) out.token_stats = b.token_stats(out.logits, labels);
+      return;
+    }
     case Head::MaskedLM:
     case Head::CausalLM:
     case Head::TokenClassification:

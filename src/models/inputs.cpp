@@ -44,7 +44,7 @@ std::string describe(const InputDecl& input) {
     if (k == 0)
       axis = "batch";
     else if (k == input.seq_axis)
-      axis = "sequence";
+      axis = input.target ? "target sequence" : "sequence";
     else if (size_t(k) < input.fixed.size() && input.fixed[size_t(k)] >= 0)
       axis = std::to_string(input.fixed[size_t(k)]);
     else

@@ -225,7 +225,7 @@ BatchSpec Model::spec_for(const Batch& batch, bool training, bool with_backward)
     if (t.data() == nullptr) continue;
     spec.shapes.emplace_back(input.name, t.shape());
     spec.batch = t.shape()[0];
-    if (input.seq_axis >= 0) spec.seq = t.shape()[input.seq_axis];
+    if (input.seq_axis >= 0) (input.target ? spec.target_seq : spec.seq) = t.shape()[input.seq_axis];
   }
   spec.packed = packed_rows(batch) && (family_->packs_sequences() || family_->head() == Head::CausalLM);
   FT_CHECK(!spec.packed || family_->packs_sequences(), architecture_, ": position_ids restart inside a row and no ",
@@ -435,7 +435,12 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
       FT_CHECK(std::any_of(inputs_.begin(), inputs_.end(), [](const InputDecl& d) { return d.seq_axis >= 0; }),
                "labels have shape ", labels.shape().to_string(), "; ", architecture_,
                " reads no sequence, so its labels are one class per example, of shape (", B, ")");
-      require_ids(labels, "labels", B, T);
+      if (family->head() == Head::Seq2SeqLM)
+        FT_CHECK(labels.dtype() == DType::i64 && labels.shape() == Shape({B, spec.target_length()}), "labels have shape ",
+                 labels.shape().to_string(), " (", dtype_name(labels.dtype()), "); a sequence-to-sequence model's ",
+                 "labels are int64 (batch, target sequence) like decoder_input_ids: (", B, ", ", spec.target_length(), ")");
+      else
+        require_ids(labels, "labels", B, T);
       check_classes(labels);
       if (family->head() == Head::CausalLM) {
         // Shift left: position t predicts token t + 1; the last position is ignored, and in packed rows the last

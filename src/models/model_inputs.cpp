@@ -58,9 +58,11 @@ void Model::check_inputs(const Batch& batch) const {
     }
     throw Error(str(architecture_, " does not take ", name, " (it takes ", takes, ")"));
   }
-  // Every sequence input shares the batch and sequence axes of the first one given.
+  // Every input shares the batch axis of the first one given, and every sequence input the sequence axis of the
+  // first one given of its sequence (an encoder-decoder's decoder inputs share the target sequence's).
   const InputDecl* first = nullptr;
-  int64_t B = 0, T = 0;
+  const InputDecl* first_of[2] = {nullptr, nullptr};
+  int64_t B = 0, T = 0, lengths[2] = {0, 0};
   for (const InputDecl& input : inputs_) {
     const Tensor& t = batch.get(input.name);
     if (t.data() == nullptr) {
@@ -78,14 +80,19 @@ void Model::check_inputs(const Batch& batch) const {
     if (first == nullptr) {
       first = &input;
       B = t.shape()[0];
-      T = input.seq_axis >= 0 ? t.shape()[input.seq_axis] : 0;
-      continue;
     }
     FT_CHECK(t.shape()[0] == B, input.name, " has batch size ", t.shape()[0], ", but ", first->name, " has ", B);
-    if (input.seq_axis >= 0 && T > 0)
-      FT_CHECK(t.shape()[input.seq_axis] == T, input.name, " has shape ", t.shape().to_string(), ", expected (", B,
-               ", ", T, ") like ", first->name);
+    if (input.seq_axis < 0) continue;
+    const int sequence = input.target ? 1 : 0;
+    if (first_of[sequence] == nullptr) {
+      first_of[sequence] = &input;
+      lengths[sequence] = t.shape()[input.seq_axis];
+      continue;
+    }
+    FT_CHECK(t.shape()[input.seq_axis] == lengths[sequence], input.name, " has shape ", t.shape().to_string(),
+             ", expected (", B, ", ", lengths[sequence], ") like ", first_of[sequence]->name);
   }
+  T = std::max(lengths[0], lengths[1]);
   FT_CHECK(T <= family_->max_positions(), "sequence length ", T, " exceeds the model's maximum of ",
            family_->max_positions(), " positions");
   const Tensor& mask = batch.get(InputNames::attention_mask);

@@ -221,6 +221,7 @@ std::string peft_task_type(Head head) {
     case Head::SequenceClassification: return "SEQ_CLS";
     case Head::TokenClassification: return "TOKEN_CLS";
     case Head::QuestionAnswering: return "QUESTION_ANS";
+    case Head::Seq2SeqLM: return "SEQ_2_SEQ_LM";
     case Head::Base: return "FEATURE_EXTRACTION";
     default: return "";
   }

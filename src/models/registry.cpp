@@ -59,6 +59,15 @@ const std::vector<HeadInfo> kHeads = {
      Outputs::Logits,
      true,
      {"text", "", ""}},
+    {Head::Seq2SeqLM,
+     "Seq2SeqLM",
+     "seq2seq",
+     "sequence-to-sequence language modelling",
+     {LabelKind::TokenIds},
+     {},
+     Outputs::Logits,
+     true,
+     {"", "", ""}},
 };
 
 std::unique_ptr<Family> make_bert(Head head, const nlohmann::json& config) {

@@ -33,7 +33,8 @@ namespace detail {
 
 /// The ONNX graph inputs fusetrain feeds from the batch: token inputs (int64 (batch, sequence), which the host may
 /// evaluate nodes on) and float inputs (which only the graph reads).
-const char* const kTokenInputs[] = {"input_ids", "attention_mask", "token_type_ids", "position_ids"};
+const char* const kTokenInputs[] = {"input_ids",         "attention_mask",        "token_type_ids",
+                                    "position_ids",      "decoder_input_ids",     "decoder_attention_mask"};
 const char* const kFloatInputs[] = {"pixel_values"};
 
 bool is_token_input(const std::string& name) {
@@ -49,6 +50,19 @@ bool is_float_input(const std::string& name) {
 }
 
 bool is_batch_input(const std::string& name) { return is_token_input(name) || is_float_input(name); }
+
+/// Whether a token input measures an encoder-decoder's target sequence (the decoder's inputs).
+bool is_target_input(const std::string& name) {
+  for (const char* s : models::kDecoderInputNames)
+    if (name == s) return true;
+  return false;
+}
+
+/// The sequence length of token input `name` in a build for `spec` (a build without a target sequence, such as
+/// the probe that lays out the parameters, gives the decoder the source's length).
+int64_t sequence_of(const std::string& name, const models::BatchSpec& spec) {
+  return is_target_input(name) ? spec.target_length() : spec.seq;
+}
 
 /// The shape a float input has in a build for `spec`: the batch's, else the graph's fixed sizes with the batch
 /// size of the spec on a dynamic axis 0.
@@ -67,7 +81,7 @@ std::vector<int64_t> float_input_shape(const onnx::ValueInfoProto& input, const 
 
 /// The key of a build's host program: the batch and sequence sizes, then the float inputs' shapes.
 std::vector<int64_t> host_key(const models::BatchSpec& spec) {
-  std::vector<int64_t> key{spec.batch, spec.seq};
+  std::vector<int64_t> key{spec.batch, spec.seq, spec.target_seq};
   for (const auto& [name, shape] : spec.shapes)
     if (is_float_input(name)) key.insert(key.end(), shape.dims().begin(), shape.dims().end());
   return key;
@@ -671,7 +685,10 @@ std::string dir_of(const std::string& path) {
 }
 
 OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config, const ImportOptions& options)
-    : dir_(dir_of(path)), config_(std::move(config)), fuse_attention_(options.fuse_attention) {
+    : dir_(dir_of(path)),
+      config_(std::move(config)),
+      padding_rows_(options.padding_rows),
+      fuse_attention_(options.fuse_attention) {
   head_ = head;
   std::ifstream in(path, std::ios::binary);
   FT_CHECK(in.good(), "cannot open ONNX file ", path);
@@ -689,8 +706,17 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
   for (const auto& n : g.node())
     for (const std::string& o : n.output()) add(o);
   std::set<std::string> frozen(options.frozen.begin(), options.frozen.end());
+  std::set<std::string> unset;
+  for (const auto& [name, v] : options.values) unset.insert(name);
   for (const auto& t : g.initializer()) {
     HostTensor h = read_tensor(t, dir_);
+    if (const auto given = options.values.find(t.name()); given != options.values.end()) {
+      FT_CHECK(h.is_float() && given->second.size() == h.f.size(), path, ": the value given for initializer \"",
+               t.name(), "\" has ", given->second.size(), " elements; the graph's has ", h.numel(),
+               h.is_float() ? "" : " and is not float");
+      h.f = given->second;
+      unset.erase(t.name());
+    }
     const bool trainable = h.is_float() && h.numel() > 1 && !frozen.count(t.name());
     if (trainable) {
       const int64_t bad = [&] {
@@ -769,6 +795,11 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
     h.shape = {cols, rows};
     out_in_.insert(name);
   }
+  if (!unset.empty()) {
+    std::string names;
+    for (const std::string& s : unset) names += (names.empty() ? "" : ", ") + s;
+    throw Error(str("values given for initializers not in ", path, ": ", names));
+  }
   if (!frozen.empty()) {
     std::string names;
     for (const std::string& s : frozen) names += (names.empty() ? "" : ", ") + s;
@@ -779,8 +810,8 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
   for (const auto& i : g.input()) {
     if (init_names.count(i.name())) continue;
     FT_CHECK(is_batch_input(i.name()), path, ": graph input \"", i.name(),
-             "\" is not one fusetrain feeds (expected input_ids, attention_mask, token_type_ids, position_ids or "
-             "pixel_values)");
+             "\" is not one fusetrain feeds (expected input_ids, attention_mask, token_type_ids, position_ids, "
+             "decoder_input_ids, decoder_attention_mask or pixel_values)");
     const int32_t elem = i.type().tensor_type().elem_type();
     if (is_float_input(i.name())) {
       FT_CHECK(i.type().has_tensor_type() && elem == onnx::TensorProto::FLOAT, path, ": graph input \"", i.name(),
@@ -797,6 +828,8 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
   }
   FT_CHECK(has_input("input_ids") || has_input("pixel_values"), path,
            ": the graph has no input_ids or pixel_values input");
+  FT_CHECK(!has_input("decoder_attention_mask") || has_input("decoder_input_ids"), path,
+           ": the graph takes decoder_attention_mask but not decoder_input_ids");
   // The limit of the config's own architecture where fusetrain knows it (none for rotary positions), else the size
   // of the position table the config names.
   try {
@@ -840,7 +873,7 @@ void OnnxFamily::release_initial_values() {
 // The dummy values a build evaluates batch-dependent nodes on (their shapes are what matters).
 HostTensor dummy_input(const std::string& name, int64_t B, int64_t T) {
   HostTensor t = HostTensor::zeros(HostType::I64, {B, T});
-  if (name == "attention_mask" || name == "input_ids") std::fill(t.i.begin(), t.i.end(), 1);
+  if (name != "token_type_ids" && name != "position_ids") std::fill(t.i.begin(), t.i.end(), 1);
   if (name == "position_ids")
     for (int64_t k = 0; k < B * T; ++k) t.i[size_t(k)] = k % T;
   return t;
@@ -892,12 +925,13 @@ void OnnxFamily::walk(Builder& bld, const BatchSpec& spec) const {
     }
     const auto& dims = i.type().tensor_type().shape().dim();
     FT_CHECK(dims.size() == 2, "ONNX input \"", i.name(), "\" has rank ", dims.size(), "; expected (batch, sequence)");
-    const int64_t want[2] = {B, T};
+    const int64_t L = sequence_of(i.name(), spec);
+    const int64_t want[2] = {B, L};
     for (int k = 0; k < 2; ++k)
       FT_CHECK(!dims[k].has_dim_value() || dims[k].dim_value() == want[k], "ONNX input \"", i.name(), "\" has fixed ",
                k == 0 ? "batch size " : "sequence length ", dims[k].dim_value(), ", the batch has ", want[k],
                " (export with dynamic axes to train other shapes)");
-    bld.set_batch(ids_.at(i.name()), dummy_input(i.name(), B, T));
+    bld.set_batch(ids_.at(i.name()), dummy_input(i.name(), B, L));
   }
   for (int k = 0; k < g.node_size(); ++k) bld.node(g.node(k), k);
   bld.finish(g);
@@ -1001,10 +1035,11 @@ std::vector<models::InputDecl> OnnxFamily::inputs() const {
       out.push_back(std::move(d));
       continue;
     }
-    const models::InputSource source = i.name() == "input_ids"        ? models::InputSource::Batch
+    const models::InputSource source = i.name() == "input_ids" || i.name() == "decoder_input_ids"
+                                           ? models::InputSource::Batch
                                        : i.name() == "position_ids" ? models::InputSource::Derived
                                                                     : models::InputSource::Optional;
-    out.push_back({i.name(), DType::i64, 2, 1, source, {}});
+    out.push_back({i.name(), DType::i64, 2, 1, source, {}, is_target_input(i.name())});
   }
   return out;
 }
@@ -1025,11 +1060,12 @@ void OnnxFamily::bind_inputs(runtime::Plan& plan, const Batch& batch, const Batc
       if (plan.has_input(name)) plan.upload_input(name, given.data());
       continue;
     }
-    HostTensor t = dummy_input(name, B, T);
+    const int64_t L = sequence_of(name, spec);
+    HostTensor t = dummy_input(name, B, L);
     if (given.data() != nullptr) {
-      FT_CHECK(given.dtype() == DType::i64 && given.numel() == B * T, name, " must be int64 of shape (", B, ", ", T,
+      FT_CHECK(given.dtype() == DType::i64 && given.numel() == B * L, name, " must be int64 of shape (", B, ", ", L,
                ")");
-      std::memcpy(t.i.data(), given.data(), size_t(B * T) * sizeof(int64_t));
+      std::memcpy(t.i.data(), given.data(), size_t(B * L) * sizeof(int64_t));
     }
     env[size_t(v)] = std::move(t);
     ptr[size_t(v)] = &env[size_t(v)];

@@ -130,10 +130,11 @@ class OnnxFamily final : public models::Family {
     return false;
   }
   /// The row of embedding table `name` that gets no gradient (-1: none). An ONNX Gather does not record
-  /// nn.Embedding's padding_idx, so it comes from config.json's pad_token_id, for the tables transformers
-  /// declares it on: word embeddings (not GPT-2's), and position embeddings of the models that number positions
+  /// nn.Embedding's padding_idx: it comes from ImportOptions::padding_rows, else from config.json's pad_token_id
+  /// for the tables transformers declares it on: word embeddings (not GPT-2's), and position embeddings of the models that number positions
   /// from the padding id (RoBERTa, XLM-RoBERTa, CamemBERT, MPNet).
   int64_t padding_idx(const std::string& name) const {
+    if (const auto given = padding_rows_.find(name); given != padding_rows_.end()) return given->second;
     if (!config_.contains("pad_token_id") || !config_["pad_token_id"].is_number_integer()) return -1;
     const std::string type = config_.value("model_type", std::string());
     static const std::set<std::string> kWord = {"bert", "roberta", "xlm-roberta", "camembert", "distilbert",
@@ -155,6 +156,7 @@ class OnnxFamily final : public models::Family {
   onnx::ModelProto proto_;
   std::string dir_;
   nlohmann::json config_;
+  std::map<std::string, int64_t> padding_rows_;  // ImportOptions::padding_rows
   std::map<std::string, int> ids_;           // every value name -> id
   std::vector<std::string> names_;           // id -> name
   std::map<std::string, HostTensor> inits_;  // every initializer

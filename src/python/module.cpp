@@ -731,10 +731,18 @@ architecture: the transformers class to build; defaults to config["architectures
       .def_static(
           "from_onnx",
           [](const std::filesystem::path& path, const std::string& task, std::vector<std::string> frozen,
-             bool tie_identical, bool fuse_attention, bool keep_buffers_constant) {
+             bool tie_identical, bool fuse_attention, bool keep_buffers_constant, const py::dict& values,
+             std::map<std::string, int64_t> padding_rows) {
             std::unique_ptr<models::Model> model;
             onnx_import::ImportOptions options;
             options.frozen = std::move(frozen);
+            options.padding_rows = std::move(padding_rows);
+            for (auto [key, value] : values) {
+              const auto array = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(value);
+              FT_CHECK(array, "values[\"", py::str(key).cast<std::string>(), "\"] is not an array of numbers");
+              options.values.emplace(py::str(key).cast<std::string>(),
+                                     std::vector<float>(array.data(), array.data() + array.size()));
+            }
             options.tie_identical = tie_identical;
             options.fuse_attention = fuse_attention;
             options.keep_buffers_constant = keep_buffers_constant;
@@ -745,7 +753,8 @@ architecture: the transformers class to build; defaults to config["architectures
             return wrap(std::move(model));
           },
           "path"_a, "task"_a, "frozen"_a = std::vector<std::string>{}, "tie_identical"_a = true, "fuse_attention"_a = true,
-          "keep_buffers_constant"_a = true, R"doc(
+          "keep_buffers_constant"_a = true, "values"_a = py::dict(),
+          "padding_rows"_a = std::map<std::string, int64_t>{}, R"doc(
 Trains a graph exported to ONNX (torch.onnx.export with either exporter, fusetrain export, Optimum).
 
 task: what to train it for: "seq-cls", "token-cls", "qa", "mlm" or "clm"; its loss is appended to
@@ -763,6 +772,11 @@ keep_buffers_constant: keep constant a float initializer whose every path to the
     through an op only the host evaluates (an exporter's buffer, such as the rotary inv_freq the
     dynamo exporter writes for Llama); an embedding table stays a parameter. They are listed in
     constant_buffers. Off, such a graph is refused.
+values: {initializer name: array} replacing those initializers' values (same element count), e.g.
+    the frozen weights and buffers of the model a cached capture is trained for.
+padding_rows: {embedding table name: row} the row whose gradient the table's lookups leave out
+    (nn.Embedding's padding_idx; -1: none). A table not named takes config.json's pad_token_id
+    where transformers declares padding_idx on such a table.
 config.json beside the file, when present, gives num_labels, problem_type and the longest sequence.
 Raises ValueError listing every node whose op cannot be imported. export_onnx then writes the same
 graph with the trained initializers.

@@ -7,6 +7,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -201,7 +202,10 @@ data::Batch batch_from_python(py::handle output) {
                  b.float_labels.size(), " float values for ", b.batch_size, " examples");
       } else {
         b.labels = int64_values(labels, "the data collator's " + name);
-        FT_CHECK(static_cast<int64_t>(b.labels.size()) == b.batch_size || b.labels.size() == tokens,
+        if (labels.ndim() == 2 && labels.shape(1) != b.seq_len) b.label_seq_len = labels.shape(1);  // seq2seq targets
+        const auto per_target = static_cast<size_t>(b.batch_size * b.label_seq_len);
+        FT_CHECK(static_cast<int64_t>(b.labels.size()) == b.batch_size || b.labels.size() == tokens ||
+                     (b.label_seq_len > 0 && b.labels.size() == per_target),
                  "the data collator's ", name, " has ", b.labels.size(), " values; expected one per example (",
                  b.batch_size, ") or one per token (", tokens, ")");
       }
@@ -224,11 +228,26 @@ data::Batch batch_from_python(py::handle output) {
       FT_CHECK(!input.shape.empty() && input.shape[0] == b.batch_size, "the data collator's pixel_values has ",
                input.shape.empty() ? 0 : input.shape[0], " examples; the batch has ", b.batch_size);
       b.float_inputs.push_back(std::move(input));
+    } else if (name == "decoder_input_ids" || name == "decoder_attention_mask") {
+      py::array values = as_array(value);
+      FT_CHECK(values.ndim() == 2 && values.shape(0) == b.batch_size, "the data collator's ", name,
+               " must have shape (batch, target sequence) with batch ", b.batch_size, "; got ", values.ndim(),
+               " dimensions", values.ndim() >= 1 ? str(" and batch ", values.shape(0)) : std::string());
+      b.token_inputs.push_back({name, {values.shape(0), values.shape(1)},
+                                int64_values(values, "the data collator's " + name)});
     } else if (name != "special_tokens_mask") {
       throw Error(str("the data collator's batch has a key \"", name, "\" the model does not take (expected "
-                      "input_ids, attention_mask, token_type_ids, position_ids, pixel_values, labels, "
-                      "start_positions, end_positions)"));
+                      "input_ids, attention_mask, token_type_ids, position_ids, pixel_values, decoder_input_ids, "
+                      "decoder_attention_mask, labels, start_positions, end_positions)"));
     }
+  }
+  if (b.label_seq_len > 0) {
+    // Labels of another length than input_ids: an encoder-decoder's targets, as long as its decoder inputs.
+    const auto decoder = std::find_if(b.token_inputs.begin(), b.token_inputs.end(),
+                                      [](const data::TokenInput& t) { return t.name == "decoder_input_ids"; });
+    FT_CHECK(decoder != b.token_inputs.end() && decoder->shape[1] == b.label_seq_len, "the data collator's labels ",
+             "have shape (", b.batch_size, ", ", b.label_seq_len, "), not input_ids' (", b.batch_size, ", ", b.seq_len,
+             "); only an encoder-decoder's labels differ, and then decoder_input_ids must have their shape");
   }
   // Without a mask every token counts; position_ids without one may pack several examples in a row.
   if (b.attention_mask.empty() && !b.input_ids.empty() && b.position_ids.empty()) b.attention_mask.assign(tokens, 1);

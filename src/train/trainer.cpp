@@ -127,10 +127,13 @@ models::Batch Trainer::view_of(const data::Batch& b) const {
   if (!b.position_ids.empty()) m.set("position_ids", ids(b.position_ids));
   for (const data::FloatInput& input : b.float_inputs)
     m.set(input.name, Tensor::view(const_cast<float*>(input.values.data()), Shape(input.shape), DType::f32));
+  for (const data::TokenInput& input : b.token_inputs)
+    m.set(input.name, Tensor::view(const_cast<int64_t*>(input.values.data()), Shape(input.shape), DType::i64));
+  const int64_t L = b.label_seq_len > 0 ? b.label_seq_len : T;
   if (!b.float_labels.empty())
     m.set("labels", Tensor::view(const_cast<float*>(b.float_labels.data()), {B, 1}, DType::f32));
-  else if (T > 0 && static_cast<int64_t>(b.labels.size()) == B * T && task_ != Head::SequenceClassification)
-    m.set("labels", ids(b.labels));
+  else if (L > 0 && static_cast<int64_t>(b.labels.size()) == B * L && task_ != Head::SequenceClassification)
+    m.set("labels", Tensor::view(const_cast<int64_t*>(b.labels.data()), {B, L}, DType::i64));
   else if (static_cast<int64_t>(b.labels.size()) == B)
     m.set("labels", Tensor::view(const_cast<int64_t*>(b.labels.data()), {B}, DType::i64));
   if (!b.start_positions.empty()) {
@@ -398,7 +401,7 @@ std::map<std::string, double> Trainer::Run::go() {
 }
 
 std::pair<int64_t, int64_t> Trainer::Run::label_counts(const data::Batch& b) const {
-  const int64_t B = b.batch_size, T = b.seq_len;
+  const int64_t B = b.batch_size, T = b.label_seq_len > 0 ? b.label_seq_len : b.seq_len;
   if (static_cast<int64_t>(b.labels.size()) != B * T || t_.task_ == Head::SequenceClassification) return {B, B};
   int64_t predicted = 0, labelled = 0;
   // Packed rows (position ids without a mask): the first token of each example is not predicted either.

@@ -13,7 +13,6 @@
 
 namespace fusetrain::data {
 
-/// One batch as plain data. Token tensors are row-major (B, T) with B = batch_size, T = seq_len.
 /// A float input of a batch, e.g. pixel_values (B, C, H, W).
 struct FloatInput {
   std::string name;
@@ -21,6 +20,15 @@ struct FloatInput {
   std::vector<float> values;
 };
 
+/// An integer input of a batch that is not one of its (B, T) token fields, e.g. an encoder-decoder's
+/// decoder_input_ids (B, target sequence).
+struct TokenInput {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> values;
+};
+
+/// One batch as plain data. Token tensors are row-major (B, T) with B = batch_size, T = seq_len.
 struct Batch {
   int64_t batch_size = 0;
   int64_t seq_len = 0;  ///< 0 for a batch without token inputs (images)
@@ -38,6 +46,11 @@ struct Batch {
   std::vector<int64_t> start_positions;  ///< (B) question answering: the answer's first token, or empty
   std::vector<int64_t> end_positions;    ///< (B) question answering: the answer's last token, or empty
   std::vector<FloatInput> float_inputs;  ///< inputs that are not tokens (pixel_values), from a Python collator
+  /// Integer inputs beyond the (B, T) token fields (decoder_input_ids, decoder_attention_mask), from a Python
+  /// collator.
+  std::vector<TokenInput> token_inputs;
+  /// The labels' second axis where it is not T: an encoder-decoder's (B, target sequence) labels; 0: T.
+  int64_t label_seq_len = 0;
 };
 
 /// Collates examples `indices` of `dataset` with dynamic padding: T is the longest example in the batch rounded up

@@ -27,7 +27,15 @@ struct InputDecl {
   /// Sizes of the axes that are fixed (-1 where the batch decides; empty: every axis but batch and sequence
   /// is free), e.g. pixel_values (-1, 3, 224, 224) of a graph exported for 224x224 images.
   std::vector<int64_t> fixed;
+  /// The sequence axis is an encoder-decoder's target sequence (decoder_input_ids, decoder_attention_mask): the
+  /// inputs that set it share one length, and the others another.
+  bool target = false;
 };
+
+/// The decoder inputs of an encoder-decoder, (batch, target sequence) int64: decoder_input_ids, which the batch
+/// gives (the labels shifted right, as the model's own prepare_decoder_input_ids_from_labels does), and the
+/// optional decoder_attention_mask.
+inline constexpr const char* kDecoderInputNames[] = {"decoder_input_ids", "decoder_attention_mask"};
 
 /// The label tensors a batch may carry besides the declared inputs (their checks depend on the head).
 inline constexpr const char* kLabelNames[] = {"labels", "start_positions", "end_positions", "ref_logps"};

@@ -39,6 +39,10 @@ struct PreferenceConfig {
 struct BatchSpec {
   int64_t batch = 1;
   int64_t seq = 1;  ///< the sequence axis of the inputs that have one (1 when none does)
+  /// An encoder-decoder's target sequence (its decoder inputs' and its labels' second axis); 0: not given.
+  int64_t target_seq = 0;
+  /// The target sequence's length, the source's where none is given (a probe build that lays out parameters).
+  int64_t target_length() const { return target_seq > 0 ? target_seq : seq; }
   /// The declared inputs the batch gives, in declaration order, with their shapes.
   std::vector<std::pair<std::string, Shape>> shapes;
   bool attention_mask = false;

@@ -18,12 +18,20 @@ class Family;
 
 /// The task a head solves, which decides its outputs, its loss, how a batch's labels are read and which
 /// metrics evaluation reports. Base is a model without a head (it returns its last hidden states).
-enum class Head : uint8_t { Base, MaskedLM, CausalLM, SequenceClassification, TokenClassification, QuestionAnswering };
+enum class Head : uint8_t {
+  Base,
+  MaskedLM,
+  CausalLM,
+  SequenceClassification,
+  TokenClassification,
+  QuestionAnswering,
+  Seq2SeqLM,  ///< an encoder-decoder's language-model head: (B, target, V) logits, labels (B, target) unshifted
+};
 
 /// What the labels of a batch are, which decides the loss.
 enum class LabelKind : uint8_t {
   None,      ///< no labels: logits only
-  TokenIds,  ///< (B, T) i64, -100 ignored: masked/causal LM, token classification
+  TokenIds,  ///< (B, T) i64, -100 ignored: masked/causal LM, token classification; (B, target) for seq2seq
   ClassIds,  ///< (B) i64: single-label sequence classification
   Values,    ///< (B, L) f32: regression (L == 1, MSE) or multi-label (BCE with logits)
   Spans,     ///< start_positions, end_positions (B) i64: question answering
@@ -86,7 +94,7 @@ const std::vector<ArchitectureInfo>& architectures();
 std::vector<std::string> supported_architectures();
 /// The model_types fusetrain builds, in registry order: bert, roberta, distilbert, gpt2, llama, mistral, qwen2.
 std::vector<std::string> model_types();
-/// The tasks heads train, in registry order: seq-cls, token-cls, qa, mlm, clm.
+/// The tasks heads train, in registry order: seq-cls, token-cls, qa, mlm, clm, seq2seq.
 std::vector<std::string> task_names();
 
 /// The row of a transformers class; throws Error `architecture "X" is not supported (supported: ...)`.

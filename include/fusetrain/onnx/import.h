@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +19,13 @@ struct ImportOptions {
   /// Float initializers to keep fixed (constants instead of parameters). Every other float initializer with more
   /// than one element is a parameter; integer, bool and single-element initializers are always constants.
   std::vector<std::string> frozen;
+  /// Values replacing float initializers' (by name, each with the initializer's element count): a captured
+  /// model's frozen weights and buffers, where the cached graph holds those of the model it was captured from.
+  std::map<std::string, std::vector<float>> values;
+  /// The row of each embedding table (by initializer name) that gets no gradient: nn.Embedding's padding_idx, which
+  /// an ONNX Gather does not record (-1: none). A table not named here takes config.json's pad_token_id where
+  /// transformers declares padding_idx on such a table (word embeddings of BERT-like models, ...).
+  std::map<std::string, int64_t> padding_rows;
   /// Trains a float initializer equal to an earlier one, or to its transpose, as that parameter. Exporters that
   /// fold the transpose of a shared weight write a copy per use (a tied LM head next to its word embeddings,
   /// ALBERT's shared layer); tying restores the sharing, as PyTorch trains it. Tensors of one repeated value (a
