@@ -1,0 +1,273 @@
+"""Encoder-decoders (T5, BART, Marian) captured into the engine and trained by fusetrain.Seq2SeqTrainer
+(fusetrain_require_engine=True), against transformers' Seq2SeqTrainer on the same weights and batches.
+
+Tolerances: the loss of one step within 1e-5 relative and every gradient within 1e-4 norm-wise of PyTorch's
+(hf_models.grad_errors); fusetrain and PyTorch sum the same f32 products in different orders (measured: ~1e-7
+relative on the loss). Trainer losses within 1e-4 relative plus 1e-4 absolute: both trainers log each loss rounded to
+4 decimals. Weights after three steps within 1e-3 norm-wise (test_capture.assert_trained_alike says why). Dropout is
+off in every config (the engine's dropout masks are its own).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnxscript")  # the dynamo exporter
+
+import fusetrain  # noqa: E402
+import hf_models as hf  # noqa: E402
+from fusetrain import capture  # noqa: E402
+from test_capture import assert_trained_alike  # noqa: E402
+
+T = transformers
+VOCAB = 101
+# Odd sizes: 3 heads of 12, a decoder deeper than the encoder (T5), feed-forward widths not multiples of 16.
+_BART_LIKE = dict(vocab_size=VOCAB, d_model=36, encoder_layers=2, decoder_layers=2, encoder_attention_heads=3,
+                  decoder_attention_heads=3, encoder_ffn_dim=52, decoder_ffn_dim=52, max_position_embeddings=64,
+                  dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+CONFIGS = {
+    # relative position buckets, no scaling, a gated-free ReLU MLP, tied embeddings rescaled before the head
+    "t5": lambda: T.T5Config(vocab_size=VOCAB, d_model=36, d_kv=12, d_ff=52, num_layers=2, num_decoder_layers=3,
+                             num_heads=3, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                             dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1),
+    # learned positions offset by 2, final_logits_bias (a buffer of the top-level model)
+    "bart": lambda: T.BartConfig(**_BART_LIKE, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                 decoder_start_token_id=2),
+    # frozen sinusoidal positions, the decoder starting from the padding id (a row without gradient)
+    "marian": lambda: T.MarianConfig(**_BART_LIKE, pad_token_id=VOCAB - 1, eos_token_id=0,
+                                     decoder_start_token_id=VOCAB - 1),
+}
+CLASSES = {"t5": T.T5ForConditionalGeneration, "bart": T.BartForConditionalGeneration, "marian": T.MarianMTModel}
+
+
+@pytest.fixture(autouse=True)
+def capture_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("FUSETRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "capture-cache"))
+
+
+def model_of(arch: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    config = CONFIGS[arch]()
+    config.update(overrides)
+    model = CLASSES[arch](config)
+    hf.perturb_(model, seed, scale=0.02)  # no two weights equal: a mix-up of names cannot pass
+    return model.float()
+
+
+def batch(model, seed: int = 0, rows: int = 4, source: int = 11, target: int = 7) -> dict[str, np.ndarray]:
+    """Source rows (the first padded), target labels (the second ending in -100) and the decoder inputs the model
+    makes of them."""
+    rng = np.random.default_rng(seed)
+    pad = model.config.pad_token_id
+    ids = rng.integers(3, VOCAB - 1, size=(rows, source))
+    mask = np.ones_like(ids)
+    mask[0, source - 3:] = 0
+    ids[0, source - 3:] = pad
+    labels = rng.integers(3, VOCAB - 1, size=(rows, target))
+    labels[1, target - 2:] = -100
+    decoder = model.prepare_decoder_input_ids_from_labels(labels=torch.from_numpy(labels)).numpy()
+    return {"input_ids": ids, "attention_mask": mask, "decoder_input_ids": decoder, "labels": labels}
+
+
+def torch_loss_and_grads(model, data: dict[str, np.ndarray]) -> tuple[float, dict[str, np.ndarray]]:
+    model.train()
+    model.zero_grad()
+    out = model(**{k: torch.from_numpy(v) for k, v in data.items()})
+    out.loss.backward()
+    return out.loss.item(), {n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_captured_encoder_decoder_loss_and_every_gradient_match_pytorch(arch):
+    model = model_of(arch)
+    engine = capture.capture(model)
+    assert [(row["name"], row["shape"]) for row in engine.inputs] == [
+        ("input_ids", "int64 (batch, sequence)"), ("attention_mask", "int64 (batch, sequence)"),
+        ("decoder_input_ids", "int64 (batch, target sequence)"),
+        ("decoder_attention_mask", "int64 (batch, target sequence)")]
+    data = batch(model)
+    want_loss, _ = torch_loss_and_grads(model, data)
+    engine.train()
+    loss, grads = engine.loss_and_grads(**data)
+    hf.assert_loss_matches(loss, want_loss, arch, rtol=1e-5)
+    # Tied weights are one parameter under one of their names (the LM head and the shared embeddings).
+    want = {name: model.get_parameter(name).grad.numpy() for name in grads}
+    covered = {id(model.get_parameter(name)) for name in grads}
+    assert covered == {id(p) for p in model.parameters() if p.requires_grad}, "a parameter the engine does not train"
+    errors = hf.grad_errors(grads, want)
+    assert not errors, f"{arch}: {len(errors)} gradient mismatches:\n  " + "\n  ".join(errors)
+
+
+def test_a_decoder_attention_mask_and_other_lengths_match_pytorch():
+    """decoder_attention_mask masks the decoder's own keys; a second batch of other source and target lengths runs
+    on the same engine model (each length pair its own program)."""
+    model = model_of("bart")
+    engine = capture.capture(model)
+    engine.train()
+    for seed, (source, target) in enumerate([(11, 7), (6, 13)]):
+        data = batch(model, seed=seed, source=source, target=target)
+        data["decoder_attention_mask"] = np.ones_like(data["decoder_input_ids"])
+        data["decoder_attention_mask"][2, target - 3:] = 0
+        data["labels"][2, target - 3:] = -100
+        want_loss, want = torch_loss_and_grads(model, data)
+        loss, grads = engine.loss_and_grads(**data)
+        hf.assert_loss_matches(loss, want_loss, f"bart {source}x{target}", rtol=1e-5)
+        errors = hf.grad_errors(grads, {name: model.get_parameter(name).grad.numpy() for name in grads})
+        assert not errors, "\n".join(errors)
+
+
+def test_frozen_weights_and_buffers_take_the_models_values_not_the_caches():
+    """A second model of the same config reads the cached graph, whose frozen weights (Marian's positions, here
+    changed) and buffers (final_logits_bias) are the first model's: the engine uses the second model's values and
+    keeps them fixed, as transformers' optimizer does."""
+    capture.capture(model_of("marian", seed=0))
+    model = model_of("marian", seed=1)
+    with torch.no_grad():
+        model.model.encoder.embed_positions.weight.mul_(0.5)
+        model.final_logits_bias.normal_(0, 0.5)
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {"model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
+    engine = capture.capture(model)
+    assert not frozen & set(engine.trainable_names()) and "final_logits_bias" not in engine.trainable_names()
+    data = batch(model, seed=3)
+    want_loss, _ = torch_loss_and_grads(model, data)
+    engine.train()
+    loss, _ = engine.loss_and_grads(**data)
+    hf.assert_loss_matches(loss, want_loss, "marian, second model", rtol=1e-5)
+
+
+def test_seq2seq_batches_of_the_wrong_shape_are_one_clear_error():
+    model = model_of("t5")
+    engine = capture.capture(model)
+    data = batch(model)
+    engine.train()
+    with pytest.raises(ValueError, match="needs decoder_input_ids, int64 \\(batch, target sequence\\)"):
+        engine.loss_and_grads(**{k: v for k, v in data.items() if k != "decoder_input_ids"})
+    with pytest.raises(ValueError, match="labels have shape \\(4, 6\\).*int64 \\(batch, target sequence\\) like "
+                                         "decoder_input_ids: \\(4, 7\\)"):
+        engine.loss_and_grads(**{**data, "labels": data["labels"][:, :6]})
+    with pytest.raises(ValueError, match="decoder_attention_mask has shape \\(4, 5\\), expected \\(4, 7\\) like "
+                                         "decoder_input_ids"):
+        engine.loss_and_grads(**data, decoder_attention_mask=np.ones((4, 5), dtype=np.int64))
+
+
+# ---- Seq2SeqTrainer ---------------------------------------------------------------------------------------------
+
+
+def run_trainer(trainer_cls, args_cls, model, data, tmp_path, collator=None, tokenizer=None, **extra):
+    args = args_cls(output_dir=str(tmp_path), per_device_train_batch_size=4, learning_rate=3e-3, max_steps=3,
+                    logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0,
+                    lr_scheduler_type="constant", weight_decay=0.01, **extra)
+    trainer = trainer_cls(model=model, args=args, train_dataset=data, eval_dataset=data, data_collator=collator,
+                          processing_class=tokenizer)
+    trainer.train()
+    return trainer, [e["loss"] for e in trainer.state.log_history if "loss" in e]
+
+
+def both_seq2seq_trainers(arch, data, tmp_path, collator_of=None, tokenizer=None, overrides=None, **extra):
+    ours_model, theirs_model = model_of(arch, **(overrides or {})), model_of(arch, **(overrides or {}))
+    ours, ours_losses = run_trainer(fusetrain.Seq2SeqTrainer, fusetrain.Seq2SeqTrainingArguments, ours_model, data,
+                                    tmp_path / "ours", collator_of and collator_of(ours_model), tokenizer,
+                                    fusetrain_require_engine=True, **extra)
+    theirs, theirs_losses = run_trainer(T.Seq2SeqTrainer, T.Seq2SeqTrainingArguments, theirs_model, data,
+                                        tmp_path / "theirs", collator_of and collator_of(theirs_model), tokenizer,
+                                        **extra)
+    assert len(ours_losses) == len(theirs_losses) == 3
+    np.testing.assert_allclose(ours_losses, theirs_losses, rtol=1e-4, atol=1e-4)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS))
+def test_seq2seq_trainer_trains_as_transformers_does(arch, tmp_path):
+    """Three AdamW steps of fusetrain.Seq2SeqTrainer on the engine against transformers' Seq2SeqTrainer, each with
+    its default collator (the decoder inputs made from the labels by the model): the same losses, and the same
+    weights after, written back into the user's model object."""
+    rows = batch(model_of(arch), seed=1)
+    del rows["decoder_input_ids"]
+    rows["attention_mask"][0] = 1  # equal rows: transformers' default collator stacks them as they are
+    data = [{k: v[i] for k, v in rows.items()} for i in range(4)]
+    ours, theirs = both_seq2seq_trainers(arch, data, tmp_path)
+    feed = {k: torch.from_numpy(v) for k, v in rows.items()}
+    assert_trained_alike(ours.model, theirs.model, lambda: model_of(arch), feed)
+
+
+def word_tokenizer(pad: str = "<pad>"):
+    """A word-level tokenizer of the test vocabulary: "w3 w17 ..." is ids 3, 17, ...; id 0 is <pad>, 1 </s>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return T.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=pad, eos_token="</s>",
+                                     unk_token="<unk>")
+
+
+def ragged_examples(seed: int, count: int = 8) -> list[dict]:
+    """Examples of different source and target lengths, as a tokenized translation dataset holds them."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        source = rng.integers(3, VOCAB - 1, size=int(rng.integers(4, 12))).tolist()
+        target = rng.integers(3, VOCAB - 1, size=int(rng.integers(3, 9))).tolist()
+        out.append({"input_ids": source, "attention_mask": [1] * len(source), "labels": target})
+    return out
+
+
+def test_seq2seq_trainer_with_its_collator_pads_evaluates_and_generates(tmp_path):
+    """DataCollatorForSeq2Seq (given the model: it makes decoder_input_ids) over examples of different lengths:
+    the same training losses as transformers' Seq2SeqTrainer, the same eval_loss from the engine's forward, and
+    with predict_with_generate the same metric keys, generating with the trained weights."""
+    tokenizer = word_tokenizer()
+    data = ragged_examples(seed=4, count=4)
+
+    def collator(model):
+        return T.DataCollatorForSeq2Seq(tokenizer, model=model)
+
+    # as many decoder layers as encoder layers: transformers' generate cannot cache T5's others (an IndexError)
+    ours, theirs = both_seq2seq_trainers("t5", data, tmp_path, collator, tokenizer, {"num_decoder_layers": 2})
+    ours_eval, theirs_eval = ours.evaluate(), theirs.evaluate()
+    assert ours_eval.keys() == theirs_eval.keys()
+    np.testing.assert_allclose(ours_eval["eval_loss"], theirs_eval["eval_loss"], rtol=1e-3)
+    ours.args.predict_with_generate = theirs.args.predict_with_generate = True
+    ours_out = ours.predict(data, max_length=6)
+    theirs_out = theirs.predict(data, max_length=6)
+    assert ours_out.metrics.keys() == theirs_out.metrics.keys()
+    assert ours_out.predictions.shape == theirs_out.predictions.shape  # padded as transformers pads them
+    # the generation ran on the trained weights the model object holds
+    with torch.no_grad():
+        generated = ours.model.generate(input_ids=torch.tensor([data[0]["input_ids"]]), max_length=6)
+    np.testing.assert_array_equal(ours_out.predictions[0, :generated.shape[1]], generated[0].numpy())
+
+
+def test_seq2seq_trainer_saves_a_model_transformers_loads(tmp_path):
+    model = model_of("bart")
+    rows = batch(model, seed=2)
+    data = [{k: v[i] for k, v in rows.items()} for i in range(4)]
+    trainer = fusetrain.Seq2SeqTrainer(model=model, args=fusetrain.Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, max_steps=2, learning_rate=1e-2,
+        report_to=[], save_strategy="no", use_cpu=True, fusetrain_require_engine=True), train_dataset=data)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "saved"))
+    loaded = T.BartForConditionalGeneration.from_pretrained(tmp_path / "saved").eval()
+    feed = {k: torch.from_numpy(rows[k]) for k in ("input_ids", "attention_mask", "decoder_input_ids")}
+    with torch.no_grad():
+        np.testing.assert_array_equal(loaded(**feed).logits.numpy(), model.eval()(**feed).logits.numpy())
+    start = model_of("bart")
+    assert not torch.equal(start.model.shared.weight, loaded.model.shared.weight)  # trained
+
+
+def test_a_class_named_for_generation_that_is_no_encoder_decoder_falls_back_naming_why(tmp_path):
+    class DecoderForConditionalGeneration(T.GPT2LMHeadModel):
+        pass
+
+    config = T.GPT2Config(n_embd=24, n_layer=1, n_head=2, vocab_size=VOCAB, n_positions=32)
+    torch.manual_seed(0)
+    model = DecoderForConditionalGeneration(config)
+    data = [{"input_ids": np.arange(3, 9), "labels": np.arange(3, 9)}]
+    with pytest.raises(ValueError, match="not an encoder-decoder of token sequences"):
+        fusetrain.Seq2SeqTrainer(model=model, args=fusetrain.Seq2SeqTrainingArguments(
+            output_dir=str(tmp_path), max_steps=1, report_to=[], use_cpu=True, fusetrain_require_engine=True),
+            train_dataset=data).train()
