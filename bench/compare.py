@@ -14,6 +14,9 @@ Workloads (models built by transformers from configs and saved once; every frame
         capture (fusetrain.Model.from_pretrained captures an architecture it does not build)
     w7  ViT-Base/16 (hidden 768, 12 layers, 12 heads), image classification of 224x224 images into 10 classes, batch
         32 (synthetic normalised images): fusetrain trains it through capture, its pixel_values a float input
+    w8  t5-base-shaped seq2seq (d_model 768, 12 + 12 layers, 12 heads, relative position buckets, vocabulary 32128),
+        source 256, target 64, batch 8 (Tiny Shakespeare: each target the 64 tokens after its source): fusetrain
+        trains it through capture, its decoder inputs the labels shifted right
     w5  w4 with LoRA r=16, alpha 32 on q, k, v and o (PEFT's get_peft_model for PyTorch, enable_lora for fusetrain)
     w12 w5 with the base quantised to NF4 (QLoRA): PyTorch loads it with bitsandbytes 0.50
         (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"), compute dtype float32, bfloat16 for the
@@ -79,6 +82,8 @@ WORKLOADS = {
     # 197 tokens a 224x224 image: 196 patches of 16x16 and the class token.
     "w7": {"title": "W7 ViT-Base/16 image classification (captured), 224x224, batch 32", "task": "image-cls",
            "seq": 197, "batch": 32},
+    "w8": {"title": "W8 t5-base seq2seq (captured), source 256, target 64, batch 8", "task": "seq2seq", "seq": 256,
+           "target": 64, "batch": 8},
     "w5": {"title": "W5 Llama 134M CLM LoRA r=16 (q,k,v,o), seq 512, batch 4", "task": "clm", "seq": 512, "batch": 4,
            "llama": True, "lora": True},
     "w12": {"title": "W12 Llama 134M CLM QLoRA r=16 (q,k,v,o; NF4 base), seq 512, batch 4", "task": "clm", "seq": 512,
@@ -91,6 +96,10 @@ LLAMA_W4 = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, n
                 intermediate_size=2048, vocab_size=32000, max_position_embeddings=4096, tie_word_embeddings=False)
 # W6: the same shape as Qwen3 (QK-norm, head_dim given), which fusetrain trains through capture.
 QWEN3_W6 = dict(LLAMA_W4, head_dim=64)
+# W8: t5-base's shape (untied from any checkpoint: built from the config, dropout off).
+T5_W8 = dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, vocab_size=32128,
+             relative_attention_num_buckets=32, relative_attention_max_distance=128, dropout_rate=0.0,
+             decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
 LORA = dict(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
 LEARNING_RATE = 1e-4
 
@@ -125,7 +134,17 @@ def prepare(workload: str, count: int) -> pathlib.Path:
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
     no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-    if spec["task"] == "image-cls":
+    if spec["task"] == "seq2seq":
+        model = transformers.T5ForConditionalGeneration(transformers.T5Config(**T5_W8))
+        text = (SHARED / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        n, S, L = count * B, T, spec["target"]
+        rows = np.array(ids[: n * (S + L)], dtype=np.int64).reshape(n, S + L)
+        labels = rows[:, S:].copy()
+        arrays = {"input_ids": rows[:, :S].copy(), "attention_mask": np.ones((n, S), dtype=np.int64),
+                  "decoder_input_ids": np.concatenate([np.zeros((n, 1), dtype=np.int64), labels[:, :-1]], axis=1),
+                  "labels": labels}
+    elif spec["task"] == "image-cls":
         # ViT-Base/16 with 10 classes on synthetic images (normalised like an image processor's output): speed and
         # memory do not depend on the pixels.
         model = transformers.ViTForImageClassification(transformers.ViTConfig(num_labels=10, **no_dropout))
@@ -179,10 +198,20 @@ def prepare(workload: str, count: int) -> pathlib.Path:
     return out
 
 
-def model_flops_per_step(config: dict, task: str, batch: int, seq: int, lora: dict | None = None) -> float:
+def model_flops_per_step(config: dict, task: str, batch: int, seq: int, lora: dict | None = None,
+                         target: int = 0) -> float:
     """Matmul FLOPs of one training step (forward + backward = 3x forward), attention included. With LoRA the frozen
     weights take no weight gradient: their matrices cost 2x forward (forward and the input gradient), the attention
-    scores still 3x, and the adapters (r x in, out x r per target) 3x."""
+    scores still 3x, and the adapters (r x in, out x r per target) 3x. A seq2seq step has `seq` source and `target`
+    target tokens a row."""
+    if config.get("model_type") == "t5":  # encoder over the source, decoder (self and cross attention) over the target
+        d, ff, layers, vocab = config["d_model"], config["d_ff"], config["num_layers"], config["vocab_size"]
+        inner = config["num_heads"] * config["d_kv"]
+        encoder = layers * (2 * 4 * d * inner + 2 * 2 * d * ff + 2 * 2 * seq * inner) * seq
+        decoder = config.get("num_decoder_layers", layers) * (
+            (2 * 4 * d * inner + 2 * 2 * target * inner + 2 * 2 * d * inner + 2 * 2 * seq * inner + 2 * 2 * d * ff)
+            * target + 2 * 2 * d * inner * seq)
+        return 3.0 * (encoder + decoder + 2 * d * vocab * target) * batch
     if config.get("model_type") == "vit":  # patch embedding (3·16·16 -> d per patch), encoder layers, classifier
         d, layers, ff = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
         patch = 3 * config["patch_size"] ** 2
@@ -690,8 +719,9 @@ def main() -> None:
         directory = prepare(workload, args.warmup + args.steps)
         spec = WORKLOADS[workload]
         config = json.loads((directory / "config.json").read_text())
-        flops = model_flops_per_step(config, spec["task"], spec["batch"], spec["seq"], LORA if spec.get("lora") else None)
-        tokens = spec["batch"] * spec["seq"]
+        flops = model_flops_per_step(config, spec["task"], spec["batch"], spec["seq"], LORA if spec.get("lora") else None,
+                                     spec.get("target", 0))
+        tokens = spec["batch"] * (spec["seq"] + spec.get("target", 0))
         pooled: dict[str, dict] = {}
         for round_index in range(args.rounds):
             order = frameworks if round_index % 2 == 0 else frameworks[::-1]

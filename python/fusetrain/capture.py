@@ -394,7 +394,7 @@ def from_directory(path: str | os.PathLike, architecture: str | None = None, **c
 
 _AUTO_CLASSES = {"seq-cls": "AutoModelForSequenceClassification", "token-cls": "AutoModelForTokenClassification",
                  "qa": "AutoModelForQuestionAnswering", "mlm": "AutoModelForMaskedLM", "clm": "AutoModelForCausalLM",
-                 "image-cls": "AutoModelForImageClassification"}
+                 "image-cls": "AutoModelForImageClassification", "seq2seq": "AutoModelForSeq2SeqLM"}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                     "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json")
 

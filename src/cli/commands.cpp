@@ -458,8 +458,10 @@ void add_options(CLI::App& app, Options& o) {
                  "(model.onnx, with its tokenizer files and optional config.json beside it)");
   std::string tasks;
   for (const models::HeadInfo& head : models::heads())
-    if (*head.task) tasks += str(tasks.empty() ? "" : ", ", head.task, " (", head.problem, ")");
-  app.add_option("--task", o.task, "what to train: " + tasks)->capture_default_str();
+    if (*head.task && head.head != models::Head::Seq2SeqLM)
+      tasks += str(tasks.empty() ? "" : ", ", head.task, " (", head.problem, ")");
+  app.add_option("--task", o.task, "what to train: " + tasks + "; seq2seq trains from Python (fusetrain.Seq2SeqTrainer)")
+      ->capture_default_str();
   app.add_option("--train-file", o.train_file, "training data: .tsv/.csv (header row), .jsonl or .txt");
   app.add_option("--eval-file", o.eval_file, "evaluation data, same formats");
   app.add_option("--test-file", o.test_file, "data to predict (predict)");
@@ -474,6 +476,9 @@ void add_options(CLI::App& app, Options& o) {
                  "qa: answers, SQuAD's {\"text\": [...], \"answer_start\": [...]})");
   app.add_option("--max-seq-length", o.max_seq_length,
                  "truncate to this many tokens; for mlm/clm on plain text, the block length")
+      ->capture_default_str();
+  app.add_option("--max-target-length", o.max_target_length,
+                 "seq2seq: the target sequence length (inspect: the decoder inputs' and labels' length)")
       ->capture_default_str();
   app.add_option("--num-labels", o.num_labels, "classes (default: from the training labels)");
   app.add_flag("--line-by-line", o.line_by_line, "mlm/clm: one example per line instead of concatenated blocks");
@@ -800,15 +805,20 @@ int run_inspect(Options& o) {
   // Zero labels in the first layout the head's loss takes: one per example or one per token.
   const models::LabelKind label_kind = models::head_info(task).batch_labels.at(0);
   const bool per_token = label_kind == models::LabelKind::TokenIds;
-  std::vector<int64_t> labels(static_cast<size_t>(per_token ? B * T : B), 0);
+  // An encoder-decoder's decoder inputs and labels have the target length.
+  FT_CHECK(o.max_target_length > 0, "--max-target-length must be > 0, found ", o.max_target_length);
+  const int64_t L = task == models::Head::Seq2SeqLM ? o.max_target_length : T;
+  std::vector<int64_t> target_ids(static_cast<size_t>(B * L), ids.front());
+  std::vector<int64_t> labels(static_cast<size_t>(per_token ? B * L : B), 0);
   models::Batch batch;
-  // Every input the batch must give, from the model's declaration: token ids (B, T), float inputs (pixel_values)
-  // zeros of their fixed sizes.
+  // Every input the batch must give, from the model's declaration: token ids (B, T) (decoder inputs (B, L)),
+  // float inputs (pixel_values) zeros of their fixed sizes.
   std::vector<std::vector<float>> floats;
   for (const models::InputDecl& input : model->inputs()) {
     if (input.source != models::InputSource::Batch) continue;
     if (input.dtype == DType::i64) {
-      batch.set(input.name, Tensor::view(ids.data(), {B, T}, DType::i64));
+      batch.set(input.name, input.target ? Tensor::view(target_ids.data(), {B, L}, DType::i64)
+                                         : Tensor::view(ids.data(), {B, T}, DType::i64));
       continue;
     }
     std::vector<int64_t> dims{B};
@@ -827,7 +837,7 @@ int run_inspect(Options& o) {
     batch.set("start_positions", Tensor::view(labels.data(), {B}, DType::i64));
     batch.set("end_positions", Tensor::view(labels.data(), {B}, DType::i64));
   } else {
-    batch.set("labels", per_token ? Tensor::view(labels.data(), {B, T}, DType::i64)
+    batch.set("labels", per_token ? Tensor::view(labels.data(), {B, L}, DType::i64)
                                   : Tensor::view(labels.data(), {B}, DType::i64));
   }
   model->set_num_threads(static_cast<int>(o.args.fusetrain_threads));
@@ -843,7 +853,11 @@ int run_inspect(Options& o) {
     for (const auto& [op, c] : counts) n += c;
     return n;
   };
-  if (sequence)
+  if (task == models::Head::Seq2SeqLM)
+    std::printf("training plan for batch %lld x %lld (source) x %lld (target): %zu nodes scheduled\n",
+                static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(L),
+                plan.num_scheduled_nodes());
+  else if (sequence)
     std::printf("training plan for batch %lld x %lld: %zu nodes scheduled\n", static_cast<long long>(B),
                 static_cast<long long>(T), plan.num_scheduled_nodes());
   else

@@ -21,6 +21,7 @@ struct Options {
   std::string text_column, text_pair_column, label_column;
   int64_t max_seq_length = 128;
   bool max_seq_length_given = false;  ///< --max-seq-length was on the command line (else the default, capped)
+  int64_t max_target_length = 128;    ///< seq2seq: the target (decoder) sequence length (inspect's decoder inputs)
   int64_t num_labels = 0;
   int64_t doc_stride = 128;
   bool line_by_line = false;
