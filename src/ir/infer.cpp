@@ -195,8 +195,13 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       c.require_float(0, "x");
       if (c.op == OpKind::Softmax) c.require(c.shape(0).rank() >= 1, "softmax needs rank >= 1");
       return {{c.shape(0), c.dtype(0)}};
+    case OpKind::ReluBackward:  // x as the forward's: f32, or bf16 (a ReLU of a bf16 projection's result)
+      c.require_f32(0, "dy");
+      c.require(c.dtype(1) == DType::f32 || c.dtype(1) == DType::bf16, "x must be f32 or bf16, found ",
+                dtype_name(c.dtype(1)));
+      c.require_same_shape(0, 1);
+      return {{c.shape(0), DType::f32}};
     case OpKind::TanhBackward:
-    case OpKind::ReluBackward:
     case OpKind::ErfBackward:
     case OpKind::SoftmaxBackward:
       c.require_f32(0, "dy");

@@ -298,9 +298,15 @@ ValueId Builder::projection(const NodeProto& n, int64_t index) {
     const int src = ids_.at(t->input(0));
     if (kind(src) == Kind::Param && !tied_to_.count(src) && host_[size_t(src)].shape.size() == 2) weight = src;
   }
-  if (weight < 0) {  // a product with a parameter (held (in, out)) runs in the mixed-precision dtype, as autocast's
-    if (kind(x) != Kind::Param && kind(w) != Kind::Param) return b_.matmul(ir_of(x), ir_of(w));
-    return b_.matmul(gemm_operand(ir_of(x)), gemm_operand(ir_of(w)));
+  if (weight < 0) {
+    // Any other product runs in the mixed-precision dtype, as autocast runs matmul and bmm; an operand whose last
+    // two axes a Transpose swapped (attention's kᵀ where no fused attention took it, T5's) is read through
+    // MatMul's transpose flag, the Transpose (and its gradient's) left unread.
+    const ValueId a = ir_of(x), b = ir_of(w);
+    const ValueId ua = graph_.value(a).shape.rank() >= 3 ? unswapped(a) : ir::kNone;
+    const ValueId ub = graph_.value(b).shape.rank() >= 3 ? unswapped(b) : ir::kNone;
+    return b_.matmul(gemm_operand(ua != ir::kNone ? ua : a), gemm_operand(ub != ir::kNone ? ub : b), ua != ir::kNone,
+                     ub != ir::kNone);
   }
   const ValueId wv = ir_of(weight);
   const int64_t N = graph_.value(wv).shape[0];
@@ -427,6 +433,11 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     double e = 0;
     FT_CHECK(scalar_const(in_id(n, 1), e), "the exponent must be a single constant");
     set_ir(n, 0, b_.graph().add(ops::OpKind::Pow, {ir_of(x)}, {{"exponent", e}}));
+  } else if (op == "Relu" && bf16_product(ir_of(x))) {
+    // As autocast's bf16 projection hands its result on: ReLU of the result rounded to bf16, which backward keeps
+    // (half the bytes); the next projection reads the bf16 result itself (gemm_operand).
+    const ValueId y = b_.graph().add(ops::OpKind::Relu, {b_.cast(ir_of(x), DType::bf16)});
+    set_ir(n, 0, b_.cast(y, DType::f32));
   } else if (op == "Sqrt" || op == "Erf" || op == "Tanh" || op == "Relu") {
     const ir::OpKind k = op == "Sqrt" ? ops::OpKind::Sqrt : op == "Erf" ? ops::OpKind::Erf
                          : op == "Tanh" ? ops::OpKind::Tanh : ops::OpKind::Relu;

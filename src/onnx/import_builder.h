@@ -295,12 +295,27 @@ class Builder {
     return v;
   }
   ValueId transposed(ValueId x, std::vector<int64_t> perm);
+  /// u when `x` is u with its last two axes swapped (a Transpose doing only that, or the dynamo exporter's kᵀ chain
+  /// Reshape → Transpose (0, 2, 1) → Reshape), read without adding nodes; kNone otherwise.
+  ValueId unswapped(ValueId x) const;
   /// A projection's operand (input or weight) in the dtype mixed precision runs projections in: bf16 or f16, as
   /// autocast hands a Linear's operands to the GEMM and as the built families cast them (models::project); f32
   /// training, or an operand already in it: v itself.
   ValueId gemm_operand(ValueId v) {
     const DType want = spec_.fp16 ? DType::f16 : spec_.bf16 ? DType::bf16 : DType::f32;
-    return want == DType::f32 || graph_.value(v).dtype == want ? v : b_.cast(v, want);
+    if (want == DType::f32 || graph_.value(v).dtype == want) return v;
+    const ir::NodeId p = graph_.value(v).producer;  // a widened value of that dtype: the value itself (exact)
+    if (p != ir::kNone && graph_.node(p).op == ops::OpKind::Cast && graph_.value(graph_.node(p).inputs[0]).dtype == want)
+      return graph_.node(p).inputs[0];
+    return b_.cast(v, want);
+  }
+  /// Whether `v` is the f32 result of a product with bf16 operands (a projection under bf16 mixed precision).
+  bool bf16_product(ValueId v) const {
+    const ir::Value& x = graph_.value(v);
+    if (!spec_.bf16 || spec_.fp16 || x.dtype != DType::f32 || x.producer == ir::kNone) return false;
+    const ir::Node& p = graph_.node(x.producer);
+    return (p.op == ops::OpKind::Linear || p.op == ops::OpKind::MatMul) &&
+           graph_.value(p.inputs[0]).dtype == DType::bf16;
   }
   /// q, k or v of a fused attention in the dtype mixed precision runs attention in: bf16 under bf16, as autocast
   /// hands scaled_dot_product_attention bf16 operands (the output stays f32, as the graph's later ops read it; the

@@ -100,6 +100,32 @@ ValueId Builder::transposed(ValueId x, std::vector<int64_t> perm) {
   return identity ? x : b_.transpose(x, perm);
 }
 
+ValueId Builder::unswapped(ValueId x) const {
+  const ir::Value& v = graph_.value(x);
+  const int64_t r = v.shape.rank();
+  if (v.producer == ir::kNone || r < 2) return ir::kNone;
+  const ir::Node& t = graph_.node(v.producer);
+  if (t.op == ops::OpKind::Transpose) {
+    std::vector<int64_t> swap(static_cast<size_t>(r));
+    for (int64_t k = 0; k < r; ++k) swap[size_t(k)] = k;
+    std::swap(swap[size_t(r - 2)], swap[size_t(r - 1)]);
+    return t.attrs.get_ints("perm") == swap ? t.inputs[0] : ir::kNone;
+  }
+  if (t.op != ops::OpKind::Reshape || r != 4) return ir::kNone;
+  // Reshape (B, H, S, D) → (B·H, S, D), Transpose (0, 2, 1), Reshape → (B, H, D, S).
+  const ir::Value& mid = graph_.value(t.inputs[0]);
+  if (mid.producer == ir::kNone || graph_.node(mid.producer).op != ops::OpKind::Transpose ||
+      graph_.node(mid.producer).attrs.get_ints("perm") != std::vector<int64_t>{0, 2, 1})
+    return ir::kNone;
+  const ir::Value& flat = graph_.value(graph_.node(mid.producer).inputs[0]);
+  if (flat.producer == ir::kNone || graph_.node(flat.producer).op != ops::OpKind::Reshape) return ir::kNone;
+  const ValueId u = graph_.node(flat.producer).inputs[0];
+  const Shape& us = graph_.value(u).shape;
+  const bool swapped = us.rank() == 4 && us[0] == v.shape[0] && us[1] == v.shape[1] && us[2] == v.shape[3] &&
+                       us[3] == v.shape[2];
+  return swapped ? u : ir::kNone;
+}
+
 // x (B, H, S, D) as exporters write transformers' repeat_kv, Reshape to (B, Hkv, 1, S, D), Expand to (B, Hkv, r, S,
 // D) (imported as an add of zeros), Reshape to (B, Hkv·r, S, D): the (B, Hkv, S, D) value repeated, which
 // grouped-query Attention reads as it is (no repeated copy, no sum of the repeats' gradients). x otherwise.

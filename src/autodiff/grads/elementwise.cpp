@@ -68,7 +68,9 @@ void grad_rule<OpKind::SwiGLU>(GradContext& ctx) {
 
 template <>
 void grad_rule<OpKind::Relu>(GradContext& ctx) {
-  ctx.set_grad_input(0, ctx.g.add(OpKind::ReluBackward, {ctx.grad_output(0), ctx.input(0)}));
+  ValueId dy = ctx.grad_output(0);
+  if (ctx.g.value(dy).dtype != DType::f32) dy = ctx.b.cast(dy, DType::f32);  // a bf16 result
+  ctx.set_grad_input(0, ctx.g.add(OpKind::ReluBackward, {dy, ctx.input(0)}));
 }
 
 // d x^e = e·x^(e-1).
