@@ -31,6 +31,7 @@ PY_PACKAGES=(  # import name=pip requirement
   trl=trl==1.16.0  # fusetrain.trl: TRL's SFTTrainer is the parent class and the parity reference; its scripts run on it
   sentencepiece=sentencepiece  # the tokenizer tests convert a SentencePiece model to tokenizer.json
   bitsandbytes=bitsandbytes==0.50.0  # QLoRA: the 4-bit layouts the engine reads, and the dequantisation it matches
+  sacrebleu=sacrebleu  # examples/run_translation.py's BLEU, as transformers' run_translation.py reports it
 )
 pip_install "${PY_PACKAGES[@]}"
 

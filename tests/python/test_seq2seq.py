@@ -158,9 +158,10 @@ def test_seq2seq_batches_of_the_wrong_shape_are_one_clear_error():
 
 
 def run_trainer(trainer_cls, args_cls, model, data, tmp_path, collator=None, tokenizer=None, **extra):
-    args = args_cls(output_dir=str(tmp_path), per_device_train_batch_size=4, learning_rate=3e-3, max_steps=3,
+    settings = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, learning_rate=3e-3, max_steps=3,
                     logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0,
-                    lr_scheduler_type="constant", weight_decay=0.01, **extra)
+                    lr_scheduler_type="constant", weight_decay=0.01)
+    args = args_cls(**{**settings, **extra})
     trainer = trainer_cls(model=model, args=args, train_dataset=data, eval_dataset=data, data_collator=collator,
                           processing_class=tokenizer)
     trainer.train()
@@ -313,3 +314,22 @@ def test_seq2seq_trainer_in_bf16_is_closer_to_autocast_than_f32_is(tmp_path):
     np.testing.assert_allclose(ours, theirs, rtol=2e-4)
     distance = lambda losses: np.max(np.abs(np.array(losses) - theirs) / np.abs(theirs))  # noqa: E731
     assert distance(ours) < distance(f32), (ours, f32, theirs)
+
+
+def test_seq2seq_trainer_accumulates_ragged_targets_as_transformers_does(tmp_path):
+    """Gradient accumulation over micro-batches whose targets hold different numbers of labelled tokens: the engine
+    weighs each micro-batch's mean loss as transformers' Seq2SeqTrainer does (by the step's labelled tokens where the
+    model takes num_items_in_batch), so the logged losses and the weights after agree."""
+    tokenizer = word_tokenizer()
+    data = ragged_examples(seed=7, count=8)
+
+    def collator(model):
+        return T.DataCollatorForSeq2Seq(tokenizer, model=model)
+
+    ours, theirs = both_seq2seq_trainers("bart", data, tmp_path, collator, tokenizer,
+                                         per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                                         train_sampling_strategy="sequential")  # one order for both samplers
+    trained = dict(theirs.model.named_parameters())
+    for name, p in ours.model.named_parameters():
+        a, b = p.detach().numpy(), trained[name].detach().numpy()
+        assert np.linalg.norm(a - b) <= 1e-3 * np.linalg.norm(b), name
