@@ -321,6 +321,14 @@ TEST(CpuBasicKernels, Activations) {
       const ir::Node& n = one_node(g, op, {{shape, DType::f32}, {shape, DType::f32}});
       check_node(g, n, random_inputs(g, n, rng, -1.0, 1.0), {1e-6, 0, false, 1.0});
     }
+    {  // ReLU of a bf16 projection's result (the importer's autocast rule): bf16 in and out, a bf16 x in backward
+      Graph g;
+      const ir::Node& n = one_node(g, OpKind::Relu, {{shape, DType::bf16}});
+      check_node(g, n, random_inputs(g, n, rng, -6.0, 6.0), {kExact});
+      Graph gb;
+      const ir::Node& nb = one_node(gb, OpKind::ReluBackward, {{shape, DType::f32}, {shape, DType::bf16}});
+      check_node(gb, nb, random_inputs(gb, nb, rng, -1.0, 1.0), {kExact});
+    }
   }
 }
 
