@@ -800,8 +800,10 @@ int run_inspect(Options& o) {
     std::printf("%s (%s), %lld parameters\n", model->architecture().c_str(), model->model_type().c_str(),
                 static_cast<long long>(store.num_parameters()));
   const int64_t B = o.args.per_device_train_batch_size, T = o.max_seq_length;
-  // Any non-padding id will do for a shape-only run.
-  std::vector<int64_t> ids(static_cast<size_t>(B * T), std::max<int64_t>(config_int(model->config(), "pad_token_id", 0) + 1, 1));
+  // Any non-padding id in the vocabulary will do for a shape-only run (the padding id may be the last one: Marian's).
+  const int64_t pad = config_int(model->config(), "pad_token_id", 0), vocab = config_int(model->config(), "vocab_size", 0);
+  const int64_t token = vocab > 0 && pad + 1 >= vocab ? std::max<int64_t>(pad - 1, 0) : std::max<int64_t>(pad + 1, 1);
+  std::vector<int64_t> ids(static_cast<size_t>(B * T), token);
   // Zero labels in the first layout the head's loss takes: one per example or one per token.
   const models::LabelKind label_kind = models::head_info(task).batch_labels.at(0);
   const bool per_token = label_kind == models::LabelKind::TokenIds;

@@ -333,3 +333,20 @@ def test_seq2seq_trainer_accumulates_ragged_targets_as_transformers_does(tmp_pat
     for name, p in ours.model.named_parameters():
         a, b = p.detach().numpy(), trained[name].detach().numpy()
         assert np.linalg.norm(a - b) <= 1e-3 * np.linalg.norm(b), name
+
+
+@pytest.mark.parametrize("arch", ["bart", "marian"])
+def test_cross_attention_runs_in_the_attention_kernel(arch, tmp_path):
+    """BART's and Marian's attention (encoder self, decoder causal self, and the decoder's cross-attention over the
+    encoder, its queries the target's and its keys the source's, masked by the source's padding) is the fused
+    Attention op in all three places: `fusetrain inspect` plans 6 for 2 + 2 layers and no Softmax. Marian's padding
+    id is the vocabulary's last, which the inspect batch's dummy token must avoid."""
+    from test_capture import cli
+
+    graph = capture.captured_path(model_of(arch), "seq2seq")
+    shown = cli("inspect", "--model", str(graph), "--task", "seq2seq", "--max-seq-length", "16",
+                "--max-target-length", "8", "--per-device-train-batch-size", "2", cache=tmp_path / "cache")
+    assert shown.returncode == 0, shown.stderr
+    ops = {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines() if line.startswith("  ")}
+    assert ops.get("Attention") == ["6", "6"] and ops.get("AttentionBackward") == ["6", "6"], shown.stdout
+    assert "Softmax" not in ops and "SoftmaxBackward" not in ops, shown.stdout
