@@ -48,7 +48,7 @@ _IMAGE_INPUTS = ("pixel_values",)
 # An encoder-decoder's decoder inputs: the labels shifted right (the collator's, else the model's own
 # prepare_decoder_input_ids_from_labels), and their mask.
 _DECODER_INPUTS = ("decoder_input_ids", "decoder_attention_mask")
-_FORMAT = 4  # bumped when what a cached capture holds changes
+_FORMAT = 5  # bumped when what a cached capture holds changes
 
 
 class CaptureError(ValueError):
@@ -462,6 +462,10 @@ def prepare_directory(model_dir: str | os.PathLike, task: str, seed: int = 42) -
         config = model.config.to_dict()
         config["architectures"] = [type(model).__name__]
         (scratch / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+        # what does not train and the embeddings' padding rows, which the importer reads beside the graph (the
+        # graph's initializers already hold the directory's values)
+        sidecar = {"frozen": sorted(_fixed_values(model, graph_path)), "padding_rows": _padding_rows(model)}
+        (scratch / "fusetrain_capture.json").write_text(json.dumps(sidecar, indent=2) + "\n")
         for name in _TOKENIZER_FILES:
             if (directory / name).exists():
                 (scratch / name).write_bytes((directory / name).read_bytes())

@@ -1135,7 +1135,28 @@ std::unique_ptr<models::Model> import_model(const std::string& path, const std::
   const std::filesystem::path config_path = std::filesystem::path(path).parent_path() / "config.json";
   const nlohmann::json config = std::filesystem::exists(config_path) ? io::read_json_file(config_path.string())
                                                                       : nlohmann::json::object();
-  return models::Model::from_family(make_onnx_family(path, head, config, options), config, head);
+  // A graph the command line's capture prepared names what of it does not train, and the padding rows of its
+  // embedding tables, beside it (fusetrain_capture.json): the model's frozen weights and buffers, nn.Embedding's
+  // padding_idx.
+  ImportOptions merged = options;
+  const std::filesystem::path sidecar = std::filesystem::path(path).parent_path() / "fusetrain_capture.json";
+  if (std::filesystem::exists(sidecar)) {
+    const nlohmann::json j = io::read_json_file(sidecar.string());
+    const nlohmann::json frozen = j.is_object() ? j.value("frozen", nlohmann::json::array()) : nlohmann::json();
+    const nlohmann::json rows = j.is_object() ? j.value("padding_rows", nlohmann::json::object()) : nlohmann::json();
+    FT_CHECK(frozen.is_array() && rows.is_object(), sidecar.string(), ": expected {\"frozen\": [names], ",
+             "\"padding_rows\": {name: row}}");
+    for (const nlohmann::json& name : frozen) {
+      FT_CHECK(name.is_string(), sidecar.string(), ": \"frozen\" holds ", name.dump(), "; expected names");
+      merged.frozen.push_back(name.get<std::string>());
+    }
+    for (const auto& [name, row] : rows.items()) {
+      FT_CHECK(row.is_number_integer(), sidecar.string(), ": padding row of \"", name, "\" is ", row.dump(),
+               "; expected an integer");
+      merged.padding_rows.emplace(name, row.get<int64_t>());
+    }
+  }
+  return models::Model::from_family(make_onnx_family(path, head, config, merged), config, head);
 }
 
 void save_onnx(const models::Model& model, const std::string& path) {

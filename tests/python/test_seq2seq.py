@@ -350,3 +350,27 @@ def test_cross_attention_runs_in_the_attention_kernel(arch, tmp_path):
     ops = {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines() if line.startswith("  ")}
     assert ops.get("Attention") == ["6", "6"] and ops.get("AttentionBackward") == ["6", "6"], shown.stdout
     assert "Softmax" not in ops and "SoftmaxBackward" not in ops, shown.stdout
+
+
+def test_model_from_pretrained_keeps_a_directorys_frozen_weights_and_buffers_fixed(tmp_path):
+    """fusetrain.Model.from_pretrained on a Marian directory (the command line's capture path: the graph prepared
+    with the directory's weights, fusetrain_capture.json beside it) trains what transformers' from_pretrained model
+    trains: final_logits_bias (a buffer, here not zero) stays fixed at the directory's values, and the padding row
+    gets no embedding gradient; loss and every gradient match that model's. (transformers' from_pretrained leaves
+    Marian's sinusoidal positions trainable, unlike a model built from its config.)"""
+    model_of("marian", seed=2).save_pretrained(tmp_path / "start")
+    reference = T.MarianMTModel.from_pretrained(tmp_path / "start")
+    with torch.no_grad():
+        reference.final_logits_bias.normal_(0, 0.5)
+    reference.save_pretrained(tmp_path / "marian")
+    engine = fusetrain.Model.from_pretrained(tmp_path / "marian")
+    held = {name for name, p in reference.named_parameters() if not p.requires_grad}
+    trainable = set(engine.trainable_names())
+    assert "final_logits_bias" not in trainable and not held & trainable
+    data = batch(reference, seed=5)
+    want_loss, _ = torch_loss_and_grads(reference, data)
+    engine.train()
+    loss, grads = engine.loss_and_grads(**data)
+    hf.assert_loss_matches(loss, want_loss, "marian from a directory", rtol=1e-5)
+    errors = hf.grad_errors(grads, {name: reference.get_parameter(name).grad.numpy() for name in grads})
+    assert not errors, "\n".join(errors)

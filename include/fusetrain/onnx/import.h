@@ -45,7 +45,9 @@ struct ImportOptions {
 /// A graph exported to ONNX (torch.onnx.export, fusetrain export, Optimum, fusetrain.capture), trained as `task`
 /// ("seq-cls", "token-cls", "qa", "mlm", "clm"): its float initializers are the parameters (but those named in
 /// `frozen`), the task's loss is appended to its logits, and it compiles through the same passes as a built model.
-/// config.json beside the file, when present, gives num_labels, problem_type and max_position_embeddings.
+/// config.json beside the file, when present, gives num_labels, problem_type and max_position_embeddings;
+/// fusetrain_capture.json, written beside a graph the command line's capture prepared, adds its frozen initializers
+/// and embedding padding rows to `options` ({"frozen": [names], "padding_rows": {name: row}}).
 /// Throws Error listing every node whose op fusetrain cannot import.
 std::unique_ptr<models::Model> import_model(const std::string& path, const std::string& task,
                                            const ImportOptions& options = {});
