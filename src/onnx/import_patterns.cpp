@@ -63,24 +63,10 @@ void fill_head_key_bias(const HostFeed& f, const std::vector<const HostTensor*>&
 ValueId Builder::transposed(ValueId x, std::vector<int64_t> perm) {
   for (;;) {
     const ir::Value& v = graph_.value(x);
-    if (v.producer != ir::kNone && perm == std::vector<int64_t>{0, 1, 3, 2} && v.shape.rank() == 4) {
-      // The dynamo exporter's kᵀ: Reshape (B·H, S, D) → Transpose (0, 2, 1) → Reshape (B, H, D, S), which is
-      // u (B, H, S, D) with its last two axes swapped: swapping them back is u.
-      const ir::Node& back = graph_.node(v.producer);
-      if (back.op == ops::OpKind::Reshape) {
-        const ir::Value& mid = graph_.value(back.inputs[0]);
-        if (mid.producer != ir::kNone && graph_.node(mid.producer).op == ops::OpKind::Transpose &&
-            graph_.node(mid.producer).attrs.get_ints("perm") == std::vector<int64_t>{0, 2, 1}) {
-          const ir::Value& flat = graph_.value(graph_.node(mid.producer).inputs[0]);
-          if (flat.producer != ir::kNone && graph_.node(flat.producer).op == ops::OpKind::Reshape) {
-            const ValueId u = graph_.node(flat.producer).inputs[0];
-            const Shape& us = graph_.value(u).shape;
-            if (us.rank() == 4 && us[0] == v.shape[0] && us[1] == v.shape[1] && us[2] == v.shape[3] &&
-                us[3] == v.shape[2])
-              return u;
-          }
-        }
-      }
+    if (perm == std::vector<int64_t>{0, 1, 3, 2} && v.shape.rank() == 4 && v.producer != ir::kNone &&
+        graph_.node(v.producer).op == ops::OpKind::Reshape) {
+      // The dynamo exporter's kᵀ: swapping its last two axes back is u.
+      if (const ValueId u = unswapped(x); u != ir::kNone) return u;
     }
     if (v.producer != ir::kNone) {
       const ir::Node& t = graph_.node(v.producer);
