@@ -109,14 +109,16 @@ ValueId GraphBuilder::sigmoid_cross_entropy(ValueId logits, ValueId targets) {
 
 ValueId GraphBuilder::attention(ValueId q, ValueId k, ValueId v, ValueId mask, double scale, bool causal,
                                 double dropout_p, DType out_dtype, int64_t window, double softcap,
-                                ValueId key_begin) {
+                                ValueId key_begin, ValueId bias) {
   std::vector<ValueId> inputs{q, k, v};
+  if (bias != kNone) inputs.push_back(bias);
   if (mask != kNone) inputs.push_back(mask);
   if (key_begin != kNone) inputs.push_back(key_begin);
   Attrs attrs{{"scale", scale}, {"causal", int64_t{causal}}, {"dropout_p", dropout_p}, {"seed", next_stream()}};
   if (out_dtype != DType::f32) attrs.set("out_dtype", std::string(dtype_name(out_dtype)));
   if (window > 0) attrs.set("window", window);
   if (softcap > 0) attrs.set("softcap", softcap);
+  if (bias != kNone) attrs.set("score_bias", int64_t{1});
   return g_.add_node(OpKind::Attention, std::move(inputs), std::move(attrs))[0];
 }
 

@@ -628,9 +628,14 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       return {{c.shape(1), DType::f32}};
     case OpKind::Attention:
     case OpKind::AttentionBackward: {
-      // Attention: q, k, v, [mask], [key_begin]; AttentionBackward: dout, q, k, v, out, lse, [mask], [key_begin]
-      size_t q_at = c.op == OpKind::Attention ? 0 : 1;
-      const size_t first_extra = c.op == OpKind::Attention ? 3 : 6;
+      // Attention: q, k, v, [bias], [mask], [key_begin]; AttentionBackward: dout, q, k, v, out, lse, [bias], [mask],
+      // [key_begin] (bias present when score_bias is set)
+      const bool backward = c.op == OpKind::AttentionBackward;
+      size_t q_at = backward ? 1 : 0;
+      const auto& attention = std::get<AttentionParams>(params);
+      const size_t first_extra = attention.first_extra(backward);
+      c.require(n_in >= first_extra, "expected ", first_extra, " inputs before the optional mask",
+                attention.score_bias ? " (score_bias: the bias follows the tensors)" : "", ", found ", n_in);
       const AttentionExtras extras =
           AttentionExtras::locate(n_in, first_extra, n_in > first_extra && c.dtype(first_extra) == DType::i64);
       const Shape& q = c.shape(q_at);
@@ -641,7 +646,6 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
                 dtype_name(c.dtype(q_at)));
       c.require_same_dtype(q_at, q_at + 1);
       c.require_same_dtype(q_at, q_at + 2);
-      const auto& attention = std::get<AttentionParams>(params);
       const DType out_dtype = attention.out_dtype;
       for (size_t i = 0; i < n_in; ++i)
         if ((i < q_at || i > q_at + 2) && !(c.op == OpKind::AttentionBackward && i == 4) &&
@@ -675,6 +679,15 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
                   "mask should be (B, S) = (", q[0], ", ", S, ") or (B, H, S) = (", q[0], ", ", heads, ", ", S,
                   "), found ", c.shape(mask_at).to_string());
       }
+      if (attention.score_bias) {
+        const Shape& bias = c.shape(attention.bias_input(backward));
+        c.require(bias.rank() == 4 && (bias[0] == q[0] || bias[0] == 1) && (bias[1] == heads || bias[1] == 1) &&
+                      bias[2] == T && bias[3] == S,
+                  "the score bias should be (B|1, H|1, T, S) = (", q[0], "|1, ", heads, "|1, ", T, ", ", S,
+                  "), found ", bias.to_string());
+        c.require(attention.softcap == 0.0, "a score bias with softcap is not supported (which comes first is "
+                  "ambiguous)");
+      }
       if (extras.key_begin >= 0) {
         const size_t at = static_cast<size_t>(extras.key_begin);
         c.require(c.dtype(at) == DType::i64, "key_begin should be i64, found ", dtype_name(c.dtype(at)));
@@ -686,6 +699,7 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       if (c.op == OpKind::Attention) return {{q, out_dtype}, {lse, DType::f32}};
       c.require(c.shape(0) == q && c.shape(4) == q, "dout and out should be ", q.to_string());
       c.require(c.shape(5) == lse, "lse should be ", lse.to_string());
+      if (attention.score_bias) return {{q, DType::f32}, {k, DType::f32}, {v, DType::f32}, {{q[0], heads, T, S}, DType::f32}};
       return {{q, DType::f32}, {k, DType::f32}, {v, DType::f32}};
     }
   }

@@ -363,6 +363,7 @@ OpParams decode(OpKind op, AttrReader& r) {
       if (r.has("rng_rows")) p.rng_rows = r.integer("rng_rows");
       p.rng_row_start = r.integer("rng_row_start", p.rng_row_start);
       p.out_dtype = r.f32_or_bf16("out_dtype");
+      p.score_bias = r.flag("score_bias", p.score_bias);
       return r.finish(p);
     }
   }

@@ -505,12 +505,18 @@ class Writer {
     scores = op("Mul", {scores, constant_f32(p.scale)});
     if (p.softcap > 0)  // softcap·tanh(scores / softcap), before the mask
       scores = op("Mul", {op("Tanh", {op("Div", {scores, constant_f32(p.softcap)})}), constant_f32(p.softcap)});
-    const bool integer_extra = n.inputs.size() > 3 && graph().value(n.inputs[3]).dtype == DType::i64;
-    FT_CHECK(ops::AttentionExtras::locate(n.inputs.size(), 3, integer_extra).key_begin < 0,
+    const size_t first = p.first_extra(false);
+    if (p.score_bias) scores = op("Add", {scores, in(n, p.bias_input(false))});  // (B|1, H|1, T, S)
+    const bool integer_extra = n.inputs.size() > first && graph().value(n.inputs[first]).dtype == DType::i64;
+    const ops::AttentionExtras extras = ops::AttentionExtras::locate(n.inputs.size(), first, integer_extra);
+    FT_CHECK(extras.key_begin < 0,
              "ONNX export: attention over packed sequences (key_begin) is not covered; export a model built for "
              "unpacked batches");
-    if (n.inputs.size() > 3 && n.inputs[3] != ir::kNone)  // the additive key mask (B, S) -> (B, 1, 1, S)
-      scores = op("Add", {scores, op("Unsqueeze", {in(n, 3), constant_i64({1, 2})})});
+    if (extras.mask >= 0) {  // the additive key mask (B, S) -> (B, 1, 1, S), or a key bias per head (B, H, S)
+      const bool per_head = graph().value(n.inputs[size_t(extras.mask)]).shape.rank() == 3;
+      scores = op("Add", {scores, op("Unsqueeze", {in(n, size_t(extras.mask)),
+                                                   per_head ? constant_i64({2}) : constant_i64({1, 2})})});
+    }
     if (p.causal) {
       // Query t sees keys s <= t + S - T (and, with a window, s > t + S - T - window): keep the lower triangle
       // shifted by S - T (less the one shifted by window more), the rest to the lowest float (set, not added, so a

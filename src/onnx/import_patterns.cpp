@@ -157,7 +157,9 @@ ValueId Builder::attention_operand(ValueId v) {
 //   Gemma 2) before the mask, Softmax's output optionally through
 //   Where(IsNaN(p), 0, p), with q (B, H, T, D), kᵀ (B, H, D, S), v (B, H, S, D) and a mask from the batch that
 //   is a key-padding mask, or causal plus one. It becomes one Attention op (the kernel the built models use),
-//   reading the mask as (B, S) additive (the host checks, each batch, that it has that form). The decomposed
+//   reading the mask as (B, S) additive (the host checks, each batch, that it has that form). One of the added
+//   terms may be computed from parameters, (B|1, H|1, T, S): the op's differentiated score bias (T5 gathers its
+//   relative position bias from a trained table and folds the mask into it with a Where). The decomposed
 //   ops it replaces are left unread and never run. kNone when the pattern does not hold.
 ValueId Builder::attention(const NodeProto& n) {
   if (!f_.fuse_attention()) return ir::kNone;
@@ -206,9 +208,17 @@ ValueId Builder::attention(const NodeProto& n) {
   }
   // Additive biases from the batch between the scores and Softmax (host values: a padding or causal mask, ALiBi's
   // per-head key bias), read back across the Reshape of (B·H, T, S) scores to (B, H, T, S) in BLOOM's form.
+  // One bias computed from parameters may be among them (T5's relative position buckets gathered from a trained
+  // table, with the mask folded in by a Where): the kernel's differentiated score bias.
   std::vector<std::pair<int, bool>> biases;  // (host value, read in the (B·H, ...) layout)
+  int score_bias = -1;
   const std::vector<int64_t> probs_shape = shape_of(probs);
   bool crossed = false;
+  auto from_product = [&](int x) {
+    double unused = 1.0;
+    const NodeProto* m = producer(unscaled(x, unused));
+    return m && m->op_type() == "MatMul";
+  };
   for (int step = 0; step < 4; ++step) {
     const NodeProto* op = producer(scores);
     if (op && op->op_type() == "Add") {
@@ -219,6 +229,10 @@ ValueId Builder::attention(const NodeProto& n) {
       } else if (is_host(a) && is_ir(b)) {
         biases.emplace_back(a, crossed);
         scores = b;
+      } else if (is_ir(a) && is_ir(b) && score_bias < 0 && !flat && (from_product(a) || from_product(b))) {
+        const bool a_scores = from_product(a);
+        score_bias = a_scores ? b : a;
+        scores = a_scores ? a : b;
       } else {
         return ir::kNone;
       }
@@ -261,6 +275,15 @@ ValueId Builder::attention(const NodeProto& n) {
   if (qs.size() != 4 || ks.size() != 4) return ir::kNone;
   const int64_t B = qs[0], H = qs[1], T = qs[2], D = qs[3], S = ks[3];
   if (ks != std::vector<int64_t>{B, H, D, S} || vs != std::vector<int64_t>{B, H, S, D}) return ir::kNone;
+  ValueId learned = ir::kNone;
+  if (score_bias >= 0) {  // (B|1, H|1, T, S), f32 in the kernel
+    const std::vector<int64_t> bs = shape_of(score_bias);
+    if (softcap > 0.0 || bs.size() != 4 || (bs[0] != B && bs[0] != 1) || (bs[1] != H && bs[1] != 1) || bs[2] != T ||
+        bs[3] != S || !is_floating(graph_.value(ir_of(score_bias)).dtype))
+      return ir::kNone;
+    learned = ir_of(score_bias);
+    if (graph_.value(learned).dtype != DType::f32) learned = b_.cast(learned, DType::f32);
+  }
   if (biases.size() > 1 || (biases.size() == 1 && biases[0].second)) {
     if (banded) return ir::kNone;
     const std::optional<std::pair<ValueId, bool>> bias = head_key_bias(biases, B, H, T, S);
@@ -269,7 +292,7 @@ ValueId Builder::attention(const NodeProto& n) {
     const ValueId k4 = transposed(flat ? b_.reshape(ir_of(kt), {B, H, D, S}) : ir_of(kt), {0, 1, 3, 2});
     const ValueId v4 = flat ? b_.reshape(ir_of(v), {B, H, S, D}) : ir_of(v);
     const ValueId y = b_.attention(attention_operand(q4), attention_operand(k4), attention_operand(v4), bias->first,
-                                   scale, bias->second, 0.0, DType::f32, 0, softcap);
+                                   scale, bias->second, 0.0, DType::f32, 0, softcap, ir::kNone, learned);
     return flat ? b_.reshape(y, {B * H, T, D}) : y;
   }
   const int mask = biases.empty() ? -1 : biases[0].first;
@@ -305,7 +328,7 @@ ValueId Builder::attention(const NodeProto& n) {
     vv = grouped_v;
   }
   return b_.attention(attention_operand(ir_of(q)), attention_operand(k), attention_operand(vv), key_mask, scale,
-                      causal, 0.0, DType::f32, window, softcap);
+                      causal, 0.0, DType::f32, window, softcap, ir::kNone, learned);
 }
 
 // The (B, H, S) key bias of attention biases summed to (B, H, T, S) (ALiBi's slope·position per head, plus a padding

@@ -100,7 +100,7 @@ std::optional<Rewrite> plan_rewrite(const ir::Graph& g, const ir::Node& node, si
       // Query rows: q is sliced, every key and value stays; dropout keeps the full query's stream.
       const bool seq_major = node.attrs.get_int("seq_major", 0) != 0;
       if (out_index != 0 || r.axis != (seq_major ? 1 : 2) || node.attrs.get_int("causal", 0) != 0 ||
-          node.attrs.has("rng_rows"))
+          node.attrs.has("rng_rows") || node.attrs.get_int("score_bias", 0) != 0)  // the bias has rows of its own
         return std::nullopt;
       w.inputs[0] = r;
       if (node.attrs.get_float("dropout_p", 0.0) > 0.0) {

@@ -324,6 +324,7 @@ struct AttentionCase {
   double softcap = 0.0;    // scores softcap·tanh(scores / softcap) before the mask (Gemma 2); 0: none
   int64_t packed = 0;      // > 0 (causal, T = S): examples of 1 to `packed` tokens packed in each row (key_begin)
   DType dtype = DType::f32;  // of q, k, v (bf16: mixed precision)
+  int score_bias = 0;  // a differentiated score bias: 0 none, 1 (1, H, T, S) broadcast over the batch, 2 (B, H, T, S)
 
   std::string label() const {
     return "Attention B=" + std::to_string(B) + " H=" + std::to_string(H) + " T=" + std::to_string(T) +
@@ -331,15 +332,17 @@ struct AttentionCase {
            " window=" + std::to_string(window) + " dropout=" + std::to_string(dropout) + " threads=" + std::to_string(threads) +
            (dead_row ? " dead-row" : "") + (seq_major ? " seq-major" : "") + (head_mask ? " head-mask" : "") +
            " K=" + std::to_string(kv_heads()) + " softcap=" + std::to_string(softcap) +
-           " packed=" + std::to_string(packed) + " " + dtype_name(dtype);
+           " packed=" + std::to_string(packed) + " score_bias=" + std::to_string(score_bias) + " " + dtype_name(dtype);
   }
+  Shape bias_shape() const { return Shape{score_bias == 2 ? B : 1, H, T, S}; }
   Shape mask_shape() const { return head_mask ? Shape{B, H, S} : Shape{B, S}; }
   int64_t kv_heads() const { return K > 0 ? K : H; }
   Shape q_shape() const { return seq_major ? Shape{B, T, H, D} : Shape{B, H, T, D}; }
   Shape kv_shape() const { return seq_major ? Shape{B, S, kv_heads(), D} : Shape{B, kv_heads(), S, D}; }
   ir::Attrs attrs() const {
     return {{"scale", 1.0 / std::sqrt(static_cast<double>(D))}, {"causal", int64_t{causal}}, {"dropout_p", dropout},
-            {"seed", int64_t{11}}, {"seq_major", int64_t{seq_major}}, {"window", window}, {"softcap", softcap}};
+            {"seed", int64_t{11}}, {"seq_major", int64_t{seq_major}}, {"window", window}, {"softcap", softcap},
+            {"score_bias", int64_t{score_bias > 0}}};
   }
 };
 
@@ -351,6 +354,19 @@ std::vector<Tensor> attention_inputs(const AttentionCase& c, std::mt19937& rng) 
     Tensor t = random_tensor(s, c.dtype, rng);
     for (int64_t i = 0; i < t.numel(); ++i) t.set_item(i, 2.0 * t.item(i));  // exact in bf16 too
     in.push_back(t);
+  }
+  if (c.score_bias) {
+    // In [-2, 2), a fifth of it the lowest float: T5's relative bias with its mask folded in. Never on a query's
+    // diagonal key (s = t + S − T): a row whose visible scores were all the lowest float would be a tie in f32
+    // (the scores vanish beside it) but not in the reference's doubles.
+    Tensor bias = random_tensor(c.bias_shape(), DType::f32, rng);
+    std::bernoulli_distribution hidden(0.2);
+    for (int64_t i = 0; i < bias.numel(); ++i) {
+      const int64_t t = i / c.S % c.T, s = i % c.S;
+      const bool hide = hidden(rng) && s != t + c.S - c.T;
+      bias.set_item(i, hide ? double(std::numeric_limits<float>::lowest()) : 2.0 * bias.item(i));
+    }
+    in.push_back(bias);
   }
   if (c.mask) {
     Tensor m = Tensor::zeros(c.mask_shape(), DType::f32);
@@ -388,9 +404,11 @@ void check_attention(const AttentionCase& c, std::mt19937& rng, double tolerance
   ValueId q = builder.input("q", c.q_shape(), c.dtype);
   ValueId k = builder.input("k", c.kv_shape(), c.dtype);
   ValueId v = builder.input("v", c.kv_shape(), c.dtype);
+  ValueId bias = c.score_bias ? builder.input("bias", c.bias_shape()) : ir::kNone;
   ValueId mask = c.mask ? builder.input("mask", c.mask_shape()) : ir::kNone;
   ValueId key_begin = c.packed > 0 ? builder.input("key_begin", Shape{c.B, c.T}, DType::i64) : ir::kNone;
   std::vector<ValueId> forward_inputs{q, k, v};
+  if (c.score_bias) forward_inputs.push_back(bias);
   if (c.mask) forward_inputs.push_back(mask);
   if (c.packed > 0) forward_inputs.push_back(key_begin);
   g.add_node(OpKind::Attention, forward_inputs, c.attrs());
@@ -399,6 +417,7 @@ void check_attention(const AttentionCase& c, std::mt19937& rng, double tolerance
   ValueId out = builder.input("out", c.q_shape());
   ValueId lse = builder.input("lse", Shape{c.B, c.H, c.T});
   std::vector<ValueId> backward_inputs{dout, q, k, v, out, lse};
+  if (c.score_bias) backward_inputs.push_back(bias);
   if (c.mask) backward_inputs.push_back(mask);
   if (c.packed > 0) backward_inputs.push_back(key_begin);
   g.add_node(OpKind::AttentionBackward, backward_inputs, forward.attrs);
@@ -419,15 +438,16 @@ void check_attention(const AttentionCase& c, std::mt19937& rng, double tolerance
 
   std::vector<Tensor> backward_in{
       random_tensor(c.q_shape(), DType::f32, rng), inputs[0], inputs[1], inputs[2], want[0], want[1]};
-  for (size_t i = 3; i < inputs.size(); ++i) backward_in.push_back(inputs[i]);  // the mask, key_begin
+  for (size_t i = 3; i < inputs.size(); ++i) backward_in.push_back(inputs[i]);  // the bias, mask, key_begin
   std::unique_ptr<Kernel> tuned_backward = make_cpu_dense_kernel(compile::lower(g, backward));
   ASSERT_NE(tuned_backward, nullptr) << label;
   EXPECT_FALSE(tuned_backward->accumulates());
   std::unique_ptr<Kernel> reference_backward = make_ref_kernel(compile::lower(g, backward));
   std::vector<Tensor> grads = run_kernel(*tuned_backward, g, backward, backward_in, c.threads, rng_offset);
   std::vector<Tensor> want_grads = run_kernel(*reference_backward, g, backward, backward_in, 1, rng_offset);
-  const char* names[] = {" dq", " dk", " dv"};
-  for (int i = 0; i < 3; ++i)
+  const char* names[] = {" dq", " dk", " dv", " dbias"};
+  ASSERT_EQ(grads.size(), c.score_bias ? 4u : 3u) << label;
+  for (size_t i = 0; i < grads.size(); ++i)
     EXPECT_LE(scaled_max_error(grads[i], want_grads[i]), 2 * tolerance) << label << names[i];
 }
 
@@ -461,6 +481,32 @@ TEST(CpuDenseKernels, AttentionPerHeadKeyBias) {
             c.seq_major = seq_major, c.threads = threads;
             check_attention(c, rng);
           }
+}
+
+// A differentiated score bias (T5's relative positions, the mask folded in as the lowest float), broadcast over the
+// batch or not, with a padding mask, in every layout: direct and seq-major, grouped key/value heads, causal or not,
+// queries fewer than keys (cross-attention), dropout, one and two threads, f32 and bf16 operands.
+TEST(CpuDenseKernels, AttentionScoreBias) {
+  std::mt19937 rng(23);
+  for (int threads : {1, 2})
+    for (bool seq_major : {false, true})
+      for (int64_t K : {0, 2})
+        for (bool causal : {false, true})
+          for (int64_t T : {3, 17, 129})
+            for (int score_bias : {1, 2}) {
+              AttentionCase c;
+              c.H = 4, c.K = K, c.T = T, c.S = causal ? T : T + 40, c.D = 24, c.causal = causal;
+              c.seq_major = seq_major, c.threads = threads, c.score_bias = score_bias, c.mask = T != 17;
+              c.dropout = T == 17 ? 0.1 : 0.0;
+              check_attention(c, rng);
+            }
+  // bf16 operands: with AVX512-BF16 the tiles' bf16 products round P, dS and dO (AttentionBf16Operands' bound).
+  const bool pairs = cpu_basic::use_avx512() && cpu_features().avx512_bf16;
+  for (int64_t T : {17, 129}) {
+    AttentionCase c;
+    c.H = 4, c.T = T, c.S = T, c.D = 64, c.score_bias = 2, c.mask = true, c.dtype = DType::bf16, c.threads = 2;
+    check_attention(c, rng, pairs ? 1e-2 : 1e-5);
+  }
 }
 
 // Logit soft-capping (Gemma 2) with a cap of 1.5, where tanh bends every score (q, k in [-2, 2), D 24: scores up to
@@ -682,6 +728,9 @@ TEST(CpuDenseKernels, AttentionAvx2Path) {
   AttentionCase dead;
   dead.T = 17, dead.S = 70, dead.D = 8, dead.mask = true, dead.dead_row = true, dead.threads = 2;
   check_attention(dead, rng);
+  AttentionCase biased;
+  biased.T = 33, biased.S = 70, biased.D = 24, biased.score_bias = 1, biased.mask = true, biased.threads = 2;
+  check_attention(biased, rng);
   for (bool seq_major : {false, true}) {
     AttentionCase c;
     c.seq_major = seq_major, c.B = 2, c.H = 6, c.K = 2, c.T = 150, c.S = 150, c.D = 24, c.mask = true;

@@ -633,6 +633,61 @@ TEST(RefKernels, AttentionBackwardMatchesFiniteDifferences) {
   }
 }
 
+TEST(RefKernels, AttentionScoreBiasBackwardMatchesFiniteDifferences) {
+  // A score bias (T5's relative positions) of (B, H, T, S) or broadcast over the batch (1, H, T, S), with a key
+  // mask, causal or not, and dropout: dq, dk, dv and the bias's gradient dS (B, H, T, S), summed over the batch
+  // for the broadcast bias, against central differences.
+  std::mt19937 rng(5);
+  const int64_t B = 2, H = 2, T = 3, S = 4, D = 3;
+  for (int64_t bias_batch : {B, int64_t{1}})
+  for (bool causal : {false, true})
+  for (double p : {0.0, 0.3}) {
+    SCOPED_TRACE(testing::Message() << "bias batch " << bias_batch << " causal " << causal << " dropout_p=" << p);
+    const Shape bias_shape{bias_batch, H, T, S};
+    Graph g;
+    GraphBuilder gb(g, 4);
+    gb.attention(gb.input("q", {B, H, T, D}), gb.input("k", {B, H, S, D}), gb.input("v", {B, H, S, D}),
+                 gb.input("mask", {B, S}), 0.7, causal, p, DType::f32, 0, 0.0, ir::kNone,
+                 gb.input("bias", bias_shape));
+    const ir::Attrs attrs = g.nodes().back().attrs;
+    ASSERT_EQ(attrs.get_int("score_bias", 0), 1);
+    std::vector<Tensor> in = {random_tensor({B, H, T, D}, rng), random_tensor({B, H, S, D}, rng),
+                              random_tensor({B, H, S, D}, rng), random_tensor(bias_shape, rng),
+                              random_tensor({B, S}, rng)};
+    Tensor dout = random_tensor({B, H, T, D}, rng);
+    auto fwd = run_ref(g, in, 11);
+
+    Graph b;
+    std::vector<ValueId> ids;
+    ids.push_back(b.add_input("dout", {B, H, T, D}, DType::f32));
+    ids.push_back(b.add_input("q", {B, H, T, D}, DType::f32));
+    ids.push_back(b.add_input("k", {B, H, S, D}, DType::f32));
+    ids.push_back(b.add_input("v", {B, H, S, D}, DType::f32));
+    ids.push_back(b.add_input("out", {B, H, T, D}, DType::f32));
+    ids.push_back(b.add_input("lse", {B, H, T}, DType::f32));
+    ids.push_back(b.add_input("bias", bias_shape, DType::f32));
+    ids.push_back(b.add_input("mask", {B, S}, DType::f32));
+    b.add_node(OpKind::AttentionBackward, ids, attrs);
+    auto grads = run_ref(b, {dout, in[0], in[1], in[2], fwd[0], fwd[1], in[3], in[4]}, 11);
+    ASSERT_EQ(grads.size(), 4u);
+    ASSERT_EQ(grads[3].shape(), Shape({B, H, T, S}));
+    const char* names[] = {"dq", "dk", "dv", "dbias"};
+    for (size_t k = 0; k < 3; ++k) {
+      SCOPED_TRACE(names[k]);
+      expect_values(grads[k], numeric_gradient(g, in, k, dout, 11), 2e-3);
+    }
+    SCOPED_TRACE(names[3]);
+    std::vector<double> dbias(static_cast<size_t>(bias_shape.numel()), 0.0);
+    for (int64_t i = 0; i < grads[3].numel(); ++i) dbias[size_t(i % bias_shape.numel())] += grads[3].item(i);
+    const std::vector<double> want = numeric_gradient(g, in, 3, dout, 11);
+    ASSERT_EQ(want.size(), dbias.size());
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(dbias[i], want[i], 2e-3 * std::max(1.0, std::abs(want[i])));
+    if (causal)  // keys after a query's own get no gradient
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t s = t + S - T + 1; s < S; ++s) EXPECT_EQ(grads[3].item(t * S + s), 0.0);
+  }
+}
+
 // ---- data movement and reductions ------------------------------------------------
 
 TEST(RefKernels, TransposeSplitConcatSlice) {

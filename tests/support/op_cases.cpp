@@ -434,6 +434,17 @@ std::vector<OpCase> make_cases() {
                                          {{"scale", 0.5}, {"causal", int64_t{1}}, {"seq_major", int64_t{seq_major}}});
           return Outs{outs[0]};
         });
+  for (bool broadcast : {false, true})
+    add(broadcast ? "attention_score_bias_broadcast" : "attention_score_bias", OpKind::Attention,
+        [broadcast](GraphBuilder& b, int64_t n) {
+          // A learned score bias (T5's relative positions), over the batch's keys or broadcast over the batch (its
+          // gradient then sums the batch's), with a key mask; causal when broadcast.
+          ValueId q = b.param("q", {2, 3, n, 4}), k = b.param("k", {2, 3, n + 2, 4}), v = b.param("v", {2, 3, n + 2, 4});
+          ValueId bias = b.param("bias", {broadcast ? 1 : 2, 3, n, n + 2});
+          return Outs{b.attention(q, k, v, b.input("mask", {2, n + 2}), 0.5, broadcast, 0.0, DType::f32, 0, 0.0,
+                                  ir::kNone, bias)};
+        },
+        {{"mask", {0, 0, 0, 0, 0, 0.3}}, {"bias", {-2, 2}}});
   add("attention_dropout", OpKind::Attention, [](GraphBuilder& b, int64_t n) {
     ValueId q = b.param("q", {1, 2, n, 8}), k = b.param("k", {1, 2, 4, 8}), v = b.param("v", {1, 2, 4, 8});
     return Outs{b.attention(q, k, v, ir::kNone, 0.35, false, 0.2)};

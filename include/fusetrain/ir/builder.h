@@ -93,9 +93,11 @@ class GraphBuilder {
   /// `softcap` > 0: the scores become softcap·tanh(scores / softcap) before the mask (Gemma 2).
   /// `key_begin` (B, T) i64 (causal only, or kNone): query t sees no key before key_begin[b, t], so packed
   /// examples attend only within themselves (non-decreasing along t; see ops::AttentionExtras).
+  /// `bias` (B|1, H|1, T, S) f32 (or kNone) is added to the scaled scores before the mask and is differentiated
+  /// (a learned position bias: T5's relative buckets); not with `softcap`.
   ValueId attention(ValueId q, ValueId k, ValueId v, ValueId mask, double scale, bool causal = false,
                     double dropout_p = 0.0, DType out_dtype = DType::f32, int64_t window = 0, double softcap = 0.0,
-                    ValueId key_begin = kNone);
+                    ValueId key_begin = kNone, ValueId bias = kNone);
 
  private:
   int64_t next_stream() { return static_cast<int64_t>(seed_ * 1000003ull + stream_++); }

@@ -213,13 +213,21 @@ struct AttentionParams {
   std::optional<int64_t> rng_rows;      ///< "rng_rows": query rows of the dropout stream (absent: T)
   int64_t rng_row_start = 0;            ///< "rng_row_start": the first of those rows these T rows are
   DType out_dtype = DType::f32;         ///< "out_dtype" of out: f32 or bf16
+  bool score_bias = false;              ///< "score_bias": an f32 bias (B|1, H|1, T, S) added to the scaled scores
+                                        ///< follows q, k, v (Attention) or dout, q, k, v, out, lse (backward), which
+                                        ///< then also returns its gradient (B, H, T, S): T5's relative positions,
+                                        ///< Swin's window bias. Not with softcap.
 
   /// Query rows of the dropout stream for a query length T.
   int64_t stream_rows(int64_t T) const { return rng_rows.value_or(T); }
+  /// The input index of the score bias (when score_bias) in Attention (false) or AttentionBackward (true).
+  size_t bias_input(bool backward) const { return backward ? 6 : 3; }
+  /// The input index of the first optional extra (mask, key_begin: AttentionExtras), after the score bias.
+  size_t first_extra(bool backward) const { return bias_input(backward) + (score_bias ? 1 : 0); }
 };
 
 /// Where Attention's optional inputs are. They follow q, k, v (Attention) or dout, q, k, v, out, lse
-/// (AttentionBackward), at index `first`: the f32 additive key mask, then the i64 key_begin (B, T), each optional
+/// (AttentionBackward) and the score bias when there is one, at index `first` (AttentionParams::first_extra): the f32 additive key mask, then the i64 key_begin (B, T), each optional
 /// and told apart by dtype. key_begin[b, t] is the first key query t of batch element b may see (causal only;
 /// non-decreasing along t): packed sequences, each query seeing only its own example's keys. -1: absent.
 struct AttentionExtras {

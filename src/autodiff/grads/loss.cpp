@@ -124,15 +124,20 @@ void grad_rule<OpKind::SigmoidCrossEntropy>(GradContext& ctx) {
 
 template <>
 void grad_rule<OpKind::Attention>(GradContext& ctx) {
-  for (size_t i = 3; i < ctx.num_inputs(); ++i)
+  const bool score_bias = ctx.attrs().get_int("score_bias", 0) != 0;
+  const size_t first_extra = score_bias ? 4 : 3;
+  for (size_t i = first_extra; i < ctx.num_inputs(); ++i)
     FT_CHECK(!ctx.needs_grad(i), "Attention ", ctx.node().name,
-             ": the additive mask depends on a parameter; masks are not differentiated");
+             ": the additive mask depends on a parameter; masks are not differentiated (a learned bias is the "
+             "score bias)");
   std::vector<ValueId> inputs{ctx.grad_output(0), ctx.input(0),  ctx.input(1),
                               ctx.input(2),       ctx.output(0), ctx.output(1)};
-  // The additive mask and key_begin get no gradient.
+  // The score bias, the additive mask and key_begin follow; only the score bias gets a gradient.
   for (size_t i = 3; i < ctx.num_inputs(); ++i) inputs.push_back(ctx.input(i));
   std::vector<ValueId> grads = ctx.g.add_node(OpKind::AttentionBackward, inputs, ctx.attrs());
   for (size_t i = 0; i < 3; ++i) ctx.set_grad_input(i, grads[i]);
+  // The bias's gradient is dS (B, H, T, S), summed over the axes the bias broadcasts.
+  if (score_bias && ctx.needs_grad(3)) ctx.set_grad_input(3, ctx.sum_to(grads[3], ctx.input_shape(3)));
 }
 
 }  // namespace fusetrain::autodiff

@@ -791,6 +791,8 @@ struct AttentionPlan {
   size_t mask_at = 0;      // the input index of the mask, when has_mask
   int key_begin_at = -1;   // the input index of key_begin (B, T) i64 (packed sequences), or -1
   int64_t mask_heads = 1;  // 1: a (B, S) mask every head reads; H: a (B, H, S) one (a key bias per head: ALiBi)
+  int bias_at = -1;        // the input index of the score bias (B|1, H|1, T, S), or -1
+  int64_t bias_batch = 1, bias_heads = 1;  // its extents along B and H (1: broadcast)
   bool grouped = false;  // through packed f32 copies: seq-major layout, bf16 q, k, v or out, or K < H
   bool bf16_tiles = false;  // bf16 q, k, v on a CPU with AVX512-BF16: the tiles' products multiply bf16 pairs
   float dropout_p = 0.0f;
@@ -798,6 +800,7 @@ struct AttentionPlan {
   int64_t rng_rows = 0, rng_row_start = 0;  // the query rows whose dropout stream these T rows draw
   const TileOps* ops = nullptr;
 
+  // first_extra: the index of the first optional input (the score bias when there is one, else the mask).
   AttentionPlan(const KernelCall& call, size_t q_at, size_t first_extra) {
     const Shape& q = call.inputs[q_at].shape;
     const Shape& k = call.inputs[q_at + 1].shape;
@@ -814,6 +817,12 @@ struct AttentionPlan {
     seed = params.seed;
     rng_rows = params.stream_rows(T);
     rng_row_start = params.rng_row_start;
+    if (params.score_bias) {
+      bias_at = static_cast<int>(first_extra);
+      bias_batch = call.inputs[first_extra].shape[0];
+      bias_heads = call.inputs[first_extra].shape[1];
+      ++first_extra;
+    }
     const ops::AttentionExtras extras = ops::AttentionExtras::locate(
         call.inputs.size(), first_extra, call.inputs.size() > first_extra && call.inputs[first_extra].dtype == DType::i64);
     has_mask = extras.mask >= 0;
@@ -885,6 +894,16 @@ struct AttentionPlan {
   // The mask row (S) head bh (= b·H + h) reads, or null without a mask.
   const float* mask_row(const Tensor& mask, int64_t bh) const {
     return has_mask ? static_cast<const float*>(mask.data()) + (mask_heads > 1 ? bh : bh / H) * S : nullptr;
+  }
+  // The (T, S) score bias head bh (= b·H + h) reads, or null without one.
+  const float* bias_of(const KernelArgs& args, int64_t bh) const {
+    if (bias_at < 0) return nullptr;
+    const int64_t b = bias_batch > 1 ? bh / H : 0, h = bias_heads > 1 ? bh % H : 0;
+    return args.inputs[size_t(bias_at)].data_as<float>() + (b * bias_heads + h) * T * S;
+  }
+  // Head bh's (T, S) slab of the score bias's gradient (B, H, T, S), or null without a score bias.
+  float* dbias_of(const KernelArgs& args, int64_t bh) const {
+    return bias_at >= 0 ? args.outputs[3].data_as<float>() + bh * T * S : nullptr;
   }
   // Offset of row 0 of head bh in a (B, H, len, D) tensor (not seq-major).
   int64_t head_offset(int64_t bh, int64_t len) const { return bh * len * D; }
@@ -1077,7 +1096,7 @@ class AttentionForwardKernel final : public Kernel {
     const float* mask = p.has_mask ? p.mask_row(args.inputs[p.mask_at], bh) : nullptr;
     forward_block(static_cast<const float*>(args.inputs[0].data()) + p.head_offset(bh, p.T),
                   static_cast<const float*>(args.inputs[1].data()) + p.head_offset(bh, p.S),
-                  static_cast<const float*>(args.inputs[2].data()) + p.head_offset(bh, p.S), mask,
+                  static_cast<const float*>(args.inputs[2].data()) + p.head_offset(bh, p.S), mask, p.bias_of(args, bh),
                   static_cast<float*>(args.outputs[0].data()) + p.head_offset(bh, p.T),
                   static_cast<float*>(args.outputs[1].data()) + bh * p.T, p.key_begin_row(args, bh / p.H), ctx, bh,
                   t0, work);
@@ -1107,7 +1126,7 @@ class AttentionForwardKernel final : public Kernel {
         pack_b(S, D, v + kv * S * D, D, head_pack + p.rows_words(S));
       }
       for (int64_t t0 = 0; t0 < T; t0 += kBlockQ)
-        forward_block(q + h * T * D, k + kv * S * D, v + kv * S * D, mask, out + h * T * D,
+        forward_block(q + h * T * D, k + kv * S * D, v + kv * S * D, mask, p.bias_of(args, bh), out + h * T * D,
                       static_cast<float*>(args.outputs[1].data()) + bh * T, p.key_begin_row(args, b), ctx, bh, t0,
                       work, p.bf16_tiles ? &packs : nullptr);
     }
@@ -1115,8 +1134,10 @@ class AttentionForwardKernel final : public Kernel {
   }
 
   // One query block [t0, t0 + BQ) of head bh: q, out (T, D) and k, v (S, D), rows D apart;
-  // mask (S) or null; lse (T); key_begin (T) or null; with bf16_tiles, the head's packs or null.
-  void forward_block(const float* q, const float* k, const float* v, const float* mask, float* out, float* lse,
+  // mask (S) or null; the score bias (T, S) or null; lse (T); key_begin (T) or null; with bf16_tiles, the head's
+  // packs or null.
+  void forward_block(const float* q, const float* k, const float* v, const float* mask, const float* bias,
+                     float* out, float* lse,
                      const int64_t* key_begin_row, const StepContext& ctx, int64_t bh, int64_t t0, float* work,
                      const HeadPacks* packs = nullptr) const {
     const AttentionPlan& p = plan_;
@@ -1154,6 +1175,12 @@ class AttentionForwardKernel final : public Kernel {
       p.product(nk, mq, D, p.scale, k + kb * D, D, 1, qt, kBlockQ, st, kBlockQ, false, pack, packs ? &k_blk : nullptr,
                 packs ? &qt_packed : nullptr);
       if (p.softcap > 0.0f) ops.soft_cap(st, kBlockQ, nk, mq, p.softcap, nullptr);
+      if (bias)  // St[j, i] += bias[t0 + i, kb + j]
+        for (int64_t j = 0; j < nk; ++j) {
+          const float* column = bias + t0 * S + kb + j;
+          float* row = st + j * kBlockQ;
+          for (int64_t i = 0; i < mq; ++i) row[i] += column[i * S];
+        }
       if (p.window_cuts(offset, mq)) hide_old_keys_forward(st, kBlockQ, nk, mq, offset, p.window);
       if (block_key_begin && block_key_begin[mq - 1] > kb)
         hide_other_examples_forward(st, kBlockQ, nk, mq, kb, block_key_begin);
@@ -1213,6 +1240,8 @@ class AttentionBackwardKernel final : public Kernel {
     const float *dout, *q, *k, *v, *out, *lse, *mask;
     float *dq, *dk, *dv;
     const int64_t* key_begin;  // (T) or null
+    const float* bias;         // the score bias (T, S), or null
+    float* dbias;              // its gradient (T, S), with a bias
   };
 
   // (B, H, T, D) layout: one task per (b·H + h, run of key blocks), operands read in place.
@@ -1265,7 +1294,9 @@ class AttentionBackwardKernel final : public Kernel {
                 out(0, q_at),
                 out(1, k_at),
                 out(2, k_at),
-                p.key_begin_row(args, bh / p.H)};
+                p.key_begin_row(args, bh / p.H),
+                p.bias_of(args, bh),
+                p.dbias_of(args, bh)};
   }
 
   // Seq-major layout: one task per (b, group of heads), through packed copies (see gather_heads).
@@ -1338,7 +1369,9 @@ class AttentionBackwardKernel final : public Kernel {
                 dq + h * T * D,
                 dk + kv * S * D,
                 dv + kv * S * D,
-                p.key_begin_row(args, b)};
+                p.key_begin_row(args, b),
+                p.bias_of(args, bh),
+                p.dbias_of(args, bh)};
       // The first query head of a key/value head starts its dk, dv; the others add to them.
       backward_chunk(head, ctx, bh, 0, 1, work, h % p.group == 0, p.bf16_tiles ? &packs : nullptr);
     }
@@ -1426,6 +1459,8 @@ class AttentionBackwardKernel final : public Kernel {
         vt_blk = pack_b(D, nk, vt, kBlockK, vt_pack);
       }
       const PackedB k_blk{packs ? packs->k_pairs + kb / 2 * ld : nullptr, ld};  // kb is a whole block: even
+      if (head.dbias)  // rows no query block below visits have no gradient
+        for (int64_t t = 0; t < T; ++t) std::fill(head.dbias + t * S + kb, head.dbias + t * S + kb + nk, 0.0f);
       // Queries before t_begin cannot see any key of this block, nor (sliding window, packed sequences) those
       // from t_end on.
       const int64_t t_begin = p.causal ? std::max<int64_t>(0, kb - (S - T)) : 0;
@@ -1444,6 +1479,11 @@ class AttentionBackwardKernel final : public Kernel {
         p.product(mq, nk, D, p.scale, q_blk, D, 1, kt, kBlockK, pt, kBlockK, false, pack, packs ? &q_rows : nullptr,
                   packs ? &kt_blk : nullptr);
         if (p.softcap > 0.0f) ops.soft_cap(pt, kBlockK, mq, nk, p.softcap, cap_grad);
+        if (head.bias)
+          for (int64_t i = 0; i < mq; ++i) {
+            const float* b_row = head.bias + (t0 + i) * S + kb;
+            for (int64_t j = 0; j < nk; ++j) pt[i * kBlockK + j] += b_row[j];
+          }
         ops.backward_probs(pt, kBlockK, mq, nk, mask ? mask + kb : nullptr, offset, lse + t0);
         if (p.window_cuts(offset, mq)) hide_old_keys_backward(pt, kBlockK, mq, nk, offset, p.window);
         if (head.key_begin && head.key_begin[t0 + mq - 1] > kb)
@@ -1459,6 +1499,7 @@ class AttentionBackwardKernel final : public Kernel {
           ops.backward_ds_row(pt + i * kBlockK, dp + i * kBlockK, nk, di[t0 + i], row_keep);
           if (p.softcap > 0.0f)  // dS through the cap: · (1 − tanh²)
             for (int64_t j = 0; j < nk; ++j) dp[i * kBlockK + j] *= cap_grad[i * kBlockK + j];
+          if (head.dbias) std::copy(dp + i * kBlockK, dp + i * kBlockK + nk, head.dbias + (t0 + i) * S + kb);
         }
         p.product(nk, D, mq, 1.0f, pt, 1, kBlockK, dout_blk, D, dv_blk, D, true, pack, nullptr,  // dV += Pᵀ·dO
                   paired ? &dout_pairs : nullptr);

@@ -8,6 +8,8 @@
 //   q, out, dout, dq: (B, H, T, D)   k, v, dk, dv: (B, K, S, D)
 //   lse: (B, H, T)                   mask: (B, S) or (B, H, S) additive (a bias per head: ALiBi), optional
 //   key_begin: (B, T) i64, optional: query t of batch element b sees no key before key_begin[b, t] (packing)
+//   bias: (B|1, H|1, T, S) f32 added to the scaled scores (score_bias, before the mask); its gradient dbias
+//   (B, H, T, S) is the backward's fourth output
 // With softcap c > 0 the scores scale·q·k become c·tanh(scale·q·k / c) before the mask is added (Gemma 2).
 // With seq_major: q, out, dout, dq (B, T, H, D) and k, v, dk, dv (B, S, K, D).
 #include <algorithm>
@@ -33,6 +35,9 @@ struct AttentionDims {
   int64_t rng_rows = 0, rng_row_start = 0;  // dropout draws the stream of rows [start, start + T) of rng_rows
   int64_t mask_heads = 1;  // 1: a (B, S) mask every head reads; H: a (B, H, S) one, a row per head
   ops::AttentionExtras extras;  // where the optional mask and key_begin inputs are
+  int bias_at = -1;             // the score bias input (score_bias), or -1
+  int64_t bias_batch = 1, bias_heads = 1;  // its extents along B and H (1: broadcast)
+  const float* bias = nullptr;  // bound per run
   const int64_t* key_begin = nullptr;  // (B, T), bound per run; null: none
 };
 
@@ -56,7 +61,12 @@ AttentionDims parse_attention(const KernelCall& call, size_t q_input) {
   a.seed = params.seed;
   a.rng_rows = params.stream_rows(a.T);
   a.rng_row_start = params.rng_row_start;
-  const size_t first = q_input == 0 ? 3 : 6;
+  const size_t first = params.first_extra(q_input != 0);
+  if (params.score_bias) {
+    a.bias_at = static_cast<int>(params.bias_input(q_input != 0));
+    a.bias_batch = call.inputs[size_t(a.bias_at)].shape[0];
+    a.bias_heads = call.inputs[size_t(a.bias_at)].shape[1];
+  }
   a.extras = ops::AttentionExtras::locate(call.inputs.size(), first,
                                           call.inputs.size() > first && input_dtype(call, first) == DType::i64);
   if (a.extras.mask >= 0 && call.inputs[size_t(a.extras.mask)].shape.rank() == 3)
@@ -104,6 +114,8 @@ double attention_scores(double* scores, const float* q_row, const float* k, cons
       score = a.softcap * th;
       if (capped_grad) capped_grad[s] = 1.0 - th * th;
     }
+    if (a.bias)
+      score += a.bias[(((a.bias_batch > 1 ? b : 0) * a.bias_heads + (a.bias_heads > 1 ? h : 0)) * a.T + t) * a.S + s];
     scores[s] = score + (mask != nullptr ? static_cast<double>(mask[row * a.S + s]) : 0.0);
     max = std::max(max, scores[s]);
   }
@@ -156,11 +168,11 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 //   dPd = (dO·Vᵀ)·m                         (gradient w.r.t. P through dropout)
 //   dS = P ⊙ (dPd − Σ_s P·dPd)              (Σ_s P·dPd equals rowsum(dO ⊙ out))
 //   dS ⊙= 1 − tanh²(scale·q·k / c)          (with a softcap c)
-//   dQ = scale·dS·K,  dK = scale·dSᵀ·Q
+//   dQ = scale·dS·K,  dK = scale·dSᵀ·Q,  dbias = dS (with a score bias)
 // Scratch: probs, dprobs_dropped, probs_dropped, capped_grad (S each), dk_sum, dv_sum (S·D each).
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+void attention_backward(float* dq, float* dk, float* dv, float* dbias, const float* dout, const float* q, const float* k,
                         const float* v, const float* lse, const float* mask, const AttentionDims& a,
-                        uint64_t rng_offset, const bool accumulate[3], double* scratch) {
+                        uint64_t rng_offset, const bool accumulate[4], double* scratch) {
   double* probs = scratch;
   double* probs_dropped = probs + a.S;
   double* dprobs_dropped = probs_dropped + a.S;
@@ -193,6 +205,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         for (int64_t s = 0; s < a.S; ++s) {
           double dscore = probs[s] * (dprobs_dropped[s] - row_term);
           if (a.softcap > 0.0 && probs[s] != 0.0) dscore *= capped_grad[s];
+          if (dbias) store(dbias, DType::f32, (head * a.T + t) * a.S + s, dscore, accumulate[3]);
           for (int64_t d = 0; d < a.D; ++d) {
             dv_sum[s * a.D + d] += probs_dropped[s] * dout_row[d];
             dk_sum[s * a.D + d] += a.scale * dscore * q_row[d];
@@ -255,6 +268,7 @@ class AttentionRef final : public RefKernel {
     // inputs: q, k, v, [mask]; outputs: out, lse
     const float* mask = dims_.extras.mask >= 0 ? args.inputs[size_t(dims_.extras.mask)].data_as<float>() : nullptr;
     dims_.key_begin = key_begin_of(args, dims_);
+    dims_.bias = dims_.bias_at >= 0 ? args.inputs[size_t(dims_.bias_at)].data_as<float>() : nullptr;
     double* probs = static_cast<double*>(args.scratch);
     float* floats = reinterpret_cast<float*>(probs + dims_.S);
     const float* qkv[3];
@@ -287,11 +301,13 @@ class AttentionBackwardRef final : public RefKernel {
   }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
-    const bool acc[3] = {accumulate_flag(args, 0), accumulate_flag(args, 1), accumulate_flag(args, 2)};
-    // inputs: dout, q, k, v, out, lse, [mask]; outputs: dq, dk, dv. `out` is not
+    const bool acc[4] = {accumulate_flag(args, 0), accumulate_flag(args, 1), accumulate_flag(args, 2),
+                         dims_.bias_at >= 0 && accumulate_flag(args, 3)};
+    // inputs: dout, q, k, v, out, lse, [bias], [mask]; outputs: dq, dk, dv, [dbias]. `out` is not
     // needed: the row term Σ_s P·dPd is computed directly.
     const float* mask = dims_.extras.mask >= 0 ? args.inputs[size_t(dims_.extras.mask)].data_as<float>() : nullptr;
     dims_.key_begin = key_begin_of(args, dims_);
+    dims_.bias = dims_.bias_at >= 0 ? args.inputs[size_t(dims_.bias_at)].data_as<float>() : nullptr;
     double* work = static_cast<double*>(args.scratch);
     float* floats = reinterpret_cast<float*>(work + 4 * dims_.S + 2 * dims_.S * dims_.D);
     const float* qkv[3];
@@ -300,7 +316,8 @@ class AttentionBackwardRef final : public RefKernel {
       if (qkv[i] == floats) floats += args.inputs[i + 1].numel();
     }
     attention_backward(args.outputs[0].data_as<float>(), args.outputs[1].data_as<float>(),
-                       args.outputs[2].data_as<float>(), args.inputs[0].data_as<float>(), qkv[0], qkv[1], qkv[2],
+                       args.outputs[2].data_as<float>(), dims_.bias ? args.outputs[3].data_as<float>() : nullptr,
+                       args.inputs[0].data_as<float>(), qkv[0], qkv[1], qkv[2],
                        args.inputs[5].data_as<float>(), mask, dims_, ctx.rng_offset, acc, work);
   }
 
