@@ -284,7 +284,11 @@ ValueId Builder::attention(const NodeProto& n) {
     learned = ir_of(score_bias);
     if (graph_.value(learned).dtype != DType::f32) learned = b_.cast(learned, DType::f32);
   }
-  if (biases.size() > 1 || (biases.size() == 1 && biases[0].second)) {
+  // One bias of a padding or causal mask's shape (B|1, 1, T|1, S) is the kernel's key mask, read below; others (per
+  // head: ALiBi's, T5's cross-attention mask broadcast over its heads) are a key bias per head.
+  const bool one_mask = biases.size() == 1 && !biases[0].second && host_[size_t(biases[0].first)].shape.size() == 4 &&
+                        host_[size_t(biases[0].first)].shape[1] == 1;
+  if (!biases.empty() && !one_mask) {
     if (banded) return ir::kNone;
     const std::optional<std::pair<ValueId, bool>> bias = head_key_bias(biases, B, H, T, S);
     if (!bias) return ir::kNone;

@@ -275,10 +275,10 @@ def test_a_class_named_for_generation_that_is_no_encoder_decoder_falls_back_nami
 
 
 def test_t5_in_bf16_runs_every_product_in_bf16_as_autocast_does(tmp_path):
-    """Under bf16 T5's attention (no fused kernel takes its learned relative bias) multiplies bf16 operands, as
-    autocast's matmul does, its kᵀ read through MatMul's transpose flag (no Transpose of k, nor of its gradient); its
-    ReLU reads the projection's result rounded to bf16, which backward keeps. `fusetrain inspect --profile-nodes`
-    lists every planned node with its operands' dtypes."""
+    """Under bf16 every product of T5's captured graph multiplies bf16 operands, as autocast's matmul does, and its
+    ReLU reads the projection's result rounded to bf16, which backward keeps; its attention (the learned relative
+    bias a differentiated score bias) runs in the fused kernel on bf16 q, k, v with no Transpose of k or of its
+    gradient. `fusetrain inspect --profile-nodes` lists every planned node with its operands' dtypes."""
     from test_capture import cli
 
     graph = capture.captured_path(model_of("t5"), "seq2seq")
@@ -293,13 +293,19 @@ def test_t5_in_bf16_runs_every_product_in_bf16_as_autocast_does(tmp_path):
     assert products and all(n.split(" -> ")[0].count("bf16(") == 2 for n in products), products
     relus = [n for n in nodes if n.startswith(("Relu ", "ReluBackward "))]
     assert len(relus) == 2 * (2 + 3) and all("bf16(2, 16, 52)" in n or "bf16(2, 8, 52)" in n for n in relus), relus
-    # the heads transposes of q, k, v and the output remain; no (B·H, S, D) -> (B·H, D, S) of k or of its gradient
+    # no (B·H, S, D) -> (B·H, D, S) of k or of its gradient
     assert not [n for n in nodes if n.startswith("Transpose f32(6, ")], nodes
+    attention = [n for n in nodes if n.startswith("Attention ")]
+    assert len(attention) == 2 + 3 + 3 and all(n.count("bf16(") == 4 for n in attention), attention
 
 
 def test_seq2seq_trainer_in_bf16_is_closer_to_autocast_than_f32_is(tmp_path):
     """Seq2SeqTrainingArguments(bf16=True) on a captured T5 trains on the engine in bf16: three steps log
-    transformers' losses under CPU autocast within 2e-4 relative, closer to them than the f32 run's losses are."""
+    transformers' losses under CPU autocast within 5e-4 relative, closer to them than the f32 run's losses are (5.1e-4
+    away). The bound is wider than the decoder-only models' 2e-4 because the fused attention keeps T5's scores, its
+    relative position bias and the mask in f32 where PyTorch's CPU scaled_dot_product_attention under autocast takes
+    them through its bf16 path (measured on a Zen 4 with AVX512-BF16: 3.3e-4; 4.0e-4 before the cross-attention was
+    fused too, the decomposed attention that rounded as autocast's matmuls do: within 2e-4)."""
     rows = batch(model_of("t5"), seed=1)
     del rows["decoder_input_ids"]
     rows["attention_mask"][0] = 1
@@ -310,7 +316,7 @@ def test_seq2seq_trainer_in_bf16_is_closer_to_autocast_than_f32_is(tmp_path):
                             bf16=True)
     _, f32 = run_trainer(fusetrain.Seq2SeqTrainer, fusetrain.Seq2SeqTrainingArguments, model_of("t5"), data,
                          tmp_path / "f32", fusetrain_require_engine=True)
-    assert_bf16_like_autocast(ours, theirs, f32)
+    assert_bf16_like_autocast(ours, theirs, f32, rtol=5e-4)
 
 
 def test_seq2seq_trainer_accumulates_ragged_targets_as_transformers_does(tmp_path):
@@ -332,12 +338,14 @@ def test_seq2seq_trainer_accumulates_ragged_targets_as_transformers_does(tmp_pat
         assert np.linalg.norm(a - b) <= 1e-3 * np.linalg.norm(b), name
 
 
-@pytest.mark.parametrize("arch", ["bart", "marian"])
+@pytest.mark.parametrize("arch", ["bart", "marian", "t5"])
 def test_cross_attention_runs_in_the_attention_kernel(arch, tmp_path):
-    """BART's and Marian's attention (encoder self, decoder causal self, and the decoder's cross-attention over the
-    encoder, its queries the target's and its keys the source's, masked by the source's padding) is the fused
-    Attention op in all three places: `fusetrain inspect` plans 6 for 2 + 2 layers and no Softmax. Marian's padding
-    id is the vocabulary's last, which the inspect batch's dummy token must avoid."""
+    """BART's, Marian's and T5's attention (encoder self, decoder causal self, and the decoder's cross-attention over
+    the encoder, its queries the target's and its keys the source's, masked by the source's padding) is the fused
+    Attention op in all three places: `fusetrain inspect` plans 6 for BART's and Marian's 2 + 2 layers, 8 for T5's
+    2 + 3, and no Softmax. T5's self-attention adds its relative position bias (gathered from a trained table, the
+    mask folded in by a Where) as the kernel's score bias, with its gradient; its cross-attention's mask spans the
+    heads. Marian's padding id is the vocabulary's last, which the inspect batch's dummy token must avoid."""
     from test_capture import cli
 
     graph = capture.captured_path(model_of(arch), "seq2seq")
@@ -345,7 +353,8 @@ def test_cross_attention_runs_in_the_attention_kernel(arch, tmp_path):
                 "--max-target-length", "8", "--per-device-train-batch-size", "2", cache=tmp_path / "cache")
     assert shown.returncode == 0, shown.stderr
     ops = {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines() if line.startswith("  ")}
-    assert ops.get("Attention") == ["6", "6"] and ops.get("AttentionBackward") == ["6", "6"], shown.stdout
+    count = "8" if arch == "t5" else "6"
+    assert ops.get("Attention") == [count] * 2 and ops.get("AttentionBackward") == [count] * 2, shown.stdout
     assert "Softmax" not in ops and "SoftmaxBackward" not in ops, shown.stdout
 
 
