@@ -917,7 +917,7 @@ BuiltGraph OnnxFamily::build(const BatchSpec& spec) const {
 }
 
 void OnnxFamily::walk(Builder& bld, const BatchSpec& spec) const {
-  const int64_t B = spec.batch, T = spec.seq;
+  const int64_t B = spec.batch;
   const onnx::GraphProto& g = proto_.graph();
   for (const auto& [name, h] : inits_) {
     const int v = ids_.at(name);

@@ -113,6 +113,9 @@ struct TileOps {
   void (*backward_ds_row)(float* p, float* dp, int64_t n, float di, const float* keep);
   void (*dropout_row)(uint64_t seed, uint64_t offset, uint64_t first, int64_t n, float p, float* out);
   void (*soft_cap)(float* x, int64_t ld, int64_t rows, int64_t n, float cap, float* grad);
+  // st[j·ld + i] = bias[i·bias_ld + j] for i < mq, j < nk: a score bias tile (mq, nk) written transposed, the
+  // forward's (keys, queries) layout, for the scores' product to add onto.
+  void (*bias_columns)(float* st, int64_t ld, const float* bias, int64_t bias_ld, int64_t mq, int64_t nk);
 };
 
 // ---------------------------------------------------------------------------
@@ -162,6 +165,11 @@ void forward_softmax_portable(float* st, int64_t ld, int64_t nk, int64_t mq, con
   }
 }
 
+void bias_columns_portable(float* st, int64_t ld, const float* bias, int64_t bias_ld, int64_t mq, int64_t nk) {
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t i = 0; i < mq; ++i) st[j * ld + i] = bias[i * bias_ld + j];
+}
+
 void scale_rows_portable(float* x, int64_t ld, int64_t rows, int64_t n, const float* factor) {
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < n; ++j) x[i * ld + j] *= factor[i];
@@ -208,7 +216,7 @@ void soft_cap_portable(float* x, int64_t ld, int64_t rows, int64_t n, float cap,
 
 constexpr TileOps kPortableOps{matmul_portable,         forward_softmax_portable, scale_rows_portable,
                                backward_probs_portable, backward_ds_row_portable, dropout_row_portable,
-                               soft_cap_portable};
+                               soft_cap_portable,       bias_columns_portable};
 
 // ---------------------------------------------------------------------------
 // AVX-512 tile ops
@@ -328,6 +336,19 @@ FT_AVX512 void forward_softmax_avx512(float* st, int64_t ld, int64_t nk, int64_t
   }
 }
 
+// Each key's 16 queries gathered from 16 bias rows (lines the next 15 keys read again from L1).
+FT_AVX512 void bias_columns_avx512(float* st, int64_t ld, const float* bias, int64_t bias_ld, int64_t mq, int64_t nk) {
+  const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(static_cast<int>(bias_ld)));
+  for (int64_t i0 = 0; i0 < mq; i0 += 16) {
+    const __mmask16 lanes = static_cast<__mmask16>(mq - i0 >= 16 ? 0xFFFF : (1u << (mq - i0)) - 1);
+    const float* base = bias + i0 * bias_ld;
+    for (int64_t j = 0; j < nk; ++j)
+      _mm512_mask_storeu_ps(st + j * ld + i0, lanes,
+                            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, rows, base + j, 4));
+  }
+}
+
 FT_AVX512 void scale_rows_avx512(float* x, int64_t ld, int64_t rows, int64_t n, const float* factor) {
   for (int64_t i = 0; i < rows; ++i) {
     const __m512 f = _mm512_set1_ps(factor[i]);
@@ -410,7 +431,7 @@ FT_AVX512 void soft_cap_avx512(float* x, int64_t ld, int64_t rows, int64_t n, fl
 
 constexpr TileOps kAvx512Ops{matmul_avx512,         forward_softmax_avx512, scale_rows_avx512,
                              backward_probs_avx512, backward_ds_row_avx512, dropout_row_avx512,
-                             soft_cap_avx512};
+                             soft_cap_avx512,       bias_columns_avx512};
 
 // ---------------------------------------------------------------------------
 // AVX2 tile ops (CPUs without AVX-512): the AVX-512 ops' arithmetic on 8 lanes
@@ -591,7 +612,7 @@ FT_AVX2 void dropout_row_avx2(uint64_t seed, uint64_t offset, uint64_t first, in
 
 constexpr TileOps kAvx2Ops{matmul_avx2,         forward_softmax_avx2, scale_rows_avx2,
                            backward_probs_avx2, backward_ds_row_avx2, dropout_row_avx2,
-                           soft_cap_avx2};
+                           soft_cap_avx2,       bias_columns_portable};  // the bias's transposing copy: scalar
 
 const TileOps& select_ops() {
   return cpu_basic::use_avx512() ? kAvx512Ops : cpu_basic::use_avx2() ? kAvx2Ops : kPortableOps;
@@ -1172,15 +1193,10 @@ class AttentionForwardKernel final : public Kernel {
       const int64_t nk = std::min(kBlockK, key_end - kb);
       const int64_t offset = p.causal_offset(t0, kb);
       const PackedA k_blk{packs ? packs->k_rows + kb * kp : nullptr, kp, 1};
-      p.product(nk, mq, D, p.scale, k + kb * D, D, 1, qt, kBlockQ, st, kBlockQ, false, pack, packs ? &k_blk : nullptr,
-                packs ? &qt_packed : nullptr);
+      if (bias) ops.bias_columns(st, kBlockQ, bias + t0 * S + kb, S, mq, nk);  // St = biasᵀ, the product added
+      p.product(nk, mq, D, p.scale, k + kb * D, D, 1, qt, kBlockQ, st, kBlockQ, bias != nullptr, pack,
+                packs ? &k_blk : nullptr, packs ? &qt_packed : nullptr);
       if (p.softcap > 0.0f) ops.soft_cap(st, kBlockQ, nk, mq, p.softcap, nullptr);
-      if (bias)  // St[j, i] += bias[t0 + i, kb + j]
-        for (int64_t j = 0; j < nk; ++j) {
-          const float* column = bias + t0 * S + kb + j;
-          float* row = st + j * kBlockQ;
-          for (int64_t i = 0; i < mq; ++i) row[i] += column[i * S];
-        }
       if (p.window_cuts(offset, mq)) hide_old_keys_forward(st, kBlockQ, nk, mq, offset, p.window);
       if (block_key_begin && block_key_begin[mq - 1] > kb)
         hide_other_examples_forward(st, kBlockQ, nk, mq, kb, block_key_begin);
@@ -1476,14 +1492,12 @@ class AttentionBackwardKernel final : public Kernel {
         const bool paired = packs && t0 % 2 == 0;
         const PackedB q_pairs{paired ? packs->q_pairs + t0 / 2 * ld : nullptr, ld};
         const PackedB dout_pairs{paired ? packs->dout_pairs + t0 / 2 * ld : nullptr, ld};
-        p.product(mq, nk, D, p.scale, q_blk, D, 1, kt, kBlockK, pt, kBlockK, false, pack, packs ? &q_rows : nullptr,
-                  packs ? &kt_blk : nullptr);
+        if (head.bias)  // P = the bias, the product added
+          for (int64_t i = 0; i < mq; ++i)
+            std::copy(head.bias + (t0 + i) * S + kb, head.bias + (t0 + i) * S + kb + nk, pt + i * kBlockK);
+        p.product(mq, nk, D, p.scale, q_blk, D, 1, kt, kBlockK, pt, kBlockK, head.bias != nullptr, pack,
+                  packs ? &q_rows : nullptr, packs ? &kt_blk : nullptr);
         if (p.softcap > 0.0f) ops.soft_cap(pt, kBlockK, mq, nk, p.softcap, cap_grad);
-        if (head.bias)
-          for (int64_t i = 0; i < mq; ++i) {
-            const float* b_row = head.bias + (t0 + i) * S + kb;
-            for (int64_t j = 0; j < nk; ++j) pt[i * kBlockK + j] += b_row[j];
-          }
         ops.backward_probs(pt, kBlockK, mq, nk, mask ? mask + kb : nullptr, offset, lse + t0);
         if (p.window_cuts(offset, mq)) hide_old_keys_backward(pt, kBlockK, mq, nk, offset, p.window);
         if (head.key_begin && head.key_begin[t0 + mq - 1] > kb)
