@@ -104,6 +104,12 @@ std::string recompute_gelu_outputs(ir::Graph& g, PassState&) {
                 str(" GELU outputs (", mib(r.bytes_freed), " MiB) computed again in backward from the input it keeps"));
 }
 
+std::string relu_backward_from_output(ir::Graph& g, PassState&) {
+  passes::ReluBackwardReport r = passes::relu_backward_from_output(g);
+  return report(r.relus, str(" ReLU backwards read the output backward keeps, not the input (", mib(r.bytes_freed),
+                             " MiB no longer kept)"));
+}
+
 std::string recast_weights_for_backward(ir::Graph& g, PassState&) {
   passes::RecastReport r = passes::recast_weights_for_backward(g);
   return report(r.casts, str(" weight copies in another dtype (", mib(r.bytes_freed),
@@ -144,6 +150,7 @@ const std::vector<Pass>& pipeline() {
       {"merge_duplicate_casts", Stage::Joint, with_fusions, merge_duplicate_casts},
       {"recompute", Stage::Joint, recomputing, recompute},
       {"recompute_gelu_outputs", Stage::Joint, with_fusions, recompute_gelu_outputs},
+      {"relu_backward_from_output", Stage::Joint, with_fusions, relu_backward_from_output},
       {"recast_weights_for_backward", Stage::Joint, with_fusions, recast_weights_for_backward},
       // After the passes that clone GELUs into backward, so recomputed GELUs fold too.
       {"fold_output_casts", Stage::Final, with_fusions, fold_output_casts},

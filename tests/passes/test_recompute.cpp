@@ -275,6 +275,47 @@ TEST(RecomputeGeluOutputs, BackwardRecomputesWhatTheNextProductKeptAndGradientsA
   }
 }
 
+// Two T5 feed-forward blocks x -> Linear -> ReLU -> Linear (with `bf16`, ReLU reads and writes the projection's result
+// rounded to bf16, as the importer writes it): ReluBackward reads the ReLU's output, which the second projection's
+// weight gradient keeps anyway, so the ReLU's input dies in forward; the gradients are bit-identical.
+TEST(ReluBackwardFromOutput, ReadsTheKeptOutputAndGradientsAreUnchanged) {
+  const int64_t R = 48, C = 16;
+  const std::vector<float> x = sine_input(R * C, 0.37);
+  for (bool bf16 : {false, true}) {
+    std::vector<std::vector<float>> grads;
+    std::vector<size_t> peaks;
+    for (bool pass : {false, true}) {
+      auto s = std::make_unique<Stack>();
+      ir::GraphBuilder b(s->g);
+      auto operand = [&](ValueId v) { return bf16 ? b.cast(v, DType::bf16) : v; };
+      ValueId h = b.tanh(b.input("x", {R, C}));
+      for (int layer = 0; layer < 2; ++layer) {
+        ValueId w1 = b.param(str("wi_", layer), {4 * C, C}), w2 = b.param(str("wo_", layer), {C, 4 * C});
+        ValueId y = b.relu(operand(b.linear(operand(h), operand(w1), ir::kNone)));
+        h = b.add(h, b.linear(y, operand(w2), ir::kNone));
+      }
+      s->loss = b.reduce_sum(b.mul(h, h), {0, 1});
+      s->g.mark_output(s->loss);
+      s->backward_begin = s->g.nodes().size();
+      autodiff::build_backward(s->g, s->loss, s->g.params());
+      if (pass) {
+        passes::ReluBackwardReport report = passes::relu_backward_from_output(s->g);
+        EXPECT_EQ(report.relus, 2) << "bf16 " << bf16;
+        EXPECT_EQ(report.bytes_freed, size_t(2 * R * 4 * C * (bf16 ? 2 : 4))) << "bf16 " << bf16;
+        for (const ir::Node& n : s->g.nodes())
+          if (n.op == OpKind::ReluBackward) {
+            const ir::Node& producer = s->g.node(s->g.value(n.inputs[1]).producer);
+            EXPECT_EQ(producer.op, OpKind::Relu) << n.name << " reads " << s->g.describe(n.inputs[1]);
+          }
+      }
+      run_stack(*s, x, 0.2f, grads, peaks);
+    }
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      ASSERT_EQ(grads[0][i], grads[1][i]) << "bf16 " << bf16 << " gradient element " << i;
+    EXPECT_LT(peaks[1], peaks[0]) << "bf16 " << bf16;
+  }
+}
+
 int count_op(const ir::Graph& g, OpKind op) {
   return static_cast<int>(std::count_if(g.nodes().begin(), g.nodes().end(), [&](const ir::Node& n) { return n.op == op; }));
 }

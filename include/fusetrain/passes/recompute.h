@@ -70,6 +70,18 @@ struct GeluRecomputeReport {
 /// one GELU (and cast) per MLP per step; results are bit-identical (the same kernels on the same z).
 GeluRecomputeReport recompute_gelu_outputs(ir::Graph& graph);
 
+/// What relu_backward_from_output changed.
+struct ReluBackwardReport {
+  int64_t relus = 0;       ///< ReluBackward nodes that read the ReLU's output instead of its input
+  size_t bytes_freed = 0;  ///< ReLU inputs no longer kept from forward to backward
+};
+
+/// ReluBackward(dy, z) keeps the ReLU's input z while the product after the ReLU keeps its output y for its weight
+/// gradient (T5's feed-forward): two (rows, intermediate) activations per MLP. Where backward reads y anyway,
+/// ReluBackward reads y instead (y > 0 exactly where z > 0), so z dies in forward. No extra work; results are
+/// bit-identical.
+ReluBackwardReport relu_backward_from_output(ir::Graph& graph);
+
 /// What fold_output_casts changed.
 struct OutputCastsReport {
   int64_t casts = 0;       ///< casts removed: their producer now writes bf16 itself
