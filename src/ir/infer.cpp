@@ -699,7 +699,8 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       if (c.op == OpKind::Attention) return {{q, out_dtype}, {lse, DType::f32}};
       c.require(c.shape(0) == q && c.shape(4) == q, "dout and out should be ", q.to_string());
       c.require(c.shape(5) == lse, "lse should be ", lse.to_string());
-      if (attention.score_bias) return {{q, DType::f32}, {k, DType::f32}, {v, DType::f32}, {{q[0], heads, T, S}, DType::f32}};
+      if (attention.score_bias)  // and dS, the score bias's gradient
+        return {{q, DType::f32}, {k, DType::f32}, {v, DType::f32}, {Shape{q[0], heads, T, S}, DType::f32}};
       return {{q, DType::f32}, {k, DType::f32}, {v, DType::f32}};
     }
   }

@@ -227,9 +227,10 @@ struct AttentionParams {
 };
 
 /// Where Attention's optional inputs are. They follow q, k, v (Attention) or dout, q, k, v, out, lse
-/// (AttentionBackward) and the score bias when there is one, at index `first` (AttentionParams::first_extra): the f32 additive key mask, then the i64 key_begin (B, T), each optional
-/// and told apart by dtype. key_begin[b, t] is the first key query t of batch element b may see (causal only;
-/// non-decreasing along t): packed sequences, each query seeing only its own example's keys. -1: absent.
+/// (AttentionBackward) and the score bias when there is one, at index `first` (AttentionParams::first_extra): the
+/// f32 additive key mask, then the i64 key_begin (B, T), each optional and told apart by dtype. key_begin[b, t] is
+/// the first key query t of batch element b may see (causal only; non-decreasing along t): packed sequences, each
+/// query seeing only its own example's keys. -1: absent.
 struct AttentionExtras {
   int mask = -1;
   int key_begin = -1;
