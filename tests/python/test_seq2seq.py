@@ -380,3 +380,21 @@ def test_model_from_pretrained_keeps_a_directorys_frozen_weights_and_buffers_fix
     hf.assert_loss_matches(loss, want_loss, "marian from a directory", rtol=1e-5)
     errors = hf.grad_errors(grads, {name: reference.get_parameter(name).grad.numpy() for name in grads})
     assert not errors, "\n".join(errors)
+
+
+def test_captured_t5_exports_to_onnx_and_runs_in_onnxruntime_as_on_the_engine(tmp_path):
+    """A captured T5 (its attention the fused op with the relative position bias as a score bias, its cross-attention
+    mask a key bias per head) exports to ONNX, the score bias written as an Add before the mask, and ONNX Runtime's
+    logits match the engine's within test_onnx_export's 1e-4 (each sums the same f32 products in its own order)."""
+    ort = pytest.importorskip("onnxruntime")
+    model = capture.capture(model_of("t5"), "seq2seq")
+    path = model.export_onnx(tmp_path / "model.onnx")
+    rows = batch(model_of("t5"), seed=1)
+    feeds = {k: np.asarray(v) for k, v in rows.items() if k != "labels"}
+    feeds.setdefault("decoder_attention_mask", np.ones_like(feeds["decoder_input_ids"]))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    exported = dict(zip([o.name for o in session.get_outputs()],
+                        session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})))
+    ours = model.forward(**feeds)
+    assert set(exported) == set(ours) == {"logits"}, (set(exported), set(ours))
+    np.testing.assert_allclose(exported["logits"], ours["logits"], rtol=1e-4, atol=1e-4)
