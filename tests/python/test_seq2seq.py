@@ -10,6 +10,8 @@ off in every config (the engine's dropout masks are its own).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -305,7 +307,11 @@ def test_seq2seq_trainer_in_bf16_is_closer_to_autocast_than_f32_is(tmp_path):
     away). The bound is wider than the decoder-only models' 2e-4 because the fused attention keeps T5's scores, its
     relative position bias and the mask in f32 where PyTorch's CPU scaled_dot_product_attention under autocast takes
     them through its bf16 path (measured on a Zen 4 with AVX512-BF16: 3.3e-4; 4.0e-4 before the cross-attention was
-    fused too, the decomposed attention that rounded as autocast's matmuls do: within 2e-4)."""
+    fused too, the decomposed attention that rounded as autocast's matmuls do: within 2e-4). On a CPU without
+    AVX512-BF16 the engine's attention widens the bf16 q, k, v and keeps its tiles in f32 (no bf16 pairs rounding the
+    probabilities as autocast's kernel does), so there the losses need not be closer than the f32 run's: they are
+    held within 1e-3 of autocast's (measured 5.5e-4 with the kernels capped to AVX2 on that Zen 4, the f32 run
+    5.1e-4) and must differ from the f32 run's (the bf16 products ran)."""
     rows = batch(model_of("t5"), seed=1)
     del rows["decoder_input_ids"]
     rows["attention_mask"][0] = 1
@@ -316,7 +322,12 @@ def test_seq2seq_trainer_in_bf16_is_closer_to_autocast_than_f32_is(tmp_path):
                             bf16=True)
     _, f32 = run_trainer(fusetrain.Seq2SeqTrainer, fusetrain.Seq2SeqTrainingArguments, model_of("t5"), data,
                          tmp_path / "f32", fusetrain_require_engine=True)
-    assert_bf16_like_autocast(ours, theirs, f32, rtol=5e-4)
+    # the attention kernel's bf16 pairs: AVX512-BF16 on a CPU whose kernels FUSETRAIN_KERNELS does not cap
+    if "avx512_bf16" in fusetrain.cpu_features().split() and not os.environ.get("FUSETRAIN_KERNELS"):
+        assert_bf16_like_autocast(ours, theirs, f32, rtol=5e-4)
+    else:
+        np.testing.assert_allclose(ours, theirs, rtol=1e-3)
+        assert not np.allclose(ours, f32, rtol=1e-6, atol=0), (ours, f32)
 
 
 def test_seq2seq_trainer_accumulates_ragged_targets_as_transformers_does(tmp_path):
