@@ -229,8 +229,9 @@ ValueId Builder::attention(const NodeProto& n) {
       } else if (is_host(a) && is_ir(b)) {
         biases.emplace_back(a, crossed);
         scores = b;
-      } else if (is_ir(a) && is_ir(b) && score_bias < 0 && !flat && (from_product(a) || from_product(b))) {
+      } else if (is_ir(a) && is_ir(b) && score_bias < 0 && !flat) {
         const bool a_scores = from_product(a);
+        if (!a_scores && !from_product(b)) return ir::kNone;
         score_bias = a_scores ? b : a;
         scores = a_scores ? a : b;
       } else {
@@ -286,8 +287,10 @@ ValueId Builder::attention(const NodeProto& n) {
   }
   // One bias of a padding or causal mask's shape (B|1, 1, T|1, S) is the kernel's key mask, read below; others (per
   // head: ALiBi's, T5's cross-attention mask broadcast over its heads) are a key bias per head.
-  const bool one_mask = biases.size() == 1 && !biases[0].second && host_[size_t(biases[0].first)].shape.size() == 4 &&
-                        host_[size_t(biases[0].first)].shape[1] == 1;
+  const bool one_mask = biases.size() == 1 && !biases[0].second && [&] {
+    const std::vector<int64_t>& m = host_[size_t(biases[0].first)].shape;
+    return m.size() == 4 && m[1] == 1;
+  }();
   if (!biases.empty() && !one_mask) {
     if (banded) return ir::kNone;
     const std::optional<std::pair<ValueId, bool>> bias = head_key_bias(biases, B, H, T, S);

@@ -588,6 +588,21 @@ TEST(RefKernels, AttentionDropoutUsesTheDocumentedElementIndex) {
     }
 }
 
+// An AttentionBackward node with the forward's attributes in `b`: inputs dout, q, k, v, out (B, H, T|S, D), lse
+// (B, H, T), then `extras` (name, shape), all f32, in order.
+void add_attention_backward(Graph& b, int64_t B, int64_t H, int64_t T, int64_t S, int64_t D,
+                            const std::vector<std::pair<std::string, Shape>>& extras, const ir::Attrs& attrs) {
+  std::vector<ValueId> ids;
+  ids.push_back(b.add_input("dout", {B, H, T, D}, DType::f32));
+  ids.push_back(b.add_input("q", {B, H, T, D}, DType::f32));
+  ids.push_back(b.add_input("k", {B, H, S, D}, DType::f32));
+  ids.push_back(b.add_input("v", {B, H, S, D}, DType::f32));
+  ids.push_back(b.add_input("out", {B, H, T, D}, DType::f32));
+  ids.push_back(b.add_input("lse", {B, H, T}, DType::f32));
+  for (const auto& [name, shape] : extras) ids.push_back(b.add_input(name, shape, DType::f32));
+  b.add_node(OpKind::AttentionBackward, ids, attrs);
+}
+
 TEST(RefKernels, AttentionBackwardMatchesFiniteDifferences) {
   // With causal masking, an additive mask, (B, S) or a key bias per head (B, H, S) as ALiBi's, dropout (the
   // dropout mask is a fixed function of (seed, step, index), so the output is differentiable), and Gemma 2's
@@ -610,15 +625,7 @@ TEST(RefKernels, AttentionBackwardMatchesFiniteDifferences) {
     auto fwd = run_ref(g, in, 11);
 
     Graph b;
-    std::vector<ValueId> ids;
-    ids.push_back(b.add_input("dout", {B, H, T, D}, DType::f32));
-    ids.push_back(b.add_input("q", {B, H, T, D}, DType::f32));
-    ids.push_back(b.add_input("k", {B, H, S, D}, DType::f32));
-    ids.push_back(b.add_input("v", {B, H, S, D}, DType::f32));
-    ids.push_back(b.add_input("out", {B, H, T, D}, DType::f32));
-    ids.push_back(b.add_input("lse", {B, H, T}, DType::f32));
-    ids.push_back(b.add_input("mask", mask_shape, DType::f32));
-    b.add_node(OpKind::AttentionBackward, ids, attrs);
+    add_attention_backward(b, B, H, T, S, D, {{"mask", mask_shape}}, attrs);
     auto grads = run_ref(b, {dout, in[0], in[1], in[2], fwd[0], fwd[1], in[3]}, 11);
     const char* names[] = {"dq", "dk", "dv"};
     for (size_t k = 0; k < 3; ++k) {
@@ -658,16 +665,7 @@ TEST(RefKernels, AttentionScoreBiasBackwardMatchesFiniteDifferences) {
     auto fwd = run_ref(g, in, 11);
 
     Graph b;
-    std::vector<ValueId> ids;
-    ids.push_back(b.add_input("dout", {B, H, T, D}, DType::f32));
-    ids.push_back(b.add_input("q", {B, H, T, D}, DType::f32));
-    ids.push_back(b.add_input("k", {B, H, S, D}, DType::f32));
-    ids.push_back(b.add_input("v", {B, H, S, D}, DType::f32));
-    ids.push_back(b.add_input("out", {B, H, T, D}, DType::f32));
-    ids.push_back(b.add_input("lse", {B, H, T}, DType::f32));
-    ids.push_back(b.add_input("bias", bias_shape, DType::f32));
-    ids.push_back(b.add_input("mask", {B, S}, DType::f32));
-    b.add_node(OpKind::AttentionBackward, ids, attrs);
+    add_attention_backward(b, B, H, T, S, D, {{"bias", bias_shape}, {"mask", Shape{B, S}}}, attrs);
     auto grads = run_ref(b, {dout, in[0], in[1], in[2], fwd[0], fwd[1], in[3], in[4]}, 11);
     ASSERT_EQ(grads.size(), 4u);
     ASSERT_EQ(grads[3].shape(), Shape({B, H, T, S}));

@@ -1,6 +1,7 @@
 // Gradients of the loss and of attention.
 #include "autodiff/grad_context.h"
 #include "fusetrain/core/error.h"
+#include "fusetrain/ops/params.h"
 
 namespace fusetrain::autodiff {
 
@@ -124,8 +125,9 @@ void grad_rule<OpKind::SigmoidCrossEntropy>(GradContext& ctx) {
 
 template <>
 void grad_rule<OpKind::Attention>(GradContext& ctx) {
-  const bool score_bias = ctx.attrs().get_int("score_bias", 0) != 0;
-  const size_t first_extra = score_bias ? 4 : 3;
+  ops::AttentionParams layout;  // where the score bias and the extras are
+  layout.score_bias = ctx.attrs().get_int("score_bias", 0) != 0;
+  const size_t first_extra = layout.first_extra(false), bias_at = layout.bias_input(false);
   for (size_t i = first_extra; i < ctx.num_inputs(); ++i)
     FT_CHECK(!ctx.needs_grad(i), "Attention ", ctx.node().name,
              ": the additive mask depends on a parameter; masks are not differentiated (a learned bias is the "
@@ -133,11 +135,12 @@ void grad_rule<OpKind::Attention>(GradContext& ctx) {
   std::vector<ValueId> inputs{ctx.grad_output(0), ctx.input(0),  ctx.input(1),
                               ctx.input(2),       ctx.output(0), ctx.output(1)};
   // The score bias, the additive mask and key_begin follow; only the score bias gets a gradient.
-  for (size_t i = 3; i < ctx.num_inputs(); ++i) inputs.push_back(ctx.input(i));
+  for (size_t i = bias_at; i < ctx.num_inputs(); ++i) inputs.push_back(ctx.input(i));
   std::vector<ValueId> grads = ctx.g.add_node(OpKind::AttentionBackward, inputs, ctx.attrs());
   for (size_t i = 0; i < 3; ++i) ctx.set_grad_input(i, grads[i]);
   // The bias's gradient is dS (B, H, T, S), summed over the axes the bias broadcasts.
-  if (score_bias && ctx.needs_grad(3)) ctx.set_grad_input(3, ctx.sum_to(grads[3], ctx.input_shape(3)));
+  if (layout.score_bias && ctx.needs_grad(bias_at))
+    ctx.set_grad_input(bias_at, ctx.sum_to(grads[3], ctx.input_shape(bias_at)));
 }
 
 }  // namespace fusetrain::autodiff
