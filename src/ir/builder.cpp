@@ -41,6 +41,18 @@ ValueId GraphBuilder::rope(ValueId x, ValueId cos, ValueId sin, bool inverse) {
   return g_.add(OpKind::RoPE, {x, cos, sin}, {{"inverse", int64_t{inverse ? 1 : 0}}});
 }
 
+ValueId GraphBuilder::conv(ValueId x, ValueId w, ValueId bias, std::vector<int64_t> strides,
+                           std::vector<int64_t> pads, std::vector<int64_t> dilations, int64_t group) {
+  Attrs attrs;
+  if (!strides.empty()) attrs.set("strides", std::move(strides));
+  if (!pads.empty()) attrs.set("pads", std::move(pads));
+  if (!dilations.empty()) attrs.set("dilations", std::move(dilations));
+  if (group != 1) attrs.set("group", group);
+  std::vector<ValueId> inputs = {x, w};
+  if (bias != kNone) inputs.push_back(bias);
+  return g_.add(OpKind::Conv, inputs, attrs);
+}
+
 ValueId GraphBuilder::swiglu(ValueId gate, ValueId up) { return g_.add(OpKind::SwiGLU, {gate, up}); }
 
 ValueId GraphBuilder::embedding(ValueId weight, ValueId ids, int64_t padding_idx) {

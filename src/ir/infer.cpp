@@ -230,6 +230,38 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       Shape rows(std::vector<int64_t>(x.dims().begin(), x.dims().end() - 1));
       return {{x, DType::f32}, {rows, DType::f32}};
     }
+    case OpKind::Conv:
+    case OpKind::ConvBackwardData:
+    case OpKind::ConvBackwardWeight: {
+      // Conv: x (B, C, [H,] W), w (O, C/group, [KH,] KW), [bias (O) f32] -> y (B, O, [OH,] OW) f32. x and w f32 or
+      // bf16, alike. ConvBackwardData: dy (y's shape), w -> dx of "shape" (x's); ConvBackwardWeight: dy, x -> dw of
+      // "shape" (w's); dy in x's and w's dtype, the gradient f32.
+      const auto& p = std::get<ConvParams>(params);
+      c.require_float(0, c.op == OpKind::Conv ? "x" : "dy");
+      c.require_same_dtype(0, 1);
+      c.require(c.dtype(0) == DType::f32 || c.dtype(0) == DType::bf16, "operands must be f32 or bf16, found ",
+                dtype_name(c.dtype(0)));
+      const std::vector<int64_t>& x = c.op == OpKind::ConvBackwardWeight ? c.shape(1).dims()
+                                      : c.op == OpKind::Conv             ? c.shape(0).dims()
+                                                                         : p.shape;
+      const std::vector<int64_t>& w = c.op == OpKind::ConvBackwardWeight ? p.shape : c.shape(1).dims();
+      ConvGeometry geo;
+      try {
+        geo = ConvGeometry::of(p, x, w);
+      } catch (const Error& e) {
+        c.require(false, e.what());
+      }
+      if (c.op == OpKind::Conv) {
+        if (n_in == 3) {
+          c.require_f32(2, "bias");
+          c.require(c.shape(2) == Shape({geo.O}), "bias should be (", geo.O, "), found ", c.shape(2).to_string());
+        }
+        return {{Shape(geo.output_dims()), DType::f32}};
+      }
+      c.require(c.shape(0) == Shape(geo.output_dims()), "dy should be ", Shape(geo.output_dims()).to_string(),
+                ", the convolution's output");
+      return {{Shape(p.shape), DType::f32}};
+    }
     case OpKind::RoPE: {
       // x (B, T, H, D), cos and sin (B, T, R) -> y like x: the first R of each head's D rotate (R even, R <= D;
       // R < D is partial rotary), the others pass through.

@@ -204,6 +204,19 @@ OpParams decode(OpKind op, AttrReader& r) {
       p.exponent = r.number("exponent");
       return r.finish(p);
     }
+    case OpKind::Conv:
+    case OpKind::ConvBackwardData:
+    case OpKind::ConvBackwardWeight: {
+      ParamsOf<OpKind::Conv> p;
+      static_assert(std::is_same_v<ParamsOf<OpKind::Conv>, ParamsOf<OpKind::ConvBackwardData>> &&
+                    std::is_same_v<ParamsOf<OpKind::Conv>, ParamsOf<OpKind::ConvBackwardWeight>>);
+      if (r.has("strides")) p.strides = r.integers("strides");
+      if (r.has("pads")) p.pads = r.integers("pads");
+      if (r.has("dilations")) p.dilations = r.integers("dilations");
+      p.group = r.integer("group", p.group);
+      if (op != OpKind::Conv) p.shape = r.integers("shape");
+      return r.finish(p);
+    }
     case OpKind::RoPE: {
       ParamsOf<OpKind::RoPE> p;
       p.inverse = r.flag("inverse", p.inverse);

@@ -171,6 +171,42 @@ std::vector<OpCase> make_cases() {
   add("rope_partial", OpKind::RoPE, [](GraphBuilder& b, int64_t n) {
     return Outs{b.rope(b.param("x", {2, n, 3, 8}), b.input("cos", {2, n, 4}), b.input("sin", {2, n, 4}))};
   });
+  // Convolutions: n scales the width. Whisper's front end (1-D, stride 2, padded), a 3×3 same-padded 2-D one, a
+  // grouped, dilated, strided one with uneven padding, ConvNeXt's depthwise 7×7, a strided depthwise 1-D one
+  // (Wav2Vec2's grouped positional convolution at one channel per group), a pointwise 1×1 one.
+  add("conv1d_stride2", OpKind::Conv, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.conv(b.param("x", {2, 3, n + 2}), b.param("w", {4, 3, 3}), b.param("bias", {4}), {2}, {1, 1})};
+  });
+  add("conv2d_3x3", OpKind::Conv, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.conv(b.param("x", {2, 3, 4, n}), b.param("w", {5, 3, 3, 3}), ir::kNone, {}, {1, 1, 1, 1})};
+  });
+  add("conv2d_grouped_dilated", OpKind::Conv, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.conv(b.param("x", {2, 4, 5, n + 3}), b.param("w", {6, 2, 2, 3}), b.param("bias", {6}), {1, 2},
+                       {1, 0, 0, 2}, {2, 1}, 2)};
+  });
+  add("conv2d_depthwise_7x7", OpKind::Conv, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.conv(b.param("x", {2, 3, 5, n}), b.param("w", {3, 1, 7, 7}), b.param("bias", {3}), {},
+                       {3, 3, 3, 3}, {}, 3)};
+  });
+  add("conv1d_depthwise_stride2", OpKind::Conv, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.conv(b.param("x", {2, 4, n + 3}), b.param("w", {4, 1, 4}), ir::kNone, {2}, {2, 1}, {}, 4)};
+  });
+  add("conv2d_pointwise", OpKind::Conv, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.conv(b.param("x", {2, 4, 3, n}), b.param("w", {6, 4, 1, 1}), b.param("bias", {6}))};
+  });
+  for (const bool depthwise : {false, true}) {
+    // bf16 operands on a 1/16 grid with steps of 1/16 stay exact in bf16 (as matmul_bf16), so the products the
+    // kernels form in f32 are exact and central differences resolve them.
+    OpCase& bf16 = add(depthwise ? "conv2d_depthwise_bf16" : "conv2d_bf16", OpKind::Conv,
+                       [depthwise](GraphBuilder& b, int64_t n) {
+                         ValueId x = b.cast(b.param("x", {2, 4, 3, n + 1}), DType::bf16);
+                         ValueId w = b.cast(b.param("w", depthwise ? Shape{4, 1, 3, 3} : Shape{2, 4, 2, 2}),
+                                            DType::bf16);
+                         return Outs{b.conv(x, w, ir::kNone, {}, {1, 1, 1, 1}, {}, depthwise ? 4 : 1)};
+                       },
+                       {{"x", {-1, 1, 0, 0, 1.0 / 16}}, {"w", {-1, 1, 0, 0, 1.0 / 16}}});
+    bf16.eps = 1.0 / 16;
+  }
   for (double p : {0.0, 0.3})
     add(p == 0.0 ? "add_layer_norm" : "add_layer_norm_dropout", OpKind::AddLayerNorm,
         [p](GraphBuilder& b, int64_t n) {

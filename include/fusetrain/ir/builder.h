@@ -49,6 +49,11 @@ class GraphBuilder {
   /// Rotary position embedding (Llama's): x (B, T, H, D) with halves x1, x2 becomes (x1·cos − x2·sin, x2·cos + x1·sin)
   /// per half of cos and sin (B, T, D); inverse rotates the other way.
   ValueId rope(ValueId x, ValueId cos, ValueId sin, bool inverse = false);
+  /// 1-D or 2-D convolution as ONNX's Conv (cross-correlation): x (B, C, [H,] W), w (O, C/group, [KH,] KW), optional
+  /// bias (O) f32 -> (B, O, [OH,] OW) f32. x and w f32 or both bf16. Empty `strides`, `pads` (leading per axis, then
+  /// trailing) and `dilations` take their defaults (1, 0, 1).
+  ValueId conv(ValueId x, ValueId w, ValueId bias = kNone, std::vector<int64_t> strides = {},
+               std::vector<int64_t> pads = {}, std::vector<int64_t> dilations = {}, int64_t group = 1);
   /// SwiGLU's gating product silu(gate)·up, silu(g) = g·σ(g): gate and up of one shape and dtype (f32 or bf16),
   /// the result in that dtype.
   ValueId swiglu(ValueId gate, ValueId up);

@@ -266,13 +266,99 @@ struct RoPEParams {
   bool inverse = false;  ///< "inverse": rotate by −θ (the transpose: RoPE's backward)
 };
 
+/// Conv, ConvBackwardData and ConvBackwardWeight: a 1-D or 2-D convolution as ONNX's Conv (cross-correlation, NCHW).
+/// Absent lists take their defaults for the input's spatial rank.
+struct ConvParams {
+  std::vector<int64_t> strides;    ///< "strides": one per spatial axis (absent: 1)
+  std::vector<int64_t> pads;       ///< "pads": each spatial axis's leading padding, then each one's trailing (absent: 0)
+  std::vector<int64_t> dilations;  ///< "dilations": one per spatial axis (absent: 1)
+  int64_t group = 1;               ///< "group": channels split into this many independent convolutions
+  std::vector<int64_t> shape;      ///< "shape" (backward ops, required): the gradient's shape, x's (data) or w's
+                                   ///< (weight)
+};
+
+/// One convolution's sizes, a 1-D one as 2-D with height 1: x (B, C, H, W), w (O, C / group, KH, KW),
+/// y (B, O, OH, OW), OH = (H + pad_top + pad_bottom − dil_h·(KH − 1) − 1) / stride_h + 1 (and so for the width).
+struct ConvGeometry {
+  int64_t B = 0, C = 0, H = 1, W = 0, O = 0, KH = 1, KW = 0, OH = 1, OW = 0;
+  int64_t stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0, dil_h = 1, dil_w = 1;
+  int64_t group = 1;
+  int64_t spatial = 2;  ///< the spatial rank, 1 or 2
+
+  int64_t channels_per_group() const { return C / group; }
+  int64_t outputs_per_group() const { return O / group; }
+  /// Rows of one group's im2col matrix: C/group · KH · KW.
+  int64_t patch() const { return channels_per_group() * KH * KW; }
+  /// One output channel per input channel, each with its own filter (ConvNeXt's 7×7).
+  bool depthwise() const { return group == C && O == C; }
+  /// A 1×1 kernel, stride 1, no padding: y = W·x per image, no im2col.
+  bool pointwise() const {
+    return KH == 1 && KW == 1 && stride_h == 1 && stride_w == 1 && pad_top == 0 && pad_left == 0 &&
+           pad_bottom == 0 && pad_right == 0;
+  }
+  /// y's dims (B, O, OW) or (B, O, OH, OW).
+  std::vector<int64_t> output_dims() const {
+    return spatial == 1 ? std::vector<int64_t>{B, O, OW} : std::vector<int64_t>{B, O, OH, OW};
+  }
+
+  /// From x's and w's dims; throws Error naming what does not fit (rank, channels, group, attribute lengths, a
+  /// kernel larger than the padded input).
+  static ConvGeometry of(const ConvParams& p, const std::vector<int64_t>& x, const std::vector<int64_t>& w) {
+    ConvGeometry g;
+    const size_t rank = x.size();
+    FT_CHECK(rank == 3 || rank == 4, "Conv: x should be (B, C, L) or (B, C, H, W), found rank ", rank);
+    FT_CHECK(w.size() == rank, "Conv: the weight has rank ", w.size(), "; expected ", rank, " as x");
+    const size_t n = rank - 2;
+    g.spatial = int64_t(n);
+    auto list = [&](const std::vector<int64_t>& v, size_t want, int64_t fallback, const char* name) {
+      FT_CHECK(v.empty() || v.size() == want, "Conv: \"", name, "\" has ", v.size(), " values; expected ", want);
+      std::vector<int64_t> out = v.empty() ? std::vector<int64_t>(want, fallback) : v;
+      for (int64_t e : out) FT_CHECK(fallback == 0 ? e >= 0 : e >= 1, "Conv: \"", name, "\" holds ", e);
+      return out;
+    };
+    const std::vector<int64_t> s = list(p.strides, n, 1, "strides"), d = list(p.dilations, n, 1, "dilations"),
+                               pad = list(p.pads, 2 * n, 0, "pads");
+    g.B = x[0];
+    g.C = x[1];
+    g.O = w[0];
+    g.group = p.group;
+    FT_CHECK(g.group >= 1 && g.C % g.group == 0 && g.O % g.group == 0, "Conv: group ", g.group, " does not divide ",
+             g.C, " input and ", g.O, " output channels");
+    FT_CHECK(w[1] == g.C / g.group, "Conv: the weight has ", w[1], " input channels per group; x's ", g.C,
+             " channels in ", g.group, " groups give ", g.C / g.group);
+    if (n == 2) {
+      g.H = x[2];
+      g.KH = w[2];
+      g.stride_h = s[0];
+      g.dil_h = d[0];
+      g.pad_top = pad[0];
+      g.pad_bottom = pad[2];
+    }
+    g.W = x[rank - 1];
+    g.KW = w[rank - 1];
+    g.stride_w = s[n - 1];
+    g.dil_w = d[n - 1];
+    g.pad_left = pad[n - 1];
+    g.pad_right = pad[2 * n - 1];
+    const int64_t span_h = g.dil_h * (g.KH - 1) + 1, span_w = g.dil_w * (g.KW - 1) + 1;
+    FT_CHECK(g.KH >= 1 && g.KW >= 1 && g.H + g.pad_top + g.pad_bottom >= span_h &&
+                 g.W + g.pad_left + g.pad_right >= span_w,
+             "Conv: a kernel spanning (", span_h, ", ", span_w, ") over a padded input of (",
+             g.H + g.pad_top + g.pad_bottom, ", ", g.W + g.pad_left + g.pad_right, ")");
+    g.OH = (g.H + g.pad_top + g.pad_bottom - span_h) / g.stride_h + 1;
+    g.OW = (g.W + g.pad_left + g.pad_right - span_w) / g.stride_w + 1;
+    return g;
+  }
+};
+
 /// The parameters of any op: one alternative per struct above.
 using OpParams =
     std::variant<NoParams, FillParams, MatMulParams, GeluParams, GeluBackwardParams, LinearGeluParams, ScaleParams,
                  PowParams, LayerNormParams, DropoutParams, AddLayerNormParams, EmbeddingParams,
                  EmbeddingBackwardParams, ShapeParams, TransposeParams, SplitParams, ConcatParams, SliceParams,
                  SliceBackwardParams, ReduceParams, CastParams, CrossEntropyParams, LinearCrossEntropyParams,
-                 LogProbsParams, PreferenceParams, QuantizedParams, AttentionParams, RoPEParams, LinearParams>;
+                 LogProbsParams, PreferenceParams, QuantizedParams, AttentionParams, RoPEParams, LinearParams,
+                 ConvParams>;
 
 namespace detail {
 template <OpKind K>

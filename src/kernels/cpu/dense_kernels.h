@@ -19,4 +19,8 @@ std::unique_ptr<Kernel> make_cpu_linear_log_probs_kernel(const KernelCall& call)
 /// Flash-style Attention and AttentionBackward (kernels/cpu/attention.cpp). Null for other ops.
 std::unique_ptr<Kernel> make_cpu_attention_kernel(const KernelCall& call);
 
+/// Conv, ConvBackwardData and ConvBackwardWeight: direct depthwise loops or im2col + the GEMM
+/// (kernels/cpu/conv.cpp).
+std::unique_ptr<Kernel> make_cpu_conv_kernel(const KernelCall& call);
+
 }  // namespace fusetrain::kernels

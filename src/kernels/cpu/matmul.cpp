@@ -325,6 +325,10 @@ std::unique_ptr<Kernel> make_cpu_dense_kernel(const KernelCall& call) {
     case OpKind::QuantizedLinear:
     case OpKind::QuantizedLinearBackward:
       return std::make_unique<QuantizedLinearKernel>(call);
+    case OpKind::Conv:
+    case OpKind::ConvBackwardData:
+    case OpKind::ConvBackwardWeight:
+      return make_cpu_conv_kernel(call);
     default:
       return nullptr;
   }

@@ -130,6 +130,9 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const KernelCall& call) {
     case OpKind::LinearLogProbsWeightGrad:
     case OpKind::QuantizedLinear:
     case OpKind::QuantizedLinearBackward:
+    case OpKind::Conv:
+    case OpKind::ConvBackwardData:
+    case OpKind::ConvBackwardWeight:
       return nullptr;  // make_cpu_dense_kernel
     case OpKind::SigmoidCrossEntropy:
     case OpKind::SigmoidCrossEntropyBackward:

@@ -243,6 +243,8 @@ std::unique_ptr<Kernel> make_layernorm_backward_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_rmsnorm_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_rmsnorm_backward_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_rope_ref(const KernelCall& call);
+// conv_ref.cpp
+std::unique_ptr<Kernel> make_conv_ref(const KernelCall& call);  // Conv, ConvBackwardData, ConvBackwardWeight
 
 // movement_ref.cpp
 std::unique_ptr<Kernel> make_reshape_ref(const KernelCall& call);

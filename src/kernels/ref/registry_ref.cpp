@@ -73,6 +73,10 @@ std::unique_ptr<Kernel> make_ref_kernel(const KernelCall& call) {
       return ref::make_rmsnorm_ref(call);
     case OpKind::RoPE:
       return ref::make_rope_ref(call);
+    case OpKind::Conv:
+    case OpKind::ConvBackwardData:
+    case OpKind::ConvBackwardWeight:
+      return ref::make_conv_ref(call);
     case OpKind::SwiGLU:
     case OpKind::SwiGLUBackward:
       return ref::make_swiglu_ref(call);
