@@ -44,7 +44,8 @@ _TASK_OF_SUFFIX = (
 )
 # The inputs fusetrain feeds a graph, in the order the exported forward takes them: token sequences, or images.
 _FED_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-_IMAGE_INPUTS = ("pixel_values",)
+# Float inputs in place of tokens: images, a speech model's log-mel features (Whisper), raw audio (Wav2Vec2).
+_FEATURE_INPUTS = ("pixel_values", "input_features", "input_values")
 # An encoder-decoder's decoder inputs: the labels shifted right (the collator's, else the model's own
 # prepare_decoder_input_ids_from_labels), and their mask.
 _DECODER_INPUTS = ("decoder_input_ids", "decoder_attention_mask")
@@ -74,16 +75,21 @@ def engine_task(task: str) -> str:
 
 def _fed_inputs(model: Any) -> list[str]:
     """The inputs of `model`'s forward that the engine feeds: input_ids, attention_mask, and token_type_ids where
-    the forward takes them and the model has more than one token type; pixel_values for an image model."""
+    the forward takes them and the model has more than one token type; pixel_values for an image model,
+    input_features for a speech model (Whisper's log-mel features); an encoder-decoder's decoder inputs after
+    them."""
     parameters = inspect.signature(model.forward).parameters
-    if "input_ids" not in parameters and "pixel_values" in parameters:
-        return ["pixel_values"]
-    names = [name for name in _FED_INPUTS if name in parameters]
-    if "input_ids" not in names:
-        raise CaptureError(f"{type(model).__name__}.forward takes neither input_ids nor pixel_values; fusetrain "
-                           "captures models whose inputs are token sequences or images")
-    if "token_type_ids" in names and int(getattr(model.config, "type_vocab_size", 0) or 0) < 2:
-        names.remove("token_type_ids")
+    features = next((name for name in _FEATURE_INPUTS if name in parameters), None)
+    if "input_ids" not in parameters and features is not None:
+        names = [features]
+    else:
+        names = [name for name in _FED_INPUTS if name in parameters]
+        if "input_ids" not in names:
+            raise CaptureError(f"{type(model).__name__}.forward takes neither input_ids nor one of "
+                               f"{', '.join(_FEATURE_INPUTS)}; fusetrain captures models whose inputs are token "
+                               "sequences, images or speech features")
+        if "token_type_ids" in names and int(getattr(model.config, "type_vocab_size", 0) or 0) < 2:
+            names.remove("token_type_ids")
     if is_encoder_decoder(model):
         names += [name for name in _DECODER_INPUTS if name in parameters]
     return names
@@ -130,11 +136,11 @@ class _Forward:
                 self._modules, self._parameters, self._buffers = model._modules, model._parameters, model._buffers
 
             def forward(self, input_ids: Any = None, attention_mask: Any = None, token_type_ids: Any = None,
-                        pixel_values: Any = None, decoder_input_ids: Any = None,
+                        pixel_values: Any = None, input_features: Any = None, decoder_input_ids: Any = None,
                         decoder_attention_mask: Any = None) -> tuple:
                 given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
-                         "pixel_values": pixel_values, "decoder_input_ids": decoder_input_ids,
-                         "decoder_attention_mask": decoder_attention_mask}
+                         "pixel_values": pixel_values, "input_features": input_features,
+                         "decoder_input_ids": decoder_input_ids, "decoder_attention_mask": decoder_attention_mask}
                 out = self.inner(**{name: given[name] for name in inputs}, return_dict=True)
                 return tuple(getattr(out, name) for name in outputs)
 
@@ -147,25 +153,39 @@ def _export(model: Any, task: str, path: pathlib.Path) -> None:
     inputs, outputs = _fed_inputs(model), _output_names(task)
     generator = torch.Generator().manual_seed(0)
     batch = torch.export.Dim("batch_size", min=1)
-    if inputs == ["pixel_values"]:
+    vocab = int(getattr(model.config, "vocab_size", 0) or 2)
+    max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
+    target = torch.export.Dim("decoder_sequence_length", min=2, max=max(max_positions, 8))
+    example = {"input_ids": torch.randint(min(3, vocab - 1), vocab, (2, 8), generator=generator),
+               "attention_mask": torch.ones(2, 8, dtype=torch.long),
+               "token_type_ids": torch.zeros(2, 8, dtype=torch.long),
+               # another length than the source's, so that the two sequence axes stay apart
+               "decoder_input_ids": torch.randint(min(3, vocab - 1), vocab, (2, 5), generator=generator),
+               "decoder_attention_mask": torch.ones(2, 5, dtype=torch.long)}
+    dims = {name: {0: batch, 1: target} for name in _DECODER_INPUTS}
+    config = model.config
+    if inputs[0] == "pixel_values":
         # Images of the size the config names: the batch is the one dynamic axis (a position table fits one size).
-        config = model.config
         size = config.image_size if isinstance(config.image_size, (list, tuple)) else (config.image_size,) * 2
         channels = int(getattr(config, "num_channels", 3))
-        example = {"pixel_values": torch.randn(2, channels, *size, generator=generator)}
-        dims = {"pixel_values": {0: batch}}
+        example["pixel_values"] = torch.randn(2, channels, *size, generator=generator)
+        dims["pixel_values"] = {0: batch}
+    elif inputs[0] == "input_features":
+        # Whisper's log-mel features: num_mel_bins rows of the one length its encoder takes (two frames per position,
+        # the second convolution's stride); the batch is the one dynamic axis.
+        frames = 2 * int(getattr(config, "max_source_positions", 0) or 0)
+        if not frames or not getattr(config, "num_mel_bins", 0):
+            raise CaptureError(f"{type(model).__name__} takes input_features but its config names no num_mel_bins "
+                               "and max_source_positions; fusetrain captures Whisper's (batch, mel bins, frames)")
+        example["input_features"] = torch.randn(2, int(config.num_mel_bins), frames, generator=generator)
+        dims["input_features"] = {0: batch}
+    elif inputs[0] == "input_values":
+        raise CaptureError(f"{type(model).__name__} takes raw audio (input_values), which fusetrain does not capture "
+                           "yet")
     else:
-        vocab = int(getattr(model.config, "vocab_size", 0) or 2)
-        max_positions = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
-        example = {"input_ids": torch.randint(min(3, vocab - 1), vocab, (2, 8), generator=generator),
-                   "attention_mask": torch.ones(2, 8, dtype=torch.long),
-                   "token_type_ids": torch.zeros(2, 8, dtype=torch.long),
-                   # another length than the source's, so that the two sequence axes stay apart
-                   "decoder_input_ids": torch.randint(min(3, vocab - 1), vocab, (2, 5), generator=generator),
-                   "decoder_attention_mask": torch.ones(2, 5, dtype=torch.long)}
         sequence = torch.export.Dim("sequence_length", min=2, max=max(max_positions, 8))
-        target = torch.export.Dim("decoder_sequence_length", min=2, max=max(max_positions, 8))
-        dims = {name: {0: batch, 1: target if name in _DECODER_INPUTS else sequence} for name in inputs}
+        dims.update({name: {0: batch, 1: sequence} for name in _FED_INPUTS})
+    dims = {name: dims[name] for name in inputs}
     was_training = model.training
     model.train()  # dropout in the graph, as transformers' Trainer trains
     try:

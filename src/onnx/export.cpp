@@ -723,6 +723,18 @@ class Writer {
       case K::RoPE:
         define(n, 0, rope(n));
         return;
+      case K::Conv: {  // ONNX's Conv has the engine's attributes and input order
+        const auto& p = std::get<ops::ConvParams>(params);
+        std::vector<std::string> inputs = {in(n, 0), in(n, 1)};
+        if (n.inputs.size() > 2) inputs.push_back(in(n, 2));
+        define(n, 0, op("Conv", inputs));
+        if (!p.strides.empty()) attr(last_, "strides", p.strides);
+        if (!p.pads.empty()) attr(last_, "pads", p.pads);
+        if (!p.dilations.empty()) attr(last_, "dilations", p.dilations);
+        attr(last_, "group", p.group);
+        return;
+      }
+
       case K::SwiGLU: {  // silu(gate)·up
         const std::string gate = in(n, 0);
         define(n, 0, op("Mul", {op("Mul", {gate, op("Sigmoid", {gate})}), in(n, 1)}));

@@ -35,7 +35,7 @@ namespace detail {
 /// evaluate nodes on) and float inputs (which only the graph reads).
 const char* const kTokenInputs[] = {"input_ids",         "attention_mask",        "token_type_ids",
                                     "position_ids",      "decoder_input_ids",     "decoder_attention_mask"};
-const char* const kFloatInputs[] = {"pixel_values"};
+const char* const kFloatInputs[] = {"pixel_values", "input_features", "input_values"};
 
 bool is_token_input(const std::string& name) {
   for (const char* s : kTokenInputs)
@@ -667,7 +667,7 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     FT_CHECK(at >= 0 && at < count, "position ", at, " of a sequence of ", count);
     set_ir(n, 0, items[size_t(at)]);
   } else if (op == "Conv") {
-    set_ir(n, 0, patch_conv(n));
+    set_ir(n, 0, conv(n));
   } else {
     throw Error("no mapping to fusetrain IR for this op on values computed from parameters");
   }
@@ -822,12 +822,12 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
     if (init_names.count(i.name())) continue;
     FT_CHECK(is_batch_input(i.name()), path, ": graph input \"", i.name(),
              "\" is not one fusetrain feeds (expected input_ids, attention_mask, token_type_ids, position_ids, "
-             "decoder_input_ids, decoder_attention_mask or pixel_values)");
+             "decoder_input_ids, decoder_attention_mask, pixel_values, input_features or input_values)");
     const int32_t elem = i.type().tensor_type().elem_type();
     if (is_float_input(i.name())) {
       FT_CHECK(i.type().has_tensor_type() && elem == onnx::TensorProto::FLOAT, path, ": graph input \"", i.name(),
                "\" is declared ", i.type().has_tensor_type() ? data_type_name(elem) : "without a type",
-               "; fusetrain feeds it as FLOAT, as transformers' image processors give it");
+               "; fusetrain feeds it as FLOAT, as transformers' image and feature processors give it");
       FT_CHECK(i.type().tensor_type().has_shape() && i.type().tensor_type().shape().dim_size() >= 1, path,
                ": graph input \"", i.name(), "\" has no declared rank");
     } else {
@@ -837,8 +837,8 @@ OnnxFamily::OnnxFamily(const std::string& path, Head head, nlohmann::json config
     }
     inputs_.push_back(i.name());
   }
-  FT_CHECK(has_input("input_ids") || has_input("pixel_values"), path,
-           ": the graph has no input_ids or pixel_values input");
+  FT_CHECK(has_input("input_ids") || std::any_of(inputs_.begin(), inputs_.end(), is_float_input), path,
+           ": the graph has no input_ids, pixel_values, input_features or input_values input");
   FT_CHECK(!has_input("decoder_attention_mask") || has_input("decoder_input_ids"), path,
            ": the graph takes decoder_attention_mask but not decoder_input_ids");
   // The limit of the config's own architecture where fusetrain knows it (none for rotary positions), else the size

@@ -269,6 +269,7 @@ class Builder {
   ValueId binary(const NodeProto& n, int a, int b);
   ValueId attention(const NodeProto& probs_times_v);
   ValueId projection(const NodeProto& n, int64_t index);
+  ValueId conv(const NodeProto& n);
   ValueId patch_conv(const NodeProto& n);
   /// The key bias input and whether its rows are causal; nullopt when the biases are no key bias per head.
   std::optional<std::pair<ValueId, bool>> head_key_bias(const std::vector<std::pair<int, bool>>& biases, int64_t B,

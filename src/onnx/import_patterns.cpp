@@ -399,25 +399,49 @@ std::optional<std::pair<ValueId, bool>> Builder::head_key_bias(const std::vector
 // A 2-D convolution whose kernel tiles the image (kernel == stride, no padding, dilation 1, one group: the patch
 // embedding of ViT and its kin) is a Linear over the flattened patches:
 //   x (B, C, H, W) -> patches (B·P·Q, C·p·q) · W(O, C·p·q)ᵀ + bias -> (B, O, P, Q),  P = H / p, Q = W / q.
+// Any other 1-D or 2-D convolution is the engine's Conv, with ONNX's attributes (auto_pad SAME_* turned into the
+// pads it stands for); under bf16 mixed precision its x and w are bf16, as autocast hands them to the convolution.
+ValueId Builder::conv(const NodeProto& n) {
+  const std::vector<int64_t> xs = shape_of(in_id(n, 0)), ws = shape_of(in_id(n, 1));
+  FT_CHECK((xs.size() == 3 || xs.size() == 4) && ws.size() == xs.size(), "Conv of an input of rank ", xs.size(),
+           " and a weight of rank ", ws.size(), "; fusetrain maps 1-D and 2-D convolutions (both of rank 3 or 4)");
+  const size_t spatial = xs.size() - 2;
+  std::vector<int64_t> strides = attr_ints(n, "strides"), pads = attr_ints(n, "pads"),
+                       dilations = attr_ints(n, "dilations");
+  const int64_t group = attr_int(n, "group", 1);
+  const std::string auto_pad = attr_string(n, "auto_pad", "NOTSET");
+  FT_CHECK(auto_pad == "NOTSET" || auto_pad == "VALID" || auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER",
+           "Conv with auto_pad \"", auto_pad, "\"; expected NOTSET, VALID, SAME_UPPER or SAME_LOWER");
+  if (auto_pad == "VALID") pads.assign(2 * spatial, 0);
+  if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    pads.assign(2 * spatial, 0);
+    for (size_t a = 0; a < spatial; ++a) {
+      const int64_t in = xs[2 + a], k = ws[2 + a], s = strides.empty() ? 1 : strides[a],
+                    d = dilations.empty() ? 1 : dilations[a];
+      const int64_t total = std::max<int64_t>(0, ((in + s - 1) / s - 1) * s + (k - 1) * d + 1 - in);
+      pads[a] = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      pads[a + spatial] = total - pads[a];
+    }
+  }
+  const bool no_pads = std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; });
+  const bool unit_dilation = std::all_of(dilations.begin(), dilations.end(), [](int64_t d) { return d == 1; });
+  const std::vector<int64_t> kernel(ws.begin() + 2, ws.end());
+  if (spatial == 2 && group == 1 && no_pads && unit_dilation && strides == kernel && xs[2] % ws[2] == 0 &&
+      xs[3] % ws[3] == 0 && ws[1] == xs[1])
+    return patch_conv(n);
+  ValueId x = ir_of(in_id(n, 0)), w = ir_of(in_id(n, 1));
+  if (spec_.bf16 && !spec_.fp16) {  // the kernel's operands are f32 or bf16: under fp16 it keeps f32
+    x = gemm_operand(x);
+    w = gemm_operand(w);
+  }
+  const int bias = in_id(n, 2);
+  return b_.conv(x, w, bias >= 0 ? ir_of(bias) : ir::kNone, strides, pads, dilations, group);
+}
+
+// The tiling convolution as a Linear over its patches (conv's first case).
 ValueId Builder::patch_conv(const NodeProto& n) {
   const std::vector<int64_t> xs = shape_of(in_id(n, 0)), ws = shape_of(in_id(n, 1));
-  FT_CHECK(xs.size() == 4 && ws.size() == 4, "Conv of rank ", xs.size(), "; fusetrain maps 2-D convolutions (an "
-           "input of rank 4)");
-  const std::vector<int64_t> kernel = {ws[2], ws[3]};
-  const std::vector<int64_t> strides = attr_ints(n, "strides"), pads = attr_ints(n, "pads"),
-                             dilations = attr_ints(n, "dilations");
-  const std::string auto_pad = attr_string(n, "auto_pad", "NOTSET");
-  const bool tiles = (strides.empty() ? std::vector<int64_t>{1, 1} : strides) == kernel &&
-                     std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; }) &&
-                     std::all_of(dilations.begin(), dilations.end(), [](int64_t d) { return d == 1; }) &&
-                     attr_int(n, "group", 1) == 1 && (auto_pad == "NOTSET" || auto_pad == "VALID");
-  FT_CHECK(tiles, "Conv with kernel (", ws[2], ", ", ws[3], "), strides ", shape_string(strides), ", pads ",
-           shape_string(pads), ", group ", attr_int(n, "group", 1), "; fusetrain maps convolutions whose kernel "
-           "tiles the image (a patch embedding: strides equal to the kernel, no padding or dilation, one group)");
   const int64_t B = xs[0], C = xs[1], H = xs[2], W = xs[3], O = ws[0], p = ws[2], q = ws[3];
-  FT_CHECK(ws[1] == C, "Conv weight has ", ws[1], " input channels; the input has ", C);
-  FT_CHECK(H % p == 0 && W % q == 0, "Conv over a (", H, ", ", W, ") image with a (", p, ", ", q,
-           ") kernel that does not tile it");
   const int64_t P = H / p, Q = W / q;
   ValueId x = b_.reshape(ir_of(in_id(n, 0)), {B, C, P, p, Q, q});
   x = b_.reshape(b_.transpose(x, {0, 2, 4, 1, 3, 5}), {B * P * Q, C * p * q});  // (B·P·Q, C·p·q)

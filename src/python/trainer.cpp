@@ -152,6 +152,9 @@ struct PyDataset {
   data::TokenizedDataset dataset;
 };
 
+/// The float inputs a batch may hold in place of input_ids: images, log-mel features (Whisper), raw audio.
+const char* const kFeatureInputs[] = {"pixel_values", "input_features", "input_values"};
+
 /// A batch from a Python collator's output: a mapping of (B, T) / (B,) arrays (numpy or torch).
 data::Batch batch_from_python(py::handle output) {
   FT_CHECK(py::isinstance<py::dict>(output) || py::hasattr(output, "keys"),
@@ -166,12 +169,13 @@ data::Batch batch_from_python(py::handle output) {
     b.batch_size = ids.shape(0);
     b.seq_len = ids.shape(1);
   } else {
-    FT_CHECK(batch_dict.contains("pixel_values"), "the data collator's batch has no \"input_ids\" (or "
-             "\"pixel_values\" for an image model)");
-    py::array pixels = as_array(batch_dict["pixel_values"]);
-    FT_CHECK(pixels.ndim() >= 1, "the data collator's pixel_values is a scalar; expected (batch, channels, height, "
-             "width)");
-    b.batch_size = pixels.shape(0);
+    const char* const* features = std::find_if(std::begin(kFeatureInputs), std::end(kFeatureInputs),
+                                               [&](const char* name) { return batch_dict.contains(name); });
+    FT_CHECK(features != std::end(kFeatureInputs), "the data collator's batch has no \"input_ids\" (or "
+             "\"pixel_values\" for an image model, \"input_features\" or \"input_values\" for a speech model)");
+    py::array values = as_array(batch_dict[*features]);
+    FT_CHECK(values.ndim() >= 1, "the data collator's ", *features, " is a scalar; expected (batch, ...)");
+    b.batch_size = values.shape(0);
   }
   const auto tokens = static_cast<size_t>(b.batch_size * b.seq_len);
   auto tokens_of = [&](const char* key) {
@@ -219,13 +223,13 @@ data::Batch batch_from_python(py::handle output) {
       FT_CHECK(static_cast<int64_t>(v.size()) == b.batch_size, "the data collator's ", name, " has ", v.size(),
                " values for ", b.batch_size, " examples");
       (name == "start_positions" ? b.start_positions : b.end_positions) = std::move(v);
-    } else if (name == "pixel_values") {
+    } else if (std::find(std::begin(kFeatureInputs), std::end(kFeatureInputs), name) != std::end(kFeatureInputs)) {
       py::array pixels = as_array(value);
-      FT_CHECK(pixels.dtype().kind() == 'f', "the data collator's pixel_values must be floating point; got dtype ",
+      FT_CHECK(pixels.dtype().kind() == 'f', "the data collator's ", name, " must be floating point; got dtype ",
                py::str(pixels.dtype()).cast<std::string>());
       data::FloatInput input{name, {}, float_values(pixels)};
       for (py::ssize_t k = 0; k < pixels.ndim(); ++k) input.shape.push_back(pixels.shape(k));
-      FT_CHECK(!input.shape.empty() && input.shape[0] == b.batch_size, "the data collator's pixel_values has ",
+      FT_CHECK(!input.shape.empty() && input.shape[0] == b.batch_size, "the data collator's ", name, " has ",
                input.shape.empty() ? 0 : input.shape[0], " examples; the batch has ", b.batch_size);
       b.float_inputs.push_back(std::move(input));
     } else if (name == "decoder_input_ids" || name == "decoder_attention_mask") {
@@ -237,7 +241,8 @@ data::Batch batch_from_python(py::handle output) {
                                 int64_values(values, "the data collator's " + name)});
     } else if (name != "special_tokens_mask") {
       throw Error(str("the data collator's batch has a key \"", name, "\" the model does not take (expected "
-                      "input_ids, attention_mask, token_type_ids, position_ids, pixel_values, decoder_input_ids, "
+                      "input_ids, attention_mask, token_type_ids, position_ids, pixel_values, input_features, "
+                      "input_values, decoder_input_ids, "
                       "decoder_attention_mask, labels, start_positions, end_positions)"));
     }
   }
