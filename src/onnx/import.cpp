@@ -524,17 +524,34 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     std::vector<int64_t> shape = in_shape(0);
     ValueId y = ir_of(x);
     for (size_t k = 0; k < axes.size(); ++k) {
-      FT_CHECK(steps.empty() || steps[k] == 1, "a slice with step ", steps.empty() ? 1 : steps[k],
-               " (only step 1 is supported)");
+      const int64_t step = steps.empty() ? 1 : steps[k];
+      FT_CHECK(step >= 1, "a slice with step ", step, " (fusetrain maps forward steps)");
       const int64_t ax = axis_in(axes[k], int64_t(shape.size()), "slice axis");
-      const int64_t dim = shape[size_t(ax)];
+      const std::vector<int64_t> dims = graph_.value(y).shape.dims();
+      const int64_t dim = dims[size_t(ax)];
       int64_t s = starts[k], e = ends[k];
       if (s < 0) s += dim;
       if (e < 0) e += dim;
       s = std::clamp<int64_t>(s, 0, dim);
       e = std::clamp<int64_t>(e, s, dim);
-      if (s == 0 && e == dim) continue;
-      y = b_.slice(y, ax, s, e);
+      if (step == 1) {
+        if (s == 0 && e == dim) continue;
+        y = b_.slice(y, ax, s, e);
+        continue;
+      }
+      // Every step-th element from s (Swin's patch merging, x[:, 1::2]): a run [base, base + count·step) that
+      // starts up to step − 1 before s, as (count, step), its column s − base. The run must fit the axis.
+      const int64_t count = (e - s + step - 1) / step, column = std::min(s, step - 1), base = s - column;
+      FT_CHECK(base + count * step <= dim, "a slice of every ", step, "th element from ", s, " to ", e,
+               " of an axis of ", dim, "; fusetrain maps strided slices whose last step ends inside the axis");
+      if (base != 0 || base + count * step != dim) y = b_.slice(y, ax, base, base + count * step);
+      std::vector<int64_t> split = dims;
+      split[size_t(ax)] = count;
+      split.insert(split.begin() + ax + 1, step);
+      y = b_.slice(b_.reshape(y, split), ax + 1, column, column + 1);
+      std::vector<int64_t> out = dims;
+      out[size_t(ax)] = count;
+      y = b_.reshape(y, out);
     }
     set_ir(n, 0, y);
   } else if (op == "Gather") {
@@ -600,6 +617,43 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     for (int k = 0; k < n.input_size(); ++k) xs.push_back(ir_of(in_id(n, k)));
     const int64_t axis = axis_in(attr_int(n, "axis", 0), int64_t(in_shape(0).size()), "concatenation axis");
     set_ir(n, 0, b_.concat(xs, axis));
+  } else if (op == "Pad") {
+    // Constant padding (Swin's maybe_pad, which the exporter writes even when every pad is 0): zeros concatenated
+    // on the sides of each padded axis, a negative pad a crop; the gradient is the Concat's and Slice's.
+    const std::string mode = attr_string(n, "mode", "constant");
+    FT_CHECK(mode == "constant", "Pad in mode \"", mode, "\"; fusetrain maps constant padding");
+    const std::vector<int64_t> shape = in_shape(0);
+    const int64_t rank = int64_t(shape.size());
+    const std::vector<int64_t> pads = const_of(n, 1, "pads").ints();
+    std::vector<int64_t> axes;
+    if (n.input_size() > 3 && !n.input(3).empty())
+      for (int64_t a : const_of(n, 3, "axes").ints()) axes.push_back(axis_in(a, rank, "padded axis"));
+    else
+      for (int64_t a = 0; a < rank; ++a) axes.push_back(a);
+    FT_CHECK(pads.size() == 2 * axes.size(), "Pad with ", pads.size(), " pads for ", axes.size(), " axes");
+    const double value = n.input_size() > 2 && !n.input(2).empty() ? const_scalar(n, 2, "constant_value") : 0.0;
+    ValueId y = ir_of(x);
+    for (size_t k = 0; k < axes.size(); ++k) {
+      const int64_t axis = axes[k], before = pads[k], after = pads[k + axes.size()];
+      if (before == 0 && after == 0) continue;
+      std::vector<int64_t> dims = graph_.value(y).shape.dims();
+      if (before < 0 || after < 0) {
+        y = b_.slice(y, axis, std::max<int64_t>(0, -before), dims[size_t(axis)] + std::min<int64_t>(0, after));
+        dims = graph_.value(y).shape.dims();
+      }
+      std::vector<ValueId> parts;
+      auto side = [&](int64_t width) {
+        if (width <= 0) return;
+        std::vector<int64_t> fill = dims;
+        fill[size_t(axis)] = width;
+        parts.push_back(b_.fill(Shape(fill), value, graph_.value(y).dtype));
+      };
+      side(before);
+      parts.push_back(y);
+      side(after);
+      if (parts.size() > 1) y = b_.concat(parts, axis);
+    }
+    set_ir(n, 0, y);
   } else if (op == "Split") {
     const std::vector<int64_t> shape = in_shape(0);
     const int64_t axis = axis_in(attr_int(n, "axis", 0), int64_t(shape.size()), "split axis");
