@@ -104,115 +104,169 @@ const float* as_f32(const void* plane, bool bf16, int64_t n, float* buffer) {
 }
 
 // ---- the direct method's plane loops, compiled for each path (pick_path) ----------------------------------------
-// Each pairs one input plane with one output plane through one filter's KH·KW taps. The inner loop runs over output
-// columns against one tap, unit-stride at stride 1, so the compiler vectorises it at the width of the path.
+// A plane correlation reads a zero-padded f32 copy of its input plane, so its loops have no bounds to test: each
+// run of 16 output columns is one 16-lane vector (GCC's vector extension: one zmm on the AVX-512 path, two ymm on
+// AVX2, four xmm on the portable one) accumulated over every tap in registers, then added to the output once.
 
 #define FT_CONV_INLINE inline __attribute__((always_inline))
 
-// y (OH, OW) += Σ_taps taps[i, j] · x (H, W) at (oh·sh − pt + i·dh, ow·sw − pl + j·dw).
-FT_CONV_INLINE void forward_plane_body(const ops::ConvGeometry& g, const float* x, const float* taps, float* y) {
-  for (int64_t oh = 0; oh < g.OH; ++oh) {
-    float* __restrict row = y + oh * g.OW;
-    for (int64_t i = 0; i < g.KH; ++i) {
-      const int64_t ih = oh * g.stride_h - g.pad_top + i * g.dil_h;
-      if (ih < 0 || ih >= g.H) continue;
-      for (int64_t j = 0; j < g.KW; ++j) {
-        const float tap = taps[i * g.KW + j];
-        const int64_t offset = j * g.dil_w - g.pad_left;
-        int64_t lo, hi;
-        valid_range(offset, g.stride_w, g.W, g.OW, lo, hi);
-        const float* __restrict in = x + ih * g.W + offset;
-        if (g.stride_w == 1)
-          for (int64_t ow = lo; ow < hi; ++ow) row[ow] += tap * in[ow];
-        else
-          for (int64_t ow = lo; ow < hi; ++ow) row[ow] += tap * in[ow * g.stride_w];
-      }
+typedef float V16 __attribute__((vector_size(64), aligned(4)));  // 16 floats at any 4-byte alignment
+constexpr int64_t kLanes = 16;
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// 16 floats at p as one vector (by reference: a vector passed by value would change with the path's ABI).
+FT_CONV_INLINE const V16& load16(const float* p) { return *reinterpret_cast<const V16*>(p); }
+FT_CONV_INLINE V16& lanes16(float* p) { return *reinterpret_cast<V16*>(p); }
+
+// out (OH, OW) += Σ_{i, j} taps[i, j] · in at (oh·sh − pt + i·dh, ow·sw − pl + j·dw) of an (H, W) input plane, read
+// from `padded`: the plane at (pt, pl) inside Hp × Wp zeros, as wide as the last vector of columns reads.
+struct Correlation {
+  int64_t H = 0, W = 0, OH = 0, OW = 0, KH = 1, KW = 1, sh = 1, sw = 1, dh = 1, dw = 1, pt = 0, pl = 0;
+  int64_t Hp = 0, Wp = 0;
+
+  Correlation(int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t stride_h,
+              int64_t stride_w, int64_t dil_h, int64_t dil_w, int64_t pad_top, int64_t pad_left)
+      : H(h), W(w), OH(oh), OW(ow), KH(kh), KW(kw), sh(stride_h), sw(stride_w), dh(dil_h), dw(dil_w), pt(pad_top),
+        pl(pad_left) {
+    Hp = (OH - 1) * sh + (KH - 1) * dh + 1;
+    Wp = (round_up(OW, kLanes) - 1) * sw + (KW - 1) * dw + 1;
+  }
+  /// The input plane (f32, or bf16 widened) into `padded` (Hp·Wp floats); rows and columns never read are dropped.
+  void pad(const void* in, bool bf16, float* padded) const {
+    std::fill(padded, padded + Hp * Wp, 0.0f);
+    const int64_t w0 = std::max<int64_t>(0, -pl), w1 = std::min(W, Wp - pl);
+    if (w0 >= w1) return;
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t r = h + pt;
+      if (r < 0 || r >= Hp) continue;
+      float* dst = padded + r * Wp + pl + w0;
+      if (bf16)
+        bf16_to_float(dst, static_cast<const uint16_t*>(in) + h * W + w0, size_t(w1 - w0));
+      else
+        std::memcpy(dst, static_cast<const float*>(in) + h * W + w0, sizeof(float) * size_t(w1 - w0));
     }
   }
-}
+};
 
-// dx (H, W) += the transpose: each dy (OH, OW) element times each tap, at the input position it read.
-FT_CONV_INLINE void data_plane_body(const ops::ConvGeometry& g, const float* dy, const float* taps, float* dx) {
-  for (int64_t oh = 0; oh < g.OH; ++oh) {
-    const float* __restrict row = dy + oh * g.OW;
-    for (int64_t i = 0; i < g.KH; ++i) {
-      const int64_t ih = oh * g.stride_h - g.pad_top + i * g.dil_h;
-      if (ih < 0 || ih >= g.H) continue;
-      for (int64_t j = 0; j < g.KW; ++j) {
-        const float tap = taps[i * g.KW + j];
-        const int64_t offset = j * g.dil_w - g.pad_left;
-        int64_t lo, hi;
-        valid_range(offset, g.stride_w, g.W, g.OW, lo, hi);
-        float* __restrict out = dx + ih * g.W + offset;
-        if (g.stride_w == 1)
-          for (int64_t ow = lo; ow < hi; ++ow) out[ow] += tap * row[ow];
-        else
-          for (int64_t ow = lo; ow < hi; ++ow) out[ow * g.stride_w] += tap * row[ow];
-      }
-    }
-  }
-}
-
-// sums[i, j] += Σ_positions dy · x at the tap's input position; each output row's sum in f32, added in double.
-FT_CONV_INLINE void weight_plane_body(const ops::ConvGeometry& g, const float* dy, const float* x, double* sums) {
-  for (int64_t oh = 0; oh < g.OH; ++oh) {
-    const float* __restrict row = dy + oh * g.OW;
-    for (int64_t i = 0; i < g.KH; ++i) {
-      const int64_t ih = oh * g.stride_h - g.pad_top + i * g.dil_h;
-      if (ih < 0 || ih >= g.H) continue;
-      for (int64_t j = 0; j < g.KW; ++j) {
-        const int64_t offset = j * g.dil_w - g.pad_left;
-        int64_t lo, hi;
-        valid_range(offset, g.stride_w, g.W, g.OW, lo, hi);
-        const float* __restrict in = x + ih * g.W + offset;
-        float sum = 0.0f;
-        if (g.stride_w == 1) {
-#pragma omp simd reduction(+ : sum)
-          for (int64_t ow = lo; ow < hi; ++ow) sum += row[ow] * in[ow];
+FT_CONV_INLINE void correlate_body(const Correlation& c, const float* padded, const float* taps, float* out) {
+  for (int64_t oh = 0; oh < c.OH; ++oh) {
+    float* row = out + oh * c.OW;
+    for (int64_t ow0 = 0; ow0 < c.OW; ow0 += kLanes) {
+      V16 acc = {};
+      for (int64_t i = 0; i < c.KH; ++i) {
+        const float* in = padded + (oh * c.sh + i * c.dh) * c.Wp + ow0 * c.sw;
+        const float* t = taps + i * c.KW;
+        if (c.sw == 1) {
+          for (int64_t j = 0; j < c.KW; ++j) acc += t[j] * load16(in + j * c.dw);
         } else {
-          for (int64_t ow = lo; ow < hi; ++ow) sum += row[ow] * in[ow * g.stride_w];
+          for (int64_t j = 0; j < c.KW; ++j) {
+            V16 v;
+            for (int64_t k = 0; k < kLanes; ++k) v[k] = in[j * c.dw + k * c.sw];
+            acc += t[j] * v;
+          }
         }
-        sums[i * g.KW + j] += sum;
+      }
+      const int64_t n = std::min(kLanes, c.OW - ow0);
+      if (n == kLanes) {
+        lanes16(row + ow0) += acc;
+      } else {
+        for (int64_t k = 0; k < n; ++k) row[ow0 + k] += acc[k];
       }
     }
   }
 }
 
-using ForwardPlane = void (*)(const ops::ConvGeometry&, const float*, const float*, float*);
-using WeightPlane = void (*)(const ops::ConvGeometry&, const float*, const float*, double*);
+// sums[i, j0 .. j0 + NJ) += Σ_{oh, ow} dy[oh, ow] · x at the tap's input position: dy padded to rows of
+// round_up(OW, 16) (zeros past OW), x as Correlation::pad leaves it. NJ vector sums live in registers.
+template <int NJ>
+FT_CONV_INLINE void weight_taps(const Correlation& c, const float* dy, const float* x, int64_t i, int64_t j0,
+                                double* sums) {
+  const int64_t row = round_up(c.OW, kLanes);
+  V16 acc[NJ] = {};
+  for (int64_t oh = 0; oh < c.OH; ++oh) {
+    const float* d = dy + oh * row;
+    const float* in = x + (oh * c.sh + i * c.dh) * c.Wp + j0 * c.dw;
+    for (int64_t ow0 = 0; ow0 < row; ow0 += kLanes) {
+      const V16 g = load16(d + ow0);
+      if (c.sw == 1) {
+        for (int jj = 0; jj < NJ; ++jj) acc[jj] += g * load16(in + ow0 + jj * c.dw);
+      } else {
+        for (int jj = 0; jj < NJ; ++jj) {
+          V16 v;
+          for (int64_t k = 0; k < kLanes; ++k) v[k] = in[(ow0 + k) * c.sw + jj * c.dw];
+          acc[jj] += g * v;
+        }
+      }
+    }
+  }
+  for (int jj = 0; jj < NJ; ++jj) {
+    double total = 0.0;
+    for (int64_t k = 0; k < kLanes; ++k) total += acc[jj][k];
+    sums[i * c.KW + j0 + jj] += total;
+  }
+}
 
-void forward_plane(const ops::ConvGeometry& g, const float* x, const float* t, float* y) {
-  forward_plane_body(g, x, t, y);
+FT_CONV_INLINE void weight_body(const Correlation& c, const float* dy, const float* x, double* sums) {
+  for (int64_t i = 0; i < c.KH; ++i)
+    for (int64_t j0 = 0; j0 < c.KW; j0 += 8) {
+      switch (std::min<int64_t>(8, c.KW - j0)) {
+        case 8: weight_taps<8>(c, dy, x, i, j0, sums); break;
+        case 7: weight_taps<7>(c, dy, x, i, j0, sums); break;
+        case 6: weight_taps<6>(c, dy, x, i, j0, sums); break;
+        case 5: weight_taps<5>(c, dy, x, i, j0, sums); break;
+        case 4: weight_taps<4>(c, dy, x, i, j0, sums); break;
+        case 3: weight_taps<3>(c, dy, x, i, j0, sums); break;
+        case 2: weight_taps<2>(c, dy, x, i, j0, sums); break;
+        default: weight_taps<1>(c, dy, x, i, j0, sums); break;
+      }
+    }
 }
-__attribute__((target("avx2,fma"))) void forward_plane_avx2(const ops::ConvGeometry& g, const float* x,
-                                                             const float* t, float* y) {
-  forward_plane_body(g, x, t, y);
+
+using CorrelatePlane = void (*)(const Correlation&, const float*, const float*, float*);
+using WeightPlane = void (*)(const Correlation&, const float*, const float*, double*);
+
+void correlate(const Correlation& c, const float* in, const float* t, float* out) { correlate_body(c, in, t, out); }
+__attribute__((target("avx2,fma"))) void correlate_avx2(const Correlation& c, const float* in, const float* t,
+                                                         float* out) {
+  correlate_body(c, in, t, out);
 }
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void forward_plane_avx512(
-    const ops::ConvGeometry& g, const float* x, const float* t, float* y) {
-  forward_plane_body(g, x, t, y);
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void correlate_avx512(const Correlation& c,
+                                                                                         const float* in,
+                                                                                         const float* t, float* out) {
+  correlate_body(c, in, t, out);
 }
-void data_plane(const ops::ConvGeometry& g, const float* dy, const float* t, float* dx) {
-  data_plane_body(g, dy, t, dx);
+void weight_plane(const Correlation& c, const float* dy, const float* x, double* s) { weight_body(c, dy, x, s); }
+__attribute__((target("avx2,fma"))) void weight_plane_avx2(const Correlation& c, const float* dy, const float* x,
+                                                            double* s) {
+  weight_body(c, dy, x, s);
 }
-__attribute__((target("avx2,fma"))) void data_plane_avx2(const ops::ConvGeometry& g, const float* dy, const float* t,
-                                                          float* dx) {
-  data_plane_body(g, dy, t, dx);
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void weight_plane_avx512(const Correlation& c,
+                                                                                            const float* dy,
+                                                                                            const float* x,
+                                                                                            double* s) {
+  weight_body(c, dy, x, s);
 }
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void data_plane_avx512(
-    const ops::ConvGeometry& g, const float* dy, const float* t, float* dx) {
-  data_plane_body(g, dy, t, dx);
-}
-void weight_plane(const ops::ConvGeometry& g, const float* dy, const float* x, double* s) {
-  weight_plane_body(g, dy, x, s);
-}
-__attribute__((target("avx2,fma"))) void weight_plane_avx2(const ops::ConvGeometry& g, const float* dy,
-                                                            const float* x, double* s) {
-  weight_plane_body(g, dy, x, s);
-}
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void weight_plane_avx512(
-    const ops::ConvGeometry& g, const float* dy, const float* x, double* s) {
-  weight_plane_body(g, dy, x, s);
+
+// dx (H, W) += the transposed correlation of a strided convolution: each dy (OH, OW) element times each tap, added
+// at the input position it read. (At stride 1 the transpose is a correlation of the padded dy with the flipped taps,
+// which ConvKernel runs instead.)
+void scatter_plane(const ops::ConvGeometry& g, const float* dy, const float* taps, float* dx) {
+  for (int64_t oh = 0; oh < g.OH; ++oh) {
+    const float* row = dy + oh * g.OW;
+    for (int64_t i = 0; i < g.KH; ++i) {
+      const int64_t ih = oh * g.stride_h - g.pad_top + i * g.dil_h;
+      if (ih < 0 || ih >= g.H) continue;
+      for (int64_t j = 0; j < g.KW; ++j) {
+        const float tap = taps[i * g.KW + j];
+        const int64_t offset = j * g.dil_w - g.pad_left;
+        int64_t lo, hi;
+        valid_range(offset, g.stride_w, g.W, g.OW, lo, hi);
+        float* out = dx + ih * g.W + offset;
+        for (int64_t ow = lo; ow < hi; ++ow) out[ow * g.stride_w] += tap * row[ow];
+      }
+    }
+  }
 }
 
 std::atomic<ConvMethod> forced_method{ConvMethod::chosen};
@@ -231,8 +285,7 @@ class ConvKernel final : public Kernel {
     elem_ = bf16_ ? 2 : 4;
     const ConvMethod forced = forced_method.load(std::memory_order_relaxed);
     direct_ = forced == ConvMethod::chosen ? conv_method_for(g_) == ConvMethod::direct : forced == ConvMethod::direct;
-    forward_plane_ = cpu_basic::pick_path<ForwardPlane>(forward_plane, forward_plane_avx2, forward_plane_avx512);
-    data_plane_ = cpu_basic::pick_path<ForwardPlane>(data_plane, data_plane_avx2, data_plane_avx512);
+    correlate_ = cpu_basic::pick_path<CorrelatePlane>(correlate, correlate_avx2, correlate_avx512);
     weight_plane_ = cpu_basic::pick_path<WeightPlane>(weight_plane, weight_plane_avx2, weight_plane_avx512);
     const int64_t n = g_.OH * g_.OW;
     switch (op_) {
@@ -363,31 +416,60 @@ class ConvKernel final : public Kernel {
 
   // ---- the direct method ----
 
-  // Per-thread buffers: one filter pair's tap sums (double) and taps (f32), then, with bf16 operands, a widened x
-  // plane and a widened dy plane.
+  // The forward correlation of x into y, and (stride 1, no padding beyond the kernel's reach) the backward one of
+  // dy into dx: dy padded by dil·(K − 1) − pad, the taps flipped.
+  Correlation forward_correlation() const {
+    return Correlation(g_.H, g_.W, g_.OH, g_.OW, g_.KH, g_.KW, g_.stride_h, g_.stride_w, g_.dil_h, g_.dil_w,
+                       g_.pad_top, g_.pad_left);
+  }
+  Correlation transposed_correlation() const {
+    return Correlation(g_.OH, g_.OW, g_.H, g_.W, g_.KH, g_.KW, 1, 1, g_.dil_h, g_.dil_w,
+                       g_.dil_h * (g_.KH - 1) - g_.pad_top, g_.dil_w * (g_.KW - 1) - g_.pad_left);
+  }
+  bool transposable() const {
+    return g_.stride_h == 1 && g_.stride_w == 1 && g_.pad_top <= g_.dil_h * (g_.KH - 1) &&
+           g_.pad_left <= g_.dil_w * (g_.KW - 1);
+  }
+
+  // Per-thread buffers: one filter's tap sums (double) and taps (f32, flipped for the backward correlation), a
+  // padded input plane (or, for the strided backward, dy widened), and dy padded to whole vectors (weight).
   struct Buffers {
     double* sums;
     float* taps;
-    float* x;
+    float* plane;
     float* dy;
   };
+  size_t plane_floats() const {
+    const Correlation f = forward_correlation();
+    int64_t n = std::max(f.Hp * f.Wp, g_.OH * g_.OW);
+    if (transposable()) {
+      const Correlation t = transposed_correlation();
+      n = std::max(n, t.Hp * t.Wp);
+    }
+    return size_t(n);
+  }
   size_t buffer_bytes() const {
-    const size_t taps = size_t(g_.KH * g_.KW), planes = bf16_ ? size_t(g_.H * g_.W + g_.OH * g_.OW) : 0;
-    return round64(taps * sizeof(double) + (taps + planes) * sizeof(float));
+    const size_t taps = size_t(g_.KH * g_.KW), dy = size_t(g_.OH * round_up(g_.OW, kLanes));
+    return round64(taps * sizeof(double)) + round64((taps + plane_floats() + dy) * sizeof(float));
   }
   Buffers buffers(void* scratch, int thread) const {
     char* base = static_cast<char*>(scratch) + size_t(thread) * buffer_bytes();
     double* sums = reinterpret_cast<double*>(base);
-    float* taps = reinterpret_cast<float*>(sums + g_.KH * g_.KW);
-    return {sums, taps, taps + g_.KH * g_.KW, taps + g_.KH * g_.KW + g_.H * g_.W};
+    float* taps = reinterpret_cast<float*>(base + round64(size_t(g_.KH * g_.KW) * sizeof(double)));
+    float* plane = taps + g_.KH * g_.KW;
+    return {sums, taps, plane, plane + plane_floats()};
   }
-  // The taps of filter (o, c) as f32.
-  const float* taps(const void* w, int64_t o, int64_t c, float* buffer) const {
-    const int64_t at = (o * g_.channels_per_group() + c) * g_.KH * g_.KW;
-    return as_f32(static_cast<const char*>(w) + size_t(at) * elem_, bf16_, g_.KH * g_.KW, buffer);
+  // The taps of filter (o, c) as f32, flipped in both axes when `flip`.
+  const float* taps(const void* w, int64_t o, int64_t c, float* buffer, bool flip = false) const {
+    const int64_t n = g_.KH * g_.KW, at = (o * g_.channels_per_group() + c) * n;
+    const float* t = as_f32(static_cast<const char*>(w) + size_t(at) * elem_, bf16_, n, buffer);
+    if (!flip) return t;
+    if (t != buffer) std::copy(t, t + n, buffer);
+    std::reverse(buffer, buffer + n);  // (i, j) -> (KH − 1 − i, KW − 1 − j): the row-major order reversed
+    return buffer;
   }
-  const float* plane(const void* t, int64_t index, int64_t size, float* buffer) const {
-    return as_f32(static_cast<const char*>(t) + size_t(index * size) * elem_, bf16_, size, buffer);
+  const void* plane_at(const void* t, int64_t index, int64_t size) const {
+    return static_cast<const char*>(t) + size_t(index * size) * elem_;
   }
   int64_t direct_work() const { return g_.B * g_.O * g_.channels_per_group() * g_.OH * g_.OW * g_.KH * g_.KW; }
 
@@ -396,6 +478,7 @@ class ConvKernel final : public Kernel {
     const int64_t in_plane = g_.H * g_.W, out_plane = g_.OH * g_.OW, cg = g_.channels_per_group(),
                   og = g_.outputs_per_group();
     const float* bias = has_bias_ ? static_cast<const float*>(args.inputs[2].data()) : nullptr;
+    const Correlation corr = forward_correlation();
     parallel_for(g_.B * g_.O, threads_for(direct_work(), threads), [&](int64_t begin, int64_t end, int thread) {
       const Buffers buf = buffers(args.scratch, thread);
       for (int64_t p = begin; p < end; ++p) {
@@ -406,8 +489,8 @@ class ConvKernel final : public Kernel {
         else if (bias)
           for (int64_t k = 0; k < out_plane; ++k) yp[k] += bias[o];
         for (int64_t c = 0; c < cg; ++c) {
-          const float* xp = plane(args.inputs[0].data(), b * g_.C + (o / og) * cg + c, in_plane, buf.x);
-          forward_plane_(g_, xp, taps(args.inputs[1].data(), o, c, buf.taps), yp);
+          corr.pad(plane_at(args.inputs[0].data(), b * g_.C + (o / og) * cg + c, in_plane), bf16_, buf.plane);
+          correlate_(corr, buf.plane, taps(args.inputs[1].data(), o, c, buf.taps), yp);
         }
       }
     });
@@ -417,6 +500,8 @@ class ConvKernel final : public Kernel {
   void direct_data(const KernelArgs& args, float* dx, bool accumulate, int threads) const {
     const int64_t in_plane = g_.H * g_.W, out_plane = g_.OH * g_.OW, cg = g_.channels_per_group(),
                   og = g_.outputs_per_group();
+    const bool transposed = transposable();
+    const Correlation corr = transposed_correlation();
     parallel_for(g_.B * g_.C, threads_for(direct_work(), threads), [&](int64_t begin, int64_t end, int thread) {
       const Buffers buf = buffers(args.scratch, thread);
       for (int64_t p = begin; p < end; ++p) {
@@ -424,8 +509,14 @@ class ConvKernel final : public Kernel {
         float* xp = dx + p * in_plane;
         if (!accumulate) std::fill(xp, xp + in_plane, 0.0f);
         for (int64_t o = gi * og; o < (gi + 1) * og; ++o) {
-          const float* dyp = plane(args.inputs[0].data(), b * g_.O + o, out_plane, buf.dy);
-          data_plane_(g_, dyp, taps(args.inputs[1].data(), o, c - gi * cg, buf.taps), xp);
+          const void* dy = plane_at(args.inputs[0].data(), b * g_.O + o, out_plane);
+          if (transposed) {
+            corr.pad(dy, bf16_, buf.plane);
+            correlate_(corr, buf.plane, taps(args.inputs[1].data(), o, c - gi * cg, buf.taps, true), xp);
+          } else {
+            scatter_plane(g_, as_f32(dy, bf16_, out_plane, buf.plane),
+                          taps(args.inputs[1].data(), o, c - gi * cg, buf.taps), xp);
+          }
         }
       }
     });
@@ -434,16 +525,26 @@ class ConvKernel final : public Kernel {
   // dw[o, c] = Σ_b dy[b, o] correlated with x[b, c] at each tap, one output channel per thread at a time.
   void direct_weight(const KernelArgs& args, float* dw, bool accumulate, int threads) const {
     const int64_t in_plane = g_.H * g_.W, out_plane = g_.OH * g_.OW, taps_n = g_.KH * g_.KW,
-                  cg = g_.channels_per_group(), og = g_.outputs_per_group();
+                  cg = g_.channels_per_group(), og = g_.outputs_per_group(), row = round_up(g_.OW, kLanes);
+    const Correlation corr = forward_correlation();
     parallel_for(g_.O, threads_for(direct_work(), threads), [&](int64_t begin, int64_t end, int thread) {
       const Buffers buf = buffers(args.scratch, thread);
       for (int64_t o = begin; o < end; ++o)
         for (int64_t c = 0; c < cg; ++c) {
           std::fill(buf.sums, buf.sums + taps_n, 0.0);
           for (int64_t b = 0; b < g_.B; ++b) {
-            const float* dyp = plane(args.inputs[0].data(), b * g_.O + o, out_plane, buf.dy);
-            const float* xp = plane(args.inputs[1].data(), b * g_.C + (o / og) * cg + c, in_plane, buf.x);
-            weight_plane_(g_, dyp, xp, buf.sums);
+            // dy[b, o] in rows of whole vectors, zeros past OW (their products with x's padding then add nothing)
+            const void* dy = plane_at(args.inputs[0].data(), b * g_.O + o, out_plane);
+            for (int64_t oh = 0; oh < g_.OH; ++oh) {
+              float* dst = buf.dy + oh * row;
+              if (bf16_)
+                bf16_to_float(dst, static_cast<const uint16_t*>(dy) + oh * g_.OW, size_t(g_.OW));
+              else
+                std::memcpy(dst, static_cast<const float*>(dy) + oh * g_.OW, sizeof(float) * size_t(g_.OW));
+              std::fill(dst + g_.OW, dst + row, 0.0f);
+            }
+            corr.pad(plane_at(args.inputs[1].data(), b * g_.C + (o / og) * cg + c, in_plane), bf16_, buf.plane);
+            weight_plane_(corr, buf.dy, buf.plane, buf.sums);
           }
           float* out = dw + (o * cg + c) * taps_n;
           for (int64_t k = 0; k < taps_n; ++k)
@@ -457,7 +558,7 @@ class ConvKernel final : public Kernel {
   bool bf16_ = false, has_bias_ = false, direct_ = false;
   size_t elem_ = 4;
   GemmShape gemm_{};
-  ForwardPlane forward_plane_ = nullptr, data_plane_ = nullptr;
+  CorrelatePlane correlate_ = nullptr;
   WeightPlane weight_plane_ = nullptr;
 };
 
