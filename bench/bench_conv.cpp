@@ -2,7 +2,8 @@
 // primitives, f32, 2 threads, on the shapes of the workloads' convolutions: ConvNeXt-Tiny's depthwise 7×7 at its
 // four stages (batch 8), Whisper-tiny's two front-end convolutions (batch 2, 3000 frames), Wav2Vec2-base's first
 // two feature-extractor convolutions and its grouped positional convolution (batch 2, one second of 16 kHz audio).
-// Each shape runs forward (y), backward data (dx) and backward weight (dw); the counter is FLOP/s of the
+// Each shape runs forward (y), backward data (dx) and backward weight (dw), fusetrain's with f32 and with bf16
+// operands (what a bf16 run hands them; oneDNN's in f32); the counter is FLOP/s of the
 // convolution as defined (2 · B · O · C/group · OH · OW · KH · KW, whichever method). Every tensor is in the
 // engine's plain layout (NCHW / NCW, weights OIHW / GOIHW), oneDNN's included: the layouts the engine hands it.
 //
@@ -13,6 +14,7 @@
 
 #include <dnnl.hpp>
 #include <random>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -75,7 +77,8 @@ void report(benchmark::State& state, const ConvShape& s) {
 
 // ---- fusetrain: one Conv node and its two backward nodes, through the CPU device ----
 
-void bm_fusetrain(benchmark::State& state, const ConvShape& s, OpKind op, ft::kernels::ConvMethod method) {
+void bm_fusetrain(benchmark::State& state, const ConvShape& s, OpKind op, ft::kernels::ConvMethod method,
+                  ft::DType dtype) {
   ft::ir::Graph graph;
   ft::ir::GraphBuilder b(graph);
   const ft::ops::ConvGeometry geo = ft::ops::ConvGeometry::of(params_of(s), s.x, s.w);
@@ -83,22 +86,25 @@ void bm_fusetrain(benchmark::State& state, const ConvShape& s, OpKind op, ft::ke
   attrs.set("strides", s.strides).set("pads", s.pads).set("group", s.group);
   std::vector<ft::ir::ValueId> inputs;
   if (op == OpKind::Conv) {
-    inputs = {b.input("x", ft::Shape(s.x)), b.input("w", ft::Shape(s.w))};
+    inputs = {b.input("x", ft::Shape(s.x), dtype), b.input("w", ft::Shape(s.w), dtype)};
   } else if (op == OpKind::ConvBackwardData) {
-    inputs = {b.input("dy", ft::Shape(geo.output_dims())), b.input("w", ft::Shape(s.w))};
+    inputs = {b.input("dy", ft::Shape(geo.output_dims()), dtype), b.input("w", ft::Shape(s.w), dtype)};
     attrs.set("shape", s.x);
   } else {
-    inputs = {b.input("dy", ft::Shape(geo.output_dims())), b.input("x", ft::Shape(s.x))};
+    inputs = {b.input("dy", ft::Shape(geo.output_dims()), dtype), b.input("x", ft::Shape(s.x), dtype)};
     attrs.set("shape", s.w);
   }
   graph.add(op, inputs, attrs);
   const ft::ir::Node& node = graph.node(0);
   ft::kernels::KernelArgs args;
   for (ft::ir::ValueId v : node.inputs) {
-    args.inputs.push_back(ft::Tensor::zeros(graph.value(v).shape, ft::DType::f32));
+    args.inputs.push_back(ft::Tensor::zeros(graph.value(v).shape, dtype));
     std::vector<float> values(size_t(args.inputs.back().numel()));
     fill(values, 7 + unsigned(v));
-    std::copy(values.begin(), values.end(), args.inputs.back().data_as<float>());
+    if (dtype == ft::DType::bf16)
+      ft::float_to_bf16(args.inputs.back().data_as<uint16_t>(), values.data(), values.size());
+    else
+      std::copy(values.begin(), values.end(), args.inputs.back().data_as<float>());
   }
   args.outputs.push_back(ft::Tensor::zeros(graph.value(node.outputs[0]).shape, ft::DType::f32));
   args.accumulate.push_back(0);
@@ -177,12 +183,13 @@ int register_all() {
   for (const ConvShape& s : shapes())
     for (const OpKind op : {OpKind::Conv, OpKind::ConvBackwardData, OpKind::ConvBackwardWeight}) {
       const std::string base = std::string(s.name) + "/" + op_label(op) + "/";
-      benchmark::RegisterBenchmark((base + "direct").c_str(), bm_fusetrain, s, op, ft::kernels::ConvMethod::direct)
-          ->UseRealTime()
-          ->Unit(benchmark::kMillisecond);
-      benchmark::RegisterBenchmark((base + "im2col").c_str(), bm_fusetrain, s, op, ft::kernels::ConvMethod::im2col)
-          ->UseRealTime()
-          ->Unit(benchmark::kMillisecond);
+      for (const auto& [method, label] : {std::pair{ft::kernels::ConvMethod::direct, "direct"},
+                                          std::pair{ft::kernels::ConvMethod::im2col, "im2col"}})
+        for (const ft::DType dtype : {ft::DType::f32, ft::DType::bf16})
+          benchmark::RegisterBenchmark((base + label + (dtype == ft::DType::bf16 ? "_bf16" : "")).c_str(),
+                                       bm_fusetrain, s, op, method, dtype)
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond);
       benchmark::RegisterBenchmark((base + "onednn").c_str(), bm_onednn, s, op)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);

@@ -17,6 +17,9 @@ Workloads (models built by transformers from configs and saved once; every frame
     w8  t5-base-shaped seq2seq (d_model 768, 12 + 12 layers, 12 heads, relative position buckets, vocabulary 32128),
         source 256, target 64, batch 8 (Tiny Shakespeare: each target the 64 tokens after its source): fusetrain
         trains it through capture, its decoder inputs the labels shifted right
+    w9  ConvNeXt-Tiny (depths 3, 3, 9, 3; widths 96 to 768; depthwise 7x7 convolutions), image classification of
+        224x224 images into 10 classes, batch 32 (synthetic normalised images): fusetrain trains it through capture
+        (tokens/s counts images)
     w5  w4 with LoRA r=16, alpha 32 on q, k, v and o (PEFT's get_peft_model for PyTorch, enable_lora for fusetrain)
     w12 w5 with the base quantised to NF4 (QLoRA): PyTorch loads it with bitsandbytes 0.50
         (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"), compute dtype float32, bfloat16 for the
@@ -84,6 +87,8 @@ WORKLOADS = {
            "seq": 197, "batch": 32},
     "w8": {"title": "W8 t5-base seq2seq (captured), source 256, target 64, batch 8", "task": "seq2seq", "seq": 256,
            "target": 64, "batch": 8},
+    "w9": {"title": "W9 ConvNeXt-Tiny image classification (captured), 224x224, batch 32", "task": "image-cls",
+           "seq": 1, "batch": 32, "convnext": True},
     "w5": {"title": "W5 Llama 134M CLM LoRA r=16 (q,k,v,o), seq 512, batch 4", "task": "clm", "seq": 512, "batch": 4,
            "llama": True, "lora": True},
     "w12": {"title": "W12 Llama 134M CLM QLoRA r=16 (q,k,v,o; NF4 base), seq 512, batch 4", "task": "clm", "seq": 512,
@@ -145,9 +150,13 @@ def prepare(workload: str, count: int) -> pathlib.Path:
                   "decoder_input_ids": np.concatenate([np.zeros((n, 1), dtype=np.int64), labels[:, :-1]], axis=1),
                   "labels": labels}
     elif spec["task"] == "image-cls":
-        # ViT-Base/16 with 10 classes on synthetic images (normalised like an image processor's output): speed and
+        # ViT-Base/16 (or ConvNeXt-Tiny) with 10 classes on synthetic images (normalised like an image processor's output): speed and
         # memory do not depend on the pixels.
-        model = transformers.ViTForImageClassification(transformers.ViTConfig(num_labels=10, **no_dropout))
+        if spec.get("convnext"):  # ConvNeXt-Tiny's configuration (the default), stochastic depth off
+            model = transformers.ConvNextForImageClassification(
+                transformers.ConvNextConfig(num_labels=10, drop_path_rate=0.0))
+        else:
+            model = transformers.ViTForImageClassification(transformers.ViTConfig(num_labels=10, **no_dropout))
         n = count * B
         arrays = {"pixel_values": rng.standard_normal((n, 3, 224, 224), dtype=np.float32),
                   "labels": rng.integers(0, 10, n).astype(np.int64)}
@@ -212,6 +221,17 @@ def model_flops_per_step(config: dict, task: str, batch: int, seq: int, lora: di
             (2 * 4 * d * inner + 2 * 2 * target * inner + 2 * 2 * d * inner + 2 * 2 * seq * inner + 2 * 2 * d * ff)
             * target + 2 * 2 * d * inner * seq)
         return 3.0 * (encoder + decoder + 2 * d * vocab * target) * batch
+    if config.get("model_type") == "convnext":  # per image: stem, each stage's blocks and downsampling, classifier
+        size = config.get("image_size", 224) // config["patch_size"]
+        widths, depths = config["hidden_sizes"], config["depths"]
+        total = 2 * config["num_channels"] * config["patch_size"] ** 2 * widths[0] * size * size
+        for stage, (width, depth) in enumerate(zip(widths, depths)):
+            if stage > 0:  # a 2x2 stride-2 convolution from the previous width
+                size //= 2
+                total += 2 * 4 * widths[stage - 1] * width * size * size
+            # depthwise 7x7, then the pointwise expansion to 4x the width and back
+            total += depth * (2 * 49 * width + 2 * 2 * 4 * width * width) * size * size
+        return 3.0 * (total + 2 * widths[-1] * config.get("num_labels", 10)) * batch
     if config.get("model_type") == "vit":  # patch embedding (3·16·16 -> d per patch), encoder layers, classifier
         d, layers, ff = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
         patch = 3 * config["patch_size"] ** 2
@@ -264,7 +284,7 @@ def unpadded_flops(config: dict, task: str, batch: int, seq: int, token_rows: fl
     """Matmul FLOPs per step fusetrain does not execute where it ran a padded batch unpadded: the projections and
     feed-forward layers of the positions beyond `token_rows` (the mean rows its token-wise layers computed); the
     attention scores still span every position. Model FLOPs (and so MFU) count all positions for every framework."""
-    if token_rows >= batch * seq or config.get("model_type") in ("vit", "gpt2", "llama", "qwen3"):
+    if token_rows >= batch * seq or config.get("model_type") in ("vit", "convnext", "gpt2", "llama", "qwen3"):
         return 0.0
     d, layers = config["hidden_size"], config["num_hidden_layers"]
     attention = 3.0 * layers * 2 * 2 * seq * d * batch * seq

@@ -31,6 +31,7 @@ import json
 import math
 import os
 import pathlib
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -524,12 +525,21 @@ def _transformers_model(model: Any) -> Any:
 
 def decoder_inputs(model: Any, batch: dict[str, Any]) -> dict[str, Any]:
     """An encoder-decoder's batch with decoder_input_ids: the collator's (DataCollatorForSeq2Seq given the model),
-    else the labels shifted right by the model's own prepare_decoder_input_ids_from_labels, as its forward would."""
+    else the labels shifted right as the model's forward shifts them: its prepare_decoder_input_ids_from_labels, or
+    (Whisper, which has none) its modeling module's shift_tokens_right with the config's pad and start tokens."""
     if "decoder_input_ids" in batch or batch.get("labels") is None:
         return batch
     labels = batch["labels"]
     labels = labels if torch.is_tensor(labels) else torch.as_tensor(np.asarray(labels))
-    return {**batch, "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels=labels)}
+    prepare = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+    if prepare is not None:
+        return {**batch, "decoder_input_ids": prepare(labels=labels)}
+    shift = getattr(sys.modules.get(type(model).__module__), "shift_tokens_right", None)
+    if shift is None:
+        raise ValueError(f"{type(model).__name__} has no prepare_decoder_input_ids_from_labels and its module no "
+                         "shift_tokens_right: give the batch decoder_input_ids (DataCollatorForSeq2Seq(model=...))")
+    config = model.config
+    return {**batch, "decoder_input_ids": shift(labels, config.pad_token_id, config.decoder_start_token_id)}
 
 
 def _loss_divides_by_item_count(model: Any) -> bool:

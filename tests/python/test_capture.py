@@ -493,27 +493,63 @@ def test_trainer_trains_a_captured_vit_as_transformers_does(tmp_path):
     assert_trained_alike(ours_model, theirs_model, vit_model, feed)
 
 
-def convnext_model():
-    """A small ConvNeXt: its depthwise 7x7 convolution is no patch embedding."""
-    config = T.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], image_size=32,
-                              num_labels=3)
-    torch.manual_seed(0)
-    return T.ConvNextForImageClassification(config)
+def convnext_model(seed: int = 0, **overrides):
+    """A small ConvNeXt: 4x4 patches, two stages (the second after a 2x2 stride-2 downsampling), depthwise 7x7
+    convolutions padded by 3, LayerNorm over channels both ways (channels last in the blocks, channels first around
+    the downsampling), layer scale; stochastic depth off (its masks are PyTorch's own)."""
+    config = T.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[8, 16], depths=[1, 2], image_size=32,
+                              num_labels=5, drop_path_rate=0.0, **overrides)
+    torch.manual_seed(seed)
+    model = T.ConvNextForImageClassification(config)
+    hf.perturb_(model, seed, scale=0.02)
+    return model.float()
 
 
-def test_a_convolution_the_importer_cannot_map_is_named_with_its_module(tmp_path):
-    """ConvNeXt's depthwise 7x7 convolution is no patch embedding: fusetrain.Trainer with fusetrain_require_engine
-    refuses it naming the op, its settings and the module it sits in (the warning's text without the flag)."""
-    model = convnext_model()
-    rows = images()
-    data = [{"pixel_values": torch.from_numpy(rows["pixel_values"][i]), "labels": int(rows["labels"][i]) % 3}
+def swin_model(seed: int = 0, **overrides):
+    """A small Swin: 4x4 patches (an 8x8 grid), windows of 4 with the second block's shifted by 2 (the rolled
+    windows and their attention mask), learned relative position bias per head, patch merging (strided slices) into
+    a second stage whose one window covers its 4x4 grid; stochastic depth and dropout off."""
+    config = T.SwinConfig(image_size=32, patch_size=4, num_channels=3, embed_dim=12, depths=[2, 1], num_heads=[2, 3],
+                          window_size=4, mlp_ratio=2.0, drop_path_rate=0.0, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0, num_labels=5, **overrides)
+    torch.manual_seed(seed)
+    model = T.SwinForImageClassification(config)
+    hf.perturb_(model, seed, scale=0.02)
+    return model.float()
+
+
+VISION = {"convnext": convnext_model, "swin": swin_model}
+
+
+@pytest.mark.parametrize("arch", list(VISION))
+def test_a_captured_convnext_and_swin_match_pytorch(arch):
+    """ConvNeXt (the engine's depthwise Conv) and Swin (shifted windows, relative position bias, patch merging):
+    loss and every gradient of one training step as PyTorch's."""
+    model = VISION[arch]()
+    engine = capture.capture(model)
+    assert [(row["name"], row["shape"]) for row in engine.inputs] == [("pixel_values", "float32 (batch, 3, 32, 32)")]
+    data = images()
+    model.train()
+    out = model(pixel_values=torch.from_numpy(data["pixel_values"]), labels=torch.from_numpy(data["labels"]))
+    out.loss.backward()
+    engine.train()
+    loss, grads = engine.loss_and_grads(**data)
+    hf.assert_loss_matches(loss, out.loss.item(), arch, rtol=1e-5)
+    assert {id(model.get_parameter(name)) for name in grads} == {id(p) for p in model.parameters()}
+    errors = hf.grad_errors(grads, {name: model.get_parameter(name).grad.numpy() for name in grads})
+    assert not errors, f"{arch}: gradient mismatches:\n  " + "\n  ".join(errors)
+
+
+@pytest.mark.parametrize("arch", list(VISION))
+def test_trainer_trains_a_captured_convnext_and_swin_as_transformers_does(arch, tmp_path):
+    """Three AdamW steps of fusetrain.Trainer (fusetrain_require_engine) against transformers' Trainer: the same
+    losses and the same weights after."""
+    rows = images(seed=3)
+    data = [{"pixel_values": torch.from_numpy(rows["pixel_values"][i]), "labels": int(rows["labels"][i])}
             for i in range(4)]
-    with pytest.raises(ValueError, match=r"\(Conv \"node_Conv_1\"\) in module convnext\.encoder\.stages\.0\.layers\.0\."
-                                         r"dwconv: Conv with kernel \(7, 7\), strides \(1, 1\), pads \(3, 3, 3, 3\), "
-                                         r"group 8; fusetrain maps convolutions whose kernel tiles the image"):
-        fusetrain.Trainer(model=model, args=fusetrain.TrainingArguments(
-            output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to=[], save_strategy="no",
-            use_cpu=True, fusetrain_require_engine=True), train_dataset=data).train()
+    ours_model, theirs_model = both_trainers(VISION[arch], data, tmp_path)
+    feed = {"pixel_values": torch.from_numpy(rows["pixel_values"]), "labels": torch.from_numpy(rows["labels"])}
+    assert_trained_alike(ours_model, theirs_model, VISION[arch], feed)
 
 
 def captured_clm_plan(arch, tmp_path):

@@ -170,8 +170,9 @@ def run_trainer(trainer_cls, args_cls, model, data, tmp_path, collator=None, tok
     return trainer, [e["loss"] for e in trainer.state.log_history if "loss" in e]
 
 
-def both_seq2seq_trainers(arch, data, tmp_path, collator_of=None, tokenizer=None, overrides=None, **extra):
-    ours_model, theirs_model = model_of(arch, **(overrides or {})), model_of(arch, **(overrides or {}))
+def both_seq2seq_trainers(arch, data, tmp_path, collator_of=None, tokenizer=None, overrides=None, make=None, **extra):
+    make = make or (lambda: model_of(arch, **(overrides or {})))
+    ours_model, theirs_model = make(), make()
     ours, ours_losses = run_trainer(fusetrain.Seq2SeqTrainer, fusetrain.Seq2SeqTrainingArguments, ours_model, data,
                                     tmp_path / "ours", collator_of and collator_of(ours_model), tokenizer,
                                     fusetrain_require_engine=True, **extra)
@@ -409,3 +410,70 @@ def test_captured_t5_exports_to_onnx_and_runs_in_onnxruntime_as_on_the_engine(tm
     ours = model.forward(**feeds)
     assert set(exported) == set(ours) == {"logits"}, (set(exported), set(ours))
     np.testing.assert_allclose(exported["logits"], ours["logits"], rtol=1e-4, atol=1e-4)
+
+
+# ---- Whisper: log-mel features in, tokens out ----------------------------------------------------------------------
+
+
+def whisper_model(seed: int = 0):
+    """A small Whisper: 8 mel bins over 24 frames (two convolutions, the second of stride 2, into 12 positions),
+    2 + 2 layers of 3 heads of 12, sinusoidal encoder positions (frozen), learned decoder positions, tied output
+    embedding; dropout off."""
+    config = T.WhisperConfig(vocab_size=VOCAB, num_mel_bins=8, encoder_layers=2, decoder_layers=2,
+                             encoder_attention_heads=3, decoder_attention_heads=3, d_model=36, encoder_ffn_dim=52,
+                             decoder_ffn_dim=52, max_source_positions=12, max_target_positions=32, dropout=0.0,
+                             attention_dropout=0.0, activation_dropout=0.0, pad_token_id=VOCAB - 1,
+                             bos_token_id=VOCAB - 2, eos_token_id=VOCAB - 3, decoder_start_token_id=VOCAB - 4,
+                             suppress_tokens=[], begin_suppress_tokens=[])
+    torch.manual_seed(seed)
+    model = T.WhisperForConditionalGeneration(config)
+    hf.perturb_(model, seed, scale=0.02)
+    return model.float()
+
+
+def speech_batch(seed: int = 0, rows: int = 4, target: int = 7) -> dict[str, np.ndarray]:
+    """Log-mel-like features and target labels (the second row ending in -100)."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(3, VOCAB - 4, size=(rows, target))
+    labels[1, target - 2:] = -100
+    return {"input_features": rng.standard_normal((rows, 8, 24)).astype(np.float32), "labels": labels}
+
+
+def test_captured_whisper_loss_and_every_gradient_match_pytorch(tmp_path):
+    """Whisper's conv front end (the engine's Conv, GELU between) and its encoder-decoder: loss and every gradient
+    of a step as PyTorch's, the decoder inputs the labels shifted right as Whisper's forward shifts them; all six
+    attentions run in the fused kernel."""
+    from test_capture import cli
+    from transformers.models.whisper.modeling_whisper import shift_tokens_right
+
+    model = whisper_model()
+    engine = capture.capture(model)
+    assert [(row["name"], row["shape"]) for row in engine.inputs] == [
+        ("input_features", "float32 (batch, 8, 24)"), ("decoder_input_ids", "int64 (batch, target sequence)"),
+        ("decoder_attention_mask", "int64 (batch, target sequence)")]
+    data = speech_batch()
+    want_loss, _ = torch_loss_and_grads(model, data)
+    data["decoder_input_ids"] = shift_tokens_right(torch.from_numpy(data["labels"]), model.config.pad_token_id,
+                                                   model.config.decoder_start_token_id).numpy()
+    engine.train()
+    loss, grads = engine.loss_and_grads(**data)
+    hf.assert_loss_matches(loss, want_loss, "whisper", rtol=1e-5)
+    assert {id(model.get_parameter(n)) for n in grads} == {id(p) for p in model.parameters() if p.requires_grad}
+    errors = hf.grad_errors(grads, {name: model.get_parameter(name).grad.numpy() for name in grads})
+    assert not errors, "whisper: gradient mismatches:\n  " + "\n  ".join(errors)
+    graph = capture.captured_path(model, "seq2seq")
+    shown = cli("inspect", "--model", str(graph), "--task", "seq2seq", "--max-target-length", "8",
+                "--per-device-train-batch-size", "2", cache=tmp_path / "cache")
+    assert shown.returncode == 0, shown.stderr
+    ops = {line.split()[0]: line.split()[1:] for line in shown.stdout.splitlines() if line.startswith("  ")}
+    assert ops.get("Attention") == ["6", "6"] and ops.get("Conv") == ["2", "2"], shown.stdout
+    assert "Softmax" not in ops, shown.stdout
+
+
+def test_seq2seq_trainer_trains_whisper_as_transformers_does(tmp_path):
+    """Three AdamW steps of fusetrain.Seq2SeqTrainer on speech features against transformers' Seq2SeqTrainer, each
+    with its default collator (the decoder inputs the model's shifted labels): the same losses and weights after."""
+    rows = speech_batch(seed=5)
+    data = [{k: v[i] for k, v in rows.items()} for i in range(4)]
+    ours, theirs = both_seq2seq_trainers("whisper", data, tmp_path, make=whisper_model)
+    assert_trained_alike(ours.model, theirs.model, whisper_model, {k: torch.from_numpy(v) for k, v in rows.items()})
