@@ -203,8 +203,9 @@ def _example_labels(dataset: Any, label_column: str, num_labels: int, problem_ty
 
 def _images_to_engine(dataset: Any, columns: list[str], num_labels: int, problem_type: str | None, name: str,
                       with_labels: bool) -> _core._Dataset:
-    """An image dataset for the engine: its examples' labels; the collator gives each batch's pixel_values."""
-    if "pixel_values" not in columns:
+    """An image dataset for the engine: its examples' labels; the collator gives each batch's pixel_values (stored,
+    or made on access by a transform: datasets' set_transform / with_transform, as run_image_classification.py's)."""
+    if "pixel_values" not in columns and "pixel_values" not in _item(dataset, 0):
         raise ValueError(f"the {name} has no pixel_values column (columns: {', '.join(columns) or 'none'}): "
                          "preprocess the images first, e.g. dataset.with_transform(lambda batch: "
                          "image_processor(batch['image'], return_tensors='pt'))")

@@ -109,6 +109,9 @@ const float* as_f32(const void* plane, bool bf16, int64_t n, float* buffer) {
 // AVX2, four xmm on the portable one) accumulated over every tap in registers, then added to the output once.
 
 #define FT_CONV_INLINE inline __attribute__((always_inline))
+// The engine compiles with -ffp-contract=off (each operation rounds as torch's separate ops do); a convolution's sum
+// of products is one fused multiply-add per tap here, as oneDNN's and PyTorch's convolutions form it.
+#define FT_CONV_FMA __attribute__((optimize("fp-contract=fast")))
 
 typedef float V16 __attribute__((vector_size(64), aligned(4)));  // 16 floats at any 4-byte alignment
 constexpr int64_t kLanes = 16;
@@ -149,31 +152,62 @@ struct Correlation {
   }
 };
 
-FT_CONV_INLINE void correlate_body(const Correlation& c, const float* padded, const float* taps, float* out) {
-  for (int64_t oh = 0; oh < c.OH; ++oh) {
-    float* row = out + oh * c.OW;
-    for (int64_t ow0 = 0; ow0 < c.OW; ow0 += kLanes) {
-      V16 acc = {};
-      for (int64_t i = 0; i < c.KH; ++i) {
-        const float* in = padded + (oh * c.sh + i * c.dh) * c.Wp + ow0 * c.sw;
-        const float* t = taps + i * c.KW;
-        if (c.sw == 1) {
-          for (int64_t j = 0; j < c.KW; ++j) acc += t[j] * load16(in + j * c.dw);
-        } else {
-          for (int64_t j = 0; j < c.KW; ++j) {
-            V16 v;
-            for (int64_t k = 0; k < kLanes; ++k) v[k] = in[j * c.dw + k * c.sw];
-            acc += t[j] * v;
-          }
+// R output rows from oh at the columns [ow0, ow0 + 16): R independent accumulators, so the multiply-adds of
+// successive taps do not wait on each other (one accumulator ran at a quarter of the FMA units' rate).
+template <int R>
+FT_CONV_INLINE void correlate_rows(const Correlation& c, const float* padded, const float* taps, float* out,
+                                   int64_t oh, int64_t ow0, bool overwrite, float init) {
+  V16 acc[R] = {};
+  const int64_t row_step = c.sh * c.Wp;
+  for (int64_t i = 0; i < c.KH; ++i) {
+    const float* t = taps + i * c.KW;
+    const float* in = padded + (oh * c.sh + i * c.dh) * c.Wp + ow0 * c.sw;
+    if (c.sw == 1) {  // the accumulators stay in registers: the row loop is unrolled and branch-free
+      for (int64_t j = 0; j < c.KW; ++j) {
+        const float tap = t[j];
+        const float* at = in + j * c.dw;
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) acc[r] += tap * load16(at + r * row_step);
+      }
+    } else {
+      for (int64_t j = 0; j < c.KW; ++j)
+        for (int r = 0; r < R; ++r) {
+          V16 v;
+          for (int64_t k = 0; k < kLanes; ++k) v[k] = in[r * row_step + j * c.dw + k * c.sw];
+          acc[r] += t[j] * v;
         }
-      }
-      const int64_t n = std::min(kLanes, c.OW - ow0);
-      if (n == kLanes) {
-        lanes16(row + ow0) += acc;
-      } else {
-        for (int64_t k = 0; k < n; ++k) row[ow0 + k] += acc[k];
-      }
     }
+  }
+  const int64_t n = std::min(kLanes, c.OW - ow0);
+  for (int r = 0; r < R; ++r) {
+    float* row = out + (oh + r) * c.OW + ow0;
+    if (n == kLanes) {
+      if (overwrite)
+        lanes16(row) = acc[r] + init;
+      else
+        lanes16(row) += acc[r];
+    } else {
+      for (int64_t k = 0; k < n; ++k) row[k] = overwrite ? acc[r][k] + init : row[k] + acc[r][k];
+    }
+  }
+}
+
+// out (OH, OW) += the correlation, or (overwrite) out = init + the correlation: a first or only input channel
+// writes its plane once rather than filling it and adding (the planes are memory-bound).
+FT_CONV_INLINE void correlate_body(const Correlation& c, const float* padded, const float* taps, float* out,
+                                   bool overwrite, float init) {
+  for (int64_t ow0 = 0; ow0 < c.OW; ow0 += kLanes) {
+    int64_t oh = 0;
+    for (; oh + 8 <= c.OH; oh += 8) correlate_rows<8>(c, padded, taps, out, oh, ow0, overwrite, init);
+    if (oh + 4 <= c.OH) {
+      correlate_rows<4>(c, padded, taps, out, oh, ow0, overwrite, init);
+      oh += 4;
+    }
+    if (oh + 2 <= c.OH) {
+      correlate_rows<2>(c, padded, taps, out, oh, ow0, overwrite, init);
+      oh += 2;
+    }
+    if (oh < c.OH) correlate_rows<1>(c, padded, taps, out, oh, ow0, overwrite, init);
   }
 }
 
@@ -184,20 +218,26 @@ FT_CONV_INLINE void weight_taps(const Correlation& c, const float* dy, const flo
                                 double* sums) {
   const int64_t row = round_up(c.OW, kLanes);
   V16 acc[NJ] = {};
-  for (int64_t oh = 0; oh < c.OH; ++oh) {
-    const float* d = dy + oh * row;
-    const float* in = x + (oh * c.sh + i * c.dh) * c.Wp + j0 * c.dw;
-    for (int64_t ow0 = 0; ow0 < row; ow0 += kLanes) {
-      const V16 g = load16(d + ow0);
-      if (c.sw == 1) {
+  if (c.sw == 1) {  // the accumulators stay in registers: the tap loop is unrolled and branch-free
+    for (int64_t oh = 0; oh < c.OH; ++oh) {
+      const float* d = dy + oh * row;
+      const float* in = x + (oh * c.sh + i * c.dh) * c.Wp + j0 * c.dw;
+      for (int64_t ow0 = 0; ow0 < row; ow0 += kLanes) {
+        const V16 g = load16(d + ow0);
+#pragma GCC unroll 8
         for (int jj = 0; jj < NJ; ++jj) acc[jj] += g * load16(in + ow0 + jj * c.dw);
-      } else {
+      }
+    }
+  } else {
+    for (int64_t oh = 0; oh < c.OH; ++oh) {
+      const float* d = dy + oh * row;
+      const float* in = x + (oh * c.sh + i * c.dh) * c.Wp + j0 * c.dw;
+      for (int64_t ow0 = 0; ow0 < row; ow0 += kLanes)
         for (int jj = 0; jj < NJ; ++jj) {
           V16 v;
           for (int64_t k = 0; k < kLanes; ++k) v[k] = in[(ow0 + k) * c.sw + jj * c.dw];
-          acc[jj] += g * v;
+          acc[jj] += load16(d + ow0) * v;
         }
-      }
     }
   }
   for (int jj = 0; jj < NJ; ++jj) {
@@ -223,25 +263,27 @@ FT_CONV_INLINE void weight_body(const Correlation& c, const float* dy, const flo
     }
 }
 
-using CorrelatePlane = void (*)(const Correlation&, const float*, const float*, float*);
+using CorrelatePlane = void (*)(const Correlation&, const float*, const float*, float*, bool, float);
 using WeightPlane = void (*)(const Correlation&, const float*, const float*, double*);
 
-void correlate(const Correlation& c, const float* in, const float* t, float* out) { correlate_body(c, in, t, out); }
-__attribute__((target("avx2,fma"))) void correlate_avx2(const Correlation& c, const float* in, const float* t,
-                                                         float* out) {
-  correlate_body(c, in, t, out);
+void correlate(const Correlation& c, const float* in, const float* t, float* out, bool overwrite, float init) {
+  correlate_body(c, in, t, out, overwrite, init);
 }
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void correlate_avx512(const Correlation& c,
-                                                                                         const float* in,
-                                                                                         const float* t, float* out) {
-  correlate_body(c, in, t, out);
+FT_CONV_FMA __attribute__((target("avx2,fma"))) void correlate_avx2(const Correlation& c, const float* in,
+                                                                     const float* t, float* out, bool overwrite,
+                                                                     float init) {
+  correlate_body(c, in, t, out, overwrite, init);
+}
+FT_CONV_FMA __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void correlate_avx512(
+    const Correlation& c, const float* in, const float* t, float* out, bool overwrite, float init) {
+  correlate_body(c, in, t, out, overwrite, init);
 }
 void weight_plane(const Correlation& c, const float* dy, const float* x, double* s) { weight_body(c, dy, x, s); }
-__attribute__((target("avx2,fma"))) void weight_plane_avx2(const Correlation& c, const float* dy, const float* x,
+FT_CONV_FMA __attribute__((target("avx2,fma"))) void weight_plane_avx2(const Correlation& c, const float* dy, const float* x,
                                                             double* s) {
   weight_body(c, dy, x, s);
 }
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void weight_plane_avx512(const Correlation& c,
+FT_CONV_FMA __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma"))) void weight_plane_avx512(const Correlation& c,
                                                                                             const float* dy,
                                                                                             const float* x,
                                                                                             double* s) {
@@ -484,13 +526,12 @@ class ConvKernel final : public Kernel {
       for (int64_t p = begin; p < end; ++p) {
         const int64_t b = p / g_.O, o = p % g_.O;
         float* yp = y + p * out_plane;
-        if (!accumulate)
-          std::fill(yp, yp + out_plane, bias ? bias[o] : 0.0f);
-        else if (bias)
+        if (accumulate && bias)
           for (int64_t k = 0; k < out_plane; ++k) yp[k] += bias[o];
-        for (int64_t c = 0; c < cg; ++c) {
+        for (int64_t c = 0; c < cg; ++c) {  // the first channel writes y (with the bias) unless it accumulates
           corr.pad(plane_at(args.inputs[0].data(), b * g_.C + (o / og) * cg + c, in_plane), bf16_, buf.plane);
-          correlate_(corr, buf.plane, taps(args.inputs[1].data(), o, c, buf.taps), yp);
+          correlate_(corr, buf.plane, taps(args.inputs[1].data(), o, c, buf.taps), yp, c == 0 && !accumulate,
+                     bias ? bias[o] : 0.0f);
         }
       }
     });
@@ -507,12 +548,13 @@ class ConvKernel final : public Kernel {
       for (int64_t p = begin; p < end; ++p) {
         const int64_t b = p / g_.C, c = p % g_.C, gi = c / cg;
         float* xp = dx + p * in_plane;
-        if (!accumulate) std::fill(xp, xp + in_plane, 0.0f);
+        if (!accumulate && !transposed) std::fill(xp, xp + in_plane, 0.0f);
         for (int64_t o = gi * og; o < (gi + 1) * og; ++o) {
           const void* dy = plane_at(args.inputs[0].data(), b * g_.O + o, out_plane);
-          if (transposed) {
+          if (transposed) {  // the first filter writes dx unless it accumulates
             corr.pad(dy, bf16_, buf.plane);
-            correlate_(corr, buf.plane, taps(args.inputs[1].data(), o, c - gi * cg, buf.taps, true), xp);
+            correlate_(corr, buf.plane, taps(args.inputs[1].data(), o, c - gi * cg, buf.taps, true), xp,
+                       o == gi * og && !accumulate, 0.0f);
           } else {
             scatter_plane(g_, as_f32(dy, bf16_, out_plane, buf.plane),
                           taps(args.inputs[1].data(), o, c - gi * cg, buf.taps), xp);
