@@ -1,8 +1,8 @@
 """Fine-tunes an image classifier (ViT, ConvNeXt, Swin, ...) on a folder of images, in the form of transformers'
 examples/pytorch/image-classification/run_image_classification.py: HfArgumentParser over model, data and
 TrainingArguments, datasets' `imagefolder` builder, torchvision transforms (a random resized crop and flip for
-training, a resize and centre crop for evaluation, both normalised by the image processor's mean and std), and
-accuracy.
+training, a resize and centre crop for evaluation, both normalised by the image processor's mean and std; where
+torchvision has no build for the installed torch, examples/image_transforms.py's copies of them), and accuracy.
 
     python examples/run_image_classification.py --model_name_or_path DIR --train_dir images/train \\
         --validation_dir images/validation --output_dir runs/images --do_train --do_eval \\
@@ -26,15 +26,27 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from datasets import load_dataset
-from torchvision.transforms import (
-    CenterCrop,
-    Compose,
-    Normalize,
-    RandomHorizontalFlip,
-    RandomResizedCrop,
-    Resize,
-    ToTensor,
-)
+
+try:
+    from torchvision.transforms import (
+        CenterCrop,
+        Compose,
+        Normalize,
+        RandomHorizontalFlip,
+        RandomResizedCrop,
+        Resize,
+        ToTensor,
+    )
+except (ImportError, RuntimeError):  # no torchvision built for this torch (PyPI's needs CUDA's): the same transforms
+    from image_transforms import (  # examples/image_transforms.py: torch and PIL, torchvision's sampling
+        CenterCrop,
+        Compose,
+        Normalize,
+        RandomHorizontalFlip,
+        RandomResizedCrop,
+        Resize,
+        ToTensor,
+    )
 from transformers import (
     AutoConfig,
     AutoImageProcessor,

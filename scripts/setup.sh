@@ -32,7 +32,6 @@ PY_PACKAGES=(  # import name=pip requirement
   sentencepiece=sentencepiece  # the tokenizer tests convert a SentencePiece model to tokenizer.json
   bitsandbytes=bitsandbytes==0.50.0  # QLoRA: the 4-bit layouts the engine reads, and the dequantisation it matches
   sacrebleu=sacrebleu  # examples/run_translation.py's BLEU, as transformers' run_translation.py reports it
-  torchvision=torchvision==0.28.0  # examples/run_image_classification.py's transforms (the build for torch 2.13.0)
 )
 pip_install "${PY_PACKAGES[@]}"
 
