@@ -49,7 +49,7 @@ _FEATURE_INPUTS = ("pixel_values", "input_features", "input_values")
 # An encoder-decoder's decoder inputs: the labels shifted right (the collator's, else the model's own
 # prepare_decoder_input_ids_from_labels), and their mask.
 _DECODER_INPUTS = ("decoder_input_ids", "decoder_attention_mask")
-_FORMAT = 5  # bumped when what a cached capture holds changes
+_FORMAT = 6  # bumped when what a cached capture holds changes
 
 
 class CaptureError(ValueError):
@@ -238,7 +238,22 @@ def _simplify(path: pathlib.Path) -> None:
         common.RemoveUnusedNodesPass(),
         common.CommonSubexpressionEliminationPass(),
     )
+    # The rewrite rules read constants' values: a weight that happens to be zero (a fresh model's biases) would be
+    # a removable "Add 0" or a Conv bias of zeros, and the parameter would vanish from the graph. The weights'
+    # values are hidden from every pass and put back after.
+    held = {}
+    for value in model.graph.initializers.values():
+        if value.name in weights:
+            held[value.name] = value.const_value
+            value.const_value = None
     passes(model)
+    kept = set()
+    for value in model.graph.initializers.values():
+        if value.name in held:
+            value.const_value = held[value.name]
+            kept.add(value.name)
+    if kept != set(held):
+        raise CaptureError(f"simplifying the captured graph lost its weights {', '.join(sorted(set(held) - kept))}")
     ir.save(model, str(path))
     _constants_as_nodes(path, weights)
 

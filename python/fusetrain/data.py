@@ -23,11 +23,16 @@ LABEL_KINDS = ("class", "regression", "token_classes", "tokens")
 # Columns a batch may carry into the model; others (text, ids of rows) are dropped
 # before a collator sees them, as transformers' remove_unused_columns does.
 MODEL_COLUMNS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask", "start_positions",
-                 "end_positions", "pixel_values", "decoder_input_ids", "decoder_attention_mask") + LABEL_COLUMNS
+                 "end_positions", "pixel_values", "input_features", "input_values", "decoder_input_ids",
+                 "decoder_attention_mask") + LABEL_COLUMNS
 # An encoder-decoder's target-side columns, padded to the target length (labels with -100).
 TARGET_COLUMNS = ("decoder_input_ids", "decoder_attention_mask")
 TEXT_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question", "context"), ("text",),
                 ("sentence",), ("content",))
+
+
+# Float inputs a speech encoder-decoder reads in place of input_ids (Whisper's log-mel features, raw audio).
+FEATURE_COLUMNS = ("input_features", "input_values")
 
 
 def column_names(dataset: Any) -> list[str]:
@@ -84,6 +89,20 @@ def _arrow_table(dataset: Any):
     return None
 
 
+def _first_keys(dataset: Any) -> set[str]:
+    """The keys of a dataset's first example, torch's random state left as it was: a transform that draws (random
+    crops) runs for the probe, and the training batches must see the draws transformers' Trainer's would."""
+    try:
+        import torch
+    except ImportError:
+        return set(_item(dataset, 0))
+    state = torch.get_rng_state()
+    try:
+        return set(_item(dataset, 0))
+    finally:
+        torch.set_rng_state(state)
+
+
 def _item(dataset: Any, i: int) -> Mapping[str, Any]:
     item = dataset[i]
     if not isinstance(item, Mapping):
@@ -127,6 +146,12 @@ def to_engine(
         raise ValueError(f"the {name} is empty")
     if task == "image-cls":
         return _images_to_engine(dataset, columns, num_labels, problem_type, name, with_labels)
+    if task == "seq2seq" and "input_ids" not in columns:
+        feature = next((f for f in FEATURE_COLUMNS if f in columns or f in _first_keys(dataset)), None)
+        if feature is not None:  # a speech encoder-decoder: the collator gives the features and the targets
+            offsets = np.zeros(len(dataset) + 1, dtype=np.int64)
+            return _core._Dataset(offsets, np.zeros(0, dtype=np.int64), None, "none", None, 0, 0,
+                                  without_tokens=True)
     if "input_ids" not in columns:
         raise ValueError(
             f"the {name} has no input_ids column (columns: {', '.join(columns) or 'none'}): tokenize it first, e.g. "
@@ -205,7 +230,7 @@ def _images_to_engine(dataset: Any, columns: list[str], num_labels: int, problem
                       with_labels: bool) -> _core._Dataset:
     """An image dataset for the engine: its examples' labels; the collator gives each batch's pixel_values (stored,
     or made on access by a transform: datasets' set_transform / with_transform, as run_image_classification.py's)."""
-    if "pixel_values" not in columns and "pixel_values" not in _item(dataset, 0):
+    if "pixel_values" not in columns and "pixel_values" not in _first_keys(dataset):
         raise ValueError(f"the {name} has no pixel_values column (columns: {', '.join(columns) or 'none'}): "
                          "preprocess the images first, e.g. dataset.with_transform(lambda batch: "
                          "image_processor(batch['image'], return_tensors='pt'))")
@@ -238,6 +263,15 @@ def tokenize_if_needed(dataset: Any, tokenizer: Any, name: str) -> Any:
 def model_rows(dataset: Any) -> Callable[[np.ndarray], list[dict[str, Any]]]:
     """A function from example indices to the examples a collator takes: dicts of the model's columns only."""
     keep = [c for c in column_names(dataset) if c in MODEL_COLUMNS]
+    if (getattr(dataset, "format", None) or {}).get("type") == "custom":
+        # a transform (set_transform / with_transform: images made into pixel_values on access) reads the columns
+        # it was written for, so the rows are fetched whole and the model's columns taken from its output
+        def transformed(indices: np.ndarray) -> list[dict[str, Any]]:
+            batch = dataset[indices.tolist()]
+            columns = [k for k in batch if k in MODEL_COLUMNS]
+            return [dict(zip(columns, values)) for values in zip(*(batch[k] for k in columns))]
+
+        return transformed
     if hasattr(dataset, "select_columns"):
         selected = dataset.select_columns(keep)
 

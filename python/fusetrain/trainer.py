@@ -899,6 +899,10 @@ class Trainer(transformers.Trainer):
                 self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
         elif event == "on_epoch_begin":
             self.control = handler.on_epoch_begin(args, s, self.control)
+            if self._uses_python_collator():
+                # transformers' Trainer makes a DataLoader iterator each epoch, which draws its base seed from torch's
+                # generator: drawn here too, a dataset's random transforms (image crops) see the same stream
+                torch.empty((), dtype=torch.int64).random_()
         elif event == "on_step_begin":
             self.model.train()  # as transformers' training_step does (an evaluation may have left eval mode)
             self.control = handler.on_step_begin(args, s, self.control)

@@ -521,6 +521,18 @@ def swin_model(seed: int = 0, **overrides):
 VISION = {"convnext": convnext_model, "swin": swin_model}
 
 
+def test_a_fresh_models_zero_biases_stay_parameters():
+    """A model built from its config starts with zero biases (ConvNeXt's convolutions and classifier): capture's
+    graph simplification does not take them for removable zeros, so the engine trains every parameter."""
+    torch.manual_seed(0)
+    model = T.ConvNextForImageClassification(T.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[8, 16],
+                                                              depths=[1, 1], image_size=32, num_labels=3))
+    zeros = {name for name, p in model.named_parameters() if not p.detach().any()}
+    assert "classifier.bias" in zeros and "convnext.encoder.stages.0.layers.0.dwconv.bias" in zeros
+    engine = capture.capture(model)
+    assert set(engine.trainable_names()) == {name for name, _ in model.named_parameters()}
+
+
 @pytest.mark.parametrize("arch", list(VISION))
 def test_a_captured_convnext_and_swin_match_pytorch(arch):
     """ConvNeXt (the engine's depthwise Conv) and Swin (shifted windows, relative position bias, patch merging):
@@ -550,6 +562,28 @@ def test_trainer_trains_a_captured_convnext_and_swin_as_transformers_does(arch, 
     ours_model, theirs_model = both_trainers(VISION[arch], data, tmp_path)
     feed = {"pixel_values": torch.from_numpy(rows["pixel_values"]), "labels": torch.from_numpy(rows["labels"])}
     assert_trained_alike(ours_model, theirs_model, VISION[arch], feed)
+
+
+def mobilenet_model():
+    """A small MobileNetV2: its ReLU6 is an ONNX Clip, which the importer does not map."""
+    torch.manual_seed(0)
+    return T.MobileNetV2ForImageClassification(T.MobileNetV2Config(num_channels=3, image_size=32,
+                                                                   depth_multiplier=0.25, num_labels=3))
+
+
+def test_an_op_the_importer_cannot_map_is_named_with_its_module(tmp_path):
+    """fusetrain.Trainer with fusetrain_require_engine refuses a model whose graph holds an op the importer does not
+    map (MobileNetV2's ReLU6, a Clip), naming the op and the module it sits in (the warning's text without the
+    flag)."""
+    model = mobilenet_model()
+    rows = images()
+    data = [{"pixel_values": torch.from_numpy(rows["pixel_values"][i]), "labels": int(rows["labels"][i]) % 3}
+            for i in range(4)]
+    with pytest.raises(ValueError, match=r"\(Clip \"[^\"]+\"\) in module mobilenet_v2\.conv_stem\.first_conv\."
+                                         r"activation: no mapping to fusetrain IR"):
+        fusetrain.Trainer(model=model, args=fusetrain.TrainingArguments(
+            output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to=[], save_strategy="no",
+            use_cpu=True, fusetrain_require_engine=True), train_dataset=data).train()
 
 
 def captured_clm_plan(arch, tmp_path):
@@ -601,7 +635,7 @@ def test_inspect_reports_the_capture_and_where_it_fails(tmp_path):
     assert shown.returncode == 0, shown.stderr
     assert "capture: ViTForImageClassification is not built natively" in shown.stdout
     assert "Attention" in shown.stdout and "training plan for batch 2:" in shown.stdout
-    convnext_model().save_pretrained(tmp_path / "convnext")
-    refused = cli("inspect", "--model", str(tmp_path / "convnext"), "--task", "image-cls", cache=tmp_path / "cache")
+    mobilenet_model().save_pretrained(tmp_path / "mobilenet")
+    refused = cli("inspect", "--model", str(tmp_path / "mobilenet"), "--task", "image-cls", cache=tmp_path / "cache")
     assert refused.returncode != 0
-    assert "in module convnext.encoder.stages.0.layers.0.dwconv: Conv with kernel (7, 7)" in refused.stderr
+    assert "in module mobilenet_v2.conv_stem.first_conv.activation: no mapping" in refused.stderr

@@ -28,6 +28,7 @@ from cli_support import env_finding_fusetrain  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "run_image_classification.py"
+MAX_STEPS = "6"
 IMPORT_LINE = "from fusetrain import Trainer, TrainingArguments\n"
 CLASSES = ("red", "green", "blue")
 
@@ -65,12 +66,14 @@ def model_dir(tmp_path: pathlib.Path, arch: str) -> pathlib.Path:
 def run(script: pathlib.Path, model: pathlib.Path, data: dict, output: pathlib.Path) -> subprocess.CompletedProcess:
     args = [sys.executable, str(script), "--model_name_or_path", str(model), "--train_dir", str(data["train"]),
             "--validation_dir", str(data["validation"]), "--output_dir", str(output), "--do_train", "--do_eval",
-            "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8", "--max_steps", "6",
-            "--learning_rate", "3e-3", "--logging_steps", "2", "--save_strategy", "no", "--report_to", "none",
+            "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8", "--max_steps", MAX_STEPS,
+            "--learning_rate", "3e-3", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
             "--use_cpu", "--seed", "42", "--dataloader_num_workers", "0", "--remove_unused_columns", "False",
             # the examples in order: fusetrain's shuffle draws from its own generator, not torch's RandomSampler
             "--train_sampling_strategy", "sequential"]
-    return subprocess.run(args, capture_output=True, text=True, env=env_finding_fusetrain(), timeout=900)
+    env = env_finding_fusetrain()  # and examples/ (image_transforms.py) for the copy without the fusetrain line
+    env["PYTHONPATH"] = str(SCRIPT.parent) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=900)
 
 
 def without_fusetrain(tmp_path: pathlib.Path) -> pathlib.Path:
