@@ -565,7 +565,8 @@ def test_trainer_trains_a_captured_convnext_and_swin_as_transformers_does(arch, 
 
 
 def mobilenet_model():
-    """A small MobileNetV2: its ReLU6 is an ONNX Clip, which the importer does not map."""
+    """A small MobileNetV2: its batch normalization in training mode (batch statistics, running averages) is an ONNX
+    BatchNormalization, which the importer does not map."""
     torch.manual_seed(0)
     return T.MobileNetV2ForImageClassification(T.MobileNetV2Config(num_channels=3, image_size=32,
                                                                    depth_multiplier=0.25, num_labels=3))
@@ -573,14 +574,14 @@ def mobilenet_model():
 
 def test_an_op_the_importer_cannot_map_is_named_with_its_module(tmp_path):
     """fusetrain.Trainer with fusetrain_require_engine refuses a model whose graph holds an op the importer does not
-    map (MobileNetV2's ReLU6, a Clip), naming the op and the module it sits in (the warning's text without the
-    flag)."""
+    map (MobileNetV2's training-mode BatchNormalization), naming the op and the module it sits in (the warning's text
+    without the flag)."""
     model = mobilenet_model()
     rows = images()
     data = [{"pixel_values": torch.from_numpy(rows["pixel_values"][i]), "labels": int(rows["labels"][i]) % 3}
             for i in range(4)]
-    with pytest.raises(ValueError, match=r"\(Clip \"[^\"]+\"\) in module mobilenet_v2\.conv_stem\.first_conv\."
-                                         r"activation: no mapping to fusetrain IR"):
+    with pytest.raises(ValueError, match=r"\(BatchNormalization \"[^\"]+\"\) in module mobilenet_v2\.conv_stem\."
+                                         r"first_conv\.normalization: no mapping to fusetrain IR"):
         fusetrain.Trainer(model=model, args=fusetrain.TrainingArguments(
             output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to=[], save_strategy="no",
             use_cpu=True, fusetrain_require_engine=True), train_dataset=data).train()
@@ -638,4 +639,4 @@ def test_inspect_reports_the_capture_and_where_it_fails(tmp_path):
     mobilenet_model().save_pretrained(tmp_path / "mobilenet")
     refused = cli("inspect", "--model", str(tmp_path / "mobilenet"), "--task", "image-cls", cache=tmp_path / "cache")
     assert refused.returncode != 0
-    assert "in module mobilenet_v2.conv_stem.first_conv.activation: no mapping" in refused.stderr
+    assert "in module mobilenet_v2.conv_stem.first_conv.normalization: no mapping" in refused.stderr
