@@ -113,14 +113,19 @@ const float* as_f32(const void* plane, bool bf16, int64_t n, float* buffer) {
 // of products is one fused multiply-add per tap here, as oneDNN's and PyTorch's convolutions form it.
 #define FT_CONV_FMA __attribute__((optimize("fp-contract=fast")))
 
-typedef float V16 __attribute__((vector_size(64), aligned(4)));  // 16 floats at any 4-byte alignment
+typedef float V16 __attribute__((vector_size(64)));  // 16 floats
 constexpr int64_t kLanes = 16;
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-// 16 floats at p as one vector (by reference: a vector passed by value would change with the path's ABI).
-FT_CONV_INLINE const V16& load16(const float* p) { return *reinterpret_cast<const V16*>(p); }
-FT_CONV_INLINE V16& lanes16(float* p) { return *reinterpret_cast<V16*>(p); }
+// 16 floats at p (any 4-byte alignment) as one vector: a packed struct's member, which both GCC and clang read and
+// write with unaligned vector moves (a typedef with lowered alignment is not enough: clang keeps the vector's 64-byte
+// alignment and emits vmovaps). Macros, so that no vector crosses a function boundary in the paths' code.
+struct Unaligned16 {
+  V16 v;
+} __attribute__((packed, may_alias));
+#define FT_LANES16(p) (reinterpret_cast<Unaligned16*>(p)->v)
+#define FT_LOAD16(p) (reinterpret_cast<const Unaligned16*>(p)->v)
 
 // out (OH, OW) += Σ_{i, j} taps[i, j] · in at (oh·sh − pt + i·dh, ow·sw − pl + j·dw) of an (H, W) input plane, read
 // from `padded`: the plane at (pt, pl) inside Hp × Wp zeros, as wide as the last vector of columns reads.
@@ -167,7 +172,7 @@ FT_CONV_INLINE void correlate_rows(const Correlation& c, const float* padded, co
         const float tap = t[j];
         const float* at = in + j * c.dw;
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) acc[r] += tap * load16(at + r * row_step);
+        for (int r = 0; r < R; ++r) acc[r] += tap * FT_LOAD16(at + r * row_step);
       }
     } else {
       for (int64_t j = 0; j < c.KW; ++j)
@@ -183,9 +188,9 @@ FT_CONV_INLINE void correlate_rows(const Correlation& c, const float* padded, co
     float* row = out + (oh + r) * c.OW + ow0;
     if (n == kLanes) {
       if (overwrite)
-        lanes16(row) = acc[r] + init;
+        FT_LANES16(row) = acc[r] + init;
       else
-        lanes16(row) += acc[r];
+        FT_LANES16(row) += acc[r];
     } else {
       for (int64_t k = 0; k < n; ++k) row[k] = overwrite ? acc[r][k] + init : row[k] + acc[r][k];
     }
@@ -223,9 +228,9 @@ FT_CONV_INLINE void weight_taps(const Correlation& c, const float* dy, const flo
       const float* d = dy + oh * row;
       const float* in = x + (oh * c.sh + i * c.dh) * c.Wp + j0 * c.dw;
       for (int64_t ow0 = 0; ow0 < row; ow0 += kLanes) {
-        const V16 g = load16(d + ow0);
+        const V16 g = FT_LOAD16(d + ow0);
 #pragma GCC unroll 8
-        for (int jj = 0; jj < NJ; ++jj) acc[jj] += g * load16(in + ow0 + jj * c.dw);
+        for (int jj = 0; jj < NJ; ++jj) acc[jj] += g * FT_LOAD16(in + ow0 + jj * c.dw);
       }
     }
   } else {
@@ -236,7 +241,7 @@ FT_CONV_INLINE void weight_taps(const Correlation& c, const float* dy, const flo
         for (int jj = 0; jj < NJ; ++jj) {
           V16 v;
           for (int64_t k = 0; k < kLanes; ++k) v[k] = in[(ow0 + k) * c.sw + jj * c.dw];
-          acc[jj] += load16(d + ow0) * v;
+          acc[jj] += FT_LOAD16(d + ow0) * v;
         }
     }
   }
