@@ -111,7 +111,15 @@ const float* as_f32(const void* plane, bool bf16, int64_t n, float* buffer) {
 #define FT_CONV_INLINE inline __attribute__((always_inline))
 // The engine compiles with -ffp-contract=off (each operation rounds as torch's separate ops do); a convolution's sum
 // of products is one fused multiply-add per tap here, as oneDNN's and PyTorch's convolutions form it.
+// GCC takes it as a function attribute; clang (the wheel's and the sanitizers' compiler) as a pragma opening the
+// loops' blocks (FT_CONV_CONTRACT).
+#if defined(__clang__)
+#define FT_CONV_FMA
+#define FT_CONV_CONTRACT _Pragma("clang fp contract(fast)")
+#else
 #define FT_CONV_FMA __attribute__((optimize("fp-contract=fast")))
+#define FT_CONV_CONTRACT
+#endif
 
 typedef float V16 __attribute__((vector_size(64)));  // 16 floats
 constexpr int64_t kLanes = 16;
@@ -162,6 +170,7 @@ struct Correlation {
 template <int R>
 FT_CONV_INLINE void correlate_rows(const Correlation& c, const float* padded, const float* taps, float* out,
                                    int64_t oh, int64_t ow0, bool overwrite, float init) {
+  FT_CONV_CONTRACT
   V16 acc[R] = {};
   const int64_t row_step = c.sh * c.Wp;
   for (int64_t i = 0; i < c.KH; ++i) {
@@ -221,6 +230,7 @@ FT_CONV_INLINE void correlate_body(const Correlation& c, const float* padded, co
 template <int NJ>
 FT_CONV_INLINE void weight_taps(const Correlation& c, const float* dy, const float* x, int64_t i, int64_t j0,
                                 double* sums) {
+  FT_CONV_CONTRACT
   const int64_t row = round_up(c.OW, kLanes);
   V16 acc[NJ] = {};
   if (c.sw == 1) {  // the accumulators stay in registers: the tap loop is unrolled and branch-free
