@@ -89,3 +89,13 @@ def error_line(result: subprocess.CompletedProcess) -> str:
     assert result.returncode != 0, result.stdout + result.stderr
     assert len(lines) == 1, result.stderr
     return lines[0]
+
+
+def without_import_line(script: pathlib.Path, line: str, tmp_path: pathlib.Path) -> pathlib.Path:
+    """A copy of an example script in tmp_path without its fusetrain import `line`: transformers' trainer runs it."""
+    lines = script.read_text().splitlines(keepends=True)
+    kept = [text for text in lines if not text.startswith(line.strip())]
+    assert len(kept) == len(lines) - 1, f"{script.name} has no fusetrain import line"
+    plain = tmp_path / f"{script.stem}_transformers.py"
+    plain.write_text("".join(kept))
+    return plain

@@ -24,7 +24,7 @@ pytest.importorskip("onnxscript")
 pytest.importorskip("datasets")
 Image = pytest.importorskip("PIL.Image")
 
-from cli_support import env_finding_fusetrain  # noqa: E402
+from cli_support import env_finding_fusetrain, without_import_line  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "run_image_classification.py"
@@ -78,12 +78,7 @@ def run(script: pathlib.Path, model: pathlib.Path, data: dict, output: pathlib.P
 
 def without_fusetrain(tmp_path: pathlib.Path) -> pathlib.Path:
     """The script without its fusetrain import line: transformers' Trainer trains it."""
-    lines = SCRIPT.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if not line.startswith(IMPORT_LINE.strip())]
-    assert len(kept) == len(lines) - 1, "the script has no fusetrain import line"
-    plain = tmp_path / "run_image_classification_transformers.py"
-    plain.write_text("".join(kept))
-    return plain
+    return without_import_line(SCRIPT, IMPORT_LINE, tmp_path)
 
 
 # Swin's run is marked slow (~25 s): CI keeps ConvNeXt's; test_capture.py checks Swin's loss and gradients.

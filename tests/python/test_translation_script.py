@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("onnxscript")
 pytest.importorskip("sacrebleu")
 
-from cli_support import env_finding_fusetrain  # noqa: E402
+from cli_support import env_finding_fusetrain, without_import_line  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "run_translation.py"
@@ -90,12 +90,7 @@ def run(script: pathlib.Path, model: pathlib.Path, data: dict, output: pathlib.P
 
 def without_fusetrain(tmp_path: pathlib.Path) -> pathlib.Path:
     """The script without its fusetrain import line: transformers' Seq2SeqTrainer trains it."""
-    lines = SCRIPT.read_text().splitlines(keepends=True)
-    kept = [line for line in lines if not line.startswith(IMPORT_LINE.strip())]
-    assert len(kept) == len(lines) - 1, "the script has no fusetrain import line"
-    plain = tmp_path / "run_translation_transformers.py"
-    plain.write_text("".join(kept))
-    return plain
+    return without_import_line(SCRIPT, IMPORT_LINE, tmp_path)
 
 
 @pytest.mark.parametrize("arch", ["t5", "marian"])
