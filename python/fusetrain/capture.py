@@ -39,6 +39,7 @@ _TASK_OF_SUFFIX = (
     ("ForMaskedLM", "mlm"),
     ("ForCausalLM", "clm"),
     ("ForImageClassification", "image-cls"),
+    ("ForCTC", "ctc"),  # speech recognition (Wav2Vec2): per-frame logits, the engine's CTC loss
     ("ForConditionalGeneration", "seq2seq"),  # an encoder-decoder (T5, BART); other such classes are refused
     ("MTModel", "seq2seq"),  # Marian
 )
@@ -136,10 +137,10 @@ class _Forward:
                 self._modules, self._parameters, self._buffers = model._modules, model._parameters, model._buffers
 
             def forward(self, input_ids: Any = None, attention_mask: Any = None, token_type_ids: Any = None,
-                        pixel_values: Any = None, input_features: Any = None, decoder_input_ids: Any = None,
-                        decoder_attention_mask: Any = None) -> tuple:
+                        pixel_values: Any = None, input_features: Any = None, input_values: Any = None,
+                        decoder_input_ids: Any = None, decoder_attention_mask: Any = None) -> tuple:
                 given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
-                         "pixel_values": pixel_values, "input_features": input_features,
+                         "pixel_values": pixel_values, "input_features": input_features, "input_values": input_values,
                          "decoder_input_ids": decoder_input_ids, "decoder_attention_mask": decoder_attention_mask}
                 out = self.inner(**{name: given[name] for name in inputs}, return_dict=True)
                 return tuple(getattr(out, name) for name in outputs)
@@ -180,8 +181,12 @@ def _export(model: Any, task: str, path: pathlib.Path) -> None:
         example["input_features"] = torch.randn(2, int(config.num_mel_bins), frames, generator=generator)
         dims["input_features"] = {0: batch}
     elif inputs[0] == "input_values":
-        raise CaptureError(f"{type(model).__name__} takes raw audio (input_values), which fusetrain does not capture "
-                           "yet")
+        # Raw audio (Wav2Vec2): (batch, samples), both axes dynamic; the example is long enough for the feature
+        # encoder's receptive field to fit several frames.
+        samples = _audio_example_length(config)
+        example["input_values"] = torch.randn(2, samples, generator=generator)
+        audio = torch.export.Dim("audio_length", min=_receptive_field(config), max=max(samples * 64, 1 << 22))
+        dims["input_values"] = {0: batch, 1: audio}
     else:
         sequence = torch.export.Dim("sequence_length", min=2, max=max(max_positions, 8))
         dims.update({name: {0: batch, 1: sequence} for name in _FED_INPUTS})
@@ -200,6 +205,36 @@ def _export(model: Any, task: str, path: pathlib.Path) -> None:
     finally:
         model.train(was_training)
     _simplify(path)
+    if inputs[0] == "input_values":
+        _note_example_shape(path, "input_values", list(example["input_values"].shape))
+
+
+def _note_example_shape(path: pathlib.Path, name: str, shape: list[int]) -> None:
+    """Records the example's shape of float input `name` in the graph's metadata ("fusetrain.example_shape.<name>"):
+    the size the importer lays out the parameters at on an axis the graph leaves dynamic."""
+    import onnx
+
+    graph = onnx.load(str(path))
+    entry = graph.metadata_props.add()
+    entry.key, entry.value = f"fusetrain.example_shape.{name}", ",".join(str(int(size)) for size in shape)
+    onnx.save(graph, str(path))
+
+
+def _receptive_field(config: Any) -> int:
+    """The fewest samples a Wav2Vec2-style feature encoder (config.conv_kernel, conv_stride) turns into one frame."""
+    field = 1
+    for kernel, stride in reversed(list(zip(config.conv_kernel, config.conv_stride))):
+        field = (field - 1) * int(stride) + int(kernel)
+    return field
+
+
+def _audio_example_length(config: Any) -> int:
+    """An example audio length for the export: 13 frames of the feature encoder (more than any positional
+    convolution's padding), so that no frame count is specialised to a constant."""
+    hop = 1
+    for stride in config.conv_stride:
+        hop *= int(stride)
+    return _receptive_field(config) + 12 * hop
 
 
 def _simplify(path: pathlib.Path) -> None:

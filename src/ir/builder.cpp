@@ -115,6 +115,14 @@ ValueId GraphBuilder::preference_loss(ValueId logps, ValueId ref_logps, ValueId 
   return g_.add(OpKind::PreferenceLoss, {logps, ref_logps, lengths}, {{"loss_type", loss_type}, {"beta", beta}});
 }
 
+ValueId GraphBuilder::ctc_loss(ValueId logits, ValueId labels, ValueId input_lengths, int64_t blank, bool zero_infinity,
+                               bool per_target) {
+  std::vector<ValueId> inputs{logits, labels};
+  if (input_lengths != ir::kNone) inputs.push_back(input_lengths);
+  return g_.add(OpKind::CtcLoss, inputs,
+                {{"blank", blank}, {"zero_infinity", int64_t{zero_infinity}}, {"per_target", int64_t{per_target}}});
+}
+
 ValueId GraphBuilder::sigmoid_cross_entropy(ValueId logits, ValueId targets) {
   return g_.add(OpKind::SigmoidCrossEntropy, {logits, targets});
 }

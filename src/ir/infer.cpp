@@ -644,6 +644,28 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       if (at == 1) return {{s, DType::f32}};
       return {{Shape{}, DType::f32}};
     }
+    case OpKind::CtcLoss:
+    case OpKind::CtcLossBackward: {
+      // logits (B, T, V) f32, labels (B, L) i64, [input lengths (B) i64] -> loss (B); backward: dloss (B) first
+      const int at = c.op == OpKind::CtcLossBackward ? 1 : 0;
+      c.require_f32(at, "logits");
+      const Shape& s = c.shape(at);
+      c.require(s.rank() == 3 && s[0] > 0 && s[1] > 0 && s[2] > 0, "logits should be (batch, frames, classes), found ",
+                s.to_string());
+      c.require(c.dtype(at + 1) == DType::i64 && c.shape(at + 1).rank() == 2 && c.shape(at + 1)[0] == s[0],
+                "labels should be i64 (", s[0], ", L), found ", c.shape(at + 1).to_string());
+      if (n_in == size_t(at) + 3)
+        c.require(c.dtype(at + 2) == DType::i64 && c.shape(at + 2) == Shape{s[0]}, "input lengths should be i64 (",
+                  s[0], "), found ", c.shape(at + 2).to_string());
+      const int64_t blank = std::get<CtcParams>(params).blank;
+      c.require(blank < s[2], "blank ", blank, " is not one of the ", s[2], " classes");
+      if (at == 1) {
+        c.require_f32(0, "dloss");
+        c.require(c.shape(0) == Shape{s[0]}, "dloss should be (", s[0], "), found ", c.shape(0).to_string());
+        return {{s, DType::f32}};
+      }
+      return {{Shape{s[0]}, DType::f32}};
+    }
     case OpKind::SigmoidCrossEntropy:
       c.require_f32(0, "logits");
       c.require_f32(1, "targets");

@@ -362,6 +362,15 @@ OpParams decode(OpKind op, AttrReader& r) {
       if (!(p.beta > 0.0) || !std::isfinite(p.beta)) r.fail(str("beta ", p.beta, ": expected a finite number > 0"));
       return r.finish(p);
     }
+    case OpKind::CtcLoss:
+    case OpKind::CtcLossBackward: {
+      ParamsOf<OpKind::CtcLoss> p;
+      p.blank = r.integer("blank", p.blank);
+      if (p.blank < 0) r.fail(str("blank ", p.blank, ": expected a class index >= 0"));
+      p.zero_infinity = r.flag("zero_infinity", p.zero_infinity);
+      p.per_target = r.flag("per_target", p.per_target);
+      return r.finish(p);
+    }
     case OpKind::Attention:
     case OpKind::AttentionBackward: {
       ParamsOf<OpKind::Attention> p;

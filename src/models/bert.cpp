@@ -118,6 +118,8 @@ class BertFamily final : public Family {
         throw Error("BERT/RoBERTa have no causal-LM head in fusetrain");
       case Head::Seq2SeqLM:
         throw Error("BERT/RoBERTa are not encoder-decoders: they have no sequence-to-sequence head");
+      case Head::Ctc:
+        throw Error("BERT/RoBERTa read tokens, not audio frames: they have no CTC head");
     }
     head_outputs(b, head_, {logits}, spec, ConfigReader(config_), out);
     return out;

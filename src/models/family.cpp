@@ -323,6 +323,28 @@ void head_outputs(ir::GraphBuilder& b, Head head, HeadLogits logits, const Batch
       if (spec.token_stats) out.token_stats = b.token_stats(out.logits, labels);
       return;
     }
+    case Head::Ctc: {
+      // Per-frame logits against label sequences; the frames are the model's (the audio's length through its
+      // convolutions), the labels' length the batch's. Reduction and blank as transformers' ...ForCTC: the sum (or
+      // the mean of each loss over its target length) of torch's ctc_loss with blank = pad_token_id.
+      FT_CHECK(shape.rank() == 3 && shape[0] == B, "a CTC head needs logits of shape (batch, frames, classes) with ",
+               "batch ", B, "; the model returns ", shape.to_string());
+      out.logits = logits.logits;
+      if (!labelled) return;
+      FT_CHECK(spec.labels == LabelKind::TokenIds && spec.target_seq > 0, "a CTC head needs integer label ",
+               "sequences of shape (batch, L)");
+      const std::string reduction = config.get_string("ctc_loss_reduction", "sum");
+      FT_CHECK(reduction == "sum" || reduction == "mean", "config.json: \"ctc_loss_reduction\" is \"", reduction,
+               "\" (expected sum or mean)");
+      const int64_t blank = config.get_int("pad_token_id", 0);
+      FT_CHECK(blank >= 0 && blank < shape[2], "config.json: \"pad_token_id\" (the CTC blank) is ", blank,
+               ", not one of the ", shape[2], " classes");
+      const ValueId labels = b.input(InputNames::labels, {B, spec.target_seq}, DType::i64);
+      const ValueId losses = b.ctc_loss(out.logits, labels, ir::kNone, blank,
+                                        config.get_bool("ctc_zero_infinity", false), reduction == "mean");
+      out.loss = reduction == "sum" ? b.reduce_sum(losses, {0}) : b.reduce_mean(losses, {0});
+      return;
+    }
     case Head::MaskedLM:
     case Head::CausalLM:
     case Head::TokenClassification:

@@ -227,6 +227,9 @@ BatchSpec Model::spec_for(const Batch& batch, bool training, bool with_backward)
     spec.batch = t.shape()[0];
     if (input.seq_axis >= 0) (input.target ? spec.target_seq : spec.seq) = t.shape()[input.seq_axis];
   }
+  // A CTC head's labels are sequences of their own length: the target axis.
+  if (family_->head() == Head::Ctc && batch.get(InputNames::labels).shape().rank() == 2)
+    spec.target_seq = batch.get(InputNames::labels).shape()[1];
   spec.packed = packed_rows(batch) && (family_->packs_sequences() || family_->head() == Head::CausalLM);
   FT_CHECK(!spec.packed || family_->packs_sequences(), architecture_, ": position_ids restart inside a row and no ",
            "attention_mask is given, so the rows pack several examples; this model cannot keep them apart (the ",
@@ -277,7 +280,8 @@ compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
   for (int64_t setting : {int64_t{spec.training}, int64_t{spec.bf16}, int64_t{spec.fp16}, int64_t{spec.recompute},
                           int64_t{spec.fusions}, static_cast<int64_t>(spec.labels), int64_t{with_backward},
                           int64_t{count_unfused_ops_}, int64_t{spec.packed}, int64_t{spec.token_stats},
-                          int64_t{spec.preference.has_value()}, int64_t{spec.reference}, spec.tokens})
+                          int64_t{spec.preference.has_value()}, int64_t{spec.reference}, spec.tokens,
+                          spec.target_seq})
     key.push_back(setting);
   if (spec.preference) {
     key.push_back(static_cast<int64_t>(std::hash<std::string>{}(spec.preference->loss_type)));
@@ -432,6 +436,14 @@ ModelOutput Model::run(const Batch& batch, bool training, bool with_backward, bo
     case LabelKind::None:
       break;
     case LabelKind::TokenIds: {
+      if (family->head() == Head::Ctc) {  // label sequences of any length, -100 padding
+        FT_CHECK(labels.dtype() == DType::i64 && labels.shape() == Shape({B, spec.target_seq}), "labels have shape ",
+                 labels.shape().to_string(), " (", dtype_name(labels.dtype()), "); a CTC model's labels are int64 ",
+                 "(batch, label length), padded with -100");
+        check_classes(labels);
+        plan.upload_input(InputNames::labels, labels.data());
+        break;
+      }
       FT_CHECK(std::any_of(inputs_.begin(), inputs_.end(), [](const InputDecl& d) { return d.seq_axis >= 0; }),
                "labels have shape ", labels.shape().to_string(), "; ", architecture_,
                " reads no sequence, so its labels are one class per example, of shape (", B, ")");

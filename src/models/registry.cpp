@@ -68,6 +68,15 @@ const std::vector<HeadInfo> kHeads = {
      Outputs::Logits,
      true,
      {"", "", ""}},
+    {Head::Ctc,
+     "CTC",
+     "ctc",
+     "speech recognition with a CTC loss",
+     {LabelKind::TokenIds},
+     {},
+     Outputs::Logits,
+     false,
+     {"", "", ""}},
 };
 
 std::unique_ptr<Family> make_bert(Head head, const nlohmann::json& config) {

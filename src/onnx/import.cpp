@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "fusetrain/core/dtype.h"
 #include "fusetrain/core/error.h"
@@ -64,17 +65,37 @@ int64_t sequence_of(const std::string& name, const models::BatchSpec& spec) {
   return is_target_input(name) ? spec.target_length() : spec.seq;
 }
 
+/// The example sizes a graph's metadata gives float input `name` ("fusetrain.example_shape.<name>": sizes separated
+/// by commas, as capture writes them for raw audio's dynamic length); empty when it gives none.
+std::vector<int64_t> example_shape(const onnx::ModelProto& model, const std::string& name) {
+  std::vector<int64_t> dims;
+  for (const auto& entry : model.metadata_props()) {
+    if (entry.key() != "fusetrain.example_shape." + name) continue;
+    std::stringstream text(entry.value());
+    for (std::string item; std::getline(text, item, ',');) {
+      FT_CHECK(!item.empty() && item.find_first_not_of("0123456789") == std::string::npos, "ONNX metadata ",
+               entry.key(), " is \"", entry.value(), "\"; expected sizes separated by commas");
+      dims.push_back(std::stoll(item));
+    }
+  }
+  return dims;
+}
+
 /// The shape a float input has in a build for `spec`: the batch's, else the graph's fixed sizes with the batch
-/// size of the spec on a dynamic axis 0.
-std::vector<int64_t> float_input_shape(const onnx::ValueInfoProto& input, const models::BatchSpec& spec) {
+/// size of the spec on a dynamic axis 0 and the graph's example sizes on other dynamic axes (a build that only lays
+/// out the parameters).
+std::vector<int64_t> float_input_shape(const onnx::ModelProto& model, const onnx::ValueInfoProto& input,
+                                       const models::BatchSpec& spec) {
   for (const auto& [name, shape] : spec.shapes)
     if (name == input.name()) return shape.dims();
   std::vector<int64_t> shape;
+  const std::vector<int64_t> example = example_shape(model, input.name());
   const auto& dims = input.type().tensor_type().shape().dim();
   for (int k = 0; k < dims.size(); ++k) {
-    FT_CHECK(dims[k].has_dim_value() || k == 0, "ONNX input \"", input.name(), "\" has a dynamic axis ", k,
+    const bool known = dims[k].has_dim_value() || k == 0 || (size_t(k) < example.size() && example[size_t(k)] > 0);
+    FT_CHECK(known, "ONNX input \"", input.name(), "\" has a dynamic axis ", k,
              "; fusetrain needs its size from a batch");
-    shape.push_back(dims[k].has_dim_value() ? dims[k].dim_value() : spec.batch);
+    shape.push_back(dims[k].has_dim_value() ? dims[k].dim_value() : k == 0 ? spec.batch : example[size_t(k)]);
   }
   return shape;
 }
@@ -464,6 +485,43 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     set_ir(n, 0, b_.layer_norm(ir_of(x), ir_of(in_id(n, 1)), beta, attr_float(n, "epsilon", 1e-5f)));
     for (int k = 1; k < n.output_size(); ++k)  // Mean and InvStdDev: only a training graph reads them
       if (!n.output(k).empty()) kind_[size_t(ids_.at(n.output(k)))] = Kind::Failed;
+  } else if (op == "InstanceNormalization") {
+    // Each (example, channel)'s values normalised over the spatial axes (GroupNorm exports as this over (N, groups,
+    // rest)): the IR's LayerNorm of (N, C, spatial) rows, then the per-channel scale and bias unless they are the
+    // exporter's ones and zeros.
+    const std::vector<int64_t> shape = in_shape(0);
+    FT_CHECK(shape.size() >= 3, "InstanceNormalization of a rank-", shape.size(), " value (expected N, C, spatial...)");
+    int64_t spatial = 1;
+    for (size_t k = 2; k < shape.size(); ++k) spatial *= shape[k];
+    ValueId rows = b_.reshape(ir_of(x), {shape[0], shape[1], spatial});
+    rows = b_.layer_norm(rows, b_.fill(Shape{spatial}, 1.0), b_.fill(Shape{spatial}, 0.0),
+                         attr_float(n, "epsilon", 1e-5f));
+    ValueId y = b_.reshape(rows, shape);
+    std::vector<int64_t> per_channel(shape.size() - 1, 1);
+    per_channel[0] = shape[1];
+    auto affine = [&](int v, double identity, bool scale) {
+      const bool fixed = kind(v) == Kind::Const &&
+                         std::all_of(host_[size_t(v)].f.begin(), host_[size_t(v)].f.end(),
+                                     [&](float e) { return e == identity; }) && !host_[size_t(v)].f.empty();
+      if (fixed) return;
+      const ValueId c = b_.reshape(ir_of(v), per_channel);
+      y = scale ? b_.mul(y, c) : b_.add(y, c);
+    };
+    affine(in_id(n, 1), 1.0, true);
+    affine(in_id(n, 2), 0.0, false);
+    set_ir(n, 0, y);
+  } else if (op == "ReduceL2") {  // sqrt(Σ x²) over the axes (weight normalisation's norm)
+    std::vector<int64_t> axes;
+    if (n.input_size() > 1 && !n.input(1).empty())
+      axes = const_of(n, 1, "axes").ints();
+    else
+      axes = attr_ints(n, "axes");
+    const int64_t r = int64_t(in_shape(0).size());
+    if (axes.empty())
+      for (int64_t k = 0; k < r; ++k) axes.push_back(k);
+    for (int64_t& a : axes) a = axis_in(a, r, "reduction axis");
+    const ValueId squares = b_.mul(ir_of(x), ir_of(x));
+    set_ir(n, 0, b_.graph().add(ops::OpKind::Sqrt, {b_.reduce_sum(squares, axes, attr_int(n, "keepdims", 1) != 0)}));
   } else if (op == "ReduceMean" || op == "ReduceSum") {
     std::vector<int64_t> axes;
     if (n.input_size() > 1 && !n.input(1).empty())
@@ -985,7 +1043,7 @@ void OnnxFamily::walk(Builder& bld, const BatchSpec& spec) const {
   for (const auto& i : g.input()) {
     if (!is_batch_input(i.name()) || inits_.count(i.name())) continue;
     if (is_float_input(i.name())) {
-      bld.set_input(ids_.at(i.name()), bld.builder().input(i.name(), Shape(float_input_shape(i, spec)), DType::f32));
+      bld.set_input(ids_.at(i.name()), bld.builder().input(i.name(), Shape(float_input_shape(proto_, i, spec)), DType::f32));
       continue;
     }
     const auto& dims = i.type().tensor_type().shape().dim();

@@ -14,9 +14,9 @@ constexpr std::array<const char*, std::variant_size_v<OpParams>> kParamsNames = 
     "ConcatParams",       "SliceParams",       "SliceBackwardParams",   "ReduceParams",
     "CastParams",         "CrossEntropyParams", "LinearCrossEntropyParams", "LogProbsParams",
     "PreferenceParams",   "QuantizedParams",   "AttentionParams",       "RoPEParams",
-    "LinearParams",       "ConvParams"};
+    "LinearParams",       "ConvParams",        "CtcParams"};
 
-static_assert(params_index_of<ConvParams>() == kParamsNames.size() - 1);
+static_assert(params_index_of<CtcParams>() == kParamsNames.size() - 1);
 static_assert(params_index_of<LogProbsParams>() == 23 && params_index_of<AttentionParams>() == 26);
 static_assert(params_index_of<MatMulParams>() == 2 && params_index_of<ShapeParams>() == 13);
 

@@ -417,6 +417,22 @@ std::vector<OpCase> make_cases() {
           return Outs{b.preference_loss(logps, ref, lengths, loss_type, 0.5)};
         },
         {{"logps", {-8, -1}}, {"ref_logps", {-8, -1}}, {"lengths", {1, 9, 0, 0, 1}}});
+  // CTC over 6 classes, the last the blank; 3 examples of 6 + n frames with up to 3 labels (a quarter of the slots
+  // padding, -100) drawn from the 5 others, so repeats (which need a blank between) occur. The second case gives each
+  // example its own frame count (some too short for their target: zero_infinity's zero) and divides by the target
+  // lengths.
+  add("ctc_loss", OpKind::CtcLoss,
+      [](GraphBuilder& b, int64_t n) {
+        return Outs{b.ctc_loss(b.param("logits", {3, 6 + n, 6}), b.input("labels", {3, 3}, DType::i64), ir::kNone, 5,
+                               false, false)};
+      },
+      {{"logits", {-2, 2}}, {"labels", {0, 0, 5, 0.25}}});
+  add("ctc_loss_lengths_per_target", OpKind::CtcLoss,
+      [](GraphBuilder& b, int64_t n) {
+        return Outs{b.ctc_loss(b.param("logits", {3, 6 + n, 6}), b.input("labels", {3, 2}, DType::i64),
+                               b.input("lengths", {3}, DType::i64), 5, true, true)};
+      },
+      {{"logits", {-2, 2}}, {"labels", {0, 0, 5, 0.25}}, {"lengths", {0, 0, 8}}});
   add("sigmoid_cross_entropy", OpKind::SigmoidCrossEntropy,
       [](GraphBuilder& b, int64_t n) {
         return Outs{b.sigmoid_cross_entropy(b.param("logits", {n, 3}), b.param("targets", {n, 3}))};

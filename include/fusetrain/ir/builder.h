@@ -90,6 +90,10 @@ class GraphBuilder {
   /// f32 -> the mean over pairs (scalar f32). Differentiated in `logps` only.
   ValueId preference_loss(ValueId logps, ValueId ref_logps, ValueId lengths, const std::string& loss_type,
                           double beta);
+  /// The CTC loss of each example (B) f32: logits (B, T, V), labels (B, L) i64 whose entries >= 0 are the target in
+  /// order, optional `input_lengths` (B) i64 (kNone: every example has all T frames). See ops::CtcParams.
+  ValueId ctc_loss(ValueId logits, ValueId labels, ValueId input_lengths, int64_t blank, bool zero_infinity,
+                   bool per_target);
   /// logits and targets in [0, 1], same shape -> mean binary cross-entropy with logits (scalar f32).
   ValueId sigmoid_cross_entropy(ValueId logits, ValueId targets);
   /// Scaled dot-product attention. q (B, H, T, D), k/v (B, H, S, D), all f32 or all bf16, optional

@@ -26,6 +26,7 @@ enum class Head : uint8_t {
   TokenClassification,
   QuestionAnswering,
   Seq2SeqLM,  ///< an encoder-decoder's language-model head: (B, target, V) logits, labels (B, target) unshifted
+  Ctc,        ///< per-frame classes (B, frames, V) against label sequences (B, L) of any length: the CTC loss
 };
 
 /// What the labels of a batch are, which decides the loss.

@@ -180,6 +180,15 @@ struct PreferenceParams {
   double beta = 0.1;                  ///< "beta"
 };
 
+/// CtcLoss and its backward: connectionist temporal classification (Graves et al. 2006) over log_softmax(logits),
+/// as torch.nn.functional.ctc_loss computes it. An example's target is its labels >= 0 in order (padding -100 is
+/// skipped, as transformers' masked_select does); its frames are the first `input lengths` (all T without them).
+struct CtcParams {
+  int64_t blank = 0;           ///< "blank": the blank class (transformers: config.pad_token_id)
+  bool zero_infinity = false;  ///< "zero_infinity": an impossible alignment's loss and gradient are 0, not inf
+  bool per_target = false;     ///< "per_target": each loss divided by its target length (at least 1), "mean"'s step
+};
+
 /// QuantizedLinear and its backward: a frozen (rows, cols) weight in a quantised layout (quant::QuantMatrix).
 struct QuantizedParams {
   int64_t rows = 0;        ///< "rows": output features N (required)
@@ -358,7 +367,7 @@ using OpParams =
                  EmbeddingBackwardParams, ShapeParams, TransposeParams, SplitParams, ConcatParams, SliceParams,
                  SliceBackwardParams, ReduceParams, CastParams, CrossEntropyParams, LinearCrossEntropyParams,
                  LogProbsParams, PreferenceParams, QuantizedParams, AttentionParams, RoPEParams, LinearParams,
-                 ConvParams>;
+                 ConvParams, CtcParams>;
 
 namespace detail {
 template <OpKind K>

@@ -109,6 +109,13 @@ void grad_rule<OpKind::PreferenceLoss>(GradContext& ctx) {
 }
 
 template <>
+void grad_rule<OpKind::CtcLoss>(GradContext& ctx) {
+  std::vector<ValueId> inputs{ctx.grad_output(0), ctx.input(0), ctx.input(1)};
+  if (ctx.num_inputs() == 3) inputs.push_back(ctx.input(2));
+  ctx.set_grad_input(0, ctx.g.add(OpKind::CtcLossBackward, inputs, ctx.attrs()));
+}
+
+template <>
 void grad_rule<OpKind::SigmoidCrossEntropy>(GradContext& ctx) {
   ctx.set_grad_input(0,
                      ctx.g.add(OpKind::SigmoidCrossEntropyBackward, {ctx.grad_output(0), ctx.input(0), ctx.input(1)}));

@@ -140,6 +140,9 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const KernelCall& call) {
     case OpKind::PreferenceLoss:
     case OpKind::PreferenceLossBackward:
       return nullptr;  // one value per sequence: the reference is enough
+    case OpKind::CtcLoss:
+    case OpKind::CtcLossBackward:
+      return nullptr;  // (B, T, 2L + 1) lattice over a small vocabulary: the reference (see docs/architecture.md)
     case OpKind::TokenLogProbs:
     case OpKind::TokenLogProbsBackward:
       return nullptr;  // unfused only (fuse_linear_log_probs folds them into the LM head): the reference

@@ -275,6 +275,8 @@ std::unique_ptr<Kernel> make_linear_log_probs_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_quantized_linear_ref(const KernelCall& call);
 /// PreferenceLoss and PreferenceLossBackward.
 std::unique_ptr<Kernel> make_preference_loss_ref(const KernelCall& call);
+/// CtcLoss and CtcLossBackward.
+std::unique_ptr<Kernel> make_ctc_loss_ref(const KernelCall& call);
 
 // attention_ref.cpp
 std::unique_ptr<Kernel> make_attention_ref(const KernelCall& call);

@@ -150,6 +150,9 @@ std::unique_ptr<Kernel> make_ref_kernel(const KernelCall& call) {
     case OpKind::PreferenceLoss:
     case OpKind::PreferenceLossBackward:
       return ref::make_preference_loss_ref(call);
+    case OpKind::CtcLoss:
+    case OpKind::CtcLossBackward:
+      return ref::make_ctc_loss_ref(call);
     case OpKind::QuantizedLinear:
     case OpKind::QuantizedLinearBackward:
       return ref::make_quantized_linear_ref(call);
