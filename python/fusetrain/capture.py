@@ -96,6 +96,12 @@ def _fed_inputs(model: Any) -> list[str]:
     return names
 
 
+def feature_input(model: Any) -> str | None:
+    """The float input a model reads in place of input_ids (pixel_values, input_features, input_values), else None."""
+    inputs = _fed_inputs(model)
+    return inputs[0] if inputs[0] in _FEATURE_INPUTS else None
+
+
 def is_encoder_decoder(model: Any) -> bool:
     """Whether a transformers model is an encoder-decoder that takes token sequences (T5, BART, Marian, ...)."""
     parameters = inspect.signature(model.forward).parameters

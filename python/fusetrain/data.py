@@ -145,7 +145,11 @@ def to_engine(
     if len(dataset) == 0:
         raise ValueError(f"the {name} is empty")
     if task == "image-cls":
-        return _images_to_engine(dataset, columns, num_labels, problem_type, name, with_labels)
+        return _features_to_engine(dataset, columns, "pixel_values", num_labels, problem_type, name, with_labels)
+    if task == "ctc":  # the collator pads the audio and the label sequences
+        return _features_to_engine(dataset, columns, "input_values", num_labels, problem_type, name, False)
+    if task == "seq-cls" and "input_ids" not in columns and "input_values" in columns:  # audio classification
+        return _features_to_engine(dataset, columns, "input_values", num_labels, problem_type, name, with_labels)
     if task == "seq2seq" and "input_ids" not in columns:
         feature = next((f for f in FEATURE_COLUMNS if f in columns or f in _first_keys(dataset)), None)
         if feature is not None:  # a speech encoder-decoder: the collator gives the features and the targets
@@ -226,14 +230,22 @@ def _example_labels(dataset: Any, label_column: str, num_labels: int, problem_ty
     return "class", _as_int(values, f'the {name}\'s "{label_column}"')
 
 
-def _images_to_engine(dataset: Any, columns: list[str], num_labels: int, problem_type: str | None, name: str,
-                      with_labels: bool) -> _core._Dataset:
-    """An image dataset for the engine: its examples' labels; the collator gives each batch's pixel_values (stored,
-    or made on access by a transform: datasets' set_transform / with_transform, as run_image_classification.py's)."""
-    if "pixel_values" not in columns and "pixel_values" not in _first_keys(dataset):
-        raise ValueError(f"the {name} has no pixel_values column (columns: {', '.join(columns) or 'none'}): "
-                         "preprocess the images first, e.g. dataset.with_transform(lambda batch: "
-                         "image_processor(batch['image'], return_tensors='pt'))")
+_PREPROCESS_HINTS = {
+    "pixel_values": "preprocess the images first, e.g. dataset.with_transform(lambda batch: "
+                    "image_processor(batch['image'], return_tensors='pt'))",
+    "input_values": "preprocess the audio first, e.g. dataset.map(lambda example: {'input_values': "
+                    "feature_extractor(example['audio']['array'], sampling_rate=16000).input_values[0]})",
+}
+
+
+def _features_to_engine(dataset: Any, columns: list[str], feature: str, num_labels: int, problem_type: str | None,
+                        name: str, with_labels: bool) -> _core._Dataset:
+    """An image or audio dataset for the engine: its examples' labels (one per example); the collator gives each
+    batch's `feature` (pixel_values or input_values: stored, or made on access by a transform, datasets'
+    set_transform / with_transform as run_image_classification.py's) and, without `with_labels`, its labels."""
+    if feature not in columns and feature not in _first_keys(dataset):
+        raise ValueError(f"the {name} has no {feature} column (columns: {', '.join(columns) or 'none'}): "
+                         f"{_PREPROCESS_HINTS[feature]}")
     offsets = np.zeros(len(dataset) + 1, dtype=np.int64)
     empty = np.zeros(0, dtype=np.int64)
     label_column = next((c for c in LABEL_COLUMNS if c in columns), None)

@@ -291,6 +291,14 @@ def _shape_text(shape: tuple | None) -> str:
     return "none" if shape is None else "(" + ", ".join(map(str, shape)) + ")"
 
 
+def _module_class(module: Any) -> type:
+    """A module's class; for a parametrized module (weight_norm's ParametrizedConv1d, which torch makes anew for each
+    module) the class it parametrizes."""
+    if torch.nn.utils.parametrize.is_parametrized(module):
+        return type(module).__bases__[0]
+    return type(module)
+
+
 def _mismatch(held: dict[str, Any], built: dict[str, Any]) -> dict | None:
     """The first difference, module by module, between the modules of the model built from the config (`built`) and
     those of the model held: first of structure (a module missing or extra, another class or number of layers) or of
@@ -308,7 +316,7 @@ def _mismatch(held: dict[str, Any], built: dict[str, Any]) -> dict | None:
                             text=f"{name} maps {other.in_features} to {other.out_features} features where the config "
                                  f"gives {module.in_features} to {module.out_features}")
             continue
-        if type(other) is not type(module):
+        if _module_class(other) is not _module_class(module):
             return dict(pairs=[(type(module), type(other))],
                         text=f"{name or 'the model'} is a {type(other).__name__} where the config gives a "
                              f"{type(module).__name__}")
@@ -761,8 +769,10 @@ class Trainer(transformers.Trainer):
     def _uses_python_collator(self) -> bool:
         """Whether training batches come from calling the collator (else the engine collates in C++)."""
         task = _task_of(architecture_of(self.model))
-        if task in ("qa", "image-cls", "seq2seq"):
-            return True  # start and end positions, the images, or an encoder-decoder's targets are the collator's
+        if task in ("qa", "image-cls", "seq2seq", "ctc"):
+            return True  # start and end positions, the images, an encoder-decoder's or CTC's targets: the collator's
+        if capture.feature_input(_base_model(self.model)) is not None:
+            return True  # audio: the collator pads each batch's input_values
         collator = self.data_collator
         if collator is None:
             return False

@@ -247,10 +247,13 @@ data::Batch batch_from_python(py::handle output) {
     }
   }
   if (b.label_seq_len > 0) {
-    // Labels of another length than input_ids: an encoder-decoder's targets, as long as its decoder inputs.
+    // Labels of another length than input_ids: an encoder-decoder's targets, as long as its decoder inputs; or, in
+    // a batch of audio without decoder inputs, label sequences of their own length (CTC).
     const auto decoder = std::find_if(b.token_inputs.begin(), b.token_inputs.end(),
                                       [](const data::TokenInput& t) { return t.name == "decoder_input_ids"; });
-    FT_CHECK(decoder != b.token_inputs.end() && decoder->shape[1] == b.label_seq_len, "the data collator's labels ",
+    const bool label_sequences = b.input_ids.empty() && decoder == b.token_inputs.end() && !b.float_inputs.empty();
+    FT_CHECK(label_sequences || (decoder != b.token_inputs.end() && decoder->shape[1] == b.label_seq_len),
+             "the data collator's labels ",
              "have shape (", b.batch_size, ", ", b.label_seq_len, "), not input_ids' (", b.batch_size, ", ", b.seq_len,
              "); only an encoder-decoder's labels differ, and then decoder_input_ids must have their shape");
   }
