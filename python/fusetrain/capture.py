@@ -50,6 +50,10 @@ _FEATURE_INPUTS = ("pixel_values", "input_features", "input_values")
 # An encoder-decoder's decoder inputs: the labels shifted right (the collator's, else the model's own
 # prepare_decoder_input_ids_from_labels), and their mask.
 _DECODER_INPUTS = ("decoder_input_ids", "decoder_attention_mask")
+# SpecAugment's masks (Wav2Vec2 and the speech encoders built like it), as float inputs: which frames take the learned
+# masked_spec_embed, (batch, frames), and which hidden features are zeroed, (batch, hidden). The Trainer draws them
+# for each training batch with the model's own _compute_mask_indices; a batch without them masks nothing.
+_MASK_INPUTS = ("mask_time_indices", "mask_feature_indices")
 _FORMAT = 6  # bumped when what a cached capture holds changes
 
 
@@ -93,7 +97,50 @@ def _fed_inputs(model: Any) -> list[str]:
             names.remove("token_type_ids")
     if is_encoder_decoder(model):
         names += [name for name in _DECODER_INPUTS if name in parameters]
-    return names
+    return names + spec_augment_inputs(model)
+
+
+def _speech_encoder(model: Any) -> Any | None:
+    """The module holding SpecAugment (_mask_hidden_states and masked_spec_embed): the model's base, else None."""
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None) or model
+    return base if hasattr(base, "_mask_hidden_states") else None
+
+
+def spec_augment_inputs(model: Any) -> list[str]:
+    """The SpecAugment masks the model draws in training (mask_time_indices where config.mask_time_prob > 0,
+    mask_feature_indices where config.mask_feature_prob > 0, neither when config.apply_spec_augment is off)."""
+    config = model.config
+    if _speech_encoder(model) is None or not getattr(config, "apply_spec_augment", True):
+        return []
+    probabilities = (getattr(config, "mask_time_prob", 0.0), getattr(config, "mask_feature_prob", 0.0))
+    return [name for name, p in zip(_MASK_INPUTS, probabilities) if p and p > 0]
+
+
+def draw_spec_augment(model: Any, batch: dict[str, Any]) -> dict[str, Any]:
+    """`batch` with the SpecAugment masks of one training step, drawn as the model's forward draws them in training
+    (its module's _compute_mask_indices on NumPy's global generator: the time mask over (batch, frames), then the
+    feature mask over (batch, hidden)), as float32 arrays. A model without SpecAugment gets the batch back."""
+    import numpy as np
+    import torch
+
+    names = spec_augment_inputs(model)
+    if not names:
+        return batch
+    config, encoder = model.config, _speech_encoder(model)
+    compute = sys.modules[type(encoder).__module__]._compute_mask_indices
+    audio = batch["input_values"]
+    rows, samples = int(audio.shape[0]), int(audio.shape[1])
+    frames = int(encoder._get_feat_extract_output_lengths(torch.tensor(samples)))
+    out = dict(batch)
+    if "mask_time_indices" in names:
+        out["mask_time_indices"] = compute((rows, frames), mask_prob=config.mask_time_prob,
+                                           mask_length=config.mask_time_length, attention_mask=None,
+                                           min_masks=config.mask_time_min_masks).astype(np.float32)
+    if "mask_feature_indices" in names:
+        out["mask_feature_indices"] = compute((rows, config.hidden_size), mask_prob=config.mask_feature_prob,
+                                              mask_length=config.mask_feature_length,
+                                              min_masks=config.mask_feature_min_masks).astype(np.float32)
+    return out
 
 
 def feature_input(model: Any) -> str | None:
@@ -144,14 +191,41 @@ class _Forward:
 
             def forward(self, input_ids: Any = None, attention_mask: Any = None, token_type_ids: Any = None,
                         pixel_values: Any = None, input_features: Any = None, input_values: Any = None,
-                        decoder_input_ids: Any = None, decoder_attention_mask: Any = None) -> tuple:
+                        decoder_input_ids: Any = None, decoder_attention_mask: Any = None,
+                        mask_time_indices: Any = None, mask_feature_indices: Any = None) -> tuple:
                 given = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids,
                          "pixel_values": pixel_values, "input_features": input_features, "input_values": input_values,
                          "decoder_input_ids": decoder_input_ids, "decoder_attention_mask": decoder_attention_mask}
-                out = self.inner(**{name: given[name] for name in inputs}, return_dict=True)
+                encoder = _speech_encoder(model)
+                if encoder is not None:  # SpecAugment from the graph's mask inputs, not from NumPy at trace time
+                    masks = _SpecAugment(encoder, mask_time_indices, mask_feature_indices)
+                    object.__setattr__(encoder, "_mask_hidden_states", masks)
+                try:
+                    out = self.inner(**{name: given[name] for name in inputs if name not in _MASK_INPUTS},
+                                     return_dict=True)
+                finally:
+                    if encoder is not None:
+                        object.__delattr__(encoder, "_mask_hidden_states")
                 return tuple(getattr(out, name) for name in outputs)
 
         return Forward()
+
+
+class _SpecAugment:
+    """A speech encoder's _mask_hidden_states while it is exported: the masks are the graph's float inputs (1 where
+    masked). Masked frames become masked_spec_embed and masked features 0, as the model's own masking assigns them;
+    the time mask is sliced to the frames the audio gives (its own axis is dynamic apart from theirs)."""
+
+    def __init__(self, encoder: Any, time: Any, feature: Any) -> None:
+        self.encoder, self.time, self.feature = encoder, time, feature
+
+    def __call__(self, hidden_states: Any, mask_time_indices: Any = None, attention_mask: Any = None) -> Any:
+        if self.time is not None:
+            mask = self.time[:, : hidden_states.shape[1], None]
+            hidden_states = hidden_states * (1 - mask) + mask * self.encoder.masked_spec_embed
+        if self.feature is not None:
+            hidden_states = hidden_states * (1 - self.feature[:, None, :])
+        return hidden_states
 
 
 def _export(model: Any, task: str, path: pathlib.Path) -> None:
@@ -193,6 +267,12 @@ def _export(model: Any, task: str, path: pathlib.Path) -> None:
         example["input_values"] = torch.randn(2, samples, generator=generator)
         audio = torch.export.Dim("audio_length", min=_receptive_field(config), max=max(samples * 64, 1 << 22))
         dims["input_values"] = {0: batch, 1: audio}
+        # SpecAugment's masks: the time mask's frames another size than the audio's 13, so that the exporter keeps
+        # its axis apart from theirs (the graph slices it to the frames the audio gives)
+        example["mask_time_indices"] = torch.zeros(2, 17)
+        dims["mask_time_indices"] = {0: batch, 1: torch.export.Dim("mask_frames", min=1, max=1 << 20)}
+        example["mask_feature_indices"] = torch.zeros(2, int(getattr(config, "hidden_size", 1)))
+        dims["mask_feature_indices"] = {0: batch}
     else:
         sequence = torch.export.Dim("sequence_length", min=2, max=max(max_positions, 8))
         dims.update({name: {0: batch, 1: sequence} for name in _FED_INPUTS})
@@ -211,18 +291,21 @@ def _export(model: Any, task: str, path: pathlib.Path) -> None:
     finally:
         model.train(was_training)
     _simplify(path)
-    if inputs[0] == "input_values":
-        _note_example_shape(path, "input_values", list(example["input_values"].shape))
+    dynamic = {name: list(example[name].shape) for name in inputs if name in ("input_values", "mask_time_indices")}
+    if dynamic:
+        _note_example_shapes(path, dynamic)
 
 
-def _note_example_shape(path: pathlib.Path, name: str, shape: list[int]) -> None:
-    """Records the example's shape of float input `name` in the graph's metadata ("fusetrain.example_shape.<name>"):
-    the size the importer lays out the parameters at on an axis the graph leaves dynamic."""
+def _note_example_shapes(path: pathlib.Path, shapes: dict[str, list[int]]) -> None:
+    """Records the examples' shapes of float inputs with a dynamic axis besides the batch in the graph's metadata
+    ("fusetrain.example_shape.<name>": sizes separated by commas): the sizes the importer lays out the parameters
+    at."""
     import onnx
 
     graph = onnx.load(str(path))
-    entry = graph.metadata_props.add()
-    entry.key, entry.value = f"fusetrain.example_shape.{name}", ",".join(str(int(size)) for size in shape)
+    for name, shape in shapes.items():
+        entry = graph.metadata_props.add()
+        entry.key, entry.value = f"fusetrain.example_shape.{name}", ",".join(str(int(size)) for size in shape)
     onnx.save(graph, str(path))
 
 

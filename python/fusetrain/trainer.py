@@ -787,6 +787,14 @@ class Trainer(transformers.Trainer):
 
     def _collate_hook(self) -> Callable[[np.ndarray, bool], dict]:
         rows, collator, pad_id = data.model_rows(self.train_dataset), self.data_collator, self._pad_id()
+        if capture.spec_augment_inputs(_base_model(self.model)):
+            model = _base_model(self.model)
+
+            def augmented(indices: np.ndarray, training: bool) -> dict:
+                batch = data.pad_batch(collator(rows(indices)), pad_id)
+                return capture.draw_spec_augment(model, batch) if training else batch
+
+            return augmented
         if not capture.is_encoder_decoder(_base_model(self.model)):
             return lambda indices, training: data.pad_batch(collator(rows(indices)), pad_id)
         model = _base_model(self.model)

@@ -273,7 +273,9 @@ compile::Program& Model::plan_for(const BatchSpec& spec, bool with_backward) {
     const std::string& name = given.first;
     const Shape& shape = given.second;
     const auto input = std::find_if(inputs_.begin(), inputs_.end(), [&](const InputDecl& d) { return d.name == name; });
-    if (input->source != InputSource::Batch) continue;
+    // An optional float input (SpecAugment's masks) changes the graph when given: its shape is part of the key.
+    if (input->source != InputSource::Batch && input->dtype != DType::f32) continue;
+    key.push_back(input->source == InputSource::Batch ? 0 : 1 + (input - inputs_.begin()));
     key.push_back(shape.rank());
     key.insert(key.end(), shape.dims().begin(), shape.dims().end());
   }

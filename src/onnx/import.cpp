@@ -36,7 +36,17 @@ namespace detail {
 /// evaluate nodes on) and float inputs (which only the graph reads).
 const char* const kTokenInputs[] = {"input_ids",         "attention_mask",        "token_type_ids",
                                     "position_ids",      "decoder_input_ids",     "decoder_attention_mask"};
-const char* const kFloatInputs[] = {"pixel_values", "input_features", "input_values"};
+const char* const kFloatInputs[] = {"pixel_values", "input_features", "input_values", "mask_time_indices",
+                                    "mask_feature_indices"};
+/// Float inputs the batch may leave out: SpecAugment's masks (capture's mask inputs), zeros (nothing masked) when
+/// absent.
+const char* const kOptionalFloatInputs[] = {"mask_time_indices", "mask_feature_indices"};
+
+bool is_optional_float_input(const std::string& name) {
+  for (const char* s : kOptionalFloatInputs)
+    if (name == s) return true;
+  return false;
+}
 
 bool is_token_input(const std::string& name) {
   for (const char* s : kTokenInputs)
@@ -1043,6 +1053,17 @@ void OnnxFamily::walk(Builder& bld, const BatchSpec& spec) const {
   for (const auto& i : g.input()) {
     if (!is_batch_input(i.name()) || inits_.count(i.name())) continue;
     if (is_float_input(i.name())) {
+      const bool given = std::any_of(spec.shapes.begin(), spec.shapes.end(),
+                                     [&](const auto& entry) { return entry.first == i.name(); });
+      if (!given && is_optional_float_input(i.name())) {
+        // An absent mask is zeros (nothing masked) of the batch's size, the graph's fixed sizes, and 1 on its other
+        // dynamic axes (the time mask is sliced to the frames, and 1 broadcasts over them); the host folds it away.
+        std::vector<int64_t> dims;
+        for (const auto& dim : i.type().tensor_type().shape().dim())
+          dims.push_back(dims.empty() ? spec.batch : dim.has_dim_value() ? dim.dim_value() : 1);
+        bld.set_const(ids_.at(i.name()), HostTensor::zeros(HostType::F32, dims));
+        continue;
+      }
       bld.set_input(ids_.at(i.name()), bld.builder().input(i.name(), Shape(float_input_shape(proto_, i, spec)), DType::f32));
       continue;
     }
@@ -1151,7 +1172,9 @@ std::vector<models::InputDecl> OnnxFamily::inputs() const {
     if (!has_input(i.name())) continue;
     if (is_float_input(i.name())) {
       models::InputDecl d{i.name(), DType::f32, i.type().tensor_type().shape().dim_size(), -1,
-                          models::InputSource::Batch, {}};
+                          is_optional_float_input(i.name()) ? models::InputSource::Optional
+                                                            : models::InputSource::Batch,
+                          {}};
       for (const auto& dim : i.type().tensor_type().shape().dim())
         d.fixed.push_back(dim.has_dim_value() ? dim.dim_value() : -1);
       d.fixed[0] = -1;

@@ -153,7 +153,8 @@ struct PyDataset {
 };
 
 /// The float inputs a batch may hold in place of input_ids: images, log-mel features (Whisper), raw audio.
-const char* const kFeatureInputs[] = {"pixel_values", "input_features", "input_values"};
+const char* const kFeatureInputs[] = {"pixel_values", "input_features", "input_values", "mask_time_indices",
+                                      "mask_feature_indices"};
 
 /// A batch from a Python collator's output: a mapping of (B, T) / (B,) arrays (numpy or torch).
 data::Batch batch_from_python(py::handle output) {

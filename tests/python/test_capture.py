@@ -135,11 +135,11 @@ def test_captured_decay_groups_are_transformers(arch, task):
     assert not wrong, f"{arch} {task}: decay differs from transformers' for {wrong}"
 
 
-def trainer_losses(trainer_cls, args_cls, model, data, tmp_path, **extra) -> list[float]:
+def trainer_losses(trainer_cls, args_cls, model, data, tmp_path, data_collator=None, **extra) -> list[float]:
     args = args_cls(output_dir=str(tmp_path), per_device_train_batch_size=4, learning_rate=3e-3, max_steps=3,
                     logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0,
                     lr_scheduler_type="constant", weight_decay=0.01, **extra)
-    trainer = trainer_cls(model=model, args=args, train_dataset=data)
+    trainer = trainer_cls(model=model, args=args, train_dataset=data, data_collator=data_collator)
     trainer.train()
     return [e["loss"] for e in trainer.state.log_history if "loss" in e]
 
@@ -162,15 +162,15 @@ def test_trainer_trains_a_captured_model_as_transformers_does(arch, task, tmp_pa
     assert_trained_alike(ours_model, theirs_model, lambda: model_of(arch, task), feed)
 
 
-def both_trainers(fresh, data, tmp_path):
+def both_trainers(fresh, data, tmp_path, data_collator=None):
     """Three steps of fusetrain.Trainer (on the engine) and of transformers' Trainer, each on a model `fresh()`
-    builds: their logged losses agree within 1e-3 relative (transformers logs 4 significant digits). Returns both
-    trained models."""
+    builds (with `data_collator`, else each Trainer's default): their logged losses agree within 1e-3 relative
+    (transformers logs 4 significant digits). Returns both trained models."""
     ours_model, theirs_model = fresh(), fresh()
     ours = trainer_losses(fusetrain.Trainer, fusetrain.TrainingArguments, ours_model, data, tmp_path / "ours",
-                          fusetrain_require_engine=True)
+                          data_collator, fusetrain_require_engine=True)
     theirs = trainer_losses(transformers.Trainer, transformers.TrainingArguments, theirs_model, data,
-                            tmp_path / "theirs")
+                            tmp_path / "theirs", data_collator)
     assert len(ours) == len(theirs) == 3
     np.testing.assert_allclose(ours, theirs, rtol=1e-3)
     return ours_model, theirs_model
