@@ -20,6 +20,10 @@ Workloads (models built by transformers from configs and saved once; every frame
     w9  ConvNeXt-Tiny (depths 3, 3, 9, 3; widths 96 to 768; depthwise 7x7 convolutions), image classification of
         224x224 images into 10 classes, batch 32 (synthetic normalised images): fusetrain trains it through capture
         (tokens/s counts images)
+    w10 wav2vec2-base (7 convolutions of 512 channels from raw audio, a grouped positional convolution of width 128,
+        12 layers of 768), speech recognition with the CTC loss (mean reduction, as run_speech_recognition_ctc.py),
+        batch 4 of 5 s at 16 kHz (80000 samples: 249 frames; synthetic audio, 60-character targets): fusetrain trains
+        it through capture from input_values (tokens/s counts frames); SpecAugment and LayerDrop off
     w5  w4 with LoRA r=16, alpha 32 on q, k, v and o (PEFT's get_peft_model for PyTorch, enable_lora for fusetrain)
     w12 w5 with the base quantised to NF4 (QLoRA): PyTorch loads it with bitsandbytes 0.50
         (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"), compute dtype float32, bfloat16 for the
@@ -89,6 +93,8 @@ WORKLOADS = {
            "target": 64, "batch": 8},
     "w9": {"title": "W9 ConvNeXt-Tiny image classification (captured), 224x224, batch 32", "task": "image-cls",
            "seq": 1, "batch": 32, "convnext": True},
+    "w10": {"title": "W10 wav2vec2-base CTC (captured), 5 s audio, batch 4", "task": "ctc", "seq": 249,
+            "samples": 80000, "batch": 4},
     "w5": {"title": "W5 Llama 134M CLM LoRA r=16 (q,k,v,o), seq 512, batch 4", "task": "clm", "seq": 512, "batch": 4,
            "llama": True, "lora": True},
     "w12": {"title": "W12 Llama 134M CLM QLoRA r=16 (q,k,v,o; NF4 base), seq 512, batch 4", "task": "clm", "seq": 512,
@@ -105,6 +111,10 @@ QWEN3_W6 = dict(LLAMA_W4, head_dim=64)
 T5_W8 = dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, vocab_size=32128,
              relative_attention_num_buckets=32, relative_attention_max_distance=128, dropout_rate=0.0,
              decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+# W10: wav2vec2-base (Wav2Vec2Config's defaults) with what fine-tuning scripts switch off for a deterministic step.
+WAV2VEC2_W10 = dict(vocab_size=32, pad_token_id=0, ctc_loss_reduction="mean", layerdrop=0.0, mask_time_prob=0.0,
+                    hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0,
+                    final_dropout=0.0)
 LORA = dict(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
 LEARNING_RATE = 1e-4
 
@@ -139,7 +149,13 @@ def prepare(workload: str, count: int) -> pathlib.Path:
     rng = np.random.default_rng(0)
     torch.manual_seed(0)
     no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-    if spec["task"] == "seq2seq":
+    if spec["task"] == "ctc":
+        # wav2vec2-base's configuration (the default), its 32 characters, dropout, SpecAugment and LayerDrop off
+        model = transformers.Wav2Vec2ForCTC(transformers.Wav2Vec2Config(**WAV2VEC2_W10))
+        n = count * B
+        arrays = {"input_values": rng.standard_normal((n, spec["samples"]), dtype=np.float32),
+                  "labels": rng.integers(1, 32, (n, 60)).astype(np.int64)}
+    elif spec["task"] == "seq2seq":
         model = transformers.T5ForConditionalGeneration(transformers.T5Config(**T5_W8))
         text = (SHARED / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -221,6 +237,18 @@ def model_flops_per_step(config: dict, task: str, batch: int, seq: int, lora: di
             (2 * 4 * d * inner + 2 * 2 * target * inner + 2 * 2 * d * inner + 2 * 2 * seq * inner + 2 * 2 * d * ff)
             * target + 2 * 2 * d * inner * seq)
         return 3.0 * (encoder + decoder + 2 * d * vocab * target) * batch
+    if config.get("model_type") == "wav2vec2":  # per clip: feature encoder, positional convolution, layers, head
+        samples, frames = seq_samples(config, seq)
+        d, layers, ff = config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]
+        total, channels, length = 0.0, 1, samples
+        for width, kernel, stride in zip(config["conv_dim"], config["conv_kernel"], config["conv_stride"]):
+            length = (length - kernel) // stride + 1
+            total += 2 * channels * kernel * width * length
+            channels = width
+        total += 2 * channels * d * frames  # feature projection
+        total += 2 * (d // config["num_conv_pos_embedding_groups"]) * config["num_conv_pos_embeddings"] * d * frames
+        total += layers * (2 * 4 * d * d + 2 * 2 * d * ff + 2 * 2 * frames * d) * frames
+        return 3.0 * (total + 2 * d * config["vocab_size"] * frames) * batch
     if config.get("model_type") == "convnext":  # per image: stem, each stage's blocks and downsampling, classifier
         size = config.get("image_size", 224) // config["patch_size"]
         widths, depths = config["hidden_sizes"], config["depths"]
@@ -263,6 +291,16 @@ def model_flops_per_step(config: dict, task: str, batch: int, seq: int, lora: di
     else:
         per_token += 2 * d * d / seq  # pooler on the first token
     return 3.0 * per_token * batch * seq
+
+
+def seq_samples(config: dict, frames: int) -> tuple[int, int]:
+    """W10's audio: the samples of `frames` frames of the feature encoder (the fewest that give that many)."""
+    hop, field = 1, 1
+    for kernel, stride in reversed(list(zip(config["conv_kernel"], config["conv_stride"]))):
+        field = (field - 1) * stride + kernel
+    for stride in config["conv_stride"]:
+        hop *= stride
+    return field + (frames - 1) * hop, frames
 
 
 def skipped_head_flops(config: dict, task: str, directory: pathlib.Path, warmup: int, steps: int) -> float:

@@ -475,6 +475,13 @@ def capture(model: Any, task: str | None = None) -> Any:
     if task is None:
         raise CaptureError(f"{architecture} is not a head fusetrain trains (a class ending in "
                            + ", ".join(suffix for suffix, _ in _TASK_OF_SUFFIX) + ")")
+    dropped = {key: getattr(model.config, key, 0.0) for key in ("layerdrop", "encoder_layerdrop", "decoder_layerdrop")}
+    dropped = {key: value for key, value in dropped.items() if isinstance(value, (int, float)) and value > 0}
+    if dropped:
+        key, value = next(iter(dropped.items()))
+        raise CaptureError(f"{architecture}'s config.{key} is {value}: LayerDrop skips whole layers at random in each "
+                           "training step, which one captured graph cannot do; set model.config." + key + " = 0.0 "
+                           "(the default of transformers' speech recognition scripts) to train it on the engine")
     if task == "seq2seq" and not is_encoder_decoder(model):
         raise CaptureError(f"{architecture} is not an encoder-decoder of token sequences (config.is_encoder_decoder "
                            "and a forward taking decoder_input_ids); fusetrain captures those as seq2seq")
@@ -553,7 +560,8 @@ def from_directory(path: str | os.PathLike, architecture: str | None = None, **c
 
 _AUTO_CLASSES = {"seq-cls": "AutoModelForSequenceClassification", "token-cls": "AutoModelForTokenClassification",
                  "qa": "AutoModelForQuestionAnswering", "mlm": "AutoModelForMaskedLM", "clm": "AutoModelForCausalLM",
-                 "image-cls": "AutoModelForImageClassification", "seq2seq": "AutoModelForSeq2SeqLM"}
+                 "image-cls": "AutoModelForImageClassification", "seq2seq": "AutoModelForSeq2SeqLM",
+                 "ctc": "AutoModelForCTC"}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                     "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json")
 

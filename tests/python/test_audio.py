@@ -144,6 +144,13 @@ def test_spec_augment_masks_are_drawn_and_applied_as_in_pytorch():
     assert_step_matches(model, engine, batch, "no masks")
 
 
+def test_layerdrop_is_refused_naming_the_setting():
+    """LayerDrop (Wav2Vec2's default 0.1) skips layers at random each step: capture refuses it with one clear error,
+    which fusetrain.Trainer turns into a fallback to transformers' loop (an error under fusetrain_require_engine)."""
+    with pytest.raises(capture.CaptureError, match=r"config.layerdrop is 0.1: LayerDrop skips whole layers"):
+        capture.capture(wav2vec2("ctc", layerdrop=0.1))
+
+
 def test_bad_ctc_labels_are_one_clear_error():
     engine = capture.capture(wav2vec2("ctc"))
     engine.train()
