@@ -325,6 +325,8 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   job.task = models::head_for_task(o.task);
   FT_CHECK(job.task != models::Head::Seq2SeqLM, "--task seq2seq trains from Python (fusetrain.Seq2SeqTrainer); the ",
            "command line reads no source/target data yet");
+  FT_CHECK(job.task != models::Head::Ctc, "--task ctc trains from Python (fusetrain.Trainer with a Wav2Vec2ForCTC); the ",
+           "command line reads no audio yet");
   default_columns(o, job.task);
   FT_CHECK(!o.model.empty(), "--model DIR is required (a Hugging Face model directory with its tokenizer files)");
   // --model may name an ONNX graph; its tokenizer and config.json are the directory's around it.
@@ -458,9 +460,10 @@ void add_options(CLI::App& app, Options& o) {
                  "(model.onnx, with its tokenizer files and optional config.json beside it)");
   std::string tasks;
   for (const models::HeadInfo& head : models::heads())
-    if (*head.task && head.head != models::Head::Seq2SeqLM)
+    if (*head.task && head.head != models::Head::Seq2SeqLM && head.head != models::Head::Ctc)
       tasks += str(tasks.empty() ? "" : ", ", head.task, " (", head.problem, ")");
-  app.add_option("--task", o.task, "what to train: " + tasks + "; seq2seq trains from Python (fusetrain.Seq2SeqTrainer)")
+  app.add_option("--task", o.task, "what to train: " + tasks + "; seq2seq and ctc train from Python "
+                 "(fusetrain.Seq2SeqTrainer, fusetrain.Trainer); inspect takes both")
       ->capture_default_str();
   app.add_option("--train-file", o.train_file, "training data: .tsv/.csv (header row), .jsonl or .txt");
   app.add_option("--eval-file", o.eval_file, "evaluation data, same formats");
@@ -475,10 +478,12 @@ void add_options(CLI::App& app, Options& o) {
                  "column with the label (default: label; token-cls: ner_tags, a JSON list of tags, integers or names; "
                  "qa: answers, SQuAD's {\"text\": [...], \"answer_start\": [...]})");
   app.add_option("--max-seq-length", o.max_seq_length,
-                 "truncate to this many tokens; for mlm/clm on plain text, the block length")
+                 "truncate to this many tokens; for mlm/clm on plain text, the block length (inspect: also the "
+                 "length of a float input's free axis, raw audio's samples)")
       ->capture_default_str();
   app.add_option("--max-target-length", o.max_target_length,
-                 "seq2seq: the target sequence length (inspect: the decoder inputs' and labels' length)")
+                 "seq2seq: the target sequence length (inspect: the decoder inputs' and labels' length, or a "
+                 "CTC model's label length)")
       ->capture_default_str();
   app.add_option("--num-labels", o.num_labels, "classes (default: from the training labels)");
   app.add_flag("--line-by-line", o.line_by_line, "mlm/clm: one example per line instead of concatenated blocks");
@@ -809,9 +814,14 @@ int run_inspect(Options& o) {
   const bool per_token = label_kind == models::LabelKind::TokenIds;
   // An encoder-decoder's decoder inputs and labels have the target length.
   FT_CHECK(o.max_target_length > 0, "--max-target-length must be > 0, found ", o.max_target_length);
-  const int64_t L = task == models::Head::Seq2SeqLM ? o.max_target_length : T;
+  const bool label_sequences = task == models::Head::Seq2SeqLM || task == models::Head::Ctc;
+  const int64_t L = label_sequences ? o.max_target_length : T;
   std::vector<int64_t> target_ids(static_cast<size_t>(B * L), ids.front());
   std::vector<int64_t> labels(static_cast<size_t>(per_token ? B * L : B), 0);
+  if (task == models::Head::Ctc) {  // two classes other than the blank in turn: an alignment needs L frames
+    const int64_t blank = config_int(model->config(), "pad_token_id", 0);
+    for (size_t k = 0; k < labels.size(); ++k) labels[k] = (blank + 1 + int64_t(k % 2)) % std::max<int64_t>(vocab, 3);
+  }
   models::Batch batch;
   // Every input the batch must give, from the model's declaration: token ids (B, T) (decoder inputs (B, L)),
   // float inputs (pixel_values) zeros of their fixed sizes.
@@ -823,12 +833,9 @@ int run_inspect(Options& o) {
                                          : Tensor::view(ids.data(), {B, T}, DType::i64));
       continue;
     }
+    // A free axis (raw audio's length) takes --max-seq-length.
     std::vector<int64_t> dims{B};
-    for (size_t k = 1; k < input.fixed.size(); ++k) {
-      FT_CHECK(input.fixed[k] > 0, "inspect: ", input.name, " has no fixed size on axis ", k, " (", models::describe(input),
-               ")");
-      dims.push_back(input.fixed[k]);
-    }
+    for (size_t k = 1; k < input.fixed.size(); ++k) dims.push_back(input.fixed[k] > 0 ? input.fixed[k] : T);
     const Shape shape(dims);
     floats.emplace_back(static_cast<size_t>(shape.numel()), 0.0f);
     batch.set(input.name, Tensor::view(floats.back().data(), shape, DType::f32));
