@@ -20,7 +20,7 @@ Workloads (models built by transformers from configs and saved once; every frame
     w9  ConvNeXt-Tiny (depths 3, 3, 9, 3; widths 96 to 768; depthwise 7x7 convolutions), image classification of
         224x224 images into 10 classes, batch 32 (synthetic normalised images): fusetrain trains it through capture
         (tokens/s counts images)
-    w10 wav2vec2-base (7 convolutions of 512 channels from raw audio, a grouped positional convolution of width 128,
+    w13 wav2vec2-base (7 convolutions of 512 channels from raw audio, a grouped positional convolution of width 128,
         12 layers of 768), speech recognition with the CTC loss (mean reduction, as run_speech_recognition_ctc.py),
         batch 4 of 5 s at 16 kHz (80000 samples: 249 frames; synthetic audio, 60-character targets): fusetrain trains
         it through capture from input_values (tokens/s counts frames); SpecAugment and LayerDrop off
@@ -93,7 +93,7 @@ WORKLOADS = {
            "target": 64, "batch": 8},
     "w9": {"title": "W9 ConvNeXt-Tiny image classification (captured), 224x224, batch 32", "task": "image-cls",
            "seq": 1, "batch": 32, "convnext": True},
-    "w10": {"title": "W10 wav2vec2-base CTC (captured), 5 s audio, batch 4", "task": "ctc", "seq": 249,
+    "w13": {"title": "W13 wav2vec2-base CTC (captured), 5 s audio, batch 4", "task": "ctc", "seq": 249,
             "samples": 80000, "batch": 4},
     "w5": {"title": "W5 Llama 134M CLM LoRA r=16 (q,k,v,o), seq 512, batch 4", "task": "clm", "seq": 512, "batch": 4,
            "llama": True, "lora": True},
@@ -111,8 +111,8 @@ QWEN3_W6 = dict(LLAMA_W4, head_dim=64)
 T5_W8 = dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, vocab_size=32128,
              relative_attention_num_buckets=32, relative_attention_max_distance=128, dropout_rate=0.0,
              decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-# W10: wav2vec2-base (Wav2Vec2Config's defaults) with what fine-tuning scripts switch off for a deterministic step.
-WAV2VEC2_W10 = dict(vocab_size=32, pad_token_id=0, ctc_loss_reduction="mean", layerdrop=0.0, mask_time_prob=0.0,
+# W13: wav2vec2-base (Wav2Vec2Config's defaults) with what fine-tuning scripts switch off for a deterministic step.
+WAV2VEC2_W13 = dict(vocab_size=32, pad_token_id=0, ctc_loss_reduction="mean", layerdrop=0.0, mask_time_prob=0.0,
                     hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0,
                     final_dropout=0.0)
 LORA = dict(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -151,7 +151,7 @@ def prepare(workload: str, count: int) -> pathlib.Path:
     no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
     if spec["task"] == "ctc":
         # wav2vec2-base's configuration (the default), its 32 characters, dropout, SpecAugment and LayerDrop off
-        model = transformers.Wav2Vec2ForCTC(transformers.Wav2Vec2Config(**WAV2VEC2_W10))
+        model = transformers.Wav2Vec2ForCTC(transformers.Wav2Vec2Config(**WAV2VEC2_W13))
         n = count * B
         arrays = {"input_values": rng.standard_normal((n, spec["samples"]), dtype=np.float32),
                   "labels": rng.integers(1, 32, (n, 60)).astype(np.int64)}
@@ -294,7 +294,7 @@ def model_flops_per_step(config: dict, task: str, batch: int, seq: int, lora: di
 
 
 def seq_samples(config: dict, frames: int) -> tuple[int, int]:
-    """W10's audio: the samples of `frames` frames of the feature encoder (the fewest that give that many)."""
+    """W13's audio: the samples of `frames` frames of the feature encoder (the fewest that give that many)."""
     hop, field = 1, 1
     for kernel, stride in reversed(list(zip(config["conv_kernel"], config["conv_stride"]))):
         field = (field - 1) * stride + kernel

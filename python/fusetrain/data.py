@@ -156,6 +156,8 @@ def to_engine(
             offsets = np.zeros(len(dataset) + 1, dtype=np.int64)
             return _core._Dataset(offsets, np.zeros(0, dtype=np.int64), None, "none", None, 0, 0,
                                   without_tokens=True)
+    if task == "seq2seq":
+        with_labels = False  # the targets are the collator's (decoder inputs and labels of their own length)
     if "input_ids" not in columns:
         raise ValueError(
             f"the {name} has no input_ids column (columns: {', '.join(columns) or 'none'}): tokenize it first, e.g. "

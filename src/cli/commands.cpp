@@ -191,6 +191,13 @@ std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job
       std::string column = table.columns.size() == 1 ? table.columns[0] : o.text_column;
       return std::make_unique<data::LmDataset>(table, column, tokenize, options);
     }
+    case data::LabelKind::Targets: {
+      data::Seq2SeqColumns columns{o.text_column, labelled ? o.label_column : ""};
+      data::Seq2SeqDatasetOptions options;
+      options.max_length = o.max_seq_length;
+      options.max_target_length = o.max_target_length;
+      return std::make_unique<data::Seq2SeqDataset>(table, columns, tokenize, options);
+    }
     case data::LabelKind::None:
       break;
   }
@@ -323,8 +330,9 @@ std::unique_ptr<models::Model> load_for_training(const Options& o, const io::HfM
 Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   Job job;
   job.task = models::head_for_task(o.task);
-  FT_CHECK(job.task != models::Head::Seq2SeqLM, "--task seq2seq trains from Python (fusetrain.Seq2SeqTrainer); the ",
-           "command line reads no source/target data yet");
+  FT_CHECK(job.task != models::Head::Seq2SeqLM || !need_test, "predict: a sequence-to-sequence model's predictions ",
+           "are generated text, which fusetrain generates from Python (fusetrain.Seq2SeqTrainer with ",
+           "predict_with_generate); the command line trains and evaluates (loss) it");
   FT_CHECK(job.task != models::Head::Ctc, "--task ctc trains from Python (fusetrain.Trainer with a Wav2Vec2ForCTC); the ",
            "command line reads no audio yet");
   default_columns(o, job.task);
@@ -424,6 +432,11 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
     job.test = load_dataset(o, job, o.test_file, false);
   }
   job.ids.pad_id = std::max<int64_t>(job.tokenizer->pad_id(), 0);
+  if (job.task == models::Head::Seq2SeqLM) {  // the labels shifted right after it make the decoder's inputs
+    job.ids.decoder_start_id = config_int(config, "decoder_start_token_id", -1);
+    FT_CHECK(job.ids.decoder_start_id >= 0, config_path, ": a sequence-to-sequence model needs decoder_start_token_id ",
+             "(the decoder's first input), found none");
+  }
   if (job.task == models::Head::MaskedLM) {
     FT_CHECK(job.tokenizer->mask_id() >= 0, "masked LM needs a tokenizer with a mask token");
     job.ids.mlm = data::mask_spec(*job.tokenizer);
@@ -460,10 +473,10 @@ void add_options(CLI::App& app, Options& o) {
                  "(model.onnx, with its tokenizer files and optional config.json beside it)");
   std::string tasks;
   for (const models::HeadInfo& head : models::heads())
-    if (*head.task && head.head != models::Head::Seq2SeqLM && head.head != models::Head::Ctc)
+    if (*head.task && head.head != models::Head::Ctc)
       tasks += str(tasks.empty() ? "" : ", ", head.task, " (", head.problem, ")");
-  app.add_option("--task", o.task, "what to train: " + tasks + "; seq2seq and ctc train from Python "
-                 "(fusetrain.Seq2SeqTrainer, fusetrain.Trainer); inspect takes both")
+  app.add_option("--task", o.task, "what to train: " + tasks + "; ctc trains from Python (fusetrain.Trainer), "
+                 "inspect takes it")
       ->capture_default_str();
   app.add_option("--train-file", o.train_file, "training data: .tsv/.csv (header row), .jsonl or .txt");
   app.add_option("--eval-file", o.eval_file, "evaluation data, same formats");
@@ -471,19 +484,20 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("--output", o.output, "predictions file (predict)");
   app.add_option("--text-column", o.text_column,
                  "column with the text (default: sentence; token-cls: tokens, a JSON list of words; qa: question; "
-                 "mlm/clm: text)");
+                 "mlm/clm: text; seq2seq: source, the input text)");
   app.add_option("--text-pair-column", o.text_pair_column,
                  "column with the second text of pair tasks (qa: the context, default context)");
   app.add_option("--label-column", o.label_column,
                  "column with the label (default: label; token-cls: ner_tags, a JSON list of tags, integers or names; "
-                 "qa: answers, SQuAD's {\"text\": [...], \"answer_start\": [...]})");
+                 "qa: answers, SQuAD's {\"text\": [...], \"answer_start\": [...]}; seq2seq: target, the target "
+                 "text)");
   app.add_option("--max-seq-length", o.max_seq_length,
                  "truncate to this many tokens; for mlm/clm on plain text, the block length (inspect: also the "
                  "length of a float input's free axis, raw audio's samples)")
       ->capture_default_str();
   app.add_option("--max-target-length", o.max_target_length,
-                 "seq2seq: the target sequence length (inspect: the decoder inputs' and labels' length, or a "
-                 "CTC model's label length)")
+                 "seq2seq: targets longer than this are truncated (inspect: the decoder inputs' and labels' length, "
+                 "or a CTC model's label length)")
       ->capture_default_str();
   app.add_option("--num-labels", o.num_labels, "classes (default: from the training labels)");
   app.add_flag("--line-by-line", o.line_by_line, "mlm/clm: one example per line instead of concatenated blocks");

@@ -27,7 +27,7 @@ int64_t below(uint64_t bits, uint64_t bound) {
 }  // namespace
 
 Batch collate_padded(const TokenizedDataset& dataset, std::span<const int64_t> indices, int64_t pad_to_multiple_of,
-                     int64_t pad_id) {
+                     int64_t pad_id, int64_t decoder_start_id) {
   FT_CHECK(!indices.empty(), "collate_padded: no examples to collate");
   FT_CHECK(pad_to_multiple_of >= 0, "collate_padded: pad_to_multiple_of must not be negative, got ",
            pad_to_multiple_of);
@@ -78,6 +78,25 @@ Batch collate_padded(const TokenizedDataset& dataset, std::span<const int64_t> i
         batch.end_positions.push_back(end);
       }
       break;
+    case LabelKind::Targets: {
+      FT_CHECK(decoder_start_id >= 0, "collate_padded: a sequence-to-sequence batch needs the decoder's start token ",
+               "(config.json's decoder_start_token_id)");
+      int64_t longest_target = 1;
+      for (int64_t index : indices) longest_target = std::max<int64_t>(longest_target, int64_t(dataset.target(index).size()));
+      const auto L = static_cast<size_t>((longest_target + multiple - 1) / multiple * multiple);
+      batch.label_seq_len = static_cast<int64_t>(L);
+      batch.labels.assign(B * L, kIgnoreIndex);
+      TokenInput decoder{"decoder_input_ids", {batch.batch_size, batch.label_seq_len}, std::vector<int64_t>(B * L, pad_id)};
+      for (size_t b = 0; b < B; ++b) {
+        std::span<const int64_t> target = dataset.target(indices[b]);
+        std::copy(target.begin(), target.end(), batch.labels.begin() + static_cast<std::ptrdiff_t>(b * L));
+        decoder.values[b * L] = decoder_start_id;
+        std::copy(target.begin(), target.end() - (target.size() == L ? 1 : 0),
+                  decoder.values.begin() + static_cast<std::ptrdiff_t>(b * L + 1));
+      }
+      batch.token_inputs.push_back(std::move(decoder));
+      break;
+    }
   }
   return batch;
 }

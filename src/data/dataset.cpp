@@ -136,6 +136,7 @@ uint64_t TokenizedDataset::fingerprint() const {
   add(labels_);
   add(float_labels_);
   add(token_labels_);
+  add(target_offsets_);
   return h;
 }
 
@@ -186,6 +187,14 @@ std::pair<int64_t, int64_t> TokenizedDataset::span(int64_t i) const {
   return {token_labels_[2 * static_cast<size_t>(i)], token_labels_[2 * static_cast<size_t>(i) + 1]};
 }
 
+std::span<const int64_t> TokenizedDataset::target(int64_t i) const {
+  check_index(i);
+  FT_CHECK(label_kind_ == LabelKind::Targets, "the dataset has no target sequences");
+  const auto begin = static_cast<size_t>(target_offsets_[static_cast<size_t>(i)]);
+  const auto end = static_cast<size_t>(target_offsets_[static_cast<size_t>(i) + 1]);
+  return {token_labels_.data() + begin, end - begin};
+}
+
 TokenizedDataset TokenizedDataset::from_flat(FlatExamples e) {
   const auto n_ids = static_cast<int64_t>(e.ids.size());
   FT_CHECK(!e.offsets.empty() && e.offsets.front() == 0, "offsets must start at 0");
@@ -233,6 +242,8 @@ TokenizedDataset TokenizedDataset::from_flat(FlatExamples e) {
     case LabelKind::Spans:
       expect_labels(e.labels.size(), 2 * n, "span positions (start and end per example)");
       break;
+    case LabelKind::Targets:
+      throw Error("flat examples carry no target sequences: a sequence-to-sequence batch comes from a collator");
   }
   TokenizedDataset d;
   d.offsets_ = std::move(e.offsets);
@@ -302,6 +313,29 @@ TextDataset::TextDataset(const Table& table, const TextColumns& columns, const T
   offsets_.reserve(table.num_rows() + 1);
   tokenize_rows(table, all_rows(table), text_column, pair_column, tokenize, options.num_threads, options.max_length,
                 [&](size_t, TokenizedText&& tokens) { append(tokens.ids, tokens.type_ids); });
+}
+
+Seq2SeqDataset::Seq2SeqDataset(const Table& table, const Seq2SeqColumns& columns, const TokenizeFn& tokenize,
+                               const Seq2SeqDatasetOptions& options) {
+  FT_CHECK(options.max_length > 0 && options.max_target_length > 0, table.source,
+           ": max_length and max_target_length must be positive, got ", options.max_length, " and ",
+           options.max_target_length);
+  const size_t source_column = table.column(columns.source);
+  std::optional<size_t> target_column;
+  if (!columns.target.empty()) target_column = table.column(columns.target);
+  offsets_.reserve(table.num_rows() + 1);
+  tokenize_rows(table, all_rows(table), source_column, std::nullopt, tokenize, options.num_threads,
+                options.max_length, [&](size_t, TokenizedText&& tokens) { append(tokens.ids, tokens.type_ids); });
+  if (!target_column) return;
+  label_kind_ = LabelKind::Targets;
+  target_offsets_.reserve(table.num_rows() + 1);
+  tokenize_rows(table, all_rows(table), *target_column, std::nullopt, tokenize, options.num_threads,
+                options.max_target_length, [&](size_t row, TokenizedText&& tokens) {
+                  FT_CHECK(!tokens.ids.empty(), table.where(row), ": the target \"",
+                           table.rows[row][*target_column], "\" has no tokens");
+                  token_labels_.insert(token_labels_.end(), tokens.ids.begin(), tokens.ids.end());
+                  target_offsets_.push_back(static_cast<int64_t>(token_labels_.size()));
+                });
 }
 
 LmDataset::LmDataset(const Table& table, const std::string& text_column, const TokenizeFn& tokenize,

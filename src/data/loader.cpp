@@ -48,7 +48,7 @@ std::vector<int64_t> length_grouped_order(std::vector<int64_t> order, std::span<
 
 CollateFn padded_collate(const TokenizedDataset& dataset, const CollateOptions& options) {
   return [&dataset, options](std::span<const int64_t> indices, uint64_t batch_number) {
-    Batch batch = collate_padded(dataset, indices, options.pad_to_multiple_of, options.pad_id);
+    Batch batch = collate_padded(dataset, indices, options.pad_to_multiple_of, options.pad_id, options.decoder_start_id);
     if (options.mlm) apply_mlm_mask(batch, *options.mlm, options.seed, batch_number);
     return batch;
   };

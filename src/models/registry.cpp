@@ -64,10 +64,10 @@ const std::vector<HeadInfo> kHeads = {
      "seq2seq",
      "sequence-to-sequence language modelling",
      {LabelKind::TokenIds},
-     {},
+     {DataLabel::Targets},
      Outputs::Logits,
      true,
-     {"", "", ""}},
+     {"source", "", "target"}},
     {Head::Ctc,
      "CTC",
      "ctc",
@@ -115,6 +115,7 @@ const std::vector<ArchitectureInfo> kArchitectures = {
 const std::pair<DataLabel, const char*> kDataLabelNames[] = {
     {DataLabel::None, "none"},     {DataLabel::Class, "class"},          {DataLabel::Regression, "regression"},
     {DataLabel::Tokens, "tokens"}, {DataLabel::TokenClasses, "token_classes"}, {DataLabel::Spans, "spans"},
+    {DataLabel::Targets, "targets"},
 };
 
 // "a, b and c", for the model_types or tasks an error lists.

@@ -169,6 +169,7 @@ data::CollateFn Trainer::collate_for(const data::TokenizedDataset& dataset, uint
   data::CollateOptions options;
   options.pad_id = ids_.pad_id;
   options.seed = seed;
+  options.decoder_start_id = ids_.decoder_start_id;
   // The engine masks tokens itself only when it collates: a data collator (set_collate) gives its own labels.
   FT_CHECK(!(task_ == Head::MaskedLM && !ids_.mlm), "masked-LM training needs a tokenizer with a mask token");
   if (task_ == Head::MaskedLM) options.mlm = ids_.mlm;
@@ -825,12 +826,14 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
     if (!labelled) view.set("labels", Tensor());
     models::ModelOutput out = model_.forward(view, /*training=*/false);
     if (out.loss) {
-      const double weighted = *out.loss * static_cast<double>(batch->batch_size);
+      // Each batch weighs the eval batch size, a last smaller one too: transformers' evaluation loop repeats each
+      // batch's loss per_device_eval_batch_size times, so its eval_loss is the mean of the batches' losses.
+      const double weighted = *out.loss * static_cast<double>(options.batch_size);
       if (sharded)
         batch_losses.push_back(weighted);
       else
         loss_sum += weighted;
-      loss_weight += batch->batch_size;
+      loss_weight += options.batch_size;
     }
     const int64_t K = out.logits.shape()[-1];
     const float* logits = out.logits.data_as<float>();
@@ -862,8 +865,9 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
         p.rows += length;
       }
     } else if (labelled) {
-      // Token tasks: keep the labelled positions (causal LM: position t predicts t + 1).
-      const int64_t B = batch->batch_size, T = batch->seq_len;
+      // Token tasks: keep the labelled positions (causal LM: position t predicts t + 1; an encoder-decoder's labels
+      // span the target sequence).
+      const int64_t B = batch->batch_size, T = batch->label_seq_len > 0 ? batch->label_seq_len : batch->seq_len;
       for (int64_t b = 0; b < B; ++b)
         for (int64_t t = 0; t < T; ++t) {
           int64_t target_t = task_ == Head::CausalLM ? t + 1 : t;

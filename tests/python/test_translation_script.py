@@ -111,3 +111,70 @@ def test_the_translation_script_runs_on_fusetrain_as_on_transformers(arch, tmp_p
         np.testing.assert_allclose(ours_results[key], theirs_results[key], rtol=1e-3, err_msg=key)
     for key in ("eval_bleu", "eval_gen_len"):
         assert ours_results[key] == pytest.approx(theirs_results[key], abs=1e-6), (key, ours_results, theirs_results)
+
+
+def test_the_command_line_trains_a_seq2seq_model_from_json_lines(tmp_path):
+    """`fusetrain train --task seq2seq` on JSON Lines of source and target text (a small T5, captured): the logged
+    losses and the evaluation loss are transformers' Seq2SeqTrainer's on the same examples in order
+    (DataCollatorForSeq2Seq: labels padded with -100, the decoder inputs the labels shifted right after
+    decoder_start_token_id), within 1e-3 relative (the logged figures' rounding and f32 summation order), and the
+    output directory loads in transformers with the trained weights. The tokenizer is WordPiece over whole words (the
+    same ids as tokenizer_of's) with the end-of-sequence template, which the engine's tokenizer reads."""
+    from safetensors.numpy import load_file
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    model = model_dir(tmp_path, "t5")
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
+                                                     unk_token="<unk>")
+    tokenizer.save_pretrained(model)
+
+    def rows(path: pathlib.Path, count: int, seed: int) -> pathlib.Path:
+        lines = [json.loads(line)["translation"] for line in pairs(path, count, seed).read_text().splitlines()]
+        path.write_text("".join(json.dumps({"source": r["en"], "target": r["xx"]}) + "\n" for r in lines))
+        return path
+
+    train, dev = rows(tmp_path / "train.jsonl", 48, seed=1), rows(tmp_path / "dev.jsonl", 12, seed=2)
+    env = {**env_finding_fusetrain(), "FUSETRAIN_CACHE": str(tmp_path / "cache")}
+    ours = subprocess.run(
+        [sys.executable, "-m", "fusetrain", "train", "--model", str(model), "--task", "seq2seq", "--train-file",
+         str(train), "--eval-file", str(dev), "--max-steps", "6", "--per-device-train-batch-size", "8",
+         "--per-device-eval-batch-size", "8", "--learning-rate", "3e-3", "--logging-steps", "2",
+         "--train-sampling-strategy", "sequential", "--eval-strategy", "steps", "--eval-steps", "6",
+         "--output-dir", str(tmp_path / "ours"), "--disable-tqdm"], capture_output=True, text=True, env=env,
+        timeout=900)
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    log = [json.loads(line) for line in (tmp_path / "ours" / "log.jsonl").read_text().splitlines()]
+    losses = [entry["loss"] for entry in log if "loss" in entry]
+    eval_loss = [entry["eval_loss"] for entry in log if "eval_loss" in entry]
+
+    import datasets
+
+    def tokenized(path: pathlib.Path):
+        data = datasets.load_dataset("json", data_files=str(path), split="train")
+        return data.map(lambda b: tokenizer(b["source"], text_target=b["target"], truncation=True, max_length=128),
+                        batched=True, remove_columns=["source", "target"])
+
+    theirs_model = transformers.T5ForConditionalGeneration.from_pretrained(model)
+    args = transformers.Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / "theirs"), per_device_train_batch_size=8, per_device_eval_batch_size=8,
+        learning_rate=3e-3, max_steps=6, logging_steps=2, train_sampling_strategy="sequential", eval_strategy="steps",
+        eval_steps=6, save_strategy="no", report_to=[], use_cpu=True, seed=42)
+    trainer = transformers.Seq2SeqTrainer(
+        model=theirs_model, args=args, train_dataset=tokenized(train), eval_dataset=tokenized(dev),
+        data_collator=transformers.DataCollatorForSeq2Seq(tokenizer, model=theirs_model))
+    trainer.train()
+    history = trainer.state.log_history
+    np.testing.assert_allclose(losses, [e["loss"] for e in history if "loss" in e], rtol=1e-3)
+    # the evaluation at step 6 and the one after training, of the same weights
+    np.testing.assert_allclose(eval_loss, [e["eval_loss"] for e in history if "eval_loss" in e] * 2, rtol=1e-3)
+    trained = load_file(tmp_path / "ours" / "model.safetensors")
+    loaded = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "ours")
+    for name, value in trained.items():
+        np.testing.assert_array_equal(loaded.state_dict()[name].numpy(), value, err_msg=name)
+    for name, p in theirs_model.named_parameters():
+        if name in trained:
+            assert np.linalg.norm(trained[name] - p.detach().numpy()) <= 1e-3 * np.linalg.norm(p.detach().numpy()), name

@@ -58,9 +58,12 @@ struct Batch {
 /// attention mask 0 and type id 0. Labels follow dataset.label_kind(): Class gives (B) labels, Regression (B)
 /// float_labels, Tokens (B, T) labels = input_ids with kIgnoreIndex on padding (causal LM; apply_mlm_mask turns
 /// them into masked-LM labels), TokenClasses (B, T) labels with kIgnoreIndex on padding, Spans start_positions and
-/// end_positions. Throws Error on an empty or out-of-range index list.
+/// end_positions, Targets (B, L) labels (L the longest target, rounded up likewise) with kIgnoreIndex on padding and
+/// decoder_input_ids (B, L), the labels shifted right after `decoder_start_id` with padding as `pad_id` (transformers'
+/// shift_tokens_right). Throws Error on an empty or out-of-range index list, or on targets without a
+/// decoder_start_id >= 0.
 Batch collate_padded(const TokenizedDataset& dataset, std::span<const int64_t> indices, int64_t pad_to_multiple_of = 8,
-                     int64_t pad_id = 0);
+                     int64_t pad_id = 0, int64_t decoder_start_id = -1);
 
 /// Sets (B, T) labels for causal LM: the input ids, kIgnoreIndex where attention_mask is 0.
 void apply_clm_labels(Batch& batch);

@@ -137,6 +137,8 @@ enum class LabelKind {
   Tokens,      ///< language modelling: the labels are the input ids themselves (collators derive them)
   TokenClasses,  ///< token classification: one class per token, kIgnoreIndex where a token has none
   Spans,         ///< question answering: the answer's start and end token per example
+  Targets,       ///< sequence to sequence: each example's target token sequence (its labels; the decoder's
+                 ///< inputs are them shifted right)
 };
 
 /// Tokenized examples handed over as flat arrays (by the Python Trainer): example i is ids[offsets[i], offsets[i+1]).
@@ -191,6 +193,8 @@ class TokenizedDataset {
   std::span<const int64_t> token_labels(int64_t i) const;
   /// The answer's first and last token of example i (LabelKind::Spans only).
   std::pair<int64_t, int64_t> span(int64_t i) const;
+  /// The target token ids of example i (LabelKind::Targets only), special tokens included.
+  std::span<const int64_t> target(int64_t i) const;
   /// A 64-bit hash of everything a step reads (example boundaries, ids, type ids, labels): the ranks of a
   /// data-parallel job compare it, so files of the same length but other content are refused.
   uint64_t fingerprint() const;
@@ -210,7 +214,9 @@ class TokenizedDataset {
   std::vector<int64_t> type_ids_;  // empty, or one per entry of ids_
   std::vector<int64_t> labels_;
   std::vector<float> float_labels_;
-  std::vector<int64_t> token_labels_;  // TokenClasses: one per entry of ids_; Spans: two per example
+  std::vector<int64_t> token_labels_;  // TokenClasses: one per entry of ids_; Spans: two per example; Targets: each
+                                       // example's target ids, example i at target_offsets_[i, i + 1)
+  std::vector<int64_t> target_offsets_{0};
   LabelKind label_kind_ = LabelKind::None;
   int64_t longest_ = 0;
 };
@@ -246,6 +252,28 @@ class TextDataset : public TokenizedDataset {
 
  private:
   int64_t num_labels_ = 0;
+};
+
+/// Which columns of a table a Seq2SeqDataset reads.
+struct Seq2SeqColumns {
+  std::string source = "source";  ///< the input text
+  std::string target = "target";  ///< the target text; empty for unlabelled data
+};
+
+/// Options for Seq2SeqDataset.
+struct Seq2SeqDatasetOptions {
+  int64_t max_length = 128;         ///< sources longer than this are truncated (special tokens kept)
+  int64_t max_target_length = 128;  ///< targets likewise (run_translation.py's max_target_length)
+  int num_threads = 0;              ///< threads tokenizing at once; 0 uses every hardware thread
+};
+
+/// A sequence-to-sequence dataset (translation, summarisation): one example per row, its source and its target
+/// each tokenized with the special tokens (T5's and Marian's end of sequence) and truncated, as run_translation.py's
+/// `tokenizer(inputs, text_target=targets, truncation=True)` does with one tokenizer.
+class Seq2SeqDataset : public TokenizedDataset {
+ public:
+  Seq2SeqDataset(const Table& table, const Seq2SeqColumns& columns, const TokenizeFn& tokenize,
+                 const Seq2SeqDatasetOptions& options = {});
 };
 
 /// Options for LmDataset.

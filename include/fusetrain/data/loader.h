@@ -36,6 +36,8 @@ struct CollateOptions {
   std::optional<MaskSpec> mlm = std::nullopt;
   /// Seed of the MLM masks.
   uint64_t seed = 42;
+  /// A sequence-to-sequence dataset's decoder start token (collate_padded); -1 for other datasets.
+  int64_t decoder_start_id = -1;
 };
 
 /// A CollateFn over `dataset` (held by reference; it must outlive the function): collate_padded, then

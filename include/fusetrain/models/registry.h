@@ -115,7 +115,7 @@ const ArchitectureInfo& architecture_for_task(const std::string& model_type, Hea
 const ArchitectureInfo& choose_architecture(const nlohmann::json& config, const std::string& requested = "");
 
 /// The name Python and the data layer use for a dataset label kind: "none", "class", "regression", "tokens",
-/// "token_classes", "spans".
+/// "token_classes", "spans", "targets".
 const char* data_label_name(data::LabelKind kind);
 /// The inverse of data_label_name; throws Error listing the names.
 data::LabelKind parse_data_label(const std::string& name);

@@ -111,6 +111,7 @@ struct Predictions {
 struct CollationIds {
   int64_t pad_id = 0;
   std::optional<data::MaskSpec> mlm;  ///< set for masked LM
+  int64_t decoder_start_id = -1;      ///< sequence to sequence: the decoder's start token (decoder_start_token_id)
 };
 
 /// Makes a batch from example indices in place of the built-in padded collator (e.g. a transformers collator
