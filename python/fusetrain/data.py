@@ -313,7 +313,24 @@ def pad_batch(batch: Mapping[str, Any], pad_id: int, multiple: int = 8,
         array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
         out[key] = array
     ids = out.get("input_ids")
-    if ids is None or ids.ndim != 2:
+    if ids is None:
+        # Audio or images: the label sequences (CTC's, or a speech encoder-decoder's with its decoder inputs) to a
+        # multiple of `multiple`, which changes no result (-100 is ignored, a causal decoder never reads later
+        # positions); the audio stays as the collator made it (without an attention mask, padding it would).
+        mask = out.pop("attention_mask", None)
+        if mask is not None and not np.all(mask == 1):
+            raise ValueError("the data collator's batch has an attention_mask that marks padding in audio or images; "
+                             "fusetrain captures such a model from its input_values (or pixel_values) alone, so it "
+                             "cannot mask that padding: collate without it (a Wav2Vec2-base feature extractor's "
+                             "return_attention_mask=False), padding with zeros as transformers does then")
+        keys = [key for key in ("labels", *TARGET_COLUMNS) if key in out and out[key].ndim == 2]
+        fill = {"decoder_input_ids": pad_id if decoder_pad_id is None else decoder_pad_id, "decoder_attention_mask": 0}
+        for key in keys if out.get("labels", np.zeros(0)).dtype.kind in "iu" else ():
+            extra = -out[key].shape[1] % multiple
+            if extra:
+                out[key] = np.pad(out[key], ((0, 0), (0, extra)), constant_values=fill.get(key, -100))
+        return out
+    if ids.ndim != 2:
         return out
     fill = {"input_ids": pad_id, "attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1,
             "position_ids": 0, "decoder_input_ids": pad_id if decoder_pad_id is None else decoder_pad_id,

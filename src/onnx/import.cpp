@@ -8,6 +8,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -83,9 +84,12 @@ std::vector<int64_t> example_shape(const onnx::ModelProto& model, const std::str
     if (entry.key() != "fusetrain.example_shape." + name) continue;
     std::stringstream text(entry.value());
     for (std::string item; std::getline(text, item, ',');) {
-      FT_CHECK(!item.empty() && item.find_first_not_of("0123456789") == std::string::npos, "ONNX metadata ",
-               entry.key(), " is \"", entry.value(), "\"; expected sizes separated by commas");
-      dims.push_back(std::stoll(item));
+      int64_t size = 0;
+      const auto [end, error] = std::from_chars(item.data(), item.data() + item.size(), size);
+      FT_CHECK(error == std::errc() && end == item.data() + item.size() && size >= 1 && size <= (int64_t{1} << 24),
+               "ONNX metadata ", entry.key(), " is \"", entry.value(), "\"; expected sizes from 1 to 2^24 separated "
+               "by commas");
+      dims.push_back(size);
     }
   }
   return dims;
@@ -501,6 +505,7 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     // exporter's ones and zeros.
     const std::vector<int64_t> shape = in_shape(0);
     FT_CHECK(shape.size() >= 3, "InstanceNormalization of a rank-", shape.size(), " value (expected N, C, spatial...)");
+    FT_CHECK(in_id(n, 1) >= 0 && in_id(n, 2) >= 0, "InstanceNormalization without its scale and bias inputs");
     int64_t spatial = 1;
     for (size_t k = 2; k < shape.size(); ++k) spatial *= shape[k];
     ValueId rows = b_.reshape(ir_of(x), {shape[0], shape[1], spatial});

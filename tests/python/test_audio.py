@@ -205,3 +205,20 @@ def test_trainer_draws_spec_augment_as_transformers_does(tmp_path):
 
     ours_model, theirs_model = both_trainers(fresh, data, tmp_path, data_collator=collate_ctc)
     assert_trained_alike(ours_model, theirs_model, fresh, collate_ctc(data))
+
+
+def test_a_collators_audio_attention_mask_is_refused_unless_it_masks_nothing(tmp_path):
+    """A captured audio model reads input_values alone: a batch whose attention_mask marks padding is one clear error
+    (its masking cannot be honoured), an all-ones mask is dropped, and label sequences are padded to a multiple of 8
+    with -100 (no change to the loss)."""
+    from fusetrain import data
+
+    rng = np.random.default_rng(9)
+    batch = {"input_values": torch.from_numpy(rng.standard_normal((2, 1000)).astype(np.float32)),
+             "attention_mask": torch.ones(2, 1000, dtype=torch.long), "labels": torch.tensor([[1, 2, 3], [4, -100, -100]])}
+    padded = data.pad_batch(batch, pad_id=0)
+    assert "attention_mask" not in padded and padded["labels"].shape == (2, 8)
+    assert (padded["labels"][:, 3:] == -100).all() and (padded["labels"][:, :3] == batch["labels"].numpy()).all()
+    batch["attention_mask"][1, 900:] = 0
+    with pytest.raises(ValueError, match="attention_mask that marks padding in audio"):
+        data.pad_batch(batch, pad_id=0)
