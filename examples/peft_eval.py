@@ -1,7 +1,8 @@
 """Evaluates LoRA adapters with PEFT and transformers alone (no fusetrain): loads the base model, applies the adapter
 directory with peft.PeftModel.from_pretrained, and prints the causal-LM loss on a text file cut into blocks as
 `fusetrain train --task clm` cuts a .txt file: every non-empty line tokenized (with the tokenizer's special tokens),
-all of them concatenated, and the concatenation cut into whole blocks (the remainder dropped). The ids come from the
+all of them concatenated, and the concatenation cut into whole blocks (the remainder dropped); the loss is the
+mean of the batches' losses, as transformers' Trainer.evaluate reports it. The ids come from the
 `tokenizers` library reading the model's tokenizer.json. `--quantize nf4|fp4|int8` loads the base as bitsandbytes
 quantises it (BitsAndBytesConfig: 4-bit blocks of 64 computed in float32, or LLM.int8), the base of a
 `fusetrain train --base-dtype nf4|fp4|int8` run.
@@ -56,7 +57,9 @@ def main() -> None:
         for start in range(0, len(data), args.batch_size):
             ids = torch.from_numpy(data[start:start + args.batch_size])
             losses.append((model(input_ids=ids, labels=ids).loss.item(), len(ids)))
-    loss = sum(value * n for value, n in losses) / sum(n for _, n in losses)
+    # each batch weighs the batch size, a last smaller one too, as transformers' Trainer.evaluate weighs them (it
+    # repeats each batch's loss per_device_eval_batch_size times): the mean of the batches' losses
+    loss = sum(value for value, _ in losses) / len(losses)
     print(json.dumps({"eval_loss": loss, "eval_perplexity": math.exp(loss), "blocks": len(data)}))
 
 

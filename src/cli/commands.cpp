@@ -475,8 +475,8 @@ void add_options(CLI::App& app, Options& o) {
   for (const models::HeadInfo& head : models::heads())
     if (*head.task && head.head != models::Head::Ctc)
       tasks += str(tasks.empty() ? "" : ", ", head.task, " (", head.problem, ")");
-  app.add_option("--task", o.task, "what to train: " + tasks + "; ctc trains from Python (fusetrain.Trainer), "
-                 "inspect takes it")
+  app.add_option("--task", o.task, "what to train: " + tasks + "; ctc trains from Python (fusetrain.Trainer; "
+                 "inspect takes it)")
       ->capture_default_str();
   app.add_option("--train-file", o.train_file, "training data: .tsv/.csv (header row), .jsonl or .txt");
   app.add_option("--eval-file", o.eval_file, "evaluation data, same formats");

@@ -530,14 +530,14 @@ TEST(Registry, EveryHeadHasOneRowAndTasksAreUnique) {
     EXPECT_EQ(&models::head_info(head.head), &head);
     if (*head.task) EXPECT_TRUE(tasks.insert(head.task).second) << head.task;
   }
-  EXPECT_EQ(models::task_names(), std::vector<std::string>({"seq-cls", "token-cls", "qa", "mlm", "clm", "seq2seq"}));
+  EXPECT_EQ(models::task_names(), std::vector<std::string>({"seq-cls", "token-cls", "qa", "mlm", "clm", "seq2seq", "ctc"}));
   EXPECT_EQ(models::model_types(),
             std::vector<std::string>({"bert", "roberta", "distilbert", "gpt2", "llama", "mistral", "qwen2"}));
 }
 
 TEST(Registry, ErrorsNameWhatIsSupported) {
   EXPECT_CONTAINS(error_of([] { models::head_for_task("summarise"); }),
-                  "task \"summarise\" is not supported (supported: seq-cls, token-cls, qa, mlm, clm, seq2seq)");
+                  "task \"summarise\" is not supported (supported: seq-cls, token-cls, qa, mlm, clm, seq2seq, ctc)");
   EXPECT_CONTAINS(error_of([] { models::architecture_for_task("gpt2", models::Head::MaskedLM, "m/config.json"); }),
                   "--task mlm (masked language modelling) supports bert, roberta and distilbert models, found "
                   "model_type \"gpt2\" (a gpt2 model takes --task clm and seq-cls)");
