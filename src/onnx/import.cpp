@@ -525,19 +525,7 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     affine(in_id(n, 1), 1.0, true);
     affine(in_id(n, 2), 0.0, false);
     set_ir(n, 0, y);
-  } else if (op == "ReduceL2") {  // sqrt(Σ x²) over the axes (weight normalisation's norm)
-    std::vector<int64_t> axes;
-    if (n.input_size() > 1 && !n.input(1).empty())
-      axes = const_of(n, 1, "axes").ints();
-    else
-      axes = attr_ints(n, "axes");
-    const int64_t r = int64_t(in_shape(0).size());
-    if (axes.empty())
-      for (int64_t k = 0; k < r; ++k) axes.push_back(k);
-    for (int64_t& a : axes) a = axis_in(a, r, "reduction axis");
-    const ValueId squares = b_.mul(ir_of(x), ir_of(x));
-    set_ir(n, 0, b_.graph().add(ops::OpKind::Sqrt, {b_.reduce_sum(squares, axes, attr_int(n, "keepdims", 1) != 0)}));
-  } else if (op == "ReduceMean" || op == "ReduceSum") {
+  } else if (op == "ReduceMean" || op == "ReduceSum" || op == "ReduceL2") {  // L2: sqrt(Σ x²), weight norm's norm
     std::vector<int64_t> axes;
     if (n.input_size() > 1 && !n.input(1).empty())
       axes = const_of(n, 1, "axes").ints();
@@ -548,7 +536,14 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
       for (int64_t k = 0; k < r; ++k) axes.push_back(k);
     for (int64_t& a : axes) a = axis_in(a, r, "reduction axis");
     const bool keep = attr_int(n, "keepdims", 1) != 0;
-    set_ir(n, 0, op == "ReduceMean" ? b_.reduce_mean(ir_of(x), axes, keep) : b_.reduce_sum(ir_of(x), axes, keep));
+    if (op == "ReduceMean") {
+      set_ir(n, 0, b_.reduce_mean(ir_of(x), axes, keep));
+    } else if (op == "ReduceSum") {
+      set_ir(n, 0, b_.reduce_sum(ir_of(x), axes, keep));
+    } else {
+      const ValueId squares = b_.mul(ir_of(x), ir_of(x));
+      set_ir(n, 0, b_.graph().add(ops::OpKind::Sqrt, {b_.reduce_sum(squares, axes, keep)}));
+    }
   } else if (op == "Transpose") {
     std::vector<int64_t> perm = attr_ints(n, "perm");
     if (perm.empty())

@@ -29,12 +29,13 @@ IMPORT_LINE = "from fusetrain import Seq2SeqTrainer, Seq2SeqTrainingArguments\n"
 WORDS = [f"w{i}" for i in range(4, 60)]
 
 
-def tokenizer_of(directory: pathlib.Path):
-    """A word-level tokenizer (<pad> 0, </s> 1, <unk> 2, then the words) that ends every sequence with </s>."""
+def tokenizer_of(directory: pathlib.Path, model: str = "WordLevel"):
+    """A word-level tokenizer (<pad> 0, </s> 1, <unk> 2, then the words) that ends every sequence with </s>; its model
+    `tokenizers.models.WordLevel`, or `WordPiece` (the same ids for whole words), which the engine's tokenizer reads."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok = Tokenizer(getattr(models, model)(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
@@ -121,16 +122,9 @@ def test_the_command_line_trains_a_seq2seq_model_from_json_lines(tmp_path):
     output directory loads in transformers with the trained weights. The tokenizer is WordPiece over whole words (the
     same ids as tokenizer_of's) with the end-of-sequence template, which the engine's tokenizer reads."""
     from safetensors.numpy import load_file
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     model = model_dir(tmp_path, "t5")
-    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
-    tok = Tokenizer(models.WordPiece(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
-                                                     unk_token="<unk>")
-    tokenizer.save_pretrained(model)
+    tokenizer = tokenizer_of(model, "WordPiece")
 
     def rows(path: pathlib.Path, count: int, seed: int) -> pathlib.Path:
         lines = [json.loads(line)["translation"] for line in pairs(path, count, seed).read_text().splitlines()]
