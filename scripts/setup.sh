@@ -32,6 +32,7 @@ PY_PACKAGES=(  # import name=pip requirement
   sentencepiece=sentencepiece  # the tokenizer tests convert a SentencePiece model to tokenizer.json
   bitsandbytes=bitsandbytes==0.50.0  # QLoRA: the 4-bit layouts the engine reads, and the dequantisation it matches
   sacrebleu=sacrebleu  # examples/run_translation.py's BLEU, as transformers' run_translation.py reports it
+  PIL=pillow soundfile=soundfile scipy=scipy  # fusetrain.features: images, audio (libsndfile) and resampling
 )
 pip_install "${PY_PACKAGES[@]}"
 

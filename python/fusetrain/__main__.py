@@ -7,6 +7,8 @@ evaluate, predict, inspect, info) plus `report` and `launch`.
     fusetrain launch -n 4 -- train --model DIR --train-file train.tsv   # data parallel over 4 Open MPI ranks
     fusetrain launch -n 4 --hosts node1:2,node2:2 -- train ...          # 2 ranks on each of two hosts
     fusetrain train --model GEMMA_DIR --task clm --train-file text.txt   # captured: see fusetrain.capture
+    fusetrain train --model VIT_DIR --task image-cls --train-file images/ --eval-file dev/   # see fusetrain.features
+    fusetrain train --model W2V_DIR --task ctc --train-file clips/ --eval-file dev.jsonl     # audio + metadata.jsonl
     fusetrain train --task sft --model DIR --train-file chat.jsonl --packing   # TRL's SFT: see fusetrain.sft
     fusetrain train --task dpo --model DIR --train-file pairs.jsonl --lora-r 16   # TRL's DPO
     fusetrain --help
@@ -139,10 +141,64 @@ def _option(argv: list[str], name: str) -> tuple[int, str] | None:
     return found
 
 
-def _with_captured_model(argv: list[str]) -> list[str] | int:
+def _without(argv: list[str], name: str) -> list[str]:
+    """argv without `--name VALUE` / `--name=VALUE`."""
+    out, skip = [], False
+    for arg in argv:
+        if skip or arg.startswith(name + "="):
+            skip = False
+        elif arg == name:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def _with_feature_files(argv: list[str]) -> tuple[list[str], list[str] | None] | int:
+    """For --task image-cls, audio-cls and ctc: argv with each data file (an image or audio folder, or a table of
+    file paths) replaced by its feature file (python -m fusetrain.features, in a child process: images and sounds
+    are decoded and preprocessed in Python with the model's own processor), and the class names of training data;
+    argv unchanged for other tasks; an exit status when the data could not be read (its error printed)."""
+    from fusetrain import features
+
+    task = _option(argv, "--task")
+    if argv[:1] not in (["train"], ["evaluate"], ["predict"]) or task is None or task[1] not in features.TASKS:
+        return argv, None
+    model = _option(argv, "--model")
+    if model is None or not os.path.isdir(model[1]):
+        print(f"fusetrain: error: --task {task[1]} needs --model DIR (a transformers model directory with "
+              f"preprocessor_config.json), found {model[1] if model else 'none'!r}", file=sys.stderr)
+        return 2
+    import json
+    import subprocess
+
+    command = [sys.executable, "-m", "fusetrain.features", "--task", task[1], "--model", model[1]]
+    input_option = "--image-column" if task[1] == "image-cls" else "--audio-column"
+    label_option = "--text-column" if task[1] == "ctc" else "--label-column"
+    for flag, child_flag in ((input_option, "--input-column"), (label_option, "--label-column"),
+                             ("--train-file", "--train-file"), ("--eval-file", "--eval-file"),
+                             ("--test-file", "--test-file")):
+        found = _option(argv, flag)
+        if found is not None:
+            command += [child_flag, found[1]]
+    result = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        return result.returncode
+    made = json.loads(result.stdout.strip().splitlines()[-1])
+    out = _without(argv, input_option)
+    for split in ("train", "eval", "test"):
+        found = _option(out, f"--{split}-file")
+        if found is not None and split in made:
+            at, value = found
+            out[at] = made[split] if out[at] == value else f"--{split}-file={made[split]}"
+    return out, made.get("labels") if argv[0] == "train" else None
+
+
+def _with_captured_model(argv: list[str], labels: list[str] | None = None) -> list[str] | int:
     """argv with `--model DIR` replaced by the captured graph when fusetrain does not build DIR's architecture
     (python -m fusetrain.capture, in a child process: this one, which trains, never imports PyTorch); an exit
-    status when the capture failed (its error printed)."""
+    status when the capture failed (its error printed). `labels`: the class names training data gives, which the
+    captured head is made for where DIR's config names others."""
     if argv[:1] not in [[c] for c in _MODEL_COMMANDS]:
         return argv
     model = _option(argv, "--model")
@@ -164,8 +220,10 @@ def _with_captured_model(argv: list[str]) -> list[str] | int:
     seed = (_option(argv, "--seed") or (0, "42"))[1]
     print(f"fusetrain: capturing {model[1]} with PyTorch (fusetrain does not build "
           f"{(config.get('architectures') or [config.get('model_type')])[0]})", file=sys.stderr, flush=True)
-    result = subprocess.run([sys.executable, "-m", "fusetrain.capture", "--model", model[1], "--task", task,
-                             "--seed", seed], stdout=subprocess.PIPE, text=True)
+    command = [sys.executable, "-m", "fusetrain.capture", "--model", model[1], "--task", task, "--seed", seed]
+    if labels is not None:
+        command += ["--labels", json.dumps(labels)]
+    result = subprocess.run(command, stdout=subprocess.PIPE, text=True)
     if result.returncode != 0:
         return result.returncode
     graph = result.stdout.strip().splitlines()[-1]
@@ -222,7 +280,11 @@ def main() -> int:
             else:
                 rest.append(arg)
         return sft.main(rest, task[1])
-    argv = _with_captured_model(argv)
+    prepared = _with_feature_files(argv)
+    if isinstance(prepared, int):
+        return prepared
+    argv, labels = prepared
+    argv = _with_captured_model(argv, labels)
     if isinstance(argv, int):
         return argv
     sys.stdout.flush()

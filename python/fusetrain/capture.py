@@ -73,9 +73,9 @@ def cache_root() -> pathlib.Path:
 
 
 def engine_task(task: str) -> str:
-    """The engine's task for a captured task: an image classifier's head is the engine's classification of a whole
-    input ("seq-cls"), with the same problem_type rules."""
-    return "seq-cls" if task == "image-cls" else task
+    """The engine's task for a captured task: an image or audio classifier's head is the engine's classification of
+    a whole input ("seq-cls"), with the same problem_type rules."""
+    return "seq-cls" if task in ("image-cls", "audio-cls") else task
 
 
 def _fed_inputs(model: Any) -> list[str]:
@@ -561,9 +561,10 @@ def from_directory(path: str | os.PathLike, architecture: str | None = None, **c
 _AUTO_CLASSES = {"seq-cls": "AutoModelForSequenceClassification", "token-cls": "AutoModelForTokenClassification",
                  "qa": "AutoModelForQuestionAnswering", "mlm": "AutoModelForMaskedLM", "clm": "AutoModelForCausalLM",
                  "image-cls": "AutoModelForImageClassification", "seq2seq": "AutoModelForSeq2SeqLM",
-                 "ctc": "AutoModelForCTC"}
+                 "ctc": "AutoModelForCTC", "audio-cls": "AutoModelForAudioClassification"}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
-                    "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json")
+                    "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json",
+                    "preprocessor_config.json")
 
 
 def is_native(config: dict) -> bool:
@@ -575,31 +576,47 @@ def is_native(config: dict) -> bool:
     return any(row["model_type"] == config.get("model_type") for row in rows)
 
 
-def _prepared_key(directory: pathlib.Path, task: str, seed: int) -> str:
+def _prepared_key(directory: pathlib.Path, task: str, seed: int, labels: list[str] | None = None) -> str:
     """What a directory's prepared graph depends on, read without loading anything: the directory's path, the names,
     sizes and modification times of its weight and JSON files (config.json among them), the task, the seed of a
-    missing head, and the versions of torch, transformers and fusetrain."""
+    missing head, the class names the head is made for, and the versions of torch, transformers and fusetrain."""
     from importlib import metadata
 
     entries = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in directory.iterdir()
                      if p.suffix in (".safetensors", ".bin", ".json") and p.is_file())
     versions = [metadata.version(name) for name in ("torch", "transformers")] + [_core.__version__, _FORMAT]
-    text = json.dumps([str(directory.resolve()), entries, task, seed, versions])
+    text = json.dumps([str(directory.resolve()), entries, task, seed, versions] + ([labels] if labels else []))
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def prepare_directory(model_dir: str | os.PathLike, task: str, seed: int = 42) -> pathlib.Path:
+def _label_overrides(directory: pathlib.Path, labels: list[str] | None) -> dict[str, Any]:
+    """from_pretrained's arguments that make a classification head for `labels` (names, position = id) where the
+    directory's config.json names other classes, as transformers' example scripts pass them; {} where it agrees."""
+    if not labels:
+        return {}
+    config = json.loads((directory / "config.json").read_text())
+    id2label = config.get("id2label") or {}
+    if [str(id2label.get(str(k))) for k in range(len(id2label))] == list(labels):
+        return {}
+    return {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
+            "label2id": {name: k for k, name in enumerate(labels)}, "ignore_mismatched_sizes": True}
+
+
+def prepare_directory(model_dir: str | os.PathLike, task: str, seed: int = 42,
+                      labels: list[str] | None = None) -> pathlib.Path:
     """The graph the command line trains for a model directory fusetrain does not build: the capture of its
     transformers class for `task` (from the cache when present) with the directory's weights as initializers,
     config.json and the tokenizer files beside it. Weights of a head the directory lacks are drawn as transformers
-    draws them, from `seed`."""
+    draws them, from `seed`; `labels` (class names) remake a classification head for them where config.json names
+    others."""
     directory = pathlib.Path(model_dir)
     if not (directory / "config.json").is_file():
         raise CaptureError(f"{directory}: expected a model directory with config.json, found none")
     if task not in _AUTO_CLASSES:
         raise CaptureError(f"task {task!r} is not one fusetrain captures ({', '.join(_AUTO_CLASSES)})")
     # Prepared before: nothing to load (neither the model nor the capture).
-    target = cache_root() / "directories" / _prepared_key(directory, task, seed)
+    overrides = _label_overrides(directory, labels)
+    target = cache_root() / "directories" / _prepared_key(directory, task, seed, labels if overrides else None)
     if (target / "model.onnx").exists():
         return target / "model.onnx"
     import numpy as np
@@ -611,7 +628,7 @@ def prepare_directory(model_dir: str | os.PathLike, task: str, seed: int = 42) -
     torch.manual_seed(seed)
     with _quiet_logging():
         try:
-            model = getattr(transformers, _AUTO_CLASSES[task]).from_pretrained(str(directory))
+            model = getattr(transformers, _AUTO_CLASSES[task]).from_pretrained(str(directory), **overrides)
         except (ValueError, OSError, KeyError) as error:
             raise CaptureError(f"{directory}: transformers cannot build a model for --task {task}: "
                                f"{_first_line(error)}") from error
@@ -648,9 +665,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--task", required=True)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--labels", type=json.loads, default=None, help="class names, a JSON list")
     args = parser.parse_args(argv)
     try:
-        print(prepare_directory(args.model, args.task, args.seed))
+        print(prepare_directory(args.model, args.task, args.seed, args.labels))
     except CaptureError as error:
         print(f"fusetrain: error: {error}", file=sys.stderr)
         return 1

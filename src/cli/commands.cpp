@@ -14,6 +14,7 @@
 
 #include "fusetrain/core/error.h"
 #include "fusetrain/data/dataset.h"
+#include "fusetrain/data/features.h"
 #include "fusetrain/data/qa.h"
 #include "fusetrain/data/tokenizer.h"
 #include "fusetrain/io/hf_dir.h"
@@ -141,6 +142,18 @@ std::vector<std::string> config_label_names(const nlohmann::json& config) {
 std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job& job, const std::string& path,
                                                      bool labelled) {
   FT_CHECK(fs::exists(path), "data file \"", path, "\" does not exist");
+  if (data::is_feature_file(path)) {  // images or audio, preprocessed by fusetrain.features
+    auto features = std::make_unique<data::FeatureDataset>(path, labelled);
+    const data::LabelKind wanted = job.task == models::Head::Ctc ? data::LabelKind::Targets : data::LabelKind::Class;
+    FT_CHECK(!labelled || (features->label_kind() == wanted &&
+                           (job.task == models::Head::Ctc || job.task == models::Head::SequenceClassification)),
+             path, ": its examples are labelled with ",
+             features->label_kind() == data::LabelKind::Targets ? "transcriptions (--task ctc)" : "classes (--task image-cls or audio-cls)",
+             ", which --task ", o.task, " does not train on");
+    return features;
+  }
+  FT_CHECK(job.tokenizer, path, ": the other data files are feature files (images or audio), this one is a table; "
+           "give every split in one form");
   data::Table table = data::read_table(path);
   FT_CHECK(!table.rows.empty(), path, ": has a header but no rows");
   const auto tokenize = data::tokenize_with(*job.tokenizer);
@@ -333,8 +346,9 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   FT_CHECK(job.task != models::Head::Seq2SeqLM || !need_test, "predict: a sequence-to-sequence model's predictions ",
            "are generated text, which fusetrain generates from Python (fusetrain.Seq2SeqTrainer with ",
            "predict_with_generate); the command line trains and evaluates (loss) it");
-  FT_CHECK(job.task != models::Head::Ctc, "--task ctc trains from Python (fusetrain.Trainer with a Wav2Vec2ForCTC); the ",
-           "command line reads no audio yet");
+  FT_CHECK(job.task != models::Head::Ctc || !need_test, "predict: a CTC model's predictions are transcriptions, which ",
+           "fusetrain decodes from Python (fusetrain.Trainer, then the processor's batch_decode); the command line ",
+           "trains and evaluates (loss) it");
   default_columns(o, job.task);
   FT_CHECK(!o.model.empty(), "--model DIR is required (a Hugging Face model directory with its tokenizer files)");
   // --model may name an ONNX graph; its tokenizer and config.json are the directory's around it.
@@ -353,7 +367,15 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   // A quantised base is for models too big for their memory otherwise: each layer's activations are recomputed in
   // backward (what prepare_model_for_kbit_training turns on).
   if (need_train && o.lora_r > 0 && quantized_base(o)) o.args.gradient_checkpointing = true;
-  job.tokenizer = data::Tokenizer::from_pretrained(o.model);
+  // Images and audio come as feature files (preprocessed in Python): no tokenizer reads them, and a model of them
+  // may have none.
+  bool features = false;
+  for (const auto& [needed, file] : {std::pair{need_train, o.train_file}, {need_eval, o.eval_file}, {need_test, o.test_file}})
+    features = features || (needed && !file.empty() && data::is_feature_file(file));
+  FT_CHECK(job.task != models::Head::Ctc || features, "--task ctc reads audio: give a folder or a table of audio "
+           "files to the pip-installed fusetrain command (or python -m fusetrain), which decodes them and hands the "
+           "engine a feature file; found ", need_train ? o.train_file : need_eval ? o.eval_file : o.test_file);
+  if (!features) job.tokenizer = data::Tokenizer::from_pretrained(o.model);
   // config.json is read and parsed here, once: the model is built from the same directory read, and an
   // architecture without the task's head is refused before any data is read.
   io::HfModelDir hf;
@@ -390,7 +412,8 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   nlohmann::json overrides = nlohmann::json::object();
   if (job.task == models::Head::SequenceClassification) {
     int64_t labels = o.num_labels;
-    if (labels == 0 && job.train) labels = static_cast<data::TextDataset*>(job.train.get())->num_labels();
+    if (const auto* text = dynamic_cast<const data::TextDataset*>(job.train.get()); labels == 0 && text)
+      labels = text->num_labels();
     if (labels > 0) overrides["num_labels"] = std::max<int64_t>(labels, 2);
   }
   if (job.task == models::Head::TokenClassification && job.train) {
@@ -431,14 +454,21 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
     FT_CHECK(!o.test_file.empty(), "--test-file is required");
     job.test = load_dataset(o, job, o.test_file, false);
   }
-  job.ids.pad_id = std::max<int64_t>(job.tokenizer->pad_id(), 0);
+  for (const data::TokenizedDataset* d : {job.train.get(), job.eval.get(), job.test.get()})
+    if (const auto* f = dynamic_cast<const data::FeatureDataset*>(d)) {
+      const auto& inputs = job.model->inputs();
+      FT_CHECK(std::any_of(inputs.begin(), inputs.end(), [&](const models::InputDecl& in) { return in.name == f->input_name(); }),
+               "the feature file's examples are ", f->input_name(), ", which the model does not read (its inputs: ",
+               [&] { std::string names; for (const auto& in : inputs) names += (names.empty() ? "" : ", ") + in.name; return names; }(), ")");
+    }
+  job.ids.pad_id = job.tokenizer ? std::max<int64_t>(job.tokenizer->pad_id(), 0) : 0;
   if (job.task == models::Head::Seq2SeqLM) {  // the labels shifted right after it make the decoder's inputs
     job.ids.decoder_start_id = config_int(config, "decoder_start_token_id", -1);
     FT_CHECK(job.ids.decoder_start_id >= 0, config_path, ": a sequence-to-sequence model needs decoder_start_token_id ",
              "(the decoder's first input), found none");
   }
   if (job.task == models::Head::MaskedLM) {
-    FT_CHECK(job.tokenizer->mask_id() >= 0, "masked LM needs a tokenizer with a mask token");
+    FT_CHECK(job.tokenizer && job.tokenizer->mask_id() >= 0, "masked LM needs a tokenizer with a mask token");
     job.ids.mlm = data::mask_spec(*job.tokenizer);
   }
   return job;
@@ -450,18 +480,18 @@ void print_metrics(const std::map<std::string, double>& metrics) {
   std::printf("%s\n", j.dump(2).c_str());
 }
 
-// The tokenizer files of a model directory, copied next to every saved model so
-// each output is a complete model directory.
-std::vector<std::string> tokenizer_files(const std::string& dir) {
+// The tokenizer and preprocessor files of a model directory, copied next to every saved model so each output is a
+// complete model directory.
+std::vector<std::string> processor_files(const std::string& dir) {
   std::vector<std::string> files;
-  for (const char* file :
-       {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt"})
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                           "merges.txt", "preprocessor_config.json"})
     if (fs::exists(fs::path(dir) / file)) files.push_back((fs::path(dir) / file).string());
   return files;
 }
 
-void copy_tokenizer_files(const std::string& from, const std::string& to) {
-  for (const std::string& file : tokenizer_files(from))
+void copy_processor_files(const std::string& from, const std::string& to) {
+  for (const std::string& file : processor_files(from))
     io::copy_file_atomic(file, (fs::path(to) / fs::path(file).filename()).string());
 }
 
@@ -473,12 +503,13 @@ void add_options(CLI::App& app, Options& o) {
                  "(model.onnx, with its tokenizer files and optional config.json beside it)");
   std::string tasks;
   for (const models::HeadInfo& head : models::heads())
-    if (*head.task && head.head != models::Head::Ctc)
-      tasks += str(tasks.empty() ? "" : ", ", head.task, " (", head.problem, ")");
-  app.add_option("--task", o.task, "what to train: " + tasks + "; ctc trains from Python (fusetrain.Trainer; "
-                 "inspect takes it)")
+    if (*head.task) tasks += str(tasks.empty() ? "" : ", ", head.task, " (", head.problem, ")");
+  app.add_option("--task", o.task, "what to train: " + tasks + "; and with the pip-installed fusetrain command, "
+                 "image-cls and audio-cls (--train-file: a folder of one subfolder per class, or a table of file "
+                 "paths; decoded and preprocessed in Python into a feature file, which ctc reads too)")
       ->capture_default_str();
-  app.add_option("--train-file", o.train_file, "training data: .tsv/.csv (header row), .jsonl or .txt");
+  app.add_option("--train-file", o.train_file, "training data: .tsv/.csv (header row), .jsonl or .txt; or a feature "
+                 "file (.safetensors from fusetrain.features: images, audio)");
   app.add_option("--eval-file", o.eval_file, "evaluation data, same formats");
   app.add_option("--test-file", o.test_file, "data to predict (predict)");
   app.add_option("--output", o.output, "predictions file (predict)");
@@ -565,7 +596,7 @@ int run_train(Options& o, bool default_job) {
   }
   Job job = prepare(o, true, !o.eval_file.empty(), false);
   train::Trainer trainer(*job.model, o.args, job.task, job.train.get(), job.eval.get(), job.ids);
-  trainer.set_checkpoint_files(tokenizer_files(o.model));
+  trainer.set_checkpoint_files(processor_files(o.model));
   // Under mpirun / srun every rank runs this command; they train data-parallel and rank 0 writes and prints.
   std::shared_ptr<comm::Communicator> comm = comm::launched_by_mpi() ? comm::mpi_world() : comm::single_process();
   trainer.set_communicator(comm);
@@ -584,14 +615,14 @@ int run_train(Options& o, bool default_job) {
     return 0;
   }
   trainer.save_model(o.args.output_dir);
-  copy_tokenizer_files(o.model, o.args.output_dir);
+  copy_processor_files(o.model, o.args.output_dir);
   print_metrics(metrics);
   if (o.merge_lora) {
     // After the adapters are saved: the merged model is written beside them and evaluated as such.
     const std::string merged = (fs::path(o.args.output_dir) / "merged").string();
     job.model->merge_lora();
     job.model->save_pretrained(merged);
-    copy_tokenizer_files(o.model, merged);
+    copy_processor_files(o.model, merged);
     std::printf("merged model saved to %s\n", merged.c_str());
   }
   if (job.eval) {
@@ -784,7 +815,7 @@ int run_export(Options& o) {
   config["architectures"] = nlohmann::json::array({model->architecture()});
   const std::string text = config.dump(2) + "\n";
   io::write_file_atomic((fs::path(o.output) / "config.json").string(), {{text.data(), text.size()}});
-  copy_tokenizer_files(o.model, o.output);
+  copy_processor_files(o.model, o.output);
   std::printf("%s (%s): %lld ONNX nodes (opset %lld), %lld initializers -> %s%s%s\n", model->architecture().c_str(),
               model->model_type().c_str(), static_cast<long long>(report.nodes), static_cast<long long>(o.opset),
               static_cast<long long>(report.initializers), report.path.c_str(),

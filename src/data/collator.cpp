@@ -4,27 +4,12 @@
 #include <algorithm>
 
 #include "fusetrain/core/error.h"
+#include "data/counter_random.h"
 
 namespace fusetrain::data {
-namespace {
-
-// splitmix64's finaliser: a bijective mix of 64 bits (Steele, Lea, Flood 2014).
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-// Uniform double in [0, 1) from the top 53 bits.
-double unit(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
-
-// Uniform integer in [0, bound) by multiply-shift (bias below bound / 2^64).
-int64_t below(uint64_t bits, uint64_t bound) {
-  return static_cast<int64_t>((static_cast<unsigned __int128>(bits) * bound) >> 64);
-}
-
-}  // namespace
+using detail::below;
+using detail::splitmix64;
+using detail::unit;
 
 Batch collate_padded(const TokenizedDataset& dataset, std::span<const int64_t> indices, int64_t pad_to_multiple_of,
                      int64_t pad_id, int64_t decoder_start_id) {
@@ -122,7 +107,7 @@ void apply_mlm_mask(Batch& batch, const MaskSpec& spec, uint64_t seed, uint64_t 
   std::vector<int64_t> specials = spec.special_ids;
   std::sort(specials.begin(), specials.end());
   // One stream per batch; each (row, column) draws three independent words from it.
-  const uint64_t stream = splitmix64(splitmix64(seed) ^ splitmix64(batch_index + 0x632BE59BD9B4E019ull));
+  const uint64_t stream = detail::batch_stream(seed, batch_index);
   batch.labels.assign(B * T, kIgnoreIndex);  // (B, T)
   for (size_t b = 0; b < B; ++b) {
     for (size_t t = 0; t < T; ++t) {

@@ -178,6 +178,10 @@ Head head_for_task(const std::string& task) {
     throw Error(str("task \"", task, "\" runs TRL's ", task == "sft" ? "SFTTrainer" : "DPOTrainer", " on the engine from ",
                     "Python: use `python -m fusetrain train --task ", task, " ...` or the pip-installed `fusetrain` command ",
                     "(supported here: ", join(task_names()), ")"));
+  if (task == "image-cls" || task == "audio-cls")  // decoded in Python, trained as seq-cls on a feature file
+    throw Error(str("task \"", task, "\" reads ", task == "image-cls" ? "images" : "audio", ", which the pip-installed ",
+                    "`fusetrain` command (or `python -m fusetrain`) decodes and preprocesses in Python before the engine ",
+                    "trains on them (supported here: ", join(task_names()), ", with --task seq-cls on a feature file)"));
   throw Error(str("task \"", task, "\" is not supported (supported: ", join(task_names()), ")"));
 }
 

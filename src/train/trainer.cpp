@@ -10,6 +10,7 @@
 #include <iomanip>
 
 #include "fusetrain/core/error.h"
+#include "fusetrain/data/features.h"
 #include "fusetrain/data/loader.h"
 #include "fusetrain/data/qa.h"
 #include "fusetrain/optim/optimizer.h"
@@ -166,6 +167,20 @@ data::CollateFn Trainer::collate_for(const data::TokenizedDataset& dataset, uint
     return [collate = collate_, training](std::span<const int64_t> indices, uint64_t batch_number) {
       return collate(indices, batch_number, training);
     };
+  if (const auto* features = dynamic_cast<const data::FeatureDataset*>(&dataset)) {
+    // Images or audio: the dataset pads its own input; a speech model that reads SpecAugment's masks gets them
+    // drawn per training batch from its config.json.
+    std::vector<std::string> masks;
+    for (const models::InputDecl& input : model_.inputs())
+      if (input.name == "mask_time_indices" || input.name == "mask_feature_indices") masks.push_back(input.name);
+    if (!training) masks.clear();
+    const data::SpecAugment spec = masks.empty() ? data::SpecAugment{} : data::SpecAugment::from_config(model_.config());
+    return [features, masks, spec, seed](std::span<const int64_t> indices, uint64_t batch_number) {
+      data::Batch batch = features->collate(indices);
+      if (!masks.empty()) data::add_spec_augment(batch, features->input_name(), spec, masks, seed, batch_number);
+      return batch;
+    };
+  }
   data::CollateOptions options;
   options.pad_id = ids_.pad_id;
   options.seed = seed;
@@ -864,7 +879,7 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
         p.logits.insert(p.logits.end(), logits + b * T * K, logits + (b * T + length) * K);
         p.rows += length;
       }
-    } else if (labelled) {
+    } else if (labelled && task_ != Head::Ctc) {  // CTC: its labels align with no frame; the loss is its metric
       // Token tasks: keep the labelled positions (causal LM: position t predicts t + 1; an encoder-decoder's labels
       // span the target sequence).
       const int64_t B = batch->batch_size, T = batch->label_seq_len > 0 ? batch->label_seq_len : batch->seq_len;
