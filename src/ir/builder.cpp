@@ -53,6 +53,20 @@ ValueId GraphBuilder::conv(ValueId x, ValueId w, ValueId bias, std::vector<int64
   return g_.add(OpKind::Conv, inputs, attrs);
 }
 
+ValueId GraphBuilder::pool(ValueId x, bool max, std::vector<int64_t> kernel, std::vector<int64_t> strides,
+                           std::vector<int64_t> pads, std::vector<int64_t> dilations, bool ceil_mode,
+                           bool count_include_pad) {
+  Attrs attrs;
+  attrs.set("max", int64_t{max});
+  attrs.set("kernel", std::move(kernel));
+  if (!strides.empty()) attrs.set("strides", std::move(strides));
+  if (!pads.empty()) attrs.set("pads", std::move(pads));
+  if (!dilations.empty()) attrs.set("dilations", std::move(dilations));
+  if (ceil_mode) attrs.set("ceil_mode", int64_t{1});
+  if (count_include_pad) attrs.set("count_include_pad", int64_t{1});
+  return g_.add(OpKind::Pool, {x}, attrs);
+}
+
 ValueId GraphBuilder::swiglu(ValueId gate, ValueId up) { return g_.add(OpKind::SwiGLU, {gate, up}); }
 
 ValueId GraphBuilder::embedding(ValueId weight, ValueId ids, int64_t padding_idx) {

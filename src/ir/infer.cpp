@@ -262,6 +262,23 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
                 ", the convolution's output");
       return {{Shape(p.shape), DType::f32}};
     }
+    case OpKind::Pool:
+    case OpKind::PoolBackward: {
+      // Pool: x (B, C, [H,] W) f32 -> y (B, C, [OH,] OW) f32; PoolBackward: dy (y's shape), x -> dx (x's).
+      const bool backward = c.op == OpKind::PoolBackward;
+      c.require_f32(backward ? 1 : 0, "x");
+      PoolGeometry geo;
+      try {
+        geo = PoolGeometry::of(std::get<PoolParams>(params), c.shape(backward ? 1 : 0).dims());
+      } catch (const Error& e) {
+        c.require(false, e.what());
+      }
+      if (!backward) return {{Shape(geo.output_dims()), DType::f32}};
+      c.require_f32(0, "dy");
+      c.require(c.shape(0) == Shape(geo.output_dims()), "dy should be ", Shape(geo.output_dims()).to_string(),
+                ", the pooling's output");
+      return {{c.shape(1), DType::f32}};
+    }
     case OpKind::RoPE: {
       // x (B, T, H, D), cos and sin (B, T, R) -> y like x: the first R of each head's D rotate (R even, R <= D;
       // R < D is partial rotary), the others pass through.

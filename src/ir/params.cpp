@@ -217,6 +217,18 @@ OpParams decode(OpKind op, AttrReader& r) {
       if (op != OpKind::Conv) p.shape = r.integers("shape");
       return r.finish(p);
     }
+    case OpKind::Pool:
+    case OpKind::PoolBackward: {
+      ParamsOf<OpKind::Pool> p;
+      p.max = r.flag("max", p.max);
+      p.kernel = r.integers("kernel");
+      if (r.has("strides")) p.strides = r.integers("strides");
+      if (r.has("pads")) p.pads = r.integers("pads");
+      if (r.has("dilations")) p.dilations = r.integers("dilations");
+      p.ceil_mode = r.flag("ceil_mode", p.ceil_mode);
+      p.count_include_pad = r.flag("count_include_pad", p.count_include_pad);
+      return r.finish(p);
+    }
     case OpKind::RoPE: {
       ParamsOf<OpKind::RoPE> p;
       p.inverse = r.flag("inverse", p.inverse);

@@ -790,6 +790,8 @@ void Builder::map_ir(const NodeProto& n, int64_t index) {
     set_ir(n, 0, items[size_t(at)]);
   } else if (op == "Conv") {
     set_ir(n, 0, conv(n));
+  } else if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool") {
+    set_ir(n, 0, pool(n));
   } else {
     throw Error("no mapping to fusetrain IR for this op on values computed from parameters");
   }

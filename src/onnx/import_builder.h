@@ -270,6 +270,10 @@ class Builder {
   ValueId attention(const NodeProto& probs_times_v);
   ValueId projection(const NodeProto& n, int64_t index);
   ValueId conv(const NodeProto& n);
+  ValueId pool(const NodeProto& n);
+  std::vector<int64_t> window_pads(const NodeProto& n, const std::vector<int64_t>& xs,
+                                   const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides,
+                                   const std::vector<int64_t>& dilations);
   ValueId patch_conv(const NodeProto& n);
   /// The key bias input and whether its rows are causal; nullopt when the biases are no key bias per head.
   std::optional<std::pair<ValueId, bool>> head_key_bias(const std::vector<std::pair<int, bool>>& biases, int64_t B,

@@ -396,6 +396,51 @@ std::optional<std::pair<ValueId, bool>> Builder::head_key_bias(const std::vector
   return std::pair{x, causal};
 }
 
+// The pads of a windowed op (Conv, MaxPool, AveragePool) over x of dims `xs` with windows `kernel`: its "pads", or
+// those its auto_pad stands for (VALID: none; SAME_UPPER / SAME_LOWER: an output of ceil(in / stride), the odd one
+// after or before).
+std::vector<int64_t> Builder::window_pads(const NodeProto& n, const std::vector<int64_t>& xs,
+                                          const std::vector<int64_t>& kernel, const std::vector<int64_t>& strides,
+                                          const std::vector<int64_t>& dilations) {
+  const size_t spatial = xs.size() - 2;
+  std::vector<int64_t> pads = attr_ints(n, "pads");
+  const std::string auto_pad = attr_string(n, "auto_pad", "NOTSET");
+  FT_CHECK(auto_pad == "NOTSET" || auto_pad == "VALID" || auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER",
+           n.op_type(), " with auto_pad \"", auto_pad, "\"; expected NOTSET, VALID, SAME_UPPER or SAME_LOWER");
+  if (auto_pad == "VALID") pads.assign(2 * spatial, 0);
+  if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    FT_CHECK(kernel.size() == spatial, n.op_type(), ": ", kernel.size(), " window sizes for ", spatial, " spatial axes");
+    pads.assign(2 * spatial, 0);
+    for (size_t a = 0; a < spatial; ++a) {
+      const int64_t in = xs[2 + a], k = kernel[a], s = strides.size() > a ? strides[a] : 1,
+                    d = dilations.size() > a ? dilations[a] : 1;
+      const int64_t total = std::max<int64_t>(0, ((in + s - 1) / s - 1) * s + (k - 1) * d + 1 - in);
+      pads[a] = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      pads[a + spatial] = total - pads[a];
+    }
+  }
+  return pads;
+}
+
+// MaxPool and AveragePool (1-D and 2-D) as the engine's Pool with ONNX's attributes; GlobalAveragePool as the mean
+// over the spatial axes, GlobalMaxPool as one window over all of them. MaxPool's Indices output is not mapped.
+ValueId Builder::pool(const NodeProto& n) {
+  const std::string& op = n.op_type();
+  const std::vector<int64_t> xs = shape_of(in_id(n, 0));
+  FT_CHECK(xs.size() == 3 || xs.size() == 4, op, " of an input of rank ", xs.size(),
+           "; fusetrain maps 1-D and 2-D pooling (rank 3 or 4)");
+  const ValueId x = ir_of(in_id(n, 0));
+  if (op == "GlobalAveragePool") return xs.size() == 3 ? b_.reduce_mean(x, {2}, true) : b_.reduce_mean(x, {2, 3}, true);
+  if (op == "GlobalMaxPool") return b_.pool(x, true, std::vector<int64_t>(xs.begin() + 2, xs.end()));
+  FT_CHECK(n.output_size() < 2 || n.output(1).empty(), "MaxPool's Indices output (fusetrain maps its values only)");
+  const std::vector<int64_t> kernel = attr_ints(n, "kernel_shape"), strides = attr_ints(n, "strides"),
+                             dilations = attr_ints(n, "dilations");
+  FT_CHECK(kernel.size() == xs.size() - 2, op, " with ", kernel.size(), " kernel sizes over ", xs.size() - 2,
+           " spatial axes");
+  return b_.pool(x, op == "MaxPool", kernel, strides, window_pads(n, xs, kernel, strides, dilations), dilations,
+                 attr_int(n, "ceil_mode", 0) != 0, attr_int(n, "count_include_pad", 0) != 0);
+}
+
 // A 2-D convolution whose kernel tiles the image (kernel == stride, no padding, dilation 1, one group: the patch
 // embedding of ViT and its kin) is a Linear over the flattened patches:
 //   x (B, C, H, W) -> patches (B·P·Q, C·p·q) · W(O, C·p·q)ᵀ + bias -> (B, O, P, Q),  P = H / p, Q = W / q.
@@ -405,28 +450,13 @@ ValueId Builder::conv(const NodeProto& n) {
   const std::vector<int64_t> xs = shape_of(in_id(n, 0)), ws = shape_of(in_id(n, 1));
   FT_CHECK((xs.size() == 3 || xs.size() == 4) && ws.size() == xs.size(), "Conv of an input of rank ", xs.size(),
            " and a weight of rank ", ws.size(), "; fusetrain maps 1-D and 2-D convolutions (both of rank 3 or 4)");
-  const size_t spatial = xs.size() - 2;
-  std::vector<int64_t> strides = attr_ints(n, "strides"), pads = attr_ints(n, "pads"),
-                       dilations = attr_ints(n, "dilations");
+  const std::vector<int64_t> strides = attr_ints(n, "strides"), dilations = attr_ints(n, "dilations");
+  const std::vector<int64_t> kernel(ws.begin() + 2, ws.end());
+  const std::vector<int64_t> pads = window_pads(n, xs, kernel, strides, dilations);
   const int64_t group = attr_int(n, "group", 1);
-  const std::string auto_pad = attr_string(n, "auto_pad", "NOTSET");
-  FT_CHECK(auto_pad == "NOTSET" || auto_pad == "VALID" || auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER",
-           "Conv with auto_pad \"", auto_pad, "\"; expected NOTSET, VALID, SAME_UPPER or SAME_LOWER");
-  if (auto_pad == "VALID") pads.assign(2 * spatial, 0);
-  if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-    pads.assign(2 * spatial, 0);
-    for (size_t a = 0; a < spatial; ++a) {
-      const int64_t in = xs[2 + a], k = ws[2 + a], s = strides.empty() ? 1 : strides[a],
-                    d = dilations.empty() ? 1 : dilations[a];
-      const int64_t total = std::max<int64_t>(0, ((in + s - 1) / s - 1) * s + (k - 1) * d + 1 - in);
-      pads[a] = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
-      pads[a + spatial] = total - pads[a];
-    }
-  }
   const bool no_pads = std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; });
   const bool unit_dilation = std::all_of(dilations.begin(), dilations.end(), [](int64_t d) { return d == 1; });
-  const std::vector<int64_t> kernel(ws.begin() + 2, ws.end());
-  if (spatial == 2 && group == 1 && no_pads && unit_dilation && strides == kernel && xs[2] % ws[2] == 0 &&
+  if (xs.size() == 4 && group == 1 && no_pads && unit_dilation && strides == kernel && xs[2] % ws[2] == 0 &&
       xs[3] % ws[3] == 0 && ws[1] == xs[1])
     return patch_conv(n);
   ValueId x = ir_of(in_id(n, 0)), w = ir_of(in_id(n, 1));

@@ -55,7 +55,7 @@ TEST(DecodeParams, EveryOpDecodesToItsTableStruct) {
                   {"perm", std::vector<int64_t>{0}},  {"axis", int64_t{0}}, {"sizes", std::vector<int64_t>{1}},
                   {"start", int64_t{0}},              {"end", int64_t{1}},  {"axes", std::vector<int64_t>{0}},
                   {"dtype", std::string("f32")},      {"scale", 1.0},       {"rows", int64_t{2}},
-                  {"cols", int64_t{64}}};
+                  {"cols", int64_t{64}},              {"kernel", std::vector<int64_t>{2}}};
   for (int i = 0; i < kNumOps; ++i) {
     const OpKind op = static_cast<OpKind>(i);
     const std::string msg = error_of([&] { decode_params(op, all, "n"); });

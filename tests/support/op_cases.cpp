@@ -194,6 +194,24 @@ std::vector<OpCase> make_cases() {
   add("conv2d_pointwise", OpKind::Conv, [](GraphBuilder& b, int64_t n) {
     return Outs{b.conv(b.param("x", {2, 4, 3, n}), b.param("w", {6, 4, 1, 1}), b.param("bias", {6}))};
   });
+  // Pooling: ResNet's max pool (3x3, stride 2, padding 1), a dilated one with ceil_mode's partial last window, 1-D;
+  // PoolFormer's average pool without the padding in its divisor (count_include_pad=0), one with it and ceil_mode
+  // (its last window clipped at the padded edge). Continuous random inputs leave no ties within a max window.
+  add("max_pool2d_3x3_stride2", OpKind::Pool, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.pool(b.param("x", {2, 3, 5, n + 3}), true, {3, 3}, {2, 2}, {1, 1, 1, 1})};
+  });
+  add("max_pool2d_dilated_ceil", OpKind::Pool, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.pool(b.param("x", {1, 2, 6, n + 4}), true, {2, 3}, {2, 2}, {0, 1, 1, 0}, {2, 1}, true)};
+  });
+  add("max_pool1d", OpKind::Pool, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.pool(b.param("x", {2, 3, n + 4}), true, {3}, {2})};
+  });
+  add("avg_pool2d_exclude_pad", OpKind::Pool, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.pool(b.param("x", {2, 3, 4, n + 2}), false, {3, 3}, {1, 1}, {1, 1, 1, 1})};
+  });
+  add("avg_pool2d_include_pad_ceil", OpKind::Pool, [](GraphBuilder& b, int64_t n) {
+    return Outs{b.pool(b.param("x", {2, 2, 5, n + 3}), false, {2, 3}, {2, 2}, {1, 1, 0, 1}, {}, true, true)};
+  });
   for (const bool depthwise : {false, true}) {
     // bf16 operands on a 1/16 grid with steps of 1/16 stay exact in bf16 (as matmul_bf16), so the products the
     // kernels form in f32 are exact and central differences resolve them.

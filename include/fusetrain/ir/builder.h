@@ -54,6 +54,11 @@ class GraphBuilder {
   /// trailing) and `dilations` take their defaults (1, 0, 1).
   ValueId conv(ValueId x, ValueId w, ValueId bias = kNone, std::vector<int64_t> strides = {},
                std::vector<int64_t> pads = {}, std::vector<int64_t> dilations = {}, int64_t group = 1);
+  /// Max (`max`) or average pooling of x (B, C, [H,] W) f32 over windows of `kernel` (one size per spatial axis);
+  /// strides, pads (leading then trailing) and dilations as Conv's (empty: 1, 0, 1). See ops::PoolParams.
+  ValueId pool(ValueId x, bool max, std::vector<int64_t> kernel, std::vector<int64_t> strides = {},
+               std::vector<int64_t> pads = {}, std::vector<int64_t> dilations = {}, bool ceil_mode = false,
+               bool count_include_pad = false);
   /// SwiGLU's gating product silu(gate)·up, silu(g) = g·σ(g): gate and up of one shape and dtype (f32 or bf16),
   /// the result in that dtype.
   ValueId swiglu(ValueId gate, ValueId up);

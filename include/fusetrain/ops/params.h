@@ -360,6 +360,34 @@ struct ConvGeometry {
   }
 };
 
+/// Pool and PoolBackward: max or average pooling over windows of each channel of x (B, C, [H,] W), as ONNX's MaxPool
+/// and AveragePool and torch's max_pool / avg_pool define them. A window's out-of-range positions are padding: max
+/// ignores them; average divides by the window's size with them (count_include_pad, clipped at the padded edge) or
+/// by its in-range positions alone. Max's gradient goes to the first maximum of each window (torch's indices).
+struct PoolParams {
+  bool max = true;                 ///< "max": max pooling; false: average pooling
+  std::vector<int64_t> kernel;     ///< "kernel": one size per spatial axis (required)
+  std::vector<int64_t> strides;    ///< "strides": one per spatial axis (absent: 1)
+  std::vector<int64_t> pads;       ///< "pads": each spatial axis's leading padding, then each one's trailing (absent: 0)
+  std::vector<int64_t> dilations;  ///< "dilations": one per spatial axis (absent: 1)
+  bool ceil_mode = false;          ///< "ceil_mode": output sizes rounded up (a last window starting inside the input)
+  bool count_include_pad = false;  ///< "count_include_pad": average pooling divides by padded windows' full size
+};
+
+/// One pooling's sizes, a 1-D one as 2-D with height 1: x (B, C, H, W), windows KH x KW, y (B, C, OH, OW).
+struct PoolGeometry {
+  int64_t B = 0, C = 0, H = 1, W = 0, KH = 1, KW = 0, OH = 1, OW = 0;
+  int64_t stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0, dil_h = 1, dil_w = 1;
+  int64_t spatial = 2;  ///< the spatial rank, 1 or 2
+
+  std::vector<int64_t> output_dims() const {
+    return spatial == 1 ? std::vector<int64_t>{B, C, OW} : std::vector<int64_t>{B, C, OH, OW};
+  }
+  /// From x's dims; throws Error naming what does not fit (rank, attribute lengths, padding of half a window or
+  /// more, a window larger than the padded input).
+  static PoolGeometry of(const PoolParams& p, const std::vector<int64_t>& x);
+};
+
 /// The parameters of any op: one alternative per struct above.
 using OpParams =
     std::variant<NoParams, FillParams, MatMulParams, GeluParams, GeluBackwardParams, LinearGeluParams, ScaleParams,
@@ -367,7 +395,7 @@ using OpParams =
                  EmbeddingBackwardParams, ShapeParams, TransposeParams, SplitParams, ConcatParams, SliceParams,
                  SliceBackwardParams, ReduceParams, CastParams, CrossEntropyParams, LinearCrossEntropyParams,
                  LogProbsParams, PreferenceParams, QuantizedParams, AttentionParams, RoPEParams, LinearParams,
-                 ConvParams, CtcParams>;
+                 ConvParams, CtcParams, PoolParams>;
 
 namespace detail {
 template <OpKind K>

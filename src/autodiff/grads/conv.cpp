@@ -1,4 +1,4 @@
-// Gradient of Conv.
+// Gradients of Conv and Pool.
 #include "autodiff/grad_context.h"
 
 namespace fusetrain::autodiff {
@@ -28,6 +28,13 @@ void grad_rule<OpKind::Conv>(GradContext& ctx) {
     for (int64_t a = 2; a < ctx.input_shape(0).rank(); ++a) axes.push_back(a);
     ctx.set_grad_input(2, ctx.b.reduce_sum(dy, axes));
   }
+}
+
+// y = pool(x): dx = PoolBackward(dy, x): each output's gradient to its window's first maximum (max), or spread
+// over the window's in-range positions divided as the forward divided (average).
+template <>
+void grad_rule<OpKind::Pool>(GradContext& ctx) {
+  ctx.set_grad_input(0, ctx.g.add(OpKind::PoolBackward, {ctx.grad_output(0), ctx.input(0)}, ctx.attrs()));
 }
 
 }  // namespace fusetrain::autodiff

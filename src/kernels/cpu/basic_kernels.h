@@ -192,6 +192,8 @@ std::unique_ptr<Kernel> make_rmsnorm_backward_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_rope_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_swiglu_kernel(const KernelCall& call);
 // embedding.cpp
+/// Pool and PoolBackward (f32, planes across threads).
+std::unique_ptr<Kernel> make_pool_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_embedding_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_embedding_backward_kernel(const KernelCall& call);
 // dropout.cpp

@@ -192,6 +192,9 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const KernelCall& call) {
       return make_layernorm_kernel(call);
     case OpKind::LayerNormBackward:
       return make_layernorm_backward_kernel(call);
+    case OpKind::Pool:
+    case OpKind::PoolBackward:
+      return make_pool_kernel(call);
     case OpKind::Embedding:
       return make_embedding_kernel(call);
     case OpKind::EmbeddingBackward:

@@ -278,6 +278,10 @@ std::unique_ptr<Kernel> make_preference_loss_ref(const KernelCall& call);
 /// CtcLoss and CtcLossBackward.
 std::unique_ptr<Kernel> make_ctc_loss_ref(const KernelCall& call);
 
+// pool_ref.cpp
+/// Pool and PoolBackward.
+std::unique_ptr<Kernel> make_pool_ref(const KernelCall& call);
+
 // attention_ref.cpp
 std::unique_ptr<Kernel> make_attention_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_attention_backward_ref(const KernelCall& call);

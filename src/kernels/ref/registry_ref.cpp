@@ -153,6 +153,9 @@ std::unique_ptr<Kernel> make_ref_kernel(const KernelCall& call) {
     case OpKind::CtcLoss:
     case OpKind::CtcLossBackward:
       return ref::make_ctc_loss_ref(call);
+    case OpKind::Pool:
+    case OpKind::PoolBackward:
+      return ref::make_pool_ref(call);
     case OpKind::QuantizedLinear:
     case OpKind::QuantizedLinearBackward:
       return ref::make_quantized_linear_ref(call);
