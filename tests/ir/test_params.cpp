@@ -102,3 +102,35 @@ TEST(DecodeParams, RejectsAWronglyTypedAttribute) {
 
 }  // namespace
 }  // namespace fusetrain::ir
+
+namespace fusetrain::testing {
+namespace {
+
+// Output sizes as torch's max_pool2d / avg_pool2d give them (floor, or ceil with a last window starting inside the
+// input), and the geometries the op refuses.
+TEST(PoolGeometry, SizesAsTorchAndRefusals) {
+  using ops::PoolGeometry;
+  using ops::PoolParams;
+  PoolParams resnet{true, {3, 3}, {2, 2}, {1, 1, 1, 1}, {}, false, false};
+  PoolGeometry g = PoolGeometry::of(resnet, {2, 8, 56, 56});
+  EXPECT_EQ(g.output_dims(), (std::vector<int64_t>{2, 8, 28, 28}));
+  PoolParams ceil{true, {3, 3}, {2, 2}, {}, {}, true, false};
+  EXPECT_EQ(PoolGeometry::of(ceil, {1, 1, 6, 7}).output_dims(), (std::vector<int64_t>{1, 1, 3, 3}));  // floor: 2, 3
+  // ceil_mode with padding: a window that would start in the trailing padding is dropped (torch: 7 -> 4, not 5).
+  PoolParams padded{true, {2}, {2}, {1, 1}, {}, true, false};
+  EXPECT_EQ(PoolGeometry::of(padded, {1, 1, 7}).output_dims(), (std::vector<int64_t>{1, 1, 4}));
+  PoolParams dilated{true, {3}, {1}, {}, {2}, false, false};
+  EXPECT_EQ(PoolGeometry::of(dilated, {1, 1, 9}).output_dims(), (std::vector<int64_t>{1, 1, 5}));
+  EXPECT_CONTAINS(error_of([] { PoolGeometry::of(PoolParams{true, {3, 3}, {}, {3, 0, 0, 0}, {}, false, false},
+                                                 {1, 1, 8, 8}); }),
+                  "as large as a window");
+  EXPECT_CONTAINS(error_of([] { PoolGeometry::of(PoolParams{false, {2}, {}, {}, {2}, false, false}, {1, 1, 8}); }),
+                  "average pooling with dilations");
+  EXPECT_CONTAINS(error_of([] { PoolGeometry::of(PoolParams{true, {3}, {}, {}, {}, false, false}, {1, 1, 8, 8}); }),
+                  "\"kernel\" has 1 sizes; expected 2");
+  EXPECT_CONTAINS(error_of([] { PoolGeometry::of(PoolParams{true, {5, 5}, {}, {}, {}, false, false}, {1, 1, 4, 9}); }),
+                  "a window spanning (5, 5) over a padded input of (4, 9)");
+}
+
+}  // namespace
+}  // namespace fusetrain::testing

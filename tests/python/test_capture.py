@@ -518,7 +518,19 @@ def swin_model(seed: int = 0, **overrides):
     return model.float()
 
 
-VISION = {"convnext": convnext_model, "swin": swin_model}
+def poolformer_model(seed: int = 0, **overrides):
+    """A small PoolFormer: token mixing by average pooling (3x3, stride 1, padded by 1, the padding left out of each
+    window's divisor: count_include_pad=False), GroupNorm of one group, layer scale; stochastic depth off."""
+    config = T.PoolFormerConfig(num_channels=3, image_size=32, hidden_sizes=[8, 12], depths=[1, 2],
+                                num_encoder_blocks=2, patch_sizes=[7, 3], strides=[4, 2], padding=[2, 1], pool_size=3,
+                                mlp_ratio=2.0, num_labels=5, drop_path_rate=0.0, hidden_dropout_prob=0.0, **overrides)
+    torch.manual_seed(seed)
+    model = T.PoolFormerForImageClassification(config)
+    hf.perturb_(model, seed, scale=0.02)
+    return model.float()
+
+
+VISION = {"convnext": convnext_model, "swin": swin_model, "poolformer": poolformer_model}
 
 
 def test_a_fresh_models_zero_biases_stay_parameters():
@@ -535,8 +547,8 @@ def test_a_fresh_models_zero_biases_stay_parameters():
 
 @pytest.mark.parametrize("arch", list(VISION))
 def test_a_captured_convnext_and_swin_match_pytorch(arch):
-    """ConvNeXt (the engine's depthwise Conv) and Swin (shifted windows, relative position bias, patch merging):
-    loss and every gradient of one training step as PyTorch's."""
+    """ConvNeXt (the engine's depthwise Conv), Swin (shifted windows, relative position bias, patch merging) and
+    PoolFormer (the engine's average Pool): loss and every gradient of one training step as PyTorch's."""
     model = VISION[arch]()
     engine = capture.capture(model)
     assert [(row["name"], row["shape"]) for row in engine.inputs] == [("pixel_values", "float32 (batch, 3, 32, 32)")]
@@ -553,7 +565,7 @@ def test_a_captured_convnext_and_swin_match_pytorch(arch):
 
 
 # Swin's trainer run is marked slow: CI keeps ConvNeXt's; the test above checks Swin's loss and every gradient.
-@pytest.mark.parametrize("arch", ["convnext", pytest.param("swin", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("arch", ["convnext", pytest.param("swin", marks=pytest.mark.slow), "poolformer"])
 def test_trainer_trains_a_captured_convnext_and_swin_as_transformers_does(arch, tmp_path):
     """Three AdamW steps of fusetrain.Trainer (fusetrain_require_engine) against transformers' Trainer: the same
     losses and the same weights after."""

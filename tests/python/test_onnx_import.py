@@ -503,3 +503,49 @@ def test_buffers_reaching_the_outputs_only_through_host_ops_are_kept_constant(tm
 def test_dynamo_llama_keeps_its_rotary_frequencies_constant():
     assert load("llama", "dynamo", "clm").constant_buffers == ["model.rotary_emb.inv_freq"]
     assert load("llama", "torchscript", "clm").constant_buffers == []  # folded into a constant by the exporter
+
+
+def _pooling_graph(path):
+    """pixel_values (B, 3, 12, 12) -> Conv 3x3 -> MaxPool 3x3 stride 2 padded by 1 with ceil_mode (a partial last
+    window) -> AveragePool 2x2 stride 2 padded after by 1 with count_include_pad -> GlobalMaxPool and
+    GlobalAveragePool concatenated -> Gemm -> logits (B, 3), as torch.onnx writes a small CNN's pooling."""
+    rng = np.random.default_rng(0)
+    weights = {"conv.weight": rng.normal(0, 0.3, (4, 3, 3, 3)), "conv.bias": rng.normal(0, 0.1, 4),
+               "fc.weight": rng.normal(0, 0.3, (3, 8)), "fc.bias": rng.normal(0, 0.1, 3)}
+    inits = [onnx.numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    nodes = [helper.make_node("Conv", ["pixel_values", "conv.weight", "conv.bias"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["c"], ["m"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                              ceil_mode=1),
+             helper.make_node("AveragePool", ["m"], ["a"], kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 1, 1],
+                              count_include_pad=1),
+             helper.make_node("GlobalMaxPool", ["a"], ["gm"]),
+             helper.make_node("GlobalAveragePool", ["a"], ["ga"]),
+             helper.make_node("Concat", ["gm", "ga"], ["cat"], axis=1),
+             helper.make_node("Flatten", ["cat"], ["flat"], axis=1),
+             helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"], transB=1)]
+    graph = helper.make_graph(nodes, "pooling", [helper.make_tensor_value_info(
+        "pixel_values", TensorProto.FLOAT, ["batch", 3, 12, 12])], [helper.make_tensor_value_info(
+            "logits", TensorProto.FLOAT, ["batch", 3])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]), str(path))
+    return {k: torch.tensor(v, dtype=torch.float32, requires_grad=True) for k, v in weights.items()}
+
+
+def test_pooling_ops_import_and_train_as_torch_computes_them(tmp_path):
+    """MaxPool (padding, ceil_mode), AveragePool (count_include_pad, asymmetric padding), GlobalMaxPool and
+    GlobalAveragePool: the imported graph's loss and every gradient as torch's functional pooling gives them."""
+    import torch.nn.functional as F
+
+    w = _pooling_graph(tmp_path / "pool.onnx")
+    rng = np.random.default_rng(1)
+    data = {"pixel_values": rng.standard_normal((2, 3, 12, 12)).astype(np.float32), "labels": np.array([2, 0])}
+    c = F.conv2d(torch.from_numpy(data["pixel_values"]), w["conv.weight"], w["conv.bias"], padding=1)
+    m = F.max_pool2d(c, 3, 2, padding=1, ceil_mode=True)
+    a = F.avg_pool2d(F.pad(m, (0, 1, 0, 1)), 2, 2)  # zeros padded after, counted in every divisor
+    feats = torch.cat([a.amax(dim=(2, 3)), a.mean(dim=(2, 3))], dim=1)
+    loss = F.cross_entropy(F.linear(feats, w["fc.weight"], w["fc.bias"]), torch.from_numpy(data["labels"]))
+    loss.backward()
+    ft = fusetrain.Model.from_onnx(str(tmp_path / "pool.onnx"), "seq-cls")
+    ours, grads = ft.loss_and_grads(**data)
+    hf.assert_loss_matches(ours, loss.item(), "pooling graph")
+    errors = hf.grad_errors(grads, {k: v.grad.numpy() for k, v in w.items()})
+    assert not errors, "\n  ".join(errors)
