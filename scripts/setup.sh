@@ -33,6 +33,7 @@ PY_PACKAGES=(  # import name=pip requirement
   bitsandbytes=bitsandbytes==0.50.0  # QLoRA: the 4-bit layouts the engine reads, and the dequantisation it matches
   sacrebleu=sacrebleu  # examples/run_translation.py's BLEU, as transformers' run_translation.py reports it
   PIL=pillow soundfile=soundfile scipy=scipy  # fusetrain.features: images, audio (libsndfile) and resampling
+  jiwer=jiwer  # the reference WER and CER the command line's CTC evaluation is checked against
 )
 pip_install "${PY_PACKAGES[@]}"
 

@@ -25,7 +25,8 @@ A feature file is a safetensors file: `features` (float32, every example's value
 `feature_offsets` (int64, N + 1), `labels` and `label_offsets` (int64; a class per example, or a token sequence per
 example for ctc; absent for unlabelled data), and under the metadata key "fusetrain.features" a JSON object naming
 the model input, the per-example shape (-1 on a free axis: raw audio's length), the padding value and the class
-names. Files are cached ($FUSETRAIN_CACHE/features, else ~/.cache/fusetrain/features), keyed by the data files'
+names (for ctc, the tokenizer's vocabulary, blank and word delimiter instead, which the engine decodes greedy
+transcriptions with for its WER and CER). Files are cached ($FUSETRAIN_CACHE/features, else ~/.cache/fusetrain/features), keyed by the data files'
 names, sizes and modification times, the model directory's preprocessor and tokenizer files, the task and columns.
 """
 
@@ -291,6 +292,10 @@ def write(task: str, model: str | os.PathLike, data: str | os.PathLike, names: l
                     raise FeatureError(f"{data}: a transcription must be text, found {text!r}")
             sequences = [list(tokenizer(text).input_ids) for text in raw]
             meta["labels"] = "sequences"
+            # what the engine decodes greedy transcriptions and references with (eval_wer, eval_cer)
+            meta["vocabulary"] = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+            meta["blank"] = tokenizer.pad_token_id
+            meta["word_delimiter"] = getattr(tokenizer, "word_delimiter_token", None)
         else:
             sequences = [[k] for k in _class_ids(raw, names, str(data))]
             meta["labels"] = "classes"

@@ -506,7 +506,8 @@ void add_options(CLI::App& app, Options& o) {
     if (*head.task) tasks += str(tasks.empty() ? "" : ", ", head.task, " (", head.problem, ")");
   app.add_option("--task", o.task, "what to train: " + tasks + "; and with the pip-installed fusetrain command, "
                  "image-cls and audio-cls (--train-file: a folder of one subfolder per class, or a table of file "
-                 "paths; decoded and preprocessed in Python into a feature file, which ctc reads too)")
+                 "paths in --image-column / --audio-column; decoded and preprocessed in Python into a feature file, "
+                 "which ctc reads too: clips with a metadata.jsonl, transcriptions in --text-column)")
       ->capture_default_str();
   app.add_option("--train-file", o.train_file, "training data: .tsv/.csv (header row), .jsonl or .txt; or a feature "
                  "file (.safetensors from fusetrain.features: images, audio)");

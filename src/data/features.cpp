@@ -77,6 +77,16 @@ FeatureDataset::FeatureDataset(const std::string& path, bool labelled) : file_(i
     for (const nlohmann::json& name : meta["label_names"]) label_names_.push_back(name.is_string() ? name.get<std::string>() : name.dump());
   }
 
+  if (meta.contains("vocabulary")) {
+    FT_CHECK(meta["vocabulary"].is_array() && meta.value("blank", nlohmann::json()).is_number_integer(), path,
+             ": \"vocabulary\" must be a list of tokens, with \"blank\" the padding token's id");
+    for (const nlohmann::json& token : meta["vocabulary"])
+      vocabulary_.push_back(token.is_string() ? token.get<std::string>() : std::string());
+    blank_ = meta["blank"].get<int64_t>();
+    if (meta.contains("word_delimiter") && meta["word_delimiter"].is_string())
+      word_delimiter_ = meta["word_delimiter"].get<std::string>();
+  }
+
   const io::SafetensorsEntry* features = file_.find("features");
   FT_CHECK(features && features->dtype == DType::f32 && features->shape.rank() == 1, path,
            ": a feature file needs \"features\", a 1-D float32 tensor");
@@ -134,6 +144,21 @@ FeatureDataset::FeatureDataset(const std::string& path, bool labelled) : file_(i
 int64_t FeatureDataset::feature_size(int64_t i) const {
   check_index(i);
   return feature_offsets_[static_cast<size_t>(i) + 1] - feature_offsets_[static_cast<size_t>(i)];
+}
+
+std::string FeatureDataset::transcription(std::span<const int64_t> ids, bool grouped) const {
+  std::string text;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const int64_t id = ids[k];
+    if ((grouped && k > 0 && ids[k - 1] == id) || id == blank_ || id < 0 ||
+        id >= static_cast<int64_t>(vocabulary_.size()))
+      continue;
+    const std::string& token = vocabulary_[static_cast<size_t>(id)];
+    text += !word_delimiter_.empty() && token == word_delimiter_ ? std::string(" ") : token;
+  }
+  const size_t begin = text.find_first_not_of(" \t\n\r\f\v");
+  if (begin == std::string::npos) return "";
+  return text.substr(begin, text.find_last_not_of(" \t\n\r\f\v") - begin + 1);
 }
 
 Batch FeatureDataset::collate(std::span<const int64_t> indices) const {

@@ -1,5 +1,6 @@
 // Evaluation metrics: classification accuracy and F1, and entity-level scores for BIO-tagged sequences.
 #include <algorithm>
+#include <cctype>
 #include <set>
 #include <tuple>
 
@@ -100,6 +101,75 @@ std::map<std::string, double> classification_metrics(const Predictions& p) {
     f1 /= static_cast<double>(std::max<int64_t>(K, 1));
   }
   return {{"accuracy", n ? static_cast<double>(correct) / static_cast<double>(n) : 0.0}, {"f1", f1}};
+}
+
+namespace {
+
+// Levenshtein distance between two sequences (one row of the table at a time).
+template <typename T>
+int64_t edit_distance(const std::vector<T>& a, const std::vector<T>& b) {
+  std::vector<int64_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = static_cast<int64_t>(j);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    int64_t diagonal = row[0];
+    row[0] = static_cast<int64_t>(i);
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const int64_t up = row[j];
+      row[j] = std::min({up + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::vector<std::string> words_of(const std::string& text) {
+  std::vector<std::string> words;
+  size_t at = 0;
+  while (at < text.size()) {
+    while (at < text.size() && std::isspace(static_cast<unsigned char>(text[at]))) ++at;
+    const size_t start = at;
+    while (at < text.size() && !std::isspace(static_cast<unsigned char>(text[at]))) ++at;
+    if (at > start) words.push_back(text.substr(start, at - start));
+  }
+  return words;
+}
+
+// The text's Unicode code points (UTF-8 decoded; a stray byte counts as one), ends stripped of whitespace.
+std::vector<uint32_t> chars_of(const std::string& text) {
+  size_t begin = 0, end = text.size();
+  while (begin < end && std::isspace(static_cast<unsigned char>(text[begin]))) ++begin;
+  while (end > begin && std::isspace(static_cast<unsigned char>(text[end - 1]))) --end;
+  std::vector<uint32_t> out;
+  for (size_t i = begin; i < end;) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    uint32_t cp = n == 1 ? c : c & (0x7F >> n);
+    for (size_t k = 1; k < n && i + k < end; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
+    out.push_back(cp);
+    i += n;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::map<std::string, double> transcription_metrics(const std::vector<std::string>& predictions,
+                                                    const std::vector<std::string>& references) {
+  FT_CHECK(predictions.size() == references.size(), "transcription metrics: ", predictions.size(),
+           " transcriptions for ", references.size(), " references");
+  int64_t word_edits = 0, words = 0, char_edits = 0, chars = 0;
+  for (size_t i = 0; i < references.size(); ++i) {
+    const std::vector<std::string> ref = words_of(references[i]), hyp = words_of(predictions[i]);
+    word_edits += edit_distance(hyp, ref);
+    words += static_cast<int64_t>(ref.size());
+    const std::vector<uint32_t> ref_chars = chars_of(references[i]), hyp_chars = chars_of(predictions[i]);
+    char_edits += edit_distance(hyp_chars, ref_chars);
+    chars += static_cast<int64_t>(ref_chars.size());
+  }
+  std::map<std::string, double> out;
+  if (words > 0) out["wer"] = static_cast<double>(word_edits) / static_cast<double>(words);
+  if (chars > 0) out["cer"] = static_cast<double>(char_edits) / static_cast<double>(chars);
+  return out;
 }
 
 }  // namespace fusetrain::train

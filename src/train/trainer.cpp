@@ -732,9 +732,11 @@ void recv_append(comm::Communicator& comm, std::vector<T>& values, int64_t n, in
 // which rank's dataset size differs from rank 0's ("" when none).
 std::string gather_predictions(comm::Communicator& comm, int64_t dataset_size, Predictions& p,
                                std::vector<double>& batch_losses, int64_t& loss_weight) {
-  enum { kDataset, kRows, kClasses, kLogits, kEndLogits, kLabels, kFloatLabels, kOffsets, kLosses, kWeight, kSizes };
+  enum { kDataset, kRows, kClasses, kLogits, kEndLogits, kLabels, kFloatLabels, kOffsets, kLosses, kWeight, kFrames,
+         kFrameOffsets, kSizes };
   if (comm.rank() != 0) {
     const int64_t offsets = std::max<int64_t>(static_cast<int64_t>(p.feature_offsets.size()) - 1, 0);
+    const int64_t frame_offsets = std::max<int64_t>(static_cast<int64_t>(p.frame_offsets.size()) - 1, 0);
     const int64_t sizes[kSizes] = {dataset_size,
                                    p.rows,
                                    p.classes,
@@ -744,7 +746,9 @@ std::string gather_predictions(comm::Communicator& comm, int64_t dataset_size, P
                                    static_cast<int64_t>(p.float_labels.size()),
                                    offsets,
                                    static_cast<int64_t>(batch_losses.size()),
-                                   loss_weight};
+                                   loss_weight,
+                                   static_cast<int64_t>(p.frame_ids.size()),
+                                   frame_offsets};
     send_values(comm, sizes, kSizes, 0);
     send_values(comm, p.logits.data(), sizes[kLogits], 0);
     send_values(comm, p.end_logits.data(), sizes[kEndLogits], 0);
@@ -752,6 +756,8 @@ std::string gather_predictions(comm::Communicator& comm, int64_t dataset_size, P
     send_values(comm, p.float_labels.data(), sizes[kFloatLabels], 0);
     if (offsets > 0) send_values(comm, p.feature_offsets.data() + 1, offsets, 0);
     send_values(comm, batch_losses.data(), sizes[kLosses], 0);
+    send_values(comm, p.frame_ids.data(), sizes[kFrames], 0);
+    if (frame_offsets > 0) send_values(comm, p.frame_offsets.data() + 1, frame_offsets, 0);
     return "";
   }
   std::string mismatch;
@@ -773,6 +779,12 @@ std::string gather_predictions(comm::Communicator& comm, int64_t dataset_size, P
     for (size_t i = first_offset; i < p.feature_offsets.size(); ++i) p.feature_offsets[i] += base;
     recv_append(comm, batch_losses, sizes[kLosses], source);
     loss_weight += sizes[kWeight];
+    const auto frames_before = static_cast<int64_t>(p.frame_ids.size());
+    recv_append(comm, p.frame_ids, sizes[kFrames], source);
+    if (p.frame_offsets.empty() && sizes[kFrameOffsets] > 0) p.frame_offsets.push_back(0);
+    const size_t first_frame_offset = p.frame_offsets.size();
+    recv_append(comm, p.frame_offsets, sizes[kFrameOffsets], source);
+    for (size_t i = first_frame_offset; i < p.frame_offsets.size(); ++i) p.frame_offsets[i] += frames_before;
   }
   return mismatch;
 }
@@ -879,7 +891,19 @@ Predictions Trainer::predict(const data::TokenizedDataset& dataset) {
         p.logits.insert(p.logits.end(), logits + b * T * K, logits + (b * T + length) * K);
         p.rows += length;
       }
-    } else if (labelled && task_ != Head::Ctc) {  // CTC: its labels align with no frame; the loss is its metric
+    } else if (task_ == Head::Ctc) {
+      // Each example's per-frame argmax: its greedy transcription, decoded in add_metrics.
+      const int64_t B = batch->batch_size, F = out.logits.shape()[1];
+      if (p.frame_offsets.empty()) p.frame_offsets.push_back(0);
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t t = 0; t < F; ++t) {
+          const float* row = logits + (b * F + t) * K;
+          p.frame_ids.push_back(std::max_element(row, row + K) - row);
+        }
+        p.frame_offsets.push_back(static_cast<int64_t>(p.frame_ids.size()));
+      }
+      p.rows += B;
+    } else if (labelled) {
       // Token tasks: keep the labelled positions (causal LM: position t predicts t + 1; an encoder-decoder's labels
       // span the target sequence).
       const int64_t B = batch->batch_size, T = batch->label_seq_len > 0 ? batch->label_seq_len : batch->seq_len;
@@ -932,6 +956,18 @@ void Trainer::add_metrics(Predictions& p, const data::TokenizedDataset& dataset)
   }
   if (models::head_info(task_).language_model) {
     if (p.metrics.count("loss")) p.metrics["perplexity"] = std::exp(p.metrics["loss"]);
+  } else if (task_ == Head::Ctc) {
+    // Greedy transcriptions against the references, both decoded with the tokenizer's vocabulary the feature file
+    // carries (without one, the loss alone).
+    const auto* features = dynamic_cast<const data::FeatureDataset*>(&dataset);
+    if (!features || !features->has_vocabulary() || dataset.label_kind() != data::LabelKind::Targets) return;
+    std::vector<std::string> predicted, reference;
+    for (size_t i = 0; i + 1 < p.frame_offsets.size(); ++i) {
+      const int64_t begin = p.frame_offsets[i], end = p.frame_offsets[i + 1];
+      predicted.push_back(features->transcription({p.frame_ids.data() + begin, static_cast<size_t>(end - begin)}, true));
+      reference.push_back(features->transcription(dataset.target(static_cast<int64_t>(i)), false));
+    }
+    for (const auto& [k, v] : transcription_metrics(predicted, reference)) p.metrics[k] = v;
   } else if (const auto* qa = dynamic_cast<const data::QuestionAnsweringDataset*>(&dataset)) {
     p.classes = 0;
     p.answers = data::decode_answers(*qa, p.logits, p.end_logits, p.feature_offsets);

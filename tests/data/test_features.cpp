@@ -96,6 +96,21 @@ TEST(FeatureDataset, PadsAudioToTheLongestClipAndTranscriptionsToAMultipleOf8) {
   EXPECT_EQ(FeatureDataset(write(dir, clips(), "g.safetensors"), false).label_kind(), LabelKind::None);
 }
 
+TEST(FeatureDataset, DecodesTranscriptionsAsTheCtcTokenizer) {
+  TempDir dir;
+  FileSpec f = clips();
+  f.meta = R"({"input": "input_values", "shape": [-1], "labels": "sequences", "blank": 0,
+               "vocabulary": ["<pad>", "|", "a", "b", "<unk>"], "word_delimiter": "|"})";
+  FeatureDataset d(write(dir, f), true);
+  ASSERT_TRUE(d.has_vocabulary());
+  // Frames: runs taken once, the blank between two a's keeps both, the delimiter a space, the ends stripped.
+  const std::vector<int64_t> frames = {0, 2, 2, 0, 2, 1, 1, 3, 3, 4, 1, 0, 9};
+  EXPECT_EQ(d.transcription(frames, true), "aa b<unk>");
+  const std::vector<int64_t> labels = {2, 2, 1, 3};  // references are not grouped
+  EXPECT_EQ(d.transcription(labels, false), "aa b");
+  EXPECT_FALSE(FeatureDataset(write(dir, clips(), "plain.safetensors"), true).has_vocabulary());
+}
+
 TEST(FeatureDataset, RefusesMalformedFilesNamingTheFault) {
   TempDir dir;
   const auto refused = [&](FileSpec f, const std::string& expected, bool labelled = true) {

@@ -184,6 +184,21 @@ def clips(root: pathlib.Path, head: str, count: int, seed: int) -> pathlib.Path:
     return root
 
 
+def transcription_rates(tokenizer):
+    """run_speech_recognition_ctc.py's compute_metrics: greedy ids decoded by the tokenizer (grouped), references
+    with -100 as padding decoded ungrouped, WER and CER by jiwer."""
+    jiwer = pytest.importorskip("jiwer")
+
+    def compute(p):
+        labels = p.label_ids.copy()
+        labels[labels == -100] = tokenizer.pad_token_id
+        predicted = tokenizer.batch_decode(np.argmax(p.predictions, axis=-1))
+        reference = tokenizer.batch_decode(labels, group_tokens=False)
+        return {"wer": jiwer.wer(reference=reference, hypothesis=predicted),
+                "cer": jiwer.cer(reference=reference, hypothesis=predicted)}
+    return compute
+
+
 def padded_collator(head: str):
     """Pads input_values with 0 to the batch's longest clip and CTC labels with -100 (DataCollatorCTCWithPadding)."""
     def collate(examples):
@@ -201,7 +216,8 @@ def padded_collator(head: str):
     return collate
 
 
-@pytest.mark.parametrize("head", ["audio-cls", "ctc"])
+# CI runs the ctc case (the audio path and the transcription metrics); FUSETRAIN_RUN_SLOW=1 audio-cls too.
+@pytest.mark.parametrize("head", [pytest.param("audio-cls", marks=pytest.mark.slow), "ctc"])
 def test_cli_trains_a_speech_model_from_audio_files_as_transformers_does(head, tmp_path):
     model_dir = speech_dir(tmp_path / "w2v", head)
     train, dev = clips(tmp_path / "train", head, 6, seed=1), clips(tmp_path / "dev", head, 3, seed=2)
@@ -229,12 +245,13 @@ def test_cli_trains_a_speech_model_from_audio_files_as_transformers_does(head, t
     fresh = lambda: cls.from_pretrained(model_dir)  # noqa: E731
     theirs_model = fresh()
     theirs, theirs_eval = reference_run(theirs_model, examples(train), examples(dev), padded_collator(head),
-                                        tmp_path / "theirs", metrics=None if head == "ctc" else accuracy)
+                                        tmp_path / "theirs",
+                                        metrics=transcription_rates(tokenizer) if head == "ctc" else accuracy)
     assert len(ours) == len(theirs) == STEPS
     np.testing.assert_allclose(ours, theirs, rtol=1e-3)
     np.testing.assert_allclose(ours_eval["eval_loss"], theirs_eval["eval_loss"], rtol=1e-3)
-    if head != "ctc":
-        assert ours_eval["eval_accuracy"] == theirs_eval["eval_accuracy"]
+    for metric in ("eval_wer", "eval_cer") if head == "ctc" else ("eval_accuracy",):
+        assert ours_eval[metric] == pytest.approx(theirs_eval[metric], abs=1e-12), metric
     assert (out / "preprocessor_config.json").is_file()
     assert_trained_alike(cls.from_pretrained(out), theirs_model, fresh, padded_collator(head)(examples(train)))
 
@@ -244,12 +261,11 @@ def test_cli_draws_spec_augment_for_ctc(tmp_path):
     engine's generator, transformers' span rule): the first step's loss differs from the unmasked run's, and a
     second run repeats the first bit for bit."""
     train = clips(tmp_path / "train", "ctc", 6, seed=1)
+    dirs = {"plain": speech_dir(tmp_path / "plain", "ctc"),
+            "masked": speech_dir(tmp_path / "masked", "ctc", mask_time_prob=0.4, mask_time_length=2,
+                                 mask_feature_prob=0.3, mask_feature_length=4)}
     losses = {}
-    for name, overrides in (("plain", {}), ("masked", {"mask_time_prob": 0.4, "mask_time_length": 2,
-                                                       "mask_feature_prob": 0.3, "mask_feature_length": 4}),
-                            ("again", {"mask_time_prob": 0.4, "mask_time_length": 2, "mask_feature_prob": 0.3,
-                                       "mask_feature_length": 4})):
-        model_dir = speech_dir(tmp_path / name, "ctc", **overrides)
+    for name, model_dir in (("plain", dirs["plain"]), ("masked", dirs["masked"]), ("again", dirs["masked"])):
         run = cli("train", "--model", str(model_dir), "--task", "ctc", "--train-file", str(train), "--output-dir",
                   str(tmp_path / f"out-{name}"), "--per-device-train-batch-size", "6", *COMMON,
                   cache=tmp_path / "cache")
@@ -290,6 +306,11 @@ def test_cli_media_refusals_name_what_was_expected(tmp_path):
     Image.new("RGB", (8, 8)).save(dev / "purple" / "0.png")
     assert "'purple' is not one of" in refused("train", "--model", str(vit), "--task", "image-cls", "--train-file",
                                                str(images), "--eval-file", str(dev))
+    w2v = speech_dir(tmp_path / "w2v", "ctc")
+    speech = clips(tmp_path / "speech", "ctc", 2, seed=3)
+    assert "a CTC model's predictions are transcriptions" in refused("predict", "--model", str(w2v), "--task", "ctc",
+                                                                     "--test-file", str(speech), "--output",
+                                                                     str(tmp_path / "p.tsv"))
     audio = tmp_path / "audio"
     audio.mkdir()
     assert "metadata.jsonl" in refused("train", "--model", str(vit), "--task", "ctc", "--train-file", str(audio))

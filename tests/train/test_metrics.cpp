@@ -43,6 +43,18 @@ TEST(Metrics, LenientIobReading) {
             "entity_metrics: sequence 0 has 1 predicted tags for 2 reference tags");
 }
 
+TEST(Metrics, TranscriptionErrorRatesAsJiwerSumsThem) {
+  // jiwer.wer / jiwer.cer of these lists: 4/9 and 9/29 (a deletion of a word; a substitution and an insertion; a
+  // substitution of é, one UTF-8 character, and a doubled space that words ignore and characters count).
+  auto m = train::transcription_metrics({"the cat", "a x c d e", "hello  world"},
+                                        {"the cat sat", "a b c d", "h\xc3\xa9llo world"});
+  EXPECT_DOUBLE_EQ(m["wer"], 4.0 / 9);
+  EXPECT_DOUBLE_EQ(m["cer"], 9.0 / 29);
+  EXPECT_EQ(train::transcription_metrics({" x "}, {""}).count("wer"), 0u);  // no reference words: no rate
+  EXPECT_DOUBLE_EQ(train::transcription_metrics({""}, {"a b"})["wer"], 1.0);
+  EXPECT_CONTAINS(error_of([] { train::transcription_metrics({"a"}, {}); }), "1 transcriptions for 0 references");
+}
+
 TEST(Metrics, BioLabelSetsAreRecognised) {
   EXPECT_TRUE(train::is_bio({"B-LOC", "B-PER", "I-PER", "O"}));
   EXPECT_FALSE(train::is_bio({"NEG", "POS"}));

@@ -50,6 +50,13 @@ class FeatureDataset : public TokenizedDataset {
   const std::vector<std::string>& label_names() const { return label_names_; }
   /// The number of values of example i.
   int64_t feature_size(int64_t i) const;
+  /// Whether the file carries its tokenizer's vocabulary (CTC transcriptions: "vocabulary", "blank",
+  /// "word_delimiter"), which transcription() decodes with.
+  bool has_vocabulary() const { return !vocabulary_.empty(); }
+  /// The text of token ids as transformers' Wav2Vec2CTCTokenizer.decode gives it: runs of one id taken once when
+  /// `grouped` (a CTC model's frames), the blank (padding) token dropped, the word delimiter a space, the tokens
+  /// joined and the ends stripped; an id outside the vocabulary is skipped.
+  std::string transcription(std::span<const int64_t> ids, bool grouped) const;
 
   /// The batch of examples `indices`, in that order: the input (B, shape...) with a free axis padded on the right
   /// to the longest example of the batch with the file's padding value; labels (B) for classes, or (B, L) for
@@ -63,6 +70,9 @@ class FeatureDataset : public TokenizedDataset {
   std::vector<int64_t> shape_;
   float padding_value_ = 0;
   std::vector<std::string> label_names_;
+  std::vector<std::string> vocabulary_;
+  int64_t blank_ = -1;
+  std::string word_delimiter_;
   std::vector<int64_t> feature_offsets_;
   Tensor features_tensor_;  // a view into the file's mapping
   const float* features_ = nullptr;

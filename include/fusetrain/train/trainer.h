@@ -103,6 +103,8 @@ struct Predictions {
   std::vector<float> float_labels;  ///< regression targets, one per row; empty otherwise
   std::vector<float> end_logits;
   std::vector<int64_t> feature_offsets;
+  std::vector<int64_t> frame_ids;      ///< CTC: every example's per-frame argmax, one example after another
+  std::vector<int64_t> frame_offsets;  ///< CTC: example i's frames at frame_ids[offsets[i], offsets[i + 1])
   std::vector<std::string> answers;
   std::map<std::string, double> metrics;
 };
@@ -234,6 +236,13 @@ bool is_bio(const std::vector<std::string>& label_names);
 /// length.
 std::map<std::string, double> entity_metrics(const std::vector<std::vector<std::string>>& predicted,
                                              const std::vector<std::vector<std::string>>& reference);
+
+/// Word and character error rates of transcriptions against references, as transformers' speech scripts report
+/// them (jiwer's corpus rates): "wer" = word edits (substitutions, deletions, insertions) over all references'
+/// words (split on whitespace), "cer" = character edits over all references' characters (spaces included, ends
+/// stripped). A rate whose references hold no word (character) is left out. Throws Error if the counts differ.
+std::map<std::string, double> transcription_metrics(const std::vector<std::string>& predictions,
+                                                    const std::vector<std::string>& references);
 
 /// The optimizer `args` choose: optim, optim_args, the learning rate, weight decay and Adam arguments.
 optim::OptimizerSpec optimizer_spec(const TrainingArguments& args);
