@@ -423,6 +423,29 @@ def onnx_import_seeds():
     onnx_seed("valid-token-cls", bad.graph(), "token-cls", masked=False)
 
 
+# ---- features ---------------------------------------------------------------------------------------------------
+
+def features_seeds():
+    def i64(*values):
+        return struct.pack(f"<{len(values)}q", *values)
+
+    images = {"input": "pixel_values", "shape": [1, 2, 2], "labels": "classes", "label_names": ["a", "b", "c"]}
+    write("features", "images", safetensors([
+        ("features", "F32", [12], f32(*range(12))), ("feature_offsets", "I64", [4], i64(0, 4, 8, 12)),
+        ("labels", "I64", [3], i64(2, 0, 1)), ("label_offsets", "I64", [4], i64(0, 1, 2, 3))],
+        {"fusetrain.features": json.dumps(images)}))
+    clips = {"input": "input_values", "shape": [-1], "padding_value": 0.0, "labels": "sequences", "blank": 0,
+             "vocabulary": ["<pad>", "|", "a", "b"], "word_delimiter": "|"}
+    write("features", "clips", safetensors([
+        ("features", "F32", [10], f32(*range(10))), ("feature_offsets", "I64", [4], i64(0, 3, 8, 10)),
+        ("labels", "I64", [6], i64(2, 3, 1, 2, 2, 3)), ("label_offsets", "I64", [4], i64(0, 2, 5, 6))],
+        {"fusetrain.features": json.dumps(clips)}))
+    unlabelled = {"input": "input_values", "shape": [-1], "labels": "none"}
+    write("features", "unlabelled", safetensors([
+        ("features", "F32", [5], f32(1, 2, 3, 4, 5)), ("feature_offsets", "I64", [3], i64(0, 2, 5))],
+        {"fusetrain.features": json.dumps(unlabelled)}))
+
+
 def main():
     for target in ["safetensors", "hf_dir", "config", "tokenizer", "tokenizer_dir", "dataset"]:
         shutil.rmtree(CORPUS / target, ignore_errors=True)
@@ -434,6 +457,7 @@ def main():
     dataset_seeds()
     checkpoint_seeds()
     onnx_import_seeds()
+    features_seeds()
     total = sum(p.stat().st_size for p in CORPUS.rglob("*") if p.is_file())
     print(f"make_seeds: {sum(1 for p in CORPUS.rglob('*') if p.is_file())} seeds, {total} bytes under {CORPUS}")
 

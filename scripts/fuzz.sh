@@ -21,7 +21,7 @@ while (($#)); do
     *) targets+=("$1"); shift ;;
   esac
 done
-((${#targets[@]})) || targets=(safetensors hf_dir config tokenizer tokenizer_dir dataset checkpoint onnx_import)
+((${#targets[@]})) || targets=(safetensors hf_dir config tokenizer tokenizer_dir dataset checkpoint onnx_import features)
 
 CXX_FUZZ=${CXX_FUZZ:-clang++-14}
 command -v "$CXX_FUZZ" >/dev/null ||

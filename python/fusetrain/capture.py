@@ -562,7 +562,7 @@ _AUTO_CLASSES = {"seq-cls": "AutoModelForSequenceClassification", "token-cls": "
                  "qa": "AutoModelForQuestionAnswering", "mlm": "AutoModelForMaskedLM", "clm": "AutoModelForCausalLM",
                  "image-cls": "AutoModelForImageClassification", "seq2seq": "AutoModelForSeq2SeqLM",
                  "ctc": "AutoModelForCTC", "audio-cls": "AutoModelForAudioClassification"}
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+_PROCESSOR_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                     "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json",
                     "preprocessor_config.json")
 
@@ -650,7 +650,7 @@ def prepare_directory(model_dir: str | os.PathLike, task: str, seed: int = 42,
         # graph's initializers already hold the directory's values)
         sidecar = {"frozen": sorted(_fixed_values(model, graph_path)), "padding_rows": _padding_rows(model)}
         (scratch / "fusetrain_capture.json").write_text(json.dumps(sidecar, indent=2) + "\n")
-        for name in _TOKENIZER_FILES:
+        for name in _PROCESSOR_FILES:
             if (directory / name).exists():
                 (scratch / name).write_bytes((directory / name).read_bytes())
 

@@ -148,7 +148,8 @@ std::unique_ptr<data::TokenizedDataset> load_dataset(const Options& o, const Job
     FT_CHECK(!labelled || (features->label_kind() == wanted &&
                            (job.task == models::Head::Ctc || job.task == models::Head::SequenceClassification)),
              path, ": its examples are labelled with ",
-             features->label_kind() == data::LabelKind::Targets ? "transcriptions (--task ctc)" : "classes (--task image-cls or audio-cls)",
+             features->label_kind() == data::LabelKind::Targets ? "transcriptions (--task ctc)"
+                                                                : "classes (--task image-cls or audio-cls)",
              ", which --task ", o.task, " does not train on");
     return features;
   }
@@ -370,7 +371,8 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   // Images and audio come as feature files (preprocessed in Python): no tokenizer reads them, and a model of them
   // may have none.
   bool features = false;
-  for (const auto& [needed, file] : {std::pair{need_train, o.train_file}, {need_eval, o.eval_file}, {need_test, o.test_file}})
+  for (const auto& [needed, file] :
+       {std::pair{need_train, o.train_file}, {need_eval, o.eval_file}, {need_test, o.test_file}})
     features = features || (needed && !file.empty() && data::is_feature_file(file));
   FT_CHECK(job.task != models::Head::Ctc || features, "--task ctc reads audio: give a folder or a table of audio "
            "files to the pip-installed fusetrain command (or python -m fusetrain), which decodes them and hands the "
@@ -456,10 +458,14 @@ Job prepare(Options& o, bool need_train, bool need_eval, bool need_test) {
   }
   for (const data::TokenizedDataset* d : {job.train.get(), job.eval.get(), job.test.get()})
     if (const auto* f = dynamic_cast<const data::FeatureDataset*>(d)) {
-      const auto& inputs = job.model->inputs();
-      FT_CHECK(std::any_of(inputs.begin(), inputs.end(), [&](const models::InputDecl& in) { return in.name == f->input_name(); }),
-               "the feature file's examples are ", f->input_name(), ", which the model does not read (its inputs: ",
-               [&] { std::string names; for (const auto& in : inputs) names += (names.empty() ? "" : ", ") + in.name; return names; }(), ")");
+      std::string names;
+      bool read = false;
+      for (const models::InputDecl& input : job.model->inputs()) {
+        names += (names.empty() ? "" : ", ") + input.name;
+        read = read || input.name == f->input_name();
+      }
+      FT_CHECK(read, "the feature file's examples are ", f->input_name(), ", which the model does not read (its inputs: ",
+               names, ")");
     }
   job.ids.pad_id = job.tokenizer ? std::max<int64_t>(job.tokenizer->pad_id(), 0) : 0;
   if (job.task == models::Head::Seq2SeqLM) {  // the labels shifted right after it make the decoder's inputs

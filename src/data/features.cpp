@@ -74,7 +74,8 @@ FeatureDataset::FeatureDataset(const std::string& path, bool labelled) : file_(i
   }
   if (meta.contains("label_names")) {
     FT_CHECK(meta["label_names"].is_array(), path, ": \"label_names\" must be a list of names");
-    for (const nlohmann::json& name : meta["label_names"]) label_names_.push_back(name.is_string() ? name.get<std::string>() : name.dump());
+    for (const nlohmann::json& name : meta["label_names"])
+      label_names_.push_back(name.is_string() ? name.get<std::string>() : name.dump());
   }
 
   if (meta.contains("vocabulary")) {
@@ -180,7 +181,7 @@ Batch FeatureDataset::collate(std::span<const int64_t> indices) const {
   for (int64_t b = 0; b < B; ++b) {
     const int64_t i = indices[static_cast<size_t>(b)];
     const float* from = features_ + feature_offsets_[static_cast<size_t>(i)];
-    std::copy(from, from + feature_size(i), input.values.begin() + static_cast<ptrdiff_t>(b * static_cast<int64_t>(row)));
+    std::copy(from, from + feature_size(i), input.values.data() + static_cast<size_t>(b) * row);
   }
   batch.float_inputs.push_back(std::move(input));
   if (label_kind_ == LabelKind::Class) {
@@ -269,7 +270,8 @@ std::vector<float> spec_augment_mask(int64_t rows, int64_t columns, double prob,
     // Partial Fisher-Yates: the first `spans` of a uniform permutation of the starts.
     std::iota(pool.begin(), pool.end(), 0);
     for (int64_t k = 0; k < spans; ++k) {
-      const uint64_t bits = detail::splitmix64(stream ^ detail::splitmix64((static_cast<uint64_t>(r) << 32) | static_cast<uint64_t>(k)));
+      const uint64_t counter = (static_cast<uint64_t>(r) << 32) | static_cast<uint64_t>(k);
+      const uint64_t bits = detail::splitmix64(stream ^ detail::splitmix64(counter));
       const int64_t pick = k + detail::below(bits, static_cast<uint64_t>(starts - k));
       std::swap(pool[static_cast<size_t>(k)], pool[static_cast<size_t>(pick)]);
       for (int64_t c = pool[static_cast<size_t>(k)]; c < std::min(columns, pool[static_cast<size_t>(k)] + length); ++c)

@@ -409,7 +409,8 @@ std::vector<int64_t> Builder::window_pads(const NodeProto& n, const std::vector<
            n.op_type(), " with auto_pad \"", auto_pad, "\"; expected NOTSET, VALID, SAME_UPPER or SAME_LOWER");
   if (auto_pad == "VALID") pads.assign(2 * spatial, 0);
   if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-    FT_CHECK(kernel.size() == spatial, n.op_type(), ": ", kernel.size(), " window sizes for ", spatial, " spatial axes");
+    FT_CHECK(kernel.size() == spatial, n.op_type(), ": ", kernel.size(), " window sizes for ", spatial,
+             " spatial axes");
     pads.assign(2 * spatial, 0);
     for (size_t a = 0; a < spatial; ++a) {
       const int64_t in = xs[2 + a], k = kernel[a], s = strides.size() > a ? strides[a] : 1,

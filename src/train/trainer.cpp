@@ -174,7 +174,8 @@ data::CollateFn Trainer::collate_for(const data::TokenizedDataset& dataset, uint
     for (const models::InputDecl& input : model_.inputs())
       if (input.name == "mask_time_indices" || input.name == "mask_feature_indices") masks.push_back(input.name);
     if (!training) masks.clear();
-    const data::SpecAugment spec = masks.empty() ? data::SpecAugment{} : data::SpecAugment::from_config(model_.config());
+    const data::SpecAugment spec =
+        masks.empty() ? data::SpecAugment{} : data::SpecAugment::from_config(model_.config());
     return [features, masks, spec, seed](std::span<const int64_t> indices, uint64_t batch_number) {
       data::Batch batch = features->collate(indices);
       if (!masks.empty()) data::add_spec_augment(batch, features->input_name(), spec, masks, seed, batch_number);
@@ -964,7 +965,8 @@ void Trainer::add_metrics(Predictions& p, const data::TokenizedDataset& dataset)
     std::vector<std::string> predicted, reference;
     for (size_t i = 0; i + 1 < p.frame_offsets.size(); ++i) {
       const int64_t begin = p.frame_offsets[i], end = p.frame_offsets[i + 1];
-      predicted.push_back(features->transcription({p.frame_ids.data() + begin, static_cast<size_t>(end - begin)}, true));
+      const std::span<const int64_t> frames(p.frame_ids.data() + begin, static_cast<size_t>(end - begin));
+      predicted.push_back(features->transcription(frames, true));
       reference.push_back(features->transcription(dataset.target(static_cast<int64_t>(i)), false));
     }
     for (const auto& [k, v] : transcription_metrics(predicted, reference)) p.metrics[k] = v;

@@ -159,7 +159,8 @@ TEST(FeatureDataset, RefusesMalformedFilesNamingTheFault) {
   EXPECT_FALSE(is_feature_file((dir.path / "none.safetensors").string()));
   io::save_safetensors((dir.path / "w.safetensors").string(), {{"w", f32({1})}});
   EXPECT_FALSE(is_feature_file((dir.path / "w.safetensors").string()));
-  EXPECT_CONTAINS(error_of([&] { FeatureDataset((dir.path / "w.safetensors").string(), true); }), "expected a feature file");
+  EXPECT_CONTAINS(error_of([&] { FeatureDataset((dir.path / "w.safetensors").string(), true); }),
+                  "expected a feature file");
 }
 
 // transformers' compute_num_masked_span for the whole axis with epsilon in [0, 1).

@@ -368,7 +368,7 @@ struct PoolParams {
   bool max = true;                 ///< "max": max pooling; false: average pooling
   std::vector<int64_t> kernel;     ///< "kernel": one size per spatial axis (required)
   std::vector<int64_t> strides;    ///< "strides": one per spatial axis (absent: 1)
-  std::vector<int64_t> pads;       ///< "pads": each spatial axis's leading padding, then each one's trailing (absent: 0)
+  std::vector<int64_t> pads;       ///< "pads": each spatial axis's leading, then each trailing padding (absent: 0)
   std::vector<int64_t> dilations;  ///< "dilations": one per spatial axis (absent: 1)
   bool ceil_mode = false;          ///< "ceil_mode": output sizes rounded up (a last window starting inside the input)
   bool count_include_pad = false;  ///< "count_include_pad": average pooling divides by padded windows' full size

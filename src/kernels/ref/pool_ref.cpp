@@ -1,6 +1,7 @@
 // Reference pooling: Pool and PoolBackward as plain loops in double over the definition. Window (oh, ow) covers
 // x[b, c, oh·sh − pt + i·dh, ow·sw − pl + j·dw] for i < KH, j < KW; positions outside x are padding.
-//   max:     y = the largest in-range value (the first of equal values gets the gradient; a NaN wins, the last one, as torch's)
+//   max:     y = the largest in-range value (the first of equal values gets the gradient; a NaN wins, the last one,
+//            as torch's)
 //   average: y = Σ in-range / divisor, divisor = the window clipped to the padded input (count_include_pad) or the
 //            in-range positions alone
 #include <cmath>
@@ -31,7 +32,8 @@ class PoolRef final : public RefKernel {
           int64_t best_at = -1, in_range = 0;
           for (int64_t i = 0; i < g.KH; ++i)
             for (int64_t j = 0; j < g.KW; ++j) {
-              const int64_t h = oh * g.stride_h - g.pad_top + i * g.dil_h, w = ow * g.stride_w - g.pad_left + j * g.dil_w;
+              const int64_t h = oh * g.stride_h - g.pad_top + i * g.dil_h;
+              const int64_t w = ow * g.stride_w - g.pad_left + j * g.dil_w;
               if (h < 0 || h >= g.H || w < 0 || w >= g.W) continue;
               const int64_t xi = (plane * g.H + h) * g.W + w;
               const double v = load(x, DType::f32, xi);
@@ -41,7 +43,8 @@ class PoolRef final : public RefKernel {
             }
           // The divisor: the window clipped to the padded input, or its in-range positions.
           const int64_t h0 = oh * g.stride_h - g.pad_top, w0 = ow * g.stride_w - g.pad_left;
-          const int64_t padded = (std::min(h0 + g.KH, g.H + g.pad_bottom) - h0) * (std::min(w0 + g.KW, g.W + g.pad_right) - w0);
+          const int64_t padded =
+              (std::min(h0 + g.KH, g.H + g.pad_bottom) - h0) * (std::min(w0 + g.KW, g.W + g.pad_right) - w0);
           const double divisor = double(p_.count_include_pad ? padded : in_range);
           if (!backward) {
             out[size_t(yi)] = p_.max ? best : sum / divisor;
