@@ -271,15 +271,7 @@ def main() -> int:
     if argv[:1] == ["train"] and task is not None and task[1] in ("sft", "dpo"):  # TRL's trainers on the engine
         from fusetrain import sft
 
-        rest, skip = [], False
-        for arg in argv[1:]:  # everything but --task
-            if skip or arg.startswith("--task="):
-                skip = False
-            elif arg == "--task":
-                skip = True
-            else:
-                rest.append(arg)
-        return sft.main(rest, task[1])
+        return sft.main(_without(argv[1:], "--task"), task[1])
     prepared = _with_feature_files(argv)
     if isinstance(prepared, int):
         return prepared

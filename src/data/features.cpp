@@ -97,9 +97,12 @@ FeatureDataset::FeatureDataset(const std::string& path, bool labelled) : file_(i
   check_offsets(feature_offsets_, features_tensor_.numel(), path, "feature_offsets");
   const int64_t n = static_cast<int64_t>(feature_offsets_.size()) - 1;
   FT_CHECK(n > 0, path, ": holds no examples");
-  int64_t fixed = 1;
-  for (int64_t d : shape_) fixed *= d == -1 ? 1 : d;
-  const bool free_axis = std::count(shape_.begin(), shape_.end(), -1) == 1;
+  // A free axis (raw audio's length) is the last: an example's values are then one run per batch row.
+  FT_CHECK(shape_.back() == -1 || std::count(shape_.begin(), shape_.end(), -1) == 0, path,
+           ": a feature file's free axis must be its last");
+  for (int64_t d : shape_) fixed_ *= d == -1 ? 1 : d;
+  const bool free_axis = shape_.back() == -1;
+  const int64_t fixed = fixed_;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t size = feature_offsets_[i + 1] - feature_offsets_[i];
     FT_CHECK(free_axis ? size > 0 && size % fixed == 0 : size == fixed, path, ": example ", i, " holds ", size,
@@ -164,19 +167,14 @@ std::string FeatureDataset::transcription(std::span<const int64_t> ids, bool gro
 
 Batch FeatureDataset::collate(std::span<const int64_t> indices) const {
   FT_CHECK(!indices.empty(), "a feature batch needs at least one example");
-  const auto free_at = std::find(shape_.begin(), shape_.end(), -1);
-  int64_t fixed = 1;
-  for (int64_t d : shape_) fixed *= d == -1 ? 1 : d;
   int64_t longest = 0;
   for (int64_t i : indices) longest = std::max(longest, feature_size(i));
   const int64_t B = static_cast<int64_t>(indices.size());
   Batch batch;
   batch.batch_size = B;
   FloatInput input{input_, {B}, {}};
-  for (int64_t d : shape_) input.shape.push_back(d == -1 ? longest / fixed : d);
-  // The free axis is the first or only one of raw audio; values after it (none today) would interleave.
-  FT_CHECK(free_at == shape_.end() || free_at == shape_.end() - 1, "a feature file's free axis must be its last");
-  const size_t row = static_cast<size_t>(free_at == shape_.end() ? fixed : longest);
+  for (int64_t d : shape_) input.shape.push_back(d == -1 ? longest / fixed_ : d);
+  const size_t row = static_cast<size_t>(shape_.back() == -1 ? longest : fixed_);
   input.values.assign(static_cast<size_t>(B) * row, padding_value_);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t i = indices[static_cast<size_t>(b)];

@@ -25,6 +25,7 @@ soundfile = pytest.importorskip("soundfile")
 
 from cli_support import error_line, run  # noqa: E402
 from test_audio import wav2vec2  # noqa: E402
+from test_image_classification_script import image_folder  # noqa: E402  (one subfolder per class, 40x40 PNGs)
 from test_capture import assert_trained_alike, cli  # noqa: E402
 
 T = transformers
@@ -33,18 +34,6 @@ RATE = 16000
 STEPS = 3
 COMMON = ["--learning-rate", "3e-3", "--max-steps", str(STEPS), "--logging-steps", "1", "--lr-scheduler-type",
           "constant", "--weight-decay", "0.01", "--seed", "0", "--save-strategy", "no"]
-
-
-def image_folder(root: pathlib.Path, per_class: int, seed: int) -> pathlib.Path:
-    """40x40 PNGs, one subfolder per class, each noise over its class's dominant channel."""
-    rng = np.random.default_rng(seed)
-    for channel, name in enumerate(("red", "green", "blue")):
-        (root / name).mkdir(parents=True)
-        for k in range(per_class):
-            pixels = rng.integers(0, 120, size=(40, 40, 3))
-            pixels[..., channel] += 100
-            Image.fromarray(pixels.astype(np.uint8)).save(root / name / f"{k}.png")
-    return root
 
 
 def vit_dir(path: pathlib.Path, labels: tuple[str, ...] | None = CLASSES) -> pathlib.Path:

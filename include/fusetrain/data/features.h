@@ -68,6 +68,7 @@ class FeatureDataset : public TokenizedDataset {
   io::SafetensorsFile file_;
   std::string input_;
   std::vector<int64_t> shape_;
+  int64_t fixed_ = 1;  // the product of shape_'s sizes but the free axis
   float padding_value_ = 0;
   std::vector<std::string> label_names_;
   std::vector<std::string> vocabulary_;

@@ -286,13 +286,29 @@ struct ConvParams {
                                    ///< (weight)
 };
 
-/// One convolution's sizes, a 1-D one as 2-D with height 1: x (B, C, H, W), w (O, C / group, KH, KW),
-/// y (B, O, OH, OW), OH = (H + pad_top + pad_bottom − dil_h·(KH − 1) − 1) / stride_h + 1 (and so for the width).
-struct ConvGeometry {
-  int64_t B = 0, C = 0, H = 1, W = 0, O = 0, KH = 1, KW = 0, OH = 1, OW = 0;
+/// The sizes every windowed op shares (Conv, Pool), a 1-D one as 2-D with height 1: x (B, C, H, W), windows KH x KW
+/// with their strides, padding and dilations, the output's OH x OW.
+struct WindowGeometry {
+  int64_t B = 0, C = 0, H = 1, W = 0, KH = 1, KW = 0, OH = 1, OW = 0;
   int64_t stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0, dil_h = 1, dil_w = 1;
-  int64_t group = 1;
   int64_t spatial = 2;  ///< the spatial rank, 1 or 2
+
+  /// An attribute's `want` values (`fallback` each when `v` is empty): Error "<op>: "<name>" has ..." for another
+  /// count, "... holds e" for a value below 1 (below 0 for a fallback of 0).
+  static std::vector<int64_t> axis_values(const char* op, const std::vector<int64_t>& v, size_t want,
+                                          int64_t fallback, const char* name);
+  /// Every size but OH and OW from x's dims (rank 3 or 4, the caller's check), the window sizes (one per spatial
+  /// axis) and the attributes (empty: strides and dilations 1, pads 0), which are checked as axis_values does.
+  void set_windows(const char* op, const std::vector<int64_t>& x, const std::vector<int64_t>& kernel,
+                   const std::vector<int64_t>& strides, const std::vector<int64_t>& pads,
+                   const std::vector<int64_t>& dilations);
+};
+
+/// One convolution's sizes: x (B, C, H, W), w (O, C / group, KH, KW), y (B, O, OH, OW),
+/// OH = (H + pad_top + pad_bottom − dil_h·(KH − 1) − 1) / stride_h + 1 (and so for the width).
+struct ConvGeometry : WindowGeometry {
+  int64_t O = 0;
+  int64_t group = 1;
 
   int64_t channels_per_group() const { return C / group; }
   int64_t outputs_per_group() const { return O / group; }
@@ -312,52 +328,7 @@ struct ConvGeometry {
 
   /// From x's and w's dims; throws Error naming what does not fit (rank, channels, group, attribute lengths, a
   /// kernel larger than the padded input).
-  static ConvGeometry of(const ConvParams& p, const std::vector<int64_t>& x, const std::vector<int64_t>& w) {
-    ConvGeometry g;
-    const size_t rank = x.size();
-    FT_CHECK(rank == 3 || rank == 4, "Conv: x should be (B, C, L) or (B, C, H, W), found rank ", rank);
-    FT_CHECK(w.size() == rank, "Conv: the weight has rank ", w.size(), "; expected ", rank, " as x");
-    const size_t n = rank - 2;
-    g.spatial = int64_t(n);
-    auto list = [&](const std::vector<int64_t>& v, size_t want, int64_t fallback, const char* name) {
-      FT_CHECK(v.empty() || v.size() == want, "Conv: \"", name, "\" has ", v.size(), " values; expected ", want);
-      std::vector<int64_t> out = v.empty() ? std::vector<int64_t>(want, fallback) : v;
-      for (int64_t e : out) FT_CHECK(fallback == 0 ? e >= 0 : e >= 1, "Conv: \"", name, "\" holds ", e);
-      return out;
-    };
-    const std::vector<int64_t> s = list(p.strides, n, 1, "strides"), d = list(p.dilations, n, 1, "dilations"),
-                               pad = list(p.pads, 2 * n, 0, "pads");
-    g.B = x[0];
-    g.C = x[1];
-    g.O = w[0];
-    g.group = p.group;
-    FT_CHECK(g.group >= 1 && g.C % g.group == 0 && g.O % g.group == 0, "Conv: group ", g.group, " does not divide ",
-             g.C, " input and ", g.O, " output channels");
-    FT_CHECK(w[1] == g.C / g.group, "Conv: the weight has ", w[1], " input channels per group; x's ", g.C,
-             " channels in ", g.group, " groups give ", g.C / g.group);
-    if (n == 2) {
-      g.H = x[2];
-      g.KH = w[2];
-      g.stride_h = s[0];
-      g.dil_h = d[0];
-      g.pad_top = pad[0];
-      g.pad_bottom = pad[2];
-    }
-    g.W = x[rank - 1];
-    g.KW = w[rank - 1];
-    g.stride_w = s[n - 1];
-    g.dil_w = d[n - 1];
-    g.pad_left = pad[n - 1];
-    g.pad_right = pad[2 * n - 1];
-    const int64_t span_h = g.dil_h * (g.KH - 1) + 1, span_w = g.dil_w * (g.KW - 1) + 1;
-    FT_CHECK(g.KH >= 1 && g.KW >= 1 && g.H + g.pad_top + g.pad_bottom >= span_h &&
-                 g.W + g.pad_left + g.pad_right >= span_w,
-             "Conv: a kernel spanning (", span_h, ", ", span_w, ") over a padded input of (",
-             g.H + g.pad_top + g.pad_bottom, ", ", g.W + g.pad_left + g.pad_right, ")");
-    g.OH = (g.H + g.pad_top + g.pad_bottom - span_h) / g.stride_h + 1;
-    g.OW = (g.W + g.pad_left + g.pad_right - span_w) / g.stride_w + 1;
-    return g;
-  }
+  static ConvGeometry of(const ConvParams& p, const std::vector<int64_t>& x, const std::vector<int64_t>& w);
 };
 
 /// Pool and PoolBackward: max or average pooling over windows of each channel of x (B, C, [H,] W), as ONNX's MaxPool
@@ -374,16 +345,12 @@ struct PoolParams {
   bool count_include_pad = false;  ///< "count_include_pad": average pooling divides by padded windows' full size
 };
 
-/// One pooling's sizes, a 1-D one as 2-D with height 1: x (B, C, H, W), windows KH x KW, y (B, C, OH, OW).
-struct PoolGeometry {
-  int64_t B = 0, C = 0, H = 1, W = 0, KH = 1, KW = 0, OH = 1, OW = 0;
-  int64_t stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0, dil_h = 1, dil_w = 1;
-  int64_t spatial = 2;  ///< the spatial rank, 1 or 2
-
+/// One pooling's sizes: x (B, C, H, W), windows KH x KW, y (B, C, OH, OW).
+struct PoolGeometry : WindowGeometry {
   std::vector<int64_t> output_dims() const {
     return spatial == 1 ? std::vector<int64_t>{B, C, OW} : std::vector<int64_t>{B, C, OH, OW};
   }
-  /// From x's dims; throws Error naming what does not fit (rank, attribute lengths, padding of half a window or
+  /// From x's dims; throws Error naming what does not fit (rank, attribute lengths, padding of a whole window or
   /// more, a window larger than the padded input).
   static PoolGeometry of(const PoolParams& p, const std::vector<int64_t>& x);
 };
