@@ -126,6 +126,11 @@ std::string fuse_cast_column_sum(ir::Graph& g, PassState&) {
   return report(passes::fuse_cast_column_sum(g).fused, " gradient casts and bias-gradient sums read their input once");
 }
 
+std::string fuse_matmul_gelu_backward(ir::Graph& g, PassState&) {
+  return report(passes::fuse_matmul_gelu_backward(g).fused,
+                " GELU backwards applied by the GEMM that forms their incoming gradient");
+}
+
 }  // namespace
 
 const std::vector<Pass>& pipeline() {
@@ -155,6 +160,8 @@ const std::vector<Pass>& pipeline() {
       // After the passes that clone GELUs into backward, so recomputed GELUs fold too.
       {"fold_output_casts", Stage::Final, with_fusions, fold_output_casts},
       {"fuse_cast_column_sum", Stage::Final, with_fusions, fuse_cast_column_sum},
+      // After fuse_cast_column_sum, whose CastColumnSum of dx it takes into the GEMM's epilogue.
+      {"fuse_matmul_gelu_backward", Stage::Final, with_fusions, fuse_matmul_gelu_backward},
   };
   return kPipeline;
 }

@@ -185,6 +185,27 @@ std::vector<TypedShape> infer(const Checker& c, const OpParams& params) {
       // Gelu's result may be rounded to bf16 (out_dtype, written by fold_output_casts); dx is f32.
       return {{c.shape(0), n_in == 2 ? DType::f32 : std::get<GeluParams>(params).out_dtype}};
     }
+    case OpKind::MatMulGeluBackward: {
+      // a, b: one GEMM (b 2-D, a not transposed when it has batch axes) whose product, read row-major, is dy of x's
+      // shape: dx in out_dtype, [its column sums (N) f32], [gelu(x) in gelu_dtype].
+      const auto& p = std::get<MatMulGeluBackwardParams>(params);
+      c.require(c.dtype(0) == DType::f32 || c.dtype(0) == DType::bf16, "a must be f32 or bf16, found ",
+                dtype_name(c.dtype(0)));
+      c.require_same_dtype(0, 1);
+      c.require(c.shape(1).rank() == 2 && (c.shape(0).rank() == 2 || !p.trans_a),
+                "expected one product: b 2-D and a not transposed when it has batch axes, found a ",
+                c.shape(0).to_string(), " and b ", c.shape(1).to_string());
+      const Shape product = matmul_shape(c, p.trans_a, p.trans_b);
+      const Shape& x = c.shape(2);
+      c.require(c.dtype(2) == DType::f32 || c.dtype(2) == DType::bf16, "x must be f32 or bf16, found ",
+                dtype_name(c.dtype(2)));
+      c.require(x.rank() >= 1 && x.numel() == product.numel() && x[-1] == product[-1], "the product ",
+                product.to_string(), " does not fill x ", x.to_string(), " row for row");
+      std::vector<TypedShape> out = {{x, p.out_dtype}};
+      if (p.column_sum) out.push_back({Shape{x[-1]}, DType::f32});
+      if (p.gelu_out) out.push_back({x, p.gelu_dtype});
+      return out;
+    }
     case OpKind::Pow:
     case OpKind::Tanh:
     case OpKind::Relu:

@@ -199,6 +199,17 @@ OpParams decode(OpKind op, AttrReader& r) {
       p.approximate = r.approximation();
       return r.finish(p);
     }
+    case OpKind::MatMulGeluBackward: {
+      ParamsOf<OpKind::MatMulGeluBackward> p;
+      p.trans_a = r.flag("trans_a", p.trans_a);
+      p.trans_b = r.flag("trans_b", p.trans_b);
+      p.approximate = r.approximation();
+      p.out_dtype = r.f32_or_bf16("out_dtype");
+      p.column_sum = r.flag("column_sum", p.column_sum);
+      p.gelu_out = r.flag("gelu_out", p.gelu_out);
+      p.gelu_dtype = r.f32_or_bf16("gelu_dtype");
+      return r.finish(p);
+    }
     case OpKind::Pow: {
       ParamsOf<OpKind::Pow> p;
       p.exponent = r.number("exponent");

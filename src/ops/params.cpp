@@ -16,9 +16,10 @@ constexpr std::array<const char*, std::variant_size_v<OpParams>> kParamsNames = 
     "ConcatParams",       "SliceParams",       "SliceBackwardParams",   "ReduceParams",
     "CastParams",         "CrossEntropyParams", "LinearCrossEntropyParams", "LogProbsParams",
     "PreferenceParams",   "QuantizedParams",   "AttentionParams",       "RoPEParams",
-    "LinearParams",       "ConvParams",        "CtcParams",             "PoolParams"};
+    "LinearParams",       "ConvParams",        "CtcParams",             "PoolParams",
+    "MatMulGeluBackwardParams"};
 
-static_assert(params_index_of<PoolParams>() == kParamsNames.size() - 1);
+static_assert(params_index_of<MatMulGeluBackwardParams>() == kParamsNames.size() - 1);
 static_assert(params_index_of<LogProbsParams>() == 23 && params_index_of<AttentionParams>() == 26);
 static_assert(params_index_of<MatMulParams>() == 2 && params_index_of<ShapeParams>() == 13);
 

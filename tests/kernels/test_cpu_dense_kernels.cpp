@@ -306,6 +306,84 @@ TEST(CpuDenseKernels, LinearGeluBf16OutputsAreTheF32OutputRounded) {
     }
 }
 
+// MatMulGeluBackward against its reference: every output combination, both transposes of a 2-D product and a 3-D a,
+// row counts that leave a short last strip (148 = 10·14 + 8 = 24·6 + 4), K within one pass and beyond it (the bf16
+// dx's product then goes to scratch), the erf and tanh forms, one and two threads.
+TEST(CpuDenseKernels, MatMulGeluBackwardMatchesTheReference) {
+  std::mt19937 rng(31);
+  struct Outputs {
+    DType dx;
+    bool column_sum, gelu;
+    DType gelu_dtype;
+  };
+  const Outputs outputs[] = {{DType::f32, false, false, DType::f32},
+                             {DType::bf16, true, true, DType::bf16},
+                             {DType::bf16, true, false, DType::f32},
+                             {DType::f32, true, true, DType::f32}};
+  for (DType operands : {DType::f32, DType::bf16})
+    for (int64_t K : {int64_t{33}, gemm_strip_max_k(operands == DType::bf16) + 70})
+      for (bool ta : {false, true})
+        for (const Outputs& o : outputs)
+          for (int threads : {1, 2}) {
+            const bool three_d = !ta && K == 33;
+            const bool tanh = o.column_sum && !o.gelu;
+            const DType x_dtype = operands;
+            ir::Graph g;
+            ir::GraphBuilder builder(g);
+            const ValueId a = builder.input("a", three_d ? Shape{4, 37, K} : Shape(stored({}, 148, K, ta)), operands);
+            const ValueId b = builder.input("b", {K, 70}, operands);
+            const ValueId x = builder.input("x", {4, 37, 70}, x_dtype);
+            g.add_node(OpKind::MatMulGeluBackward, {a, b, x},
+                       {{"trans_a", int64_t{ta}},
+                        {"approximate", std::string(tanh ? "tanh" : "none")},
+                        {"out_dtype", std::string(dtype_name(o.dx))},
+                        {"column_sum", int64_t{o.column_sum}},
+                        {"gelu_out", int64_t{o.gelu}},
+                        {"gelu_dtype", std::string(dtype_name(o.gelu_dtype))}});
+            const std::string label = str(dtype_name(operands), " K=", K, " trans_a=", ta, " dx ", dtype_name(o.dx),
+                                          " sums=", o.column_sum, " gelu=", o.gelu, " threads=", threads);
+            // bf16 results may round the other way from a product that differs in its last f32 bits: norm-wise.
+            const bool bf16 = operands == DType::bf16 || o.dx == DType::bf16;
+            expect_matches_reference(g, g.nodes().back(), threads, bf16 ? 2e-3 : 2e-6, false, rng, label, bf16);
+          }
+}
+
+// The column sums add into a bias gradient's buffer when the runtime asks (gradient accumulation); dx and gelu(x)
+// are never accumulated, and a request to is refused rather than ignored.
+TEST(CpuDenseKernels, MatMulGeluBackwardAddsItsColumnSumsIntoAGradient) {
+  std::mt19937 rng(32);
+  ir::Graph g;
+  ir::GraphBuilder builder(g);
+  const std::vector<ValueId> in = {builder.input("a", {148, 40}, DType::bf16), builder.input("b", {40, 70}, DType::bf16),
+                                   builder.input("x", {148, 70}, DType::bf16)};
+  g.add_node(OpKind::MatMulGeluBackward, in,
+             {{"out_dtype", std::string("bf16")}, {"column_sum", int64_t{1}}, {"gelu_out", int64_t{1}},
+              {"gelu_dtype", std::string("bf16")}});
+  const ir::Node& node = g.nodes().back();
+  std::vector<Tensor> inputs;
+  for (ValueId v : node.inputs) inputs.push_back(random_tensor(g.value(v).shape, g.value(v).dtype, rng));
+  std::unique_ptr<Kernel> tuned = make_cpu_dense_kernel(compile::lower(g, node));
+  ASSERT_NE(tuned, nullptr);
+  const std::vector<Tensor> fresh = run_kernel(*tuned, g, node, inputs, 2);
+  KernelArgs args;
+  args.inputs = inputs;
+  for (ValueId v : node.outputs) args.outputs.push_back(Tensor::zeros(g.value(v).shape, g.value(v).dtype));
+  for (int64_t j = 0; j < 70; ++j) args.outputs[1].set_item(j, 0.25 * static_cast<double>(j));
+  args.accumulate = {0, 1, 0};
+  AlignedPtr scratch = aligned_allocate(tuned->scratch_bytes(2));
+  args.scratch = scratch.get();
+  StepContext ctx;
+  ctx.num_threads = 2;
+  tuned->run(args, ctx);
+  for (int64_t j = 0; j < 70; ++j)
+    EXPECT_EQ(args.outputs[1].item(j),
+              static_cast<float>(0.25 * static_cast<double>(j)) + static_cast<float>(fresh[1].item(j)))  // f32 sum
+        << j;
+  EXPECT_EQ(std::memcmp(args.outputs[0].data(), fresh[0].data(), fresh[0].nbytes()), 0);
+  args.accumulate = {1, 0, 0};
+  EXPECT_THROW(tuned->run(args, ctx), Error);
+}
+
 // ---------------------------------------------------------------------------
 // Attention
 // ---------------------------------------------------------------------------

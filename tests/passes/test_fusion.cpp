@@ -8,6 +8,7 @@
 
 #include "fusetrain/fusetrain.h"
 #include "fusetrain/passes/fusion.h"
+#include "fusetrain/passes/recompute.h"
 #include "kernels/cpu/basic_kernels.h"
 
 #include "support/test_util.h"
@@ -297,6 +298,67 @@ GraphRun run_bias_mlp(bool fuse, DType precision) {
     EXPECT_EQ(count(joint, OpKind::Cast), casts - pairs);
     EXPECT_EQ(count(joint, OpKind::ReduceSum), sums - pairs);
   });
+}
+
+// run_bias_mlp's MLP with the pipeline's later passes on its joint graph (the GELU recomputed in backward when
+// `recompute`, GELUs and projections writing bf16, CastColumnSum) and, with `fuse`, fuse_matmul_gelu_backward.
+GraphRun run_gelu_backward_mlp(bool fuse, DType precision, bool recompute, int threads) {
+  ir::Graph g;
+  ir::GraphBuilder b(g, 5);
+  ValueId x = b.param("x", {4, 64, 96});
+  ValueId w1 = b.param("w1", {128, 96}), b1 = b.param("b1", {128});
+  ValueId w2 = b.param("w2", {96, 128}), b2 = b.param("b2", {96});
+  auto operand = [&](ValueId v) { return precision == DType::f32 ? v : b.cast(v, precision); };
+  // ViT's and BERT's erf form under bf16, GPT-2's tanh form in f32.
+  const std::string form = precision == DType::bf16 ? "none" : "tanh";
+  ValueId h = g.add(OpKind::Gelu, {b.linear(operand(x), operand(w1), b1)}, {{"approximate", form}});
+  ValueId y = b.linear(operand(h), operand(w2), b2);
+  ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1, 2});
+  g.mark_output(loss);
+  runtime::PlanOptions options;
+  options.num_threads = threads;
+  return run_graph(g, loss, 0.4f, 0.37f, 0, options, {}, [&](ir::Graph& joint) {
+    if (recompute) EXPECT_EQ(passes::recompute_gelu_outputs(joint).gelus, 1);
+    passes::fold_output_casts(joint);
+    passes::fuse_cast_column_sum(joint);
+    if (!fuse) return;
+    const int gelus = count(joint, OpKind::Gelu), sums = count(joint, OpKind::CastColumnSum);
+    EXPECT_EQ(passes::fuse_matmul_gelu_backward(joint).fused, 1);
+    EXPECT_EQ(count(joint, OpKind::MatMulGeluBackward), 1);
+    EXPECT_EQ(count(joint, OpKind::GeluBackward), 0);
+    EXPECT_EQ(count(joint, OpKind::Gelu), gelus - (recompute ? 1 : 0));  // the forward's GELU stays
+    EXPECT_EQ(count(joint, OpKind::CastColumnSum), sums - (precision == DType::bf16 ? 1 : 0));
+  });
+}
+
+// Fused, every loss and gradient keeps its bits, the first bias gradient's included: the epilogue's column sums add
+// in ReduceSum's blocks (cpu_basic::kColumnSumRows), whichever thread finishes which rows.
+TEST(FuseMatMulGeluBackward, GeluBackwardInTheGemmEpilogueKeepsResultsBitForBit) {
+  for (DType precision : {DType::bf16, DType::f32})
+    for (bool recompute : {false, true})
+      for (int threads : {1, 2}) {
+        const std::string label = str(dtype_name(precision), recompute ? " recompute" : "", " threads=", threads);
+        expect_bit_identical(run_gelu_backward_mlp(false, precision, recompute, threads),
+                             run_gelu_backward_mlp(true, precision, recompute, threads), label);
+      }
+}
+
+// A GeluBackward whose incoming gradient is no lone MatMul result stays: the product read again, or a product of two
+// batched operands (no single GEMM to hold the epilogue).
+TEST(FuseMatMulGeluBackward, LeavesProductsReadElsewhereAndBatchedProductsAlone) {
+  ir::Graph g;
+  ir::GraphBuilder b(g);
+  ValueId x = b.input("x", {4, 6, 8});
+  ValueId a = b.input("a", {4, 6, 5}), w = b.input("w", {5, 8}), wb = b.input("wb", {4, 5, 8});
+  ValueId shared = b.matmul(a, w, false, false);
+  g.mark_output(g.add(OpKind::GeluBackward, {shared, x}));
+  g.mark_output(shared);  // the product is read again
+  g.mark_output(g.add(OpKind::GeluBackward, {b.matmul(a, wb, false, false), x}));  // batched b
+  EXPECT_EQ(passes::fuse_matmul_gelu_backward(g).fused, 0);
+  EXPECT_EQ(count(g, OpKind::GeluBackward), 2);
+  ValueId lone = b.matmul(a, w, false, false);
+  g.mark_output(g.add(OpKind::GeluBackward, {lone, x}));
+  EXPECT_EQ(passes::fuse_matmul_gelu_backward(g).fused, 1);
 }
 
 TEST(FuseCastColumnSum, CastsAndBiasSumsOfGradientsReadTheirInputOnceWithTheSameBits) {

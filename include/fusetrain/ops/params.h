@@ -51,6 +51,17 @@ struct GeluBackwardParams {
   GeluApproximation approximate = GeluApproximation::None;  ///< "approximate"
 };
 
+/// MatMulGeluBackward: GELU's input gradient dx = (a·b)·gelu′(x), its column sums and gelu(x), from one GEMM.
+struct MatMulGeluBackwardParams {
+  bool trans_a = false;                                      ///< "trans_a": a is stored (K, M)
+  bool trans_b = false;                                      ///< "trans_b": b is stored (N, K)
+  GeluApproximation approximate = GeluApproximation::None;  ///< "approximate"
+  DType out_dtype = DType::f32;                              ///< "out_dtype" of dx: f32, or bf16 (rounded)
+  bool column_sum = false;   ///< "column_sum": output 1 is dx's f32 sums over every axis but the last (a bias gradient)
+  bool gelu_out = false;     ///< "gelu_out": the last output is gelu(x), in gelu_dtype
+  DType gelu_dtype = DType::f32;  ///< "gelu_dtype": f32 or bf16
+};
+
 /// Linear: y = x·wᵀ + bias.
 struct LinearParams {
   DType out_dtype = DType::f32;  ///< "out_dtype" of y: f32, or bf16 (the f32 result rounded to nearest even)
@@ -362,7 +373,7 @@ using OpParams =
                  EmbeddingBackwardParams, ShapeParams, TransposeParams, SplitParams, ConcatParams, SliceParams,
                  SliceBackwardParams, ReduceParams, CastParams, CrossEntropyParams, LinearCrossEntropyParams,
                  LogProbsParams, PreferenceParams, QuantizedParams, AttentionParams, RoPEParams, LinearParams,
-                 ConvParams, CtcParams, PoolParams>;
+                 ConvParams, CtcParams, PoolParams, MatMulGeluBackwardParams>;
 
 namespace detail {
 template <OpKind K>

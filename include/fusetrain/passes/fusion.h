@@ -56,6 +56,16 @@ FusionReport fuse_linear_gelu(ir::Graph& graph);
 /// on the joint graph, after autodiff has written the backward it rewrites.
 FusionReport fuse_cast_column_sum(ir::Graph& graph);
 
+/// GELU's backward as the epilogue of the GEMM before it: GeluBackward(MatMul(a, b), x), the product f32 and read by
+/// nothing else (directly or through Reshapes), b 2-D, becomes MatMulGeluBackward(a, b, x): each strip of the
+/// product is turned into dx = dy·gelu′(x) while it is in cache, so dy is never stored and read back. When dx's one
+/// reader is a CastColumnSum to bf16 (fuse_cast_column_sum: the cast for the next GEMMs and the bias gradient), the
+/// epilogue writes both instead, and a GELU of the same x recomputed in backward (recompute_gelu_outputs: the
+/// input of the next layer's weight gradient) comes from the same read of x. Every result is the separate ops' bits:
+/// the bias gradient adds in ReduceSum's blocks of rows (kernels: kColumnSumRows). Runs on the final graph, after
+/// fuse_cast_column_sum.
+FusionReport fuse_matmul_gelu_backward(ir::Graph& graph);
+
 /// Language-model head + loss: SoftmaxCrossEntropy(Linear(x, w, bias), targets) with f32 or bf16
 /// operands, where the logits feed nothing else, becomes LinearCrossEntropy(x, w, targets, bias)
 /// with outputs (loss, dx, dw, dbias). It works through the rows whose target counts in chunks

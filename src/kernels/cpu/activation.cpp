@@ -67,6 +67,17 @@ void backward_portable(float* out, const float* dy, const float* saved, int64_t 
   for (int64_t i = 0; i < n; ++i) out[i] = act_backward<A>(dy[i], saved[i]);
 }
 
+// The GELU and its backward of one x together (each as its own function computes it; inlined into one loop, the
+// compiler forms the shared erf once): y = f(x), dx = dy·f′(x); dx may be dy.
+template <Act A>
+void pair_portable(float* dx, float* y, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    y[i] = act_forward<A>(xi);
+    dx[i] = act_backward<A>(dy[i], xi);
+  }
+}
+
 // ---- AVX-512 ------------------------------------------------------------------------
 
 template <Act A>
@@ -120,6 +131,16 @@ FT_AVX512 void forward_avx512(float* out, const float* x, int64_t n) {
   if (i < n) {
     const __mmask16 m = tail_mask(n - i);
     _mm512_mask_storeu_ps(out + i, m, act_forward16<A>(_mm512_maskz_loadu_ps(m, x + i)));
+  }
+}
+
+template <Act A>
+FT_AVX512 void pair_avx512(float* dx, float* y, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : tail_mask(n - i);
+    const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+    _mm512_mask_storeu_ps(y + i, m, act_forward16<A>(xv));
+    _mm512_mask_storeu_ps(dx + i, m, act_backward16<A>(_mm512_maskz_loadu_ps(m, dy + i), xv));
   }
 }
 
@@ -190,6 +211,15 @@ template <Act A>
 FT_AVX2 void backward_avx2(float* out, const float* dy, const float* saved, int64_t n) {
   for (int64_t i = 0; i < n; i += 8)
     store8(out + i, n - i, act_backward8<A>(load8(dy + i, n - i), load8(saved + i, n - i)));
+}
+
+template <Act A>
+FT_AVX2 void pair_avx2(float* dx, float* y, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 xv = load8(x + i, n - i);
+    store8(y + i, n - i, act_forward8<A>(xv));
+    store8(dx + i, n - i, act_backward8<A>(load8(dy + i, n - i), xv));
+  }
 }
 
 // ---- kernels ------------------------------------------------------------------------
@@ -346,6 +376,16 @@ std::unique_ptr<Kernel> make_activation_kernel(const KernelCall& call) {
 
 GeluFn gelu_fn(bool tanh_form) {
   return tanh_form ? forward_fn<Act::GeluTanh>() : forward_fn<Act::GeluErf>();
+}
+
+GeluBackwardFn gelu_backward_fn(bool tanh_form) {
+  return tanh_form ? backward_fn<Act::GeluTanh>() : backward_fn<Act::GeluErf>();
+}
+
+GeluPairFn gelu_pair_fn(bool tanh_form) {
+  if (tanh_form)
+    return pick_path<GeluPairFn>(pair_portable<Act::GeluTanh>, pair_avx2<Act::GeluTanh>, pair_avx512<Act::GeluTanh>);
+  return pick_path<GeluPairFn>(pair_portable<Act::GeluErf>, pair_avx2<Act::GeluErf>, pair_avx512<Act::GeluErf>);
 }
 
 std::unique_ptr<Kernel> make_activation_backward_kernel(const KernelCall& call) {

@@ -102,6 +102,12 @@ void rows_then_columns(int threads, Rows&& rows, Columns&& columns) {
   }
 }
 
+/// Column sums over many rows (ReduceSum over leading axes, CastColumnSum, MatMulGeluBackward's bias gradient) add in
+/// one order whatever the thread count: blocks of this many rows, each summed in row order from 0, then the blocks'
+/// sums in block order from 0. 84 rows are whole strips of every GEMM tile height (4, 6, 14), so a GEMM epilogue
+/// that sees a block's strips in order on one thread (GemmEpilogue::row_align) forms the same sums.
+inline constexpr int64_t kColumnSumRows = 84;
+
 /// Whether output i of this call adds into its destination.
 inline bool accumulate_flag(const KernelArgs& args, size_t i) {
   return i < args.accumulate.size() && args.accumulate[i] != 0;
@@ -176,6 +182,13 @@ using GeluFn = void (*)(float* out, const float* x, int64_t n);
 /// The GELU of the current code path: the erf form, or the tanh approximation when
 /// `tanh_form`. Read at kernel construction, like use_avx512().
 GeluFn gelu_fn(bool tanh_form);
+/// out[i] = dy[i]·GELU′(x[i]) for i < n, on the calling thread (out may equal dy): GeluBackward's arithmetic.
+using GeluBackwardFn = void (*)(float* out, const float* dy, const float* x, int64_t n);
+GeluBackwardFn gelu_backward_fn(bool tanh_form);
+/// y[i] = GELU(x[i]) and dx[i] = dy[i]·GELU′(x[i]) in one pass, the bits of gelu_fn and gelu_backward_fn (dx may
+/// equal dy).
+using GeluPairFn = void (*)(float* dx, float* y, const float* dy, const float* x, int64_t n);
+GeluPairFn gelu_pair_fn(bool tanh_form);
 using RoundBf16Fn = void (*)(uint16_t* out, const float* x, int64_t n);
 /// f32 -> bf16 as the Cast kernel of the current code path rounds it (elementwise.cpp).
 RoundBf16Fn round_to_bf16_fn();

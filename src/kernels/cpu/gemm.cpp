@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <type_traits>
 #include <utility>
 
@@ -552,8 +553,11 @@ void gemm_threads_on(const GemmShape& s, float alpha, Operand<T> a, BOperand b, 
   const GemmSplit split = forced_split.load(std::memory_order_relaxed);
   const bool shared = split == GemmSplit::shared || (split == GemmSplit::adaptive && measured && balance.contended());
   const int parts = threads * (shared ? kBlocksPerThread : 1);
+  // Rows are split in units of whole tiles, and of whole blocks where the epilogue asks for them.
+  const int64_t row_unit = epilogue ? std::lcm<int64_t>(Kernel::MR, std::max<int64_t>(epilogue->row_align, 1))
+                                    : int64_t{Kernel::MR};
   int tm = 1, tn = 1;
-  choose_grid(s.M, s.N, Kernel::MR, Kernel::NR, parts, &tm, &tn);
+  choose_grid(s.M, s.N, int(row_unit), Kernel::NR, parts, &tm, &tn);
   double work[kMaxMeasuredThreads] = {}, seconds[kMaxMeasuredThreads] = {};
   std::atomic<int> next{0};
   int team = 1;
@@ -570,7 +574,7 @@ void gemm_threads_on(const GemmShape& s, float alpha, Operand<T> a, BOperand b, 
     auto after = [&](int c) { return shared ? next.fetch_add(1, std::memory_order_relaxed) : c + nt; };
     for (int c = first(); c < parts; c = after(c)) {
       int64_t m0, m1, n0, n1;
-      split_range(s.M, Kernel::MR, tm, c / tn, &m0, &m1);
+      split_range(s.M, row_unit, tm, c / tn, &m0, &m1);
       split_range(s.N, Kernel::NR, tn, c % tn, &n0, &n1);
       if (m0 >= m1 || n0 >= n1) continue;
       Operand<T> a_t{a.at(m0, 0), a.xs, a.ks};

@@ -27,9 +27,12 @@ struct GemmShape {
 // Work on finished blocks of C while they are still in cache (bias, activation): once the
 // last K block of a block of C is accumulated, apply(context, &C(row, col), ldc, row, col,
 // rows, cols) runs for it on the thread that computed it. The blocks tile C exactly once.
+// With row_align > 1 the threads' rows are split at multiples of it (and of the tile height), so each block of
+// row_align rows is finished by one thread, its strips in row order for each range of columns.
 struct GemmEpilogue {
   void (*apply)(const void* context, float* c, int64_t ldc, int64_t row, int64_t col, int64_t rows, int64_t cols);
   const void* context;
+  int64_t row_align = 1;
 };
 
 // C may be null when an epilogue is given, beta is 0 and K <= gemm_strip_max_k(): each finished

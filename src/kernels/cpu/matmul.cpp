@@ -7,8 +7,10 @@
 // gradients produced by a MatMul land in their buffers without an extra pass.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 
+#include "fusetrain/core/error.h"
 #include "fusetrain/core/half.h"
 #include "kernels/cpu/basic_kernels.h"
 #include "kernels/cpu/dense_kernels.h"
@@ -252,6 +254,168 @@ class LinearKernel final : public Kernel {
   GemmShape shape_{};
 };
 
+// What MatMulGeluBackward's epilogue does to each finished strip of dy = a·b: dy·gelu′(x) in place, as GeluBackward
+// computes it, then written as dx (rounded to bf16 as Cast rounds, or already in place when the strip is dx's own
+// f32 rows); gelu(x), as Gelu computes and rounds it; each row of dx added into its block's row of `partials`
+// (blocks of kColumnSumRows rows: the GEMM hands one thread a block's strips in row order, GemmEpilogue::row_align),
+// the column sums' first phase in ReduceSum's order. x is read once, a block at a time.
+struct GeluBackwardEpilogue {
+  int64_t ld = 0;                    // N: the row stride of x, dx and gelu(x)
+  const float* x = nullptr;          // (R, N) f32, or
+  const uint16_t* x_bf16 = nullptr;  // (R, N) bf16
+  uint16_t* dx_bf16 = nullptr;       // (R, N) bf16, or null: dx is f32 and C itself
+  float* partials = nullptr;         // (blocks, N) column sums of each block of rows, or null
+  float* y = nullptr;                // (R, N) gelu(x) f32, or
+  uint16_t* y_bf16 = nullptr;        // (R, N) gelu(x) bf16, or neither
+  cpu_basic::GeluBackwardFn backward = nullptr;
+  cpu_basic::GeluPairFn pair = nullptr;  // with y or y_bf16
+  cpu_basic::RoundBf16Fn round = nullptr;
+
+  static constexpr int64_t kBlock = 256;
+
+  static void apply(const void* context, float* c, int64_t ldc, int64_t row, int64_t col, int64_t rows, int64_t cols) {
+    const GeluBackwardEpilogue& e = *static_cast<const GeluBackwardEpilogue*>(context);
+    alignas(64) float xb[kBlock];
+    alignas(64) float yb[kBlock];
+    for (int64_t r = 0; r < rows; ++r) {
+      float* g = c + r * ldc;
+      const int64_t at = (row + r) * e.ld + col;
+      for (int64_t j = 0; j < cols; j += kBlock) {
+        const int64_t n = std::min(kBlock, cols - j);
+        const float* xf = e.x ? e.x + at + j : xb;
+        if (!e.x) bf16_to_float(xb, e.x_bf16 + at + j, static_cast<size_t>(n));
+        if (e.y)
+          e.pair(g + j, e.y + at + j, g + j, xf, n);
+        else if (e.y_bf16)
+          e.pair(g + j, yb, g + j, xf, n);
+        else
+          e.backward(g + j, g + j, xf, n);
+        if (e.dx_bf16) e.round(e.dx_bf16 + at + j, g + j, n);
+        if (e.y_bf16) e.round(e.y_bf16 + at + j, yb, n);
+      }
+    }
+    if (!e.partials) return;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* part = e.partials + (row + r) / cpu_basic::kColumnSumRows * e.ld + col;
+      if ((row + r) % cpu_basic::kColumnSumRows == 0) std::memset(part, 0, static_cast<size_t>(cols) * sizeof(float));
+      const float* g = c + r * ldc;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) part[j] += g[j];
+    }
+  }
+};
+
+// MatMulGeluBackward: dy = a·b as one GEMM (a (R, K) or stored (K, R), b 2-D), and the GELU backward that reads it
+// as its epilogue (GeluBackwardEpilogue), so dy never reaches memory. dx f32 is the GEMM's own output, transformed in
+// place; a bf16 dx has no f32 product stored at all when K fits one pass (gemm_strip_max_k), else the product goes
+// to scratch. The column sums are ReduceSum's bits (cpu_basic::kColumnSumRows), for any thread count or split.
+class MatMulGeluBackwardKernel final : public Kernel {
+ public:
+  MatMulGeluBackwardKernel(const KernelCall& call) : p_(call.params<ops::MatMulGeluBackwardParams>()) {
+    const Shape& a = call.inputs[0].shape;
+    const Shape& b = call.inputs[1].shape;
+    bf16_ = call.inputs[0].dtype == DType::bf16;
+    x_bf16_ = call.inputs[2].dtype == DType::bf16;
+    const int64_t k = p_.trans_b ? b[1] : b[0], n = p_.trans_b ? b[0] : b[1];
+    const int64_t m = call.inputs[2].shape.numel() / n;
+    shape_ = GemmShape{m, n, k, p_.trans_a, p_.trans_b, a[-1], b[-1], n};
+    backward_ = cpu_basic::gelu_backward_fn(p_.approximate == ops::GeluApproximation::Tanh);
+    if (p_.gelu_out) pair_ = cpu_basic::gelu_pair_fn(p_.approximate == ops::GeluApproximation::Tanh);
+    round_ = cpu_basic::round_to_bf16_fn();
+  }
+
+  bool product_in_scratch() const {
+    return p_.out_dtype == DType::bf16 && (shape_.K == 0 || shape_.K > gemm_strip_max_k(bf16_));
+  }
+  size_t product_bytes() const { return product_in_scratch() ? floats_bytes(shape_.M * shape_.N) : 0; }
+  int64_t blocks() const { return (shape_.M + cpu_basic::kColumnSumRows - 1) / cpu_basic::kColumnSumRows; }
+  size_t partial_bytes() const { return p_.column_sum ? floats_bytes(blocks() * shape_.N) : 0; }
+
+  size_t scratch_bytes(int num_threads) const override {
+    return product_bytes() + partial_bytes() +
+           (bf16_ ? gemm_bf16_scratch_bytes(shape_, num_threads) : gemm_f32_scratch_bytes(shape_, num_threads));
+  }
+
+  // Only the column sums may add into a gradient: dx and gelu(x) are read by later nodes, never accumulated.
+  bool accumulates() const override { return true; }
+
+  void run(const KernelArgs& args, const StepContext& ctx) override {
+    for (size_t i = 0; i < args.accumulate.size(); ++i)
+      FT_CHECK(!args.accumulate[i] || (p_.column_sum && i == 1),
+               "MatMulGeluBackward: only the column sums (output 1) may add into their buffer, not output ", i);
+    char* scratch = static_cast<char*>(args.scratch);
+    GeluBackwardEpilogue e;
+    e.ld = shape_.N;
+    if (x_bf16_)
+      e.x_bf16 = static_cast<const uint16_t*>(args.inputs[2].data());
+    else
+      e.x = static_cast<const float*>(args.inputs[2].data());
+    float* c = nullptr;  // the product's buffer: dx itself, scratch, or none (strips)
+    if (p_.out_dtype == DType::f32)
+      c = static_cast<float*>(args.outputs[0].data());
+    else
+      e.dx_bf16 = static_cast<uint16_t*>(args.outputs[0].data());
+    if (product_in_scratch()) c = reinterpret_cast<float*>(scratch);
+    if (p_.column_sum) e.partials = reinterpret_cast<float*>(scratch + product_bytes());
+    if (p_.gelu_out) {
+      e.pair = pair_;
+      void* y = args.outputs[p_.column_sum ? 2 : 1].data();
+      if (p_.gelu_dtype == DType::bf16)
+        e.y_bf16 = static_cast<uint16_t*>(y);
+      else
+        e.y = static_cast<float*>(y);
+    }
+    e.backward = backward_;
+    e.round = round_;
+    const GemmEpilogue epilogue{&GeluBackwardEpilogue::apply, &e, cpu_basic::kColumnSumRows};
+    void* gemm_scratch = scratch + product_bytes() + partial_bytes();
+    const int threads = ctx.num_threads;
+    if (bf16_)
+      gemm_bf16(shape_, 1.0f, static_cast<const uint16_t*>(args.inputs[0].data()),
+                static_cast<const uint16_t*>(args.inputs[1].data()), 0.0f, c, gemm_scratch, threads, &epilogue);
+    else
+      gemm_f32(shape_, 1.0f, static_cast<const float*>(args.inputs[0].data()),
+               static_cast<const float*>(args.inputs[1].data()), 0.0f, c, gemm_scratch, threads, &epilogue);
+    if (p_.column_sum)
+      sum_blocks(e.partials, static_cast<float*>(args.outputs[1].data()),
+                 args.accumulate.size() > 1 && args.accumulate[1], threads);
+  }
+
+ private:
+  static size_t floats_bytes(int64_t n) { return (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64; }
+
+  // out (N) = the blocks' partials summed in block order from 0 (added to out with `accumulate`): ReduceSum's second
+  // phase.
+  void sum_blocks(const float* partials, float* out, bool accumulate, int threads) const {
+    const int64_t strips = blocks(), n = shape_.N;
+    constexpr int64_t kColumns = 256;
+    const int64_t blocks = (n + kColumns - 1) / kColumns;
+    auto body = [&](int64_t block) {
+      const int64_t j0 = block * kColumns, j1 = std::min(n, j0 + kColumns);
+      alignas(64) float sum[kColumns] = {};
+      for (int64_t s = 0; s < strips; ++s) {
+        const float* part = partials + s * n;
+#pragma omp simd
+        for (int64_t j = j0; j < j1; ++j) sum[j - j0] += part[j];
+      }
+      for (int64_t j = j0; j < j1; ++j) out[j] = accumulate ? out[j] + sum[j - j0] : sum[j - j0];
+    };
+    if (threads <= 1 || blocks == 1) {
+      for (int64_t b = 0; b < blocks; ++b) body(b);
+      return;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) body(b);
+  }
+
+  ops::MatMulGeluBackwardParams p_;
+  bool bf16_ = false, x_bf16_ = false;
+  GemmShape shape_{};
+  cpu_basic::GeluBackwardFn backward_ = nullptr;
+  cpu_basic::GeluPairFn pair_ = nullptr;
+  cpu_basic::RoundBf16Fn round_ = nullptr;
+};
+
 }  // namespace
 
 std::unique_ptr<Kernel> make_cpu_matmul_kernel(const KernelCall& call) {
@@ -263,6 +427,8 @@ std::unique_ptr<Kernel> make_cpu_matmul_kernel(const KernelCall& call) {
     case OpKind::Linear:
     case OpKind::LinearGelu:
       return std::make_unique<LinearKernel>(call);
+    case OpKind::MatMulGeluBackward:
+      return std::make_unique<MatMulGeluBackwardKernel>(call);
     default:
       return nullptr;
   }
@@ -313,6 +479,7 @@ std::unique_ptr<Kernel> make_cpu_dense_kernel(const KernelCall& call) {
     case OpKind::MatMul:
     case OpKind::Linear:
     case OpKind::LinearGelu:
+    case OpKind::MatMulGeluBackward:
       return make_cpu_matmul_kernel(call);
     case OpKind::Attention:
     case OpKind::AttentionBackward:

@@ -8,15 +8,15 @@
 // each summing its reduced index space run by run along the innermost group.
 //   I == 1: row sums, rows split across threads; a few long rows split R and
 //           add per-thread partials (double) in thread order.
-//   I > 1:  column sums. A small output (O * I <= 64K) splits R across threads
-//           into per-thread (O, I) partials in scratch, added in thread order
-//           after a barrier; a large one gives each thread whole column blocks.
-// Results are deterministic for a given thread count. All kernels honour
-// accumulate (out += sum).
+//   I > 1:  column sums in one order for any thread count (cpu_basic::kColumnSumRows): each block of 84
+//           rows summed in order into its own partial (O, blocks, I) in scratch, blocks split across
+//           threads; then each output adds its blocks' partials in order, outputs split across threads.
+//           MatMulGeluBackward's epilogue forms its column sums in the same order, so it keeps the bits.
+// Row sums are deterministic for a given thread count. All kernels honour accumulate (out += sum).
 //
 // CastColumnSum (x viewed as (R, N)) casts x and forms ReduceSum's column sums of it in one pass over
-// x, adding in ReduceSum's order (each thread's rows in order into its partial, the partials in
-// thread order), so both results are the separate ops' bits.
+// x, each block of rows cast and summed into its partial while it is in cache, the partials then added
+// as ReduceSum adds them, so both results are the separate ops' bits.
 #include <cstring>
 
 #include "fusetrain/core/alloc.h"
@@ -27,7 +27,6 @@
 namespace fusetrain::kernels::cpu_basic {
 namespace {
 
-constexpr int64_t kSmallOutput = 65536;  // floats
 constexpr int64_t kColumnBlock = 256;    // floats per column job
 
 // ---- row sums and column sums ---------------------------------------------------------------
@@ -92,7 +91,7 @@ FT_AVX512 void add_rows_avx512(float* acc, const float* x, int64_t row_stride, i
 class ReduceKernel final : public Kernel {
  public:
   ReduceKernel(int64_t O, int64_t R, int64_t I, float scale)
-      : O_(O), R_(R), I_(I), scale_(scale), small_output_(O * I <= kSmallOutput) {
+      : O_(O), R_(R), I_(I), scale_(scale) {
     const bool avx512 = use_avx512();
     row_sum_ = avx512 ? row_sum_avx512 : row_sum_portable;
     add_rows_ = avx512 ? add_rows_avx512 : add_rows_portable;
@@ -102,8 +101,29 @@ class ReduceKernel final : public Kernel {
   size_t scratch_bytes(int num_threads) const override {
     const size_t threads = static_cast<size_t>(std::max(num_threads, 1));
     if (I_ == 1) return threads * kAlignment;  // one double per thread, a cache line apart
-    if (small_output_) return threads * partial_stride() * sizeof(float);
-    return 0;
+    return align_up(static_cast<size_t>(O_ * blocks() * I_) * sizeof(float));  // one partial per block of rows
+  }
+
+  /// Column sums (I > 1), in two phases: block b of output row o (rows [b·kColumnSumRows, ...) of R) summed in
+  /// order into block_partial(scratch, o, b) (which the caller may fill itself, as CastColumnSum does), then
+  /// sum_blocks adds each output's partials in block order.
+  int64_t blocks() const { return (R_ + kColumnSumRows - 1) / kColumnSumRows; }
+  float* block_partial(void* scratch, int64_t o, int64_t b) const {
+    return static_cast<float*>(scratch) + (o * blocks() + b) * I_;
+  }
+  void sum_blocks(float* out, const void* scratch, bool acc, int threads) const {
+    const int64_t nb = blocks(), I = I_;
+    const int64_t jobs_per_row = (I + kColumnBlock - 1) / kColumnBlock;
+    parallel_for(O_ * jobs_per_row, threads, [&](int64_t begin, int64_t end, int) {
+      alignas(64) float sums[kColumnBlock];
+      for (int64_t job = begin; job < end; ++job) {
+        const int64_t o = job / jobs_per_row, c0 = (job % jobs_per_row) * kColumnBlock;
+        const int64_t width = std::min(kColumnBlock, I - c0);
+        std::memset(sums, 0, sizeof(sums));
+        add_rows_(sums, static_cast<const float*>(scratch) + o * nb * I + c0, I, nb, width);
+        for (int64_t c = 0; c < width; ++c) finish(out, o * I + c0 + c, sums[c], acc);
+      }
+    });
   }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
@@ -118,8 +138,6 @@ class ReduceKernel final : public Kernel {
   }
 
  private:
-  size_t partial_stride() const { return align_up(static_cast<size_t>(O_ * I_) * sizeof(float)) / sizeof(float); }
-
   void finish(float* out, int64_t i, float sum, bool acc) const {
     const float v = sum * scale_;
     out[i] = acc ? out[i] + v : v;
@@ -148,55 +166,30 @@ class ReduceKernel final : public Kernel {
     }
   }
 
-  // out (O, I) = sums over R of x (O, R, I).
+  // out (O, I) = sums over R of x (O, R, I), in blocks of kColumnSumRows rows (see blocks()).
   void column_sums(float* out, const float* x, bool acc, int threads, void* scratch) const {
-    const int64_t R = R_, I = I_;
-    if (threads > 1 && small_output_) {
-      float* partials = static_cast<float*>(scratch);
-      const size_t stride = partial_stride();
-      const int64_t outputs = O_ * I;
-#pragma omp parallel num_threads(threads)
-      {
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        float* part = partials + static_cast<size_t>(t) * stride;
-        std::memset(part, 0, static_cast<size_t>(outputs) * sizeof(float));
-        const int64_t r0 = R * t / nt, r1 = R * (t + 1) / nt;
-        for (int64_t o = 0; o < O_; ++o) add_rows_(part + o * I, x + (o * R + r0) * I, I, r1 - r0, I);
-#pragma omp barrier
-        const int64_t begin = outputs * t / nt, end = outputs * (t + 1) / nt;
-        for (int64_t i = begin; i < end; ++i) {
-          float sum = 0.0f;
-          for (int p = 0; p < nt; ++p) sum += partials[p * stride + i];
-          finish(out, i, sum, acc);
-        }
-      }
-      return;
-    }
-    const int64_t blocks = (I + kColumnBlock - 1) / kColumnBlock;
-    parallel_for(O_ * blocks, threads, [&](int64_t begin, int64_t end, int) {
-      alignas(64) float sums[kColumnBlock];
+    const int64_t R = R_, I = I_, nb = blocks();
+    parallel_for(O_ * nb, threads, [&](int64_t begin, int64_t end, int) {
       for (int64_t job = begin; job < end; ++job) {
-        const int64_t o = job / blocks, c0 = (job % blocks) * kColumnBlock;
-        const int64_t width = std::min(kColumnBlock, I - c0);
-        std::memset(sums, 0, sizeof(sums));
-        add_rows_(sums, x + o * R * I + c0, I, R, width);
-        for (int64_t c = 0; c < width; ++c) finish(out, o * I + c0 + c, sums[c], acc);
+        const int64_t o = job / nb, r0 = (job % nb) * kColumnSumRows;
+        float* part = block_partial(scratch, o, job % nb);
+        std::memset(part, 0, static_cast<size_t>(I) * sizeof(float));
+        add_rows_(part, x + (o * R + r0) * I, I, std::min(kColumnSumRows, R - r0), I);
       }
     });
+    sum_blocks(out, scratch, acc, threads);
   }
 
   int64_t O_, R_, I_;
   float scale_;
-  bool small_output_;
   float (*row_sum_)(const float*, int64_t);
   void (*add_rows_)(float*, const float*, int64_t, int64_t, int64_t);
 };
 
 // CastColumnSum on x (R, N), R and N above 1: out 0 = x cast to bf16 (Cast's rounding) or f16, out 1 (N) = the
-// column sums of ReduceKernel (1, R, N), bit for bit. Where that kernel splits the rows among threads (a small
-// output), each thread casts its rows kCastRows at a time and adds each run into its partial while the run is
-// still in cache, so x is read from memory once; where it does not (one thread, or a large output, whose
-// columns it splits), the cast and the sums run one after the other.
+// column sums of ReduceKernel (1, R, N), bit for bit: each block of kColumnSumRows rows is cast kCastRows rows at a
+// time and each run added into the block's partial while it is still in cache, so x is read from memory once; the
+// partials are then added as ReduceKernel adds them.
 class CastColumnSumKernel final : public Kernel {
  public:
   CastColumnSumKernel(int64_t R, int64_t N, DType to)
@@ -210,16 +203,10 @@ class CastColumnSumKernel final : public Kernel {
     void* y = args.outputs[0].data();                                     // (R, N) bf16 or f16
     const bool add_cast = accumulate_flag(args, 0);  // never a parameter's gradient: kept simple
     const int threads = threads_for(R_ * N_, ctx.num_threads);
-    if (threads == 1 || N_ > kSmallOutput || add_cast) {
+    if (add_cast) {
       parallel_for(
           R_ * N_, threads,
-          [&](int64_t begin, int64_t end, int) {
-            if (add_cast)
-              add_cast_into(static_cast<uint16_t*>(y), x, begin, end);
-            else
-              cast(y, x, begin, end - begin);
-          },
-          16);
+          [&](int64_t begin, int64_t end, int) { add_cast_into(static_cast<uint16_t*>(y), x, begin, end); }, 16);
       KernelArgs sum_args;
       sum_args.inputs = {args.inputs[0]};
       sum_args.outputs = {args.outputs[1]};
@@ -228,30 +215,21 @@ class CastColumnSumKernel final : public Kernel {
       sums_.run(sum_args, ctx);
       return;
     }
-    float* out = static_cast<float*>(args.outputs[1].data());  // (N)
-    const bool acc = accumulate_flag(args, 1);
-    float* partials = static_cast<float*>(args.scratch);  // (threads, N), rows `stride` floats apart
-    const size_t stride = align_up(static_cast<size_t>(N_) * sizeof(float)) / sizeof(float);
-    rows_then_columns(
-        threads,
-        [&](int t, int nt) {
-          float* part = partials + static_cast<size_t>(t) * stride;
-          std::memset(part, 0, static_cast<size_t>(N_) * sizeof(float));
-          const int64_t r1 = R_ * (t + 1) / nt;
-          for (int64_t r = R_ * t / nt; r < r1; r += kCastRows) {
-            const int64_t rows = std::min(kCastRows, r1 - r);
-            cast(y, x, r * N_, rows * N_);
-            add_rows_(part, x + r * N_, N_, rows, N_);
-          }
-        },
-        [&](int t, int nt) {
-          const int64_t begin = N_ * t / nt, end = N_ * (t + 1) / nt;
-          for (int64_t i = begin; i < end; ++i) {
-            float sum = 0.0f;
-            for (int p = 0; p < nt; ++p) sum += partials[static_cast<size_t>(p) * stride + static_cast<size_t>(i)];
-            out[i] = acc ? out[i] + sum : sum;
-          }
-        });
+    // Each block of rows cast and summed into its partial kCastRows rows at a time, while they are in cache.
+    const int64_t nb = sums_.blocks();
+    parallel_for(nb, threads, [&](int64_t begin, int64_t end, int) {
+      for (int64_t b = begin; b < end; ++b) {
+        float* part = sums_.block_partial(args.scratch, 0, b);
+        std::memset(part, 0, static_cast<size_t>(N_) * sizeof(float));
+        const int64_t r1 = std::min(R_, (b + 1) * kColumnSumRows);
+        for (int64_t r = b * kColumnSumRows; r < r1; r += kCastRows) {
+          const int64_t rows = std::min(kCastRows, r1 - r);
+          cast(y, x, r * N_, rows * N_);
+          add_rows_(part, x + r * N_, N_, rows, N_);
+        }
+      }
+    });
+    sums_.sum_blocks(static_cast<float*>(args.outputs[1].data()), args.scratch, accumulate_flag(args, 1), threads);
   }
 
  private:

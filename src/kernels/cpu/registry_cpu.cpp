@@ -123,6 +123,7 @@ std::unique_ptr<Kernel> make_cpu_basic_kernel(const KernelCall& call) {
     case OpKind::MatMul:
     case OpKind::Linear:
     case OpKind::LinearGelu:
+    case OpKind::MatMulGeluBackward:
     case OpKind::Attention:
     case OpKind::AttentionBackward:
     case OpKind::LinearCrossEntropy:

@@ -25,9 +25,6 @@ double gelu_forward(double x, bool tanh_approximation) {
   return 0.5 * x * (1.0 + std::erf(x / kSqrt2));
 }
 
-namespace {
-
-// d gelu(x) / dx for either formula.
 double gelu_derivative(double x, bool tanh_approximation) {
   if (tanh_approximation) {
     double t = std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x));
@@ -38,6 +35,8 @@ double gelu_derivative(double x, bool tanh_approximation) {
   double pdf = kInvSqrt2Pi * std::exp(-0.5 * x * x);
   return cdf + x * pdf;
 }
+
+namespace {
 
 bool parse_approximate(const KernelCall& call) {
   return ops::gelu_approximation(call.op_params) == ops::GeluApproximation::Tanh;

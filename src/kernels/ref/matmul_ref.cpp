@@ -3,6 +3,8 @@
 //
 // Shape letters: M rows of the result, N columns, K the contracted extent,
 // R rows of x (product of its leading axes), batch = product of leading axes.
+#include <vector>
+
 #include "kernels/ref/ref_kernels.h"
 
 namespace fusetrain::kernels::ref {
@@ -138,7 +140,51 @@ class LinearRef final : public RefKernel {
   int64_t R_ = 0, N_ = 0, K_ = 0;
 };
 
+// MatMulGeluBackward: dy = a·b (the product rounded to f32, as MatMul stores it), dx = dy·gelu′(x) in out_dtype,
+// [the column sums of dx in double], [gelu(x) in gelu_dtype]. a, b are one product: b 2-D, a (R, K) or (K, R).
+class MatMulGeluBackwardRef final : public RefKernel {
+ public:
+  MatMulGeluBackwardRef(const KernelCall& call)
+      : p_(call.params<ops::MatMulGeluBackwardParams>()), ab_dtype_(input_dtype(call, 0)), x_dtype_(input_dtype(call, 2)) {
+    const Shape& b = input_shape(call, 1);
+    N_ = p_.trans_b ? b[0] : b[1];
+    K_ = p_.trans_b ? b[1] : b[0];
+    M_ = input_shape(call, 2).numel() / N_;
+  }
+
+  size_t scratch_bytes(int) const override { return static_cast<size_t>(M_ * N_) * sizeof(float); }
+
+  void run(const KernelArgs& args, const StepContext&) override {
+    float* dy = static_cast<float*>(args.scratch);
+    matmul_forward(dy, DType::f32, args.inputs[0].data(), args.inputs[1].data(), ab_dtype_, 1, M_, N_, K_, p_.trans_a,
+                   p_.trans_b, 0, 0, false);
+    const bool tanh = p_.approximate == ops::GeluApproximation::Tanh;
+    const void* x = args.inputs[2].data();
+    void* dx = args.outputs[0].data();
+    void* gelu = p_.gelu_out ? args.outputs[p_.column_sum ? 2 : 1].data() : nullptr;
+    std::vector<double> sums(static_cast<size_t>(p_.column_sum ? N_ : 0), 0.0);
+    for (int64_t i = 0; i < M_ * N_; ++i) {
+      const double xi = load(x, x_dtype_, i);
+      const double g = static_cast<double>(dy[i]) * gelu_derivative(xi, tanh);
+      store(dx, p_.out_dtype, i, g, accumulate_flag(args, 0));
+      if (p_.column_sum) sums[static_cast<size_t>(i % N_)] += static_cast<double>(static_cast<float>(g));
+      if (gelu) store(gelu, p_.gelu_dtype, i, gelu_forward(xi, tanh), accumulate_flag(args, args.outputs.size() - 1));
+    }
+    for (int64_t j = 0; j < static_cast<int64_t>(sums.size()); ++j)
+      store(args.outputs[1].data(), DType::f32, j, sums[static_cast<size_t>(j)], accumulate_flag(args, 1));
+  }
+
+ private:
+  ops::MatMulGeluBackwardParams p_;
+  DType ab_dtype_, x_dtype_;
+  int64_t M_ = 0, N_ = 0, K_ = 0;
+};
+
 }  // namespace
+
+std::unique_ptr<Kernel> make_matmul_gelu_backward_ref(const KernelCall& call) {
+  return std::make_unique<MatMulGeluBackwardRef>(call);
+}
 
 std::unique_ptr<Kernel> make_matmul_ref(const KernelCall& call) {
   return std::make_unique<MatMulRef>(call);

@@ -207,6 +207,8 @@ class RefKernel : public Kernel {
 
 /// GELU of x, the erf form or its tanh approximation (elementwise_ref.cpp).
 double gelu_forward(double x, bool tanh_approximation);
+/// d gelu(x) / dx for either formula (elementwise_ref.cpp).
+double gelu_derivative(double x, bool tanh_approximation);
 
 // ---- factories, one per op (registry_ref.cpp dispatches) ------------------------
 
@@ -234,6 +236,7 @@ std::unique_ptr<Kernel> make_matmul_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_sigmoid_cross_entropy_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_sigmoid_cross_entropy_backward_ref(const KernelCall& call);
 std::unique_ptr<Kernel> make_linear_ref(const KernelCall& call);  // Linear, LinearGelu
+std::unique_ptr<Kernel> make_matmul_gelu_backward_ref(const KernelCall& call);
 
 // norm_ref.cpp
 std::unique_ptr<Kernel> make_softmax_ref(const KernelCall& call);

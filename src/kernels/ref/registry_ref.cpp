@@ -114,6 +114,8 @@ std::unique_ptr<Kernel> make_ref_kernel(const KernelCall& call) {
       return ref::make_reduce_sum_to_ref(call);
     case OpKind::CastColumnSum:
       return ref::make_cast_column_sum_ref(call);
+    case OpKind::MatMulGeluBackward:
+      return ref::make_matmul_gelu_backward_ref(call);
     case OpKind::GeluBackward:
       return ref::make_gelu_backward_ref(call);
     case OpKind::TanhBackward:
