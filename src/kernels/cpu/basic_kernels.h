@@ -226,6 +226,10 @@ std::unique_ptr<Kernel> make_slice_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_slice_backward_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_expand_to_kernel(const KernelCall& call);
 // reduce.cpp: ReduceSum ReduceMean ReduceSumTo, CastColumnSum
+/// acc[c] += x[r·row_stride + c] for each row r < rows in order, c < width (row_stride 0 adds one vector `rows`
+/// times): the column sums' inner loop, vectorised for the current code path.
+using AddRowsFn = void (*)(float* acc, const float* x, int64_t row_stride, int64_t rows, int64_t width);
+AddRowsFn add_rows_fn();
 std::unique_ptr<Kernel> make_reduce_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_cast_column_sum_kernel(const KernelCall& call);
 // loss.cpp

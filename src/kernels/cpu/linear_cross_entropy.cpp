@@ -41,10 +41,10 @@ constexpr int64_t kMinChunkRows = 512;
 // The bias in the epilogue of the logits GEMM, exactly as LinearEpilogue adds it.
 struct BiasEpilogue {
   const float* bias;
+  cpu_basic::AddRowsFn add_rows = cpu_basic::add_rows_fn();
   static void apply(const void* context, float* c, int64_t ldc, int64_t, int64_t col, int64_t rows, int64_t cols) {
-    const float* bias = static_cast<const BiasEpilogue*>(context)->bias + col;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] += bias[j];
+    const BiasEpilogue& e = *static_cast<const BiasEpilogue*>(context);
+    for (int64_t r = 0; r < rows; ++r) e.add_rows(c + r * ldc, e.bias + col, 0, 1, cols);
   }
 };
 

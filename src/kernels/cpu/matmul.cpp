@@ -124,14 +124,14 @@ struct LinearEpilogue {
   uint16_t* z_bf16 = nullptr;   // (R, N) z rounded to bf16, or null (then c is z, f32)
   cpu_basic::GeluFn gelu = nullptr;
   cpu_basic::RoundBf16Fn round = nullptr;
+  cpu_basic::AddRowsFn add_rows = nullptr;  // with a bias
 
   static void apply(const void* context, float* c, int64_t ldc, int64_t row, int64_t col, int64_t rows, int64_t cols) {
     const LinearEpilogue& e = *static_cast<const LinearEpilogue*>(context);
     for (int64_t r = 0; r < rows; ++r) {
       float* z = c + r * ldc;
       const int64_t at = (row + r) * e.ld + col;
-      if (e.bias)
-        for (int64_t j = 0; j < cols; ++j) z[j] += e.bias[col + j];
+      if (e.bias) e.add_rows(z, e.bias + col, 0, 1, cols);
       if (e.z_bf16) {
         e.round(e.z_bf16 + at, z, cols);
         if (e.gelu) bf16_to_float(z, e.z_bf16 + at, static_cast<size_t>(cols));
@@ -171,6 +171,7 @@ class LinearKernel final : public Kernel {
       z_bf16_ = y_bf16_ = call.outputs[0].dtype == DType::bf16;  // a Linear's y is its z
     }
     if (z_bf16_ || y_bf16_) round_ = cpu_basic::round_to_bf16_fn();
+    add_rows_ = cpu_basic::add_rows_fn();
     int64_t k = x[-1];
     int64_t n = w[0];
     int64_t rows = x.numel(0, x.rank() - 1);
@@ -215,6 +216,7 @@ class LinearKernel final : public Kernel {
     LinearEpilogue fused;
     fused.ld = shape_.N;
     fused.bias = accumulate ? nullptr : bias;
+    fused.add_rows = add_rows_;
     fused.round = round_;
     if (gelu_) {
       fused.gelu = gelu_;
@@ -251,6 +253,7 @@ class LinearKernel final : public Kernel {
   cpu_basic::GeluFn gelu_ = nullptr;         // LinearGelu's activation; null for Linear
   bool z_bf16_ = false, y_bf16_ = false;     // LinearGelu's z and y dtypes (a Linear's y, which is its z: both)
   cpu_basic::RoundBf16Fn round_ = nullptr;  // when either is bf16
+  cpu_basic::AddRowsFn add_rows_ = nullptr;
   GemmShape shape_{};
 };
 
@@ -270,6 +273,7 @@ struct GeluBackwardEpilogue {
   cpu_basic::GeluBackwardFn backward = nullptr;
   cpu_basic::GeluPairFn pair = nullptr;  // with y or y_bf16
   cpu_basic::RoundBf16Fn round = nullptr;
+  cpu_basic::AddRowsFn add_rows = nullptr;  // with partials
 
   static constexpr int64_t kBlock = 256;
 
@@ -295,12 +299,14 @@ struct GeluBackwardEpilogue {
       }
     }
     if (!e.partials) return;
-    for (int64_t r = 0; r < rows; ++r) {
-      float* part = e.partials + (row + r) / cpu_basic::kColumnSumRows * e.ld + col;
+    // The strip's rows in order into their block's partial, a run of rows of one block at a time.
+    for (int64_t r = 0; r < rows;) {
+      const int64_t block = (row + r) / cpu_basic::kColumnSumRows;
+      const int64_t run = std::min(rows - r, (block + 1) * cpu_basic::kColumnSumRows - (row + r));
+      float* part = e.partials + block * e.ld + col;
       if ((row + r) % cpu_basic::kColumnSumRows == 0) std::memset(part, 0, static_cast<size_t>(cols) * sizeof(float));
-      const float* g = c + r * ldc;
-#pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) part[j] += g[j];
+      e.add_rows(part, c + r * ldc, ldc, run, cols);
+      r += run;
     }
   }
 };
@@ -322,6 +328,7 @@ class MatMulGeluBackwardKernel final : public Kernel {
     backward_ = cpu_basic::gelu_backward_fn(p_.approximate == ops::GeluApproximation::Tanh);
     if (p_.gelu_out) pair_ = cpu_basic::gelu_pair_fn(p_.approximate == ops::GeluApproximation::Tanh);
     round_ = cpu_basic::round_to_bf16_fn();
+    add_rows_ = cpu_basic::add_rows_fn();
   }
 
   bool product_in_scratch() const {
@@ -367,6 +374,7 @@ class MatMulGeluBackwardKernel final : public Kernel {
     }
     e.backward = backward_;
     e.round = round_;
+    e.add_rows = add_rows_;
     const GemmEpilogue epilogue{&GeluBackwardEpilogue::apply, &e, cpu_basic::kColumnSumRows};
     void* gemm_scratch = scratch + product_bytes() + partial_bytes();
     const int threads = ctx.num_threads;
@@ -387,17 +395,13 @@ class MatMulGeluBackwardKernel final : public Kernel {
   // out (N) = the blocks' partials summed in block order from 0 (added to out with `accumulate`): ReduceSum's second
   // phase.
   void sum_blocks(const float* partials, float* out, bool accumulate, int threads) const {
-    const int64_t strips = blocks(), n = shape_.N;
+    const int64_t nb = blocks(), n = shape_.N;
     constexpr int64_t kColumns = 256;
     const int64_t blocks = (n + kColumns - 1) / kColumns;
     auto body = [&](int64_t block) {
       const int64_t j0 = block * kColumns, j1 = std::min(n, j0 + kColumns);
       alignas(64) float sum[kColumns] = {};
-      for (int64_t s = 0; s < strips; ++s) {
-        const float* part = partials + s * n;
-#pragma omp simd
-        for (int64_t j = j0; j < j1; ++j) sum[j - j0] += part[j];
-      }
+      add_rows_(sum, partials + j0, n, nb, j1 - j0);
       for (int64_t j = j0; j < j1; ++j) out[j] = accumulate ? out[j] + sum[j - j0] : sum[j - j0];
     };
     if (threads <= 1 || blocks == 1) {
@@ -414,6 +418,7 @@ class MatMulGeluBackwardKernel final : public Kernel {
   cpu_basic::GeluBackwardFn backward_ = nullptr;
   cpu_basic::GeluPairFn pair_ = nullptr;
   cpu_basic::RoundBf16Fn round_ = nullptr;
+  cpu_basic::AddRowsFn add_rows_ = nullptr;
 };
 
 }  // namespace

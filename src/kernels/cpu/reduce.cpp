@@ -332,6 +332,8 @@ class GenericReduceKernel final : public Kernel {
 
 }  // namespace
 
+AddRowsFn add_rows_fn() { return use_avx512() ? add_rows_avx512 : add_rows_portable; }
+
 std::unique_ptr<Kernel> make_reduce_kernel(const KernelCall& call) {
   const Shape& x = input_shape(call, 0);
   if (input_dtype(call, 0) != DType::f32 || x.numel() == 0) return nullptr;
