@@ -375,7 +375,8 @@ class MatMulGeluBackwardKernel final : public Kernel {
     e.backward = backward_;
     e.round = round_;
     e.add_rows = add_rows_;
-    const GemmEpilogue epilogue{&GeluBackwardEpilogue::apply, &e, cpu_basic::kColumnSumRows};
+    // Column sums need each block of rows finished by one thread, in order.
+    const GemmEpilogue epilogue{&GeluBackwardEpilogue::apply, &e, p_.column_sum ? cpu_basic::kColumnSumRows : 1};
     void* gemm_scratch = scratch + product_bytes() + partial_bytes();
     const int threads = ctx.num_threads;
     if (bf16_)
