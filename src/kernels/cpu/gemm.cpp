@@ -378,6 +378,15 @@ struct KernelBf16Avx512 {
   template <int ROWS>
   FT_TARGET_AVX512_BF16 static void micro_rows(int64_t kd, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc,
                                                int nr, float alpha, float beta) {
+    // C's rows, when the tile adds into them (a K block after the first): requested before the k loop, as in the
+    // f32 kernel, so they arrive while it runs.
+    if (beta != 0.0f) {
+#pragma GCC unroll 14
+      for (int i = 0; i < ROWS; i++) {
+        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 16), _MM_HINT_T0);
+      }
+    }
     __m512 acc[ROWS][2];
 #pragma GCC unroll 14
     for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
