@@ -230,6 +230,10 @@ std::unique_ptr<Kernel> make_expand_to_kernel(const KernelCall& call);
 /// times): the column sums' inner loop, vectorised for the current code path.
 using AddRowsFn = void (*)(float* acc, const float* x, int64_t row_stride, int64_t rows, int64_t width);
 AddRowsFn add_rows_fn();
+/// Column sums' second phase (kColumnSumRows): out (outer, width) = scale · the sum of each output's `blocks` partials,
+/// partials (outer, blocks, width), added in block order from 0 (into out with `accumulate`).
+void sum_column_blocks(float* out, const float* partials, int64_t outer, int64_t blocks, int64_t width, float scale,
+                       bool accumulate, int threads);
 std::unique_ptr<Kernel> make_reduce_kernel(const KernelCall& call);
 std::unique_ptr<Kernel> make_cast_column_sum_kernel(const KernelCall& call);
 // loss.cpp

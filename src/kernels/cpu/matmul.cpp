@@ -386,32 +386,12 @@ class MatMulGeluBackwardKernel final : public Kernel {
       gemm_f32(shape_, 1.0f, static_cast<const float*>(args.inputs[0].data()),
                static_cast<const float*>(args.inputs[1].data()), 0.0f, c, gemm_scratch, threads, &epilogue);
     if (p_.column_sum)
-      sum_blocks(e.partials, static_cast<float*>(args.outputs[1].data()),
-                 args.accumulate.size() > 1 && args.accumulate[1], threads);
+      cpu_basic::sum_column_blocks(static_cast<float*>(args.outputs[1].data()), e.partials, 1, blocks(), shape_.N, 1.0f,
+                                   args.accumulate.size() > 1 && args.accumulate[1], threads);
   }
 
  private:
   static size_t floats_bytes(int64_t n) { return (static_cast<size_t>(n) * sizeof(float) + 63) / 64 * 64; }
-
-  // out (N) = the blocks' partials summed in block order from 0 (added to out with `accumulate`): ReduceSum's second
-  // phase.
-  void sum_blocks(const float* partials, float* out, bool accumulate, int threads) const {
-    const int64_t nb = blocks(), n = shape_.N;
-    constexpr int64_t kColumns = 256;
-    const int64_t blocks = (n + kColumns - 1) / kColumns;
-    auto body = [&](int64_t block) {
-      const int64_t j0 = block * kColumns, j1 = std::min(n, j0 + kColumns);
-      alignas(64) float sum[kColumns] = {};
-      add_rows_(sum, partials + j0, n, nb, j1 - j0);
-      for (int64_t j = j0; j < j1; ++j) out[j] = accumulate ? out[j] + sum[j - j0] : sum[j - j0];
-    };
-    if (threads <= 1 || blocks == 1) {
-      for (int64_t b = 0; b < blocks; ++b) body(b);
-      return;
-    }
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) body(b);
-  }
 
   ops::MatMulGeluBackwardParams p_;
   bool bf16_ = false, x_bf16_ = false;

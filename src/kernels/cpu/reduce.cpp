@@ -112,18 +112,7 @@ class ReduceKernel final : public Kernel {
     return static_cast<float*>(scratch) + (o * blocks() + b) * I_;
   }
   void sum_blocks(float* out, const void* scratch, bool acc, int threads) const {
-    const int64_t nb = blocks(), I = I_;
-    const int64_t jobs_per_row = (I + kColumnBlock - 1) / kColumnBlock;
-    parallel_for(O_ * jobs_per_row, threads, [&](int64_t begin, int64_t end, int) {
-      alignas(64) float sums[kColumnBlock];
-      for (int64_t job = begin; job < end; ++job) {
-        const int64_t o = job / jobs_per_row, c0 = (job % jobs_per_row) * kColumnBlock;
-        const int64_t width = std::min(kColumnBlock, I - c0);
-        std::memset(sums, 0, sizeof(sums));
-        add_rows_(sums, static_cast<const float*>(scratch) + o * nb * I + c0, I, nb, width);
-        for (int64_t c = 0; c < width; ++c) finish(out, o * I + c0 + c, sums[c], acc);
-      }
-    });
+    sum_column_blocks(out, static_cast<const float*>(scratch), O_, blocks(), I_, scale_, acc, threads);
   }
 
   void run(const KernelArgs& args, const StepContext& ctx) override {
@@ -333,6 +322,26 @@ class GenericReduceKernel final : public Kernel {
 }  // namespace
 
 AddRowsFn add_rows_fn() { return use_avx512() ? add_rows_avx512 : add_rows_portable; }
+
+void sum_column_blocks(float* out, const float* partials, int64_t outer, int64_t blocks, int64_t width, float scale,
+                       bool accumulate, int threads) {
+  const AddRowsFn add_rows = add_rows_fn();
+  const int64_t jobs_per_row = (width + kColumnBlock - 1) / kColumnBlock;
+  parallel_for(outer * jobs_per_row, threads, [&](int64_t begin, int64_t end, int) {
+    alignas(64) float sums[kColumnBlock];
+    for (int64_t job = begin; job < end; ++job) {
+      const int64_t o = job / jobs_per_row, c0 = (job % jobs_per_row) * kColumnBlock;
+      const int64_t n = std::min(kColumnBlock, width - c0);
+      std::memset(sums, 0, sizeof(sums));
+      add_rows(sums, partials + o * blocks * width + c0, width, blocks, n);
+      for (int64_t c = 0; c < n; ++c) {
+        const float v = sums[c] * scale;
+        float& y = out[o * width + c0 + c];
+        y = accumulate ? y + v : v;
+      }
+    }
+  });
+}
 
 std::unique_ptr<Kernel> make_reduce_kernel(const KernelCall& call) {
   const Shape& x = input_shape(call, 0);
