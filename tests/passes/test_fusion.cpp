@@ -272,24 +272,30 @@ TEST(FuseLinearGelu, KeepsZInBf16WhenGeluReadsItsBf16Cast) {
     }
 }
 
-// An MLP whose Linears have biases and `precision` operands, trained on two threads: autodiff casts each Linear's
-// output gradient for its two GEMMs and sums it for the bias gradient; with `fuse`, fuse_cast_column_sum then makes
-// each pair one CastColumnSum. The gradients (256 rows of 128 and of 96) are large enough for two threads, so the
-// kernel takes its fused path (rows split, each thread's partial sums) rather than the cast and ReduceSum in turn.
-GraphRun run_bias_mlp(bool fuse, DType precision) {
+// An MLP whose Linears have biases and `precision` operands, with a GELU of form `gelu` between them, trained on
+// `threads` threads; `joint` rewrites its joint graph. Its gradients (256 rows of 128 and of 96) span several blocks of
+// the column sums' rows (cpu_basic::kColumnSumRows) and are large enough for two threads.
+GraphRun run_gelu_mlp(DType precision, const std::string& gelu, int threads,
+                      const std::function<void(ir::Graph&)>& joint) {
   ir::Graph g;
   ir::GraphBuilder b(g, 5);
   ValueId x = b.param("x", {4, 64, 96});
   ValueId w1 = b.param("w1", {128, 96}), b1 = b.param("b1", {128});
   ValueId w2 = b.param("w2", {96, 128}), b2 = b.param("b2", {96});
   auto operand = [&](ValueId v) { return precision == DType::f32 ? v : b.cast(v, precision); };
-  ValueId h = g.add(OpKind::Gelu, {b.linear(operand(x), operand(w1), b1)}, {{"approximate", std::string("none")}});
+  ValueId h = g.add(OpKind::Gelu, {b.linear(operand(x), operand(w1), b1)}, {{"approximate", gelu}});
   ValueId y = b.linear(operand(h), operand(w2), b2);
   ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1, 2});
   g.mark_output(loss);
   runtime::PlanOptions options;
-  options.num_threads = 2;
-  return run_graph(g, loss, 0.4f, 0.37f, 0, options, {}, [&](ir::Graph& joint) {
+  options.num_threads = threads;
+  return run_graph(g, loss, 0.4f, 0.37f, 0, options, {}, joint);
+}
+
+// run_gelu_mlp on two threads: autodiff casts each Linear's output gradient for its two GEMMs and sums it for the
+// bias gradient; with `fuse`, fuse_cast_column_sum then makes each pair one CastColumnSum.
+GraphRun run_bias_mlp(bool fuse, DType precision) {
+  return run_gelu_mlp(precision, "none", 2, [&](ir::Graph& joint) {
     if (!fuse) return;
     const int casts = count(joint, OpKind::Cast), sums = count(joint, OpKind::ReduceSum);
     const int pairs = precision == DType::f32 ? 0 : 2;  // f32 operands: no gradient is cast
@@ -300,24 +306,11 @@ GraphRun run_bias_mlp(bool fuse, DType precision) {
   });
 }
 
-// run_bias_mlp's MLP with the pipeline's later passes on its joint graph (the GELU recomputed in backward when
-// `recompute`, GELUs and projections writing bf16, CastColumnSum) and, with `fuse`, fuse_matmul_gelu_backward.
+// run_gelu_mlp with the pipeline's later passes on its joint graph (the GELU recomputed in backward when `recompute`,
+// GELUs and projections writing bf16, CastColumnSum) and, with `fuse`, fuse_matmul_gelu_backward. ViT's and BERT's
+// erf form under bf16, GPT-2's tanh form in f32.
 GraphRun run_gelu_backward_mlp(bool fuse, DType precision, bool recompute, int threads) {
-  ir::Graph g;
-  ir::GraphBuilder b(g, 5);
-  ValueId x = b.param("x", {4, 64, 96});
-  ValueId w1 = b.param("w1", {128, 96}), b1 = b.param("b1", {128});
-  ValueId w2 = b.param("w2", {96, 128}), b2 = b.param("b2", {96});
-  auto operand = [&](ValueId v) { return precision == DType::f32 ? v : b.cast(v, precision); };
-  // ViT's and BERT's erf form under bf16, GPT-2's tanh form in f32.
-  const std::string form = precision == DType::bf16 ? "none" : "tanh";
-  ValueId h = g.add(OpKind::Gelu, {b.linear(operand(x), operand(w1), b1)}, {{"approximate", form}});
-  ValueId y = b.linear(operand(h), operand(w2), b2);
-  ValueId loss = b.reduce_sum(b.mul(y, y), {0, 1, 2});
-  g.mark_output(loss);
-  runtime::PlanOptions options;
-  options.num_threads = threads;
-  return run_graph(g, loss, 0.4f, 0.37f, 0, options, {}, [&](ir::Graph& joint) {
+  return run_gelu_mlp(precision, precision == DType::bf16 ? "none" : "tanh", threads, [&](ir::Graph& joint) {
     if (recompute) EXPECT_EQ(passes::recompute_gelu_outputs(joint).gelus, 1);
     passes::fold_output_casts(joint);
     passes::fuse_cast_column_sum(joint);

@@ -41,7 +41,7 @@ constexpr int64_t kMinChunkRows = 512;
 // The bias in the epilogue of the logits GEMM, exactly as LinearEpilogue adds it.
 struct BiasEpilogue {
   const float* bias;
-  cpu_basic::AddRowsFn add_rows = cpu_basic::add_rows_fn();
+  cpu_basic::AddRowsFn add_rows;
   static void apply(const void* context, float* c, int64_t ldc, int64_t, int64_t col, int64_t rows, int64_t cols) {
     const BiasEpilogue& e = *static_cast<const BiasEpilogue*>(context);
     for (int64_t r = 0; r < rows; ++r) e.add_rows(c + r * ldc, e.bias + col, 0, 1, cols);
@@ -66,6 +66,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     m_ = std::clamp<int64_t>(chunk > 0 ? chunk : std::max(kMinChunkRows, kChunkBytes / (V_ * 4)), 1,
                              std::max<int64_t>(R_, 1));
     row_lse_ = cpu_basic::row_lse_fn();
+    add_rows_ = cpu_basic::add_rows_fn();
     row_stats_ = cpu_basic::row_stats_fn();
     softmax_grad_ = cpu_basic::row_softmax_grad_fn();
     round_ = cpu_basic::round_to_bf16_fn();
@@ -133,7 +134,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     constexpr size_t kSlot = kAlignment / sizeof(double);
     for (int t = 0; t < threads; ++t) loss_partial[t * kSlot] = stats_partial[t * kSlot] = stats_partial[t * kSlot + 1] = 0.0;
     if (bias_grad) std::fill(bias_partial, bias_partial + threads * V_, 0.0f);
-    const BiasEpilogue bias_epilogue{bias};
+    const BiasEpilogue bias_epilogue{bias, add_rows_};
     const GemmEpilogue epilogue{&BiasEpilogue::apply, &bias_epilogue};
 
     for (int64_t begin = 0; begin < count; begin += m_) {
@@ -238,6 +239,7 @@ class LinearCrossEntropyKernel final : public Kernel {
   int64_t R_ = 0, K_ = 0, V_ = 0, m_ = 1, ignore_index_ = -100;
   GemmShape logits_shape_{}, dx_shape_{}, dw_shape_{};
   cpu_basic::RowLseFn row_lse_ = nullptr;
+  cpu_basic::AddRowsFn add_rows_ = nullptr;  // the logits' bias
   cpu_basic::RowStatsFn row_stats_ = nullptr;
   cpu_basic::RowSoftmaxGradFn softmax_grad_ = nullptr;
   cpu_basic::RoundBf16Fn round_ = nullptr;
@@ -270,6 +272,7 @@ class LinearLogProbsKernel final : public Kernel {
     m_ = std::clamp<int64_t>(params.chunk_rows > 0 ? params.chunk_rows : std::max(kMinChunkRows, kChunkBytes / (V_ * 4)),
                              1, std::max<int64_t>(R_, 1));
     row_lse_ = cpu_basic::row_lse_fn();
+    add_rows_ = cpu_basic::add_rows_fn();
     row_stats_ = cpu_basic::row_stats_fn();
     softmax_grad_ = cpu_basic::row_softmax_grad_fn();
     round_ = cpu_basic::round_to_bf16_fn();
@@ -334,7 +337,7 @@ class LinearLogProbsKernel final : public Kernel {
     if (dbias) std::fill(bias_partial, bias_partial + threads * V_, 0.0f);
     const size_t x_row_bytes = static_cast<size_t>(K_) * (bf16_ ? 2 : 4);
     const int row_threads = cpu_basic::threads_for(m_ * V_, threads);
-    const BiasEpilogue bias_epilogue{bias};
+    const BiasEpilogue bias_epilogue{bias, add_rows_};
     const GemmEpilogue epilogue{&BiasEpilogue::apply, &bias_epilogue};
     const bool gradient = weight_grad_ || input_grad_;  // the chunk's logits become G
 
@@ -433,6 +436,7 @@ class LinearLogProbsKernel final : public Kernel {
   int64_t R_ = 0, K_ = 0, V_ = 0, m_ = 1, ignore_index_ = -100;
   GemmShape logits_shape_{}, dx_shape_{}, dw_shape_{};
   cpu_basic::RowLseFn row_lse_ = nullptr;
+  cpu_basic::AddRowsFn add_rows_ = nullptr;  // the logits' bias
   cpu_basic::RowStatsFn row_stats_ = nullptr;
   cpu_basic::RowSoftmaxGradFn softmax_grad_ = nullptr;
   cpu_basic::RoundBf16Fn round_ = nullptr;
